@@ -1,0 +1,14 @@
+#pragma once
+// scalify::Error: the one exception type for bad user input (unknown names, NaN where a format
+// has none, mismatched shapes, corrupt files). Messages name the input and what was expected.
+#include <stdexcept>
+#include <string>
+
+namespace scalify {
+
+class Error : public std::runtime_error {
+ public:
+  explicit Error(const std::string& message) : std::runtime_error(message) {}
+};
+
+}  // namespace scalify

@@ -1,0 +1,54 @@
+#pragma once
+// Scalar encode (f32 / f16 / bf16 -> any format) and decode (any format -> f32).
+//
+// Encoding rounds once, on the exact input value, then checks overflow (SPEC §1): e4m3 464 -> 448,
+// e5m2 61440 -> inf. These functions are the plain reference that the bulk SIMD kernels are
+// tested against, and they agree bit for bit with the ml_dtypes reference vectors.
+#include <cstdint>
+
+#include "scalify/formats/format.hpp"
+
+namespace scalify {
+
+enum class Rounding : uint8_t {
+  nearest_even,  // IEEE round-to-nearest, ties to even (e8m0: ties up, as OCP/ml_dtypes)
+  stochastic,    // add uniform random bits below the target LSB, then truncate
+  toward_zero,   // truncate the magnitude
+};
+
+enum class Overflow : uint8_t {
+  saturate,        // clamp to ±max finite; ±inf clamps too (OCP SAT); what training casts use
+  non_saturating,  // inf where the format has one, else NaN (a plain numeric cast; FP6/FP4 and
+                   // int8 have neither, so they saturate either way)
+};
+
+struct EncodeOptions {
+  Overflow overflow = Overflow::non_saturating;
+  Rounding rounding = Rounding::nearest_even;
+  uint32_t random_bits = 0;  // only for Rounding::stochastic: 32 uniform random bits
+};
+
+// Encode a value. NaN into a format without NaN (FP6/FP4, int8) throws scalify::Error: a NaN must
+// never silently become a number.
+uint32_t encode(Format fmt, float x, EncodeOptions opt = {});
+uint32_t encode_from_f16(Format fmt, uint16_t h, EncodeOptions opt = {});
+uint32_t encode_from_bf16(Format fmt, uint16_t b, EncodeOptions opt = {});
+
+// Decode a code to f32 (exact: every value of every format here is an f32). NaN codes give a quiet
+// NaN carrying the code's sign; the fnuz NaN 0x80 decodes negative, as in ml_dtypes.
+float decode(Format fmt, uint32_t code);
+
+// Exact f16 / bf16 <-> f32 helpers (bit patterns).
+float f16_to_f32(uint16_t h);
+float bf16_to_f32(uint16_t b);
+
+namespace detail {
+// The encoding core on f32 bits, with the value first multiplied by 2^exp_shift exactly (no
+// intermediate rounding, no f32 overflow), which is how power-of-two scales are applied.
+// A NaN into a format without NaN returns +0; callers check NaN themselves.
+uint32_t encode_bits(const FormatInfo& f, uint32_t x_bits, int exp_shift, Overflow ov,
+                     Rounding rm, uint32_t random_bits);
+uint32_t decode_bits(const FormatInfo& f, uint32_t code);
+}  // namespace detail
+
+}  // namespace scalify
