@@ -1,0 +1,46 @@
+#pragma once
+// Bulk conversion over spans: quantise with a scale, decode with a scale, abs-max, and quantise
+// fused with abs-max in one pass. SIMD (AVX-512 / AVX2, chosen at run time) and multi-threaded
+// (OpenMP) for large inputs; results are identical whatever the ISA or thread count.
+//
+// Scale convention: quantize() stores encode(x * scale) and dequantize() returns
+// decode(code) * scale. A scaled tensor X = X_d * X_s therefore round-trips as
+// quantize(X, fmt, 1 / X_s) and dequantize(codes, fmt, X_s). A power-of-two scale is applied
+// exactly (by exponent arithmetic, so no double rounding even outside the f32 range); any other
+// finite positive scale multiplies in f32 first.
+#include <cstddef>
+#include <cstdint>
+#include <span>
+
+#include "scalify/formats/format.hpp"
+#include "scalify/formats/scalar.hpp"
+
+namespace scalify {
+
+struct QuantizeOptions {
+  Overflow overflow = Overflow::saturate;  // training casts saturate
+  Rounding rounding = Rounding::nearest_even;
+  uint64_t seed = 0;    // stochastic rounding: element i draws random_bits(seed, offset + i)
+  uint64_t offset = 0;  // index of src[0] in a larger tensor, so pieces draw distinct bits
+};
+
+// codes.size() must be src.size() * info(fmt).storage_bytes(). A NaN into a format without NaN
+// (FP6/FP4, int8) throws scalify::Error.
+void quantize(std::span<const float> src, Format fmt, float scale, std::span<std::byte> codes,
+              const QuantizeOptions& opt = {});
+// Same, returning max |src| (of the input, before scaling; NaN if src has a NaN).
+float quantize_amax(std::span<const float> src, Format fmt, float scale,
+                    std::span<std::byte> codes, const QuantizeOptions& opt = {});
+void dequantize(std::span<const std::byte> codes, Format fmt, float scale, std::span<float> out);
+// max |x|; NaN if any element is NaN; 0 for an empty span.
+float amax(std::span<const float> src);
+
+// Threads used by bulk kernels on large inputs (default: OpenMP's default).
+void set_num_threads(int n);
+int num_threads();
+
+// Splits a positive finite scale into mantissa (1 <= m < 2) and exponent: scale = m * 2^e.
+// Throws scalify::Error naming `what` for zero, negative, NaN or infinite scales.
+void split_scale(float scale, float& mantissa, int& exponent, const char* what = "scale");
+
+}  // namespace scalify
