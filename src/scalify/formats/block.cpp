@@ -1,0 +1,132 @@
+#include "scalify/formats/block.hpp"
+
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <limits>
+#include <string>
+
+#include "scalify/error.hpp"
+#include "scalify/formats/bulk.hpp"
+#include "scalify/formats/kernels.hpp"
+
+namespace scalify {
+
+namespace {
+
+// Exponent and 24-bit significand of a positive finite f32 (subnormals normalised).
+void split_f32(float x, int& e, uint32_t& sig) {
+  const uint32_t b = std::bit_cast<uint32_t>(x);
+  const uint32_t ef = b >> 23, mant = b & 0x7FFFFFu;
+  if (ef == 0) {
+    const int lz = std::countl_zero(mant) - 8;
+    sig = mant << lz;
+    e = -126 - lz;
+  } else {
+    sig = mant | 0x800000u;
+    e = int(ef) - 127;
+  }
+}
+
+}  // namespace
+
+BlockSpec mx_blocks(int axis, BlockScaleRule rule, size_t size) {
+  if (axis != 0 && axis != 1) throw Error("MX block axis must be 0 or 1, got " + std::to_string(axis));
+  return axis == 1 ? BlockSpec{1, size, rule} : BlockSpec{size, 1, rule};
+}
+
+float block_scale(float amax, Format element, BlockScaleRule rule) {
+  if (!std::isfinite(amax)) return std::numeric_limits<float>::quiet_NaN();
+  const FormatInfo& f = info(element);
+  if (rule == BlockScaleRule::f32_amax) {
+    if (amax == 0.0f) return 1.0f;
+    const float s = amax / float(max_value(element));
+    if (s >= std::numeric_limits<float>::min()) return s;
+    rule = BlockScaleRule::mx_ceil;  // f32 scale would be subnormal: use the exact power of two
+  }
+  if (amax == 0.0f) return std::ldexp(1.0f, -127);
+  int e;
+  uint32_t sig;
+  split_f32(amax, e, sig);
+  int k = e - f.emax();  // OCP floor rule: floor(log2 amax) - emax_elem
+  if (rule == BlockScaleRule::mx_ceil) {
+    int em;
+    uint32_t max_sig;
+    split_f32(float(max_value(element)), em, max_sig);
+    k = e - em + (sig > max_sig ? 1 : 0);  // amax / 2^k <= max exactly
+  }
+  return std::ldexp(1.0f, std::clamp(k, -127, 127));
+}
+
+std::vector<uint8_t> BlockQuantized::e8m0_scales() const {
+  if (block.rule == BlockScaleRule::f32_amax)
+    throw Error("e8m0_scales: f32_amax block scales are not powers of two");
+  std::vector<uint8_t> out(scales.size());
+  for (size_t i = 0; i < scales.size(); ++i)
+    out[i] = uint8_t(encode(Format::e8m0, scales[i]));
+  return out;
+}
+
+BlockQuantized quantize_blocks(std::span<const float> x, size_t rows, size_t cols, Format element,
+                               const BlockSpec& spec, Rounding rounding) {
+  if (x.size() != rows * cols)
+    throw Error("quantize_blocks: " + std::to_string(x.size()) + " values do not form a " +
+                std::to_string(rows) + " x " + std::to_string(cols) + " tensor");
+  if (spec.rows == 0 || spec.cols == 0) throw Error("quantize_blocks: block size must be positive");
+  if (element == Format::e8m0) throw Error("quantize_blocks: e8m0 is a scale format, not an element format");
+  BlockQuantized q;
+  q.element = element;
+  q.rows = rows;
+  q.cols = cols;
+  q.block = spec;
+  const FormatInfo& f = info(element);
+  const size_t cb = size_t(f.storage_bytes());
+  q.codes.assign(rows * cols * cb, std::byte{0});
+  q.scales.resize(q.scale_rows() * q.scale_cols());
+  const kernels::KernelTable& k = kernels::active_kernels();
+
+  for (size_t br = 0; br < q.scale_rows(); ++br) {
+    const size_t r0 = br * spec.rows, r1 = std::min(rows, r0 + spec.rows);
+    for (size_t bc = 0; bc < q.scale_cols(); ++bc) {
+      const size_t c0 = bc * spec.cols, c1 = std::min(cols, c0 + spec.cols);
+      uint32_t amax_bits = 0;
+      for (size_t r = r0; r < r1; ++r)
+        amax_bits = std::max(amax_bits, k.amax_bits(&x[r * cols + c0], c1 - c0));
+      const float scale = block_scale(std::bit_cast<float>(amax_bits), element, spec.rule);
+      q.scales[br * q.scale_cols() + bc] = scale;
+      if (std::isnan(scale)) continue;  // the block decodes as NaN; its element codes stay 0
+      kernels::QuantizeArgs a{};
+      a.format = &f;
+      if (spec.rule == BlockScaleRule::f32_amax) {
+        split_scale(1.0f / scale, a.mul, a.exp_shift);
+      } else {  // power of two: divide by exponent arithmetic, exactly
+        a.mul = 1.0f;
+        a.exp_shift = -std::ilogb(scale);
+      }
+      a.overflow = Overflow::saturate;
+      a.rounding = rounding;
+      for (size_t r = r0; r < r1; ++r) {
+        a.offset = r * cols + c0;
+        k.quantize(&x[r * cols + c0], c1 - c0, &q.codes[(r * cols + c0) * cb], a);
+      }
+    }
+  }
+  return q;
+}
+
+void dequantize_blocks(const BlockQuantized& q, std::span<float> out) {
+  if (out.size() != q.rows * q.cols)
+    throw Error("dequantize_blocks: output has " + std::to_string(out.size()) +
+                " elements, the tensor " + std::to_string(q.rows * q.cols));
+  const FormatInfo& f = info(q.element);
+  const size_t cb = size_t(f.storage_bytes());
+  const kernels::KernelTable& k = kernels::active_kernels();
+  for (size_t r = 0; r < q.rows; ++r)
+    for (size_t bc = 0; bc < q.scale_cols(); ++bc) {
+      const size_t c0 = bc * q.block.cols, c1 = std::min(q.cols, c0 + q.block.cols);
+      const float scale = q.scales[(r / q.block.rows) * q.scale_cols() + bc];
+      k.dequantize(&q.codes[(r * q.cols + c0) * cb], c1 - c0, &out[r * q.cols + c0], f, scale);
+    }
+}
+
+}  // namespace scalify

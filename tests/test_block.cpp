@@ -1,0 +1,165 @@
+// MX and generic block quantisation against SPEC §5 on hand-built blocks.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+#include <vector>
+
+#include "scalify/error.hpp"
+#include "scalify/formats/block.hpp"
+
+namespace scalify {
+namespace {
+
+std::vector<float> dequant(const BlockQuantized& q) {
+  std::vector<float> out(q.rows * q.cols);
+  dequantize_blocks(q, out);
+  return out;
+}
+
+TEST(MxBlocks, AmaxAtAPowerOfTwo) {
+  // amax = 32 = 2^5 in e4m3 (emax 8): X = 2^(5-8) = 2^-3, so 32 -> 256, exactly representable.
+  std::vector<float> x(32, 1.0f);
+  x[3] = -32.0f;
+  for (BlockScaleRule rule : {BlockScaleRule::mx_floor, BlockScaleRule::mx_ceil}) {
+    const BlockQuantized q = quantize_blocks(x, 1, 32, Format::e4m3, mx_blocks(1, rule));
+    ASSERT_EQ(q.scales.size(), 1u);
+    EXPECT_EQ(q.scales[0], 0.125f);
+    EXPECT_EQ(q.e8m0_scales()[0], 127 - 3);
+    EXPECT_EQ(decode(Format::e4m3, uint32_t(q.codes[3])), -256.0f);
+    EXPECT_EQ(dequant(q), x);  // 1 and 32 are exact after scaling
+  }
+}
+
+TEST(MxBlocks, AllZeroBlockGetsTheSmallestScale) {
+  std::vector<float> x(64, 0.0f);
+  const BlockQuantized q = quantize_blocks(x, 2, 32, Format::e2m1, mx_blocks(1));
+  ASSERT_EQ(q.scales.size(), 2u);
+  EXPECT_EQ(q.scales[0], std::ldexp(1.0f, -127));
+  EXPECT_EQ(q.e8m0_scales()[0], 0);
+  for (std::byte c : q.codes) EXPECT_EQ(uint8_t(c), 0);
+  EXPECT_EQ(dequant(q), x);
+}
+
+TEST(MxBlocks, NanOrInfInABlockMakesItsScaleNan) {
+  std::vector<float> x(64, 0.5f);
+  x[5] = std::nanf("");
+  x[40] = INFINITY;
+  const BlockQuantized q = quantize_blocks(x, 1, 64, Format::e2m1, mx_blocks(1));
+  EXPECT_TRUE(std::isnan(q.scales[0]));
+  EXPECT_TRUE(std::isnan(q.scales[1]));
+  EXPECT_EQ(q.e8m0_scales()[0], 0xFF);
+  for (float v : dequant(q)) EXPECT_TRUE(std::isnan(v));  // every element of a NaN block
+  x[40] = 0.5f;
+  const BlockQuantized q2 = quantize_blocks(x, 1, 64, Format::e2m1, mx_blocks(1));
+  const auto back = dequant(q2);
+  EXPECT_TRUE(std::isnan(back[0]));
+  EXPECT_EQ(back[40], 0.5f);  // the clean block is untouched
+}
+
+TEST(MxBlocks, FloorRuleClipsTheTopBinadeRoundUpRuleDoesNot) {
+  // e4m3 amax 500: floor(log2 500) = 8 = emax, X = 1, 500 -> 448 (saturated).
+  std::vector<float> x(32, 1.0f);
+  x[0] = 500.0f;
+  const BlockQuantized floor_q = quantize_blocks(x, 1, 32, Format::e4m3, mx_blocks(1));
+  EXPECT_EQ(floor_q.scales[0], 1.0f);
+  EXPECT_EQ(dequant(floor_q)[0], 448.0f);
+  // Round-up: the smallest 2^k with 500 / 2^k <= 448 is k = 1; 250 rounds to 256 in e4m3.
+  const BlockQuantized ceil_q =
+      quantize_blocks(x, 1, 32, Format::e4m3, mx_blocks(1, BlockScaleRule::mx_ceil));
+  EXPECT_EQ(ceil_q.scales[0], 2.0f);
+  EXPECT_EQ(dequant(ceil_q)[0], 512.0f);  // no clipping
+  // e2m1 amax 7: floor gives X = 1 and 7 -> 6; round-up gives X = 2 and 3.5 -> 4 (RNE) -> 8.
+  std::vector<float> y(32, 0.0f);
+  y[0] = 7.0f;
+  EXPECT_EQ(dequant(quantize_blocks(y, 1, 32, Format::e2m1, mx_blocks(1)))[0], 6.0f);
+  EXPECT_EQ(dequant(quantize_blocks(y, 1, 32, Format::e2m1,
+                                    mx_blocks(1, BlockScaleRule::mx_ceil)))[0],
+            8.0f);
+}
+
+TEST(MxBlocks, ScaleExponentClampsToE8m0Range) {
+  std::vector<float> x(32, std::ldexp(1.0f, -140));  // f32 subnormal amax
+  const BlockQuantized q = quantize_blocks(x, 1, 32, Format::e4m3, mx_blocks(1));
+  EXPECT_EQ(q.scales[0], std::ldexp(1.0f, -127));  // -140 - 8 clamps to -127
+  // 2^-140 / 2^-127 = 2^-13 is below e4m3's smallest subnormal (2^-9): flushes to zero.
+  EXPECT_EQ(decode(Format::e4m3, uint32_t(q.codes[0])), 0.0f);
+}
+
+TEST(MxBlocks, ColumnWiseEqualsRowWiseOfTheTranspose) {
+  const size_t R = 70, C = 45;  // partial blocks both ways
+  std::mt19937 rng(5);
+  std::lognormal_distribution<float> d(0.0f, 3.0f);
+  std::vector<float> x(R * C), xt(R * C);
+  for (size_t i = 0; i < R * C; ++i) x[i] = d(rng) * ((rng() & 1) ? 1.0f : -1.0f);
+  for (size_t r = 0; r < R; ++r)
+    for (size_t c = 0; c < C; ++c) xt[c * R + r] = x[r * C + c];
+  const BlockQuantized col = quantize_blocks(x, R, C, Format::e4m3, mx_blocks(0));
+  const BlockQuantized row = quantize_blocks(xt, C, R, Format::e4m3, mx_blocks(1));
+  ASSERT_EQ(col.scale_rows(), 3u);
+  ASSERT_EQ(col.scale_cols(), C);
+  const auto a = dequant(col), b = dequant(row);
+  for (size_t r = 0; r < R; ++r)
+    for (size_t c = 0; c < C; ++c) ASSERT_EQ(a[r * C + c], b[c * R + r]) << r << "," << c;
+  for (size_t br = 0; br < 3; ++br)
+    for (size_t c = 0; c < C; ++c) ASSERT_EQ(col.scales[br * C + c], row.scales[c * 3 + br]);
+}
+
+TEST(MxBlocks, EveryElementIsWithinHalfAQuantumOfItsBlockScale) {
+  // Round-to-nearest: |x - q| <= 2^-(M+1) * 2^floor(log2|x|) for unclipped elements.
+  std::mt19937 rng(6);
+  std::normal_distribution<float> d(0.0f, 1.0f);
+  std::vector<float> x(128 * 96);
+  for (float& v : x) v = d(rng) * std::exp2(float(int(rng() % 20) - 10));
+  for (Format f : {Format::e4m3, Format::e5m2, Format::e3m2, Format::e2m3}) {
+    const BlockQuantized q =
+        quantize_blocks(x, 128, 96, f, mx_blocks(1, BlockScaleRule::mx_ceil));
+    const auto back = dequant(q);
+    for (size_t i = 0; i < x.size(); ++i) {
+      const float s = q.scales[(i / 96) * q.scale_cols() + (i % 96) / 32];
+      const double quantum =
+          std::max(std::ldexp(1.0, std::ilogb(std::fabs(x[i])) - info(f).man_bits),
+                   min_subnormal(f) * s);
+      ASSERT_LE(std::fabs(double(back[i]) - x[i]), 0.5 * quantum) << format_name(f) << " " << i;
+    }
+  }
+}
+
+TEST(GenericBlocks, F32ScaleMapsBlockAmaxOntoTheElementMax) {
+  const size_t R = 256, C = 256;
+  std::mt19937 rng(7);
+  std::normal_distribution<float> d(0.0f, 1.0f);
+  std::vector<float> x(R * C);
+  for (size_t i = 0; i < x.size(); ++i) x[i] = d(rng) * (1.0f + float(i % C) / 8.0f);
+  for (BlockSpec spec : {BlockSpec{1, 128, BlockScaleRule::f32_amax},
+                         BlockSpec{128, 128, BlockScaleRule::f32_amax}}) {
+    const BlockQuantized q = quantize_blocks(x, R, C, Format::e4m3, spec);
+    EXPECT_EQ(q.scales.size(), (R / spec.rows) * (C / spec.cols));
+    const auto back = dequant(q);
+    for (size_t br = 0; br < q.scale_rows(); ++br)
+      for (size_t bc = 0; bc < q.scale_cols(); ++bc) {
+        float amax = 0, err = 0;
+        for (size_t r = br * spec.rows; r < (br + 1) * spec.rows; ++r)
+          for (size_t c = bc * spec.cols; c < (bc + 1) * spec.cols; ++c) {
+            amax = std::max(amax, std::fabs(x[r * C + c]));
+            err = std::max(err, std::fabs(back[r * C + c] - x[r * C + c]));
+          }
+        EXPECT_FLOAT_EQ(q.scales[br * q.scale_cols() + bc], amax / 448.0f);
+        // e4m3's top binade has quantum 32 of 448: error <= 16/448 of the block amax (+ f32 eps).
+        EXPECT_LE(err, amax * (16.0f / 448.0f) * 1.0001f);
+      }
+  }
+  const BlockQuantized f32q = quantize_blocks(x, R, C, Format::e4m3, {1, 128, BlockScaleRule::f32_amax});
+  EXPECT_THROW(f32q.e8m0_scales(), Error) << "f32 scales are not powers of two";
+}
+
+TEST(GenericBlocks, BadInputIsAClearError) {
+  std::vector<float> x(10);
+  EXPECT_THROW(quantize_blocks(x, 3, 4, Format::e4m3, mx_blocks(1)), Error);
+  EXPECT_THROW(quantize_blocks(x, 2, 5, Format::e4m3, BlockSpec{0, 4}), Error);
+  EXPECT_THROW(mx_blocks(2), Error);
+  EXPECT_THROW(quantize_blocks(x, 2, 5, Format::e8m0, mx_blocks(1)), Error);
+}
+
+}  // namespace
+}  // namespace scalify
