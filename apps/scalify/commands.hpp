@@ -1,0 +1,10 @@
+#pragma once
+// Subcommands of the scalify CLI: each registers its options and its run function.
+#include <CLI/CLI.hpp>
+
+namespace scalify::cli {
+
+void add_formats_command(CLI::App& app);
+void add_snr_command(CLI::App& app);
+
+}  // namespace scalify::cli
