@@ -1,0 +1,132 @@
+// Bulk format kernels on 64 MB of f32 against a plain f32 copy in the same run.
+// Arguments: (isa: 0 scalar reference, 1 avx2, 2 avx512; threads).
+// bytes_per_second counts the f32 bytes read (input side), so quantise is directly comparable
+// with the copy's read bandwidth; items_per_second counts elements.
+#include <benchmark/benchmark.h>
+#include <omp.h>
+
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "scalify/formats/bulk.hpp"
+#include "scalify/formats/kernels.hpp"
+
+namespace {
+
+using namespace scalify;
+
+constexpr size_t kN = size_t(16) << 20;  // 16 Mi floats = 64 MB
+
+const std::vector<float>& input() {
+  static const std::vector<float> v = [] {
+    std::vector<float> x(kN);
+    std::mt19937 rng(1);
+    std::normal_distribution<float> d(0.0f, 3.0f);
+    for (float& e : x) e = d(rng);
+    return x;
+  }();
+  return v;
+}
+
+void setup(const benchmark::State& st) {
+  kernels::set_isa(static_cast<kernels::Isa>(st.range(0)));
+  set_num_threads(int(st.range(1)));
+}
+
+void finish(benchmark::State& st, size_t f32_bytes_per_elem) {
+  st.SetBytesProcessed(int64_t(st.iterations()) * int64_t(kN * f32_bytes_per_elem));
+  st.SetItemsProcessed(int64_t(st.iterations()) * int64_t(kN));
+  st.SetLabel(std::string(kernels::isa_name(kernels::active_isa())) + " x" +
+              std::to_string(st.range(1)));
+}
+
+void BM_CopyF32(benchmark::State& st) {
+  const auto& x = input();
+  std::vector<float> y(kN, 1.0f);
+  const int threads = int(st.range(1));
+  for (auto _ : st) {
+#pragma omp parallel num_threads(threads)
+    {
+      const size_t t = size_t(omp_get_thread_num()), nt = size_t(omp_get_num_threads());
+      const size_t b = kN * t / nt, e = kN * (t + 1) / nt;
+      std::memcpy(y.data() + b, x.data() + b, (e - b) * sizeof(float));
+    }
+    benchmark::ClobberMemory();
+  }
+  st.SetBytesProcessed(int64_t(st.iterations()) * int64_t(kN * 4));
+  st.SetItemsProcessed(int64_t(st.iterations()) * int64_t(kN));
+  st.SetLabel("memcpy x" + std::to_string(threads));
+}
+
+void BM_QuantizeE4m3(benchmark::State& st) {
+  setup(st);
+  const auto& x = input();
+  std::vector<std::byte> codes(kN);
+  for (auto _ : st) {
+    quantize(x, Format::e4m3, 0.25f, codes);
+    benchmark::DoNotOptimize(codes.data());
+  }
+  finish(st, 4);
+}
+
+void BM_QuantizeAmaxE4m3(benchmark::State& st) {
+  setup(st);
+  const auto& x = input();
+  std::vector<std::byte> codes(kN);
+  for (auto _ : st) benchmark::DoNotOptimize(quantize_amax(x, Format::e4m3, 0.25f, codes));
+  finish(st, 4);
+}
+
+void BM_QuantizeE4m3Stochastic(benchmark::State& st) {
+  setup(st);
+  const auto& x = input();
+  std::vector<std::byte> codes(kN);
+  QuantizeOptions opt;
+  opt.rounding = Rounding::stochastic;
+  for (auto _ : st) {
+    quantize(x, Format::e4m3, 0.25f, codes, opt);
+    benchmark::DoNotOptimize(codes.data());
+  }
+  finish(st, 4);
+}
+
+void BM_DequantizeE4m3(benchmark::State& st) {
+  setup(st);
+  std::vector<std::byte> codes(kN);
+  set_num_threads(0);
+  quantize(input(), Format::e4m3, 0.25f, codes);
+  setup(st);
+  std::vector<float> out(kN);
+  for (auto _ : st) {
+    dequantize(codes, Format::e4m3, 4.0f, out);
+    benchmark::DoNotOptimize(out.data());
+  }
+  finish(st, 4);  // f32 bytes written
+}
+
+void BM_Amax(benchmark::State& st) {
+  setup(st);
+  const auto& x = input();
+  for (auto _ : st) benchmark::DoNotOptimize(amax(x));
+  finish(st, 4);
+}
+
+void Args(benchmark::internal::Benchmark* b) {
+  for (int threads : {1, 2})
+    for (int isa : {0, 1, 2})
+      if (kernels::isa_supported(static_cast<kernels::Isa>(isa)) && !(isa == 0 && threads == 2))
+        b->Args({isa, threads});
+  b->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(0.5);
+}
+
+BENCHMARK(BM_CopyF32)->Args({0, 1})->Args({0, 2})->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(0.5);
+BENCHMARK(BM_QuantizeE4m3)->Apply(Args);
+BENCHMARK(BM_QuantizeAmaxE4m3)->Apply(Args);
+BENCHMARK(BM_QuantizeE4m3Stochastic)->Apply(Args);
+BENCHMARK(BM_DequantizeE4m3)->Apply(Args);
+BENCHMARK(BM_Amax)->Apply(Args);
+
+}  // namespace
+
+BENCHMARK_MAIN();

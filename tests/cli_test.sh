@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# End-to-end checks of the scalify CLI as a user runs it.
+set -euo pipefail
+cli="$1"
+out="$(mktemp -d)"
+trap 'rm -rf "$out"' EXIT
+
+"$cli" --help | grep -q "formats"
+"$cli" formats | grep -E "^e4m3 +8 +4 +3 +7 +448 " > /dev/null
+"$cli" formats --csv | grep -q "^e5m2,8,5,2,15,57344,"
+
+"$cli" snr --out "$out" --from -4 --to 4 --step 1 --samples 4096 --formats e4m3,fp8_e5m2 > "$out/log"
+grep -q "INT8 scaled so 180 -> 127" "$out/log"
+test "$(grep -c ',e4m3,' "$out/snr.csv")" -eq 9
+test -s "$out/snr.png" || { echo "no plot written"; exit 1; }
+
+# Bad input: an unknown format is a clear error naming it and listing the valid ones.
+if "$cli" snr --out "$out" --formats e4m4 2> "$out/err"; then echo "accepted e4m4"; exit 1; fi
+grep -q "unknown number format 'e4m4'" "$out/err"
+grep -q "e5m2fnuz" "$out/err"
+echo "cli ok"
