@@ -5,6 +5,7 @@
 #include <benchmark/benchmark.h>
 #include <omp.h>
 
+#include <chrono>
 #include <cstring>
 #include <random>
 #include <vector>
@@ -112,16 +113,60 @@ void BM_Amax(benchmark::State& st) {
   finish(st, 4);
 }
 
-void Args(benchmark::internal::Benchmark* b) {
+// Quantise and a plain f32 copy of the same input, alternating inside every iteration, so the
+// ratio of their read bandwidths is taken under the same machine load (the machine is shared and
+// its bandwidth drifts by 2x between runs). Counters: read_vs_copy = kernel read bandwidth /
+// copy read bandwidth; copy_GBps and kernel_GBps are the input bytes read per second.
+template <bool FUSED_AMAX>
+void BM_QuantizeVsCopy(benchmark::State& st) {
+  setup(st);
+  const auto& x = input();
+  std::vector<std::byte> codes(kN);
+  std::vector<float> y(kN, 1.0f);
+  const int threads = int(st.range(1));
+  double copy_s = 0, kernel_s = 0;
+  using clock = std::chrono::steady_clock;
+  for (auto _ : st) {
+    const auto t0 = clock::now();
+#pragma omp parallel num_threads(threads)
+    {
+      const size_t t = size_t(omp_get_thread_num()), nt = size_t(omp_get_num_threads());
+      const size_t b = kN * t / nt, e = kN * (t + 1) / nt;
+      std::memcpy(y.data() + b, x.data() + b, (e - b) * sizeof(float));
+    }
+    benchmark::ClobberMemory();
+    const auto t1 = clock::now();
+    if constexpr (FUSED_AMAX)
+      benchmark::DoNotOptimize(quantize_amax(x, Format::e4m3, 0.25f, codes));
+    else
+      quantize(x, Format::e4m3, 0.25f, codes);
+    benchmark::ClobberMemory();
+    const auto t2 = clock::now();
+    const double k = std::chrono::duration<double>(t2 - t1).count();
+    copy_s += std::chrono::duration<double>(t1 - t0).count();
+    kernel_s += k;
+    st.SetIterationTime(k);
+  }
+  const double bytes = double(kN) * 4 * double(st.iterations());
+  st.counters["copy_GBps"] = bytes / copy_s / 1e9;
+  st.counters["kernel_GBps"] = bytes / kernel_s / 1e9;
+  st.counters["read_vs_copy"] = copy_s / kernel_s;
+  st.SetLabel(std::string(kernels::isa_name(kernels::active_isa())) + " x" + std::to_string(threads));
+}
+
+void IsaThreadArgs(benchmark::internal::Benchmark* b) {
   for (int threads : {1, 2})
     for (int isa : {0, 1, 2})
       if (kernels::isa_supported(static_cast<kernels::Isa>(isa)) && !(isa == 0 && threads == 2))
         b->Args({isa, threads});
-  b->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(0.5);
+  b->Unit(benchmark::kMillisecond)->MinTime(0.5);
 }
+void Args(benchmark::internal::Benchmark* b) { IsaThreadArgs(b->UseRealTime()); }
 
 BENCHMARK(BM_CopyF32)->Args({0, 1})->Args({0, 2})->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(0.5);
 BENCHMARK(BM_QuantizeE4m3)->Apply(Args);
+BENCHMARK_TEMPLATE(BM_QuantizeVsCopy, false)->Apply(IsaThreadArgs)->UseManualTime();
+BENCHMARK_TEMPLATE(BM_QuantizeVsCopy, true)->Apply(IsaThreadArgs)->UseManualTime();
 BENCHMARK(BM_QuantizeAmaxE4m3)->Apply(Args);
 BENCHMARK(BM_QuantizeE4m3Stochastic)->Apply(Args);
 BENCHMARK(BM_DequantizeE4m3)->Apply(Args);
