@@ -14,19 +14,8 @@ namespace scalify {
 
 namespace {
 
-// Exponent and 24-bit significand of a positive finite f32 (subnormals normalised).
-void split_f32(float x, int& e, uint32_t& sig) {
-  const uint32_t b = std::bit_cast<uint32_t>(x);
-  const uint32_t ef = b >> 23, mant = b & 0x7FFFFFu;
-  if (ef == 0) {
-    const int lz = std::countl_zero(mant) - 8;
-    sig = mant << lz;
-    e = -126 - lz;
-  } else {
-    sig = mant | 0x800000u;
-    e = int(ef) - 127;
-  }
-}
+// Exponent and 24-bit significand of a positive finite f32.
+void split_f32(float x, int& e, uint32_t& sig) { detail::normalise(std::bit_cast<uint32_t>(x), sig, e); }
 
 }  // namespace
 

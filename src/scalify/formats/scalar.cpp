@@ -42,8 +42,26 @@ uint32_t round_shift(uint32_t sig, int shift, Rounding rm, uint32_t random_bits)
   return 0;
 }
 
-// Split a finite non-zero magnitude (f32 bits) into a 24-bit significand with bit 23 set and an
-// unbiased exponent; f32 subnormals are normalised, never flushed.
+uint32_t encode_e8m0(uint32_t x, int exp_shift, Overflow ov, Rounding rm, uint32_t rnd) {
+  const uint32_t a = x & 0x7FFFFFFFu;
+  const bool sat = ov == Overflow::saturate;
+  if (a > kF32Inf) return 0xFF;
+  if ((x >> 31) != 0 || a == 0) return sat ? 0x00 : 0xFF;  // no zero, no negatives
+  if (a == kF32Inf) return sat ? 0xFE : 0xFF;
+  uint32_t sig;
+  int e;
+  detail::normalise(a, sig, e);
+  e = std::clamp(e + exp_shift, -1000, 1000);
+  const int up = int(round_shift(sig, 23, rm, rnd)) - 1;  // 0 or 1: stay in this binade or go up
+  const int code = e + 127 + up;
+  if (code > 254) return sat ? 0xFE : 0xFF;
+  return uint32_t(std::max(code, 0));  // below 2^-127 the nearest value is 2^-127 itself
+}
+
+}  // namespace
+
+namespace detail {
+
 void normalise(uint32_t a, uint32_t& sig, int& e) {
   const uint32_t ef = a >> 23, mant = a & 0x7FFFFFu;
   if (ef == 0) {
@@ -55,26 +73,6 @@ void normalise(uint32_t a, uint32_t& sig, int& e) {
     e = int(ef) - 127;
   }
 }
-
-uint32_t encode_e8m0(uint32_t x, int exp_shift, Overflow ov, Rounding rm, uint32_t rnd) {
-  const uint32_t a = x & 0x7FFFFFFFu;
-  const bool sat = ov == Overflow::saturate;
-  if (a > kF32Inf) return 0xFF;
-  if ((x >> 31) != 0 || a == 0) return sat ? 0x00 : 0xFF;  // no zero, no negatives
-  if (a == kF32Inf) return sat ? 0xFE : 0xFF;
-  uint32_t sig;
-  int e;
-  normalise(a, sig, e);
-  e = std::clamp(e + exp_shift, -1000, 1000);
-  const int up = int(round_shift(sig, 23, rm, rnd)) - 1;  // 0 or 1: stay in this binade or go up
-  const int code = e + 127 + up;
-  if (code > 254) return sat ? 0xFE : 0xFF;
-  return uint32_t(std::max(code, 0));  // below 2^-127 the nearest value is 2^-127 itself
-}
-
-}  // namespace
-
-namespace detail {
 
 uint32_t encode_bits(const FormatInfo& f, uint32_t x, int exp_shift, Overflow ov, Rounding rm,
                      uint32_t rnd) {

@@ -43,6 +43,9 @@ float f16_to_f32(uint16_t h);
 float bf16_to_f32(uint16_t b);
 
 namespace detail {
+// Splits a finite non-zero magnitude (f32 bits, sign clear) into a 24-bit significand with bit 23
+// set and an unbiased exponent; f32 subnormals are normalised, never flushed.
+void normalise(uint32_t abs_bits, uint32_t& sig, int& e);
 // The encoding core on f32 bits, with the value first multiplied by 2^exp_shift exactly (no
 // intermediate rounding, no f32 overflow), which is how power-of-two scales are applied.
 // A NaN into a format without NaN returns +0; callers check NaN themselves.
