@@ -1,0 +1,120 @@
+#include "scalify/autograd/var.hpp"
+
+#include <unordered_map>
+#include <unordered_set>
+
+#include "scalify/error.hpp"
+#include "scalify/tensor/ops.hpp"
+
+namespace scalify {
+
+namespace {
+thread_local bool g_grad_enabled = true;
+}  // namespace
+
+bool grad_enabled() { return g_grad_enabled; }
+NoGrad::NoGrad() : previous_(g_grad_enabled) { g_grad_enabled = false; }
+NoGrad::~NoGrad() { g_grad_enabled = previous_; }
+
+Var::Var(Tensor value, bool requires_grad) : impl_(std::make_shared<detail::VarImpl>()) {
+  impl_->value = std::move(value);
+  impl_->requires_grad = requires_grad;
+}
+
+const Tensor& Var::value() const {
+  if (!impl_) throw Error("use of an undefined Var");
+  return impl_->value;
+}
+const Tensor& Var::grad() const { return value(), impl_->grad; }
+bool Var::requires_grad() const { return impl_ && impl_->requires_grad; }
+void Var::set_requires_grad(bool r) {
+  value();
+  if (impl_->node) throw Error("set_requires_grad: only leaves can change requires_grad");
+  impl_->requires_grad = r;
+}
+void Var::zero_grad() { value(), impl_->grad = Tensor(); }
+void Var::set_value(Tensor v) {
+  value();
+  if (v.shape() != impl_->value.shape())
+    throw Error("set_value: shape " + shape_str(v.shape()) + " differs from " + shape_str(impl_->value.shape()));
+  impl_->value = std::move(v);
+}
+Var Var::detach() const { return Var(value(), false); }
+const std::string& Var::op_name() const {
+  static const std::string leaf;
+  return impl_ && impl_->node ? impl_->node->name : leaf;
+}
+size_t Var::graph_inputs() const { return impl_ && impl_->node ? impl_->node->inputs.size() : 0; }
+
+Var Var::make(std::string name, Tensor value, const std::vector<Var>& inputs, BackwardFn backward) {
+  Var out(std::move(value), false);
+  if (!g_grad_enabled) return out;
+  bool any = false;
+  for (const Var& v : inputs) any = any || v.requires_grad();
+  if (!any) return out;
+  auto node = std::make_shared<detail::Node>();
+  node->name = std::move(name);
+  for (const Var& v : inputs) node->inputs.push_back(v.impl_);
+  node->backward = std::move(backward);
+  out.impl_->requires_grad = true;
+  out.impl_->node = std::move(node);
+  return out;
+}
+
+void Var::backward() const {
+  if (value().numel() != 1)
+    throw Error("backward(): needs a single-element value, got shape " + shape_str(value().shape()) +
+                "; pass an explicit gradient");
+  backward(Tensor::ones(value().shape(), value().dtype() == DType::f64 ? DType::f64 : DType::f32));
+}
+
+void Var::backward(const Tensor& grad_output) const {
+  if (!requires_grad()) throw Error("backward(): the value does not require gradients");
+  if (grad_output.shape() != value().shape())
+    throw Error("backward(): gradient shape " + shape_str(grad_output.shape()) + " differs from value shape " +
+                shape_str(value().shape()));
+  // Reverse topological order by iterative depth-first search over nodes.
+  std::vector<detail::VarImpl*> order;
+  std::unordered_set<detail::VarImpl*> seen;
+  std::vector<std::pair<detail::VarImpl*, size_t>> stack{{impl_.get(), 0}};
+  seen.insert(impl_.get());
+  while (!stack.empty()) {
+    auto& [v, next] = stack.back();
+    if (v->node && next < v->node->inputs.size()) {
+      detail::VarImpl* in = v->node->inputs[next++].get();
+      if (in->requires_grad && seen.insert(in).second) stack.push_back({in, 0});
+    } else {
+      order.push_back(v);
+      stack.pop_back();
+    }
+  }
+  std::unordered_map<detail::VarImpl*, Tensor> grads;
+  grads[impl_.get()] = grad_output;
+  for (auto it = order.rbegin(); it != order.rend(); ++it) {
+    detail::VarImpl* v = *it;
+    auto g = grads.find(v);
+    if (g == grads.end()) continue;
+    if (!v->node) {  // a leaf: accumulate into .grad
+      v->grad = v->grad.defined() ? ops::add(v->grad, g->second) : g->second;
+      continue;
+    }
+    const std::vector<Tensor> in_grads = v->node->backward(g->second);
+    if (in_grads.size() != v->node->inputs.size())
+      throw Error("backward of '" + v->node->name + "' returned " + std::to_string(in_grads.size()) +
+                  " gradients for " + std::to_string(v->node->inputs.size()) + " inputs");
+    for (size_t i = 0; i < in_grads.size(); ++i) {
+      detail::VarImpl* in = v->node->inputs[i].get();
+      if (!in->requires_grad || !in_grads[i].defined()) continue;
+      if (in_grads[i].shape() != in->value.shape())
+        throw Error("backward of '" + v->node->name + "': gradient " + std::to_string(i) + " has shape " +
+                    shape_str(in_grads[i].shape()) + ", input has " + shape_str(in->value.shape()));
+      auto [slot, fresh] = grads.try_emplace(in, in_grads[i]);
+      if (!fresh) slot->second = ops::add(slot->second, in_grads[i]);  // reused value
+    }
+    grads.erase(g);
+  }
+  // Free the graph: intermediate values keep their data but drop their history.
+  for (detail::VarImpl* v : order) v->node.reset();
+}
+
+}  // namespace scalify

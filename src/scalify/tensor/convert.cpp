@@ -1,0 +1,119 @@
+#include "scalify/tensor/convert.hpp"
+
+#include <cmath>
+#include <cstring>
+#include <span>
+
+#include "scalify/error.hpp"
+#include "scalify/formats/bulk.hpp"
+#include "scalify/formats/scalar.hpp"
+
+namespace scalify {
+
+namespace {
+
+template <class T>
+T load_element(const std::byte* base, int64_t off, DType dt) {
+  switch (dt) {
+    case DType::f32: { float v; std::memcpy(&v, base + off * 4, 4); return T(v); }
+    case DType::f64: { double v; std::memcpy(&v, base + off * 8, 8); return T(v); }
+    case DType::i32: { int32_t v; std::memcpy(&v, base + off * 4, 4); return T(v); }
+    case DType::i64: { int64_t v; std::memcpy(&v, base + off * 8, 8); return T(v); }
+    default: {
+      const int es = dtype_size(dt);
+      uint32_t code = 0;
+      std::memcpy(&code, base + off * es, size_t(es));
+      return T(decode(*dtype_format(dt), code));
+    }
+  }
+}
+
+template <class T>
+void store_element(std::byte* base, int64_t off, DType dt, T v) {
+  switch (dt) {
+    case DType::f32: { const float f = float(v); std::memcpy(base + off * 4, &f, 4); return; }
+    case DType::f64: { const double d = double(v); std::memcpy(base + off * 8, &d, 8); return; }
+    case DType::i32: { const int32_t i = int32_t(std::llround(double(v))); std::memcpy(base + off * 4, &i, 4); return; }
+    case DType::i64: { const int64_t i = std::llround(double(v)); std::memcpy(base + off * 8, &i, 8); return; }
+    default: {
+      const Format f = *dtype_format(dt);
+      // f64 values round once to f32 first; that is exact for every value an f32 tensor holds.
+      const uint32_t code = encode(f, float(v), {Overflow::saturate});
+      std::memcpy(base + off * dtype_size(dt), &code, size_t(dtype_size(dt)));
+      return;
+    }
+  }
+}
+
+template <class T>
+void read_impl(const Tensor& t, T* out) {
+  const int64_t n = t.numel();
+  if (n == 0) return;
+  const auto fmt = dtype_format(t.dtype());
+  if (t.is_contiguous()) {
+    if constexpr (sizeof(T) == 4) {
+      if (t.dtype() == DType::f32) {
+        std::memcpy(out, t.raw_bytes(), size_t(n) * 4);
+        return;
+      }
+      if (fmt) {  // SIMD decode
+        dequantize(std::span(t.raw_bytes(), size_t(n * dtype_size(t.dtype()))), *fmt, 1.0f,
+                   std::span(out, size_t(n)));
+        return;
+      }
+    } else {
+      if (t.dtype() == DType::f64) {
+        std::memcpy(out, t.raw_bytes(), size_t(n) * 8);
+        return;
+      }
+    }
+  }
+  const std::byte* base = t.raw_bytes() - t.offset() * dtype_size(t.dtype());
+  if (t.dtype() == DType::f32 || t.dtype() == DType::f64) {  // strided views of compute types
+    auto gather = [&](const auto* src) {
+      for_each_offset(t.shape(), t.strides(), t.offset(), [&](int64_t i, int64_t off) { out[i] = T(src[off]); });
+    };
+    if (t.dtype() == DType::f32) gather(reinterpret_cast<const float*>(base));
+    else gather(reinterpret_cast<const double*>(base));
+    return;
+  }
+  for_each_offset(t.shape(), t.strides(), t.offset(),
+                  [&](int64_t i, int64_t off) { out[i] = load_element<T>(base, off, t.dtype()); });
+}
+
+template <class T>
+void write_impl(const T* in, Tensor& t) {
+  const int64_t n = t.numel();
+  if (n == 0) return;
+  const auto fmt = dtype_format(t.dtype());
+  if (t.is_contiguous()) {
+    if constexpr (sizeof(T) == 4) {
+      if (t.dtype() == DType::f32) {
+        std::memcpy(t.raw_bytes(), in, size_t(n) * 4);
+        return;
+      }
+      if (fmt && info(*fmt).has_nan()) {  // SIMD encode (formats without NaN take the checked path)
+        quantize(std::span(in, size_t(n)), *fmt, 1.0f,
+                 std::span(t.raw_bytes(), size_t(n * dtype_size(t.dtype()))));
+        return;
+      }
+    } else {
+      if (t.dtype() == DType::f64) {
+        std::memcpy(t.raw_bytes(), in, size_t(n) * 8);
+        return;
+      }
+    }
+  }
+  std::byte* base = t.raw_bytes() - t.offset() * dtype_size(t.dtype());
+  for_each_offset(t.shape(), t.strides(), t.offset(),
+                  [&](int64_t i, int64_t off) { store_element<T>(base, off, t.dtype(), in[i]); });
+}
+
+}  // namespace
+
+void read_as(const Tensor& t, float* out) { read_impl(t, out); }
+void read_as(const Tensor& t, double* out) { read_impl(t, out); }
+void write_from(const float* in, Tensor& t) { write_impl(in, t); }
+void write_from(const double* in, Tensor& t) { write_impl(in, t); }
+
+}  // namespace scalify

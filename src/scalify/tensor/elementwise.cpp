@@ -1,0 +1,175 @@
+// Elementwise kernels: unary maps and their derivatives, broadcasting binary ops, where, sum_to.
+#include <omp.h>
+
+#include <cmath>
+
+#include "scalify/error.hpp"
+#include "scalify/tensor/dense.hpp"
+#include "scalify/tensor/ops.hpp"
+
+namespace scalify::ops {
+
+namespace {
+
+constexpr double kSqrt2OverPi = 0.7978845608028654;
+constexpr double kGeluCubic = 0.044715;
+constexpr double kInvSqrt2 = 0.7071067811865476;
+constexpr double kInvSqrt2Pi = 0.3989422804014327;
+
+template <class T>
+T apply(Unary op, T x) {
+  switch (op) {
+    case Unary::neg: return -x;
+    case Unary::exp: return std::exp(x);
+    case Unary::log: return std::log(x);
+    case Unary::sqrt: return std::sqrt(x);
+    case Unary::rsqrt: return T(1) / std::sqrt(x);
+    case Unary::abs: return std::fabs(x);
+    case Unary::relu: return x > T(0) ? x : T(0);
+    case Unary::gelu_tanh:
+      return T(0.5) * x * (T(1) + std::tanh(T(kSqrt2OverPi) * (x + T(kGeluCubic) * x * x * x)));
+    case Unary::gelu_erf: return T(0.5) * x * (T(1) + std::erf(x * T(kInvSqrt2)));
+    case Unary::silu: return x / (T(1) + std::exp(-x));
+    case Unary::sigmoid: return T(1) / (T(1) + std::exp(-x));
+    case Unary::tanh: return std::tanh(x);
+    case Unary::square: return x * x;
+  }
+  return x;
+}
+
+// d op(x) / dx from x and y = op(x).
+template <class T>
+T derivative(Unary op, T x, T y) {
+  switch (op) {
+    case Unary::neg: return T(-1);
+    case Unary::exp: return y;
+    case Unary::log: return T(1) / x;
+    case Unary::sqrt: return T(0.5) / y;
+    case Unary::rsqrt: return T(-0.5) * y * y * y;
+    case Unary::abs: return x > T(0) ? T(1) : x < T(0) ? T(-1) : T(0);
+    case Unary::relu: return x > T(0) ? T(1) : T(0);
+    case Unary::gelu_tanh: {
+      const T u = T(kSqrt2OverPi) * (x + T(kGeluCubic) * x * x * x);
+      const T t = std::tanh(u);
+      const T du = T(kSqrt2OverPi) * (T(1) + T(3 * kGeluCubic) * x * x);
+      return T(0.5) * (T(1) + t) + T(0.5) * x * (T(1) - t * t) * du;
+    }
+    case Unary::gelu_erf:
+      return T(0.5) * (T(1) + std::erf(x * T(kInvSqrt2))) + x * T(kInvSqrt2Pi) * std::exp(T(-0.5) * x * x);
+    case Unary::silu: {
+      const T s = T(1) / (T(1) + std::exp(-x));
+      return s * (T(1) + x * (T(1) - s));
+    }
+    case Unary::sigmoid: return y * (T(1) - y);
+    case Unary::tanh: return T(1) - y * y;
+    case Unary::square: return T(2) * x;
+  }
+  return T(0);
+}
+
+template <class T>
+T apply(Binary op, T a, T b) {
+  switch (op) {
+    case Binary::add: return a + b;
+    case Binary::sub: return a - b;
+    case Binary::mul: return a * b;
+    case Binary::div: return a / b;
+  }
+  return a;
+}
+
+// Elements per OpenMP task: below this a loop runs on one thread.
+constexpr int64_t kParallelGrain = 1 << 15;
+
+}  // namespace
+
+const char* unary_name(Unary op) {
+  static const char* names[] = {"neg", "exp", "log", "sqrt", "rsqrt", "abs", "relu", "gelu_tanh",
+                                "gelu_erf", "silu", "sigmoid", "tanh", "square"};
+  return names[static_cast<int>(op)];
+}
+
+Tensor unary(Unary op, const Tensor& x) {
+  return dispatch_compute(computes_in_f64(x), [&]<class T>() {
+    const Dense<T> in(x);
+    Tensor out = Tensor::empty(x.shape(), dtype_for<T>());
+    T* o = out.data<T>();
+    const int64_t n = x.numel();
+#pragma omp parallel for if (n > kParallelGrain)
+    for (int64_t i = 0; i < n; ++i) o[i] = apply(op, in[i]);
+    return out;
+  });
+}
+
+Tensor unary_backward(Unary op, const Tensor& x, const Tensor& y, const Tensor& grad) {
+  return dispatch_compute(computes_in_f64(x, grad), [&]<class T>() {
+    const Dense<T> xs(x), ys(y), gs(grad, x.shape());
+    Tensor out = Tensor::empty(x.shape(), dtype_for<T>());
+    T* o = out.data<T>();
+    const int64_t n = x.numel();
+#pragma omp parallel for if (n > kParallelGrain)
+    for (int64_t i = 0; i < n; ++i) o[i] = gs[i] * derivative(op, xs[i], ys[i]);
+    return out;
+  });
+}
+
+Tensor binary(Binary op, const Tensor& a, const Tensor& b) {
+  static const char* names[] = {"add", "sub", "mul", "div"};
+  const Shape shape = broadcast_shapes(a.shape(), b.shape(), names[static_cast<int>(op)]);
+  return dispatch_compute(computes_in_f64(a, b), [&]<class T>() {
+    const Dense<T> x(a, shape), y(b, shape);
+    Tensor out = Tensor::empty(shape, dtype_for<T>());
+    T* o = out.data<T>();
+    const int64_t n = numel_of(shape);
+#pragma omp parallel for if (n > kParallelGrain)
+    for (int64_t i = 0; i < n; ++i) o[i] = apply(op, x[i], y[i]);
+    return out;
+  });
+}
+
+Tensor scale_shift(const Tensor& x, double mul, double add) {
+  return dispatch_compute(computes_in_f64(x), [&]<class T>() {
+    const Dense<T> in(x);
+    Tensor out = Tensor::empty(x.shape(), dtype_for<T>());
+    T* o = out.data<T>();
+    const T m = T(mul), c = T(add);
+    const int64_t n = x.numel();
+#pragma omp parallel for if (n > kParallelGrain)
+    for (int64_t i = 0; i < n; ++i) o[i] = in[i] * m + c;
+    return out;
+  });
+}
+
+Tensor pow_scalar(const Tensor& x, double p) {
+  return dispatch_compute(computes_in_f64(x), [&]<class T>() {
+    const Dense<T> in(x);
+    Tensor out = Tensor::empty(x.shape(), dtype_for<T>());
+    T* o = out.data<T>();
+    for (int64_t i = 0; i < x.numel(); ++i) o[i] = std::pow(in[i], T(p));
+    return out;
+  });
+}
+
+Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b) {
+  const Shape shape = broadcast_shapes(broadcast_shapes(cond.shape(), a.shape(), "where"), b.shape(), "where");
+  return dispatch_compute(computes_in_f64(a, b), [&]<class T>() {
+    const Dense<T> c(cond, shape), x(a, shape), y(b, shape);
+    Tensor out = Tensor::empty(shape, dtype_for<T>());
+    T* o = out.data<T>();
+    for (int64_t i = 0; i < numel_of(shape); ++i) o[i] = c[i] != T(0) ? x[i] : y[i];
+    return out;
+  });
+}
+
+Tensor sum_to(const Tensor& g, const Shape& shape) {
+  if (g.shape() == shape) return g;
+  const int lead = g.dim() - int(shape.size());
+  if (lead < 0) throw Error("sum_to: cannot reduce " + shape_str(g.shape()) + " to " + shape_str(shape));
+  std::vector<int> dims;
+  for (int d = 0; d < g.dim(); ++d)
+    if (d < lead || (shape[size_t(d - lead)] == 1 && g.shape()[size_t(d)] != 1)) dims.push_back(d);
+  Tensor r = dims.empty() ? g : sum(g, dims, true);
+  return r.reshape(shape);
+}
+
+}  // namespace scalify::ops

@@ -1,0 +1,300 @@
+// Neural-network kernels: softmax, normalisation, embedding, cross-entropy, concat/split,
+// dropout and causal masks. Rows are the last dimension; other dimensions are moved there first.
+#include <cmath>
+#include <limits>
+
+#include "scalify/error.hpp"
+#include "scalify/formats/kernels.hpp"
+#include "scalify/tensor/dense.hpp"
+#include "scalify/tensor/ops.hpp"
+
+namespace scalify::ops {
+
+namespace {
+
+// Runs row_fn(in_row, out_row, D) over the rows of x along `dim`; returns a tensor shaped as x.
+template <class RowFn>
+Tensor map_rows(const Tensor& x, int dim, const char* op, RowFn row_fn) {
+  if (x.dim() == 0) throw Error(std::string(op) + ": needs at least one dimension");
+  const int d = dim < 0 ? dim + x.dim() : dim;
+  if (d < 0 || d >= x.dim())
+    throw Error(std::string(op) + ": dimension " + std::to_string(dim) + " out of range for shape " + shape_str(x.shape()));
+  const Tensor moved = d == x.dim() - 1 ? x : x.transpose(d, -1);
+  Tensor out = dispatch_compute(computes_in_f64(x), [&]<class T>() {
+    const Dense<T> in(moved);
+    Tensor o = Tensor::empty(moved.shape(), dtype_for<T>());
+    const int64_t D = moved.size(-1), rows = D == 0 ? 0 : moved.numel() / D;
+    T* po = o.data<T>();
+#pragma omp parallel for if (rows * D > (1 << 15))
+    for (int64_t r = 0; r < rows; ++r) row_fn(in.data() + r * D, po + r * D, D);
+    return o;
+  });
+  return d == x.dim() - 1 ? out : out.transpose(d, -1).contiguous();
+}
+
+// Same for two inputs of the same shape (y and grad).
+template <class RowFn>
+Tensor map_rows2(const Tensor& x, const Tensor& g, int dim, const char* op, RowFn row_fn) {
+  if (x.shape() != g.shape())
+    throw Error(std::string(op) + ": shapes differ: " + shape_str(x.shape()) + " and " + shape_str(g.shape()));
+  const int d = dim < 0 ? dim + x.dim() : dim;
+  const Tensor mx = d == x.dim() - 1 ? x : x.transpose(d, -1);
+  const Tensor mg = d == x.dim() - 1 ? g : g.transpose(d, -1);
+  Tensor out = dispatch_compute(computes_in_f64(x, g), [&]<class T>() {
+    const Dense<T> a(mx), b(mg);
+    Tensor o = Tensor::empty(mx.shape(), dtype_for<T>());
+    const int64_t D = mx.size(-1), rows = D == 0 ? 0 : mx.numel() / D;
+    T* po = o.data<T>();
+#pragma omp parallel for if (rows * D > (1 << 15))
+    for (int64_t r = 0; r < rows; ++r) row_fn(a.data() + r * D, b.data() + r * D, po + r * D, D);
+    return o;
+  });
+  return d == x.dim() - 1 ? out : out.transpose(d, -1).contiguous();
+}
+
+template <class T>
+T row_max(const T* x, int64_t D) {
+  T m = -std::numeric_limits<T>::infinity();
+  for (int64_t i = 0; i < D; ++i) m = x[i] > m ? x[i] : m;
+  return m;
+}
+
+}  // namespace
+
+Tensor softmax(const Tensor& x, int dim) {
+  return map_rows(x, dim, "softmax", [](const auto* in, auto* out, int64_t D) {
+    using T = std::remove_cvref_t<decltype(*in)>;
+    const T m = row_max(in, D);
+    double s = 0;
+    for (int64_t i = 0; i < D; ++i) s += double(out[i] = std::exp(in[i] - m));
+    const T inv = T(1.0 / s);
+    for (int64_t i = 0; i < D; ++i) out[i] *= inv;
+  });
+}
+
+Tensor log_softmax(const Tensor& x, int dim) {
+  return map_rows(x, dim, "log_softmax", [](const auto* in, auto* out, int64_t D) {
+    using T = std::remove_cvref_t<decltype(*in)>;
+    const T m = row_max(in, D);
+    double s = 0;
+    for (int64_t i = 0; i < D; ++i) s += std::exp(double(in[i] - m));
+    const T lse = m + T(std::log(s));
+    for (int64_t i = 0; i < D; ++i) out[i] = in[i] - lse;
+  });
+}
+
+Tensor softmax_backward(const Tensor& y, const Tensor& grad, int dim) {
+  return map_rows2(y, grad, dim, "softmax_backward", [](const auto* yy, const auto* g, auto* out, int64_t D) {
+    using T = std::remove_cvref_t<decltype(*yy)>;
+    double dot = 0;
+    for (int64_t i = 0; i < D; ++i) dot += double(yy[i]) * g[i];
+    for (int64_t i = 0; i < D; ++i) out[i] = yy[i] * (g[i] - T(dot));
+  });
+}
+
+Tensor log_softmax_backward(const Tensor& y, const Tensor& grad, int dim) {
+  return map_rows2(y, grad, dim, "log_softmax_backward", [](const auto* yy, const auto* g, auto* out, int64_t D) {
+    using T = std::remove_cvref_t<decltype(*yy)>;
+    double s = 0;
+    for (int64_t i = 0; i < D; ++i) s += g[i];
+    for (int64_t i = 0; i < D; ++i) out[i] = g[i] - std::exp(yy[i]) * T(s);
+  });
+}
+
+namespace {
+NormResult normalise_rows(const Tensor& x, double eps, bool center, const char* op) {
+  NormResult r;
+  const int64_t D = x.dim() ? x.size(-1) : 0;
+  Shape stat_shape = x.shape();
+  if (!stat_shape.empty()) stat_shape.back() = 1;
+  dispatch_compute(computes_in_f64(x), [&]<class T>() {
+    const Dense<T> in(x);
+    r.xhat = Tensor::empty(x.shape(), dtype_for<T>());
+    r.rstd = Tensor::empty(stat_shape, dtype_for<T>());
+    T* xh = r.xhat.data<T>();
+    T* rs = r.rstd.data<T>();
+    const int64_t rows = D == 0 ? 0 : x.numel() / D;
+#pragma omp parallel for if (x.numel() > (1 << 15))
+    for (int64_t row = 0; row < rows; ++row) {
+      const T* v = in.data() + row * D;
+      double mean = 0, var = 0;
+      if (center) {
+        for (int64_t i = 0; i < D; ++i) mean += v[i];
+        mean /= double(D);
+      }
+      for (int64_t i = 0; i < D; ++i) var += (v[i] - mean) * (v[i] - mean);
+      var /= double(D);
+      const double rstd = 1.0 / std::sqrt(var + eps);
+      rs[row] = T(rstd);
+      for (int64_t i = 0; i < D; ++i) xh[row * D + i] = T((v[i] - mean) * rstd);
+    }
+    return 0;
+  });
+  if (D == 0) throw Error(std::string(op) + ": last dimension of shape " + shape_str(x.shape()) + " is empty");
+  r.y = r.xhat;
+  return r;
+}
+
+Tensor norm_backward(const NormResult& r, const Tensor& g, bool center) {
+  return map_rows2(r.xhat, g, -1, "norm_backward", [&](const auto* xh, const auto* gg, auto* out, int64_t D) {
+    using T = std::remove_cvref_t<decltype(*xh)>;
+    double mg = 0, mgx = 0;
+    for (int64_t i = 0; i < D; ++i) {
+      mg += gg[i];
+      mgx += double(gg[i]) * xh[i];
+    }
+    mg /= double(D);
+    mgx /= double(D);
+    // The caller multiplies by rstd: dx = rstd * (g - mean(g) - xhat * mean(g * xhat)).
+    for (int64_t i = 0; i < D; ++i) out[i] = T(gg[i] - (center ? mg : 0.0) - xh[i] * mgx);
+  });
+}
+}  // namespace
+
+NormResult layer_norm(const Tensor& x, double eps) { return normalise_rows(x, eps, true, "layer_norm"); }
+NormResult rms_norm(const Tensor& x, double eps) { return normalise_rows(x, eps, false, "rms_norm"); }
+Tensor layer_norm_backward(const NormResult& r, const Tensor& g) { return mul(norm_backward(r, g, true), r.rstd); }
+Tensor rms_norm_backward(const NormResult& r, const Tensor& g) { return mul(norm_backward(r, g, false), r.rstd); }
+
+namespace {
+void check_ids(const Tensor& ids, int64_t vocab, const std::vector<int64_t>& v, const char* op) {
+  if (!is_integer(ids.dtype()))
+    throw Error(std::string(op) + ": indices must be i32 or i64, got " + std::string(dtype_name(ids.dtype())));
+  for (int64_t id : v)
+    if (id < 0 || id >= vocab)
+      throw Error(std::string(op) + ": index " + std::to_string(id) + " is out of range [0, " + std::to_string(vocab) + ")");
+}
+std::vector<int64_t> ids_of(const Tensor& ids) {
+  const std::vector<double> d = ids.to_vector();
+  return std::vector<int64_t>(d.begin(), d.end());
+}
+}  // namespace
+
+Tensor embedding(const Tensor& weight, const Tensor& ids) {
+  if (weight.dim() != 2) throw Error("embedding: weight must be [vocab, dim], got " + shape_str(weight.shape()));
+  const int64_t V = weight.size(0), D = weight.size(1);
+  const std::vector<int64_t> idx = ids_of(ids);
+  check_ids(ids, V, idx, "embedding");
+  Shape out_shape = ids.shape();
+  out_shape.push_back(D);
+  return dispatch_compute(computes_in_f64(weight), [&]<class T>() {
+    const Dense<T> w(weight);
+    Tensor out = Tensor::empty(out_shape, dtype_for<T>());
+    T* o = out.data<T>();
+    for (size_t i = 0; i < idx.size(); ++i)
+      std::copy(w.data() + idx[i] * D, w.data() + (idx[i] + 1) * D, o + int64_t(i) * D);
+    return out;
+  });
+}
+
+Tensor embedding_backward(const Tensor& grad, const Tensor& ids, int64_t vocab) {
+  const std::vector<int64_t> idx = ids_of(ids);
+  check_ids(ids, vocab, idx, "embedding_backward");
+  const int64_t D = grad.size(-1);
+  return dispatch_compute(computes_in_f64(grad), [&]<class T>() {
+    const Dense<T> g(grad);
+    Tensor out = Tensor::zeros({vocab, D}, dtype_for<T>());
+    T* o = out.data<T>();
+    for (size_t i = 0; i < idx.size(); ++i)  // scatter-add: repeated ids accumulate
+      for (int64_t j = 0; j < D; ++j) o[idx[i] * D + j] += g[int64_t(i) * D + j];
+    return out;
+  });
+}
+
+namespace {
+void check_xent(const Tensor& logits, const Tensor& targets, const std::vector<int64_t>& t) {
+  if (logits.dim() != 2 || targets.dim() != 1 || targets.size(0) != logits.size(0))
+    throw Error("cross_entropy: logits must be [N, C] and targets [N], got " + shape_str(logits.shape()) +
+                " and " + shape_str(targets.shape()));
+  check_ids(targets, logits.size(1), t, "cross_entropy");
+}
+}  // namespace
+
+Tensor cross_entropy(const Tensor& logits, const Tensor& targets) {
+  const std::vector<int64_t> t = ids_of(targets);
+  check_xent(logits, targets, t);
+  const Tensor lsm = log_softmax(logits, -1);
+  return dispatch_compute(computes_in_f64(logits), [&]<class T>() {
+    const Dense<T> l(lsm);
+    const int64_t N = logits.size(0), C = logits.size(1);
+    double loss = 0;
+    for (int64_t i = 0; i < N; ++i) loss -= l[i * C + t[size_t(i)]];
+    return Tensor::scalar(N ? loss / double(N) : 0.0, dtype_for<T>());
+  });
+}
+
+Tensor cross_entropy_backward(const Tensor& logits, const Tensor& targets, double grad) {
+  const std::vector<int64_t> t = ids_of(targets);
+  check_xent(logits, targets, t);
+  Tensor p = softmax(logits, -1);
+  const int64_t N = logits.size(0), C = logits.size(1);
+  return dispatch_compute(computes_in_f64(logits), [&]<class T>() {
+    T* g = p.data<T>();
+    const T s = T(grad / double(std::max<int64_t>(N, 1)));
+    for (int64_t i = 0; i < N; ++i) {
+      g[i * C + t[size_t(i)]] -= T(1);
+      for (int64_t j = 0; j < C; ++j) g[i * C + j] *= s;
+    }
+    return p;
+  });
+}
+
+Tensor concat(const std::vector<Tensor>& xs, int dim) {
+  if (xs.empty()) throw Error("concat: no tensors");
+  const int nd = xs[0].dim();
+  const int d = dim < 0 ? dim + nd : dim;
+  if (d < 0 || d >= nd) throw Error("concat: dimension " + std::to_string(dim) + " out of range for " + shape_str(xs[0].shape()));
+  Shape out_shape = xs[0].shape();
+  out_shape[size_t(d)] = 0;
+  bool f64 = false;
+  for (const Tensor& x : xs) {
+    Shape a = x.shape(), b = xs[0].shape();
+    if (x.dim() != nd || (a[size_t(d)] = 0, b[size_t(d)] = 0, a != b))
+      throw Error("concat: shapes " + shape_str(xs[0].shape()) + " and " + shape_str(x.shape()) +
+                  " differ outside dimension " + std::to_string(d));
+    out_shape[size_t(d)] += x.size(d);
+    f64 = f64 || x.dtype() == DType::f64;
+  }
+  Tensor out = Tensor::empty(out_shape, f64 ? DType::f64 : DType::f32);
+  int64_t at = 0;
+  for (const Tensor& x : xs) {
+    Tensor dst = out.slice(d, at, at + x.size(d));
+    dst.copy_(x);
+    at += x.size(d);
+  }
+  return out;
+}
+
+std::vector<Tensor> split(const Tensor& x, const std::vector<int64_t>& sizes, int dim) {
+  const int d = dim < 0 ? dim + x.dim() : dim;
+  int64_t total = 0;
+  for (int64_t s : sizes) total += s;
+  if (d < 0 || d >= x.dim() || total != x.size(d))
+    throw Error("split: sizes summing to " + std::to_string(total) + " do not split dimension " +
+                std::to_string(dim) + " of " + shape_str(x.shape()));
+  std::vector<Tensor> out;
+  int64_t at = 0;
+  for (int64_t s : sizes) {
+    out.push_back(x.slice(d, at, at + s));
+    at += s;
+  }
+  return out;
+}
+
+Tensor dropout_mask(const Shape& shape, double p, uint64_t seed, DType dtype) {
+  if (!(p >= 0.0 && p < 1.0)) throw Error("dropout: p must be in [0, 1), got " + std::to_string(p));
+  const int64_t n = numel_of(shape);
+  std::vector<double> m(static_cast<size_t>(n));
+  const double threshold = p * 4294967296.0, keep = 1.0 / (1.0 - p);
+  for (int64_t i = 0; i < n; ++i) m[size_t(i)] = double(kernels::random_bits(seed, uint64_t(i))) < threshold ? 0.0 : keep;
+  return Tensor::from_vector(m, shape).to(dtype);
+}
+
+Tensor causal_mask(int64_t T) {
+  std::vector<float> m(static_cast<size_t>(T * T));
+  for (int64_t i = 0; i < T; ++i)
+    for (int64_t j = 0; j < T; ++j) m[size_t(i * T + j)] = j <= i ? 1.0f : 0.0f;
+  return Tensor::from_vector(m, {T, T});
+}
+
+}  // namespace scalify::ops

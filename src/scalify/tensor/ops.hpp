@@ -1,0 +1,71 @@
+#pragma once
+// Tensor operations (no autograd): the kernels every model runs on. Inputs of any dtype and
+// layout; compute in f64 when any input is f64, else in f32; outputs are f64 or f32. Shape errors
+// throw scalify::Error naming the op and the shapes.
+#include <cstdint>
+#include <utility>
+#include <vector>
+
+#include "scalify/tensor/tensor.hpp"
+
+namespace scalify::ops {
+
+// ---- elementwise ----
+enum class Unary : uint8_t {
+  neg, exp, log, sqrt, rsqrt, abs, relu, gelu_tanh, gelu_erf, silu, sigmoid, tanh, square,
+};
+Tensor unary(Unary op, const Tensor& x);
+// grad * d op(x)/dx, given x and y = op(x) (whichever the formula needs).
+Tensor unary_backward(Unary op, const Tensor& x, const Tensor& y, const Tensor& grad);
+const char* unary_name(Unary op);
+
+enum class Binary : uint8_t { add, sub, mul, div };
+Tensor binary(Binary op, const Tensor& a, const Tensor& b);  // numpy broadcasting
+inline Tensor add(const Tensor& a, const Tensor& b) { return binary(Binary::add, a, b); }
+inline Tensor sub(const Tensor& a, const Tensor& b) { return binary(Binary::sub, a, b); }
+inline Tensor mul(const Tensor& a, const Tensor& b) { return binary(Binary::mul, a, b); }
+inline Tensor div(const Tensor& a, const Tensor& b) { return binary(Binary::div, a, b); }
+Tensor scale_shift(const Tensor& x, double mul, double add);  // x * mul + add
+Tensor pow_scalar(const Tensor& x, double p);
+Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b);  // cond != 0 ? a : b
+// Reduce a (broadcast) gradient back to `shape` by summing the broadcast dimensions.
+Tensor sum_to(const Tensor& g, const Shape& shape);
+
+// ---- reductions ----
+Tensor sum(const Tensor& x, const std::vector<int>& dims, bool keepdim = false);  // {} = all
+Tensor mean(const Tensor& x, const std::vector<int>& dims, bool keepdim = false);
+// Max over one dimension: values and the index of the (first) maximum, as i64.
+std::pair<Tensor, Tensor> max(const Tensor& x, int dim, bool keepdim = false);
+
+// ---- linear algebra ----
+// a [..., M, K] @ b [..., K, N] with batch broadcasting; a 1-D operand is not supported.
+Tensor matmul(const Tensor& a, const Tensor& b);
+
+// ---- neural-network kernels (over the last dimension unless a dim is given) ----
+Tensor softmax(const Tensor& x, int dim = -1);
+Tensor log_softmax(const Tensor& x, int dim = -1);
+Tensor softmax_backward(const Tensor& y, const Tensor& grad, int dim = -1);
+Tensor log_softmax_backward(const Tensor& y, const Tensor& grad, int dim = -1);
+
+struct NormResult {
+  Tensor y, xhat, rstd;  // rstd: 1 / sqrt(var + eps) per row
+};
+NormResult layer_norm(const Tensor& x, double eps);  // no affine
+NormResult rms_norm(const Tensor& x, double eps);    // no affine
+Tensor layer_norm_backward(const NormResult& r, const Tensor& grad_xhat);
+Tensor rms_norm_backward(const NormResult& r, const Tensor& grad_xhat);
+
+Tensor embedding(const Tensor& weight, const Tensor& ids);  // weight [V, D], ids int: [..., D]
+Tensor embedding_backward(const Tensor& grad, const Tensor& ids, int64_t vocab);  // scatter-add
+// Mean cross-entropy of logits [N, C] against integer targets [N].
+Tensor cross_entropy(const Tensor& logits, const Tensor& targets);
+Tensor cross_entropy_backward(const Tensor& logits, const Tensor& targets, double grad);
+
+Tensor concat(const std::vector<Tensor>& xs, int dim);
+std::vector<Tensor> split(const Tensor& x, const std::vector<int64_t>& sizes, int dim);
+// Keep mask (1/(1-p) where kept, 0 where dropped) from a counter-based seed: reproducible.
+Tensor dropout_mask(const Shape& shape, double p, uint64_t seed, DType dtype = DType::f32);
+// [T, T] mask: 1 where key position <= query position, else 0.
+Tensor causal_mask(int64_t T);
+
+}  // namespace scalify::ops

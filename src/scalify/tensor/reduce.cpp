@@ -1,0 +1,98 @@
+// Reductions: sum and mean over any set of dimensions, max over one dimension.
+#include <algorithm>
+#include <limits>
+
+#include "scalify/error.hpp"
+#include "scalify/tensor/dense.hpp"
+#include "scalify/tensor/ops.hpp"
+
+namespace scalify::ops {
+
+namespace {
+
+struct ReducePlan {
+  Tensor moved;      // reduced dims permuted to the end
+  Shape out_shape;   // with or without the reduced dims
+  int64_t rows = 1;  // kept elements
+  int64_t cols = 1;  // reduced elements per kept element
+};
+
+ReducePlan plan(const Tensor& x, std::vector<int> dims, bool keepdim, const char* op) {
+  const int nd = x.dim();
+  if (dims.empty())
+    for (int d = 0; d < nd; ++d) dims.push_back(d);
+  std::vector<bool> reduced(size_t(nd), false);
+  for (int& d : dims) {
+    if (d < -nd || d >= nd)
+      throw Error(std::string(op) + ": dimension " + std::to_string(d) + " out of range for shape " +
+                  shape_str(x.shape()));
+    if (d < 0) d += nd;
+    reduced[size_t(d)] = true;
+  }
+  ReducePlan p;
+  std::vector<int> perm;
+  for (int d = 0; d < nd; ++d)
+    if (!reduced[size_t(d)]) {
+      perm.push_back(d);
+      p.rows *= x.shape()[size_t(d)];
+      p.out_shape.push_back(x.shape()[size_t(d)]);
+    } else if (keepdim) {
+      p.out_shape.push_back(1);
+    }
+  for (int d = 0; d < nd; ++d)
+    if (reduced[size_t(d)]) {
+      perm.push_back(d);
+      p.cols *= x.shape()[size_t(d)];
+    }
+  p.moved = x.permute(perm);
+  return p;
+}
+
+}  // namespace
+
+Tensor sum(const Tensor& x, const std::vector<int>& dims, bool keepdim) {
+  const ReducePlan p = plan(x, dims, keepdim, "sum");
+  return dispatch_compute(computes_in_f64(x), [&]<class T>() {
+    const Dense<T> in(p.moved);
+    Tensor out = Tensor::empty(p.out_shape, dtype_for<T>());
+    T* o = out.data<T>();
+#pragma omp parallel for if (p.rows * p.cols > (1 << 16))
+    for (int64_t r = 0; r < p.rows; ++r) {
+      // Accumulate in double: reductions are where f32 sums lose the most.
+      double acc = 0;
+      const T* row = in.data() + r * p.cols;
+      for (int64_t c = 0; c < p.cols; ++c) acc += double(row[c]);
+      o[r] = T(acc);
+    }
+    return out;
+  });
+}
+
+Tensor mean(const Tensor& x, const std::vector<int>& dims, bool keepdim) {
+  const ReducePlan p = plan(x, dims, keepdim, "mean");
+  if (p.cols == 0) throw Error("mean: reducing over an empty dimension of shape " + shape_str(x.shape()));
+  return scale_shift(sum(x, dims, keepdim), 1.0 / double(p.cols), 0.0);
+}
+
+std::pair<Tensor, Tensor> max(const Tensor& x, int dim, bool keepdim) {
+  const ReducePlan p = plan(x, {dim}, keepdim, "max");
+  if (p.cols == 0) throw Error("max: reducing over an empty dimension of shape " + shape_str(x.shape()));
+  return dispatch_compute(computes_in_f64(x), [&]<class T>() {
+    const Dense<T> in(p.moved);
+    Tensor values = Tensor::empty(p.out_shape, dtype_for<T>());
+    Tensor index = Tensor::empty(p.out_shape, DType::i64);
+    T* v = values.data<T>();
+    int64_t* ix = index.data<int64_t>();
+    for (int64_t r = 0; r < p.rows; ++r) {
+      const T* row = in.data() + r * p.cols;
+      int64_t best = 0;
+      for (int64_t c = 1; c < p.cols; ++c)
+        if (row[c] > row[best] || (row[c] != row[c] && row[best] == row[best])) best = c;  // NaN wins
+      v[r] = row[best];
+      ix[r] = best;
+    }
+    return std::pair{values, index};
+  });
+}
+
+}  // namespace scalify::ops
