@@ -1,0 +1,103 @@
+// Fast kernels against plain references on random shapes, odd sizes and non-contiguous views.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+#include <random>
+
+#include "scalify/tensor/gemm.hpp"
+#include "scalify/tensor/ops.hpp"
+
+namespace scalify {
+namespace {
+
+// C = A B in f64 from the f32 values, and the bound sum_k |a_ik||b_kj| for the error estimate.
+void reference_matmul(const Tensor& a, const Tensor& b, std::vector<double>& c, std::vector<double>& absc) {
+  const Tensor A = a.contiguous(), B = b.contiguous();
+  const int64_t M = a.size(0), K = a.size(1), N = b.size(1);
+  const std::vector<double> av = A.to_vector(), bv = B.to_vector();
+  c.assign(size_t(M * N), 0.0);
+  absc.assign(size_t(M * N), 0.0);
+  for (int64_t i = 0; i < M; ++i)
+    for (int64_t k = 0; k < K; ++k)
+      for (int64_t j = 0; j < N; ++j) {
+        c[size_t(i * N + j)] += av[size_t(i * K + k)] * bv[size_t(k * N + j)];
+        absc[size_t(i * N + j)] += std::fabs(av[size_t(i * K + k)] * bv[size_t(k * N + j)]);
+      }
+}
+
+TEST(KernelsVsReference, MatmulOnRandomShapesAndLayouts) {
+  std::mt19937 rng(1);
+  const double u = std::numeric_limits<float>::epsilon() / 2;
+  for (int trial = 0; trial < 40; ++trial) {
+    const int64_t M = 1 + rng() % 70, K = 1 + rng() % 90, N = 1 + rng() % 60;
+    const int layout = trial % 4;  // plain, transposed A, transposed B, sliced (strided) views
+    Tensor a = Tensor::randn({M, K}, 100 + trial), b = Tensor::randn({K, N}, 200 + trial);
+    if (layout == 1) a = Tensor::randn({K, M}, 100 + trial).transpose(0, 1);
+    if (layout == 2) b = Tensor::randn({N, K}, 200 + trial).transpose(0, 1);
+    if (layout == 3) {
+      a = Tensor::randn({M, 2 * K + 1}, 100 + trial).slice(1, 1, 2 * K + 1, 2);
+      b = Tensor::randn({K + 3, N}, 200 + trial).slice(0, 3, K + 3);
+    }
+    const Tensor c = ops::matmul(a, b);
+    std::vector<double> ref, bound;
+    reference_matmul(a, b, ref, bound);
+    const std::vector<double> got = c.to_vector();
+    // Any summation order of K products in f32: |error| <= gamma_K * sum|a||b|, gamma_K = K u / (1 - K u).
+    const double gamma = double(K + 1) * u / (1 - double(K + 1) * u);
+    for (size_t i = 0; i < got.size(); ++i)
+      ASSERT_LE(std::fabs(got[i] - ref[i]), gamma * bound[i] + 1e-30)
+          << "M=" << M << " K=" << K << " N=" << N << " layout " << layout << " element " << i;
+  }
+}
+
+TEST(KernelsVsReference, BatchedMatmulEqualsPerBatch2d) {
+  const Tensor a = Tensor::randn({3, 5, 7}, 1), b = Tensor::randn({7, 4}, 2), bb = Tensor::randn({3, 7, 4}, 3);
+  const Tensor c1 = ops::matmul(a, b), c2 = ops::matmul(a, bb), c3 = ops::matmul(a, bb.transpose(1, 2).contiguous().transpose(1, 2));
+  for (int64_t i = 0; i < 3; ++i) {
+    const Tensor ai = a.slice(0, i, i + 1).squeeze(0);
+    EXPECT_EQ(c1.slice(0, i, i + 1).squeeze(0).to_vector(), ops::matmul(ai, b).to_vector());
+    EXPECT_EQ(c2.slice(0, i, i + 1).squeeze(0).to_vector(),
+              ops::matmul(ai, bb.slice(0, i, i + 1).squeeze(0)).to_vector());
+  }
+  // The transposed-operand path sums in another order: equal within 2 gamma_K sum |a||b|.
+  const std::vector<double> v2 = c2.to_vector(), v3 = c3.to_vector(),
+                            bound = ops::matmul(ops::unary(ops::Unary::abs, a), ops::unary(ops::Unary::abs, bb)).to_vector();
+  const double gamma = 8 * std::numeric_limits<float>::epsilon() / 2;
+  for (size_t i = 0; i < v2.size(); ++i) EXPECT_LE(std::fabs(v2[i] - v3[i]), 2 * gamma * bound[i]);
+}
+
+TEST(KernelsVsReference, Fp8OperandsDecodeExactlyBeforeTheGemm) {
+  const Tensor a = Tensor::randn({9, 33}, 4, 3.0).to(DType::e4m3), b = Tensor::randn({33, 5}, 5).to(DType::e5m2);
+  const Tensor c = ops::matmul(a, b);
+  const Tensor c32 = ops::matmul(a.to(DType::f32), b.to(DType::f32));
+  EXPECT_EQ(c.to_vector(), c32.to_vector());
+}
+
+TEST(KernelsVsReference, SoftmaxNormsAndReductions) {
+  const Tensor x = Tensor::randn({6, 37}, 6, 3.0).slice(1, 1, 37, 2);  // non-contiguous rows
+  const std::vector<double> xv = x.to_vector();
+  const int64_t R = 6, D = 18;
+  const std::vector<double> sm = ops::softmax(x).to_vector(), ln = ops::layer_norm(x, 1e-5).y.to_vector(),
+                            s0 = ops::sum(x, {0}).to_vector();
+  for (int64_t r = 0; r < R; ++r) {
+    double mx = -1e300, z = 0, mean = 0, var = 0;
+    for (int64_t j = 0; j < D; ++j) mx = std::max(mx, xv[size_t(r * D + j)]);
+    for (int64_t j = 0; j < D; ++j) z += std::exp(xv[size_t(r * D + j)] - mx);
+    for (int64_t j = 0; j < D; ++j) mean += xv[size_t(r * D + j)] / double(D);
+    for (int64_t j = 0; j < D; ++j) var += std::pow(xv[size_t(r * D + j)] - mean, 2) / double(D);
+    for (int64_t j = 0; j < D; ++j) {
+      const size_t i = size_t(r * D + j);
+      EXPECT_NEAR(sm[i], std::exp(xv[i] - mx) / z, 1e-6);
+      EXPECT_NEAR(ln[i], (xv[i] - mean) / std::sqrt(var + 1e-5), 1e-5);
+    }
+  }
+  for (int64_t j = 0; j < D; ++j) {
+    double s = 0;
+    for (int64_t r = 0; r < R; ++r) s += xv[size_t(r * D + j)];
+    EXPECT_NEAR(s0[size_t(j)], s, 1e-5);
+  }
+}
+
+}  // namespace
+}  // namespace scalify

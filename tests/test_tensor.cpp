@@ -1,0 +1,110 @@
+// Tensor storage, views, dtypes and error messages.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "scalify/error.hpp"
+#include "scalify/formats/scalar.hpp"
+#include "scalify/tensor/ops.hpp"
+
+namespace scalify {
+namespace {
+
+Tensor iota(const Shape& s) {
+  std::vector<float> v(static_cast<size_t>(numel_of(s)));
+  for (size_t i = 0; i < v.size(); ++i) v[i] = float(i);
+  return Tensor::from_vector(v, s);
+}
+
+TEST(Tensor, ViewsShareStorageAndCopyNothing) {
+  const Tensor x = iota({2, 3, 4});
+  const Tensor t = x.transpose(0, 2), p = x.permute({1, 2, 0}), s = x.slice(2, 1, 4, 2), e = x.slice(0, 0, 1).expand({5, 3, 4});
+  for (const Tensor& v : {t, p, s, e, x.view({6, 4})}) EXPECT_TRUE(v.same_storage(x));
+  EXPECT_FALSE(t.is_contiguous());
+  EXPECT_EQ(t.shape(), (Shape{4, 3, 2}));
+  EXPECT_EQ(t.at({3, 2, 1}), x.at({1, 2, 3}));
+  EXPECT_EQ(s.shape(), (Shape{2, 3, 2}));
+  EXPECT_EQ(s.at({1, 2, 1}), x.at({1, 2, 3}));
+  EXPECT_EQ(e.at({4, 2, 3}), x.at({0, 2, 3}));
+  EXPECT_EQ(x.unsqueeze(1).shape(), (Shape{2, 1, 3, 4}));
+  const Tensor c = t.contiguous();
+  EXPECT_FALSE(c.same_storage(x));
+  EXPECT_TRUE(c.is_contiguous());
+  EXPECT_EQ(c.to_vector(), t.to_vector());
+  EXPECT_TRUE(x.reshape({4, 6}).same_storage(x));   // contiguous: a view
+  EXPECT_FALSE(t.reshape({24}).same_storage(x));    // not contiguous: a copy
+  // Writing through a view changes the base.
+  Tensor base = Tensor::zeros({3, 3});
+  Tensor col = base.slice(1, 1, 2);
+  col.fill_(7.0);
+  EXPECT_EQ(base.at({2, 1}), 7.0);
+  EXPECT_EQ(base.at({2, 2}), 0.0);
+}
+
+TEST(Tensor, LowPrecisionDtypesAreStoredForReal) {
+  const Tensor x = Tensor::randn({1000}, 3, 10.0);
+  for (DType dt : {DType::e4m3, DType::e5m2, DType::f16, DType::bf16, DType::e2m1}) {
+    const Tensor q = x.to(dt);
+    EXPECT_EQ(q.dtype(), dt);
+    const std::vector<float> in = x.to_floats();
+    const std::vector<double> back = q.to_vector();
+    const Format f = *dtype_format(dt);
+    for (size_t i = 0; i < in.size(); ++i)  // saturating round-to-nearest-even, decoded exactly
+      ASSERT_EQ(back[i], decode(f, encode(f, in[i], {Overflow::saturate}))) << dtype_name(dt) << " " << in[i];
+  }
+  EXPECT_EQ(dtype_size(DType::e4m3), 1);
+  EXPECT_EQ(dtype_size(DType::bf16), 2);
+  // A strided FP8 view reads the right elements.
+  const Tensor q = x.to(DType::e4m3).reshape({10, 100}).transpose(0, 1);
+  EXPECT_EQ(q.at({7, 3}), decode(Format::e4m3, encode(Format::e4m3, x.to_floats()[307], {Overflow::saturate})));
+}
+
+TEST(Tensor, SeedsMakeRandomTensorsReproducible) {
+  EXPECT_EQ(Tensor::randn({64}, 5).to_vector(), Tensor::randn({64}, 5).to_vector());
+  EXPECT_NE(Tensor::randn({64}, 5).to_vector(), Tensor::randn({64}, 6).to_vector());
+  EXPECT_EQ(ops::dropout_mask({50}, 0.5, 1).to_vector(), ops::dropout_mask({50}, 0.5, 1).to_vector());
+  const std::vector<double> r = Tensor::randn({1 << 16}, 9).to_vector();
+  double m = 0, v = 0;
+  for (double x : r) m += x;
+  m /= double(r.size());
+  for (double x : r) v += (x - m) * (x - m);
+  v /= double(r.size());
+  EXPECT_NEAR(m, 0.0, 5.0 / std::sqrt(double(r.size())));
+  EXPECT_NEAR(v, 1.0, 5.0 * std::sqrt(2.0 / double(r.size())));
+}
+
+template <class F>
+std::string error_of(F f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+TEST(Tensor, ShapeErrorsNameTheOpAndBothShapes) {
+  const Tensor a = Tensor::zeros({2, 3}), b = Tensor::zeros({4, 5});
+  std::string m = error_of([&] { ops::add(a, b); });
+  EXPECT_NE(m.find("add"), std::string::npos) << m;
+  EXPECT_NE(m.find("[2, 3]"), std::string::npos) << m;
+  EXPECT_NE(m.find("[4, 5]"), std::string::npos) << m;
+  m = error_of([&] { ops::matmul(a, b); });
+  EXPECT_NE(m.find("matmul"), std::string::npos) << m;
+  EXPECT_NE(m.find("[4, 5]"), std::string::npos) << m;
+  m = error_of([&] { ops::embedding(Tensor::zeros({3, 2}), Tensor::from_indices({0, 3}, {2})); });
+  EXPECT_NE(m.find("index 3 is out of range [0, 3)"), std::string::npos) << m;
+  m = error_of([&] { ops::cross_entropy(Tensor::zeros({2, 3}), Tensor::from_indices({0}, {1})); });
+  EXPECT_NE(m.find("cross_entropy"), std::string::npos) << m;
+  m = error_of([&] { a.view({4, 2}); });
+  EXPECT_NE(m.find("[2, 3]"), std::string::npos) << m;
+  m = error_of([&] { parse_dtype("fp9"); });
+  EXPECT_NE(m.find("fp9"), std::string::npos) << m;
+  EXPECT_NE(error_of([&] { a.item(); }), "(no error)");
+  EXPECT_NE(error_of([&] { a.slice(1, 2, 1); }), "(no error)");
+  EXPECT_NE(error_of([&] { a.permute({0, 0}); }), "(no error)");
+  EXPECT_NE(error_of([&] { ops::sum(a, {2}); }), "(no error)");
+}
+
+}  // namespace
+}  // namespace scalify
