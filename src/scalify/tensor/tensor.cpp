@@ -12,8 +12,12 @@
 
 namespace scalify {
 
+// Uninitialised on allocation: kernels overwrite every element, and zeroing 50 MB outputs
+// measurably slows large GEMMs. Tensor::zeros fills explicitly.
 struct Tensor::Storage {
-  std::vector<std::byte> bytes;
+  explicit Storage(size_t n) : bytes(new std::byte[n]), size(n) {}
+  std::unique_ptr<std::byte[]> bytes;
+  size_t size;
 };
 
 std::string shape_str(const Shape& s) {
@@ -56,8 +60,7 @@ Tensor Tensor::empty(const Shape& shape, DType dtype) {
   for (int64_t d : shape)
     if (d < 0) throw Error("tensor shape " + shape_str(shape) + " has a negative size");
   Tensor t;
-  t.storage_ = std::make_shared<Storage>();
-  t.storage_->bytes.resize(size_t(numel_of(shape)) * size_t(dtype_size(dtype)));
+  t.storage_ = std::make_shared<Storage>(size_t(numel_of(shape)) * size_t(dtype_size(dtype)));
   t.dtype_ = dtype;
   t.shape_ = shape;
   t.strides_ = contiguous_strides(shape);
@@ -143,7 +146,7 @@ bool Tensor::is_contiguous() const {
 
 std::byte* Tensor::raw() const {
   if (!storage_) throw Error("use of an undefined tensor");
-  return storage_->bytes.data();
+  return storage_->bytes.get();
 }
 
 void Tensor::check_data(size_t elem_size) const {

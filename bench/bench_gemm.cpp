@@ -1,0 +1,99 @@
+// GEMM libraries on this machine, and the engine's matmul against calling the library directly.
+// Arguments: M, K, N. FLOP/s counter = 2 M N K per call. Run with OMP_NUM_THREADS=1 or 2.
+#include <benchmark/benchmark.h>
+#include <cblas.h>
+#include <oneapi/dnnl/dnnl.h>
+
+#include <oneapi/dnnl/dnnl.hpp>
+#include <cstring>
+#include <vector>
+
+#include "scalify/autograd/functions.hpp"
+#include "scalify/nn/transformer.hpp"
+#include "scalify/tensor/ops.hpp"
+
+namespace {
+
+using namespace scalify;
+
+void flops(benchmark::State& st) {
+  const double f = 2.0 * double(st.range(0)) * double(st.range(1)) * double(st.range(2));
+  st.counters["FLOPS"] = benchmark::Counter(f * double(st.iterations()), benchmark::Counter::kIsRate);
+}
+
+void BM_OneDnnSgemm(benchmark::State& st) {
+  const int64_t M = st.range(0), K = st.range(1), N = st.range(2);
+  std::vector<float> a(size_t(M * K), 0.5f), b(size_t(K * N), 0.25f), c(size_t(M * N));
+  for (auto _ : st) dnnl_sgemm('N', 'N', M, N, K, 1.0f, a.data(), K, b.data(), N, 0.0f, c.data(), N);
+  flops(st);
+}
+
+void BM_OpenBlasSgemm(benchmark::State& st) {
+  const int M = int(st.range(0)), K = int(st.range(1)), N = int(st.range(2));
+  std::vector<float> a(size_t(M) * K, 0.5f), b(size_t(K) * N, 0.25f), c(size_t(M) * N);
+  for (auto _ : st)
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, M, N, K, 1.0f, a.data(), K, b.data(), N, 0.0f, c.data(), N);
+  st.SetLabel(openblas_get_corename());
+  flops(st);
+}
+
+template <dnnl::memory::data_type In>
+void BM_OneDnnMatmul(benchmark::State& st) {
+  using namespace dnnl;
+  const int64_t M = st.range(0), K = st.range(1), N = st.range(2);
+  engine eng(engine::kind::cpu, 0);
+  stream s(eng);
+  const memory::desc a_md({M, K}, In, memory::format_tag::ab);
+  const memory::desc b_md({K, N}, In, memory::format_tag::ab);
+  const memory::desc c_md({M, N}, memory::data_type::f32, memory::format_tag::ab);
+  const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a_md, b_md, c_md), eng);
+  memory a(a_md, eng), b(b_md, eng), c(c_md, eng);
+  std::memset(a.get_data_handle(), 0, a_md.get_size());  // values do not change the speed
+  std::memset(b.get_data_handle(), 0, b_md.get_size());
+  const dnnl::matmul mm(pd);
+  for (auto _ : st) {
+    mm.execute(s, {{DNNL_ARG_SRC, a}, {DNNL_ARG_WEIGHTS, b}, {DNNL_ARG_DST, c}});
+    s.wait();
+  }
+  st.SetLabel(pd.impl_info_str());
+  flops(st);
+}
+
+void BM_EngineMatmul(benchmark::State& st) {
+  const int64_t M = st.range(0), K = st.range(1), N = st.range(2);
+  const Tensor a = Tensor::full({M, K}, 0.5), b = Tensor::full({K, N}, 0.25);
+  for (auto _ : st) benchmark::DoNotOptimize(ops::matmul(a, b));
+  flops(st);
+}
+
+void Shapes(benchmark::internal::Benchmark* b) {
+  for (int64_t s : {256, 512, 1024}) b->Args({s, s, s});
+  b->Args({2048, 768, 3072})->Args({2048, 3072, 768})->Args({4096, 768, 3072});
+  b->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(0.5);
+}
+
+BENCHMARK(BM_OneDnnSgemm)->Apply(Shapes);
+BENCHMARK(BM_EngineMatmul)->Apply(Shapes);
+BENCHMARK(BM_OpenBlasSgemm)->Apply(Shapes);
+BENCHMARK_TEMPLATE(BM_OneDnnMatmul, dnnl::memory::data_type::f32)->Apply(Shapes);
+BENCHMARK_TEMPLATE(BM_OneDnnMatmul, dnnl::memory::data_type::bf16)->Apply(Shapes);
+
+// One pre-LN transformer block, forward + backward (d=256, T=128, B=16, 4 heads).
+void BM_TransformerBlockStep(benchmark::State& st) {
+  const int64_t B = 16, T = 128, D = 256;
+  const nn::BlockParams p = nn::init_block(D, 1, 1);
+  const Tensor x = Tensor::randn({B, T, D}, 2);
+  for (auto _ : st) {
+    Var in(x, true);
+    Var y = nn::transformer_block(in, p, 4);
+    sum(y).backward();
+  }
+  // Matmul FLOPs: forward 2BT(12 D^2) + attention 2 * 2 B T^2 D; backward twice that.
+  const double fwd = 2.0 * B * T * 12 * D * D + 4.0 * B * T * T * D;
+  st.counters["matmul_FLOPS"] = benchmark::Counter(3 * fwd * double(st.iterations()), benchmark::Counter::kIsRate);
+}
+BENCHMARK(BM_TransformerBlockStep)->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(1.0);
+
+}  // namespace
+
+BENCHMARK_MAIN();
