@@ -5,6 +5,7 @@
 
 #include "scalify/error.hpp"
 #include "scalify/formats/scalar.hpp"
+#include "scalify/tensor/buffer_pool.hpp"
 #include "scalify/tensor/ops.hpp"
 
 namespace scalify {
@@ -71,6 +72,16 @@ TEST(Tensor, SeedsMakeRandomTensorsReproducible) {
   v /= double(r.size());
   EXPECT_NEAR(m, 0.0, 5.0 / std::sqrt(double(r.size())));
   EXPECT_NEAR(v, 1.0, 5.0 * std::sqrt(2.0 / double(r.size())));
+}
+
+TEST(Tensor, LargeBuffersAreRecycled) {
+  const Shape big{1024, 1024};  // 4 MB
+  const size_t before = pooled_bytes();
+  { Tensor t = Tensor::empty(big); }
+  EXPECT_EQ(pooled_bytes(), before + 4u * 1024 * 1024);
+  Tensor again = Tensor::zeros(big);  // reuses it, and zeros() really zeroes reused memory
+  EXPECT_EQ(pooled_bytes(), before);
+  EXPECT_EQ(ops::sum(ops::unary(ops::Unary::abs, again), {}).item(), 0.0);
 }
 
 template <class F>

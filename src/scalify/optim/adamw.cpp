@@ -27,7 +27,8 @@ void AdamW::step() {
     float* pw = w.data<float>();
     float* m = m_[k].data<float>();
     float* v = v_[k].data<float>();
-    for (int64_t i = 0; i < w.numel(); ++i) {
+    const int64_t n = w.numel();
+    for (int64_t i = 0; i < n; ++i) {
       if (!std::isfinite(g[i]))
         throw Error("AdamW: non-finite gradient in parameter " + std::to_string(k) + " of shape " + shape_str(p.shape()));
       m[i] = float(c_.beta1 * m[i] + (1 - c_.beta1) * g[i]);

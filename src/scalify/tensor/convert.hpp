@@ -13,17 +13,23 @@ void read_as(const Tensor& t, double* out);
 void write_from(const float* in, Tensor& t);
 void write_from(const double* in, Tensor& t);
 
-// Calls fn(linear_index, element_offset) for every element in row-major order.
+// Calls fn(linear_index, element_offset) for every element in row-major order. The innermost
+// dimension runs as a plain strided loop; the odometer only advances between rows.
 template <class Fn>
 void for_each_offset(const Shape& shape, const Shape& strides, int64_t offset, Fn fn) {
-  const int nd = int(shape.size());
   const int64_t n = numel_of(shape);
   if (n == 0) return;
-  std::vector<int64_t> idx(size_t(nd), 0);
-  int64_t off = offset;
-  for (int64_t i = 0; i < n; ++i) {
-    fn(i, off);
-    for (int d = nd - 1; d >= 0; --d) {
+  if (shape.empty()) {
+    fn(0, offset);
+    return;
+  }
+  const int nd = int(shape.size());
+  const int64_t inner = shape.back(), inner_stride = strides.back(), rows = n / inner;
+  std::vector<int64_t> idx(static_cast<size_t>(nd), 0);
+  int64_t off = offset, i = 0;
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t j = 0; j < inner; ++j) fn(i++, off + j * inner_stride);
+    for (int d = nd - 2; d >= 0; --d) {
       if (++idx[size_t(d)] < shape[size_t(d)]) {
         off += strides[size_t(d)];
         break;

@@ -145,7 +145,8 @@ Tensor pow_scalar(const Tensor& x, double p) {
     const Dense<T> in(x);
     Tensor out = Tensor::empty(x.shape(), dtype_for<T>());
     T* o = out.data<T>();
-    for (int64_t i = 0; i < x.numel(); ++i) o[i] = std::pow(in[i], T(p));
+    const int64_t n = x.numel();
+    for (int64_t i = 0; i < n; ++i) o[i] = std::pow(in[i], T(p));
     return out;
   });
 }
@@ -156,7 +157,9 @@ Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b) {
     const Dense<T> c(cond, shape), x(a, shape), y(b, shape);
     Tensor out = Tensor::empty(shape, dtype_for<T>());
     T* o = out.data<T>();
-    for (int64_t i = 0; i < numel_of(shape); ++i) o[i] = c[i] != T(0) ? x[i] : y[i];
+    const int64_t n = numel_of(shape);
+#pragma omp parallel for if (n > kParallelGrain)
+    for (int64_t i = 0; i < n; ++i) o[i] = c[i] != T(0) ? x[i] : y[i];
     return out;
   });
 }

@@ -50,8 +50,29 @@ ReducePlan plan(const Tensor& x, std::vector<int> dims, bool keepdim, const char
 
 }  // namespace
 
+// Sum over the leading `lead` dimensions of a contiguous tensor: column sums, no transpose
+// (the bias gradient of every linear layer).
+template <class T>
+Tensor sum_leading(const Tensor& x, int64_t rows, int64_t cols, const Shape& out_shape) {
+  const Dense<T> in(x);
+  Tensor out = Tensor::empty(out_shape, dtype_for<T>());
+  T* o = out.data<T>();
+  std::vector<double> acc(static_cast<size_t>(cols), 0.0);
+  for (int64_t r = 0; r < rows; ++r) {
+    const T* row = in.data() + r * cols;
+    for (int64_t c = 0; c < cols; ++c) acc[size_t(c)] += double(row[c]);
+  }
+  for (int64_t c = 0; c < cols; ++c) o[c] = T(acc[size_t(c)]);
+  return out;
+}
+
 Tensor sum(const Tensor& x, const std::vector<int>& dims, bool keepdim) {
   const ReducePlan p = plan(x, dims, keepdim, "sum");
+  // Reduced dimensions exactly the leading ones of a contiguous tensor: sum columns in place.
+  bool leading = x.is_contiguous() && !dims.empty();
+  for (int d : dims) leading = leading && (d < 0 ? d + x.dim() : d) < int(dims.size());
+  if (leading)
+    return dispatch_compute(computes_in_f64(x), [&]<class T>() { return sum_leading<T>(x, p.cols, p.rows, p.out_shape); });
   return dispatch_compute(computes_in_f64(x), [&]<class T>() {
     const Dense<T> in(p.moved);
     Tensor out = Tensor::empty(p.out_shape, dtype_for<T>());

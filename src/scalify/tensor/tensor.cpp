@@ -8,16 +8,16 @@
 #include "scalify/error.hpp"
 #include "scalify/formats/bulk.hpp"
 #include "scalify/formats/kernels.hpp"
+#include "scalify/tensor/buffer_pool.hpp"
 #include "scalify/tensor/convert.hpp"
 
 namespace scalify {
 
-// Uninitialised on allocation: kernels overwrite every element, and zeroing 50 MB outputs
-// measurably slows large GEMMs. Tensor::zeros fills explicitly.
+// Uninitialised on allocation (kernels overwrite every element; Tensor::zeros fills explicitly)
+// and recycled through the buffer pool.
 struct Tensor::Storage {
-  explicit Storage(size_t n) : bytes(new std::byte[n]), size(n) {}
-  std::unique_ptr<std::byte[]> bytes;
-  size_t size;
+  explicit Storage(size_t n) : bytes(acquire_buffer(n)) {}
+  Buffer bytes;
 };
 
 std::string shape_str(const Shape& s) {
@@ -294,7 +294,8 @@ void Tensor::fill_(double value) {
   const int es = dtype_size(dtype_);
   if (is_contiguous()) {
     std::byte* p = raw_bytes();
-    for (int64_t i = 0; i < numel(); ++i) std::memcpy(p + i * es, one.raw_bytes(), size_t(es));
+    const int64_t n = numel();
+    for (int64_t i = 0; i < n; ++i) std::memcpy(p + i * es, one.raw_bytes(), size_t(es));
   } else {
     copy_(one);
   }
