@@ -74,6 +74,21 @@ TEST(KernelsVsReference, Fp8OperandsDecodeExactlyBeforeTheGemm) {
   EXPECT_EQ(c.to_vector(), c32.to_vector());
 }
 
+TEST(KernelsVsReference, BroadcastingBinaryOpsOnStridedViews) {
+  const Tensor a = Tensor::randn({5, 8, 3}, 7).permute({1, 0, 2});   // [8, 5, 3], not contiguous
+  const Tensor b = Tensor::randn({3, 5}, 8).transpose(0, 1).unsqueeze(0);  // [1, 5, 3]
+  const std::vector<double> av = a.to_vector(), bv = b.to_vector();
+  const std::vector<double> sum = ops::add(a, b).to_vector(), prod = ops::mul(a, b).to_vector(),
+                            quot = ops::div(a, b).to_vector();
+  for (int64_t i = 0; i < 8; ++i)
+    for (int64_t j = 0; j < 15; ++j) {
+      const size_t k = size_t(i * 15 + j);
+      EXPECT_EQ(sum[k], float(av[k] + bv[size_t(j)]));
+      EXPECT_EQ(prod[k], float(av[k] * bv[size_t(j)]));
+      EXPECT_EQ(quot[k], float(float(av[k]) / float(bv[size_t(j)])));
+    }
+}
+
 TEST(KernelsVsReference, SoftmaxNormsAndReductions) {
   const Tensor x = Tensor::randn({6, 37}, 6, 3.0).slice(1, 1, 37, 2);  // non-contiguous rows
   const std::vector<double> xv = x.to_vector();
