@@ -6,6 +6,9 @@
 
 #include <oneapi/dnnl/dnnl.hpp>
 #include <chrono>
+#include <immintrin.h>
+#include <omp.h>
+
 #include <cstring>
 #include <vector>
 
@@ -89,6 +92,38 @@ void BM_EngineVsLibrary(benchmark::State& st) {
   st.counters["engine_vs_library"] = lib_s / engine_s;
   flops(st);
 }
+
+// The machine's f32 FMA peak in the same run: 12 independent AVX-512 FMA chains per thread.
+__attribute__((target("avx512f"))) double fma_chains(int64_t iterations) {
+  __m512 acc[12];
+  for (int i = 0; i < 12; ++i) acc[i] = _mm512_set1_ps(float(i));
+  const __m512 a = _mm512_set1_ps(0.999f), b = _mm512_set1_ps(0.001f);
+  for (int64_t it = 0; it < iterations; ++it)
+    for (int i = 0; i < 12; ++i) acc[i] = _mm512_fmadd_ps(acc[i], a, b);
+  __m512 s = acc[0];
+  for (int i = 1; i < 12; ++i) s = _mm512_add_ps(s, acc[i]);
+  float lanes[16];
+  _mm512_storeu_ps(lanes, s);
+  double total = 0;
+  for (float l : lanes) total += l;
+  return total;
+}
+
+void BM_FmaPeak(benchmark::State& st) {
+  const int64_t iterations = 1 << 22;
+  int threads = 1;
+  for (auto _ : st) {
+#pragma omp parallel
+    {
+#pragma omp single
+      threads = omp_get_num_threads();
+      benchmark::DoNotOptimize(fma_chains(iterations));
+    }
+  }
+  st.counters["FLOPS"] = benchmark::Counter(double(st.iterations()) * threads * iterations * 12 * 16 * 2,
+                                            benchmark::Counter::kIsRate);
+}
+BENCHMARK(BM_FmaPeak)->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(0.5);
 
 void Shapes(benchmark::internal::Benchmark* b) {
   for (int64_t s : {256, 512, 1024}) b->Args({s, s, s});
