@@ -75,28 +75,25 @@ Tensor Tensor::full(const Shape& shape, double value, DType dtype) {
   return t;
 }
 
+namespace {
+template <class T>
+Tensor from_values(const std::vector<T>& v, const Shape& shape, DType dtype, const char* what) {
+  if (int64_t(v.size()) != numel_of(shape))
+    throw Error(std::string(what) + ": " + std::to_string(v.size()) + " values for shape " + shape_str(shape));
+  Tensor t = Tensor::empty(shape, dtype);
+  if (!v.empty()) std::memcpy(t.raw_bytes(), v.data(), v.size() * sizeof(T));
+  return t;
+}
+}  // namespace
+
 Tensor Tensor::from_vector(const std::vector<float>& v, const Shape& shape) {
-  if (int64_t(v.size()) != numel_of(shape))
-    throw Error("from_vector: " + std::to_string(v.size()) + " values for shape " + shape_str(shape));
-  Tensor t = empty(shape, DType::f32);
-  std::memcpy(t.raw(), v.data(), v.size() * sizeof(float));
-  return t;
+  return from_values(v, shape, DType::f32, "from_vector");
 }
-
 Tensor Tensor::from_vector(const std::vector<double>& v, const Shape& shape) {
-  if (int64_t(v.size()) != numel_of(shape))
-    throw Error("from_vector: " + std::to_string(v.size()) + " values for shape " + shape_str(shape));
-  Tensor t = empty(shape, DType::f64);
-  std::memcpy(t.raw(), v.data(), v.size() * sizeof(double));
-  return t;
+  return from_values(v, shape, DType::f64, "from_vector");
 }
-
 Tensor Tensor::from_indices(const std::vector<int64_t>& v, const Shape& shape) {
-  if (int64_t(v.size()) != numel_of(shape))
-    throw Error("from_indices: " + std::to_string(v.size()) + " values for shape " + shape_str(shape));
-  Tensor t = empty(shape, DType::i64);
-  std::memcpy(t.raw(), v.data(), v.size() * sizeof(int64_t));
-  return t;
+  return from_values(v, shape, DType::i64, "from_indices");
 }
 
 namespace {
