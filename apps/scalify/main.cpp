@@ -10,6 +10,7 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   scalify::cli::add_formats_command(app);
   scalify::cli::add_snr_command(app);
+  scalify::cli::add_scale_rules_command(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

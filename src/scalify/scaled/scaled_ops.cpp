@@ -1,0 +1,223 @@
+#include "scalify/scaled/scaled_ops.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+
+#include "scalify/error.hpp"
+
+namespace scalify::scaled {
+
+namespace {
+
+bool any_scaled(std::initializer_list<const ScaledTensor*> xs) {
+  for (const ScaledTensor* x : xs)
+    if (x->is_scaled()) return true;
+  return false;
+}
+// A tensor times a power of two: exact (unless it leaves the f32 range).
+Tensor times(const Tensor& t, double s) { return s == 1.0 ? t : ops::scale_shift(t, s, 0.0); }
+float pow2_sqrt(double n) { return pow2_round(std::sqrt(std::max(n, 1.0))); }
+// The represented value (data * scale) for rules that fold the scale in.
+Tensor folded(const ScaledTensor& x) { return x.any_scale ? x.data : times(x.data, x.scalar_scale()); }
+
+}  // namespace
+
+// add/sub: Z_s = pow2_round(sqrt(X_s^2 + Y_s^2)); Z_d = (X_s/Z_s) X_d ± (Y_s/Z_s) Y_d.
+// An ANY operand takes the other's scale.
+namespace {
+ScaledTensor add_sub(const ScaledTensor& x, const ScaledTensor& y, ops::Binary op) {
+  if (!any_scaled({&x, &y})) return ScaledTensor(ops::binary(op, x.data, y.data));
+  if (x.any_scale && y.any_scale) return any_scale_constant(ops::binary(op, x.data, y.data));
+  const double xs = x.scalar_scale(), ys = y.scalar_scale();
+  const float zs = x.any_scale ? float(ys) : y.any_scale ? float(xs) : pow2_round(std::sqrt(xs * xs + ys * ys));
+  const Tensor xd = x.any_scale ? x.data : times(x.data, xs / zs);
+  const Tensor yd = y.any_scale ? y.data : times(y.data, ys / zs);
+  return ScaledTensor(ops::binary(op, xd, yd), zs);
+}
+}  // namespace
+ScaledTensor add(const ScaledTensor& x, const ScaledTensor& y) { return add_sub(x, y, ops::Binary::add); }
+ScaledTensor sub(const ScaledTensor& x, const ScaledTensor& y) { return add_sub(x, y, ops::Binary::sub); }
+
+// mul: Z_s = X_s Y_s, Z_d = X_d Y_d. div: Z_s = X_s / Y_s, Z_d = X_d / Y_d.
+ScaledTensor mul(const ScaledTensor& x, const ScaledTensor& y) {
+  if (!any_scaled({&x, &y})) return ScaledTensor(ops::mul(x.data, y.data));
+  if (x.any_scale || y.any_scale) return any_scale_constant(ops::mul(folded(x), folded(y)));
+  return ScaledTensor(ops::mul(x.data, y.data), x.scalar_scale() * y.scalar_scale());
+}
+
+ScaledTensor div(const ScaledTensor& x, const ScaledTensor& y) {
+  if (!any_scaled({&x, &y})) return ScaledTensor(ops::div(x.data, y.data));
+  if (x.any_scale || y.any_scale) return ScaledTensor(ops::div(folded(x), folded(y)), 1.0f);
+  return ScaledTensor(ops::div(x.data, y.data), x.scalar_scale() / y.scalar_scale());
+}
+
+// matmul over K: r = pow2_round(sqrt K); Z_s = r X_s Y_s; Z_d = (X_d @ Y_d) / r.
+ScaledTensor matmul(const ScaledTensor& x, const ScaledTensor& y) {
+  if (!any_scaled({&x, &y})) return ScaledTensor(ops::matmul(x.data, y.data));
+  const float r = pow2_sqrt(double(x.data.size(-1)));
+  return ScaledTensor(times(ops::matmul(x.data, y.data), 1.0 / r), r * x.scalar_scale() * y.scalar_scale());
+}
+
+namespace {
+double reduced_count(const Tensor& x, const std::vector<int>& dims) {
+  return double(x.numel()) / double(std::max<int64_t>(ops::sum(x, dims, true).numel(), 1));
+}
+}  // namespace
+
+// sum over n: like matmul, r = pow2_round(sqrt n); Z_s = r X_s; Z_d = sum(X_d) / r.
+ScaledTensor sum(const ScaledTensor& x, const std::vector<int>& dims, bool keepdim) {
+  if (!x.is_scaled()) return ScaledTensor(ops::sum(x.data, dims, keepdim));
+  const float r = pow2_sqrt(reduced_count(x.data, dims));
+  return ScaledTensor(times(ops::sum(x.data, dims, keepdim), 1.0 / r), r * x.scalar_scale());
+}
+
+// mean over n = sum / n: Z_s = X_s / r; Z_d = sum(X_d) r / n (r = pow2_round(sqrt n)).
+ScaledTensor mean(const ScaledTensor& x, const std::vector<int>& dims, bool keepdim) {
+  if (!x.is_scaled()) return ScaledTensor(ops::mean(x.data, dims, keepdim));
+  const double n = reduced_count(x.data, dims);
+  const float r = pow2_sqrt(n);
+  return ScaledTensor(ops::scale_shift(ops::sum(x.data, dims, keepdim), double(r) / n, 0.0), x.scalar_scale() / r);
+}
+
+// max: a positive scale commutes with max: Z_s = X_s, Z_d = max(X_d).
+ScaledTensor max(const ScaledTensor& x, int dim, bool keepdim) {
+  auto [values, index] = ops::max(x.data, dim, keepdim);
+  if (!x.is_scaled()) return ScaledTensor(values);
+  ScaledTensor out = x;
+  out.data = values;
+  return out;
+}
+
+// Elementwise maps. Three families:
+// - f(x) = x g(x) (relu, gelu, silu) and odd scale-free maps (neg, abs): keep the input scale,
+//   Y_d = f(X_d X_s) / X_s = X_d g(X_d X_s), Y_s = X_s.
+// - square: Y_s = X_s^2, Y_d = X_d^2 (exact).
+// - exp, log, sigmoid, tanh, sqrt, rsqrt: the value depends non-linearly on the scale, so the
+//   scale is folded in first and the output has scale 1 (sigmoid/tanh are bounded; exp/log of a
+//   unit-scaled input is O(1) in the ranges models use).
+ScaledTensor unary(ops::Unary op, const ScaledTensor& x) {
+  if (!x.is_scaled()) return ScaledTensor(ops::unary(op, x.data));
+  using U = ops::Unary;
+  if (x.any_scale) return any_scale_constant(ops::unary(op, x.data));
+  const float s = x.scalar_scale();
+  switch (op) {
+    case U::neg:
+    case U::abs: return ScaledTensor(ops::unary(op, x.data), s);
+    case U::relu:
+    case U::gelu_tanh:
+    case U::gelu_erf:
+    case U::silu: return ScaledTensor(times(ops::unary(op, folded(x)), 1.0 / s), s);
+    case U::square: return ScaledTensor(ops::unary(op, x.data), s * s);
+    default: return ScaledTensor(ops::unary(op, folded(x)), 1.0f);
+  }
+}
+
+// softmax / log_softmax: fold the scale in (softmax is not scale-equivariant); outputs are
+// probabilities and log-probabilities, with scale 1.
+ScaledTensor softmax(const ScaledTensor& x, int dim) {
+  if (!x.is_scaled()) return ScaledTensor(ops::softmax(x.data, dim));
+  return ScaledTensor(ops::softmax(folded(x), dim), 1.0f);
+}
+ScaledTensor log_softmax(const ScaledTensor& x, int dim) {
+  if (!x.is_scaled()) return ScaledTensor(ops::log_softmax(x.data, dim));
+  return ScaledTensor(ops::log_softmax(folded(x), dim), 1.0f);
+}
+
+// layer_norm / rms_norm (no affine): normalise X_d, output scale 1. The epsilon is divided by
+// X_s^2 so the result equals the unscaled normalisation exactly (model invariance).
+ScaledTensor layer_norm(const ScaledTensor& x, double eps) {
+  if (!x.is_scaled()) return ScaledTensor(ops::layer_norm(x.data, eps).y);
+  const double s = x.scalar_scale();
+  return ScaledTensor(ops::layer_norm(x.data, eps / (s * s)).y, 1.0f);
+}
+ScaledTensor rms_norm(const ScaledTensor& x, double eps) {
+  if (!x.is_scaled()) return ScaledTensor(ops::rms_norm(x.data, eps).y);
+  const double s = x.scalar_scale();
+  return ScaledTensor(ops::rms_norm(x.data, eps / (s * s)).y, 1.0f);
+}
+
+// where / select and concat: the output mixes elements of both operands, so Z_s = the larger
+// scale and each operand's data is rebased onto it; an ANY operand (zeros, ±inf, NaN constants)
+// takes the other's scale unchanged (seed 000, Appendix B).
+ScaledTensor where(const Tensor& cond, const ScaledTensor& x, const ScaledTensor& y) {
+  if (!any_scaled({&x, &y})) return ScaledTensor(ops::where(cond, x.data, y.data));
+  if (x.any_scale && y.any_scale) return any_scale_constant(ops::where(cond, x.data, y.data));
+  const float xs = x.scalar_scale(), ys = y.scalar_scale();
+  const float zs = x.any_scale ? ys : y.any_scale ? xs : std::max(xs, ys);
+  const Tensor xd = x.any_scale ? x.data : times(x.data, double(xs) / zs);
+  const Tensor yd = y.any_scale ? y.data : times(y.data, double(ys) / zs);
+  return ScaledTensor(ops::where(cond, xd, yd), zs);
+}
+
+ScaledTensor concat(const std::vector<ScaledTensor>& xs, int dim) {
+  bool scaled = false;
+  float zs = 0;
+  for (const ScaledTensor& x : xs) {
+    scaled = scaled || x.is_scaled();
+    if (!x.any_scale) zs = std::max(zs, x.scalar_scale());
+  }
+  std::vector<Tensor> parts;
+  for (const ScaledTensor& x : xs) parts.push_back(!scaled || x.any_scale ? x.data : times(x.data, double(x.scalar_scale()) / zs));
+  if (!scaled) return ScaledTensor(ops::concat(parts, dim));
+  return zs == 0 ? any_scale_constant(ops::concat(parts, dim)) : ScaledTensor(ops::concat(parts, dim), zs);
+}
+
+// embedding: a gather: Z_s = W_s.
+ScaledTensor embedding(const ScaledTensor& weight, const Tensor& ids) {
+  ScaledTensor out = weight;
+  out.data = ops::embedding(weight.data, ids);
+  return out;
+}
+
+// cross_entropy: a loss value: fold the logits' scale in, output scale 1.
+ScaledTensor cross_entropy(const ScaledTensor& logits, const Tensor& targets) {
+  if (!logits.is_scaled()) return ScaledTensor(ops::cross_entropy(logits.data, targets));
+  return ScaledTensor(ops::cross_entropy(folded(logits), targets), 1.0f);
+}
+
+// Shape ops keep the scale.
+namespace {
+template <class F>
+ScaledTensor keep_scale(const ScaledTensor& x, F f) {
+  ScaledTensor out = x;
+  out.data = f(x.data);
+  return out;
+}
+}  // namespace
+ScaledTensor reshape(const ScaledTensor& x, const Shape& s) { return keep_scale(x, [&](const Tensor& t) { return t.reshape(s); }); }
+ScaledTensor transpose(const ScaledTensor& x, int a, int b) { return keep_scale(x, [&](const Tensor& t) { return t.transpose(a, b); }); }
+ScaledTensor slice(const ScaledTensor& x, int d, int64_t a, int64_t b) { return keep_scale(x, [&](const Tensor& t) { return t.slice(d, a, b); }); }
+ScaledTensor expand(const ScaledTensor& x, const Shape& s) { return keep_scale(x, [&](const Tensor& t) { return t.expand(s); }); }
+
+const std::vector<ScaleRule>& scale_rules() {
+  static const std::vector<ScaleRule> rules = {
+      {"add, sub", "Z_s = pow2(sqrt(X_s^2 + Y_s^2)); Z_d = (X_s/Z_s) X_d ± (Y_s/Z_s) Y_d", "variance of a sum of independent terms"},
+      {"mul", "Z_s = X_s Y_s; Z_d = X_d Y_d", "product of unit-variance independents is unit-variance"},
+      {"div", "Z_s = X_s / Y_s; Z_d = X_d / Y_d", "exact; the data ratio keeps the operands' scale"},
+      {"matmul", "r = pow2(sqrt K); Z_s = r X_s Y_s; Z_d = (X_d @ Y_d) / r", "a dot product of K unit terms has variance K"},
+      {"sum over n", "r = pow2(sqrt n); Z_s = r X_s; Z_d = sum(X_d) / r", "as matmul"},
+      {"mean over n", "r = pow2(sqrt n); Z_s = X_s / r; Z_d = sum(X_d) r / n", "mean = sum / n"},
+      {"max", "Z_s = X_s; Z_d = max(X_d)", "a positive scale commutes with max"},
+      {"relu, gelu, silu", "Y_s = X_s; Y_d = X_d g(X_d X_s)", "f(x) = x g(x) keeps the input's magnitude"},
+      {"neg, abs", "Y_s = X_s; Y_d = f(X_d)", "scale-equivariant"},
+      {"square", "Y_s = X_s^2; Y_d = X_d^2", "exact"},
+      {"exp, log, sigmoid, tanh, sqrt, rsqrt", "Y_d = f(X_d X_s); Y_s = 1", "not scale-equivariant: fold the scale in first"},
+      {"softmax, log_softmax", "Y_d = f(X_d X_s); Y_s = 1", "probabilities; not scale-equivariant"},
+      {"layer_norm, rms_norm (no affine)", "Y_d = norm(X_d, eps / X_s^2); Y_s = 1", "normalisation removes the scale; eps rescaled for exact invariance"},
+      {"where, concat", "Z_s = max(X_s, Y_s), operands rebased; ANY takes the other's scale", "elements come from either operand"},
+      {"embedding", "Z_s = W_s; Z_d = gather(W_d)", "a gather"},
+      {"cross_entropy", "loss of f(X_d X_s); Y_s = 1", "a loss value"},
+      {"reshape, transpose, slice, expand", "Z_s = X_s", "shape ops move data only"},
+  };
+  return rules;
+}
+
+std::string scale_rules_markdown() {
+  std::string s = "| op | rule | why |\n|---|---|---|\n";
+  for (const ScaleRule& r : scale_rules())
+    s += "| " + std::string(r.op) + " | " + std::string(r.rule) + " | " + std::string(r.why) + " |\n";
+  return s;
+}
+
+}  // namespace scalify::scaled

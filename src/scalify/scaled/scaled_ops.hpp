@@ -1,0 +1,44 @@
+#pragma once
+// Scale propagation (SPEC §2): for every op f, f_scaled on (data, scale) pairs is mathematically
+// equal to f, and keeps E[Y_d^2] ~ 1 when E[X_d^2] ~ 1, using only input scales and shapes
+// (independent-Gaussian assumption), never tensor statistics. Every rule sits next to its op in
+// scaled_ops.cpp and is listed in scale_rules() (the source of docs/SCALE_RULES.md).
+// When no input is scaled, each op runs the plain kernel: results are bit-identical to the
+// unscaled engine. Unscaled inputs mixed with scaled ones behave as scale 1.
+#include <string_view>
+#include <vector>
+
+#include "scalify/scaled/scaled_tensor.hpp"
+#include "scalify/tensor/ops.hpp"
+
+namespace scalify::scaled {
+
+ScaledTensor add(const ScaledTensor& x, const ScaledTensor& y);
+ScaledTensor sub(const ScaledTensor& x, const ScaledTensor& y);
+ScaledTensor mul(const ScaledTensor& x, const ScaledTensor& y);
+ScaledTensor div(const ScaledTensor& x, const ScaledTensor& y);
+ScaledTensor matmul(const ScaledTensor& x, const ScaledTensor& y);
+ScaledTensor sum(const ScaledTensor& x, const std::vector<int>& dims, bool keepdim = false);
+ScaledTensor mean(const ScaledTensor& x, const std::vector<int>& dims, bool keepdim = false);
+ScaledTensor max(const ScaledTensor& x, int dim, bool keepdim = false);
+ScaledTensor unary(ops::Unary op, const ScaledTensor& x);
+ScaledTensor softmax(const ScaledTensor& x, int dim = -1);
+ScaledTensor log_softmax(const ScaledTensor& x, int dim = -1);
+ScaledTensor layer_norm(const ScaledTensor& x, double eps);  // no affine
+ScaledTensor rms_norm(const ScaledTensor& x, double eps);    // no affine
+ScaledTensor where(const Tensor& cond, const ScaledTensor& x, const ScaledTensor& y);
+ScaledTensor concat(const std::vector<ScaledTensor>& xs, int dim);
+ScaledTensor embedding(const ScaledTensor& weight, const Tensor& ids);
+ScaledTensor cross_entropy(const ScaledTensor& logits, const Tensor& targets);
+ScaledTensor reshape(const ScaledTensor& x, const Shape& shape);
+ScaledTensor transpose(const ScaledTensor& x, int d0, int d1);
+ScaledTensor slice(const ScaledTensor& x, int dim, int64_t start, int64_t end);
+ScaledTensor expand(const ScaledTensor& x, const Shape& shape);
+
+struct ScaleRule {
+  std::string_view op, rule, why;
+};
+const std::vector<ScaleRule>& scale_rules();
+std::string scale_rules_markdown();  // the table of docs/SCALE_RULES.md
+
+}  // namespace scalify::scaled

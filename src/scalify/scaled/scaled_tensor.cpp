@@ -1,0 +1,94 @@
+#include "scalify/scaled/scaled_tensor.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <string>
+
+#include "scalify/error.hpp"
+#include "scalify/tensor/ops.hpp"
+
+namespace scalify {
+
+float pow2_round(double x, Pow2Rounding mode) {
+  if (!(x > 0) || !std::isfinite(x)) throw Error("pow2_round: needs a finite positive value, got " + std::to_string(x));
+  int e;
+  const double m = std::frexp(x, &e);  // x = m * 2^e, m in [0.5, 1)
+  int k = e - 1;                        // 2^k <= x < 2^(k+1)
+  if (mode == Pow2Rounding::up && m != 0.5) k += 1;
+  if (mode == Pow2Rounding::nearest && m * 2 > std::sqrt(2.0)) k += 1;  // nearest in log2
+  return std::ldexp(1.0f, std::clamp(k, -126, 127));
+}
+
+float ScaledTensor::scalar_scale() const {
+  if (!scale.defined()) return 1.0f;
+  if (scale.numel() != 1)
+    throw Error("scalar_scale: the scale has shape " + shape_str(scale.shape()) + " (per-block scales)");
+  return float(scale.item());
+}
+
+Tensor ScaledTensor::value() const {
+  if (!scale.defined()) return data.dtype() == DType::f64 ? data : data.to(DType::f32);
+  return ops::mul(data, scale);
+}
+
+ScaledTensor any_scale_constant(const Tensor& value) {
+  ScaledTensor s(value);
+  s.any_scale = true;
+  return s;
+}
+
+ScaledTensor scaled_scalar(double c) {
+  if (c == 0 || !std::isfinite(c)) return any_scale_constant(Tensor::scalar(c));
+  int e;
+  const double m = std::frexp(c, &e);  // |m| in [0.5, 1)
+  return ScaledTensor(Tensor::scalar(m * 2), std::ldexp(1.0f, e - 1));
+}
+
+namespace {
+double rms_of(const Tensor& x) {
+  const Tensor sq = ops::unary(ops::Unary::square, x);
+  return std::sqrt(ops::mean(sq, {}).item());
+}
+double amax_of(const Tensor& x) {
+  return ops::max(ops::unary(ops::Unary::abs, x).reshape({-1}), 0).first.item();
+}
+// A statistic usable as a scale: finite and positive, else 1 (no rescale).
+double usable(double s) { return s > 0 && std::isfinite(s) ? s : 1.0; }
+}  // namespace
+
+ScaledTensor as_scaled(const Tensor& x, DType dtype, Pow2Rounding rounding) {
+  const float s = x.numel() ? pow2_round(usable(rms_of(x)), rounding) : 1.0f;
+  return ScaledTensor(ops::scale_shift(x, 1.0 / s, 0.0).to(dtype), s);
+}
+
+ScaledTensor set_scaling(const ScaledTensor& x, float scale) {
+  const float old = x.scalar_scale();
+  ScaledTensor out(x.data, scale);
+  if (old != scale) out.data = ops::scale_shift(x.data, double(old) / double(scale), 0.0).to(x.data.dtype());
+  return out;
+}
+
+std::pair<Tensor, float> get_data_and_scale(const ScaledTensor& x) { return {x.data, x.scalar_scale()}; }
+
+ScaledTensor rebalance(const ScaledTensor& x, float delta) {
+  if (!x.scale.defined()) return x;
+  return ScaledTensor(ops::scale_shift(x.data, 1.0 / double(delta), 0.0).to(x.data.dtype()),
+                      ops::scale_shift(x.scale, delta, 0.0));
+}
+
+ScaledTensor dynamic_rescale_l2(const ScaledTensor& x) {
+  return rebalance(x, pow2_round(usable(rms_of(x.data))));
+}
+
+ScaledTensor dynamic_rescale_max(const ScaledTensor& x) {
+  return rebalance(x, pow2_round(usable(amax_of(x.data))));
+}
+
+ScaledTensor cast_data(const ScaledTensor& x, Format fmt) {
+  ScaledTensor out = x;
+  out.data = x.data.to(dtype_of(fmt));
+  return out;
+}
+
+}  // namespace scalify

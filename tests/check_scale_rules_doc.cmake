@@ -1,0 +1,11 @@
+# cmake -P script: the rule table printed by `scalify scale-rules` must appear verbatim in the doc.
+execute_process(COMMAND ${CLI} scale-rules OUTPUT_VARIABLE table RESULT_VARIABLE rc)
+if(NOT rc EQUAL 0)
+  message(FATAL_ERROR "scalify scale-rules failed (${rc})")
+endif()
+file(READ ${DOC} doc)
+string(FIND "${doc}" "${table}" at)
+if(at EQUAL -1)
+  message(FATAL_ERROR "${DOC} is out of date: regenerate its table with `scalify scale-rules`")
+endif()
+message(STATUS "scale rules doc matches the code")

@@ -1,0 +1,203 @@
+// Scaled tensors: power-of-two rounding, bundling primitives, and for every op's scale rule the
+// two checks of SPEC §2 — the represented value equals the unscaled computation (model
+// invariance), and the output data stays unit-scaled.
+#include <gtest/gtest.h>
+
+#include <bit>
+#include <cmath>
+#include <functional>
+#include <limits>
+#include <string>
+
+#include "scalify/error.hpp"
+#include "scalify/scaled/scaled_ops.hpp"
+
+namespace scalify {
+namespace {
+
+using SOp = std::function<ScaledTensor(const std::vector<ScaledTensor>&)>;
+using TOp = std::function<Tensor(const std::vector<Tensor>&)>;
+
+double mean_square(const Tensor& t) {
+  double s = 0;
+  const std::vector<double> v = t.to_vector();
+  for (double x : v) s += x * x;
+  return s / double(v.size());
+}
+
+TEST(Pow2Round, Modes) {
+  EXPECT_EQ(pow2_round(1.0), 1.0f);
+  EXPECT_EQ(pow2_round(1.9), 1.0f);
+  EXPECT_EQ(pow2_round(3.0), 2.0f);
+  EXPECT_EQ(pow2_round(3.0, Pow2Rounding::up), 4.0f);
+  EXPECT_EQ(pow2_round(4.0, Pow2Rounding::up), 4.0f);
+  EXPECT_EQ(pow2_round(1.4, Pow2Rounding::nearest), 1.0f);  // below sqrt(2)
+  EXPECT_EQ(pow2_round(1.5, Pow2Rounding::nearest), 2.0f);
+  EXPECT_EQ(pow2_round(0.3), 0.25f);
+  EXPECT_THROW(pow2_round(0.0), Error);
+  EXPECT_THROW(pow2_round(std::nan("")), Error);
+}
+
+TEST(ScaledTensor, AsScaledGivesUnitDataAndExactValue) {
+  for (double sigma : {1e-6, 0.03, 1.0, 700.0}) {
+    const Tensor x = Tensor::randn({4096}, 3, sigma);
+    const ScaledTensor s = as_scaled(x);
+    const double ms = mean_square(s.data);
+    EXPECT_GE(ms, 1.0 * 0.95) << sigma;  // scale rounded down: rms(X_d) in [1, 2)
+    EXPECT_LT(ms, 4.0) << sigma;
+    EXPECT_EQ(s.value().to_vector(), x.to_vector()) << "power-of-two scaling is exact";
+    const ScaledTensor h = as_scaled(x, DType::f16);
+    EXPECT_EQ(h.data.dtype(), DType::f16);
+  }
+  EXPECT_EQ(as_scaled(Tensor::zeros({8})).scalar_scale(), 1.0f);
+}
+
+TEST(ScaledTensor, BundlingPrimitivesAreNoOpsOnTheValue) {
+  const Tensor x = Tensor::randn({300}, 4, 5.0);
+  const ScaledTensor s = as_scaled(x);
+  for (const ScaledTensor& t : {set_scaling(s, 0.125f), rebalance(s, 8.0f), dynamic_rescale_l2(s),
+                                dynamic_rescale_max(s), set_scaling(ScaledTensor(x), 4.0f)})
+    EXPECT_EQ(t.value().to_vector(), x.to_vector());
+  EXPECT_EQ(set_scaling(s, 0.125f).scalar_scale(), 0.125f);
+  // dynamic_rescale_max multiplies the scale by pow2_round(amax(data)) and divides the data by it.
+  const ScaledTensor shifted = rebalance(s, 1.0f / 64);
+  const double amax = ops::max(ops::unary(ops::Unary::abs, shifted.data), 0).first.item();
+  EXPECT_EQ(dynamic_rescale_max(shifted).scalar_scale(), shifted.scalar_scale() * pow2_round(amax));
+  const auto [d, sc] = get_data_and_scale(ScaledTensor(x));
+  EXPECT_EQ(sc, 1.0f);
+  EXPECT_TRUE(d.same_storage(x));
+  EXPECT_FALSE(rebalance(ScaledTensor(x), 4.0f).is_scaled());  // unscaled stays unscaled
+  EXPECT_EQ(scaled_scalar(-3.0).value().item(), -3.0);
+  EXPECT_EQ(scaled_scalar(-3.0).scalar_scale(), 2.0f);
+  EXPECT_EQ(cast_data(s, Format::e4m3).data.dtype(), DType::e4m3);
+}
+
+struct OpCase {
+  std::string name;
+  std::vector<Shape> shapes;
+  SOp scaled;
+  TOp plain;
+  double lo, hi;  // bound on E[Y_d^2] for unit-variance data at any scale (derived in comments)
+  bool scale_free = true;  // false: the output magnitude depends on the represented value
+};
+
+std::vector<OpCase> cases() {
+  using namespace scaled;
+  using U = ops::Unary;
+  const Tensor ids = Tensor::from_indices({3, 1, 4, 1, 5, 9, 2, 6}, {8});
+  const Tensor cond = ops::unary(ops::Unary::relu, Tensor::randn({64, 32}, 77));
+  const double r2 = 1.0 / 2, k4 = 4.0;
+  return {
+      // add: Z_s rounds sqrt(X_s^2+Y_s^2) down, so E[Z_d^2] in [1, 4) (equal scales: 2/1 = 2).
+      {"add", {{64, 32}, {64, 32}}, [](auto& v) { return add(v[0], v[1]); }, [](auto& v) { return ops::add(v[0], v[1]); }, 1, k4},
+      {"sub", {{64, 32}, {32}}, [](auto& v) { return sub(v[0], v[1]); }, [](auto& v) { return ops::sub(v[0], v[1]); }, 1, k4},
+      {"mul", {{64, 32}, {64, 32}}, [](auto& v) { return mul(v[0], v[1]); }, [](auto& v) { return ops::mul(v[0], v[1]); }, r2, 2},
+      // matmul: r = pow2 floor sqrt K: K / r^2 in [1, 4).
+      {"matmul", {{64, 48}, {48, 32}}, [](auto& v) { return matmul(v[0], v[1]); }, [](auto& v) { return ops::matmul(v[0], v[1]); }, 1, k4},
+      {"sum", {{64, 48}}, [](auto& v) { return sum(v[0], {1}); }, [](auto& v) { return ops::sum(v[0], {1}); }, 1, k4},
+      // mean: r^2 / n in [1/4, 1].
+      {"mean", {{64, 256}}, [](auto& v) { return mean(v[0], {0}); }, [](auto& v) { return ops::mean(v[0], {0}); }, 0.25, 1},
+      // max of 48 unit Gaussians: E[max^2] ~ 5: a statistic, not unit-preserving by design.
+      {"max", {{64, 48}}, [](auto& v) { return max(v[0], 1); }, [](auto& v) { return ops::max(v[0], 1).first; }, 1, 8},
+      // relu: E[relu(z)^2] = 1/2; gelu ~0.43; silu ~0.36.
+      {"relu", {{64, 32}}, [](auto& v) { return unary(U::relu, v[0]); }, [](auto& v) { return ops::unary(U::relu, v[0]); }, 0.4, 0.6},
+      {"gelu", {{64, 32}}, [](auto& v) { return unary(U::gelu_tanh, v[0]); }, [](auto& v) { return ops::unary(U::gelu_tanh, v[0]); }, 0.3, 1, false},
+      {"silu", {{64, 32}}, [](auto& v) { return unary(U::silu, v[0]); }, [](auto& v) { return ops::unary(U::silu, v[0]); }, 0.25, 1, false},
+      {"abs", {{64, 32}}, [](auto& v) { return unary(U::abs, v[0]); }, [](auto& v) { return ops::unary(U::abs, v[0]); }, r2, 2},
+      {"square", {{64, 32}}, [](auto& v) { return unary(U::square, v[0]); }, [](auto& v) { return ops::unary(U::square, v[0]); }, 2, 4},  // E[z^4] = 3
+      {"tanh", {{64, 32}}, [](auto& v) { return unary(U::tanh, v[0]); }, [](auto& v) { return ops::unary(U::tanh, v[0]); }, 0.3, 1, false},
+      {"exp", {{64, 32}}, [](auto& v) { return unary(U::exp, v[0]); }, [](auto& v) { return ops::unary(U::exp, v[0]); }, 1, 10, false},
+      {"softmax", {{64, 32}}, [](auto& v) { return softmax(v[0]); }, [](auto& v) { return ops::softmax(v[0]); }, 0, 1, false},
+      {"layer_norm", {{64, 32}}, [](auto& v) { return layer_norm(v[0], 1e-5); }, [](auto& v) { return ops::layer_norm(v[0], 1e-5).y; }, 0.9, 1.01},
+      {"rms_norm", {{64, 32}}, [](auto& v) { return rms_norm(v[0], 1e-6); }, [](auto& v) { return ops::rms_norm(v[0], 1e-6).y; }, 0.9, 1.01},
+      {"where", {{64, 32}, {64, 32}}, [cond](auto& v) { return where(cond, v[0], v[1]); }, [cond](auto& v) { return ops::where(cond, v[0], v[1]); }, 0.25, 1},
+      {"concat", {{64, 32}, {64, 16}}, [](auto& v) { return concat({v[0], v[1]}, 1); }, [](auto& v) { return ops::concat({v[0], v[1]}, 1); }, 0.25, 1},
+      {"embedding", {{10, 32}}, [ids](auto& v) { return embedding(v[0], ids); }, [ids](auto& v) { return ops::embedding(v[0], ids); }, r2, 2},
+      {"transpose", {{64, 32}}, [](auto& v) { return transpose(v[0], 0, 1); }, [](auto& v) { return v[0].transpose(0, 1); }, r2, 2},
+  };
+}
+
+// Inputs: unit-variance data times a random power-of-two scale (per input).
+std::vector<ScaledTensor> scaled_inputs(const OpCase& c, int trial, bool unit_scale) {
+  std::vector<ScaledTensor> in;
+  for (size_t i = 0; i < c.shapes.size(); ++i) {
+    const float s = unit_scale ? 1.0f : std::ldexp(1.0f, int((trial * 7 + int(i) * 13) % 25) - 12);
+    in.emplace_back(Tensor::randn(c.shapes[i], 100 + trial * 10 + i), s);
+  }
+  return in;
+}
+
+TEST(ScaleRules, ModelInvarianceForEveryOp) {
+  for (const OpCase& c : cases()) {
+    for (int trial = 0; trial < 4; ++trial) {
+      const bool unit = trial == 0;
+      if (!c.scale_free && !unit && trial > 1) continue;  // exp of 2^12-scaled data overflows anyway
+      const std::vector<ScaledTensor> in = scaled_inputs(c, trial, unit);
+      std::vector<Tensor> values;
+      for (const ScaledTensor& s : in) values.push_back(s.value());
+      const Tensor want = c.plain(values), got = c.scaled(in).value();
+      const std::vector<double> w = want.to_vector(), g = got.to_vector();
+      ASSERT_EQ(w.size(), g.size()) << c.name;
+      for (size_t i = 0; i < w.size(); ++i) {
+        // The scaled op computes the same f32 expression up to power-of-two factors, which are
+        // exact; only reassociated sums (add of rebased operands) may differ by an ulp or two.
+        const double tol = 4 * std::numeric_limits<float>::epsilon() * std::max(1.0, std::fabs(w[i]));
+        ASSERT_NEAR(g[i], w[i], unit ? 0.0 : tol) << c.name << " trial " << trial << " element " << i;
+      }
+    }
+  }
+}
+
+TEST(ScaleRules, UnscaledInputsGiveBitIdenticalUnscaledResults) {
+  for (const OpCase& c : cases()) {
+    std::vector<ScaledTensor> in;
+    std::vector<Tensor> values;
+    for (size_t i = 0; i < c.shapes.size(); ++i) {
+      values.push_back(Tensor::randn(c.shapes[i], 300 + i));
+      in.emplace_back(values.back());
+    }
+    const ScaledTensor out = c.scaled(in);
+    EXPECT_FALSE(out.is_scaled()) << c.name;
+    const std::vector<double> a = out.data.to_vector(), b = c.plain(values).to_vector();
+    for (size_t i = 0; i < a.size(); ++i)
+      ASSERT_EQ(std::bit_cast<uint64_t>(a[i]), std::bit_cast<uint64_t>(b[i])) << c.name << " " << i;
+  }
+}
+
+TEST(ScaleRules, OutputDataStaysUnitScaled) {
+  for (const OpCase& c : cases()) {
+    for (int trial = 1; trial < 4; ++trial) {
+      const bool unit = !c.scale_free;  // value-dependent maps are checked at scale 1 only
+      const ScaledTensor out = c.scaled(scaled_inputs(c, trial, unit));
+      const double ms = mean_square(out.data);
+      // The bounds are on E[Y_d^2]; the sample mean of n squares of unit-variance Gaussians has a
+      // relative standard deviation of sqrt(2/n): allow 5 of them.
+      const double margin = 5 * std::sqrt(2.0 / double(out.data.numel()));
+      EXPECT_GE(ms, c.lo * (1 - margin)) << c.name << " trial " << trial;
+      EXPECT_LE(ms, c.hi * (1 + margin)) << c.name << " trial " << trial;
+    }
+  }
+}
+
+TEST(ScaleRules, LogSumExpDecompositionWithAnyScale) {
+  // Appendix B of seed 000: logsumexp(x) = m + log(sum(exp(x - m))) with
+  // m = select(isfinite(max), max, 0): the broadcast 0 has scale ANY, so select keeps max's scale.
+  const ScaledTensor x(Tensor::randn({5, 7}, 9), 8.0f);
+  using namespace scaled;
+  const ScaledTensor mx = max(x, 1, true);
+  const Tensor finite = Tensor::ones(mx.shape());  // all rows finite here
+  const ScaledTensor m = where(finite, mx, any_scale_constant(Tensor::zeros(mx.shape())));
+  EXPECT_EQ(m.scalar_scale(), 8.0f) << "select with an ANY-scaled zero keeps the other scale";
+  const ScaledTensor lse = add(reshape(m, {5}), unary(ops::Unary::log, sum(unary(ops::Unary::exp, sub(x, m)), {1})));
+  const std::vector<double> got = lse.value().to_vector();
+  const std::vector<double> xv = x.value().to_vector();
+  for (int r = 0; r < 5; ++r) {
+    double mm = -1e300, s = 0;
+    for (int j = 0; j < 7; ++j) mm = std::max(mm, xv[size_t(r * 7 + j)]);
+    for (int j = 0; j < 7; ++j) s += std::exp(xv[size_t(r * 7 + j)] - mm);
+    EXPECT_NEAR(got[size_t(r)], mm + std::log(s), 1e-4 * std::fabs(mm + std::log(s)));
+  }
+}
+
+}  // namespace
+}  // namespace scalify
