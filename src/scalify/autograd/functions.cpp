@@ -1,4 +1,6 @@
-// Forward and backward of every differentiable op, one small function each.
+// Forward and backward of every differentiable op, one small function each. Both directions run
+// on ScaledTensors through the scale rules of scaled/scaled_ops (with no scaled input anywhere
+// these are the plain kernels), so scales propagate through forward and backward alike.
 #include "scalify/autograd/functions.hpp"
 
 #include <cmath>
@@ -6,122 +8,127 @@
 #include <numeric>
 
 #include "scalify/error.hpp"
+#include "scalify/scaled/scaled_ops.hpp"
 
 namespace scalify {
 
-using ops::sum_to;
+namespace s = scaled;
+using Grads = std::vector<ScaledTensor>;
+
+namespace {
+// The represented value as a plain tensor (for derivative formulas that need x itself).
+Tensor plain(const ScaledTensor& x) { return x.is_scaled() ? x.value() : x.data; }
+}  // namespace
 
 Var add(const Var& a, const Var& b) {
-  return Var::make("add", ops::add(a.value(), b.value()), {a, b}, [sa = a.shape(), sb = b.shape()](const Tensor& g) {
-    return std::vector<Tensor>{sum_to(g, sa), sum_to(g, sb)};
+  return Var::make("add", s::add(a.scaled(), b.scaled()), {a, b}, [sa = a.shape(), sb = b.shape()](const ScaledTensor& g) {
+    return Grads{s::sum_to(g, sa), s::sum_to(g, sb)};
   });
 }
 
 Var sub(const Var& a, const Var& b) {
-  return Var::make("sub", ops::sub(a.value(), b.value()), {a, b}, [sa = a.shape(), sb = b.shape()](const Tensor& g) {
-    return std::vector<Tensor>{sum_to(g, sa), sum_to(ops::scale_shift(g, -1, 0), sb)};
+  return Var::make("sub", s::sub(a.scaled(), b.scaled()), {a, b}, [sa = a.shape(), sb = b.shape()](const ScaledTensor& g) {
+    return Grads{s::sum_to(g, sa), s::sum_to(s::mul_scalar(g, -1.0), sb)};
   });
 }
 
 Var mul(const Var& a, const Var& b) {
-  return Var::make("mul", ops::mul(a.value(), b.value()), {a, b}, [x = a.value(), y = b.value()](const Tensor& g) {
-    return std::vector<Tensor>{sum_to(ops::mul(g, y), x.shape()), sum_to(ops::mul(g, x), y.shape())};
+  return Var::make("mul", s::mul(a.scaled(), b.scaled()), {a, b}, [x = a.scaled(), y = b.scaled()](const ScaledTensor& g) {
+    return Grads{s::sum_to(s::mul(g, y), x.shape()), s::sum_to(s::mul(g, x), y.shape())};
   });
 }
 
 Var div(const Var& a, const Var& b) {
-  Tensor out = ops::div(a.value(), b.value());
-  return Var::make("div", out, {a, b}, [out, y = b.value(), sa = a.shape()](const Tensor& g) {
-    const Tensor ga = ops::div(g, y);  // d(a/b)/da = 1/b, d(a/b)/db = -out/b
-    return std::vector<Tensor>{sum_to(ga, sa), sum_to(ops::scale_shift(ops::mul(ga, out), -1, 0), y.shape())};
+  ScaledTensor out = s::div(a.scaled(), b.scaled());
+  return Var::make("div", out, {a, b}, [out, y = b.scaled(), sa = a.shape()](const ScaledTensor& g) {
+    const ScaledTensor ga = s::div(g, y);  // d(a/b)/da = 1/b, d(a/b)/db = -out/b
+    return Grads{s::sum_to(ga, sa), s::sum_to(s::mul_scalar(s::mul(ga, out), -1.0), y.shape())};
   });
 }
 
 Var neg(const Var& x) { return mul_scalar(x, -1.0); }
 
 Var add_scalar(const Var& x, double c) {
-  return Var::make("add_scalar", ops::scale_shift(x.value(), 1, c), {x}, [](const Tensor& g) {
-    return std::vector<Tensor>{g};
-  });
+  return Var::make("add_scalar", s::add_scalar(x.scaled(), c), {x}, [](const ScaledTensor& g) { return Grads{g}; });
 }
 
 Var mul_scalar(const Var& x, double c) {
-  return Var::make("mul_scalar", ops::scale_shift(x.value(), c, 0), {x}, [c](const Tensor& g) {
-    return std::vector<Tensor>{ops::scale_shift(g, c, 0)};
+  return Var::make("mul_scalar", s::mul_scalar(x.scaled(), c), {x}, [c](const ScaledTensor& g) {
+    return Grads{s::mul_scalar(g, c)};
   });
 }
 
 Var pow_scalar(const Var& x, double p) {
-  return Var::make("pow", ops::pow_scalar(x.value(), p), {x}, [x = x.value(), p](const Tensor& g) {
-    return std::vector<Tensor>{ops::mul(g, ops::scale_shift(ops::pow_scalar(x, p - 1), p, 0))};
+  return Var::make("pow", s::pow_scalar(x.scaled(), p), {x}, [x = x.scaled(), p](const ScaledTensor& g) {
+    const Tensor local = ops::scale_shift(ops::pow_scalar(plain(x), p - 1), p, 0);
+    return Grads{s::with_grad_scale(g, ops::mul(g.data, local))};
   });
 }
 
 Var unary(ops::Unary op, const Var& x) {
-  Tensor y = ops::unary(op, x.value());
-  return Var::make(ops::unary_name(op), y, {x}, [op, x = x.value(), y](const Tensor& g) {
-    return std::vector<Tensor>{ops::unary_backward(op, x, y, g)};
+  ScaledTensor y = s::unary(op, x.scaled());
+  return Var::make(ops::unary_name(op), y, {x}, [op, x = x.scaled(), y](const ScaledTensor& g) {
+    // grad * f'(x), linear in g: the gradient keeps g's scale.
+    return Grads{s::with_grad_scale(g, ops::unary_backward(op, plain(x), plain(y), g.data))};
   });
 }
 
 Var matmul(const Var& a, const Var& b) {
-  return Var::make("matmul", ops::matmul(a.value(), b.value()), {a, b}, [x = a.value(), w = b.value()](const Tensor& g) {
+  return Var::make("matmul", s::matmul(a.scaled(), b.scaled()), {a, b}, [x = a.scaled(), w = b.scaled()](const ScaledTensor& g) {
     // dA = G B^T, dB = A^T G (transposed views go to the GEMM without copies), summed over
-    // broadcast batch dimensions.
-    return std::vector<Tensor>{sum_to(ops::matmul(g, w.transpose(-1, -2)), x.shape()),
-                               sum_to(ops::matmul(x.transpose(-1, -2), g), w.shape())};
+    // broadcast batch dimensions; each a scaled matmul with its own reduction size.
+    return Grads{s::sum_to(s::matmul(g, s::transpose(w, -1, -2)), x.shape()),
+                 s::sum_to(s::matmul(s::transpose(x, -1, -2), g), w.shape())};
   });
 }
 
 Var sum(const Var& x, const std::vector<int>& dims, bool keepdim) {
-  Tensor out = ops::sum(x.value(), dims, keepdim);
-  return Var::make("sum", out, {x}, [shape = x.shape(), dims, keepdim](const Tensor& g) {
-    Tensor gk = g;
+  return Var::make("sum", s::sum(x.scaled(), dims, keepdim), {x}, [shape = x.shape(), dims, keepdim](const ScaledTensor& g) {
+    ScaledTensor gk = g;
     if (!keepdim) {  // put the reduced dimensions back as size 1, then broadcast
       Shape kept = shape;
       std::vector<int> d = dims;
       if (d.empty()) d.resize(shape.size()), std::iota(d.begin(), d.end(), 0);
       for (int i : d) kept[size_t(i < 0 ? i + int(shape.size()) : i)] = 1;
-      gk = g.reshape(kept);
+      gk = s::reshape(g, kept);
     }
-    return std::vector<Tensor>{gk.expand(shape).contiguous()};
+    return Grads{s::with_grad_scale(gk, gk.data.expand(shape).contiguous())};
   });
 }
 
 Var mean(const Var& x, const std::vector<int>& dims, bool keepdim) {
-  const Tensor s = ops::sum(x.value(), dims, true);
-  const double n = double(x.value().numel()) / double(std::max<int64_t>(s.numel(), 1));
+  const Tensor counts = ops::sum(x.scaled().data, dims, true);
+  const double n = double(x.scaled().data.numel()) / double(std::max<int64_t>(counts.numel(), 1));
   return mul_scalar(sum(x, dims, keepdim), 1.0 / n);
 }
 
 Var max(const Var& x, int dim, bool keepdim) {
-  auto [values, index] = ops::max(x.value(), dim, true);
-  Tensor out = keepdim ? values : values.squeeze(dim);
-  return Var::make("max", out, {x}, [shape = x.shape(), dim, index](const Tensor& g) {
-    // The gradient goes to the (first) maximum of each row.
+  ScaledTensor out = s::max(x.scaled(), dim, true);
+  const Tensor index = ops::max(x.scaled().data, dim, true).second;
+  if (!keepdim) out = s::reshape(out, [&] { Shape sh = out.shape(); sh.erase(sh.begin() + (dim < 0 ? dim + int(sh.size()) : dim)); return sh; }());
+  return Var::make("max", out, {x}, [shape = x.shape(), dim, index](const ScaledTensor& g) {
+    // The gradient goes to the (first) maximum of each row: a 0/1 mask times g.
     const int d = dim < 0 ? dim + int(shape.size()) : dim;
-    const Tensor gk = g.reshape(index.shape());
     std::vector<float> pos(static_cast<size_t>(numel_of(shape)));
-    // Position of each element along `dim`, compared with the argmax.
     const Shape strides = contiguous_strides(shape);
     for (size_t i = 0; i < pos.size(); ++i) pos[i] = float((int64_t(i) / strides[size_t(d)]) % shape[size_t(d)]);
     const Tensor hit = ops::sub(Tensor::from_vector(pos, shape), index.to(DType::f32));
     const Tensor is_max = ops::where(hit, Tensor::scalar(0.0), Tensor::scalar(1.0));
-    return std::vector<Tensor>{ops::mul(is_max, gk)};
+    return Grads{s::with_grad_scale(g, ops::mul(is_max, g.data.reshape(index.shape())))};
   });
 }
 
 Var softmax(const Var& x, int dim) {
-  Tensor y = ops::softmax(x.value(), dim);
-  return Var::make("softmax", y, {x}, [y, dim](const Tensor& g) {
-    return std::vector<Tensor>{ops::softmax_backward(y, g, dim)};
+  ScaledTensor y = s::softmax(x.scaled(), dim);
+  return Var::make("softmax", y, {x}, [y, dim](const ScaledTensor& g) {
+    return Grads{s::with_grad_scale(g, ops::softmax_backward(plain(y), g.data, dim))};
   });
 }
 
 Var log_softmax(const Var& x, int dim) {
-  Tensor y = ops::log_softmax(x.value(), dim);
-  return Var::make("log_softmax", y, {x}, [y, dim](const Tensor& g) {
-    return std::vector<Tensor>{ops::log_softmax_backward(y, g, dim)};
+  ScaledTensor y = s::log_softmax(x.scaled(), dim);
+  return Var::make("log_softmax", y, {x}, [y, dim](const ScaledTensor& g) {
+    return Grads{s::with_grad_scale(g, ops::log_softmax_backward(plain(y), g.data, dim))};
   });
 }
 
@@ -133,124 +140,143 @@ Var affine(Var xhat, const Var& weight, const Var& bias) {
   return xhat;
 }
 void check_affine(const char* op, const Var& x, const Var& p) {
-  if (p.defined() && (p.value().dim() != 1 || p.value().size(0) != x.value().size(-1)))
+  if (p.defined() && (p.shape().size() != 1 || p.shape()[0] != x.shape().back()))
     throw Error(std::string(op) + ": parameter of shape " + shape_str(p.shape()) + " does not match the last dimension of " +
                 shape_str(x.shape()));
+}
+// Normalisation of x's data (eps rescaled by the data scale, so the value equals the unscaled
+// normalisation); the backward scales as 1 / sigma(x): g_s / X_s.
+Var norm(const char* name, const Var& x, double eps, bool center) {
+  const ScaledTensor& xs = x.scaled();
+  const double scale = xs.is_scaled() ? xs.scalar_scale() : 1.0;
+  ops::NormResult r = center ? ops::layer_norm(xs.data, eps / (scale * scale)) : ops::rms_norm(xs.data, eps / (scale * scale));
+  ScaledTensor y = xs.is_scaled() ? ScaledTensor(r.y, 1.0f) : ScaledTensor(r.y);
+  return Var::make(name, y, {x}, [r, scale, center](const ScaledTensor& g) {
+    const Tensor d = center ? ops::layer_norm_backward(r, g.data) : ops::rms_norm_backward(r, g.data);
+    if (!g.is_scaled()) return Grads{ScaledTensor(scale == 1.0 ? d : ops::scale_shift(d, 1.0 / scale, 0.0))};
+    return Grads{ScaledTensor(d, float(g.scalar_scale() / scale))};
+  });
 }
 }  // namespace
 
 Var layer_norm(const Var& x, const Var& weight, const Var& bias, double eps) {
   check_affine("layer_norm", x, weight);
   check_affine("layer_norm", x, bias);
-  ops::NormResult r = ops::layer_norm(x.value(), eps);
-  Var xhat = Var::make("layer_norm", r.y, {x}, [r](const Tensor& g) {
-    return std::vector<Tensor>{ops::layer_norm_backward(r, g)};
-  });
-  return affine(xhat, weight, bias);
+  return affine(norm("layer_norm", x, eps, true), weight, bias);
 }
 
 Var rms_norm(const Var& x, const Var& weight, double eps) {
   check_affine("rms_norm", x, weight);
-  ops::NormResult r = ops::rms_norm(x.value(), eps);
-  Var xhat = Var::make("rms_norm", r.y, {x}, [r](const Tensor& g) {
-    return std::vector<Tensor>{ops::rms_norm_backward(r, g)};
-  });
-  return affine(xhat, weight, {});
+  return affine(norm("rms_norm", x, eps, false), weight, {});
 }
 
 Var embedding(const Var& weight, const Tensor& ids) {
-  return Var::make("embedding", ops::embedding(weight.value(), ids), {weight}, [ids, v = weight.value().size(0)](const Tensor& g) {
-    return std::vector<Tensor>{ops::embedding_backward(g, ids, v)};
+  return Var::make("embedding", s::embedding(weight.scaled(), ids), {weight}, [ids, v = weight.shape()[0]](const ScaledTensor& g) {
+    return Grads{s::with_grad_scale(g, ops::embedding_backward(g.data, ids, v))};
   });
 }
 
 Var cross_entropy(const Var& logits, const Tensor& targets) {
-  return Var::make("cross_entropy", ops::cross_entropy(logits.value(), targets), {logits},
-                   [l = logits.value(), targets](const Tensor& g) {
-                     return std::vector<Tensor>{ops::cross_entropy_backward(l, targets, g.item())};
+  return Var::make("cross_entropy", s::cross_entropy(logits.scaled(), targets), {logits},
+                   [l = logits.scaled(), targets](const ScaledTensor& g) {
+                     const double c = plain(g).item() / double(std::max<int64_t>(l.shape()[0], 1));
+                     const Tensor p = ops::cross_entropy_backward(plain(l), targets, double(l.shape()[0]));
+                     if (!g.is_scaled()) return Grads{ScaledTensor(ops::scale_shift(p, c, 0.0))};
+                     // softmax - onehot is O(1) per row: keep it as data, c as a power-of-two scale.
+                     if (c == 0) return Grads{any_scale_constant(ops::scale_shift(p, 0.0, 0.0))};
+                     const float cs = pow2_round(std::fabs(c));
+                     return Grads{ScaledTensor(ops::scale_shift(p, c / cs, 0.0), cs)};
                    });
 }
 
 Var where(const Tensor& cond, const Var& a, const Var& b) {
-  return Var::make("where", ops::where(cond, a.value(), b.value()), {a, b}, [cond, sa = a.shape(), sb = b.shape()](const Tensor& g) {
-    const Tensor zero = Tensor::scalar(0.0, g.dtype());
-    return std::vector<Tensor>{sum_to(ops::where(cond, g, zero), sa), sum_to(ops::where(cond, zero, g), sb)};
+  return Var::make("where", s::where(cond, a.scaled(), b.scaled()), {a, b}, [cond, sa = a.shape(), sb = b.shape()](const ScaledTensor& g) {
+    const ScaledTensor zero = any_scale_constant(Tensor::scalar(0.0, g.data.dtype() == DType::f64 ? DType::f64 : DType::f32));
+    const ScaledTensor gz = g.is_scaled() ? zero : ScaledTensor(zero.data);
+    return Grads{s::sum_to(s::where(cond, g, gz), sa), s::sum_to(s::where(cond, gz, g), sb)};
   });
 }
 
 Var causal_mask(const Var& scores) {
-  const int64_t T = scores.value().size(-1);
-  if (scores.value().dim() < 2 || scores.value().size(-2) != T)
-    throw Error("causal_mask: scores must be [..., T, T], got " + shape_str(scores.shape()));
-  const Tensor minus_inf = Tensor::scalar(-std::numeric_limits<double>::infinity(), scores.value().dtype() == DType::f64 ? DType::f64 : DType::f32);
-  return where(ops::causal_mask(T), scores, Var(minus_inf));
+  const Shape& sh = scores.shape();
+  if (sh.size() < 2 || sh[sh.size() - 2] != sh.back())
+    throw Error("causal_mask: scores must be [..., T, T], got " + shape_str(sh));
+  const DType dt = scores.scaled().data.dtype() == DType::f64 ? DType::f64 : DType::f32;
+  const Tensor minus_inf = Tensor::scalar(-std::numeric_limits<double>::infinity(), dt);
+  // -inf ignores scale: an ANY constant when the scores are scaled.
+  const Var fill = scores.scaled().is_scaled() ? Var(any_scale_constant(minus_inf)) : Var(minus_inf);
+  return where(ops::causal_mask(sh.back()), scores, fill);
 }
 
 Var dropout(const Var& x, double p, uint64_t seed) {
   if (p == 0.0) return x;
-  const Tensor mask = ops::dropout_mask(x.shape(), p, seed, x.value().dtype() == DType::f64 ? DType::f64 : DType::f32);
-  return Var::make("dropout", ops::mul(x.value(), mask), {x}, [mask](const Tensor& g) {
-    return std::vector<Tensor>{ops::mul(g, mask)};
+  const DType dt = x.scaled().data.dtype() == DType::f64 ? DType::f64 : DType::f32;
+  const Tensor mask = ops::dropout_mask(x.shape(), p, seed, dt);
+  return Var::make("dropout", s::with_grad_scale(x.scaled(), ops::mul(x.scaled().data, mask)), {x}, [mask](const ScaledTensor& g) {
+    return Grads{s::with_grad_scale(g, ops::mul(g.data, mask))};
   });
 }
 
 Var reshape(const Var& x, const Shape& shape) {
-  return Var::make("reshape", x.value().reshape(shape), {x}, [s = x.shape()](const Tensor& g) {
-    return std::vector<Tensor>{g.reshape(s)};
+  return Var::make("reshape", s::reshape(x.scaled(), shape), {x}, [sh = x.shape()](const ScaledTensor& g) {
+    return Grads{s::reshape(g, sh)};
   });
 }
 
 Var permute(const Var& x, const std::vector<int>& dims) {
   std::vector<int> inverse(dims.size());
   for (size_t i = 0; i < dims.size(); ++i) inverse[size_t(dims[i] < 0 ? dims[i] + int(dims.size()) : dims[i])] = int(i);
-  return Var::make("permute", x.value().permute(dims), {x}, [inverse](const Tensor& g) {
-    return std::vector<Tensor>{g.permute(inverse)};
+  return Var::make("permute", s::with_grad_scale(x.scaled(), x.scaled().data.permute(dims)), {x}, [inverse](const ScaledTensor& g) {
+    return Grads{s::with_grad_scale(g, g.data.permute(inverse))};
   });
 }
 
 Var transpose(const Var& x, int d0, int d1) {
-  return Var::make("transpose", x.value().transpose(d0, d1), {x}, [d0, d1](const Tensor& g) {
-    return std::vector<Tensor>{g.transpose(d0, d1)};
+  return Var::make("transpose", s::transpose(x.scaled(), d0, d1), {x}, [d0, d1](const ScaledTensor& g) {
+    return Grads{s::transpose(g, d0, d1)};
   });
 }
 
 Var slice(const Var& x, int dim, int64_t start, int64_t end) {
-  return Var::make("slice", x.value().slice(dim, start, end), {x}, [s = x.shape(), dim, start, end](const Tensor& g) {
-    Tensor full = Tensor::zeros(s, g.dtype() == DType::f64 ? DType::f64 : DType::f32);
+  return Var::make("slice", s::slice(x.scaled(), dim, start, end), {x}, [sh = x.shape(), dim, start, end](const ScaledTensor& g) {
+    Tensor full = Tensor::zeros(sh, g.data.dtype() == DType::f64 ? DType::f64 : DType::f32);
     Tensor part = full.slice(dim, start, end);
-    part.copy_(g);
-    return std::vector<Tensor>{full};
+    part.copy_(g.data);  // zeros elsewhere: any scale represents them, so g's scale is kept
+    return Grads{s::with_grad_scale(g, full)};
   });
 }
 
 Var expand(const Var& x, const Shape& shape) {
-  return Var::make("expand", x.value().expand(shape), {x}, [s = x.shape()](const Tensor& g) {
-    return std::vector<Tensor>{sum_to(g, s)};
+  return Var::make("expand", s::expand(x.scaled(), shape), {x}, [sh = x.shape()](const ScaledTensor& g) {
+    return Grads{s::sum_to(g, sh)};
   });
 }
 
 Var concat(const std::vector<Var>& xs, int dim) {
-  std::vector<Tensor> values;
+  std::vector<ScaledTensor> values;
   std::vector<int64_t> sizes;
   for (const Var& x : xs) {
-    values.push_back(x.value());
-    sizes.push_back(x.value().size(dim));
+    values.push_back(x.scaled());
+    sizes.push_back(x.shape()[size_t(dim < 0 ? dim + int(x.shape().size()) : dim)]);
   }
-  return Var::make("concat", ops::concat(values, dim), xs, [sizes, dim](const Tensor& g) {
-    return ops::split(g, sizes, dim);
+  return Var::make("concat", s::concat(values, dim), xs, [sizes, dim](const ScaledTensor& g) {
+    Grads out;
+    for (Tensor& part : ops::split(g.data, sizes, dim)) out.push_back(s::with_grad_scale(g, part));
+    return out;
   });
 }
 
 std::vector<Var> split(const Var& x, const std::vector<int64_t>& sizes, int dim) {
   std::vector<Var> out;
   int64_t at = 0;
-  for (int64_t s : sizes) {
-    out.push_back(slice(x, dim, at, at + s));
-    at += s;
+  for (int64_t sz : sizes) {
+    out.push_back(slice(x, dim, at, at + sz));
+    at += sz;
   }
-  if (at != x.value().size(dim))
+  const int64_t n = x.shape()[size_t(dim < 0 ? dim + int(x.shape().size()) : dim)];
+  if (at != n)
     throw Error("split: sizes sum to " + std::to_string(at) + ", dimension " + std::to_string(dim) + " of " +
-                shape_str(x.shape()) + " has " + std::to_string(x.value().size(dim)));
+                shape_str(x.shape()) + " has " + std::to_string(n));
   return out;
 }
 

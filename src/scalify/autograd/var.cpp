@@ -4,6 +4,7 @@
 #include <unordered_set>
 
 #include "scalify/error.hpp"
+#include "scalify/scaled/scaled_ops.hpp"
 #include "scalify/tensor/ops.hpp"
 
 namespace scalify {
@@ -16,37 +17,53 @@ bool grad_enabled() { return g_grad_enabled; }
 NoGrad::NoGrad() : previous_(g_grad_enabled) { g_grad_enabled = false; }
 NoGrad::~NoGrad() { g_grad_enabled = previous_; }
 
-Var::Var(Tensor value, bool requires_grad) : impl_(std::make_shared<detail::VarImpl>()) {
+Var::Var(Tensor value, bool requires_grad) : Var(ScaledTensor(std::move(value)), requires_grad) {}
+
+Var::Var(ScaledTensor value, bool requires_grad) : impl_(std::make_shared<detail::VarImpl>()) {
   impl_->value = std::move(value);
   impl_->requires_grad = requires_grad;
 }
 
-const Tensor& Var::value() const {
+const ScaledTensor& Var::scaled() const {
   if (!impl_) throw Error("use of an undefined Var");
   return impl_->value;
 }
-const Tensor& Var::grad() const { return value(), impl_->grad; }
+const ScaledTensor& Var::scaled_grad() const { return scaled(), impl_->grad; }
+Tensor Var::value() const { return scaled().is_scaled() ? scaled().value() : scaled().data; }
+Tensor Var::grad() const {
+  const ScaledTensor& g = scaled_grad();
+  return g.data.defined() && g.is_scaled() ? g.value() : g.data;
+}
 bool Var::requires_grad() const { return impl_ && impl_->requires_grad; }
 void Var::set_requires_grad(bool r) {
   value();
   if (impl_->node) throw Error("set_requires_grad: only leaves can change requires_grad");
   impl_->requires_grad = r;
 }
-void Var::zero_grad() { value(), impl_->grad = Tensor(); }
-void Var::set_value(Tensor v) {
-  value();
+void Var::zero_grad() { scaled(), impl_->grad = ScaledTensor(); }
+void Var::set_value(Tensor v) { set_value(ScaledTensor(std::move(v))); }
+void Var::set_value(ScaledTensor v) {
+  scaled();
   if (v.shape() != impl_->value.shape())
     throw Error("set_value: shape " + shape_str(v.shape()) + " differs from " + shape_str(impl_->value.shape()));
   impl_->value = std::move(v);
 }
-Var Var::detach() const { return Var(value(), false); }
+Var Var::detach() const { return Var(scaled(), false); }
 const std::string& Var::op_name() const {
   static const std::string leaf;
   return impl_ && impl_->node ? impl_->node->name : leaf;
 }
 size_t Var::graph_inputs() const { return impl_ && impl_->node ? impl_->node->inputs.size() : 0; }
 
-Var Var::make(std::string name, Tensor value, const std::vector<Var>& inputs, BackwardFn backward) {
+Var Var::make(std::string name, Tensor value, const std::vector<Var>& inputs, PlainBackwardFn backward) {
+  return make(std::move(name), ScaledTensor(std::move(value)), inputs, [backward](const ScaledTensor& g) {
+    std::vector<ScaledTensor> out;
+    for (Tensor& t : backward(g.is_scaled() ? g.value() : g.data)) out.emplace_back(std::move(t));
+    return out;
+  });
+}
+
+Var Var::make(std::string name, ScaledTensor value, const std::vector<Var>& inputs, BackwardFn backward) {
   Var out(std::move(value), false);
   if (!g_grad_enabled) return out;
   bool any = false;
@@ -62,17 +79,22 @@ Var Var::make(std::string name, Tensor value, const std::vector<Var>& inputs, Ba
 }
 
 void Var::backward() const {
-  if (value().numel() != 1)
-    throw Error("backward(): needs a single-element value, got shape " + shape_str(value().shape()) +
+  const Tensor& d = scaled().data;
+  if (d.numel() != 1)
+    throw Error("backward(): needs a single-element value, got shape " + shape_str(d.shape()) +
                 "; pass an explicit gradient");
-  backward(Tensor::ones(value().shape(), value().dtype() == DType::f64 ? DType::f64 : DType::f32));
+  const Tensor one = Tensor::ones(d.shape(), d.dtype() == DType::f64 ? DType::f64 : DType::f32);
+  // A scaled loss seeds a scaled gradient (scale 1), so the backward pass runs the scale rules.
+  backward(scaled().is_scaled() ? ScaledTensor(one, 1.0f) : ScaledTensor(one));
 }
 
-void Var::backward(const Tensor& grad_output) const {
+void Var::backward(const Tensor& grad_output) const { backward(ScaledTensor(grad_output)); }
+
+void Var::backward(const ScaledTensor& grad_output) const {
   if (!requires_grad()) throw Error("backward(): the value does not require gradients");
-  if (grad_output.shape() != value().shape())
+  if (grad_output.shape() != shape())
     throw Error("backward(): gradient shape " + shape_str(grad_output.shape()) + " differs from value shape " +
-                shape_str(value().shape()));
+                shape_str(shape()));
   // Reverse topological order by iterative depth-first search over nodes.
   std::vector<detail::VarImpl*> order;
   std::unordered_set<detail::VarImpl*> seen;
@@ -88,28 +110,28 @@ void Var::backward(const Tensor& grad_output) const {
       stack.pop_back();
     }
   }
-  std::unordered_map<detail::VarImpl*, Tensor> grads;
+  std::unordered_map<detail::VarImpl*, ScaledTensor> grads;
   grads[impl_.get()] = grad_output;
   for (auto it = order.rbegin(); it != order.rend(); ++it) {
     detail::VarImpl* v = *it;
     auto g = grads.find(v);
     if (g == grads.end()) continue;
     if (!v->node) {  // a leaf: accumulate into .grad
-      v->grad = v->grad.defined() ? ops::add(v->grad, g->second) : g->second;
+      v->grad = v->grad.data.defined() ? scaled::add(v->grad, g->second) : g->second;
       continue;
     }
-    const std::vector<Tensor> in_grads = v->node->backward(g->second);
+    const std::vector<ScaledTensor> in_grads = v->node->backward(g->second);
     if (in_grads.size() != v->node->inputs.size())
       throw Error("backward of '" + v->node->name + "' returned " + std::to_string(in_grads.size()) +
                   " gradients for " + std::to_string(v->node->inputs.size()) + " inputs");
     for (size_t i = 0; i < in_grads.size(); ++i) {
       detail::VarImpl* in = v->node->inputs[i].get();
-      if (!in->requires_grad || !in_grads[i].defined()) continue;
+      if (!in->requires_grad || !in_grads[i].data.defined()) continue;
       if (in_grads[i].shape() != in->value.shape())
         throw Error("backward of '" + v->node->name + "': gradient " + std::to_string(i) + " has shape " +
                     shape_str(in_grads[i].shape()) + ", input has " + shape_str(in->value.shape()));
       auto [slot, fresh] = grads.try_emplace(in, in_grads[i]);
-      if (!fresh) slot->second = ops::add(slot->second, in_grads[i]);  // reused value
+      if (!fresh) slot->second = scaled::add(slot->second, in_grads[i]);  // reused value
     }
     grads.erase(g);
   }

@@ -4,21 +4,26 @@
 // mapping the output gradient to one gradient per input. backward() walks the graph in reverse
 // topological order, sums gradients of reused values, stores them on leaves, and frees the graph.
 //
-// Values are Tensors for now; the scale-propagation issue turns them into scaled tensors with
-// scale 1 when unscaled, so every op's forward and backward sits in one small function in
-// functions.cpp where a scale rule can be attached beside it.
+// Values and gradients are ScaledTensors (SPEC §2): an unscaled tensor is simply one without a
+// scale, and every op in functions.cpp runs its forward and backward through the scale rules of
+// scaled/scaled_ops, so scales propagate through the backward pass too. With no scaled input
+// anywhere, every op takes the plain kernel and results are bit-identical to the unscaled engine.
 #include <functional>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "scalify/scaled/scaled_tensor.hpp"
 #include "scalify/tensor/tensor.hpp"
 
 namespace scalify {
 
 class Var;
-// Gradients for each input (an undefined Tensor where an input needs none).
-using BackwardFn = std::function<std::vector<Tensor>(const Tensor& grad_output)>;
+// Gradients for each input (undefined data where an input needs none).
+using BackwardFn = std::function<std::vector<ScaledTensor>(const ScaledTensor& grad_output)>;
+// The same on plain tensors: for custom functions written without scales (applied to the
+// represented values of scaled gradients).
+using PlainBackwardFn = std::function<std::vector<Tensor>(const Tensor& grad_output)>;
 
 namespace detail {
 struct VarImpl;
@@ -28,8 +33,8 @@ struct Node {
   BackwardFn backward;
 };
 struct VarImpl {
-  Tensor value;
-  Tensor grad;
+  ScaledTensor value;
+  ScaledTensor grad;
   bool requires_grad = false;
   std::shared_ptr<Node> node;  // null for leaves and constants
 };
@@ -40,26 +45,33 @@ class Var {
   Var() = default;
   // A leaf. Parameters are leaves with requires_grad = true.
   explicit Var(Tensor value, bool requires_grad = false);
+  explicit Var(ScaledTensor value, bool requires_grad = false);
 
-  const Tensor& value() const;
-  const Tensor& grad() const;  // undefined until backward reached this leaf
+  // The represented value (data * scale; the data itself when unscaled) and gradient.
+  Tensor value() const;
+  Tensor grad() const;  // undefined until backward reached this leaf
+  const ScaledTensor& scaled() const;       // (data, scale) as propagated
+  const ScaledTensor& scaled_grad() const;  // undefined data until backward reached this leaf
   bool requires_grad() const;
   bool defined() const { return impl_ != nullptr; }
-  const Shape& shape() const { return value().shape(); }
+  const Shape& shape() const { return scaled().data.shape(); }
 
   void set_requires_grad(bool r);
   void zero_grad();
-  void set_value(Tensor v);  // for optimizers: replace a leaf's value in place
+  void set_value(Tensor v);        // for optimizers: replace a leaf's value in place
+  void set_value(ScaledTensor v);
   Var detach() const;        // same value, no history
 
   // Backpropagate from a single-element value (gradient 1), or with an explicit seed gradient.
   void backward() const;
   void backward(const Tensor& grad_output) const;
+  void backward(const ScaledTensor& grad_output) const;
 
   // Records an op: `value` computed from `inputs`, differentiated by `backward`. Records nothing
   // when no input requires gradients or inside a NoGrad scope. This is also the public way to
   // write a custom function with its own backward.
-  static Var make(std::string name, Tensor value, const std::vector<Var>& inputs, BackwardFn backward);
+  static Var make(std::string name, ScaledTensor value, const std::vector<Var>& inputs, BackwardFn backward);
+  static Var make(std::string name, Tensor value, const std::vector<Var>& inputs, PlainBackwardFn backward);
 
   const std::string& op_name() const;  // "" for leaves
   size_t graph_inputs() const;         // inputs of the node that made this value (0 for leaves)

@@ -21,7 +21,7 @@ BlockParams init_block(int64_t d, int layers, uint64_t seed, DType dtype) {
 }
 
 Var causal_self_attention(const Var& x, const BlockParams& p, int heads) {
-  const int64_t B = x.value().size(0), T = x.value().size(1), D = x.value().size(2);
+  const int64_t B = x.shape()[0], T = x.shape()[1], D = x.shape()[2];
   if (D % heads != 0) throw Error("attention: model width " + std::to_string(D) + " is not divisible by " + std::to_string(heads) + " heads");
   const int64_t hd = D / heads;
   const Var qkv = matmul(x, p.w_qkv) + p.b_qkv;                   // [B, T, 3D]

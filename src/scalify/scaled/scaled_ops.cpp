@@ -190,6 +190,39 @@ ScaledTensor transpose(const ScaledTensor& x, int a, int b) { return keep_scale(
 ScaledTensor slice(const ScaledTensor& x, int d, int64_t a, int64_t b) { return keep_scale(x, [&](const Tensor& t) { return t.slice(d, a, b); }); }
 ScaledTensor expand(const ScaledTensor& x, const Shape& s) { return keep_scale(x, [&](const Tensor& t) { return t.expand(s); }); }
 
+// Scalars: c = m 2^e exactly; multiplying keeps the data's magnitude (|m| in [1, 2)) and moves
+// 2^e into the scale. Adding a scalar is an add with a broadcast scalar operand.
+ScaledTensor mul_scalar(const ScaledTensor& x, double c) {
+  if (!x.is_scaled()) return ScaledTensor(ops::scale_shift(x.data, c, 0.0));
+  if (x.any_scale) return any_scale_constant(ops::scale_shift(x.data, c, 0.0));
+  const ScaledTensor cs = scaled_scalar(c);
+  if (cs.any_scale) return any_scale_constant(ops::scale_shift(x.data, c, 0.0));
+  return ScaledTensor(ops::scale_shift(x.data, cs.data.item(), 0.0), x.scalar_scale() * cs.scalar_scale());
+}
+
+ScaledTensor add_scalar(const ScaledTensor& x, double c) {
+  if (!x.is_scaled()) return ScaledTensor(ops::scale_shift(x.data, 1.0, c));
+  return add(x, scaled_scalar(c));
+}
+
+ScaledTensor pow_scalar(const ScaledTensor& x, double p) {
+  if (!x.is_scaled()) return ScaledTensor(ops::pow_scalar(x.data, p));
+  return ScaledTensor(ops::pow_scalar(folded(x), p), 1.0f);
+}
+
+ScaledTensor sum_to(const ScaledTensor& g, const Shape& shape) {
+  if (!g.is_scaled()) return ScaledTensor(ops::sum_to(g.data, shape));
+  if (g.shape() == shape) return g;
+  const std::vector<int> dims = ops::broadcast_dims(g.shape(), shape);
+  return reshape(dims.empty() ? g : sum(g, dims, true), shape);
+}
+
+ScaledTensor with_grad_scale(const ScaledTensor& g, Tensor data) {
+  ScaledTensor out = g;
+  out.data = std::move(data);
+  return out;
+}
+
 const std::vector<ScaleRule>& scale_rules() {
   static const std::vector<ScaleRule> rules = {
       {"add, sub", "Z_s = pow2(sqrt(X_s^2 + Y_s^2)); Z_d = (X_s/Z_s) X_d ± (Y_s/Z_s) Y_d", "variance of a sum of independent terms"},
@@ -209,6 +242,12 @@ const std::vector<ScaleRule>& scale_rules() {
       {"embedding", "Z_s = W_s; Z_d = gather(W_d)", "a gather"},
       {"cross_entropy", "loss of f(X_d X_s); Y_s = 1", "a loss value"},
       {"reshape, transpose, slice, expand", "Z_s = X_s", "shape ops move data only"},
+      {"mul_scalar c = m 2^e", "Z_s = 2^e X_s; Z_d = m X_d", "broadcast scalar split into mantissa and exponent"},
+      {"add_scalar c", "add with the scalar (m, 2^e)", "as add"},
+      {"pow x^p", "Y_d = (X_d X_s)^p; Y_s = 1", "not scale-equivariant for non-integer p"},
+      {"gradients linear in g (activations, softmax, gather)", "dX_s = g_s; dX_d = f'(X) g_d", "the local derivative is O(1)"},
+      {"norm backward", "dX_s = g_s / X_s; dX_d = rstd(X_d) (g_d - ...)", "d norm / dx scales as 1 / sigma(x)"},
+      {"cross_entropy backward", "dX_d = (softmax - onehot) c / pow2(c); dX_s = pow2(c), c = g / N", "rows of softmax - onehot are O(1)"},
   };
   return rules;
 }

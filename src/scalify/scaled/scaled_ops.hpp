@@ -35,6 +35,18 @@ ScaledTensor transpose(const ScaledTensor& x, int d0, int d1);
 ScaledTensor slice(const ScaledTensor& x, int dim, int64_t start, int64_t end);
 ScaledTensor expand(const ScaledTensor& x, const Shape& shape);
 
+// Scalar operands: c is split exactly into mantissa and exponent (a broadcast scalar).
+ScaledTensor mul_scalar(const ScaledTensor& x, double c);
+ScaledTensor add_scalar(const ScaledTensor& x, double c);
+// x^p: scale folded in, output scale 1 (x^p is not scale-equivariant for non-integer p).
+ScaledTensor pow_scalar(const ScaledTensor& x, double p);
+
+// Backward-pass helpers.
+// Sum a broadcast gradient back to `shape` (the sum rule over the broadcast dimensions).
+ScaledTensor sum_to(const ScaledTensor& g, const Shape& shape);
+// A map linear in the gradient: new data from g's data, g's scale kept.
+ScaledTensor with_grad_scale(const ScaledTensor& g, Tensor data);
+
 struct ScaleRule {
   std::string_view op, rule, why;
 };

@@ -164,13 +164,18 @@ Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b) {
   });
 }
 
+std::vector<int> broadcast_dims(const Shape& from, const Shape& to) {
+  const int lead = int(from.size()) - int(to.size());
+  if (lead < 0) throw Error("sum_to: cannot reduce " + shape_str(from) + " to " + shape_str(to));
+  std::vector<int> dims;
+  for (int d = 0; d < int(from.size()); ++d)
+    if (d < lead || (to[size_t(d - lead)] == 1 && from[size_t(d)] != 1)) dims.push_back(d);
+  return dims;
+}
+
 Tensor sum_to(const Tensor& g, const Shape& shape) {
   if (g.shape() == shape) return g;
-  const int lead = g.dim() - int(shape.size());
-  if (lead < 0) throw Error("sum_to: cannot reduce " + shape_str(g.shape()) + " to " + shape_str(shape));
-  std::vector<int> dims;
-  for (int d = 0; d < g.dim(); ++d)
-    if (d < lead || (shape[size_t(d - lead)] == 1 && g.shape()[size_t(d)] != 1)) dims.push_back(d);
+  const std::vector<int> dims = broadcast_dims(g.shape(), shape);
   Tensor r = dims.empty() ? g : sum(g, dims, true);
   return r.reshape(shape);
 }

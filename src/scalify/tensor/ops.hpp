@@ -30,6 +30,8 @@ Tensor pow_scalar(const Tensor& x, double p);
 Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b);  // cond != 0 ? a : b
 // Reduce a (broadcast) gradient back to `shape` by summing the broadcast dimensions.
 Tensor sum_to(const Tensor& g, const Shape& shape);
+// The dimensions of `from` that broadcasting `to` up to `from` created or stretched.
+std::vector<int> broadcast_dims(const Shape& from, const Shape& to);
 
 // ---- reductions ----
 Tensor sum(const Tensor& x, const std::vector<int>& dims, bool keepdim = false);  // {} = all
