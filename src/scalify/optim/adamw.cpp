@@ -4,15 +4,36 @@
 #include <string>
 
 #include "scalify/error.hpp"
+#include "scalify/scaled/scaled_ops.hpp"
 #include "scalify/tensor/dense.hpp"
 #include "scalify/tensor/ops.hpp"
 
 namespace scalify::optim {
 
+namespace {
+void check_finite(const Tensor& g, size_t k, const Shape& shape) {
+  const Dense<float> d(g);
+  for (int64_t i = 0, n = g.numel(); i < n; ++i)
+    if (!std::isfinite(d[i]))
+      throw Error("optimizer: non-finite gradient in parameter " + std::to_string(k) + " of shape " + shape_str(shape));
+}
+// A new represented value for a scaled parameter, stored against its current scale.
+ScaledTensor restore(const ScaledTensor& p, const Tensor& value) {
+  ScaledTensor out = p;
+  out.data = ops::scale_shift(value, 1.0 / p.scalar_scale(), 0.0).to(p.data.dtype());
+  return out;
+}
+}  // namespace
+
 AdamW::AdamW(std::vector<Var> params, AdamWConfig config) : params_(std::move(params)), c_(config) {
   for (const Var& p : params_) {
-    m_.push_back(Tensor::zeros(p.shape()));
-    v_.push_back(Tensor::zeros(p.shape()));
+    if (p.scaled().is_scaled()) {  // zeros whose scale is ANY: the first update takes g's scale
+      m_.push_back(any_scale_constant(Tensor::zeros(p.shape(), c_.state_dtype)));
+      v_.push_back(any_scale_constant(Tensor::zeros(p.shape(), c_.state_dtype)));
+    } else {
+      m_.emplace_back(Tensor::zeros(p.shape()));
+      v_.emplace_back(Tensor::zeros(p.shape()));
+    }
   }
 }
 
@@ -20,31 +41,66 @@ void AdamW::step() {
   ++t_;
   const double bc1 = 1 - std::pow(c_.beta1, double(t_)), bc2 = 1 - std::pow(c_.beta2, double(t_));
   for (size_t k = 0; k < params_.size(); ++k) {
-    Var& p = params_[k];
-    if (!p.grad().defined()) continue;
-    Tensor w = p.value().to(DType::f32).contiguous().clone();
-    const Dense<float> g(p.grad());
-    float* pw = w.data<float>();
-    float* m = m_[k].data<float>();
-    float* v = v_[k].data<float>();
-    const int64_t n = w.numel();
-    for (int64_t i = 0; i < n; ++i) {
-      if (!std::isfinite(g[i]))
-        throw Error("AdamW: non-finite gradient in parameter " + std::to_string(k) + " of shape " + shape_str(p.shape()));
-      m[i] = float(c_.beta1 * m[i] + (1 - c_.beta1) * g[i]);
-      v[i] = float(c_.beta2 * v[i] + (1 - c_.beta2) * double(g[i]) * g[i]);
-      const double update = (m[i] / bc1) / (std::sqrt(v[i] / bc2) + c_.eps) + c_.weight_decay * pw[i];
-      pw[i] = float(pw[i] - c_.lr * update);
-    }
-    p.set_value(w.to(p.value().dtype()));
-    p.zero_grad();
+    if (!params_[k].scaled_grad().data.defined()) continue;
+    if (params_[k].scaled().is_scaled())
+      step_scaled(k, bc1, bc2);
+    else
+      step_plain(k, bc1, bc2);
+    params_[k].zero_grad();
   }
+}
+
+void AdamW::step_plain(size_t k, double bc1, double bc2) {
+  Var& p = params_[k];
+  Tensor w = p.value().to(DType::f32).contiguous().clone();
+  const Tensor grad = p.grad();
+  check_finite(grad, k, p.shape());
+  const Dense<float> g(grad);
+  float* pw = w.data<float>();
+  float* m = m_[k].data.data<float>();
+  float* v = v_[k].data.data<float>();
+  const int64_t n = w.numel();
+  for (int64_t i = 0; i < n; ++i) {
+    m[i] = float(c_.beta1 * m[i] + (1 - c_.beta1) * g[i]);
+    v[i] = float(c_.beta2 * v[i] + (1 - c_.beta2) * double(g[i]) * g[i]);
+    const double update = (m[i] / bc1) / (std::sqrt(v[i] / bc2) + c_.eps) + c_.weight_decay * pw[i];
+    pw[i] = float(pw[i] - c_.lr * update);
+  }
+  p.set_value(w.to(p.value().dtype()));
+}
+
+void AdamW::step_scaled(size_t k, double bc1, double bc2) {
+  Var& p = params_[k];
+  const ScaledTensor g = p.scaled_grad();
+  check_finite(g.data, k, p.shape());
+  // Moments in scaled form: the scale rules pick their scales; data stored in state_dtype.
+  m_[k] = cast_data(scaled::add(scaled::mul_scalar(m_[k], c_.beta1), scaled::mul_scalar(g, 1 - c_.beta1)),
+                    *dtype_format(c_.state_dtype));
+  v_[k] = cast_data(scaled::add(scaled::mul_scalar(v_[k], c_.beta2),
+                                scaled::mul_scalar(scaled::unary(ops::Unary::square, g), 1 - c_.beta2)),
+                    *dtype_format(c_.state_dtype));
+  // The update direction m / (sqrt(v) + eps) is O(1) elementwise: computed on represented values.
+  const Tensor denom = ops::scale_shift(ops::unary(ops::Unary::sqrt, ops::scale_shift(v_[k].value(), 1.0 / bc2, 0.0)), 1.0, c_.eps);
+  Tensor update = ops::div(ops::scale_shift(m_[k].value(), 1.0 / bc1, 0.0), denom);
+  const Tensor w = p.value();
+  if (c_.weight_decay != 0) update = ops::add(update, ops::scale_shift(w, c_.weight_decay, 0.0));
+  ScaledTensor next = restore(p.scaled(), ops::sub(w, ops::scale_shift(update, c_.lr, 0.0)));
+  if (c_.rescale_every > 0 && t_ % c_.rescale_every == 0) {
+    next = dynamic_rescale_l2(next);
+    m_[k] = dynamic_rescale_l2(m_[k]);
+    v_[k] = dynamic_rescale_l2(v_[k]);
+  }
+  p.set_value(next);
 }
 
 void sgd_step(const std::vector<Var>& params, double lr) {
   for (Var p : params) {
-    if (!p.grad().defined()) continue;
-    p.set_value(ops::sub(p.value(), ops::scale_shift(p.grad(), lr, 0)).to(p.value().dtype()));
+    if (!p.scaled_grad().data.defined()) continue;
+    const Tensor w = ops::sub(p.value(), ops::scale_shift(p.grad(), lr, 0));
+    if (p.scaled().is_scaled())
+      p.set_value(restore(p.scaled(), w));
+    else
+      p.set_value(w.to(p.value().dtype()));
     p.zero_grad();
   }
 }

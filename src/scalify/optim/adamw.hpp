@@ -1,6 +1,12 @@
 #pragma once
-// AdamW (decoupled weight decay) over named parameters, with f32 state. The scale-propagation
-// issue extends it to scaled low-precision state.
+// AdamW (decoupled weight decay) and SGD over parameters that may be scaled tensors.
+//
+// Unscaled parameters keep f32 state and a plain f32 update. Scaled parameters (SCALIFY,
+// Algorithm 1 of seed 000) get scaled state: m and v are (data, scale) pairs updated with the
+// scale rules (m = b1 m + (1 - b1) g, v = b2 v + (1 - b2) g^2), their data stored in
+// `state_dtype` (e.g. f16); the parameter keeps its scale and its data dtype. Optionally every
+// `rescale_every` steps the parameters and state are re-balanced to unit-RMS data
+// (dynamic_rescale_l2), the only statistics the scaled update ever gathers.
 #include <string>
 #include <utility>
 #include <vector>
@@ -11,24 +17,29 @@ namespace scalify::optim {
 
 struct AdamWConfig {
   double lr = 1e-3, beta1 = 0.9, beta2 = 0.999, eps = 1e-8, weight_decay = 0.0;
+  DType state_dtype = DType::f32;  // storage of m and v for scaled parameters
+  int rescale_every = 0;           // 0: never
 };
 
 class AdamW {
  public:
   AdamW(std::vector<Var> params, AdamWConfig config);
-  // One update from the parameters' .grad (parameters without a gradient are skipped), then
-  // clears the gradients. A non-finite gradient is an error naming the parameter index.
+  // One update from the parameters' gradients (parameters without one are skipped), then clears
+  // the gradients. A non-finite gradient is an error naming the parameter.
   void step();
   int64_t steps() const { return t_; }
+  const ScaledTensor& first_moment(size_t i) const { return m_[i]; }
 
  private:
+  void step_plain(size_t k, double bc1, double bc2);
+  void step_scaled(size_t k, double bc1, double bc2);
   std::vector<Var> params_;
-  std::vector<Tensor> m_, v_;
+  std::vector<ScaledTensor> m_, v_;
   AdamWConfig c_;
   int64_t t_ = 0;
 };
 
-// Plain SGD: p -= lr * grad, then clears gradients.
+// Plain SGD: p -= lr * grad (scaled parameters keep their scale), then clears gradients.
 void sgd_step(const std::vector<Var>& params, double lr);
 
 }  // namespace scalify::optim
