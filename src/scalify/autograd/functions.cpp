@@ -68,8 +68,9 @@ Var pow_scalar(const Var& x, double p) {
 Var unary(ops::Unary op, const Var& x) {
   ScaledTensor y = s::unary(op, x.scaled());
   return Var::make(ops::unary_name(op), y, {x}, [op, x = x.scaled(), y](const ScaledTensor& g) {
-    // grad * f'(x), linear in g: the gradient keeps g's scale.
-    return Grads{s::with_grad_scale(g, ops::unary_backward(op, plain(x), plain(y), g.data))};
+    // grad * f'(x), linear in g: the gradient keeps g's scale; x's scale folds into the pass.
+    const double xs = x.is_scaled() && !x.any_scale ? x.scalar_scale() : 1.0;
+    return Grads{s::with_grad_scale(g, ops::unary_backward(op, x.data, plain(y), g.data, xs))};
   });
 }
 
@@ -97,8 +98,8 @@ Var sum(const Var& x, const std::vector<int>& dims, bool keepdim) {
 }
 
 Var mean(const Var& x, const std::vector<int>& dims, bool keepdim) {
-  const Tensor counts = ops::sum(x.scaled().data, dims, true);
-  const double n = double(x.scaled().data.numel()) / double(std::max<int64_t>(counts.numel(), 1));
+  double n = dims.empty() ? double(x.scaled().data.numel()) : 1.0;
+  for (int d : dims) n *= double(x.scaled().data.size(d));
   return mul_scalar(sum(x, dims, keepdim), 1.0 / n);
 }
 

@@ -31,9 +31,8 @@ ScaledTensor add_sub(const ScaledTensor& x, const ScaledTensor& y, ops::Binary o
   if (x.any_scale && y.any_scale) return any_scale_constant(ops::binary(op, x.data, y.data));
   const double xs = x.scalar_scale(), ys = y.scalar_scale();
   const float zs = x.any_scale ? float(ys) : y.any_scale ? float(xs) : pow2_round(std::sqrt(xs * xs + ys * ys));
-  const Tensor xd = x.any_scale ? x.data : times(x.data, xs / zs);
-  const Tensor yd = y.any_scale ? y.data : times(y.data, ys / zs);
-  return ScaledTensor(ops::binary(op, xd, yd), zs);
+  // The rebasing factors fold into the one elementwise pass.
+  return ScaledTensor(ops::binary(op, x.data, y.data, x.any_scale ? 1.0 : xs / zs, y.any_scale ? 1.0 : ys / zs), zs);
 }
 }  // namespace
 ScaledTensor add(const ScaledTensor& x, const ScaledTensor& y) { return add_sub(x, y, ops::Binary::add); }
@@ -56,12 +55,15 @@ ScaledTensor div(const ScaledTensor& x, const ScaledTensor& y) {
 ScaledTensor matmul(const ScaledTensor& x, const ScaledTensor& y) {
   if (!any_scaled({&x, &y})) return ScaledTensor(ops::matmul(x.data, y.data));
   const float r = pow2_sqrt(double(x.data.size(-1)));
-  return ScaledTensor(times(ops::matmul(x.data, y.data), 1.0 / r), r * x.scalar_scale() * y.scalar_scale());
+  return ScaledTensor(ops::matmul(x.data, y.data, 1.0 / r), r * x.scalar_scale() * y.scalar_scale());  // 1/r in the GEMM's alpha
 }
 
 namespace {
 double reduced_count(const Tensor& x, const std::vector<int>& dims) {
-  return double(x.numel()) / double(std::max<int64_t>(ops::sum(x, dims, true).numel(), 1));
+  if (dims.empty()) return double(x.numel());
+  double n = 1;
+  for (int d : dims) n *= double(x.size(d));
+  return n;
 }
 }  // namespace
 
@@ -107,9 +109,9 @@ ScaledTensor unary(ops::Unary op, const ScaledTensor& x) {
     case U::relu:
     case U::gelu_tanh:
     case U::gelu_erf:
-    case U::silu: return ScaledTensor(times(ops::unary(op, folded(x)), 1.0 / s), s);
+    case U::silu: return ScaledTensor(ops::unary(op, x.data, s, 1.0 / s), s);
     case U::square: return ScaledTensor(ops::unary(op, x.data), s * s);
-    default: return ScaledTensor(ops::unary(op, folded(x)), 1.0f);
+    default: return ScaledTensor(ops::unary(op, x.data, s, 1.0), 1.0f);
   }
 }
 
@@ -117,11 +119,11 @@ ScaledTensor unary(ops::Unary op, const ScaledTensor& x) {
 // probabilities and log-probabilities, with scale 1.
 ScaledTensor softmax(const ScaledTensor& x, int dim) {
   if (!x.is_scaled()) return ScaledTensor(ops::softmax(x.data, dim));
-  return ScaledTensor(ops::softmax(folded(x), dim), 1.0f);
+  return ScaledTensor(ops::softmax(x.data, dim, x.any_scale ? 1.0 : x.scalar_scale()), 1.0f);
 }
 ScaledTensor log_softmax(const ScaledTensor& x, int dim) {
   if (!x.is_scaled()) return ScaledTensor(ops::log_softmax(x.data, dim));
-  return ScaledTensor(ops::log_softmax(folded(x), dim), 1.0f);
+  return ScaledTensor(ops::log_softmax(x.data, dim, x.any_scale ? 1.0 : x.scalar_scale()), 1.0f);
 }
 
 // layer_norm / rms_norm (no affine): normalise X_d, output scale 1. The epsilon is divided by
@@ -197,7 +199,8 @@ ScaledTensor mul_scalar(const ScaledTensor& x, double c) {
   if (x.any_scale) return any_scale_constant(ops::scale_shift(x.data, c, 0.0));
   const ScaledTensor cs = scaled_scalar(c);
   if (cs.any_scale) return any_scale_constant(ops::scale_shift(x.data, c, 0.0));
-  return ScaledTensor(ops::scale_shift(x.data, cs.data.item(), 0.0), x.scalar_scale() * cs.scalar_scale());
+  const double m = cs.data.item();  // a power-of-two c moves entirely into the scale: no pass
+  return ScaledTensor(m == 1.0 ? x.data : ops::scale_shift(x.data, m, 0.0), x.scalar_scale() * cs.scalar_scale());
 }
 
 ScaledTensor add_scalar(const ScaledTensor& x, double c) {

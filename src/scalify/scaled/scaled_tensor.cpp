@@ -28,7 +28,8 @@ float ScaledTensor::scalar_scale() const {
 }
 
 Tensor ScaledTensor::value() const {
-  if (!scale.defined()) return data.dtype() == DType::f64 ? data : data.to(DType::f32);
+  const bool unit = !scale.defined() || (scale.numel() == 1 && scale.item() == 1.0);
+  if (unit) return data.dtype() == DType::f64 ? data : data.to(DType::f32);
   return ops::mul(data, scale);
 }
 

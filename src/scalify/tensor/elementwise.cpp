@@ -89,31 +89,38 @@ const char* unary_name(Unary op) {
   return names[static_cast<int>(op)];
 }
 
-Tensor unary(Unary op, const Tensor& x) {
+Tensor unary(Unary op, const Tensor& x, double in_mul, double out_mul) {
   return dispatch_compute(computes_in_f64(x), [&]<class T>() {
     const Dense<T> in(x);
     Tensor out = Tensor::empty(x.shape(), dtype_for<T>());
     T* o = out.data<T>();
     const int64_t n = x.numel();
+    if (in_mul == 1.0 && out_mul == 1.0) {
 #pragma omp parallel for if (n > kParallelGrain)
-    for (int64_t i = 0; i < n; ++i) o[i] = apply(op, in[i]);
+      for (int64_t i = 0; i < n; ++i) o[i] = apply(op, in[i]);
+    } else {
+      const T a = T(in_mul), b = T(out_mul);
+#pragma omp parallel for if (n > kParallelGrain)
+      for (int64_t i = 0; i < n; ++i) o[i] = b * apply(op, a * in[i]);
+    }
     return out;
   });
 }
 
-Tensor unary_backward(Unary op, const Tensor& x, const Tensor& y, const Tensor& grad) {
+Tensor unary_backward(Unary op, const Tensor& x, const Tensor& y, const Tensor& grad, double x_mul) {
   return dispatch_compute(computes_in_f64(x, grad), [&]<class T>() {
     const Dense<T> xs(x), ys(y), gs(grad, x.shape());
     Tensor out = Tensor::empty(x.shape(), dtype_for<T>());
     T* o = out.data<T>();
     const int64_t n = x.numel();
+    const T k = T(x_mul);
 #pragma omp parallel for if (n > kParallelGrain)
-    for (int64_t i = 0; i < n; ++i) o[i] = gs[i] * derivative(op, xs[i], ys[i]);
+    for (int64_t i = 0; i < n; ++i) o[i] = gs[i] * derivative(op, k * xs[i], ys[i]);
     return out;
   });
 }
 
-Tensor binary(Binary op, const Tensor& a, const Tensor& b) {
+Tensor binary(Binary op, const Tensor& a, const Tensor& b, double a_mul, double b_mul) {
   static const char* names[] = {"add", "sub", "mul", "div"};
   const Shape shape = broadcast_shapes(a.shape(), b.shape(), names[static_cast<int>(op)]);
   return dispatch_compute(computes_in_f64(a, b), [&]<class T>() {
@@ -121,8 +128,14 @@ Tensor binary(Binary op, const Tensor& a, const Tensor& b) {
     Tensor out = Tensor::empty(shape, dtype_for<T>());
     T* o = out.data<T>();
     const int64_t n = numel_of(shape);
+    if (a_mul == 1.0 && b_mul == 1.0) {
 #pragma omp parallel for if (n > kParallelGrain)
-    for (int64_t i = 0; i < n; ++i) o[i] = apply(op, x[i], y[i]);
+      for (int64_t i = 0; i < n; ++i) o[i] = apply(op, x[i], y[i]);
+    } else {
+      const T ma = T(a_mul), mb = T(b_mul);
+#pragma omp parallel for if (n > kParallelGrain)
+      for (int64_t i = 0; i < n; ++i) o[i] = apply(op, ma * x[i], mb * y[i]);
+    }
     return out;
   });
 }

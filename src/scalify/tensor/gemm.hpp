@@ -1,24 +1,24 @@
 #pragma once
 // f32 GEMM through oneDNN (chosen by measurement, docs/BENCHMARKS.md), and a plain reference.
-// Row-major: C[M x N] = op(A)[M x K] * op(B)[K x N] + beta * C, op = transpose when requested.
+// Row-major: C[M x N] = alpha op(A)[M x K] * op(B)[K x N] + beta * C, op = transpose when requested.
 #include <cstdint>
 
 namespace scalify::gemm {
 
 void sgemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const float* A,
-           int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc);
+           int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc, float alpha = 1.0f);
 
 // The plain triple loop (f64 accumulation), for tests and f64 tensors.
 template <class T>
 void gemm_reference(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const T* A,
-                    int64_t lda, const T* B, int64_t ldb, T beta, T* C, int64_t ldc) {
+                    int64_t lda, const T* B, int64_t ldb, T beta, T* C, int64_t ldc, T alpha = T(1)) {
   for (int64_t i = 0; i < M; ++i)
     for (int64_t j = 0; j < N; ++j) {
       double acc = 0;
       for (int64_t k = 0; k < K; ++k)
         acc += double(trans_a ? A[k * lda + i] : A[i * lda + k]) *
                double(trans_b ? B[j * ldb + k] : B[k * ldb + j]);
-      C[i * ldc + j] = T(acc) + (beta == T(0) ? T(0) : beta * C[i * ldc + j]);
+      C[i * ldc + j] = alpha * T(acc) + (beta == T(0) ? T(0) : beta * C[i * ldc + j]);
     }
 }
 

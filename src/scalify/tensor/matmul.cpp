@@ -51,7 +51,7 @@ Operand<T> prepare(const Tensor& x, const Shape& batch, int64_t rows, int64_t co
 
 }  // namespace
 
-Tensor matmul(const Tensor& a, const Tensor& b) {
+Tensor matmul(const Tensor& a, const Tensor& b, double alpha) {
   if (a.dim() < 2 || b.dim() < 2)
     throw Error("matmul: operands need at least 2 dimensions, got " + shape_str(a.shape()) + " and " +
                 shape_str(b.shape()));
@@ -71,9 +71,9 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
       const Operand<T> B = prepare<T>(b, {}, K, N);
       const int64_t rows = numel_of(batch) * M;
       if constexpr (sizeof(T) == 4)
-        gemm::sgemm(false, B.trans, rows, N, K, A, K, B.base, B.ld, 0.0f, out.data<T>(), N);
+        gemm::sgemm(false, B.trans, rows, N, K, A, K, B.base, B.ld, 0.0f, out.data<T>(), N, float(alpha));
       else
-        gemm::gemm_reference<T>(false, B.trans, rows, N, K, A, K, B.base, B.ld, T(0), out.data<T>(), N);
+        gemm::gemm_reference<T>(false, B.trans, rows, N, K, A, K, B.base, B.ld, T(0), out.data<T>(), N, T(alpha));
       return out;
     }
     const Operand<T> A = prepare<T>(a, batch, M, K), B = prepare<T>(b, batch, K, N);
@@ -88,10 +88,10 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
         off_b += idx * B.batch_strides[size_t(d)];
       }
       if constexpr (sizeof(T) == 4)
-        gemm::sgemm(A.trans, B.trans, M, N, K, A.base + off_a, A.ld, B.base + off_b, B.ld, 0.0f, C + i * M * N, N);
+        gemm::sgemm(A.trans, B.trans, M, N, K, A.base + off_a, A.ld, B.base + off_b, B.ld, 0.0f, C + i * M * N, N, float(alpha));
       else
         gemm::gemm_reference<T>(A.trans, B.trans, M, N, K, A.base + off_a, A.ld, B.base + off_b, B.ld, T(0),
-                                C + i * M * N, N);
+                                C + i * M * N, N, T(alpha));
     }
     return out;
   });

@@ -61,25 +61,27 @@ T row_max(const T* x, int64_t D) {
 
 }  // namespace
 
-Tensor softmax(const Tensor& x, int dim) {
-  return map_rows(x, dim, "softmax", [](const auto* in, auto* out, int64_t D) {
+Tensor softmax(const Tensor& x, int dim, double in_mul) {
+  return map_rows(x, dim, "softmax", [in_mul](const auto* in, auto* out, int64_t D) {
     using T = std::remove_cvref_t<decltype(*in)>;
-    const T m = row_max(in, D);
+    const T k = T(in_mul);
+    const T m = k * row_max(in, D);  // k > 0: a scale
     double s = 0;
-    for (int64_t i = 0; i < D; ++i) s += double(out[i] = std::exp(in[i] - m));
+    for (int64_t i = 0; i < D; ++i) s += double(out[i] = std::exp(k * in[i] - m));
     const T inv = T(1.0 / s);
     for (int64_t i = 0; i < D; ++i) out[i] *= inv;
   });
 }
 
-Tensor log_softmax(const Tensor& x, int dim) {
-  return map_rows(x, dim, "log_softmax", [](const auto* in, auto* out, int64_t D) {
+Tensor log_softmax(const Tensor& x, int dim, double in_mul) {
+  return map_rows(x, dim, "log_softmax", [in_mul](const auto* in, auto* out, int64_t D) {
     using T = std::remove_cvref_t<decltype(*in)>;
-    const T m = row_max(in, D);
+    const T k = T(in_mul);
+    const T m = k * row_max(in, D);
     double s = 0;
-    for (int64_t i = 0; i < D; ++i) s += std::exp(double(in[i] - m));
+    for (int64_t i = 0; i < D; ++i) s += std::exp(double(k * in[i] - m));
     const T lse = m + T(std::log(s));
-    for (int64_t i = 0; i < D; ++i) out[i] = in[i] - lse;
+    for (int64_t i = 0; i < D; ++i) out[i] = k * in[i] - lse;
   });
 }
 

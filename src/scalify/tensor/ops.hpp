@@ -14,13 +14,15 @@ namespace scalify::ops {
 enum class Unary : uint8_t {
   neg, exp, log, sqrt, rsqrt, abs, relu, gelu_tanh, gelu_erf, silu, sigmoid, tanh, square,
 };
-Tensor unary(Unary op, const Tensor& x);
-// grad * d op(x)/dx, given x and y = op(x) (whichever the formula needs).
-Tensor unary_backward(Unary op, const Tensor& x, const Tensor& y, const Tensor& grad);
+// out = out_mul * op(in_mul * x): scalar factors fold into the one pass (scale propagation).
+Tensor unary(Unary op, const Tensor& x, double in_mul = 1.0, double out_mul = 1.0);
+// grad * d op(x)/dx at x = x_mul * x_data, given y = op(x) (whichever the formula needs).
+Tensor unary_backward(Unary op, const Tensor& x_data, const Tensor& y, const Tensor& grad, double x_mul = 1.0);
 const char* unary_name(Unary op);
 
 enum class Binary : uint8_t { add, sub, mul, div };
-Tensor binary(Binary op, const Tensor& a, const Tensor& b);  // numpy broadcasting
+// op(a_mul * a, b_mul * b) with numpy broadcasting.
+Tensor binary(Binary op, const Tensor& a, const Tensor& b, double a_mul = 1.0, double b_mul = 1.0);
 inline Tensor add(const Tensor& a, const Tensor& b) { return binary(Binary::add, a, b); }
 inline Tensor sub(const Tensor& a, const Tensor& b) { return binary(Binary::sub, a, b); }
 inline Tensor mul(const Tensor& a, const Tensor& b) { return binary(Binary::mul, a, b); }
@@ -41,11 +43,11 @@ std::pair<Tensor, Tensor> max(const Tensor& x, int dim, bool keepdim = false);
 
 // ---- linear algebra ----
 // a [..., M, K] @ b [..., K, N] with batch broadcasting; a 1-D operand is not supported.
-Tensor matmul(const Tensor& a, const Tensor& b);
+Tensor matmul(const Tensor& a, const Tensor& b, double alpha = 1.0);  // alpha * (a @ b)
 
 // ---- neural-network kernels (over the last dimension unless a dim is given) ----
-Tensor softmax(const Tensor& x, int dim = -1);
-Tensor log_softmax(const Tensor& x, int dim = -1);
+Tensor softmax(const Tensor& x, int dim = -1, double in_mul = 1.0);      // softmax(in_mul * x)
+Tensor log_softmax(const Tensor& x, int dim = -1, double in_mul = 1.0);
 Tensor softmax_backward(const Tensor& y, const Tensor& grad, int dim = -1);
 Tensor log_softmax_backward(const Tensor& y, const Tensor& grad, int dim = -1);
 
