@@ -10,6 +10,7 @@
 #include <string>
 
 #include "scalify/error.hpp"
+#include "scalify/autograd/functions.hpp"
 #include "scalify/scaled/scaled_ops.hpp"
 
 namespace scalify {
@@ -177,6 +178,43 @@ TEST(ScaleRules, OutputDataStaysUnitScaled) {
       EXPECT_LE(ms, c.hi * (1 + margin)) << c.name << " trial " << trial;
     }
   }
+}
+
+// Backward: with unit-variance data at arbitrary scales in the inputs and in the incoming
+// gradient, every input gradient's data has E[d^2] within the bound stated per op.
+TEST(ScaleRules, BackwardKeepsGradientDataUnitScaled) {
+  struct Case {
+    const char* name;
+    std::vector<Shape> shapes;
+    std::function<Var(const std::vector<Var>&)> f;
+    double lo, hi;
+  };
+  const Case cases[] = {
+      {"add (broadcast bias: sum rule over 64 rows, r = 8: 64/64 = 1)", {{64, 32}, {32}}, [](auto& v) { return v[0] + v[1]; }, 0.5, 2},
+      {"mul", {{64, 32}, {64, 32}}, [](auto& v) { return v[0] * v[1]; }, 0.5, 2},
+      // dX = G W^T over N = 32: r = pow2(sqrt 32) = 4, 32/16 = 2; dW = X^T G over 64: 64/64 = 1.
+      {"matmul", {{64, 48}, {48, 32}}, [](auto& v) { return matmul(v[0], v[1]); }, 0.5, 4},
+      {"relu (half the gradient passes)", {{64, 32}}, [](auto& v) { return relu(v[0]); }, 0.25, 1},
+      {"gelu", {{64, 32}}, [](auto& v) { return gelu(v[0]); }, 0.25, 1.5},
+      {"layer_norm (rstd of unit data ~1)", {{64, 32}}, [](auto& v) { return layer_norm(v[0]); }, 0.5, 2},
+      {"sum over rows (gradient broadcast)", {{64, 32}}, [](auto& v) { return sum(v[0], {1}); }, 0.5, 2},
+      {"reshape/transpose", {{64, 32}}, [](auto& v) { return transpose(reshape(v[0], {32, 64}), 0, 1); }, 0.5, 2},
+  };
+  for (const Case& c : cases)
+    for (int trial = 0; trial < 3; ++trial) {
+      std::vector<Var> in;
+      for (size_t i = 0; i < c.shapes.size(); ++i)
+        in.emplace_back(ScaledTensor(Tensor::randn(c.shapes[i], 500 + trial * 7 + i), std::ldexp(1.0f, trial * 5 - 5 + int(i))), true);
+      const Var out = c.f(in);
+      out.backward(ScaledTensor(Tensor::randn(out.shape(), 900 + trial), std::ldexp(1.0f, 3 - 4 * trial)));
+      for (size_t i = 0; i < in.size(); ++i) {
+        const ScaledTensor& g = in[i].scaled_grad();
+        ASSERT_TRUE(g.is_scaled()) << c.name;
+        const double ms = mean_square(g.data), margin = 5 * std::sqrt(2.0 / double(g.data.numel()));
+        EXPECT_GE(ms, c.lo * (1 - margin)) << c.name << " input " << i << " trial " << trial;
+        EXPECT_LE(ms, c.hi * (1 + margin)) << c.name << " input " << i << " trial " << trial;
+      }
+    }
 }
 
 TEST(ScaleRules, LogSumExpDecompositionWithAnyScale) {

@@ -95,6 +95,25 @@ TEST(ScaledTraining, TransformerStepIsModelInvariant) {
   }
 }
 
+TEST(ScaledTraining, AdamWUpdateIsModelInvariant) {
+  // One AdamW step on scaled parameters (f32 data) lands on the same represented values as the
+  // unscaled step, to f32 rounding of the moment updates.
+  const Model plain = make_model(8);
+  const Model scaled = scaled_copy(plain, false);
+  loss_of(plain, 3).backward();
+  loss_of(scaled, 3).backward();
+  optim::AdamW a(plain.params(), {.lr = 1e-2}), b(scaled.params(), {.lr = 1e-2});
+  a.step();
+  b.step();
+  const std::vector<Var> p0 = plain.params(), p1 = scaled.params();
+  for (size_t i = 0; i < p0.size(); ++i) {
+    EXPECT_TRUE(p1[i].scaled().is_scaled());
+    const std::vector<double> v0 = p0[i].value().to_vector(), v1 = p1[i].value().to_vector();
+    for (size_t j = 0; j < v0.size(); ++j)  // an update of ~lr: its relative error ~1e-6
+      ASSERT_NEAR(v1[j], v0[j], 1e-2 * 1e-5 + 1e-6 * std::fabs(v0[j])) << "parameter " << i << " element " << j;
+  }
+}
+
 TEST(ScaledTraining, GradientDataStaysNearUnitScale) {
   // Parameters as_scaled (unit-RMS data): every parameter gradient's data has an RMS within a
   // factor 2^5 of 1, while the represented gradients span a factor of ~300. Most sit in
