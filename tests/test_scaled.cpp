@@ -217,6 +217,33 @@ TEST(ScaleRules, BackwardKeepsGradientDataUnitScaled) {
     }
 }
 
+TEST(ScaleRules, PerBlockScaleTensorsAreRebasedExactly) {
+  // A per-row scale tensor [rows, 1] (channel / block scaling): every rule rebases it onto the
+  // largest block scale, exactly, so the represented values stay those of the unscaled ops.
+  std::vector<float> rows;
+  for (int r = 0; r < 16; ++r) rows.push_back(std::ldexp(1.0f, r % 7 - 3));
+  const ScaledTensor x(Tensor::randn({16, 24}, 31), Tensor::from_vector(rows, {16, 1}));
+  const ScaledTensor y(Tensor::randn({24, 8}, 32), 0.5f);
+  const Tensor xv = x.value(), yv = y.value();
+  using namespace scaled;
+  const std::pair<Tensor, Tensor> checks[] = {
+      {matmul(x, y).value(), ops::matmul(xv, yv)},
+      {add(x, x).value(), ops::add(xv, xv)},
+      {unary(ops::Unary::gelu_tanh, x).value(), ops::unary(ops::Unary::gelu_tanh, xv)},
+      {layer_norm(x, 1e-5).value(), ops::layer_norm(xv, 1e-5).y},
+      {sum(x, {1}).value(), ops::sum(xv, {1})},
+      {transpose(x, 0, 1).value(), xv.transpose(0, 1)},
+  };
+  for (const auto& [got, want] : checks) {
+    const std::vector<double> g = got.to_vector(), w = want.to_vector();
+    ASSERT_EQ(g.size(), w.size());
+    for (size_t i = 0; i < g.size(); ++i)
+      ASSERT_NEAR(g[i], w[i], 4 * std::numeric_limits<float>::epsilon() * std::max(1.0, std::fabs(w[i])));
+  }
+  // Rebased onto the largest block scale (8); add: pow2 rounds sqrt(8^2 + 8^2) = 11.3 down to 8.
+  EXPECT_EQ(add(x, x).scalar_scale(), 8.0f);
+}
+
 TEST(ScaleRules, LogSumExpDecompositionWithAnyScale) {
   // Appendix B of seed 000: logsumexp(x) = m + log(sum(exp(x - m))) with
   // m = select(isfinite(max), max, 0): the broadcast 0 has scale ANY, so select keeps max's scale.

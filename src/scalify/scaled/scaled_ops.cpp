@@ -21,12 +21,22 @@ float pow2_sqrt(double n) { return pow2_round(std::sqrt(std::max(n, 1.0))); }
 // The represented value (data * scale) for rules that fold the scale in.
 Tensor folded(const ScaledTensor& x) { return x.any_scale ? x.data : times(x.data, x.scalar_scale()); }
 
+// Per-block (non-scalar) scales enter the rules rebased onto their largest block scale, which is
+// a power of two: data * (block scale / max scale) is exact and no statistic of the data is used.
+ScaledTensor uniform(const ScaledTensor& x) {
+  if (!x.scale.defined() || x.scale.numel() == 1) return x;
+  const double top = ops::max(x.scale.reshape({-1}), 0).first.item();
+  return ScaledTensor(ops::mul(x.data, ops::scale_shift(x.scale, 1.0 / top, 0.0)), float(top));
+}
+
 }  // namespace
 
 // add/sub: Z_s = pow2_round(sqrt(X_s^2 + Y_s^2)); Z_d = (X_s/Z_s) X_d ± (Y_s/Z_s) Y_d.
 // An ANY operand takes the other's scale.
 namespace {
-ScaledTensor add_sub(const ScaledTensor& x, const ScaledTensor& y, ops::Binary op) {
+ScaledTensor add_sub(const ScaledTensor& x_in, const ScaledTensor& y_in, ops::Binary op) {
+  const ScaledTensor x = uniform(x_in);
+  const ScaledTensor y = uniform(y_in);
   if (!any_scaled({&x, &y})) return ScaledTensor(ops::binary(op, x.data, y.data));
   if (x.any_scale && y.any_scale) return any_scale_constant(ops::binary(op, x.data, y.data));
   const double xs = x.scalar_scale(), ys = y.scalar_scale();
@@ -39,20 +49,26 @@ ScaledTensor add(const ScaledTensor& x, const ScaledTensor& y) { return add_sub(
 ScaledTensor sub(const ScaledTensor& x, const ScaledTensor& y) { return add_sub(x, y, ops::Binary::sub); }
 
 // mul: Z_s = X_s Y_s, Z_d = X_d Y_d. div: Z_s = X_s / Y_s, Z_d = X_d / Y_d.
-ScaledTensor mul(const ScaledTensor& x, const ScaledTensor& y) {
+ScaledTensor mul(const ScaledTensor& x_in, const ScaledTensor& y_in) {
+  const ScaledTensor x = uniform(x_in);
+  const ScaledTensor y = uniform(y_in);
   if (!any_scaled({&x, &y})) return ScaledTensor(ops::mul(x.data, y.data));
   if (x.any_scale || y.any_scale) return any_scale_constant(ops::mul(folded(x), folded(y)));
   return ScaledTensor(ops::mul(x.data, y.data), x.scalar_scale() * y.scalar_scale());
 }
 
-ScaledTensor div(const ScaledTensor& x, const ScaledTensor& y) {
+ScaledTensor div(const ScaledTensor& x_in, const ScaledTensor& y_in) {
+  const ScaledTensor x = uniform(x_in);
+  const ScaledTensor y = uniform(y_in);
   if (!any_scaled({&x, &y})) return ScaledTensor(ops::div(x.data, y.data));
   if (x.any_scale || y.any_scale) return ScaledTensor(ops::div(folded(x), folded(y)), 1.0f);
   return ScaledTensor(ops::div(x.data, y.data), x.scalar_scale() / y.scalar_scale());
 }
 
 // matmul over K: r = pow2_round(sqrt K); Z_s = r X_s Y_s; Z_d = (X_d @ Y_d) / r.
-ScaledTensor matmul(const ScaledTensor& x, const ScaledTensor& y) {
+ScaledTensor matmul(const ScaledTensor& x_in, const ScaledTensor& y_in) {
+  const ScaledTensor x = uniform(x_in);
+  const ScaledTensor y = uniform(y_in);
   if (!any_scaled({&x, &y})) return ScaledTensor(ops::matmul(x.data, y.data));
   const float r = pow2_sqrt(double(x.data.size(-1)));
   return ScaledTensor(ops::matmul(x.data, y.data, 1.0 / r), r * x.scalar_scale() * y.scalar_scale());  // 1/r in the GEMM's alpha
@@ -68,14 +84,16 @@ double reduced_count(const Tensor& x, const std::vector<int>& dims) {
 }  // namespace
 
 // sum over n: like matmul, r = pow2_round(sqrt n); Z_s = r X_s; Z_d = sum(X_d) / r.
-ScaledTensor sum(const ScaledTensor& x, const std::vector<int>& dims, bool keepdim) {
+ScaledTensor sum(const ScaledTensor& x_in, const std::vector<int>& dims, bool keepdim) {
+  const ScaledTensor x = uniform(x_in);
   if (!x.is_scaled()) return ScaledTensor(ops::sum(x.data, dims, keepdim));
   const float r = pow2_sqrt(reduced_count(x.data, dims));
   return ScaledTensor(times(ops::sum(x.data, dims, keepdim), 1.0 / r), r * x.scalar_scale());
 }
 
 // mean over n = sum / n: Z_s = X_s / r; Z_d = sum(X_d) r / n (r = pow2_round(sqrt n)).
-ScaledTensor mean(const ScaledTensor& x, const std::vector<int>& dims, bool keepdim) {
+ScaledTensor mean(const ScaledTensor& x_in, const std::vector<int>& dims, bool keepdim) {
+  const ScaledTensor x = uniform(x_in);
   if (!x.is_scaled()) return ScaledTensor(ops::mean(x.data, dims, keepdim));
   const double n = reduced_count(x.data, dims);
   const float r = pow2_sqrt(n);
@@ -83,7 +101,8 @@ ScaledTensor mean(const ScaledTensor& x, const std::vector<int>& dims, bool keep
 }
 
 // max: a positive scale commutes with max: Z_s = X_s, Z_d = max(X_d).
-ScaledTensor max(const ScaledTensor& x, int dim, bool keepdim) {
+ScaledTensor max(const ScaledTensor& x_in, int dim, bool keepdim) {
+  const ScaledTensor x = uniform(x_in);
   auto [values, index] = ops::max(x.data, dim, keepdim);
   if (!x.is_scaled()) return ScaledTensor(values);
   ScaledTensor out = x;
@@ -98,7 +117,8 @@ ScaledTensor max(const ScaledTensor& x, int dim, bool keepdim) {
 // - exp, log, sigmoid, tanh, sqrt, rsqrt: the value depends non-linearly on the scale, so the
 //   scale is folded in first and the output has scale 1 (sigmoid/tanh are bounded; exp/log of a
 //   unit-scaled input is O(1) in the ranges models use).
-ScaledTensor unary(ops::Unary op, const ScaledTensor& x) {
+ScaledTensor unary(ops::Unary op, const ScaledTensor& x_in) {
+  const ScaledTensor x = uniform(x_in);
   if (!x.is_scaled()) return ScaledTensor(ops::unary(op, x.data));
   using U = ops::Unary;
   if (x.any_scale) return any_scale_constant(ops::unary(op, x.data));
@@ -117,23 +137,27 @@ ScaledTensor unary(ops::Unary op, const ScaledTensor& x) {
 
 // softmax / log_softmax: fold the scale in (softmax is not scale-equivariant); outputs are
 // probabilities and log-probabilities, with scale 1.
-ScaledTensor softmax(const ScaledTensor& x, int dim) {
+ScaledTensor softmax(const ScaledTensor& x_in, int dim) {
+  const ScaledTensor x = uniform(x_in);
   if (!x.is_scaled()) return ScaledTensor(ops::softmax(x.data, dim));
   return ScaledTensor(ops::softmax(x.data, dim, x.any_scale ? 1.0 : x.scalar_scale()), 1.0f);
 }
-ScaledTensor log_softmax(const ScaledTensor& x, int dim) {
+ScaledTensor log_softmax(const ScaledTensor& x_in, int dim) {
+  const ScaledTensor x = uniform(x_in);
   if (!x.is_scaled()) return ScaledTensor(ops::log_softmax(x.data, dim));
   return ScaledTensor(ops::log_softmax(x.data, dim, x.any_scale ? 1.0 : x.scalar_scale()), 1.0f);
 }
 
 // layer_norm / rms_norm (no affine): normalise X_d, output scale 1. The epsilon is divided by
 // X_s^2 so the result equals the unscaled normalisation exactly (model invariance).
-ScaledTensor layer_norm(const ScaledTensor& x, double eps) {
+ScaledTensor layer_norm(const ScaledTensor& x_in, double eps) {
+  const ScaledTensor x = uniform(x_in);
   if (!x.is_scaled()) return ScaledTensor(ops::layer_norm(x.data, eps).y);
   const double s = x.scalar_scale();
   return ScaledTensor(ops::layer_norm(x.data, eps / (s * s)).y, 1.0f);
 }
-ScaledTensor rms_norm(const ScaledTensor& x, double eps) {
+ScaledTensor rms_norm(const ScaledTensor& x_in, double eps) {
+  const ScaledTensor x = uniform(x_in);
   if (!x.is_scaled()) return ScaledTensor(ops::rms_norm(x.data, eps).y);
   const double s = x.scalar_scale();
   return ScaledTensor(ops::rms_norm(x.data, eps / (s * s)).y, 1.0f);
@@ -142,7 +166,9 @@ ScaledTensor rms_norm(const ScaledTensor& x, double eps) {
 // where / select and concat: the output mixes elements of both operands, so Z_s = the larger
 // scale and each operand's data is rebased onto it; an ANY operand (zeros, ±inf, NaN constants)
 // takes the other's scale unchanged (seed 000, Appendix B).
-ScaledTensor where(const Tensor& cond, const ScaledTensor& x, const ScaledTensor& y) {
+ScaledTensor where(const Tensor& cond, const ScaledTensor& x_in, const ScaledTensor& y_in) {
+  const ScaledTensor x = uniform(x_in);
+  const ScaledTensor y = uniform(y_in);
   if (!any_scaled({&x, &y})) return ScaledTensor(ops::where(cond, x.data, y.data));
   if (x.any_scale && y.any_scale) return any_scale_constant(ops::where(cond, x.data, y.data));
   const float xs = x.scalar_scale(), ys = y.scalar_scale();
@@ -152,7 +178,9 @@ ScaledTensor where(const Tensor& cond, const ScaledTensor& x, const ScaledTensor
   return ScaledTensor(ops::where(cond, xd, yd), zs);
 }
 
-ScaledTensor concat(const std::vector<ScaledTensor>& xs, int dim) {
+ScaledTensor concat(const std::vector<ScaledTensor>& xs_in, int dim) {
+  std::vector<ScaledTensor> xs;
+  for (const ScaledTensor& x : xs_in) xs.push_back(uniform(x));
   bool scaled = false;
   float zs = 0;
   for (const ScaledTensor& x : xs) {
@@ -166,14 +194,16 @@ ScaledTensor concat(const std::vector<ScaledTensor>& xs, int dim) {
 }
 
 // embedding: a gather: Z_s = W_s.
-ScaledTensor embedding(const ScaledTensor& weight, const Tensor& ids) {
+ScaledTensor embedding(const ScaledTensor& weight_in, const Tensor& ids) {
+  const ScaledTensor weight = uniform(weight_in);
   ScaledTensor out = weight;
   out.data = ops::embedding(weight.data, ids);
   return out;
 }
 
 // cross_entropy: a loss value: fold the logits' scale in, output scale 1.
-ScaledTensor cross_entropy(const ScaledTensor& logits, const Tensor& targets) {
+ScaledTensor cross_entropy(const ScaledTensor& logits_in, const Tensor& targets) {
+  const ScaledTensor logits = uniform(logits_in);
   if (!logits.is_scaled()) return ScaledTensor(ops::cross_entropy(logits.data, targets));
   return ScaledTensor(ops::cross_entropy(folded(logits), targets), 1.0f);
 }
@@ -181,7 +211,8 @@ ScaledTensor cross_entropy(const ScaledTensor& logits, const Tensor& targets) {
 // Shape ops keep the scale.
 namespace {
 template <class F>
-ScaledTensor keep_scale(const ScaledTensor& x, F f) {
+ScaledTensor keep_scale(const ScaledTensor& x_in, F f) {
+  const ScaledTensor x = uniform(x_in);
   ScaledTensor out = x;
   out.data = f(x.data);
   return out;
@@ -194,7 +225,8 @@ ScaledTensor expand(const ScaledTensor& x, const Shape& s) { return keep_scale(x
 
 // Scalars: c = m 2^e exactly; multiplying keeps the data's magnitude (|m| in [1, 2)) and moves
 // 2^e into the scale. Adding a scalar is an add with a broadcast scalar operand.
-ScaledTensor mul_scalar(const ScaledTensor& x, double c) {
+ScaledTensor mul_scalar(const ScaledTensor& x_in, double c) {
+  const ScaledTensor x = uniform(x_in);
   if (!x.is_scaled()) return ScaledTensor(ops::scale_shift(x.data, c, 0.0));
   if (x.any_scale) return any_scale_constant(ops::scale_shift(x.data, c, 0.0));
   const ScaledTensor cs = scaled_scalar(c);
@@ -203,17 +235,20 @@ ScaledTensor mul_scalar(const ScaledTensor& x, double c) {
   return ScaledTensor(m == 1.0 ? x.data : ops::scale_shift(x.data, m, 0.0), x.scalar_scale() * cs.scalar_scale());
 }
 
-ScaledTensor add_scalar(const ScaledTensor& x, double c) {
+ScaledTensor add_scalar(const ScaledTensor& x_in, double c) {
+  const ScaledTensor x = uniform(x_in);
   if (!x.is_scaled()) return ScaledTensor(ops::scale_shift(x.data, 1.0, c));
   return add(x, scaled_scalar(c));
 }
 
-ScaledTensor pow_scalar(const ScaledTensor& x, double p) {
+ScaledTensor pow_scalar(const ScaledTensor& x_in, double p) {
+  const ScaledTensor x = uniform(x_in);
   if (!x.is_scaled()) return ScaledTensor(ops::pow_scalar(x.data, p));
   return ScaledTensor(ops::pow_scalar(folded(x), p), 1.0f);
 }
 
-ScaledTensor sum_to(const ScaledTensor& g, const Shape& shape) {
+ScaledTensor sum_to(const ScaledTensor& g_in, const Shape& shape) {
+  const ScaledTensor g = uniform(g_in);
   if (!g.is_scaled()) return ScaledTensor(ops::sum_to(g.data, shape));
   if (g.shape() == shape) return g;
   const std::vector<int> dims = ops::broadcast_dims(g.shape(), shape);
