@@ -7,5 +7,6 @@ namespace scalify::cli {
 void add_formats_command(CLI::App& app);
 void add_snr_command(CLI::App& app);
 void add_scale_rules_command(CLI::App& app);
+void add_unit_factors_command(CLI::App& app);
 
 }  // namespace scalify::cli

@@ -1,0 +1,123 @@
+#include "scalify/unit/unit_ops.hpp"
+
+#include <cmath>
+
+#include "scalify/error.hpp"
+#include "scalify/scaled/scaled_ops.hpp"
+#include "scalify/unit/factors.hpp"
+
+namespace scalify::unit {
+
+Var scaled(const Var& x, double alpha, double beta) {
+  return Var::make("scaled_identity", scaled::mul_scalar(x.scaled(), alpha), {x}, [beta](const ScaledTensor& g) {
+    return std::vector<ScaledTensor>{scaled::mul_scalar(g, beta)};
+  });
+}
+
+namespace {
+// Composition for f*(x; alpha, beta): id*(f(id*(x, 1, beta)), alpha, 1). The gradient reaching f's
+// output is g, f's backward gives f'(x) g, and the entry identity multiplies by beta.
+template <class F>
+Var scaled_unary(const Var& x, double alpha, double beta, F f) {
+  return scaled(f(scaled(x, 1.0, beta)), alpha, 1.0);
+}
+int64_t rows_of(const Var& x) { return x.shape().empty() ? 1 : numel_of(x.shape()) / x.shape().back(); }
+}  // namespace
+
+Var matmul(const Var& x, const Var& w, Constrain constrain) {
+  if (w.shape().size() != 2) throw Error("unit::matmul: weight must be [m, n], got " + shape_str(w.shape()));
+  const double m = double(w.shape()[0]), n = double(w.shape()[1]), b = double(rows_of(x));
+  double alpha = 1 / std::sqrt(m), beta_x = 1 / std::sqrt(n), beta_w = 1 / std::sqrt(b);
+  switch (constrain) {  // non-cut edges need alpha = beta: geometric mean (Figure A.2)
+    case Constrain::both: alpha = beta_x = beta_w = std::cbrt(alpha * beta_x * beta_w); break;
+    case Constrain::x: alpha = beta_x = std::sqrt(alpha * beta_x); break;
+    case Constrain::w: alpha = beta_w = std::sqrt(alpha * beta_w); break;
+    case Constrain::none: break;
+  }
+  return scaled(scalify::matmul(scaled(x, 1.0, beta_x), scaled(w, 1.0, beta_w)), alpha, 1.0);
+}
+
+Var matmul_activations(const Var& a, const Var& b) {
+  const double M = double(a.shape()[a.shape().size() - 2]), K = double(a.shape().back()), N = double(b.shape().back());
+  const double f = std::cbrt(1 / std::sqrt(K * N * M));
+  return scaled(scalify::matmul(scaled(a, 1.0, f), scaled(b, 1.0, f)), f, 1.0);
+}
+
+Var causal_softmax(const Var& scores) {
+  const int64_t T = scores.shape().back();
+  std::vector<float> counts(static_cast<size_t>(T));
+  for (int64_t i = 0; i < T; ++i) counts[size_t(i)] = float(i + 1);
+  return scalify::softmax(causal_mask(scores)) * Var(Tensor::from_vector(counts, {T, 1}));
+}
+
+Var sum(const Var& x, const std::vector<int>& dims) {
+  double n = 1;
+  for (int d : dims) n *= double(x.shape()[size_t(d < 0 ? d + int(x.shape().size()) : d)]);
+  return scaled(scalify::sum(x, dims), 1 / std::sqrt(n), 1.0);
+}
+
+Var weighted_add(const std::vector<Var>& xs, const std::vector<double>& gammas) {
+  if (xs.empty() || xs.size() != gammas.size()) throw Error("weighted_add: needs one gamma per input");
+  double sq = 0;
+  for (double g : gammas) sq += g * g;
+  const double alpha = 1 / std::sqrt(sq);
+  // alpha gamma_i forward; beta_i = 1/gamma_i cancels gamma_i backward: each input gets g.
+  Var out = scaled(xs[0], alpha * gammas[0], 1.0);
+  for (size_t i = 1; i < xs.size(); ++i) out = out + scaled(xs[i], alpha * gammas[i], 1.0);
+  return out;
+}
+
+namespace {
+Var activation(ops::Unary op, const Var& x, bool constrained) {
+  const ActivationFactors& f = activation_factors(op);
+  const double a = constrained ? std::sqrt(f.alpha * f.beta) : f.alpha, b = constrained ? a : f.beta;
+  return scaled_unary(x, a, b, [op](const Var& v) { return scalify::unary(op, v); });
+}
+}  // namespace
+Var relu(const Var& x, bool c) { return activation(ops::Unary::relu, x, c); }
+Var gelu(const Var& x, bool c) { return activation(ops::Unary::gelu_tanh, x, c); }
+Var tanh(const Var& x, bool c) { return activation(ops::Unary::tanh, x, c); }
+Var sigmoid(const Var& x, bool c) { return activation(ops::Unary::sigmoid, x, c); }
+
+Var softmax(const Var& x) {
+  const double s = double(x.shape().back());
+  return scaled_unary(x, s, s, [](const Var& v) { return scalify::softmax(v); });
+}
+
+Var softmax_cross_entropy(const Var& logits, const Tensor& targets) {
+  // Table A.2 gives beta = s / sqrt(s - 1) for one row's loss; our loss is the mean over N rows,
+  // which divides every gradient by N, so beta also carries N.
+  const double s = double(logits.shape().back()), N = double(rows_of(logits));
+  if (s < 2) throw Error("softmax_cross_entropy: needs at least 2 classes");
+  return scaled_unary(logits, 1.0, N * s / std::sqrt(s - 1), [&](const Var& v) { return scalify::cross_entropy(v, targets); });
+}
+
+Var layer_norm(const Var& x, const Var& weight, const Var& bias, double eps) {
+  const double beta = 1 / std::sqrt(double(rows_of(x)));  // weights and bias are cut edges
+  Var y = scalify::layer_norm(x, {}, {}, eps);
+  if (weight.defined()) y = y * scaled(weight, 1.0, beta);
+  if (bias.defined()) y = y + scaled(bias, 1.0, beta);
+  return y;
+}
+
+Var embedding(const Var& weight, const Tensor& ids) {
+  const double V = double(weight.shape()[0]), N = double(std::max<int64_t>(ids.numel(), 1));
+  return scalify::embedding(scaled(weight, 1.0, std::sqrt(V / N)), ids);
+}
+
+Var residual(const Var& x, const std::function<Var(const Var&)>& branch, const Residual& r) {
+  double a = 1, b = 1;
+  if (r.kind == Residual::Kind::fixed) {
+    if (!(r.tau > 0 && r.tau < 1)) throw Error("residual: fixed(tau) needs 0 < tau < 1");
+    a = std::sqrt(1 - r.tau), b = std::sqrt(r.tau);
+  } else if (r.kind == Residual::Kind::running_mean) {
+    if (r.layer < 1) throw Error("residual: running-mean needs layer >= 1");
+    a = std::sqrt(double(r.layer) / (r.layer + 1)), b = std::sqrt(1.0 / (r.layer + 1));
+  }
+  const Var skip = a == 1 ? x : mul_scalar(x, a);
+  if (r.branch_rewrite) return skip + scaled(branch(scaled(x, 1.0, b)), b, 1.0);
+  const Var f = branch(x);
+  return skip + (b == 1 ? f : mul_scalar(f, b));
+}
+
+}  // namespace scalify::unit

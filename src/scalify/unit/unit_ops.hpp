@@ -1,0 +1,62 @@
+#pragma once
+// Unit scaling (seeds 001, 002; SPEC §3): scaled ops f*(x; alpha, beta) compute alpha f(x) in the
+// forward pass and beta_i df/dx_i in the backward pass, with the ideal factors of Table A.2 so
+// that outputs and gradients are unit-variance for unit-variance inputs. All are built on the
+// scaled identity id*(x, alpha, beta). Unit scaling changes the model; SCALIFY (scaled/) changes
+// the representation: both compose.
+#include <cstdint>
+#include <functional>
+#include <vector>
+
+#include "scalify/autograd/functions.hpp"
+
+namespace scalify::unit {
+
+// id*(x, alpha, beta): forward alpha x, backward beta g.
+Var scaled(const Var& x, double alpha = 1.0, double beta = 1.0);
+
+// Which inputs of a matmul are non-cut edges (must have alpha = beta, resolved by geometric mean).
+enum class Constrain : uint8_t { none, x, w, both };
+
+// X [..., m] @ W [m, n] over b rows: alpha = m^-1/2, beta_X = n^-1/2, beta_W = b^-1/2, then the
+// constraints (Figure A.2): constrained x gives alpha = beta_X = (m n)^-1/4.
+Var matmul(const Var& x, const Var& w, Constrain constrain = Constrain::x);
+// Two activations a [..., M, K] @ b [..., K, N] (attention's q k^T and att v): both inputs are
+// non-cut edges, so alpha = beta_a = beta_b = (K^-1/2 N^-1/2 M^-1/2)^(1/3).
+Var matmul_activations(const Var& a, const Var& b);
+// Causal softmax over the last dimension of scores [..., T, T]: row i attends to i + 1 keys, so it
+// is multiplied by i + 1 (an output of ~ones, as Table A.2's softmax with s = i + 1); the factor
+// is the same forward and backward (alpha = beta), so this is the op's true gradient.
+Var causal_softmax(const Var& scores);
+// sum over n elements of `dims`: alpha = n^-1/2, beta = 1.
+Var sum(const Var& x, const std::vector<int>& dims);
+// sum_i gamma_i x_i scaled by alpha = (sum gamma_i^2)^-1/2, beta_i = gamma_i^-1 (unit gradients).
+Var weighted_add(const std::vector<Var>& xs, const std::vector<double>& gammas);
+// Activations with Table A.2's factors (unconstrained; `constrained` uses alpha = beta = their
+// geometric mean, for activations on non-cut edges).
+Var relu(const Var& x, bool constrained = false);
+Var gelu(const Var& x, bool constrained = false);
+Var tanh(const Var& x, bool constrained = false);
+Var sigmoid(const Var& x, bool constrained = false);
+// softmax over the last dimension of size s, followed by a matmul: alpha = beta = s (output ~ ones).
+Var softmax(const Var& x);
+// softmax cross-entropy over s classes (the loss): alpha = 1, beta = s / sqrt(s - 1).
+Var softmax_cross_entropy(const Var& logits, const Tensor& targets);
+// layer_norm over the last dimension of X [b, n]: alpha = beta_x = 1, beta_w = beta_c = b^-1/2.
+Var layer_norm(const Var& x, const Var& weight = {}, const Var& bias = {}, double eps = 1e-5);
+// embedding [V, D] gathered by N ids: forward unchanged; beta_W = sqrt(V / N) (each row receives
+// about N / V gradients).
+Var embedding(const Var& weight, const Tensor& ids);
+
+// Residual connections x_{l+1} = combine(x_l, f(x_l)).
+struct Residual {
+  enum class Kind : uint8_t { plain, fixed, running_mean } kind = Kind::fixed;
+  double tau = 0.2;  // fixed(tau): sqrt(1 - tau) x + sqrt(tau) f(x)
+  int layer = 1;     // running-mean at layer l: sqrt(l / (l + 1)) x + sqrt(1 / (l + 1)) f(x)
+  // The residual-branch rewrite id*(f(id*(x, 1, b)), b, 1): the branch runs at unit scale in
+  // both directions and its weight b moves onto the gradient at the branch entry.
+  bool branch_rewrite = true;
+};
+Var residual(const Var& x, const std::function<Var(const Var&)>& branch, const Residual& r);
+
+}  // namespace scalify::unit
