@@ -2,6 +2,7 @@
 
 #include <cmath>
 
+#include "scalify/autograd/scaling.hpp"
 #include "scalify/error.hpp"
 
 namespace scalify::unit {
@@ -70,7 +71,11 @@ Var Gpt::block(const Var& x, const Block& b, int layer, ScaleProbe* probe) const
   at.append(std::to_string(layer)).append(".");
   auto tap = [&](const Var& v, const std::string& n) { return probe ? probe->tap(v, std::string(at).append(n)) : v; };
   const bool u = c_.unit_scaled;
-  auto linear = [&](const Var& v, const Var& w, const Var& bias) {
+  auto lowp = [&](const Var& v) {  // the matmul's operands in the emulated format, both directions
+    return c_.cast == Format::f32 ? v : cast_on_backward(cast_on_forward(v, c_.cast), c_.cast);
+  };
+  auto linear = [&](const Var& v_in, const Var& w_in, const Var& bias) {
+    const Var v = lowp(v_in), w = lowp(w_in);
     if (!u) return scalify::matmul(v, w) + bias;
     // A bias is a cut edge whose gradient sums over every row: beta = rows^-1/2 (as LayerNorm's).
     return unit::matmul(v, w, Constrain::x) + unit::scaled(bias, 1.0, 1.0 / std::sqrt(double(B * T)));
@@ -121,7 +126,11 @@ Var Gpt::loss(const Tensor& ids, const Tensor& targets, ScaleProbe* probe) const
   x = tap(x, "embed");
   for (size_t l = 0; l < blocks_.size(); ++l) x = block(x, blocks_[l], int(l), probe);
   const Var xf = tap(u ? unit::layer_norm(x, lnf_w_, lnf_b_) : scalify::layer_norm(x, lnf_w_, lnf_b_), "lnf");
-  const Var logits = tap(reshape(u ? unit::matmul(xf, head_, Constrain::x) : scalify::matmul(xf, head_), {B * T, c_.vocab}), "logits");
+  auto lowp = [&](const Var& v) {
+    return c_.cast == Format::f32 ? v : cast_on_backward(cast_on_forward(v, c_.cast), c_.cast);
+  };
+  const Var logits = tap(reshape(u ? unit::matmul(lowp(xf), lowp(head_), Constrain::x) : scalify::matmul(lowp(xf), lowp(head_)),
+                                 {B * T, c_.vocab}), "logits");
   const Tensor flat_targets = targets.reshape({B * T});
   return u ? unit::softmax_cross_entropy(logits, flat_targets) : cross_entropy(logits, flat_targets);
 }

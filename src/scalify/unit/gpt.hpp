@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "scalify/formats/format.hpp"
 #include "scalify/unit/unit_ops.hpp"
 
 namespace scalify::unit {
@@ -17,6 +18,9 @@ struct GptConfig {
   bool unit_scaled = true;
   Residual::Kind residual = Residual::Kind::running_mean;
   double tau = 0.2;  // for Residual::Kind::fixed
+  // Low-precision emulation: weights and the activations entering every matmul are cast to this
+  // format in the forward pass, and the gradients leaving them in the backward pass (f32: none).
+  Format cast = Format::f32;
 };
 
 // RMS of tensors seen during one forward and backward pass, by name.
