@@ -14,6 +14,12 @@ grep -q "INT8 scaled so 180 -> 127" "$out/log"
 test "$(grep -c ',e4m3,' "$out/snr.csv")" -eq 9
 test -s "$out/snr.png" || { echo "no plot written"; exit 1; }
 
+# Unit-scaling factors: estimated values within 1 % of Table A.2.
+"$cli" unit-factors --samples 200000 > "$out/factors"
+grep -E "^gelu +1\.70[0-9]+ +1\.7010" "$out/factors" > /dev/null
+test "$(grep -c '%' "$out/factors")" -eq 4
+"$cli" scale-rules | grep -q "^| matmul |"
+
 # Bad input: an unknown format is a clear error naming it and listing the valid ones.
 if "$cli" snr --out "$out" --formats e4m4 2> "$out/err"; then echo "accepted e4m4"; exit 1; fi
 grep -q "unknown number format 'e4m4'" "$out/err"
