@@ -228,6 +228,19 @@ double tail(const std::vector<double>& l) {
   return s / 10;
 }
 
+TEST(UnitGpt, NonProjectionParametersGetTheInverseSqrtWidthLearningRate) {
+  unit::GptConfig c;  // d_model = 64
+  const unit::Gpt u(c, 1);
+  c.unit_scaled = false;
+  const unit::Gpt s(c, 1);
+  EXPECT_EQ(u.lr_multiplier("h0.attn.w_qkv"), 1.0);
+  EXPECT_EQ(u.lr_multiplier("head"), 1.0);
+  EXPECT_EQ(u.lr_multiplier("wte"), 1.0 / 8);
+  EXPECT_EQ(u.lr_multiplier("h2.ln1.w"), 1.0 / 8);
+  EXPECT_EQ(u.lr_multiplier("h2.mlp.b_fc"), 1.0 / 8);
+  EXPECT_EQ(s.lr_multiplier("wte"), 1.0);  // only when comparing a unit-scaled model
+}
+
 TEST(UnitGpt, TrainsInF16WithoutLossScalingTrackingF32) {
   const std::vector<double> f32 = train(true, Format::f32, 120), f16 = train(true, Format::f16, 120);
   std::printf("unit-scaled: f32 %.3f -> %.3f, f16 %.3f -> %.3f\n", f32.front(), tail(f32), f16.front(), tail(f16));
