@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdio>
 
+#include "scalify/error.hpp"
 #include "scalify/optim/adamw.hpp"
 #include "scalify/unit/factors.hpp"
 #include "scalify/unit/gpt.hpp"
@@ -201,8 +202,12 @@ std::vector<double> train(bool unit_scaled, Format cast, int steps) {
   c.cast = cast;
   const unit::Gpt model(c, 2);
   std::vector<Var> params;
-  for (auto& [name, p] : model.parameters()) params.push_back(p);
-  optim::AdamW opt(params, {.lr = unit_scaled ? 1e-2 : 3e-3});
+  std::vector<double> lr_scale;  // Appendix J.1: 1/sqrt(d) for non-projection parameters
+  for (auto& [name, p] : model.parameters()) {
+    params.push_back(p);
+    lr_scale.push_back(model.lr_multiplier(name));
+  }
+  optim::AdamW opt(params, {.lr = unit_scaled ? 1e-2 : 3e-3}, lr_scale);
   std::vector<double> losses;
   for (int step = 0; step < steps; ++step) {
     // Copy task: the second half of each sequence repeats the first.
@@ -239,6 +244,13 @@ TEST(UnitGpt, NonProjectionParametersGetTheInverseSqrtWidthLearningRate) {
   EXPECT_EQ(u.lr_multiplier("h2.ln1.w"), 1.0 / 8);
   EXPECT_EQ(u.lr_multiplier("h2.mlp.b_fc"), 1.0 / 8);
   EXPECT_EQ(s.lr_multiplier("wte"), 1.0);  // only when comparing a unit-scaled model
+  // AdamW applies them per parameter; a mismatched list is an error.
+  Var p(Tensor::ones({4}), true), q(Tensor::ones({4}), true);
+  optim::AdamW opt({p, q}, {.lr = 0.1}, {1.0, 0.125});
+  sum(p + q).backward();
+  opt.step();
+  EXPECT_NEAR(1.0 - p.value().at({0}), 8 * (1.0 - q.value().at({0})), 1e-6);  // first Adam step: lr * 1
+  EXPECT_THROW(optim::AdamW({p, q}, {}, {1.0}), Error);
 }
 
 TEST(UnitGpt, TrainsInF16WithoutLossScalingTrackingF32) {

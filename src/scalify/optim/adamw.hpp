@@ -23,7 +23,9 @@ struct AdamWConfig {
 
 class AdamW {
  public:
-  AdamW(std::vector<Var> params, AdamWConfig config);
+  // lr_scale: optional per-parameter learning-rate multipliers (e.g. unit scaling's 1/sqrt(d)
+  // for non-projection parameters); empty means 1 for all.
+  AdamW(std::vector<Var> params, AdamWConfig config, std::vector<double> lr_scale = {});
   // One update from the parameters' gradients (parameters without one are skipped), then clears
   // the gradients. A non-finite gradient is an error naming the parameter.
   void step();
@@ -35,6 +37,7 @@ class AdamW {
   void step_scaled(size_t k, double bc1, double bc2);
   std::vector<Var> params_;
   std::vector<ScaledTensor> m_, v_;
+  std::vector<double> lr_scale_;
   AdamWConfig c_;
   int64_t t_ = 0;
 };
