@@ -238,11 +238,15 @@ TEST(UnitGpt, NonProjectionParametersGetTheInverseSqrtWidthLearningRate) {
   const unit::Gpt u(c, 1);
   c.unit_scaled = false;
   const unit::Gpt s(c, 1);
-  EXPECT_EQ(u.lr_multiplier("h0.attn.w_qkv"), 1.0);
+  EXPECT_EQ(u.lr_multiplier("h0.attn.qkv.w"), 1.0);
+  EXPECT_EQ(u.lr_multiplier("h3.mlp.out.w"), 1.0);
   EXPECT_EQ(u.lr_multiplier("head"), 1.0);
   EXPECT_EQ(u.lr_multiplier("wte"), 1.0 / 8);
   EXPECT_EQ(u.lr_multiplier("h2.ln1.w"), 1.0 / 8);
-  EXPECT_EQ(u.lr_multiplier("h2.mlp.b_fc"), 1.0 / 8);
+  EXPECT_EQ(u.lr_multiplier("h2.mlp.fc.b"), 1.0 / 8);
+  size_t projections = 0;
+  for (const auto& [name, p] : u.parameters()) projections += u.lr_multiplier(name) == 1.0 ? 1 : 0;
+  EXPECT_EQ(projections, 4u * 4 + 1) << "4 weight matrices per block and the head";
   EXPECT_EQ(s.lr_multiplier("wte"), 1.0);  // only when comparing a unit-scaled model
   // AdamW applies them per parameter; a mismatched list is an error.
   Var p(Tensor::ones({4}), true), q(Tensor::ones({4}), true);
