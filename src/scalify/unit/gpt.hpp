@@ -15,8 +15,11 @@ struct GptConfig {
   int64_t vocab = 64, seq = 32, d_model = 64;
   int layers = 4, heads = 4;
   bool unit_scaled = true;
-  Residual::Kind residual = Residual::Kind::running_mean;
-  double tau = 0.2;            // for Residual::Kind::fixed
+  // fixed(0.1) by measurement: at initialisation it keeps every activation and gradient of a
+  // 4-layer model within [0.55, 1.32] across seeds, while running-mean reaches the edges of
+  // [0.5, 2] in the deeper attention layers (docs/RESULTS.md).
+  Residual::Kind residual = Residual::Kind::fixed;
+  double tau = 0.1;            // for Residual::Kind::fixed
   Format cast = Format::f32;   // low-precision emulation of every matmul's operands (f32: none)
 };
 
