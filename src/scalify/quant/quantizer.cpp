@@ -1,0 +1,145 @@
+#include "scalify/quant/quantizer.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <span>
+
+#include "scalify/error.hpp"
+#include "scalify/formats/bulk.hpp"
+#include "scalify/tensor/dense.hpp"
+#include "scalify/tensor/ops.hpp"
+
+namespace scalify::quant {
+
+namespace {
+constexpr const char* kNames[] = {"none", "scalify", "current", "delayed", "amax_bias", "constant_bias", "block", "mx"};
+
+// Encodes x * encode_scale into `fmt` (saturating), returning the codes tensor; fills the stats.
+Tensor encode(const Tensor& x, Format fmt, float encode_scale, Rounding rounding, QuantStats& st) {
+  const Tensor xs = x.dtype() == DType::f32 && x.is_contiguous() ? x : x.to(DType::f32).contiguous();
+  Tensor codes = Tensor::empty(x.shape(), dtype_of(fmt));
+  QuantizeOptions opt;
+  opt.rounding = rounding;
+  const size_t n = size_t(x.numel());
+  const std::span<const float> in(xs.data<float>(), n);
+  st.amax = quantize_amax(in, fmt, encode_scale, std::span(codes.raw_bytes(), n * size_t(dtype_size(codes.dtype()))), opt);
+  // Statistics: zeros produced from non-zero inputs, and inputs beyond the format's range.
+  const Dense<float> back(codes);
+  const double limit = max_value(fmt) / encode_scale;
+  int64_t under = 0, clip = 0, nonzero = 0;
+  for (size_t i = 0; i < n; ++i) {
+    const float v = in[i];
+    nonzero += v != 0;
+    under += v != 0 && back[int64_t(i)] == 0;
+    clip += std::fabs(v) > limit;
+  }
+  st.underflow = nonzero ? double(under) / double(nonzero) : 0.0;
+  st.clipped = n ? double(clip) / double(n) : 0.0;
+  return codes;
+}
+}  // namespace
+
+const char* scaling_name(Scaling s) { return kNames[static_cast<int>(s)]; }
+
+Scaling parse_scaling(const std::string& name) {
+  for (int i = 0; i < 8; ++i)
+    if (name == kNames[i]) return static_cast<Scaling>(i);
+  std::string valid;
+  for (const char* n : kNames) valid += (valid.empty() ? "" : ", ") + std::string(n);
+  throw Error("unknown scaling strategy '" + name + "'; valid strategies: " + valid);
+}
+
+Tensor Quantized::dequantize() const {
+  if (blockwise) {
+    Tensor out = Tensor::empty({int64_t(blocks.rows), int64_t(blocks.cols)});
+    dequantize_blocks(blocks, std::span(out.data<float>(), size_t(out.numel())));
+    return out;
+  }
+  return per_tensor.value();
+}
+
+Quantizer::Quantizer(QuantizerConfig config) : c_(config) {
+  if (c_.history < 1) throw Error("quantizer: amax history length must be at least 1");
+  if (c_.update_interval < 1) throw Error("quantizer: update interval must be at least 1");
+}
+
+// The encode factor (F / amax) / 2^margin; the previous one when amax is 0 or not finite.
+float Quantizer::scale_from_amax(double amax, float previous) const {
+  if (!(amax > 0) || !std::isfinite(amax)) return previous;
+  const double s = max_value(c_.format) / amax / std::ldexp(1.0, c_.margin);
+  return std::isfinite(s) && s > 0 ? float(s) : previous;
+}
+
+Quantized Quantizer::quantize(const ScaledTensor& x) {
+  if (c_.scaling != Scaling::scalify) return quantize(x.is_scaled() ? x.value() : x.data);
+  ++steps_;
+  Quantized q;
+  q.per_tensor = x;
+  const float s = x.any_scale ? 1.0f : x.scalar_scale();
+  q.per_tensor.data = encode(x.data, c_.format, 1.0f, c_.rounding, stats_);
+  stats_.scale = s;
+  stats_.amax = float(stats_.amax * s);
+  return q;
+}
+
+Quantized Quantizer::quantize(const Tensor& x) {
+  ++steps_;
+  Quantized q;
+  const Format f = c_.format;
+  switch (c_.scaling) {
+    case Scaling::none:
+    case Scaling::scalify: {
+      q.per_tensor = ScaledTensor(encode(x, f, 1.0f, c_.rounding, stats_), 1.0f);
+      stats_.scale = 1;
+      return q;
+    }
+    case Scaling::current: {
+      const float s = scale_from_amax(ops::max(ops::unary(ops::Unary::abs, x).reshape({-1}), 0).first.item(), 1.0f);
+      q.per_tensor = ScaledTensor(encode(x, f, s, c_.rounding, stats_), 1.0f / s);
+      stats_.scale = 1.0f / s;
+      return q;
+    }
+    case Scaling::delayed: {
+      // Quantise with the scale from past steps; record this step's amax in the same pass.
+      const float s = scale_;
+      q.per_tensor = ScaledTensor(encode(x, f, s, c_.rounding, stats_), 1.0f / s);
+      stats_.scale = 1.0f / s;
+      history_.push_back(stats_.amax);
+      if (int(history_.size()) > c_.history) history_.pop_front();
+      if (steps_ % c_.update_interval == 0) {
+        const double h = c_.reduce == HistoryReduce::max ? *std::max_element(history_.begin(), history_.end()) : history_.back();
+        scale_ = scale_from_amax(h, scale_);
+      }
+      return q;
+    }
+    case Scaling::amax_bias:
+    case Scaling::constant_bias: {
+      int b = c_.bias;
+      if (c_.scaling == Scaling::amax_bias) {
+        const double amax = ops::max(ops::unary(ops::Unary::abs, x).reshape({-1}), 0).first.item();
+        b = amax > 0 && std::isfinite(amax) ? int(std::floor(std::log2(max_value(f) / amax))) - c_.margin : stats_.bias;
+      }
+      const float s = std::ldexp(1.0f, b);  // x * 2^b before the cast: exact
+      q.per_tensor = ScaledTensor(encode(x, f, s, c_.rounding, stats_), std::ldexp(1.0f, -b));
+      stats_.scale = std::ldexp(1.0f, -b);
+      stats_.bias = b;
+      return q;
+    }
+    case Scaling::block:
+    case Scaling::mx: {
+      if (x.dim() != 2) throw Error("quantizer: block scaling needs a 2-D tensor, got " + shape_str(x.shape()));
+      // MX: 32 elements along the rows (or down the columns when the block is configured tall).
+      const BlockSpec spec = c_.scaling == Scaling::mx ? mx_blocks(c_.block.rows > 1 ? 0 : 1) : c_.block;
+      const Tensor xs = x.to(DType::f32).contiguous();
+      q.blocks = quantize_blocks(std::span(xs.data<float>(), size_t(xs.numel())), size_t(x.size(0)), size_t(x.size(1)), f, spec,
+                                 c_.rounding);
+      q.blockwise = true;
+      stats_.amax = float(ops::max(ops::unary(ops::Unary::abs, x).reshape({-1}), 0).first.item());
+      stats_.scale = *std::max_element(q.blocks.scales.begin(), q.blocks.scales.end());
+      return q;
+    }
+  }
+  return q;
+}
+
+}  // namespace scalify::quant

@@ -1,0 +1,79 @@
+#pragma once
+// Quantisers: how one tensor role (weight, activation, gradient, ...) is stored in a low-precision
+// format and scaled (SPEC §2, §4, §5; seeds 000, 003, 004). One interface, one rule per strategy,
+// configured by plain data; the only state is the amax history of delayed scaling.
+#include <cstdint>
+#include <deque>
+#include <string>
+
+#include "scalify/formats/block.hpp"
+#include "scalify/scaled/scaled_tensor.hpp"
+
+namespace scalify::quant {
+
+enum class Scaling : uint8_t {
+  none,           // plain cast, scale 1
+  scalify,        // SCALIFY: cast the propagated data component, keep its scale (no statistics)
+  current,        // per-tensor current: scale = (F / amax) / 2^margin from this tensor now
+  delayed,        // per-tensor delayed: the same from an amax history of past steps
+  amax_bias,      // FP8-AMAX: x * 2^b, b = floor(log2(F / amax)) - margin, every step
+  constant_bias,  // FP8-CSCALE: x * 2^b with one constant b
+  block,          // generic blocks (1 x K, K x K) with f32 scales
+  mx,             // MX: 32-element blocks, E8M0 scales (OCP floor rule)
+};
+const char* scaling_name(Scaling s);
+Scaling parse_scaling(const std::string& name);  // throws listing the valid names
+
+enum class HistoryReduce : uint8_t { max, most_recent };
+
+struct QuantizerConfig {
+  Scaling scaling = Scaling::current;
+  Format format = Format::e4m3;
+  int margin = 0;        // current, delayed, amax_bias: powers of two of headroom
+  int history = 16;      // delayed: amax history length
+  HistoryReduce reduce = HistoryReduce::max;
+  int update_interval = 1;  // delayed: recompute the scale every N quantisations
+  int bias = 0;          // constant_bias: the scaling bias b
+  BlockSpec block{1, 128, BlockScaleRule::f32_amax};  // block; mx: 1 x 32 (32 x 1 if rows > 1), floor rule
+  Rounding rounding = Rounding::nearest_even;
+};
+
+// What a quantiser reports for each tensor it quantises (cheap enough to leave on).
+struct QuantStats {
+  float scale = 1;        // the decode factor (per-tensor), or the largest block's
+  int bias = 0;           // the scaling bias for the *_bias strategies
+  float amax = 0;         // max |x| of the input
+  double underflow = 0;   // fraction of non-zero inputs that became zero
+  double clipped = 0;     // fraction of inputs beyond the format's range after scaling
+};
+
+// A quantised tensor: codes in the format's dtype and the decode scale(s).
+struct Quantized {
+  ScaledTensor per_tensor;  // codes + scalar decode scale (all strategies but block / mx)
+  BlockQuantized blocks;    // block / mx
+  bool blockwise = false;
+  Tensor dequantize() const;  // the represented values, f32
+};
+
+class Quantizer {
+ public:
+  explicit Quantizer(QuantizerConfig config = {});
+  // Quantises x (2-D [rows, cols] for block / mx; any shape otherwise).
+  Quantized quantize(const Tensor& x);
+  // SCALIFY: x's data is cast and its scale kept; other strategies quantise x's value.
+  Quantized quantize(const ScaledTensor& x);
+  const QuantizerConfig& config() const { return c_; }
+  const QuantStats& last() const { return stats_; }
+  int64_t steps() const { return steps_; }
+  float delayed_scale() const { return scale_; }  // the scale delayed scaling will use next
+
+ private:
+  float scale_from_amax(double amax, float previous) const;
+  QuantizerConfig c_;
+  QuantStats stats_;
+  std::deque<float> history_;
+  float scale_ = 1;  // encode factor (x * scale before the cast), delayed scaling's state
+  int64_t steps_ = 0;
+};
+
+}  // namespace scalify::quant

@@ -1,0 +1,146 @@
+// Every scaling strategy against the formulas of SPEC §4-§5 on hand-built tensors.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+
+#include "scalify/error.hpp"
+#include "scalify/quant/quantizer.hpp"
+
+namespace scalify::quant {
+namespace {
+
+Tensor vec(std::vector<float> v) {
+  const int64_t n = int64_t(v.size());
+  return Tensor::from_vector(v, {n});
+}
+
+QuantizerConfig cfg(Scaling s, Format f = Format::e4m3) {
+  QuantizerConfig c;
+  c.scaling = s;
+  c.format = f;
+  return c;
+}
+
+TEST(Quantizer, CurrentScalingMapsAmaxOntoTheFormatMax) {
+  Quantizer q(cfg(Scaling::current));
+  const Quantized out = q.quantize(vec({4.0f, -1.0f, 0.5f, 0.0f}));  // amax 4 = 2^2
+  EXPECT_FLOAT_EQ(q.last().scale, 4.0f / 448.0f);
+  EXPECT_EQ(q.last().amax, 4.0f);
+  EXPECT_EQ(out.per_tensor.data.at({0}), 448.0);  // the amax element lands on max exactly
+  EXPECT_EQ(out.dequantize().to_vector()[0], 4.0);
+  QuantizerConfig m = cfg(Scaling::current);
+  m.margin = 1;
+  Quantizer qm(m);
+  EXPECT_EQ(qm.quantize(vec({4.0f})).per_tensor.data.at({0}), 224.0);  // (F / amax) / 2^1
+}
+
+TEST(Quantizer, ZeroOrNonFiniteAmaxKeepsThePreviousScale) {
+  Quantizer q(cfg(Scaling::current));
+  q.quantize(vec({0.0f, 0.0f}));
+  EXPECT_EQ(q.last().scale, 1.0f);  // nothing to scale by: the initial scale 1
+  q.quantize(vec({1.0f, std::numeric_limits<float>::infinity()}));
+  EXPECT_EQ(q.last().scale, 1.0f);
+  const Quantized nan = q.quantize(vec({1.0f, std::nanf("")}));
+  EXPECT_EQ(q.last().scale, 1.0f);
+  EXPECT_TRUE(std::isnan(nan.dequantize().to_vector()[1]));  // e4m3 carries the NaN through
+}
+
+TEST(Quantizer, DelayedScalingUsesTheHistoryOfPastSteps) {
+  QuantizerConfig c = cfg(Scaling::delayed);
+  c.history = 2;
+  Quantizer q(c);
+  const float F = 448;
+  // Step 1 quantises with the initial scale 1 and records amax 1.
+  q.quantize(vec({1.0f}));
+  EXPECT_EQ(q.last().scale, 1.0f);
+  EXPECT_EQ(q.delayed_scale(), F / 1);
+  // Step 2: amax 8 is recorded while quantising with the scale from amax 1: 8 * 448 clips.
+  q.quantize(vec({8.0f, 0.5f}));
+  EXPECT_EQ(q.last().scale, 1.0f / F);
+  EXPECT_EQ(q.last().clipped, 0.5);
+  EXPECT_EQ(q.delayed_scale(), F / 8);       // max of {1, 8}
+  q.quantize(vec({2.0f}));
+  EXPECT_EQ(q.delayed_scale(), F / 8);       // max of {8, 2}: the window holds 8 still
+  q.quantize(vec({4.0f}));
+  EXPECT_EQ(q.delayed_scale(), F / 4);       // {2, 4}: 8 has rolled out
+  q.quantize(vec({0.0f}));
+  EXPECT_EQ(q.delayed_scale(), F / 4);       // {4, 0}: max 4
+
+  QuantizerConfig r = c;
+  r.reduce = HistoryReduce::most_recent;
+  Quantizer qr(r);
+  for (float a : {1.0f, 8.0f, 2.0f}) qr.quantize(vec({a}));
+  EXPECT_EQ(qr.delayed_scale(), F / 2);
+  qr.quantize(vec({0.0f}));
+  EXPECT_EQ(qr.delayed_scale(), F / 2);      // most recent amax 0: keep the previous scale
+  qr.quantize(vec({std::nanf("")}));
+  EXPECT_EQ(qr.delayed_scale(), F / 2);      // not finite: keep
+
+  QuantizerConfig u = c;
+  u.update_interval = 2;
+  Quantizer qu(u);
+  qu.quantize(vec({1.0f}));
+  EXPECT_EQ(qu.delayed_scale(), 1.0f);       // not yet: every second step
+  qu.quantize(vec({2.0f}));
+  EXPECT_EQ(qu.delayed_scale(), F / 2);
+}
+
+TEST(Quantizer, ScalingBiasFromAmaxAndConstant) {
+  QuantizerConfig c = cfg(Scaling::amax_bias);
+  Quantizer q(c);
+  q.quantize(vec({3.0f, 1.0f}));  // F / amax = 149.3: b = floor(log2 149.3) = 7
+  EXPECT_EQ(q.last().bias, 7);
+  EXPECT_EQ(q.last().scale, std::ldexp(1.0f, -7));
+  const Quantized exact = q.quantize(vec({56.0f}));  // F / 56 = 8 exactly: b = 3, 56 -> 448
+  EXPECT_EQ(q.last().bias, 3);
+  EXPECT_EQ(exact.per_tensor.data.at({0}), 448.0);
+  c.margin = 2;  // gradients: extra headroom
+  Quantizer qm(c);
+  qm.quantize(vec({3.0f}));
+  EXPECT_EQ(qm.last().bias, 5);
+  QuantizerConfig k = cfg(Scaling::constant_bias, Format::e5m2);
+  k.bias = -2;
+  Quantizer qk(k);
+  const Quantized out = qk.quantize(vec({96.0f, 1e-5f}));
+  EXPECT_EQ(out.per_tensor.data.at({0}), 24.0);
+  EXPECT_EQ(qk.last().bias, -2);
+  EXPECT_EQ(qk.last().underflow, 0.5);  // 1e-5 / 4 is below e5m2's smallest subnormal / 2
+}
+
+TEST(Quantizer, ScalifyCastsTheDataAndKeepsTheScale) {
+  Quantizer q(cfg(Scaling::scalify));
+  const ScaledTensor x(vec({1.3f, -0.7f}), 8.0f);
+  const Quantized out = q.quantize(x);
+  EXPECT_EQ(out.per_tensor.scalar_scale(), 8.0f);
+  EXPECT_EQ(out.per_tensor.data.dtype(), DType::e4m3);
+  EXPECT_EQ(out.dequantize().to_vector(), (std::vector<double>{1.25 * 8, -0.6875 * 8}));
+}
+
+TEST(Quantizer, BlockAndMxQuantiseAlongRows) {
+  const Tensor x = Tensor::randn({4, 256}, 3, 5.0);
+  Quantizer mx(cfg(Scaling::mx));
+  QuantizerConfig b = cfg(Scaling::block);
+  Quantizer blk(b);
+  // e4m3 rounding: relative error <= 2^-4; MX's floor rule may also clip the top binade
+  // (448 of up to 512: 12.5 %).
+  for (auto [q, rel] : {std::pair{&mx, 1.0 / 8}, std::pair{&blk, 1.0 / 16}}) {
+    const Quantized out = q->quantize(x);
+    ASSERT_TRUE(out.blockwise);
+    const std::vector<double> back = out.dequantize().to_vector(), in = x.to_vector();
+    for (size_t i = 0; i < in.size(); ++i) ASSERT_NEAR(back[i], in[i], std::fabs(in[i]) * rel + 1e-3);
+  }
+  EXPECT_EQ(mx.quantize(x).blocks.block.cols, 32u);
+  EXPECT_THROW(mx.quantize(Tensor::zeros({2, 2, 2})), Error);
+}
+
+TEST(Quantizer, NamesParseAndBadConfigIsAnError) {
+  EXPECT_EQ(parse_scaling("delayed"), Scaling::delayed);
+  EXPECT_THROW(parse_scaling("later"), Error);
+  QuantizerConfig c;
+  c.history = 0;
+  EXPECT_THROW(Quantizer{c}, Error);
+}
+
+}  // namespace
+}  // namespace scalify::quant
