@@ -41,6 +41,11 @@ void Var::set_requires_grad(bool r) {
   impl_->requires_grad = r;
 }
 void Var::zero_grad() { scaled(), impl_->grad = ScaledTensor(); }
+void Var::set_grad(ScaledTensor g) {
+  if (g.data.defined() && g.shape() != shape())
+    throw Error("set_grad: gradient shape " + shape_str(g.shape()) + " differs from " + shape_str(shape()));
+  scaled(), impl_->grad = std::move(g);
+}
 void Var::set_value(Tensor v) { set_value(ScaledTensor(std::move(v))); }
 void Var::set_value(ScaledTensor v) {
   scaled();

@@ -58,6 +58,7 @@ class Var {
 
   void set_requires_grad(bool r);
   void zero_grad();
+  void set_grad(ScaledTensor g);   // for gradient transforms (loss scaling, clipping)
   void set_value(Tensor v);        // for optimizers: replace a leaf's value in place
   void set_value(ScaledTensor v);
   Var detach() const;        // same value, no history

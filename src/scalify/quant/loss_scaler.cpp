@@ -1,0 +1,45 @@
+#include "scalify/quant/loss_scaler.hpp"
+
+#include <cmath>
+
+#include "scalify/autograd/functions.hpp"
+#include "scalify/error.hpp"
+#include "scalify/scaled/scaled_ops.hpp"
+#include "scalify/tensor/dense.hpp"
+
+namespace scalify::quant {
+
+LossScaler::LossScaler(LossScalerConfig config) : c_(config), scale_(config.kind == LossScalerConfig::Kind::none ? 1.0 : config.scale) {
+  if (!(scale_ > 0) || !std::isfinite(scale_)) throw Error("loss scaler: the scale must be finite and positive");
+  if (c_.growth_interval < 1) throw Error("loss scaler: growth interval must be at least 1");
+}
+
+Var LossScaler::scale_loss(const Var& loss) const { return scale_ == 1.0 ? loss : mul_scalar(loss, scale_); }
+
+bool LossScaler::unscale(const std::vector<Var>& params) {
+  ++steps_;
+  bool finite = true;
+  for (const Var& p : params) {
+    if (!p.scaled_grad().data.defined()) continue;
+    const Dense<float> g(p.grad());
+    for (int64_t i = 0, n = p.grad().numel(); i < n && finite; ++i) finite = std::isfinite(g[i]);
+    if (!finite) break;
+  }
+  if (!finite) {
+    for (Var p : params) p.zero_grad();
+    ++skipped_;
+    clean_ = 0;
+    if (c_.kind == LossScalerConfig::Kind::dynamic) scale_ = std::max(scale_ * c_.backoff, 1.0);
+    return false;
+  }
+  if (scale_ != 1.0)
+    for (Var p : params)
+      if (p.scaled_grad().data.defined()) p.set_grad(scaled::mul_scalar(p.scaled_grad(), 1.0 / scale_));
+  if (c_.kind == LossScalerConfig::Kind::dynamic && ++clean_ >= c_.growth_interval) {
+    scale_ *= c_.growth;
+    clean_ = 0;
+  }
+  return true;
+}
+
+}  // namespace scalify::quant
