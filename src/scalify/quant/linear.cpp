@@ -1,0 +1,136 @@
+#include "scalify/quant/linear.hpp"
+
+#include "scalify/autograd/functions.hpp"
+#include "scalify/error.hpp"
+#include "scalify/scaled/scaled_ops.hpp"
+
+namespace scalify::quant {
+
+namespace {
+QuantizerConfig role(Scaling s, Format f) {
+  QuantizerConfig c;
+  c.scaling = s;
+  c.format = f;
+  return c;
+}
+LinearRecipe make(const std::string& name, QuantizerConfig w, QuantizerConfig a, QuantizerConfig g) {
+  return {name, true, w, a, g};
+}
+bool blockwise(const QuantizerConfig& c) { return c.scaling == Scaling::block || c.scaling == Scaling::mx; }
+// A block/MX config with blocks along the rows (1 x K) or down the columns (K x 1).
+QuantizerConfig along(QuantizerConfig c, bool rows) {
+  const size_t k = c.scaling == Scaling::mx ? 32 : std::max(c.block.rows, c.block.cols);
+  c.block.rows = rows ? 1 : k;
+  c.block.cols = rows ? k : 1;
+  return c;
+}
+}  // namespace
+
+LinearRecipe recipe_f32() { return {}; }
+LinearRecipe recipe_scalify(Format fwd, Format bwd) {
+  return make(std::string("scalify_").append(format_name(fwd)), role(Scaling::scalify, fwd), role(Scaling::scalify, fwd),
+              role(Scaling::scalify, bwd));
+}
+LinearRecipe recipe_current(int margin) {
+  QuantizerConfig g = role(Scaling::current, Format::e5m2);
+  g.margin = margin;
+  return make("current", role(Scaling::current, Format::e4m3), role(Scaling::current, Format::e4m3), g);
+}
+LinearRecipe recipe_delayed(int history, HistoryReduce reduce) {
+  QuantizerConfig c = role(Scaling::delayed, Format::e4m3);
+  c.history = history;
+  c.reduce = reduce;
+  QuantizerConfig g = c;
+  g.format = Format::e5m2;
+  return make("delayed", c, c, g);
+}
+LinearRecipe recipe_fp8_amax(int margin) {
+  QuantizerConfig g = role(Scaling::amax_bias, Format::e5m2);
+  g.margin = margin;
+  return make("fp8_amax", role(Scaling::amax_bias, Format::e4m3), role(Scaling::amax_bias, Format::e4m3), g);
+}
+LinearRecipe recipe_fp8_cscale(int bias) {
+  QuantizerConfig c = role(Scaling::constant_bias, Format::e4m3);
+  c.bias = bias;
+  QuantizerConfig g = c;
+  g.format = Format::e5m2;
+  return make("fp8_cscale(" + std::to_string(bias) + ")", c, c, g);
+}
+LinearRecipe recipe_mxfp8() {
+  return make("mxfp8", role(Scaling::mx, Format::e4m3), role(Scaling::mx, Format::e4m3), role(Scaling::mx, Format::e5m2));
+}
+LinearRecipe recipe_blockwise() {
+  QuantizerConfig w = role(Scaling::block, Format::e4m3), a = w, g = role(Scaling::block, Format::e5m2);
+  w.block = {128, 128, BlockScaleRule::f32_amax};
+  return make("blockwise", w, a, g);
+}
+
+std::vector<std::string> recipe_names() {
+  return {"f32", "scalify_f16", "scalify_e4m3", "current", "delayed", "fp8_amax", "fp8_cscale", "mxfp8", "blockwise"};
+}
+
+LinearRecipe recipe_by_name(const std::string& name) {
+  if (name == "f32") return recipe_f32();
+  if (name == "scalify_f16") return recipe_scalify(Format::f16, Format::f16);
+  if (name == "scalify_e4m3" || name == "scalify_fp8") return recipe_scalify(Format::e4m3, Format::e5m2);
+  if (name == "current") return recipe_current();
+  if (name == "delayed") return recipe_delayed();
+  if (name == "fp8_amax") return recipe_fp8_amax();
+  if (name == "fp8_cscale") return recipe_fp8_cscale(0);
+  if (name == "mxfp8") return recipe_mxfp8();
+  if (name == "blockwise") return recipe_blockwise();
+  std::string valid;
+  for (const std::string& n : recipe_names()) valid += (valid.empty() ? "" : ", ") + n;
+  throw Error("unknown recipe '" + name + "'; valid recipes: " + valid);
+}
+
+QLinear::QLinear(LinearRecipe recipe) : recipe_(std::move(recipe)) {
+  const LinearRecipe& r = recipe_;
+  // Forward: x [rows, K] and w [K, N] both blocked along K. Backward: dX = G W^T reduces over N
+  // (G and W blocked along N), dW = X^T G reduces over rows (X and G blocked down the rows).
+  state_ = std::make_shared<State>(State{Quantizer(blockwise(r.weight) ? along(r.weight, false) : r.weight),
+                                         Quantizer(blockwise(r.activation) ? along(r.activation, true) : r.activation),
+                                         Quantizer(blockwise(r.gradient) ? along(r.gradient, true) : r.gradient),
+                                         Quantizer(along(r.weight, true)), Quantizer(along(r.activation, false)),
+                                         Quantizer(along(r.gradient, false))});
+}
+
+Var QLinear::operator()(const Var& x, const Var& w, const Var& b) const {
+  if (w.shape().size() != 2 || x.shape().empty() || x.shape().back() != w.shape()[0])
+    throw Error("linear: input " + shape_str(x.shape()) + " does not match weight " + shape_str(w.shape()));
+  if (!recipe_.quantized) {
+    const Var y = matmul(x, w);
+    return b.defined() ? y + b : y;
+  }
+  const int64_t K = w.shape()[0], N = w.shape()[1], rows = numel_of(x.shape()) / K;
+  Shape out_shape = x.shape();
+  out_shape.back() = N;
+  State& st = *state_;
+  const bool block = blockwise(recipe_.weight) || blockwise(recipe_.activation) || blockwise(recipe_.gradient);
+  auto flat = [&](const ScaledTensor& s) { return scaled::reshape(s, {rows, K}); };
+  const Quantized qx = st.activation.quantize(flat(x.scaled())), qw = st.weight.quantize(w.scaled());
+  const Tensor dx = qx.dequantize(), dw = qw.dequantize();  // exact: FP8 values times powers of two
+  const Tensor y = ops::matmul(dx, dw).reshape(out_shape);
+  const std::shared_ptr<State> state = state_;
+  const Var out = Var::make("qlinear", ScaledTensor(y), {x, w},
+                            [state, dx, dw, block, x_src = x.value(), w_src = w.value(), rows, K, N, xs = x.shape()](const ScaledTensor& g) {
+    State& s = *state;
+    const Tensor g2 = (g.is_scaled() ? g.value() : g.data).reshape({rows, N});
+    const Tensor gq = s.gradient.quantize(g2).dequantize();
+    Tensor grad_x, grad_w;
+    if (!block) {  // per-tensor: the forward copies serve the transposed products too
+      grad_x = ops::matmul(gq, dw.transpose(0, 1));
+      grad_w = ops::matmul(dx.transpose(0, 1), gq);
+    } else {       // re-quantise from the high-precision sources along each backward reduction
+      const Tensor wt = s.weight_t.quantize(w_src).dequantize();
+      const Tensor xt = s.activation_t.quantize(x_src.reshape({rows, K})).dequantize();
+      const Tensor gt = s.gradient_t.quantize(g2).dequantize();
+      grad_x = ops::matmul(gq, wt.transpose(0, 1));
+      grad_w = ops::matmul(xt.transpose(0, 1), gt);
+    }
+    return std::vector<ScaledTensor>{ScaledTensor(grad_x.reshape(xs)), ScaledTensor(grad_w)};
+  });
+  return b.defined() ? out + b : out;
+}
+
+}  // namespace scalify::quant

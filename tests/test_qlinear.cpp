@@ -1,0 +1,142 @@
+// The general linear layer under every recipe: exact decode-then-GEMM semantics, gradients close
+// to f32, MXFP8's transposes from the source, and a tiny transformer that trains under each preset.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+
+#include "scalify/autograd/functions.hpp"
+#include "scalify/error.hpp"
+#include "scalify/nn/transformer.hpp"
+#include "scalify/optim/adamw.hpp"
+#include "scalify/quant/linear.hpp"
+
+namespace scalify::quant {
+namespace {
+
+double rel_error(const Tensor& a, const Tensor& b) {
+  const Tensor d = ops::sub(a, b);
+  return std::sqrt(ops::sum(ops::unary(ops::Unary::square, d), {}).item() /
+                   ops::sum(ops::unary(ops::Unary::square, b), {}).item());
+}
+
+TEST(QLinear, F32RecipeIsBitIdenticalToThePlainEngine) {
+  const Tensor x = Tensor::randn({6, 16}, 1), w = Tensor::randn({16, 8}, 2), b = Tensor::randn({8}, 3), g = Tensor::randn({6, 8}, 4);
+  Var x1(x, true), w1(w, true), b1(b, true), x2(x, true), w2(w, true), b2(b, true);
+  const Var y1 = QLinear(recipe_f32())(x1, w1, b1), y2 = matmul(x2, w2) + b2;
+  EXPECT_EQ(y1.value().to_vector(), y2.value().to_vector());
+  y1.backward(g);
+  y2.backward(g);
+  EXPECT_EQ(x1.grad().to_vector(), x2.grad().to_vector());
+  EXPECT_EQ(w1.grad().to_vector(), w2.grad().to_vector());
+}
+
+TEST(QLinear, ForwardAndBackwardAreDecodeThenGemm) {
+  // Per-tensor current scaling: y = Q(x) Q(w), dX = Q(g) Q(w)^T, dW = Q(x)^T Q(g), with
+  // independently built quantisers giving the same operands.
+  const Tensor x = Tensor::randn({2, 5, 32}, 5, 3.0), w = Tensor::randn({32, 12}, 6, 0.1), g = Tensor::randn({2, 5, 12}, 7, 1e-3);
+  Var xv(x, true), wv(w, true);
+  const QLinear layer(recipe_current());
+  const Var y = layer(xv, wv);
+  y.backward(g);
+  const LinearRecipe r = recipe_current();
+  Quantizer qa(r.activation), qw(r.weight), qg(r.gradient);
+  const Tensor dx = qa.quantize(x.reshape({10, 32})).dequantize(), dw = qw.quantize(w).dequantize();
+  const Tensor dg = qg.quantize(g.reshape({10, 12})).dequantize();
+  EXPECT_EQ(y.value().to_vector(), ops::matmul(dx, dw).reshape({2, 5, 12}).to_vector());
+  EXPECT_EQ(xv.grad().to_vector(), ops::matmul(dg, dw.transpose(0, 1)).reshape({2, 5, 32}).to_vector());
+  EXPECT_EQ(wv.grad().to_vector(), ops::matmul(dx.transpose(0, 1), dg).to_vector());
+  // The gradient was quantised into e5m2 with its own scale: amax(g) maps onto 57344.
+  EXPECT_FLOAT_EQ(layer.gradient_stats().scale, layer.gradient_stats().amax / 57344.0f);
+}
+
+TEST(QLinear, GradientsMatchF32WithinTheFormatsError) {
+  // e4m3 operands: relative error per element <= 2^-4; e5m2 gradients <= 2^-3; sums of K such
+  // products average the errors down. Required: relative L2 error of each output < 0.1.
+  const Tensor x = Tensor::randn({64, 96}, 8), w = Tensor::randn({96, 48}, 9, 0.1), g = Tensor::randn({64, 48}, 10);
+  for (const std::string& name : recipe_names()) {
+    if (name == "fp8_cscale") continue;  // a constant bias is only right for data in its band
+    Var xq(x, true), wq(w, true), xf(x, true), wf(w, true);
+    const Var yq = QLinear(recipe_by_name(name))(xq, wq), yf = matmul(xf, wf);
+    yq.backward(g);
+    yf.backward(g);
+    EXPECT_LT(rel_error(yq.value(), yf.value()), 0.1) << name;
+    EXPECT_LT(rel_error(xq.grad(), xf.grad()), 0.1) << name;
+    EXPECT_LT(rel_error(wq.grad(), wf.grad()), 0.1) << name;
+  }
+}
+
+TEST(QLinear, MxTransposeIsQuantisedFromTheSource) {
+  // W [64, 32] with one element 2^13 times its neighbours: MX blocks along K (forward: 32 x 1)
+  // and along N (the backward's W^T: 1 x 32) group it with different neighbours, which its block
+  // scale pushes below e4m3's subnormals. So quantising the transpose from the source differs
+  // from transposing the forward copy; the layer's dX uses the former.
+  std::vector<float> wv(64 * 32);
+  for (size_t i = 0; i < wv.size(); ++i) wv[i] = 0.01f * float((i * 37) % 17) - 0.08f;
+  wv[5 * 32 + 7] = 9.0e4f;
+  const Tensor w = Tensor::from_vector(wv, {64, 32});
+  const LinearRecipe r = recipe_mxfp8();
+  QuantizerConfig down = r.weight, across = r.weight;
+  down.block = {32, 1, BlockScaleRule::mx_floor};
+  across.block = {1, 32, BlockScaleRule::mx_floor};
+  const Tensor forward_copy = Quantizer(down).quantize(w).dequantize();
+  const Tensor from_source = Quantizer(across).quantize(w).dequantize();
+  EXPECT_NE(forward_copy.to_vector(), from_source.to_vector());
+  const Tensor x = Tensor::randn({8, 64}, 11), g = Tensor::randn({8, 32}, 12);
+  Var xv(x, true), wvv(w, true);
+  const QLinear layer(r);
+  layer(xv, wvv).backward(g);
+  Quantizer qg(r.gradient);  // rows blocked along N = 32
+  const Tensor gq = qg.quantize(g).dequantize();
+  EXPECT_EQ(xv.grad().to_vector(), ops::matmul(gq, from_source.transpose(0, 1)).to_vector());
+  EXPECT_NE(xv.grad().to_vector(), ops::matmul(gq, forward_copy.transpose(0, 1)).to_vector());
+}
+
+TEST(QLinear, TinyTransformerTrainsUnderEveryPreset) {
+  const int64_t V = 12, T = 8, B = 8, D = 32;
+  double f32_final = 0;
+  for (const std::string& name : recipe_names()) {
+    Var wte(Tensor::randn({V, D}, 20, 0.5), true), wpe(Tensor::randn({T, D}, 21, 0.5), true), head(Tensor::randn({D, V}, 22, 0.3), true);
+    const nn::BlockParams block = nn::init_block(D, 1, 23);
+    std::vector<Var> params = {wte, wpe, head};
+    for (auto& [n, p] : block.named()) params.push_back(p);
+    LinearRecipe recipe = name == "fp8_cscale" ? recipe_fp8_cscale(4) : recipe_by_name(name);
+    std::vector<QLinear> layers(5, QLinear(recipe));
+    for (auto& l : layers) l = QLinear(recipe);  // each layer its own quantiser state
+    const nn::LinearFn linear = [&](int which, const Var& x, const Var& w, const Var& b) { return layers[size_t(which)](x, w, b); };
+    optim::AdamW opt(params, {.lr = 3e-3});
+    double first = 0, last = 0;
+    for (int step = 0; step < 60; ++step) {
+      std::vector<int64_t> in, tg, pos;
+      const std::vector<double> r = Tensor::rand({B * (T + 1)}, uint64_t(step % 4), -0.49, double(V) - 0.51).to_vector();
+      for (int64_t b = 0; b < B; ++b)
+        for (int64_t t = 0; t < T; ++t) {
+          in.push_back(std::lround(r[size_t(b * (T + 1) + t)]));
+          tg.push_back(std::lround(r[size_t(b * (T + 1) + t + 1)]));
+          pos.push_back(t);
+        }
+      Var x = embedding(wte, Tensor::from_indices(in, {B, T})) + embedding(wpe, Tensor::from_indices(pos, {B, T}));
+      x = nn::transformer_block(x, block, 2, linear);
+      const Var logits = layers[4](x, head);
+      Var loss = cross_entropy(reshape(logits, {B * T, V}), Tensor::from_indices(tg, {B * T}));
+      const double l = loss.value().item();
+      ASSERT_TRUE(std::isfinite(l)) << name << " step " << step;
+      (step == 0 ? first : last) = l;
+      loss.backward();
+      opt.step();
+    }
+    std::printf("%-14s loss %.3f -> %.3f\n", recipe.name.c_str(), first, last);
+    EXPECT_LT(last, 0.8 * first) << name;
+    if (name == "f32") f32_final = last;
+    else EXPECT_NEAR(last, f32_final, 0.25 * f32_final) << name;
+  }
+}
+
+TEST(QLinear, BadInputIsAClearError) {
+  EXPECT_THROW(recipe_by_name("fp9"), Error);
+  const QLinear l(recipe_current());
+  EXPECT_THROW(l(Var(Tensor::zeros({2, 3})), Var(Tensor::zeros({4, 5}))), Error);
+}
+
+}  // namespace
+}  // namespace scalify::quant
