@@ -4,6 +4,7 @@
 #include <bit>
 #include <cmath>
 #include <limits>
+#include <cstring>
 #include <string>
 
 #include "scalify/error.hpp"
@@ -56,8 +57,36 @@ std::vector<uint8_t> BlockQuantized::e8m0_scales() const {
   return out;
 }
 
+namespace {
+template <class T>
+std::vector<T> transposed(const T* x, size_t rows, size_t cols) {
+  std::vector<T> t(rows * cols);
+  for (size_t r = 0; r < rows; ++r)
+    for (size_t c = 0; c < cols; ++c) t[c * rows + r] = x[r * cols + c];
+  return t;
+}
+}  // namespace
+
 BlockQuantized quantize_blocks(std::span<const float> x, size_t rows, size_t cols, Format element,
                                const BlockSpec& spec, Rounding rounding) {
+  if (spec.cols == 1 && spec.rows > 1 && x.size() == rows * cols) {
+    // Column blocks (K x 1): quantise the transpose row-wise, where each block is contiguous
+    // (one kernel call per block instead of one per element), then transpose back.
+    const std::vector<float> xt = transposed(x.data(), rows, cols);
+    BlockQuantized t = quantize_blocks(xt, cols, rows, element, {1, spec.rows, spec.rule}, rounding);
+    BlockQuantized q;
+    q.element = element;
+    q.rows = rows;
+    q.cols = cols;
+    q.block = spec;
+    const size_t cb = size_t(info(element).storage_bytes());
+    q.codes.resize(t.codes.size());
+    for (size_t r = 0; r < rows; ++r)
+      for (size_t c = 0; c < cols; ++c)
+        std::memcpy(&q.codes[(r * cols + c) * cb], &t.codes[(c * rows + r) * cb], cb);
+    q.scales = transposed(t.scales.data(), cols, t.scale_cols());  // [cols, row blocks] -> [row blocks, cols]
+    return q;
+  }
   if (x.size() != rows * cols)
     throw Error("quantize_blocks: " + std::to_string(x.size()) + " values do not form a " +
                 std::to_string(rows) + " x " + std::to_string(cols) + " tensor");

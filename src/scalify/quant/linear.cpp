@@ -3,6 +3,7 @@
 #include "scalify/autograd/functions.hpp"
 #include "scalify/error.hpp"
 #include "scalify/scaled/scaled_ops.hpp"
+#include "scalify/tensor/gemm.hpp"
 
 namespace scalify::quant {
 
@@ -17,6 +18,17 @@ LinearRecipe make(const std::string& name, QuantizerConfig w, QuantizerConfig a,
   return {name, true, w, a, g};
 }
 bool blockwise(const QuantizerConfig& c) { return c.scaling == Scaling::block || c.scaling == Scaling::mx; }
+// Formats whose every value is a bf16 value (at most 7 mantissa bits, bf16's exponent range).
+bool bf16_exact(Format f) { return info(f).man_bits <= 7 && info(f).exp_bits <= 8 && f != Format::f32; }
+
+// Per-tensor operands: the GEMM runs on the codes as bf16 (exact) with the product of the decode
+// scales as alpha, on oneDNN's bf16 matmul (AMX here). Shapes as gemm::gemm_bf16.
+Tensor bf16_codes(const Quantized& q) { return q.per_tensor.data.to(DType::bf16).contiguous(); }
+Tensor gemm_codes(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const Tensor& a, const Tensor& b, float alpha) {
+  Tensor c = Tensor::empty({M, N});
+  gemm::gemm_bf16(ta, tb, M, N, K, a.data<uint16_t>(), b.data<uint16_t>(), c.data<float>(), alpha);
+  return c;
+}
 // A block/MX config with blocks along the rows (1 x K) or down the columns (K x 1).
 QuantizerConfig along(QuantizerConfig c, bool rows) {
   const size_t k = c.scaling == Scaling::mx ? 32 : std::max(c.block.rows, c.block.cols);
@@ -109,9 +121,24 @@ Var QLinear::operator()(const Var& x, const Var& w, const Var& b) const {
   const bool block = blockwise(recipe_.weight) || blockwise(recipe_.activation) || blockwise(recipe_.gradient);
   auto flat = [&](const ScaledTensor& s) { return scaled::reshape(s, {rows, K}); };
   const Quantized qx = st.activation.quantize(flat(x.scaled())), qw = st.weight.quantize(w.scaled());
-  const Tensor dx = qx.dequantize(), dw = qw.dequantize();  // exact: FP8 values times powers of two
-  const Tensor y = ops::matmul(dx, dw).reshape(out_shape);
   const std::shared_ptr<State> state = state_;
+  if (!block && bf16_exact(recipe_.weight.format) && bf16_exact(recipe_.activation.format) &&
+      bf16_exact(recipe_.gradient.format)) {
+    const Tensor cx = bf16_codes(qx), cw = bf16_codes(qw);
+    const float sx = qx.per_tensor.scalar_scale(), sw = qw.per_tensor.scalar_scale();
+    const Tensor y = gemm_codes(false, false, rows, N, K, cx, cw, sx * sw).reshape(out_shape);
+    const Var out = Var::make("qlinear", ScaledTensor(y), {x, w}, [state, cx, cw, sx, sw, rows, K, N, xs = x.shape()](const ScaledTensor& g) {
+      const Tensor g2 = (g.is_scaled() ? g.value() : g.data).reshape({rows, N});
+      const Quantized qg = state->gradient.quantize(g2);
+      const Tensor cg = bf16_codes(qg);
+      const float sg = qg.per_tensor.scalar_scale();
+      return std::vector<ScaledTensor>{ScaledTensor(gemm_codes(false, true, rows, K, N, cg, cw, sg * sw).reshape(xs)),
+                                       ScaledTensor(gemm_codes(true, false, K, N, rows, cx, cg, sx * sg))};
+    });
+    return b.defined() ? out + b : out;
+  }
+  const Tensor dx = qx.dequantize(), dw = qw.dequantize();  // exact: format values times scales
+  const Tensor y = ops::matmul(dx, dw).reshape(out_shape);
   const Var out = Var::make("qlinear", ScaledTensor(y), {x, w},
                             [state, dx, dw, block, x_src = x.value(), w_src = w.value(), rows, K, N, xs = x.shape()](const ScaledTensor& g) {
     State& s = *state;

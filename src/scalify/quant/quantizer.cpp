@@ -23,19 +23,24 @@ Tensor encode(const Tensor& x, Format fmt, float encode_scale, Rounding rounding
   const size_t n = size_t(x.numel());
   const std::span<const float> in(xs.data<float>(), n);
   st.amax = quantize_amax(in, fmt, encode_scale, std::span(codes.raw_bytes(), n * size_t(dtype_size(codes.dtype()))), opt);
-  // Statistics: zeros produced from non-zero inputs, and inputs beyond the format's range.
-  const Dense<float> back(codes);
-  const double limit = max_value(fmt) / encode_scale;
+  // Statistics from the input alone, one pass: a non-zero input underflows when |x| s is at most
+  // half the smallest subnormal (round-to-nearest-even makes that tie zero), and clips beyond max.
+  const float under_limit = float(0.5 * min_subnormal(fmt) / encode_scale), clip_limit = float(max_value(fmt) / encode_scale);
   int64_t under = 0, clip = 0, nonzero = 0;
   for (size_t i = 0; i < n; ++i) {
-    const float v = in[i];
-    nonzero += v != 0;
-    under += v != 0 && back[int64_t(i)] == 0;
-    clip += std::fabs(v) > limit;
+    const float a = std::fabs(in[i]);
+    nonzero += a != 0;
+    under += a != 0 && a <= under_limit;
+    clip += a > clip_limit;
   }
   st.underflow = nonzero ? double(under) / double(nonzero) : 0.0;
   st.clipped = n ? double(clip) / double(n) : 0.0;
   return codes;
+}
+// max |x| with the SIMD kernel (NaN if x holds one).
+double amax_of(const Tensor& x) {
+  const Tensor xs = x.dtype() == DType::f32 && x.is_contiguous() ? x : x.to(DType::f32).contiguous();
+  return amax(std::span<const float>(xs.data<float>(), size_t(xs.numel())));
 }
 }  // namespace
 
@@ -94,7 +99,7 @@ Quantized Quantizer::quantize(const Tensor& x) {
       return q;
     }
     case Scaling::current: {
-      const float s = scale_from_amax(ops::max(ops::unary(ops::Unary::abs, x).reshape({-1}), 0).first.item(), 1.0f);
+      const float s = scale_from_amax(amax_of(x), 1.0f);
       q.per_tensor = ScaledTensor(encode(x, f, s, c_.rounding, stats_), 1.0f / s);
       stats_.scale = 1.0f / s;
       return q;
@@ -116,7 +121,7 @@ Quantized Quantizer::quantize(const Tensor& x) {
     case Scaling::constant_bias: {
       int b = c_.bias;
       if (c_.scaling == Scaling::amax_bias) {
-        const double amax = ops::max(ops::unary(ops::Unary::abs, x).reshape({-1}), 0).first.item();
+        const double amax = amax_of(x);
         b = amax > 0 && std::isfinite(amax) ? int(std::floor(std::log2(max_value(f) / amax))) - c_.margin : stats_.bias;
       }
       const float s = std::ldexp(1.0f, b);  // x * 2^b before the cast: exact
@@ -134,7 +139,7 @@ Quantized Quantizer::quantize(const Tensor& x) {
       q.blocks = quantize_blocks(std::span(xs.data<float>(), size_t(xs.numel())), size_t(x.size(0)), size_t(x.size(1)), f, spec,
                                  c_.rounding);
       q.blockwise = true;
-      stats_.amax = float(ops::max(ops::unary(ops::Unary::abs, x).reshape({-1}), 0).first.item());
+      stats_.amax = float(amax_of(xs));
       stats_.scale = *std::max_element(q.blocks.scales.begin(), q.blocks.scales.end());
       return q;
     }

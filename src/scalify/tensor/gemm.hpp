@@ -8,6 +8,12 @@ namespace scalify::gemm {
 void sgemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const float* A,
            int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc, float alpha = 1.0f);
 
+// bf16 operands (uint16 bit patterns), f32 output: C = alpha op(A) op(B), through oneDNN's matmul
+// primitive (AMX / AVX512-BF16 where the CPU has them). Primitives are cached per shape.
+// Operands are dense row-major [M, K] / [K, N], or their transposes when trans_* is set.
+void gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const uint16_t* A,
+               const uint16_t* B, float* C, float alpha = 1.0f);
+
 // The plain triple loop (f64 accumulation), for tests and f64 tensors.
 template <class T>
 void gemm_reference(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const T* A,
