@@ -3,7 +3,8 @@
 # Fast no-op when everything is already there.
 set -euo pipefail
 packages=(cmake g++ make pkg-config zlib1g-dev libgtest-dev libgmock-dev libbenchmark-dev
-          libcli11-dev gnuplot-nox libdnnl-dev libopenblas-dev)
+          libcli11-dev gnuplot-nox libdnnl-dev libopenblas-dev
+          nlohmann-json3-dev)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -21,8 +21,9 @@ bool LossScaler::unscale(const std::vector<Var>& params) {
   bool finite = true;
   for (const Var& p : params) {
     if (!p.scaled_grad().data.defined()) continue;
-    const Dense<float> g(p.grad());
-    for (int64_t i = 0, n = p.grad().numel(); i < n && finite; ++i) finite = std::isfinite(g[i]);
+    const Tensor grad = p.grad();  // keep the represented gradient alive while Dense reads it
+    const Dense<float> g(grad);
+    for (int64_t i = 0, n = grad.numel(); i < n && finite; ++i) finite = std::isfinite(g[i]);
     if (!finite) break;
   }
   if (!finite) {

@@ -31,6 +31,9 @@ class Dense {
     }
   }
   explicit Dense(const Tensor& t) : Dense(t, t.shape()) {}
+  // A temporary tensor would die while its memory is borrowed: name it first.
+  Dense(Tensor&&, const Shape&) = delete;
+  explicit Dense(Tensor&&) = delete;
   const T* data() const { return ptr_; }
   const T& operator[](int64_t i) const { return ptr_[i]; }
 

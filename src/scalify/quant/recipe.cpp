@@ -1,0 +1,175 @@
+#include "scalify/quant/recipe.hpp"
+
+#include <nlohmann/json.hpp>
+
+#include "scalify/error.hpp"
+#include "scalify/scaled/scaled_ops.hpp"
+
+namespace scalify::quant {
+
+namespace {
+
+using json = nlohmann::json;
+
+json role_json(const QuantizerConfig& c) {
+  return {{"scaling", scaling_name(c.scaling)}, {"format", std::string(format_name(c.format))}, {"margin", c.margin},
+          {"history", c.history}, {"reduce", c.reduce == HistoryReduce::max ? "max" : "most_recent"},
+          {"update_interval", c.update_interval}, {"bias", c.bias},
+          {"block", {int(c.block.rows), int(c.block.cols)}}};
+}
+
+template <class T>
+T field(const json& j, const char* key, const char* where) {
+  if (!j.contains(key)) throw Error(std::string("recipe: missing field '") + key + "' in " + where);
+  try {
+    return j.at(key).get<T>();
+  } catch (const json::exception&) {
+    throw Error(std::string("recipe: field '") + key + "' in " + where + " has the wrong type");
+  }
+}
+
+QuantizerConfig role_from(const json& j, const char* where) {
+  QuantizerConfig c;
+  c.scaling = parse_scaling(field<std::string>(j, "scaling", where));
+  c.format = parse_format(field<std::string>(j, "format", where));
+  c.margin = field<int>(j, "margin", where);
+  c.history = field<int>(j, "history", where);
+  const std::string reduce = field<std::string>(j, "reduce", where);
+  if (reduce != "max" && reduce != "most_recent") throw Error(std::string("recipe: reduce must be max or most_recent in ") + where);
+  c.reduce = reduce == "max" ? HistoryReduce::max : HistoryReduce::most_recent;
+  c.update_interval = field<int>(j, "update_interval", where);
+  c.bias = field<int>(j, "bias", where);
+  const auto block = field<std::vector<int>>(j, "block", where);
+  if (block.size() != 2 || block[0] < 1 || block[1] < 1) throw Error(std::string("recipe: block must be [rows, cols] >= 1 in ") + where);
+  c.block.rows = size_t(block[0]);
+  c.block.cols = size_t(block[1]);
+  if (c.scaling == Scaling::block) c.block.rule = BlockScaleRule::f32_amax;
+  return c;
+}
+
+const char* loss_kind(LossScalerConfig::Kind k) {
+  return k == LossScalerConfig::Kind::none ? "none" : k == LossScalerConfig::Kind::fixed ? "static" : "dynamic";
+}
+
+}  // namespace
+
+std::string Recipe::to_json() const {
+  json j = {{"name", name},
+            {"linear", {{"quantized", linear.quantized}, {"weight", role_json(linear.weight)},
+                        {"activation", role_json(linear.activation)}, {"gradient", role_json(linear.gradient)}}},
+            {"master_weight", std::string(dtype_name(master_weight))},
+            {"scaled_state", scaled_state},
+            {"optimizer_state", std::string(dtype_name(optimizer_state))},
+            {"weight_gradient", std::string(format_name(weight_gradient))},
+            {"rescale_every", rescale_every},
+            {"loss_scaling", {{"kind", loss_kind(loss_scaling.kind)}, {"scale", loss_scaling.scale},
+                              {"growth_interval", loss_scaling.growth_interval}}}};
+  return j.dump(2);
+}
+
+Recipe Recipe::from_json(const std::string& text) {
+  json j;
+  try {
+    j = json::parse(text);
+  } catch (const json::parse_error& e) {
+    throw Error(std::string("recipe: not valid JSON: ") + e.what());
+  }
+  Recipe r;
+  r.name = field<std::string>(j, "name", "recipe");
+  const json lin = field<json>(j, "linear", "recipe");
+  r.linear.name = r.name;
+  r.linear.quantized = field<bool>(lin, "quantized", "linear");
+  r.linear.weight = role_from(field<json>(lin, "weight", "linear"), "linear.weight");
+  r.linear.activation = role_from(field<json>(lin, "activation", "linear"), "linear.activation");
+  r.linear.gradient = role_from(field<json>(lin, "gradient", "linear"), "linear.gradient");
+  r.master_weight = parse_dtype(field<std::string>(j, "master_weight", "recipe"));
+  r.scaled_state = field<bool>(j, "scaled_state", "recipe");
+  r.optimizer_state = parse_dtype(field<std::string>(j, "optimizer_state", "recipe"));
+  r.weight_gradient = parse_format(field<std::string>(j, "weight_gradient", "recipe"));
+  r.rescale_every = field<int>(j, "rescale_every", "recipe");
+  const json ls = field<json>(j, "loss_scaling", "recipe");
+  const std::string kind = field<std::string>(ls, "kind", "loss_scaling");
+  if (kind == "none") r.loss_scaling.kind = LossScalerConfig::Kind::none;
+  else if (kind == "static") r.loss_scaling.kind = LossScalerConfig::Kind::fixed;
+  else if (kind == "dynamic") r.loss_scaling.kind = LossScalerConfig::Kind::dynamic;
+  else throw Error("recipe: loss_scaling.kind must be none, static or dynamic, got '" + kind + "'");
+  r.loss_scaling.scale = field<double>(ls, "scale", "loss_scaling");
+  r.loss_scaling.growth_interval = field<int>(ls, "growth_interval", "loss_scaling");
+  return r;
+}
+
+std::vector<std::string> preset_names() {
+  return {"f32", "scalify_fp16_1", "scalify_fp16_2", "scalify_fp8_3", "scalify_fp8_4", "current", "delayed",
+          "fp8_amax", "fp8_cscale", "mxfp8", "blockwise", "f16_loss_scaled"};
+}
+
+Recipe preset(const std::string& name) {
+  Recipe r;
+  r.name = name;
+  if (name == "f32") return r;
+  if (name.rfind("scalify_", 0) == 0) {
+    // Seed 000 Table 3: #1 FP16 matmuls; #2 + FP16 master weights (scaled) with the LayerNorm
+    // backward rescale; #3 FP8 matmuls (e4m3 / e5m2), FP16 master, FP8 state gradients;
+    // #4 + FP16 optimizer state, gradients rescaled.
+    const bool fp8 = name == "scalify_fp8_3" || name == "scalify_fp8_4";
+    if (!fp8 && name != "scalify_fp16_1" && name != "scalify_fp16_2") throw Error("unknown preset '" + name + "'");
+    r.linear = fp8 ? recipe_scalify(Format::e4m3, Format::e5m2) : recipe_scalify(Format::f16, Format::f16);
+    r.linear.name = name;
+    if (name != "scalify_fp16_1") {
+      r.master_weight = DType::f16;
+      r.scaled_state = true;
+    }
+    if (fp8) r.weight_gradient = Format::e5m2;
+    if (name == "scalify_fp8_4") {
+      r.optimizer_state = DType::f16;
+      r.rescale_every = 100;
+    }
+    return r;
+  }
+  if (name == "f16_loss_scaled") {  // the baseline SCALIFY replaces: f16 matmuls + dynamic loss scaling
+    r.linear = recipe_scalify(Format::f16, Format::f16);
+    r.linear.name = name;
+    r.loss_scaling = LossScalerConfig{};
+    return r;
+  }
+  for (const std::string& n : recipe_names())
+    if (n == name) {
+      r.linear = recipe_by_name(name);
+      return r;
+    }
+  std::string valid;
+  for (const std::string& n : preset_names()) valid += (valid.empty() ? "" : ", ") + n;
+  throw Error("unknown recipe preset '" + name + "'; valid presets: " + valid);
+}
+
+std::vector<Var> prepare_parameters(const std::vector<Var>& params, const Recipe& r) {
+  std::vector<Var> out;
+  for (const Var& p : params) {
+    const Tensor v = p.value();
+    if (r.scaled_state)
+      out.emplace_back(as_scaled(v, r.master_weight), true);
+    else
+      out.emplace_back(v.to(r.master_weight), true);
+  }
+  return out;
+}
+
+optim::AdamWConfig optimizer_config(const Recipe& r, optim::AdamWConfig base) {
+  base.state_dtype = r.optimizer_state;
+  base.rescale_every = r.rescale_every;
+  return base;
+}
+
+void cast_weight_gradients(const std::vector<Var>& params, const Recipe& r) {
+  if (r.weight_gradient == Format::f32) return;
+  for (Var p : params) {
+    const ScaledTensor& g = p.scaled_grad();
+    if (!g.data.defined()) continue;
+    // Scaled gradients are cast in their data component; plain ones after rebalancing to unit
+    // RMS (SCALIFY's "FP8 state grads, rescaled"), so the cast sees unit-scaled values.
+    const ScaledTensor unit = g.is_scaled() ? dynamic_rescale_l2(g) : dynamic_rescale_l2(ScaledTensor(g.data, 1.0f));
+    p.set_grad(cast_data(unit, r.weight_gradient));
+  }
+}
+
+}  // namespace scalify::quant
