@@ -134,6 +134,25 @@ TEST(Quantizer, BlockAndMxQuantiseAlongRows) {
   EXPECT_THROW(mx.quantize(Tensor::zeros({2, 2, 2})), Error);
 }
 
+TEST(Quantizer, MxWithFp6AndFp4Elements) {
+  // MX element formats other than FP8: e3m2 / e2m3 (FP6) and e2m1 (FP4). Each element is within
+  // half a quantum of its block's grid or clipped by the floor rule's partial top binade:
+  // |error| <= 2^-(M+1) |x| + (top-binade clip) + half the smallest subnormal times the scale.
+  const Tensor x = Tensor::randn({8, 64}, 9, 2.0);
+  for (Format f : {Format::e3m2, Format::e2m3, Format::e2m1}) {
+    Quantizer q(cfg(Scaling::mx, f));
+    const Quantized out = q.quantize(x);
+    const std::vector<double> back = out.dequantize().to_vector(), in = x.to_vector();
+    const double rel = std::ldexp(1.0, -(info(f).man_bits + 1)) + (1 - max_value(f) / std::ldexp(1.0, info(f).emax() + 1));
+    for (size_t i = 0; i < in.size(); ++i) {
+      const double scale = out.blocks.scales[(i / 64) * out.blocks.scale_cols() + (i % 64) / 32];
+      ASSERT_LE(std::fabs(back[i] - in[i]), rel * std::fabs(in[i]) + 0.5 * min_subnormal(f) * scale + 1e-12)
+          << format_name(f) << " element " << i;
+    }
+    EXPECT_EQ(out.blocks.element, f);
+  }
+}
+
 TEST(Quantizer, NamesParseAndBadConfigIsAnError) {
   EXPECT_EQ(parse_scaling("delayed"), Scaling::delayed);
   EXPECT_THROW(parse_scaling("later"), Error);
