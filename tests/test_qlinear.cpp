@@ -6,6 +6,7 @@
 #include <cstdio>
 
 #include "scalify/autograd/functions.hpp"
+#include "tiny_lm.hpp"
 #include "scalify/error.hpp"
 #include "scalify/nn/transformer.hpp"
 #include "scalify/optim/adamw.hpp"
@@ -113,24 +114,17 @@ TEST(QLinear, TinyTransformerTrainsUnderEveryPreset) {
     std::vector<Var> params = {wte, wpe, head};
     for (auto& [n, p] : block.named()) params.push_back(p);
     LinearRecipe recipe = name == "fp8_cscale" ? recipe_fp8_cscale(4) : recipe_by_name(name);
-    std::vector<QLinear> layers(5, QLinear(recipe));
-    for (auto& l : layers) l = QLinear(recipe);  // each layer its own quantiser state
+    std::vector<QLinear> layers;  // each layer its own quantiser state
+    for (int i = 0; i < 5; ++i) layers.emplace_back(recipe);
     const nn::LinearFn linear = [&](int which, const Var& x, const Var& w, const Var& b) { return layers[size_t(which)](x, w, b); };
     optim::AdamW opt(params, {.lr = 3e-3});
     double first = 0, last = 0;
     for (int step = 0; step < 60; ++step) {
-      std::vector<int64_t> in, tg, pos;
-      const std::vector<double> r = Tensor::rand({B * (T + 1)}, uint64_t(step % 4), -0.49, double(V) - 0.51).to_vector();
-      for (int64_t b = 0; b < B; ++b)
-        for (int64_t t = 0; t < T; ++t) {
-          in.push_back(std::lround(r[size_t(b * (T + 1) + t)]));
-          tg.push_back(std::lround(r[size_t(b * (T + 1) + t + 1)]));
-          pos.push_back(t);
-        }
-      Var x = embedding(wte, Tensor::from_indices(in, {B, T})) + embedding(wpe, Tensor::from_indices(pos, {B, T}));
+      const testing::TokenBatch batch = testing::token_batch(uint64_t(step % 4), B, T, V);
+      Var x = embedding(wte, batch.inputs) + embedding(wpe, batch.positions);
       x = nn::transformer_block(x, block, 2, linear);
       const Var logits = layers[4](x, head);
-      Var loss = cross_entropy(reshape(logits, {B * T, V}), Tensor::from_indices(tg, {B * T}));
+      Var loss = cross_entropy(reshape(logits, {B * T, V}), batch.targets);
       const double l = loss.value().item();
       ASSERT_TRUE(std::isfinite(l)) << name << " step " << step;
       (step == 0 ? first : last) = l;

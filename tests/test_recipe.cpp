@@ -6,6 +6,7 @@
 #include <cstdio>
 
 #include "scalify/autograd/functions.hpp"
+#include "tiny_lm.hpp"
 #include "scalify/error.hpp"
 #include "scalify/nn/transformer.hpp"
 #include "scalify/quant/recipe.hpp"
@@ -74,17 +75,10 @@ TEST(Recipe, TinyTransformerTrainsUnderEveryFullPreset) {
     LossScaler scaler(recipe.loss_scaling);
     double first = 0, last = 0;
     for (int step = 0; step < 60; ++step) {
-      std::vector<int64_t> in, tg, pos;
-      const std::vector<double> r = Tensor::rand({B * (T + 1)}, uint64_t(step % 4), -0.49, double(V) - 0.51).to_vector();
-      for (int64_t bb = 0; bb < B; ++bb)
-        for (int64_t t = 0; t < T; ++t) {
-          in.push_back(std::lround(r[size_t(bb * (T + 1) + t)]));
-          tg.push_back(std::lround(r[size_t(bb * (T + 1) + t + 1)]));
-          pos.push_back(t);
-        }
-      Var x = embedding(params[0], Tensor::from_indices(in, {B, T})) + embedding(params[1], Tensor::from_indices(pos, {B, T}));
+      const testing::TokenBatch batch = testing::token_batch(uint64_t(step % 4), B, T, V);
+      Var x = embedding(params[0], batch.inputs) + embedding(params[1], batch.positions);
       x = nn::transformer_block(x, block, 2, linear);
-      Var loss = cross_entropy(reshape(layers[4](x, params[2]), {B * T, V}), Tensor::from_indices(tg, {B * T}));
+      Var loss = cross_entropy(reshape(layers[4](x, params[2]), {B * T, V}), batch.targets);
       const double l = loss.value().item();
       ASSERT_TRUE(std::isfinite(l)) << name << " step " << step;
       (step == 0 ? first : last) = l;

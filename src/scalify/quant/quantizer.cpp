@@ -6,8 +6,6 @@
 
 #include "scalify/error.hpp"
 #include "scalify/formats/bulk.hpp"
-#include "scalify/tensor/dense.hpp"
-#include "scalify/tensor/ops.hpp"
 
 namespace scalify::quant {
 
