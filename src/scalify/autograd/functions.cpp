@@ -149,8 +149,8 @@ void check_affine(const char* op, const Var& x, const Var& p) {
 // normalisation); the backward scales as 1 / sigma(x): g_s / X_s.
 Var norm(const char* name, const Var& x, double eps, bool center) {
   const ScaledTensor& xs = x.scaled();
-  const double scale = xs.is_scaled() ? xs.scalar_scale() : 1.0;
-  ops::NormResult r = center ? ops::layer_norm(xs.data, eps / (scale * scale)) : ops::rms_norm(xs.data, eps / (scale * scale));
+  double scale = 1.0;
+  ops::NormResult r = s::normalise(xs, eps, center, &scale);
   ScaledTensor y = xs.is_scaled() ? ScaledTensor(r.y, 1.0f) : ScaledTensor(r.y);
   return Var::make(name, y, {x}, [r, scale, center](const ScaledTensor& g) {
     const Tensor d = center ? ops::layer_norm_backward(r, g.data) : ops::rms_norm_backward(r, g.data);

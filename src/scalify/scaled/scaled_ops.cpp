@@ -150,17 +150,19 @@ ScaledTensor log_softmax(const ScaledTensor& x_in, int dim) {
 
 // layer_norm / rms_norm (no affine): normalise X_d, output scale 1. The epsilon is divided by
 // X_s^2 so the result equals the unscaled normalisation exactly (model invariance).
-ScaledTensor layer_norm(const ScaledTensor& x_in, double eps) {
+ops::NormResult normalise(const ScaledTensor& x_in, double eps, bool center, double* scale_used) {
   const ScaledTensor x = uniform(x_in);
-  if (!x.is_scaled()) return ScaledTensor(ops::layer_norm(x.data, eps).y);
-  const double s = x.scalar_scale();
-  return ScaledTensor(ops::layer_norm(x.data, eps / (s * s)).y, 1.0f);
+  const double s = x.is_scaled() && !x.any_scale ? x.scalar_scale() : 1.0;
+  if (scale_used) *scale_used = s;
+  return center ? ops::layer_norm(x.data, eps / (s * s)) : ops::rms_norm(x.data, eps / (s * s));
 }
-ScaledTensor rms_norm(const ScaledTensor& x_in, double eps) {
-  const ScaledTensor x = uniform(x_in);
-  if (!x.is_scaled()) return ScaledTensor(ops::rms_norm(x.data, eps).y);
-  const double s = x.scalar_scale();
-  return ScaledTensor(ops::rms_norm(x.data, eps / (s * s)).y, 1.0f);
+ScaledTensor layer_norm(const ScaledTensor& x, double eps) {
+  const Tensor y = normalise(x, eps, true).y;
+  return x.is_scaled() ? ScaledTensor(y, 1.0f) : ScaledTensor(y);
+}
+ScaledTensor rms_norm(const ScaledTensor& x, double eps) {
+  const Tensor y = normalise(x, eps, false).y;
+  return x.is_scaled() ? ScaledTensor(y, 1.0f) : ScaledTensor(y);
 }
 
 // where / select and concat: the output mixes elements of both operands, so Z_s = the larger

@@ -26,6 +26,10 @@ ScaledTensor softmax(const ScaledTensor& x, int dim = -1);
 ScaledTensor log_softmax(const ScaledTensor& x, int dim = -1);
 ScaledTensor layer_norm(const ScaledTensor& x, double eps);  // no affine
 ScaledTensor rms_norm(const ScaledTensor& x, double eps);    // no affine
+// The normalisation of x's data with eps / X_s^2, so the result equals normalising the
+// represented value exactly; also what the autograd backward needs.
+// `scale_used` receives X_s (per-block scales rebased onto their largest, as every rule does).
+ops::NormResult normalise(const ScaledTensor& x, double eps, bool center, double* scale_used = nullptr);
 ScaledTensor where(const Tensor& cond, const ScaledTensor& x, const ScaledTensor& y);
 ScaledTensor concat(const std::vector<ScaledTensor>& xs, int dim);
 ScaledTensor embedding(const ScaledTensor& weight, const Tensor& ids);

@@ -7,6 +7,7 @@
 #include "scalify/error.hpp"
 #include "scalify/formats/bulk.hpp"
 #include "scalify/formats/scalar.hpp"
+#include "scalify/tensor/dense.hpp"
 
 namespace scalify {
 
@@ -45,25 +46,21 @@ void store_element(std::byte* base, int64_t off, DType dt, T v) {
   }
 }
 
+// Contiguous fast paths, the same for reading and writing: a plain copy when the tensor already
+// holds the compute type, the SIMD bulk codec when it holds a number format (f32 compute only).
 template <class T>
 void read_impl(const Tensor& t, T* out) {
   const int64_t n = t.numel();
   if (n == 0) return;
   const auto fmt = dtype_format(t.dtype());
   if (t.is_contiguous()) {
+    if (t.dtype() == dtype_for<T>()) {
+      std::memcpy(out, t.raw_bytes(), size_t(n) * sizeof(T));
+      return;
+    }
     if constexpr (sizeof(T) == 4) {
-      if (t.dtype() == DType::f32) {
-        std::memcpy(out, t.raw_bytes(), size_t(n) * 4);
-        return;
-      }
-      if (fmt) {  // SIMD decode
-        dequantize(std::span(t.raw_bytes(), size_t(n * dtype_size(t.dtype()))), *fmt, 1.0f,
-                   std::span(out, size_t(n)));
-        return;
-      }
-    } else {
-      if (t.dtype() == DType::f64) {
-        std::memcpy(out, t.raw_bytes(), size_t(n) * 8);
+      if (fmt) {
+        dequantize(std::span(t.raw_bytes(), size_t(n * dtype_size(t.dtype()))), *fmt, 1.0f, std::span(out, size_t(n)));
         return;
       }
     }
@@ -87,19 +84,13 @@ void write_impl(const T* in, Tensor& t) {
   if (n == 0) return;
   const auto fmt = dtype_format(t.dtype());
   if (t.is_contiguous()) {
+    if (t.dtype() == dtype_for<T>()) {
+      std::memcpy(t.raw_bytes(), in, size_t(n) * sizeof(T));
+      return;
+    }
     if constexpr (sizeof(T) == 4) {
-      if (t.dtype() == DType::f32) {
-        std::memcpy(t.raw_bytes(), in, size_t(n) * 4);
-        return;
-      }
-      if (fmt && info(*fmt).has_nan()) {  // SIMD encode (formats without NaN take the checked path)
-        quantize(std::span(in, size_t(n)), *fmt, 1.0f,
-                 std::span(t.raw_bytes(), size_t(n * dtype_size(t.dtype()))));
-        return;
-      }
-    } else {
-      if (t.dtype() == DType::f64) {
-        std::memcpy(t.raw_bytes(), in, size_t(n) * 8);
+      if (fmt) {  // rounds to nearest even, saturates; a NaN into FP6/FP4 throws, as per element
+        quantize(std::span(in, size_t(n)), *fmt, 1.0f, std::span(t.raw_bytes(), size_t(n * dtype_size(t.dtype()))));
         return;
       }
     }
