@@ -2,9 +2,20 @@
 # Installs the Debian packages Scalify needs to build, test and plot (root on a fresh Debian 12).
 # Fast no-op when everything is already there.
 set -euo pipefail
-packages=(cmake g++ make pkg-config zlib1g-dev libgtest-dev libgmock-dev libbenchmark-dev
-          libcli11-dev gnuplot-nox libdnnl-dev libopenblas-dev
-          nlohmann-json3-dev)
+packages=(
+  cmake g++ make pkg-config
+  zlib1g-dev                 # gzip-compressed reference vectors in tests/data
+  libgtest-dev libgmock-dev libbenchmark-dev
+  libcli11-dev               # the CLI's argument parser
+  nlohmann-json3-dev         # recipes, metrics and checkpoint headers
+  gnuplot-nox                # PNG plots (scalify snr, compare)
+  libdnnl-dev                # oneDNN: f32 and bf16 GEMM
+  # oneDNN's CMake config (dnnl-config.cmake) calls find_package(OpenCL) even for the CPU-only
+  # build; the package that satisfies it is only a Recommends of libdnnl-dev, which
+  # --no-install-recommends skips, so it is named here.
+  ocl-icd-opencl-dev
+  libopenblas-dev            # bench_gemm compares oneDNN against OpenBLAS
+)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

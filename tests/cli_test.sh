@@ -20,6 +20,17 @@ grep -E "^gelu +1\.70[0-9]+ +1\.7010" "$out/factors" > /dev/null
 test "$(grep -c '%' "$out/factors")" -eq 4
 "$cli" scale-rules | grep -q "^| matmul |"
 
+# info: the chosen paths follow the environment switches CI uses for the second pass.
+"$cli" info > "$out/info"
+for key in "scalify:" "cpu:" "cpu features:" "format kernels:" "gemm fp8 codes:" "threads:"; do
+  grep -q "^$key" "$out/info" || { echo "info lacks $key"; exit 1; }
+done
+SCALIFY_ISA=scalar SCALIFY_GEMM=f32 "$cli" info > "$out/info_limited"
+grep -q "^format kernels: scalar$" "$out/info_limited"
+grep -q "^gemm fp8 codes: f32" "$out/info_limited"
+if SCALIFY_GEMM=fp4 "$cli" info 2> "$out/err"; then echo "accepted SCALIFY_GEMM=fp4"; exit 1; fi
+grep -q "SCALIFY_GEMM='fp4'" "$out/err"
+
 # Bad input: an unknown format is a clear error naming it and listing the valid ones.
 if "$cli" snr --out "$out" --formats e4m4 2> "$out/err"; then echo "accepted e4m4"; exit 1; fi
 grep -q "unknown number format 'e4m4'" "$out/err"

@@ -11,6 +11,7 @@
 #include "scalify/nn/transformer.hpp"
 #include "scalify/optim/adamw.hpp"
 #include "scalify/quant/linear.hpp"
+#include "scalify/tensor/gemm.hpp"
 
 namespace scalify::quant {
 namespace {
@@ -32,7 +33,27 @@ TEST(QLinear, F32RecipeIsBitIdenticalToThePlainEngine) {
   EXPECT_EQ(w1.grad().to_vector(), w2.grad().to_vector());
 }
 
-TEST(QLinear, ForwardAndBackwardAreDecodeThenGemm) {
+// Runs a test under one GEMM path for the FP8 codes and restores the previous one after; skips
+// where the CPU lacks it (the f32 path runs everywhere, so every machine tests at least one).
+class QLinearOnGemmPath : public ::testing::TestWithParam<gemm::CodeGemm> {
+ protected:
+  void SetUp() override {
+    if (!gemm::code_gemm_supported(GetParam())) GTEST_SKIP() << gemm::code_gemm_name(GetParam()) << " not on this CPU";
+    gemm::set_code_gemm(GetParam());
+  }
+  void TearDown() override { gemm::set_code_gemm(saved_); }
+  gemm::CodeGemm saved_ = gemm::code_gemm();
+};
+INSTANTIATE_TEST_SUITE_P(Paths, QLinearOnGemmPath, ::testing::Values(gemm::CodeGemm::onednn_bf16, gemm::CodeGemm::f32),
+                         [](const auto& info) { return info.param == gemm::CodeGemm::f32 ? "f32" : "bf16"; });
+
+TEST(QLinear, UnsupportedGemmPathIsAnErrorNotACrash) {
+  if (gemm::code_gemm_supported(gemm::CodeGemm::onednn_bf16)) GTEST_SKIP() << "this CPU runs bf16 natively";
+  EXPECT_EQ(gemm::code_gemm(), gemm::CodeGemm::f32);
+  EXPECT_THROW(gemm::set_code_gemm(gemm::CodeGemm::onednn_bf16), Error);
+}
+
+TEST_P(QLinearOnGemmPath, ForwardAndBackwardAreDecodeThenGemm) {
   // Per-tensor current scaling: y = Q(x) Q(w), dX = Q(g) Q(w)^T, dW = Q(x)^T Q(g), with
   // independently built quantisers giving the same operands.
   const Tensor x = Tensor::randn({2, 5, 32}, 5, 3.0), w = Tensor::randn({32, 12}, 6, 0.1), g = Tensor::randn({2, 5, 12}, 7, 1e-3);
@@ -44,7 +65,7 @@ TEST(QLinear, ForwardAndBackwardAreDecodeThenGemm) {
   Quantizer qa(r.activation), qw(r.weight), qg(r.gradient);
   const Tensor dx = qa.quantize(x.reshape({10, 32})).dequantize(), dw = qw.quantize(w).dequantize();
   const Tensor dg = qg.quantize(g.reshape({10, 12})).dequantize();
-  // Products of FP8 values are exact; the layer's bf16 GEMM and the f32 reference sum them in
+  // Products of FP8 values are exact; the layer's GEMM and the f32 reference sum them in
   // different orders, each within gamma_K sum|a||b| of the exact sum (gamma_K = K u / (1 - K u),
   // u = 2^-24), so they agree within twice that.
   auto expect_close = [](const Tensor& got, const Tensor& a, const Tensor& b, const char* what) {
@@ -62,7 +83,7 @@ TEST(QLinear, ForwardAndBackwardAreDecodeThenGemm) {
   EXPECT_FLOAT_EQ(layer.gradient_stats().scale, layer.gradient_stats().amax / 57344.0f);
 }
 
-TEST(QLinear, GradientsMatchF32WithinTheFormatsError) {
+TEST_P(QLinearOnGemmPath, GradientsMatchF32WithinTheFormatsError) {
   // e4m3 operands: relative error per element <= 2^-4; e5m2 gradients <= 2^-3; sums of K such
   // products average the errors down. Required: relative L2 error of each output < 0.1.
   const Tensor x = Tensor::randn({64, 96}, 8), w = Tensor::randn({96, 48}, 9, 0.1), g = Tensor::randn({64, 48}, 10);

@@ -8,5 +8,6 @@ void add_formats_command(CLI::App& app);
 void add_snr_command(CLI::App& app);
 void add_scale_rules_command(CLI::App& app);
 void add_unit_factors_command(CLI::App& app);
+void add_info_command(CLI::App& app);
 
 }  // namespace scalify::cli

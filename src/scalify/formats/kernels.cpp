@@ -5,6 +5,7 @@
 
 #include "scalify/error.hpp"
 #include "scalify/formats/kernels.hpp"
+#include "scalify/platform/cpu.hpp"
 
 namespace scalify::kernels {
 
@@ -31,11 +32,14 @@ bool isa_supported(Isa isa) {
   switch (isa) {
     case Isa::scalar: return true;
 #if SCALIFY_HAVE_X86_SIMD
-    case Isa::avx2:
-      return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-    case Isa::avx512:
-      return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-             __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
+    case Isa::avx2: {
+      const platform::CpuFeatures& f = platform::cpu_features();
+      return f.avx2 && f.fma && f.f16c;
+    }
+    case Isa::avx512: {
+      const platform::CpuFeatures& f = platform::cpu_features();
+      return f.avx512f && f.avx512bw && f.avx512vl && f.avx512dq && f.fma && f.f16c;
+    }
 #endif
     default: return false;
   }

@@ -21,12 +21,16 @@ bool blockwise(const QuantizerConfig& c) { return c.scaling == Scaling::block ||
 // Formats whose every value is a bf16 value (at most 7 mantissa bits, bf16's exponent range).
 bool bf16_exact(Format f) { return info(f).man_bits <= 7 && info(f).exp_bits <= 8 && f != Format::f32; }
 
-// Per-tensor operands: the GEMM runs on the codes as bf16 (exact) with the product of the decode
-// scales as alpha, on oneDNN's bf16 matmul (AMX here). Shapes as gemm::gemm_bf16.
-Tensor bf16_codes(const Quantized& q) { return q.per_tensor.data.to(DType::bf16).contiguous(); }
+// Per-tensor operands: the GEMM runs on the codes, decoded exactly to bf16 or f32 (gemm::code_gemm
+// decides by CPU), with the product of the decode scales as alpha. Shapes as gemm::gemm_bf16.
+DType gemm_dtype() { return gemm::code_gemm() == gemm::CodeGemm::onednn_bf16 ? DType::bf16 : DType::f32; }
+Tensor gemm_operand(const Quantized& q, DType t) { return q.per_tensor.data.to(t).contiguous(); }
 Tensor gemm_codes(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const Tensor& a, const Tensor& b, float alpha) {
   Tensor c = Tensor::empty({M, N});
-  gemm::gemm_bf16(ta, tb, M, N, K, a.data<uint16_t>(), b.data<uint16_t>(), c.data<float>(), alpha);
+  if (a.dtype() == DType::bf16)
+    gemm::gemm_bf16(ta, tb, M, N, K, a.data<uint16_t>(), b.data<uint16_t>(), c.data<float>(), alpha);
+  else
+    gemm::sgemm(ta, tb, M, N, K, a.data<float>(), ta ? M : K, b.data<float>(), tb ? K : N, 0.0f, c.data<float>(), N, alpha);
   return c;
 }
 // A block/MX config with blocks along the rows (1 x K) or down the columns (K x 1).
@@ -124,13 +128,14 @@ Var QLinear::operator()(const Var& x, const Var& w, const Var& b) const {
   const std::shared_ptr<State> state = state_;
   if (!block && bf16_exact(recipe_.weight.format) && bf16_exact(recipe_.activation.format) &&
       bf16_exact(recipe_.gradient.format)) {
-    const Tensor cx = bf16_codes(qx), cw = bf16_codes(qw);
+    const DType t = gemm_dtype();
+    const Tensor cx = gemm_operand(qx, t), cw = gemm_operand(qw, t);
     const float sx = qx.per_tensor.scalar_scale(), sw = qw.per_tensor.scalar_scale();
     const Tensor y = gemm_codes(false, false, rows, N, K, cx, cw, sx * sw).reshape(out_shape);
     const Var out = Var::make("qlinear", ScaledTensor(y), {x, w}, [state, cx, cw, sx, sw, rows, K, N, xs = x.shape()](const ScaledTensor& g) {
       const Tensor g2 = (g.is_scaled() ? g.value() : g.data).reshape({rows, N});
       const Quantized qg = state->gradient.quantize(g2);
-      const Tensor cg = bf16_codes(qg);
+      const Tensor cg = gemm_operand(qg, cx.dtype());
       const float sg = qg.per_tensor.scalar_scale();
       return std::vector<ScaledTensor>{ScaledTensor(gemm_codes(false, true, rows, K, N, cg, cw, sg * sw).reshape(xs)),
                                        ScaledTensor(gemm_codes(true, false, K, N, rows, cx, cg, sx * sg))};

@@ -2,6 +2,8 @@
 
 #include <oneapi/dnnl/dnnl.h>
 
+#include <atomic>
+#include <cstdlib>
 #include <map>
 #include <mutex>
 #include <oneapi/dnnl/dnnl.hpp>
@@ -9,6 +11,7 @@
 #include <tuple>
 
 #include "scalify/error.hpp"
+#include "scalify/platform/cpu.hpp"
 
 namespace scalify::gemm {
 
@@ -62,6 +65,62 @@ void gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, cons
     s.wait();
   } catch (const dnnl::error& err) {
     throw Error(std::string("gemm_bf16: oneDNN failed: ") + err.what());
+  }
+}
+
+
+namespace {
+// oneDNN runs bf16 natively from avx512_core_bf16 up (AMX included); below it either emulates
+// (slowly, AVX-512 without BF16) or refuses to create the primitive (AVX2).
+bool onednn_bf16_native() {
+  const auto isa = static_cast<unsigned>(dnnl::get_effective_cpu_isa());
+  const auto bf16 = static_cast<unsigned>(dnnl::cpu_isa::avx512_core_bf16);
+  const platform::CpuFeatures& f = platform::cpu_features();
+  return (isa & bf16) == bf16 && (f.avx512_bf16 || f.amx_bf16);
+}
+CodeGemm initial_code_gemm() {
+  if (const char* env = std::getenv("SCALIFY_GEMM")) {
+    const std::string v = env;
+    if (v != "bf16" && v != "f32") throw Error("SCALIFY_GEMM='" + v + "' is not one of bf16, f32");
+    const CodeGemm path = v == "bf16" ? CodeGemm::onednn_bf16 : CodeGemm::f32;
+    if (!code_gemm_supported(path))
+      throw Error("SCALIFY_GEMM=bf16: this CPU (or DNNL_MAX_CPU_ISA) has no native bf16 GEMM in oneDNN");
+    return path;
+  }
+  return code_gemm_supported(CodeGemm::onednn_bf16) ? CodeGemm::onednn_bf16 : CodeGemm::f32;
+}
+std::atomic<CodeGemm>& current_code_gemm() {
+  static std::atomic<CodeGemm> path{initial_code_gemm()};
+  return path;
+}
+}  // namespace
+
+const char* code_gemm_name(CodeGemm path) { return path == CodeGemm::onednn_bf16 ? "bf16 (oneDNN)" : "f32 (oneDNN sgemm on decoded values)"; }
+bool code_gemm_supported(CodeGemm path) { return path == CodeGemm::f32 || onednn_bf16_native(); }
+CodeGemm code_gemm() { return current_code_gemm().load(); }
+void set_code_gemm(CodeGemm path) {
+  if (!code_gemm_supported(path))
+    throw Error(std::string("GEMM path '") + code_gemm_name(path) + "' is not supported on this CPU");
+  current_code_gemm().store(path);
+}
+
+std::string onednn_version() {
+  const dnnl_version_t* v = dnnl_version();
+  return std::to_string(v->major) + "." + std::to_string(v->minor) + "." + std::to_string(v->patch);
+}
+
+std::string onednn_isa() {
+  using isa = dnnl::cpu_isa;
+  switch (dnnl::get_effective_cpu_isa()) {
+    case isa::sse41: return "sse41";
+    case isa::avx: return "avx";
+    case isa::avx2: return "avx2";
+    case isa::avx2_vnni: return "avx2_vnni";
+    case isa::avx512_core: return "avx512_core";
+    case isa::avx512_core_vnni: return "avx512_core_vnni";
+    case isa::avx512_core_bf16: return "avx512_core_bf16";
+    case isa::avx512_core_amx: return "avx512_core_amx";
+    default: return "other";
   }
 }
 
