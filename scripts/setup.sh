@@ -8,6 +8,8 @@ packages=(
   libgtest-dev libgmock-dev libbenchmark-dev
   libcli11-dev               # the CLI's argument parser
   nlohmann-json3-dev         # recipes, metrics and checkpoint headers
+  libtomlplusplus-dev        # training configuration files
+  fortunes                   # the default training corpus: real English text, no download
   gnuplot-nox                # PNG plots (scalify snr, compare)
   libdnnl-dev                # oneDNN: f32 and bf16 GEMM
   # oneDNN's CMake config (dnnl-config.cmake) calls find_package(OpenCL) even for the CPU-only

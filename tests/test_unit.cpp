@@ -8,11 +8,22 @@
 #include "scalify/error.hpp"
 #include "scalify/optim/adamw.hpp"
 #include "scalify/unit/factors.hpp"
-#include "scalify/unit/gpt.hpp"
+#include "scalify/nn/gpt.hpp"
 #include "scalify/unit/unit_ops.hpp"
 
 namespace scalify {
 namespace {
+
+// The configuration these tests were calibrated on: a small unit-scaled GPT with an untied head.
+nn::GptConfig unit_test_config() {
+  nn::GptConfig c;
+  c.vocab = 64;
+  c.seq = 32;
+  c.d_model = 64;
+  c.unit_scaled = true;
+  c.tied_head = false;
+  return c;
+}
 
 double stddev(const Tensor& t) {
   const double m = ops::mean(t, {}).item();
@@ -138,10 +149,10 @@ struct Table {
 };
 
 Table scale_table(bool unit_scaled, uint64_t seed, unit::Residual::Kind residual, bool print) {
-  unit::GptConfig c;
+  nn::GptConfig c = unit_test_config();
   c.unit_scaled = unit_scaled;
   c.residual = residual;
-  const unit::Gpt model(c, seed);
+  const nn::Gpt model(c, seed);
   const Tensor ids = Tensor::rand({8, 32}, 5 + seed, -0.49, 63.49).to(DType::i64);
   const Tensor tg = Tensor::rand({8, 32}, 50 + seed, -0.49, 63.49).to(DType::i64);
   unit::ScaleProbe probe;
@@ -197,7 +208,7 @@ TEST(UnitGpt, ScalesAtInitialisationUnitScaledVsStandard) {
 // loss scaling) and its loss tracks the f32 run; the standard model in f16 loses its small
 // gradients to underflow.
 std::vector<double> train(bool unit_scaled, Format cast, int steps) {
-  unit::GptConfig c;
+  nn::GptConfig c = unit_test_config();
   c.vocab = 16;
   c.seq = 16;
   c.d_model = 32;
@@ -205,7 +216,7 @@ std::vector<double> train(bool unit_scaled, Format cast, int steps) {
   c.heads = 2;
   c.unit_scaled = unit_scaled;
   c.cast = cast;
-  const unit::Gpt model(c, 2);
+  const nn::Gpt model(c, 2);
   std::vector<Var> params;
   std::vector<double> lr_scale;  // Appendix J.1: 1/sqrt(d) for non-projection parameters
   for (auto& [name, p] : model.parameters()) {
@@ -239,10 +250,10 @@ double tail(const std::vector<double>& l) {
 }
 
 TEST(UnitGpt, NonProjectionParametersGetTheInverseSqrtWidthLearningRate) {
-  unit::GptConfig c;  // d_model = 64
-  const unit::Gpt u(c, 1);
+  nn::GptConfig c = unit_test_config();  // d_model = 64
+  const nn::Gpt u(c, 1);
   c.unit_scaled = false;
-  const unit::Gpt s(c, 1);
+  const nn::Gpt s(c, 1);
   EXPECT_EQ(u.lr_multiplier("h0.attn.qkv.w"), 1.0);
   EXPECT_EQ(u.lr_multiplier("h3.mlp.out.w"), 1.0);
   EXPECT_EQ(u.lr_multiplier("head"), 1.0);
@@ -273,9 +284,9 @@ TEST(UnitGpt, GradientsFitF16OnlyWithUnitScaling) {
   // Fraction of parameter-gradient values below f16's smallest normal (2^-14) at initialisation,
   // without loss scaling: there f16 keeps fewer than 11 significant bits, down to none at 2^-25.
   auto underflow = [](bool unit_scaled) {
-    unit::GptConfig c;
+    nn::GptConfig c = unit_test_config();
     c.unit_scaled = unit_scaled;
-    const unit::Gpt model(c, 3);
+    const nn::Gpt model(c, 3);
     const Tensor ids = Tensor::rand({8, 32}, 7, -0.49, 63.49).to(DType::i64), tg = Tensor::rand({8, 32}, 8, -0.49, 63.49).to(DType::i64);
     Var loss = model.loss(ids, tg);
     loss.backward();

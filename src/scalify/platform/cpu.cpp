@@ -55,7 +55,7 @@ CpuFeatures detect() {
   f.fma = ymm && bit(l1.c, 12);
   f.f16c = ymm && bit(l1.c, 29);
   if (max_leaf >= 7) {
-    const Regs l7 = cpuid(7), l7_1 = cpuid(7, 1);
+    const Regs l7 = cpuid(7), l7_1 = l7.a >= 1 ? cpuid(7, 1) : Regs{};
     f.avx2 = ymm && bit(l7.b, 5);
     f.avx512f = zmm && bit(l7.b, 16);
     f.avx512dq = zmm && bit(l7.b, 17);

@@ -38,9 +38,9 @@ Linear Linear::make(int64_t in, int64_t out, Init& init, bool output_projection)
   return {init.weight({in, out}, output_projection), init.constant({out}, 0.0)};
 }
 
-Var Linear::operator()(const Var& x_in, const LayerOptions& o) const {
+Var Linear::operator()(const Var& x_in, const LayerOptions& o, const char* name) const {
   const Var x = o.lowp(x_in), wl = o.lowp(w);
-  if (!o.unit_scaled) return scalify::matmul(x, wl) + b;
+  if (!o.unit_scaled) return (o.matmul ? o.matmul(std::string(o.prefix).append(name), x, wl) : scalify::matmul(x, wl)) + b;
   // The input activation is a non-cut edge (constrained); weight and bias are cut edges, the
   // bias's gradient summing over every row: beta = rows^-1/2 (as LayerNorm's).
   return unit::matmul(x, wl, Constrain::x) + scaled(b, 1.0, 1.0 / std::sqrt(double(rows_of(x))));
@@ -51,15 +51,22 @@ void Linear::add_to(NamedParams& p, const std::string& name) const {
   p.push_back({std::string(name).append(".b"), b});
 }
 
-LayerNorm LayerNorm::make(int64_t d, const Init& init) { return {init.constant({d}, 1.0), init.constant({d}, 0.0)}; }
+LayerNorm LayerNorm::make(int64_t d, const Init& init, bool rms) {
+  return {init.constant({d}, 1.0), rms ? Var() : init.constant({d}, 0.0)};
+}
 
-Var LayerNorm::operator()(const Var& x, const LayerOptions& o) const {
+Var LayerNorm::operator()(const Var& x_in, const LayerOptions& o) const {
+  const Var x = o.rescale_norm_grad ? dynamic_rescale_l2_grad(x_in) : x_in;
+  if (!b.defined()) {
+    if (o.unit_scaled) throw Error("RMSNorm has no unit-scaled form here; use LayerNorm with unit scaling");
+    return scalify::rms_norm(x, w);
+  }
   return o.unit_scaled ? unit::layer_norm(x, w, b) : scalify::layer_norm(x, w, b);
 }
 
 void LayerNorm::add_to(NamedParams& p, const std::string& name) const {
   p.push_back({std::string(name).append(".w"), w});
-  p.push_back({std::string(name).append(".b"), b});
+  if (b.defined()) p.push_back({std::string(name).append(".b"), b});
 }
 
 CausalSelfAttention CausalSelfAttention::make(int64_t d, int heads, Init& init) {
@@ -70,7 +77,7 @@ CausalSelfAttention CausalSelfAttention::make(int64_t d, int heads, Init& init) 
 Var CausalSelfAttention::operator()(const Var& x, const LayerOptions& o) const {
   const int64_t B = x.shape()[0], T = x.shape()[1], D = x.shape()[2], H = heads, hd = D / H;
   const bool u = o.unit_scaled;
-  const Var qkv_out = o.tap(qkv(x, o), "attn.qkv");
+  const Var qkv_out = o.tap(qkv(x, o, "attn.qkv"), "attn.qkv");
   auto split_heads = [&](int64_t part) {  // [B, H, T, hd]
     return permute(reshape(slice(qkv_out, 2, part * D, (part + 1) * D), {B, T, H, hd}), {0, 2, 1, 3});
   };
@@ -80,22 +87,33 @@ Var CausalSelfAttention::operator()(const Var& x, const LayerOptions& o) const {
                            "attn.scores (masked)");
   const Var att = o.tap(u ? causal_softmax(scores) : scalify::softmax(causal_mask(scores)), "attn.probs");
   const Var mix = reshape(permute(u ? matmul_activations(att, v) : scalify::matmul(att, v), {0, 2, 1, 3}), {B, T, D});
-  return o.tap(proj(o.tap(mix, "attn.mix"), o), "attn.out");
+  return o.tap(proj(o.tap(mix, "attn.mix"), o, "attn.proj"), "attn.out");
 }
 
-Mlp Mlp::make(int64_t d, Init& init) { return {Linear::make(d, 4 * d, init), Linear::make(4 * d, d, init, true)}; }
+Mlp Mlp::make(int64_t d, Init& init, bool swiglu) {
+  const int64_t hidden = swiglu ? (8 * d / 3 + 7) / 8 * 8 : 4 * d;
+  return {Linear::make(d, swiglu ? 2 * hidden : hidden, init), Linear::make(hidden, d, init, true), swiglu};
+}
 
 Var Mlp::operator()(const Var& x, const LayerOptions& o) const {
-  const Var h = o.tap(fc(x, o), "mlp.fc");
-  const Var a = o.tap(o.unit_scaled ? unit::gelu(h, /*constrained=*/true) : scalify::gelu(h), "mlp.gelu");
-  return o.tap(out(a, o), "mlp.out");
+  const Var h = o.tap(fc(x, o, "mlp.fc"), "mlp.fc");
+  Var a;
+  if (swiglu) {
+    if (o.unit_scaled) throw Error("SwiGLU has no unit-scaled form here; use the GELU MLP with unit scaling");
+    const int64_t hidden = h.shape().back() / 2;
+    const int last = int(h.shape().size()) - 1;
+    a = o.tap(silu(slice(h, last, 0, hidden)) * slice(h, last, hidden, 2 * hidden), "mlp.swiglu");
+  } else {
+    a = o.tap(o.unit_scaled ? unit::gelu(h, /*constrained=*/true) : scalify::gelu(h), "mlp.gelu");
+  }
+  return o.tap(out(a, o, "mlp.out"), "mlp.out");
 }
 
-GptBlock GptBlock::make(int64_t d, int heads, Init& init) {
-  LayerNorm ln1 = LayerNorm::make(d, init);
+GptBlock GptBlock::make(int64_t d, int heads, Init& init, bool rms_norm, bool swiglu) {
+  LayerNorm ln1 = LayerNorm::make(d, init, rms_norm);
   CausalSelfAttention attn = CausalSelfAttention::make(d, heads, init);
-  LayerNorm ln2 = LayerNorm::make(d, init);
-  Mlp mlp = Mlp::make(d, init);
+  LayerNorm ln2 = LayerNorm::make(d, init, rms_norm);
+  Mlp mlp = Mlp::make(d, init, swiglu);
   return {ln1, ln2, attn, mlp};
 }
 

@@ -4,6 +4,7 @@
 // softmax scaled to ~ones, constrained GELU, weighted residuals with the branch rewrite).
 // Shapes: activations [B, T, D]; weights [in, out] (y = x W + b).
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -31,7 +32,13 @@ struct LayerOptions {
   // format in the forward pass, and their gradients in the backward pass (f32: none).
   Format cast = Format::f32;
   ScaleProbe* probe = nullptr;  // records activations and gradients when set
-  std::string prefix;           // probe names: prefix + layer-local name
+  std::string prefix;           // probe and layer names: prefix + layer-local name
+  // Recipe hook: x @ w of a block's linear layer named prefix + local name (e.g. "h0.attn.qkv"),
+  // quantised as the recipe says; empty: a plain matmul. Standard variant only.
+  std::function<Var(const std::string& name, const Var& x, const Var& w)> matmul;
+  bool rms_norm = false;           // RMSNorm (weight only) instead of LayerNorm
+  bool swiglu = false;             // SwiGLU MLP instead of GELU (standard variant only)
+  bool rescale_norm_grad = false;  // SCALIFY (seed 000): dynamic_rescale_l2_grad before each block norm
   Var tap(const Var& x, const char* name) const;
   Var lowp(const Var& x) const;
 };
@@ -51,13 +58,13 @@ struct Init {
 struct Linear {
   Var w, b;
   static Linear make(int64_t in, int64_t out, Init& init, bool output_projection = false);
-  Var operator()(const Var& x, const LayerOptions& o) const;
+  Var operator()(const Var& x, const LayerOptions& o, const char* name) const;
   void add_to(NamedParams& p, const std::string& name) const;
 };
 
 struct LayerNorm {
-  Var w, b;
-  static LayerNorm make(int64_t d, const Init& init);
+  Var w, b;  // b undefined for RMSNorm
+  static LayerNorm make(int64_t d, const Init& init, bool rms = false);
   Var operator()(const Var& x, const LayerOptions& o) const;
   void add_to(NamedParams& p, const std::string& name) const;
 };
@@ -69,9 +76,12 @@ struct CausalSelfAttention {
   Var operator()(const Var& x, const LayerOptions& o) const;
 };
 
+// GELU: out(gelu(fc(x))), hidden 4d. SwiGLU: out(silu(gate) * up) with [gate | up] = fc(x),
+// hidden 8d/3 rounded up to a multiple of 8 (about the GELU MLP's parameter count).
 struct Mlp {
   Linear fc, out;
-  static Mlp make(int64_t d, Init& init);
+  bool swiglu = false;
+  static Mlp make(int64_t d, Init& init, bool swiglu = false);
   Var operator()(const Var& x, const LayerOptions& o) const;
 };
 
@@ -81,7 +91,7 @@ struct GptBlock {
   LayerNorm ln1, ln2;
   CausalSelfAttention attn;
   Mlp mlp;
-  static GptBlock make(int64_t d, int heads, Init& init);
+  static GptBlock make(int64_t d, int heads, Init& init, bool rms_norm = false, bool swiglu = false);
   Var operator()(const Var& x, Residual residual, const LayerOptions& o) const;
   void add_to(NamedParams& p, const std::string& prefix) const;
 };

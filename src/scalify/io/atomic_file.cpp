@@ -1,0 +1,86 @@
+#include "scalify/io/atomic_file.hpp"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <vector>
+
+#include "scalify/error.hpp"
+
+namespace scalify::io {
+
+namespace fs = std::filesystem;
+
+namespace {
+[[noreturn]] void fail(const std::string& what, const std::string& path) {
+  throw Error(what + " '" + path + "': " + std::strerror(errno));
+}
+void write_all(int fd, const char* p, size_t n, const std::string& path) {
+  while (n > 0) {
+    const ssize_t w = ::write(fd, p, n);
+    if (w < 0) {
+      if (errno == EINTR) continue;
+      fail("cannot write", path);
+    }
+    p += w;
+    n -= size_t(w);
+  }
+}
+bool die_during_write(const fs::path& target) {
+  const char* env = std::getenv("SCALIFY_TEST_DIE_DURING_WRITE");
+  return env && target.filename() == env;
+}
+}  // namespace
+
+void write_file_atomically(const std::string& path, const std::function<void(const ByteSink&)>& write) {
+  const fs::path target(path);
+  const fs::path dir = target.has_parent_path() ? target.parent_path() : fs::path(".");
+  const std::string prefix = target.filename().string() + ".tmp.";
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(dir, ec))  // leftovers of writers that died
+    if (e.path().filename().string().rfind(prefix, 0) == 0) fs::remove(e.path(), ec);
+  const std::string tmp = (dir / (prefix + std::to_string(::getpid()))).string();
+  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) fail("cannot create", tmp);
+  try {
+    // Buffer the content so the fault-injection hook can stop halfway; checkpoints of the
+    // models trained here are megabytes, not gigabytes.
+    std::vector<char> bytes;
+    write([&](const void* data, size_t size) {
+      const char* p = static_cast<const char*>(data);
+      bytes.insert(bytes.end(), p, p + size);
+    });
+    if (die_during_write(target)) {
+      write_all(fd, bytes.data(), bytes.size() / 2, tmp);
+      ::fsync(fd);
+      ::raise(SIGKILL);
+    }
+    write_all(fd, bytes.data(), bytes.size(), tmp);
+    if (::fsync(fd) != 0) fail("cannot flush", tmp);
+    const int closed = ::close(fd);
+    fd = -1;
+    if (closed != 0) fail("cannot close", tmp);
+  } catch (...) {
+    if (fd >= 0) ::close(fd);
+    ::unlink(tmp.c_str());
+    throw;
+  }
+  if (::rename(tmp.c_str(), path.c_str()) != 0) {
+    const int err = errno;
+    ::unlink(tmp.c_str());
+    errno = err;
+    fail("cannot rename the new file onto", path);
+  }
+  const int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dfd >= 0) {  // make the rename itself durable
+    ::fsync(dfd);
+    ::close(dfd);
+  }
+}
+
+}  // namespace scalify::io

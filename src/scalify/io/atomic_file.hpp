@@ -1,0 +1,20 @@
+#pragma once
+// Writing a file so that readers see either the old file or the complete new one, never a part:
+// the bytes go to a temporary file in the same folder, are flushed to disk (fsync), and the
+// temporary is renamed over the target (atomic on POSIX file systems), then the folder is synced.
+#include <functional>
+#include <string>
+
+namespace scalify::io {
+
+// `write` appends the content through the given sink (called any number of times). Throws
+// scalify::Error naming the path on any failure, leaving the previous file untouched and no
+// temporary behind (unless the process itself dies; a later write removes such leftovers).
+using ByteSink = std::function<void(const void* data, size_t size)>;
+void write_file_atomically(const std::string& path, const std::function<void(const ByteSink&)>& write);
+
+// Test hook (fault injection): when the environment variable SCALIFY_TEST_DIE_DURING_WRITE names
+// a target path's file name, the process kills itself (SIGKILL) after writing half the bytes.
+// Used by the test that checks a killed write leaves the previous checkpoint readable.
+
+}  // namespace scalify::io

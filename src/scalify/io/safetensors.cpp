@@ -1,0 +1,190 @@
+#include "scalify/io/safetensors.hpp"
+
+#include <algorithm>
+#include <cstring>
+#include <fstream>
+#include <limits>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "scalify/error.hpp"
+#include "scalify/io/atomic_file.hpp"
+
+namespace scalify::io {
+
+using json = nlohmann::json;
+
+namespace {
+constexpr uint64_t kMaxHeader = uint64_t(100) << 20;  // the reference implementation's limit
+constexpr const char* kDtypesKey = "scalify.dtypes";
+
+// The standard dtype string of a scalify dtype, or "" when it has none (stored as U8).
+std::string standard_name(DType t) {
+  switch (t) {
+    case DType::f32: return "F32";
+    case DType::f64: return "F64";
+    case DType::f16: return "F16";
+    case DType::bf16: return "BF16";
+    case DType::e4m3: return "F8_E4M3";
+    case DType::e5m2: return "F8_E5M2";
+    case DType::i32: return "I32";
+    case DType::i64: return "I64";
+    default: return "";
+  }
+}
+DType from_standard(const std::string& s, const std::string& what) {
+  for (DType t : {DType::f32, DType::f64, DType::f16, DType::bf16, DType::e4m3, DType::e5m2, DType::i32, DType::i64})
+    if (standard_name(t) == s) return t;
+  throw Error(what + ": unsupported dtype '" + s + "'");
+}
+}  // namespace
+
+bool SafeTensors::has(const std::string& name) const {
+  return std::any_of(tensors.begin(), tensors.end(), [&](const auto& t) { return t.first == name; });
+}
+const Tensor& SafeTensors::at(const std::string& name) const {
+  for (const auto& [n, t] : tensors)
+    if (n == name) return t;
+  throw Error("safetensors: no tensor named '" + name + "'");
+}
+
+void write_safetensors(const std::string& path, const SafeTensors& content) {
+  std::vector<std::pair<std::string, Tensor>> sorted = content.tensors;
+  std::sort(sorted.begin(), sorted.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+  json header = json::object(), custom = json::object();
+  uint64_t offset = 0;
+  for (size_t i = 0; i < sorted.size(); ++i) {
+    const auto& [name, t] = sorted[i];
+    if (name.empty() || name.rfind("__", 0) == 0) throw Error("safetensors: bad tensor name '" + name + "' for " + path);
+    if (i > 0 && sorted[i - 1].first == name) throw Error("safetensors: duplicate tensor name '" + name + "' for " + path);
+    std::string dt = standard_name(t.dtype());
+    if (dt.empty()) {
+      dt = "U8";
+      custom[name] = std::string(dtype_name(t.dtype()));
+    }
+    const uint64_t bytes = uint64_t(t.numel()) * uint64_t(dtype_size(t.dtype()));
+    header[name] = {{"dtype", dt}, {"shape", t.shape()}, {"data_offsets", {offset, offset + bytes}}};
+    offset += bytes;
+  }
+  json meta = json::object();
+  for (const auto& [k, v] : content.metadata) meta[k] = v;
+  if (!custom.empty()) meta[kDtypesKey] = custom.dump();
+  if (!meta.empty()) header["__metadata__"] = meta;
+  std::string text = header.dump();
+  text.append((8 - text.size() % 8) % 8, ' ');  // align the data to 8 bytes, as the reference does
+  write_file_atomically(path, [&](const ByteSink& out) {
+    uint8_t n[8];
+    for (int i = 0; i < 8; ++i) n[i] = uint8_t(uint64_t(text.size()) >> (8 * i));
+    out(n, 8);
+    out(text.data(), text.size());
+    for (const auto& entry : sorted) {
+      const Tensor c = entry.second.contiguous();
+      out(c.raw_bytes(), size_t(c.numel()) * size_t(dtype_size(c.dtype())));
+    }
+  });
+}
+
+SafeTensors parse_safetensors(const std::string& bytes, const std::string& what) {
+  auto bad = [&](const std::string& why) { return Error(what + ": not a valid safetensors file: " + why); };
+  if (bytes.size() < 8) throw bad("shorter than the 8-byte header length");
+  uint64_t n = 0;
+  for (int i = 0; i < 8; ++i) n |= uint64_t(uint8_t(bytes[size_t(i)])) << (8 * i);
+  if (n > kMaxHeader || n > bytes.size() - 8)
+    throw bad("header length " + std::to_string(n) + " exceeds the file (" + std::to_string(bytes.size()) + " bytes)");
+  json header;
+  try {
+    header = json::parse(bytes.begin() + 8, bytes.begin() + 8 + std::ptrdiff_t(n));
+  } catch (const json::exception& e) {
+    throw bad(std::string("header is not JSON: ") + e.what());
+  }
+  if (!header.is_object()) throw bad("header is not a JSON object");
+  const uint64_t data_size = bytes.size() - 8 - n;
+  const char* data = bytes.data() + 8 + n;
+  SafeTensors out;
+  json custom = json::object();
+  if (header.contains("__metadata__")) {
+    const json& m = header["__metadata__"];
+    if (!m.is_object()) throw bad("__metadata__ is not an object");
+    for (const auto& [k, v] : m.items()) {
+      if (!v.is_string()) throw bad("metadata value of '" + k + "' is not a string");
+      out.metadata[k] = v.get<std::string>();
+    }
+    if (out.metadata.count(kDtypesKey)) {
+      try {
+        custom = json::parse(out.metadata[kDtypesKey]);
+      } catch (const json::exception&) {
+        throw bad(std::string(kDtypesKey) + " is not JSON");
+      }
+      if (!custom.is_object()) throw bad(std::string(kDtypesKey) + " is not an object");
+      out.metadata.erase(kDtypesKey);
+    }
+  }
+  struct Entry {
+    std::string name;
+    DType dtype;
+    Shape shape;
+    uint64_t begin, end;
+  };
+  std::vector<Entry> entries;
+  for (const auto& [name, e] : header.items()) {
+    if (name == "__metadata__") continue;
+    const std::string where = "tensor '" + name + "'";
+    if (!e.is_object() || !e.contains("dtype") || !e.contains("shape") || !e.contains("data_offsets"))
+      throw bad(where + " needs dtype, shape and data_offsets");
+    if (!e["dtype"].is_string()) throw bad(where + ": dtype is not a string");
+    const std::string dt = e["dtype"].get<std::string>();
+    Entry en{name, DType::f32, {}, 0, 0};
+    try {
+      if (dt == "U8" && custom.contains(name)) {
+        if (!custom[name].is_string()) throw Error("its scalify dtype is not a string");
+        en.dtype = parse_dtype(custom[name].get<std::string>());
+        if (dtype_size(en.dtype) != 1 || !standard_name(en.dtype).empty()) throw Error("U8 cannot hold " + custom[name].get<std::string>());
+      } else {
+        en.dtype = from_standard(dt, where);
+      }
+    } catch (const Error& err) {
+      throw bad(where + ": " + err.what());
+    }
+    if (!e["shape"].is_array() || e["shape"].size() > 16) throw bad(where + ": shape is not an array of at most 16 sizes");
+    uint64_t numel = 1;
+    for (const json& s : e["shape"]) {
+      if (!s.is_number_unsigned()) throw bad(where + ": shape holds something other than a non-negative integer");
+      const uint64_t d = s.get<uint64_t>();
+      if (d > uint64_t(std::numeric_limits<int64_t>::max()) || (d != 0 && numel > data_size / d + 1)) throw bad(where + ": shape too large for the file");
+      numel *= d;
+      en.shape.push_back(int64_t(d));
+    }
+    const json& off = e["data_offsets"];
+    if (!off.is_array() || off.size() != 2 || !off[0].is_number_unsigned() || !off[1].is_number_unsigned())
+      throw bad(where + ": data_offsets is not [begin, end]");
+    en.begin = off[0].get<uint64_t>();
+    en.end = off[1].get<uint64_t>();
+    if (en.begin > en.end || en.end > data_size)
+      throw bad(where + ": data_offsets [" + std::to_string(en.begin) + ", " + std::to_string(en.end) + ") outside the " +
+                std::to_string(data_size) + " data bytes");
+    if (en.end - en.begin != numel * uint64_t(dtype_size(en.dtype)))
+      throw bad(where + ": " + std::to_string(en.end - en.begin) + " bytes for shape " + shape_str(en.shape) + " of " +
+                std::string(dtype_name(en.dtype)));
+    entries.push_back(std::move(en));
+  }
+  std::sort(entries.begin(), entries.end(), [](const Entry& a, const Entry& b) { return a.begin < b.begin || (a.begin == b.begin && a.end < b.end); });
+  for (size_t i = 1; i < entries.size(); ++i)
+    if (entries[i].begin < entries[i - 1].end) throw bad("tensors '" + entries[i - 1].name + "' and '" + entries[i].name + "' overlap");
+  for (const Entry& en : entries) {
+    Tensor t = Tensor::empty(en.shape, en.dtype);
+    if (en.end > en.begin) std::memcpy(t.raw_bytes(), data + en.begin, en.end - en.begin);
+    out.tensors.emplace_back(en.name, std::move(t));
+  }
+  return out;
+}
+
+SafeTensors read_safetensors(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw Error("cannot open '" + path + "'");
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  if (in.bad()) throw Error("cannot read '" + path + "'");
+  return parse_safetensors(ss.str(), path);
+}
+
+}  // namespace scalify::io

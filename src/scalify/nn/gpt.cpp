@@ -1,0 +1,153 @@
+#include "scalify/nn/gpt.hpp"
+
+#include <cmath>
+
+#include "scalify/error.hpp"
+
+namespace scalify::nn {
+
+using namespace unit;
+
+void GptConfig::validate() const {
+  auto need = [](bool ok, const std::string& what) {
+    if (!ok) throw Error("model: " + what);
+  };
+  need(vocab >= 2 && vocab <= (1 << 20), "vocab must be in [2, 2^20], got " + std::to_string(vocab));
+  need(seq >= 1 && seq <= 65536, "seq must be in [1, 65536], got " + std::to_string(seq));
+  need(d_model >= 1 && d_model <= 65536, "d_model must be in [1, 65536], got " + std::to_string(d_model));
+  need(layers >= 1 && layers <= 1024, "layers must be in [1, 1024], got " + std::to_string(layers));
+  need(heads >= 1 && d_model % heads == 0,
+       "heads must divide d_model, got heads = " + std::to_string(heads) + ", d_model = " + std::to_string(d_model));
+  need(!(unit_scaled && (rms_norm || swiglu)), "unit scaling supports LayerNorm and GELU only (rms_norm and swiglu off)");
+  need(tau > 0 && tau < 1, "tau must be in (0, 1), got " + std::to_string(tau));
+}
+
+int64_t GptConfig::parameter_count() const {
+  const int64_t D = d_model, hidden = swiglu ? (8 * D / 3 + 7) / 8 * 8 : 4 * D;
+  const int64_t norm = rms_norm ? D : 2 * D;
+  const int64_t block = 2 * norm + D * 3 * D + 3 * D + D * D + D + D * (swiglu ? 2 : 1) * hidden +
+                        (swiglu ? 2 : 1) * hidden + hidden * D + D;
+  return vocab * D + seq * D + layers * block + (final_norm ? norm : 0) + (tied_head ? 0 : D * vocab);
+}
+
+Gpt::Gpt(const GptConfig& c, uint64_t seed) : c_(c) {
+  c.validate();
+  Init init{c.unit_scaled, c.layers, seed * 1000};
+  const int64_t D = c.d_model;
+  wte_ = init.weight({c.vocab, D}, false);
+  wpe_ = c.unit_scaled ? init.weight({c.seq, D}, false) : Var(Tensor::randn({c.seq, D}, ++init.seed, 0.01), true);
+  for (int l = 0; l < c.layers; ++l) blocks_.push_back(GptBlock::make(D, c.heads, init, c.rms_norm, c.swiglu));
+  if (c.final_norm) lnf_ = LayerNorm::make(D, init, c.rms_norm);
+  if (!c.tied_head) head_ = init.weight({D, c.vocab}, false);
+}
+
+std::vector<std::pair<std::string, Var*>> Gpt::refs() {
+  std::vector<std::pair<std::string, Var*>> r = {{"wte", &wte_}, {"wpe", &wpe_}};
+  auto norm = [&](LayerNorm& n, const std::string& name) {
+    r.push_back({name + ".w", &n.w});
+    if (n.b.defined()) r.push_back({name + ".b", &n.b});
+  };
+  auto linear = [&](Linear& l, const std::string& name) {
+    r.push_back({name + ".w", &l.w});
+    r.push_back({name + ".b", &l.b});
+  };
+  for (size_t l = 0; l < blocks_.size(); ++l) {
+    GptBlock& b = blocks_[l];
+    const std::string p = std::string("h").append(std::to_string(l)).append(".");  // GCC 12: no operator+ (-Wrestrict)
+    norm(b.ln1, p + "ln1");
+    linear(b.attn.qkv, p + "attn.qkv");
+    linear(b.attn.proj, p + "attn.proj");
+    norm(b.ln2, p + "ln2");
+    linear(b.mlp.fc, p + "mlp.fc");
+    linear(b.mlp.out, p + "mlp.out");
+  }
+  if (c_.final_norm) norm(lnf_, "lnf");
+  if (!c_.tied_head) r.push_back({"head", &head_});
+  return r;
+}
+
+NamedParams Gpt::parameters() const {
+  NamedParams p;
+  for (const auto& [name, v] : const_cast<Gpt*>(this)->refs()) p.push_back({name, *v});
+  return p;
+}
+
+void Gpt::set_parameters(const NamedParams& params) {
+  auto r = refs();
+  for (const auto& [name, v] : params) {
+    bool found = false;
+    for (auto& [n, ref] : r)
+      if (n == name) {
+        if (v.shape() != ref->shape())
+          throw Error("model: parameter '" + name + "' has shape " + shape_str(v.shape()) + ", expected " + shape_str(ref->shape()));
+        *ref = v;
+        found = true;
+      }
+    if (!found) throw Error("model: no parameter named '" + name + "'");
+  }
+}
+
+std::vector<std::string> Gpt::linear_names() const {
+  std::vector<std::string> n;
+  for (int l = 0; l < c_.layers; ++l)
+    for (const char* s : {"attn.qkv", "attn.proj", "mlp.fc", "mlp.out"})
+      n.push_back(std::string("h").append(std::to_string(l)).append(".").append(s));
+  return n;
+}
+
+double Gpt::lr_multiplier(const std::string& name) const {
+  if (!c_.unit_scaled) return 1.0;
+  const bool weight = name.size() > 2 && name.compare(name.size() - 2, 2, ".w") == 0;
+  const bool projection = name == "head" || (weight && (name.find(".attn.") != std::string::npos ||
+                                                         name.find(".mlp.") != std::string::npos));
+  return projection ? 1.0 : 1.0 / std::sqrt(double(c_.d_model));
+}
+
+bool Gpt::decays(const std::string& name) {
+  const bool weight = name.size() > 2 && name.compare(name.size() - 2, 2, ".w") == 0;
+  return name == "wte" || name == "head" ||
+         (weight && (name.find(".attn.") != std::string::npos || name.find(".mlp.") != std::string::npos));
+}
+
+Var Gpt::logits(const Tensor& ids, const GptOptions& opt) const {
+  if (ids.dim() != 2 || ids.size(1) > c_.seq || ids.size(1) < 1)
+    throw Error("gpt: ids must be [B, T] with 1 <= T <= " + std::to_string(c_.seq) + ", got " + shape_str(ids.shape()));
+  const int64_t B = ids.size(0), T = ids.size(1);
+  // Positions for every row (not broadcast), so the embedding's gradient count is B * T.
+  std::vector<int64_t> pos(static_cast<size_t>(B * T));
+  for (int64_t i = 0; i < B * T; ++i) pos[size_t(i)] = i % T;
+  const Tensor positions = Tensor::from_indices(pos, {B, T});
+  LayerOptions o{c_.unit_scaled, c_.cast, opt.probe, "", opt.matmul, c_.rms_norm, c_.swiglu, opt.rescale_norm_grad};
+  const bool u = c_.unit_scaled;
+  Var x = u ? weighted_add({unit::embedding(wte_, ids), unit::embedding(wpe_, positions)}, {1.0, 1.0})
+            : scalify::embedding(wte_, ids) + scalify::embedding(wpe_, positions);
+  x = o.tap(x, "embed");
+  Residual r;
+  r.kind = u ? c_.residual : Residual::Kind::plain;
+  r.tau = c_.tau;
+  r.branch_rewrite = u;
+  for (size_t l = 0; l < blocks_.size(); ++l) {
+    LayerOptions ol = o;
+    ol.prefix = std::to_string(l);
+    ol.prefix.insert(0, 1, 'h').push_back('.');  // no operator+: GCC 12 warns falsely (-Wrestrict)
+    r.layer = 2 * int(l) + 1;  // running-mean counts both residual adds of every block
+    x = blocks_[l](x, r, ol);
+  }
+  LayerOptions of = o;
+  of.rescale_norm_grad = false;  // the paper's rescales are the two per block
+  const Var xf = c_.final_norm ? o.tap(lnf_(x, of), "lnf") : x;
+  const Var head = c_.tied_head ? transpose(wte_, 0, 1) : head_;
+  const Var xl = o.lowp(xf), hl = o.lowp(head);
+  return o.tap(u ? unit::matmul(xl, hl, Constrain::x) : scalify::matmul(xl, hl), "logits");
+}
+
+Var Gpt::loss(const Tensor& ids, const Tensor& targets, const GptOptions& opt) const {
+  if (targets.shape() != ids.shape())
+    throw Error("gpt: targets " + shape_str(targets.shape()) + " do not match ids " + shape_str(ids.shape()));
+  const int64_t BT = ids.numel();
+  const Var logits2 = reshape(logits(ids, opt), {BT, c_.vocab});
+  const Tensor flat_targets = targets.reshape({BT});
+  return c_.unit_scaled ? unit::softmax_cross_entropy(logits2, flat_targets) : cross_entropy(logits2, flat_targets);
+}
+
+}  // namespace scalify::nn

@@ -1,0 +1,109 @@
+#include "scalify/train/corpus.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <set>
+
+#include "scalify/error.hpp"
+
+namespace scalify::train {
+
+namespace fs = std::filesystem;
+
+namespace {
+bool read_bytes(const fs::path& p, std::vector<uint8_t>& out) {
+  std::ifstream in(p, std::ios::binary);
+  if (!in) return false;
+  out.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  return !in.bad();
+}
+bool is_text(const std::vector<uint8_t>& b) { return std::find(b.begin(), b.end(), uint8_t(0)) == b.end(); }
+uint64_t splitmix(uint64_t& s) {
+  uint64_t z = (s += 0x9E3779B97F4A7C15ull);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+}  // namespace
+
+std::string default_corpus_path() { return "/usr/share/games/fortunes"; }
+
+Corpus load_corpus(const std::string& path, double val_fraction, size_t min_bytes_each) {
+  if (!(val_fraction > 0 && val_fraction < 1)) throw Error("data: validation fraction must be in (0, 1), got " + std::to_string(val_fraction));
+  Corpus c;
+  c.source = path;
+  std::error_code ec;
+  const fs::file_status st = fs::status(path, ec);
+  if (ec || !fs::exists(st))
+    throw Error("data: '" + path + "' does not exist" +
+                (path == default_corpus_path() ? " (the default corpus; scripts/setup.sh installs Debian's fortunes)" : ""));
+  std::vector<uint8_t> all;
+  if (fs::is_directory(st)) {
+    std::vector<fs::path> files;
+    for (const auto& e : fs::directory_iterator(path, ec))
+      if (e.is_regular_file(ec)) files.push_back(e.path());
+    if (ec) throw Error("data: cannot list '" + path + "': " + ec.message());
+    std::sort(files.begin(), files.end());
+    std::set<fs::path> seen;  // links to a file already read (fortunes' .u8 links) count once
+    for (const fs::path& f : files) {
+      const fs::path real = fs::canonical(f, ec);
+      if (ec || !seen.insert(real).second) continue;
+      std::vector<uint8_t> b;
+      if (!read_bytes(f, b) || !is_text(b)) {
+        c.skipped.push_back(f.string());
+        continue;
+      }
+      if (b.empty()) continue;
+      c.files.push_back(f.string());
+      all.insert(all.end(), b.begin(), b.end());
+      all.push_back('\n');
+    }
+    if (c.files.empty()) throw Error("data: folder '" + path + "' holds no text file (" + std::to_string(c.skipped.size()) + " binary or unreadable)");
+  } else {
+    if (!read_bytes(path, all)) throw Error("data: cannot read '" + path + "'");
+    if (all.empty()) throw Error("data: '" + path + "' is empty");
+    if (!is_text(all)) throw Error("data: '" + path + "' is not text (it contains NUL bytes)");
+    c.files.push_back(path);
+  }
+  const size_t n_val = size_t(std::ceil(double(all.size()) * val_fraction));
+  c.train.assign(all.begin(), all.end() - std::ptrdiff_t(n_val));
+  c.val.assign(all.end() - std::ptrdiff_t(n_val), all.end());
+  if (c.train.size() < min_bytes_each || c.val.size() < min_bytes_each)
+    throw Error("data: '" + path + "' is too short: " + std::to_string(all.size()) + " bytes give " + std::to_string(c.train.size()) +
+                " training and " + std::to_string(c.val.size()) + " validation bytes; each needs at least " +
+                std::to_string(min_bytes_each) + " (one batch of windows)");
+  return c;
+}
+
+Batch make_batch(const std::vector<uint8_t>& bytes, const std::vector<size_t>& starts, int64_t T) {
+  const int64_t B = int64_t(starts.size());
+  std::vector<int64_t> ids(size_t(B * T)), targets(size_t(B * T));
+  for (int64_t b = 0; b < B; ++b) {
+    const size_t s = starts[size_t(b)];
+    if (s + size_t(T) >= bytes.size()) throw Error("batch: window at " + std::to_string(s) + " runs past the data");
+    for (int64_t t = 0; t < T; ++t) {
+      ids[size_t(b * T + t)] = bytes[s + size_t(t)];
+      targets[size_t(b * T + t)] = bytes[s + size_t(t) + 1];
+    }
+  }
+  return {Tensor::from_indices(ids, {B, T}), Tensor::from_indices(targets, {B, T})};
+}
+
+std::vector<size_t> train_starts(size_t size, int64_t B, int64_t T, uint64_t seed, uint64_t index) {
+  const uint64_t range = uint64_t(size) - uint64_t(T);  // starts in [0, size - T - 1]
+  uint64_t state = seed * 0x9E3779B97F4A7C15ull ^ (index + 1) * 0xD1B54A32D192ED03ull;
+  std::vector<size_t> s(size_t(B));
+  for (auto& v : s) v = size_t(splitmix(state) % range);
+  return s;
+}
+
+std::vector<size_t> eval_starts(size_t size, int64_t T, size_t max_windows) {
+  std::vector<size_t> s;
+  for (size_t i = 0; i * size_t(T) + size_t(T) < size && s.size() < max_windows; ++i) s.push_back(i * size_t(T));
+  return s;
+}
+
+}  // namespace scalify::train
