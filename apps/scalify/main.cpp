@@ -13,6 +13,7 @@ int main(int argc, char** argv) {
   scalify::cli::add_scale_rules_command(app);
   scalify::cli::add_unit_factors_command(app);
   scalify::cli::add_info_command(app);
+  scalify::cli::add_train_commands(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

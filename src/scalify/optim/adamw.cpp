@@ -25,12 +25,13 @@ ScaledTensor restore(const ScaledTensor& p, const Tensor& value) {
 }
 }  // namespace
 
-AdamW::AdamW(std::vector<Var> params, AdamWConfig config, std::vector<double> lr_scale)
-    : params_(std::move(params)), lr_scale_(std::move(lr_scale)), c_(config) {
+AdamW::AdamW(std::vector<Var> params, AdamWConfig config, std::vector<double> lr_scale, std::vector<bool> decay)
+    : params_(std::move(params)), lr_scale_(std::move(lr_scale)), decay_(std::move(decay)), c_(config) {
   if (lr_scale_.empty()) lr_scale_.assign(params_.size(), 1.0);
-  if (lr_scale_.size() != params_.size())
-    throw Error("AdamW: " + std::to_string(lr_scale_.size()) + " learning-rate multipliers for " +
-                std::to_string(params_.size()) + " parameters");
+  if (decay_.empty()) decay_.assign(params_.size(), true);
+  if (lr_scale_.size() != params_.size() || decay_.size() != params_.size())
+    throw Error("AdamW: " + std::to_string(lr_scale_.size()) + " learning-rate multipliers and " + std::to_string(decay_.size()) +
+                " decay switches for " + std::to_string(params_.size()) + " parameters");
   for (const Var& p : params_) {
     if (p.scaled().is_scaled()) {  // zeros whose scale is ANY: the first update takes g's scale
       m_.push_back(any_scale_constant(Tensor::zeros(p.shape(), c_.state_dtype)));
@@ -65,11 +66,11 @@ void AdamW::step_plain(size_t k, double bc1, double bc2) {
   float* m = m_[k].data.data<float>();
   float* v = v_[k].data.data<float>();
   const int64_t n = w.numel();
-  const double lr = c_.lr * lr_scale_[k];
+  const double lr = c_.lr * lr_scale_[k], wd = decay_[k] ? c_.weight_decay : 0.0;
   for (int64_t i = 0; i < n; ++i) {
     m[i] = float(c_.beta1 * m[i] + (1 - c_.beta1) * g[i]);
     v[i] = float(c_.beta2 * v[i] + (1 - c_.beta2) * double(g[i]) * g[i]);
-    const double update = (m[i] / bc1) / (std::sqrt(v[i] / bc2) + c_.eps) + c_.weight_decay * pw[i];
+    const double update = (m[i] / bc1) / (std::sqrt(v[i] / bc2) + c_.eps) + wd * pw[i];
     pw[i] = float(pw[i] - lr * update);
   }
   p.set_value(w.to(p.value().dtype()));
@@ -89,7 +90,7 @@ void AdamW::step_scaled(size_t k, double bc1, double bc2) {
   const Tensor denom = ops::scale_shift(ops::unary(ops::Unary::sqrt, ops::scale_shift(v_[k].value(), 1.0 / bc2, 0.0)), 1.0, c_.eps);
   Tensor update = ops::div(ops::scale_shift(m_[k].value(), 1.0 / bc1, 0.0), denom);
   const Tensor w = p.value();
-  if (c_.weight_decay != 0) update = ops::add(update, ops::scale_shift(w, c_.weight_decay, 0.0));
+  if (c_.weight_decay != 0 && decay_[k]) update = ops::add(update, ops::scale_shift(w, c_.weight_decay, 0.0));
   ScaledTensor next = restore(p.scaled(), ops::sub(w, ops::scale_shift(update, c_.lr * lr_scale_[k], 0.0)));
   if (c_.rescale_every > 0 && t_ % c_.rescale_every == 0) {
     next = dynamic_rescale_l2(next);
@@ -97,6 +98,18 @@ void AdamW::step_scaled(size_t k, double bc1, double bc2) {
     v_[k] = dynamic_rescale_l2(v_[k]);
   }
   p.set_value(next);
+}
+
+void AdamW::load_state(int64_t steps, std::vector<ScaledTensor> m, std::vector<ScaledTensor> v) {
+  if (steps < 0 || m.size() != params_.size() || v.size() != params_.size())
+    throw Error("AdamW: state for " + std::to_string(m.size()) + " parameters, expected " + std::to_string(params_.size()));
+  for (size_t k = 0; k < params_.size(); ++k)
+    if (m[k].shape() != params_[k].shape() || v[k].shape() != params_[k].shape())
+      throw Error("AdamW: state of parameter " + std::to_string(k) + " has shape " + shape_str(m[k].shape()) + ", expected " +
+                  shape_str(params_[k].shape()));
+  t_ = steps;
+  m_ = std::move(m);
+  v_ = std::move(v);
 }
 
 void sgd_step(const std::vector<Var>& params, double lr) {

@@ -25,12 +25,19 @@ class AdamW {
  public:
   // lr_scale: optional per-parameter learning-rate multipliers (e.g. unit scaling's 1/sqrt(d)
   // for non-projection parameters); empty means 1 for all.
-  AdamW(std::vector<Var> params, AdamWConfig config, std::vector<double> lr_scale = {});
+  // decay: optional per-parameter switch for weight decay (e.g. off for gains and biases); empty
+  // means on for all.
+  AdamW(std::vector<Var> params, AdamWConfig config, std::vector<double> lr_scale = {}, std::vector<bool> decay = {});
   // One update from the parameters' gradients (parameters without one are skipped), then clears
   // the gradients. A non-finite gradient is an error naming the parameter.
   void step();
   int64_t steps() const { return t_; }
   const ScaledTensor& first_moment(size_t i) const { return m_[i]; }
+  const ScaledTensor& second_moment(size_t i) const { return v_[i]; }
+  void set_lr(double lr) { c_.lr = lr; }  // learning-rate schedules
+  const AdamWConfig& config() const { return c_; }
+  // Checkpoints: restores the step count and both moments (shapes must match the parameters').
+  void load_state(int64_t steps, std::vector<ScaledTensor> m, std::vector<ScaledTensor> v);
 
  private:
   void step_plain(size_t k, double bc1, double bc2);
@@ -38,6 +45,7 @@ class AdamW {
   std::vector<Var> params_;
   std::vector<ScaledTensor> m_, v_;
   std::vector<double> lr_scale_;
+  std::vector<bool> decay_;
   AdamWConfig c_;
   int64_t t_ = 0;
 };

@@ -165,4 +165,10 @@ Var QLinear::operator()(const Var& x, const Var& w, const Var& b) const {
   return b.defined() ? out + b : out;
 }
 
+std::vector<std::pair<std::string, Quantizer*>> QLinear::quantizers() const {
+  State& s = *state_;
+  return {{"weight", &s.weight}, {"activation", &s.activation}, {"gradient", &s.gradient},
+          {"weight_t", &s.weight_t}, {"activation_t", &s.activation_t}, {"gradient_t", &s.gradient_t}};
+}
+
 }  // namespace scalify::quant

@@ -41,6 +41,9 @@ class QLinear {
   const QuantStats& weight_stats() const { return state_->weight.last(); }
   const QuantStats& activation_stats() const { return state_->activation.last(); }
   const QuantStats& gradient_stats() const { return state_->gradient.last(); }
+  // Every quantiser of the layer by role name (weight, activation, gradient and the transposed
+  // copies' weight_t, activation_t, gradient_t), for statistics and checkpoints.
+  std::vector<std::pair<std::string, Quantizer*>> quantizers() const;
 
  private:
   struct State {

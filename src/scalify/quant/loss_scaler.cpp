@@ -43,4 +43,13 @@ bool LossScaler::unscale(const std::vector<Var>& params) {
   return true;
 }
 
+void LossScaler::load_state(const State& s) {
+  if (!(s.scale > 0) || !std::isfinite(s.scale) || s.skipped < 0 || s.steps < 0 || s.clean < 0)
+    throw Error("loss scaler: invalid state (scale " + std::to_string(s.scale) + ")");
+  scale_ = s.scale;
+  skipped_ = s.skipped;
+  steps_ = s.steps;
+  clean_ = s.clean;
+}
+
 }  // namespace scalify::quant

@@ -26,6 +26,12 @@ class LossScaler {
   double scale() const { return scale_; }
   int64_t skipped_steps() const { return skipped_; }
   int64_t steps() const { return steps_; }
+  struct State {
+    double scale;
+    int64_t skipped, steps, clean;
+  };
+  State state() const { return {scale_, skipped_, steps_, clean_}; }
+  void load_state(const State& s);  // for checkpoints; throws on a non-positive scale
 
  private:
   LossScalerConfig c_;

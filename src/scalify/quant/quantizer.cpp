@@ -145,4 +145,15 @@ Quantized Quantizer::quantize(const Tensor& x) {
   return q;
 }
 
+QuantizerState Quantizer::state() const { return {std::vector<float>(history_.begin(), history_.end()), scale_, steps_}; }
+
+void Quantizer::load_state(const QuantizerState& s) {
+  if (s.history.size() > size_t(std::max(c_.history, 0)) || s.steps < 0 || !(s.scale > 0) || !std::isfinite(s.scale))
+    throw Error("quantizer: state does not fit its configuration (history " + std::to_string(s.history.size()) + " of at most " +
+                std::to_string(c_.history) + ", scale " + std::to_string(s.scale) + ")");
+  history_.assign(s.history.begin(), s.history.end());
+  scale_ = s.scale;
+  steps_ = s.steps;
+}
+
 }  // namespace scalify::quant

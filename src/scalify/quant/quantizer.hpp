@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <deque>
 #include <string>
+#include <vector>
 
 #include "scalify/formats/block.hpp"
 #include "scalify/scaled/scaled_tensor.hpp"
@@ -55,6 +56,13 @@ struct Quantized {
   Tensor dequantize() const;  // the represented values, f32
 };
 
+// What a quantiser carries from step to step (delayed scaling's history and scale), for checkpoints.
+struct QuantizerState {
+  std::vector<float> history;
+  float scale = 1;
+  int64_t steps = 0;
+};
+
 class Quantizer {
  public:
   explicit Quantizer(QuantizerConfig config = {});
@@ -66,6 +74,8 @@ class Quantizer {
   const QuantStats& last() const { return stats_; }
   int64_t steps() const { return steps_; }
   float delayed_scale() const { return scale_; }  // the scale delayed scaling will use next
+  QuantizerState state() const;
+  void load_state(const QuantizerState& s);  // throws on a history longer than configured
 
  private:
   float scale_from_amax(double amax, float previous) const;

@@ -62,6 +62,7 @@ std::string Recipe::to_json() const {
             {"optimizer_state", std::string(dtype_name(optimizer_state))},
             {"weight_gradient", std::string(format_name(weight_gradient))},
             {"rescale_every", rescale_every},
+            {"rescale_norm_grad", rescale_norm_grad},
             {"loss_scaling", {{"kind", loss_kind(loss_scaling.kind)}, {"scale", loss_scaling.scale},
                               {"growth_interval", loss_scaling.growth_interval}}}};
   return j.dump(2);
@@ -87,6 +88,7 @@ Recipe Recipe::from_json(const std::string& text) {
   r.optimizer_state = parse_dtype(field<std::string>(j, "optimizer_state", "recipe"));
   r.weight_gradient = parse_format(field<std::string>(j, "weight_gradient", "recipe"));
   r.rescale_every = field<int>(j, "rescale_every", "recipe");
+  r.rescale_norm_grad = j.contains("rescale_norm_grad") && field<bool>(j, "rescale_norm_grad", "recipe");
   const json ls = field<json>(j, "loss_scaling", "recipe");
   const std::string kind = field<std::string>(ls, "kind", "loss_scaling");
   if (kind == "none") r.loss_scaling.kind = LossScalerConfig::Kind::none;
@@ -118,6 +120,7 @@ Recipe preset(const std::string& name) {
     if (name != "scalify_fp16_1") {
       r.master_weight = DType::f16;
       r.scaled_state = true;
+      r.rescale_norm_grad = true;
     }
     if (fp8) r.weight_gradient = Format::e5m2;
     if (name == "scalify_fp8_4") {

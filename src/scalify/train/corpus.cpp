@@ -95,7 +95,7 @@ Batch make_batch(const std::vector<uint8_t>& bytes, const std::vector<size_t>& s
 std::vector<size_t> train_starts(size_t size, int64_t B, int64_t T, uint64_t seed, uint64_t index) {
   const uint64_t range = uint64_t(size) - uint64_t(T);  // starts in [0, size - T - 1]
   uint64_t state = seed * 0x9E3779B97F4A7C15ull ^ (index + 1) * 0xD1B54A32D192ED03ull;
-  std::vector<size_t> s(size_t(B));
+  std::vector<size_t> s(static_cast<size_t>(B));
   for (auto& v : s) v = size_t(splitmix(state) % range);
   return s;
 }

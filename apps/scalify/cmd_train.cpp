@@ -1,0 +1,92 @@
+// `scalify train`, `scalify eval`, `scalify sample`: the GPT trainer on real text (train/).
+#include <unistd.h>
+
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "commands.hpp"
+#include "scalify/error.hpp"
+#include "scalify/train/trainer.hpp"
+
+namespace scalify::cli {
+
+namespace {
+// One status line, redrawn in place on a terminal; every 50th step as a plain line otherwise.
+train::Progress progress_printer() {
+  const bool tty = ::isatty(STDERR_FILENO);
+  return [tty, n = 0](const std::string& line) mutable {
+    if (tty)
+      std::fprintf(stderr, "\r%-100s", line.c_str());
+    else if (++n % 50 == 0)
+      std::fprintf(stderr, "%s\n", line.c_str());
+    std::fflush(stderr);
+  };
+}
+}  // namespace
+
+void add_train_commands(CLI::App& app) {
+  struct Opts {
+    std::string config, data, out, recipe, resume;
+    int64_t steps = 0;
+    std::vector<std::string> set;
+  };
+  auto o = std::make_shared<Opts>();
+  auto* t = app.add_subcommand("train", "Train the GPT on text under a recipe; writes a run folder");
+  t->add_option("--config", o->config, "TOML file with any of the config keys");
+  t->add_option("--data", o->data, "text file or folder of text files (default: Debian's fortunes)");
+  t->add_option("--out", o->out, "run folder (default runs/train)");
+  t->add_option("--recipe", o->recipe, "recipe preset (f32, scalify_fp8_3, delayed, mxfp8, ...)");
+  t->add_option("--steps", o->steps, "optimizer steps");
+  t->add_option("--set", o->set, "KEY=VALUE override of any config key (repeatable)");
+  t->add_option("--resume", o->resume, "continue the run in this folder from its checkpoint");
+  t->callback([o] {
+    train::TrainConfig c;
+    if (!o->resume.empty()) {
+      c = train::run_config(o->resume);
+      c.out = o->resume;
+    } else if (!o->config.empty()) {
+      c = train::load_config_file(o->config);
+    }
+    if (!o->data.empty()) c.data = o->data;
+    if (!o->out.empty() && o->resume.empty()) c.out = o->out;
+    if (!o->recipe.empty()) c.recipe = o->recipe;
+    if (o->steps > 0) c.steps = o->steps;
+    for (const std::string& kv : o->set) {
+      const size_t eq = kv.find('=');
+      if (eq == std::string::npos) throw Error("--set expects KEY=VALUE, got '" + kv + "'");
+      c.set(kv.substr(0, eq), kv.substr(eq + 1));
+    }
+    const train::TrainResult r = train::train(c, !o->resume.empty(), progress_printer());
+    std::fprintf(stderr, "\n");
+    std::printf("run folder: %s\nsteps: %lld (skipped %lld)\nfinal train loss: %.4f\nvalidation loss: %.4f nats, %.4f bits per byte\n"
+                "unigram entropy of the training bytes: %.4f bits per byte\n",
+                r.run_dir.c_str(), (long long)r.steps, (long long)r.skipped, r.train_loss, r.val_loss, r.val_bpb, r.unigram_bits);
+  });
+
+  auto eval_data = std::make_shared<std::string>();
+  auto eval_ckpt = std::make_shared<std::string>();
+  auto* e = app.add_subcommand("eval", "Validation loss and bits per byte of a checkpoint (file or run folder)");
+  e->add_option("checkpoint", *eval_ckpt, "checkpoint .safetensors or run folder")->required();
+  e->add_option("--data", *eval_data, "corpus (default: the run's)");
+  e->callback([eval_ckpt, eval_data] {
+    const train::EvalResult r = train::evaluate(*eval_ckpt, *eval_data);
+    std::printf("validation loss: %.4f nats, %.4f bits per byte (%zu windows)\n", r.loss, r.bits_per_byte, r.windows);
+  });
+
+  struct SampleArgs {
+    std::string checkpoint, prompt;
+    train::SampleOptions o;
+  };
+  auto sa = std::make_shared<SampleArgs>();
+  auto* s = app.add_subcommand("sample", "Generate text from a checkpoint");
+  s->add_option("checkpoint", sa->checkpoint, "checkpoint .safetensors or run folder")->required();
+  s->add_option("--prompt", sa->prompt, "text to continue");
+  s->add_option("--tokens", sa->o.tokens, "bytes to generate (default 200)");
+  s->add_option("--temperature", sa->o.temperature, "0: greedy (default 0.8)");
+  s->add_option("--top-k", sa->o.top_k, "sample among the k most likely (0: all; default 40)");
+  s->add_option("--seed", sa->o.seed, "sampling seed");
+  s->callback([sa] { std::printf("%s%s\n", sa->prompt.c_str(), train::sample(sa->checkpoint, sa->prompt, sa->o).c_str()); });
+}
+
+}  // namespace scalify::cli

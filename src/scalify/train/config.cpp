@@ -1,0 +1,202 @@
+#include "scalify/train/config.hpp"
+
+#include <cmath>
+#include <fstream>
+#include <functional>
+#include <map>
+#include <numbers>
+#include <sstream>
+#include <toml++/toml.h>
+
+#include "scalify/error.hpp"
+#include "scalify/quant/recipe.hpp"
+
+namespace scalify::train {
+
+namespace {
+// One entry per key: how to set it from text and how to print it.
+struct Key {
+  std::function<void(TrainConfig&, const std::string&)> set;
+  std::function<std::string(const TrainConfig&)> get;
+  bool is_string = false;
+};
+
+int64_t to_int(const std::string& key, const std::string& v) {
+  size_t pos = 0;
+  long long x = 0;
+  try {
+    x = std::stoll(v, &pos);
+  } catch (const std::exception&) {
+    pos = 0;
+  }
+  if (pos == 0 || pos != v.size()) throw Error("config: '" + key + "' must be an integer, got '" + v + "'");
+  return x;
+}
+double to_double(const std::string& key, const std::string& v) {
+  size_t pos = 0;
+  double x = 0;
+  try {
+    x = std::stod(v, &pos);
+  } catch (const std::exception&) {
+    pos = 0;
+  }
+  if (pos == 0 || pos != v.size() || !std::isfinite(x)) throw Error("config: '" + key + "' must be a finite number, got '" + v + "'");
+  return x;
+}
+bool to_bool(const std::string& key, const std::string& v) {
+  if (v == "true") return true;
+  if (v == "false") return false;
+  throw Error("config: '" + key + "' must be true or false, got '" + v + "'");
+}
+std::string num(double x) {
+  std::ostringstream s;
+  s.precision(17);
+  s << x;
+  std::string t = s.str();
+  if (t.find_first_of(".eE") == std::string::npos) t += ".0";
+  return t;
+}
+
+const std::map<std::string, Key>& table() {
+#define INT_KEY(name, field) {name, {[](TrainConfig& c, const std::string& v) { c.field = to_int(name, v); }, [](const TrainConfig& c) { return std::to_string(c.field); }}}
+#define DBL_KEY(name, field) {name, {[](TrainConfig& c, const std::string& v) { c.field = to_double(name, v); }, [](const TrainConfig& c) { return num(c.field); }}}
+#define BOOL_KEY(name, field) {name, {[](TrainConfig& c, const std::string& v) { c.field = to_bool(name, v); }, [](const TrainConfig& c) { return std::string(c.field ? "true" : "false"); }}}
+#define STR_KEY(name, field) {name, {[](TrainConfig& c, const std::string& v) { c.field = v; }, [](const TrainConfig& c) { return c.field; }, true}}
+  static const std::map<std::string, Key> t = {
+      STR_KEY("data", data), STR_KEY("out", out), STR_KEY("recipe", recipe),
+      {"seed", {[](TrainConfig& c, const std::string& v) { c.seed = uint64_t(to_int("seed", v)); }, [](const TrainConfig& c) { return std::to_string(c.seed); }}},
+      INT_KEY("steps", steps), INT_KEY("batch", batch), INT_KEY("accum", accum),
+      INT_KEY("seq", model.seq), INT_KEY("d_model", model.d_model),
+      {"layers", {[](TrainConfig& c, const std::string& v) { c.model.layers = int(to_int("layers", v)); }, [](const TrainConfig& c) { return std::to_string(c.model.layers); }}},
+      {"heads", {[](TrainConfig& c, const std::string& v) { c.model.heads = int(to_int("heads", v)); }, [](const TrainConfig& c) { return std::to_string(c.model.heads); }}},
+      BOOL_KEY("unit_scaled", model.unit_scaled), BOOL_KEY("rms_norm", model.rms_norm), BOOL_KEY("swiglu", model.swiglu),
+      BOOL_KEY("tied_head", model.tied_head), BOOL_KEY("final_norm", model.final_norm),
+      DBL_KEY("lr", lr), DBL_KEY("min_lr", min_lr), DBL_KEY("weight_decay", weight_decay), DBL_KEY("beta1", beta1),
+      DBL_KEY("beta2", beta2), DBL_KEY("eps", eps), DBL_KEY("grad_clip", grad_clip), INT_KEY("warmup", warmup),
+      INT_KEY("eval_every", eval_every), INT_KEY("eval_windows", eval_windows), INT_KEY("checkpoint_every", checkpoint_every),
+      INT_KEY("stats_every", stats_every), DBL_KEY("val_fraction", val_fraction),
+  };
+#undef INT_KEY
+#undef DBL_KEY
+#undef BOOL_KEY
+#undef STR_KEY
+  return t;
+}
+}  // namespace
+
+std::vector<std::string> TrainConfig::keys() {
+  std::vector<std::string> k;
+  for (const auto& e : table()) k.push_back(e.first);
+  return k;
+}
+
+void TrainConfig::set(const std::string& key, const std::string& value) {
+  const auto it = table().find(key);
+  if (it == table().end()) {
+    std::string valid;
+    for (const std::string& k : keys()) valid += (valid.empty() ? "" : ", ") + k;
+    throw Error("config: unknown key '" + key + "'; valid keys: " + valid);
+  }
+  it->second.set(*this, value);
+}
+
+void TrainConfig::validate() const {
+  auto need = [](bool ok, const std::string& key, const std::string& what) {
+    if (!ok) throw Error("config: '" + key + "' " + what);
+  };
+  need(steps >= 1 && steps <= 100000000, "steps", "must be in [1, 1e8]");
+  need(batch >= 1 && batch <= 65536, "batch", "must be in [1, 65536]");
+  need(accum >= 1 && accum <= 1024, "accum", "must be in [1, 1024]");
+  need(lr > 0 && lr <= 10, "lr", "must be in (0, 10]");
+  need(min_lr >= 0 && min_lr <= lr, "min_lr", "must be in [0, lr]");
+  need(weight_decay >= 0 && weight_decay < 10, "weight_decay", "must be in [0, 10)");
+  need(beta1 >= 0 && beta1 < 1, "beta1", "must be in [0, 1)");
+  need(beta2 >= 0 && beta2 < 1, "beta2", "must be in [0, 1)");
+  need(eps > 0 && eps < 1, "eps", "must be in (0, 1)");
+  need(grad_clip >= 0, "grad_clip", "must be >= 0 (0: off)");
+  need(warmup >= 0, "warmup", "must be >= 0");
+  need(eval_every >= 1, "eval_every", "must be >= 1");
+  need(eval_windows >= 1 && eval_windows <= 1000000, "eval_windows", "must be in [1, 1e6]");
+  need(checkpoint_every >= 1, "checkpoint_every", "must be >= 1");
+  need(stats_every >= 1, "stats_every", "must be >= 1");
+  need(val_fraction > 0 && val_fraction < 1, "val_fraction", "must be in (0, 1)");
+  need(!out.empty(), "out", "must not be empty");
+  need(model.vocab == 256, "vocab", "must be 256 (byte tokens)");
+  try {
+    quant::preset(recipe);
+  } catch (const Error& e) {
+    throw Error(std::string("config: 'recipe': ") + e.what());
+  }
+  try {
+    model.validate();
+  } catch (const Error& e) {
+    throw Error(std::string("config: ") + e.what());
+  }
+}
+
+std::string TrainConfig::to_toml() const {
+  std::string s = "# scalify train: the effective configuration of this run\n";
+  for (const auto& [k, key] : table()) {
+    const std::string v = key.get(*this);
+    if (key.is_string) {
+      std::ostringstream q;  // TOML quoting and escapes
+      q << toml::value<std::string>(v);
+      s += k + " = " + q.str() + "\n";
+    } else {
+      s += k + " = " + v + "\n";
+    }
+  }
+  return s;
+}
+
+TrainConfig parse_config(const std::string& text, const std::string& what) {
+  toml::table t;
+  try {
+    t = toml::parse(text, what);
+  } catch (const toml::parse_error& e) {
+    std::ostringstream m;
+    m << "config: " << what << " is not valid TOML: " << e.description() << " (line " << e.source().begin.line << ")";
+    throw Error(m.str());
+  }
+  TrainConfig c;
+  for (const auto& [k, node] : t) {
+    const std::string key(k.str());
+    const auto it = table().find(key);
+    if (it == table().end()) c.set(key, "");  // throws: unknown key
+    std::string v;
+    if (auto s = node.value<std::string>(); s && node.is_string()) {
+      if (!it->second.is_string) throw Error("config: '" + key + "' must not be a string");
+      v = *s;
+    } else if (node.is_integer()) {
+      v = std::to_string(*node.value<int64_t>());
+    } else if (node.is_floating_point()) {
+      v = num(*node.value<double>());
+    } else if (node.is_boolean()) {
+      v = *node.value<bool>() ? "true" : "false";
+    } else {
+      throw Error("config: '" + key + "' has an unsupported value type");
+    }
+    if (it->second.is_string && !node.is_string()) throw Error("config: '" + key + "' must be a string");
+    c.set(key, v);
+  }
+  return c;
+}
+
+TrainConfig load_config_file(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) throw Error("config: cannot open '" + path + "'");
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  TrainConfig c = parse_config(ss.str(), path);
+  c.validate();
+  return c;
+}
+
+double learning_rate(const TrainConfig& c, int64_t step) {
+  if (step < c.warmup) return c.lr * double(step + 1) / double(c.warmup);
+  const double span = double(std::max<int64_t>(c.steps - c.warmup, 1));
+  const double progress = std::min(1.0, double(step - c.warmup) / span);
+  return c.min_lr + 0.5 * (c.lr - c.min_lr) * (1 + std::cos(std::numbers::pi * progress));
+}
+
+}  // namespace scalify::train

@@ -1,0 +1,37 @@
+#pragma once
+// A training run's configuration: every key of the TOML file (`--config`), each overridable from
+// the command line. Keys are flat (`steps = 600`); unknown keys, wrong types and out-of-range
+// values are errors naming the key. The effective configuration is written to the run folder.
+#include <string>
+#include <vector>
+
+#include "scalify/nn/gpt.hpp"
+
+namespace scalify::train {
+
+struct TrainConfig {
+  std::string data;             // text file or folder ("" = the default corpus)
+  std::string out = "runs/train";
+  std::string recipe = "f32";   // a quant::preset name
+  uint64_t seed = 1;
+  int64_t steps = 300, batch = 16, accum = 1;
+  nn::GptConfig model;          // keys: seq, d_model, layers, heads, unit_scaled, rms_norm, swiglu, tied_head, final_norm
+  double lr = 2e-3, min_lr = 2e-4, weight_decay = 0.1, beta1 = 0.9, beta2 = 0.95, eps = 1e-8, grad_clip = 1.0;
+  int64_t warmup = 30;          // linear warmup steps, then cosine decay from lr to min_lr
+  int64_t eval_every = 100, eval_windows = 64, checkpoint_every = 100, stats_every = 50;
+  double val_fraction = 0.1;
+
+  // Sets one key from its text form (command-line overrides); throws naming the key.
+  void set(const std::string& key, const std::string& value);
+  void validate() const;
+  std::string to_toml() const;
+  static std::vector<std::string> keys();
+};
+
+TrainConfig load_config_file(const std::string& path);    // validates
+TrainConfig parse_config(const std::string& toml_text, const std::string& what);
+
+// Learning rate at `step` (0-based): linear warmup to lr over `warmup` steps, then cosine to min_lr.
+double learning_rate(const TrainConfig& c, int64_t step);
+
+}  // namespace scalify::train

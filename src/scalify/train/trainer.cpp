@@ -1,0 +1,412 @@
+#include "scalify/train/trainer.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "scalify/error.hpp"
+#include "scalify/io/atomic_file.hpp"
+#include "scalify/io/safetensors.hpp"
+#include "scalify/quant/recipe.hpp"
+#include "scalify/scaled/scaled_ops.hpp"
+#include "scalify/tensor/ops.hpp"
+#include "scalify/train/corpus.hpp"
+
+namespace scalify::train {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+namespace {
+
+constexpr const char* kFormatVersion = "1";
+
+// Everything a run holds in memory: model, recipe state, optimizer, loss scaler.
+struct Session {
+  TrainConfig cfg;
+  quant::Recipe recipe;
+  nn::Gpt model;
+  std::vector<std::string> names;
+  std::vector<Var> params;
+  std::map<std::string, quant::QLinear> linears;
+  std::unique_ptr<optim::AdamW> opt;
+  std::unique_ptr<quant::LossScaler> scaler;
+
+  explicit Session(const TrainConfig& c) : cfg(c), recipe(quant::preset(c.recipe)), model(c.model, c.seed) {}
+  nn::GptOptions options() const {
+    nn::GptOptions o;
+    o.rescale_norm_grad = recipe.rescale_norm_grad;
+    if (!linears.empty())
+      o.matmul = [this](const std::string& name, const Var& x, const Var& w) { return linears.at(name)(x, w); };
+    return o;
+  }
+};
+
+void put(io::SafeTensors& st, json& any_scale, const std::string& name, const ScaledTensor& s) {
+  st.tensors.emplace_back(name, s.data);
+  if (s.scale.defined()) st.tensors.emplace_back(name + ".scale", s.scale);
+  if (s.any_scale) any_scale.push_back(name);
+}
+ScaledTensor get(const io::SafeTensors& st, const json& any_scale, const std::string& name) {
+  ScaledTensor s(st.at(name));
+  if (st.has(name + ".scale")) s.scale = st.at(name + ".scale");
+  s.any_scale = std::find(any_scale.begin(), any_scale.end(), name) != any_scale.end();
+  return s;
+}
+
+std::unique_ptr<Session> make_session(const TrainConfig& cfg, const io::SafeTensors* ckpt) {
+  auto s = std::make_unique<Session>(cfg);
+  const json any_scale = ckpt ? json::parse(ckpt->metadata.at("scalify.any_scale")) : json::array();
+  std::vector<Var> raw;
+  for (const auto& [name, v] : s->model.parameters()) {
+    s->names.push_back(name);
+    raw.push_back(v);
+  }
+  if (ckpt) {
+    for (size_t i = 0; i < raw.size(); ++i) {
+      const ScaledTensor v = get(*ckpt, any_scale, "param." + s->names[i]);
+      if (v.shape() != raw[i].shape())
+        throw Error("checkpoint: parameter '" + s->names[i] + "' has shape " + shape_str(v.shape()) + ", the config says " +
+                    shape_str(raw[i].shape()));
+      s->params.push_back(Var(v, true));
+    }
+  } else {
+    s->params = quant::prepare_parameters(raw, s->recipe);
+  }
+  unit::NamedParams named;
+  for (size_t i = 0; i < raw.size(); ++i) named.push_back({s->names[i], s->params[i]});
+  s->model.set_parameters(named);
+  if (s->recipe.linear.quantized)
+    for (const std::string& n : s->model.linear_names()) s->linears.emplace(n, quant::QLinear(s->recipe.linear));
+  optim::AdamWConfig base;
+  base.lr = cfg.lr;
+  base.beta1 = cfg.beta1;
+  base.beta2 = cfg.beta2;
+  base.eps = cfg.eps;
+  base.weight_decay = cfg.weight_decay;
+  std::vector<double> lr_scale;
+  std::vector<bool> decay;
+  for (const std::string& n : s->names) {
+    lr_scale.push_back(s->model.lr_multiplier(n));
+    decay.push_back(nn::Gpt::decays(n));
+  }
+  s->opt = std::make_unique<optim::AdamW>(s->params, quant::optimizer_config(s->recipe, base), lr_scale, decay);
+  if (s->recipe.loss_scaling.kind != quant::LossScalerConfig::Kind::none)
+    s->scaler = std::make_unique<quant::LossScaler>(s->recipe.loss_scaling);
+  if (ckpt) {
+    const json& meta = json::parse(ckpt->metadata.at("scalify.state"));
+    std::vector<ScaledTensor> m, v;
+    for (const std::string& n : s->names) {
+      m.push_back(get(*ckpt, any_scale, "optim.m." + n));
+      v.push_back(get(*ckpt, any_scale, "optim.v." + n));
+    }
+    s->opt->load_state(meta.at("optimizer_steps").get<int64_t>(), std::move(m), std::move(v));
+    if (s->scaler) {
+      const json& l = meta.at("loss_scaler");
+      s->scaler->load_state({l.at("scale").get<double>(), l.at("skipped").get<int64_t>(), l.at("steps").get<int64_t>(),
+                             l.at("clean").get<int64_t>()});
+    }
+    for (auto& [layer, q] : s->linears)
+      for (auto& [role, quantizer] : q.quantizers()) {
+        const std::string key = "quant." + layer + "." + role;
+        const json& qs = meta.at("quantizers").at(key);
+        const Tensor h = ckpt->at(key + ".history");
+        const std::vector<float> hist = h.to_floats();
+        quantizer->load_state({hist, qs.at("scale").get<float>(), qs.at("steps").get<int64_t>()});
+      }
+  }
+  return s;
+}
+
+void save_checkpoint(const Session& s, const std::string& path, int64_t step, int64_t skipped) {
+  io::SafeTensors st;
+  json any_scale = json::array(), quantizers = json::object();
+  for (size_t i = 0; i < s.params.size(); ++i) {
+    put(st, any_scale, "param." + s.names[i], s.params[i].scaled());
+    put(st, any_scale, "optim.m." + s.names[i], s.opt->first_moment(i));
+    put(st, any_scale, "optim.v." + s.names[i], s.opt->second_moment(i));
+  }
+  for (const auto& [layer, q] : s.linears)
+    for (const auto& [role, quantizer] : q.quantizers()) {
+      const std::string key = "quant." + layer + "." + role;
+      const quant::QuantizerState qs = quantizer->state();
+      st.tensors.emplace_back(key + ".history", Tensor::from_vector(qs.history, {int64_t(qs.history.size())}));
+      quantizers[key] = {{"scale", qs.scale}, {"steps", qs.steps}};
+    }
+  json state = {{"step", step}, {"skipped", skipped}, {"optimizer_steps", s.opt->steps()}, {"quantizers", quantizers}};
+  if (s.scaler) {
+    const quant::LossScaler::State l = s.scaler->state();
+    state["loss_scaler"] = {{"scale", l.scale}, {"skipped", l.skipped}, {"steps", l.steps}, {"clean", l.clean}};
+  }
+  st.metadata = {{"format_version", kFormatVersion}, {"step", std::to_string(step)}, {"config", s.cfg.to_toml()},
+                 {"recipe", s.recipe.to_json()}, {"scalify.state", state.dump()}, {"scalify.any_scale", any_scale.dump()}};
+  io::write_safetensors(path, st);
+}
+
+std::string checkpoint_file(const std::string& path) {
+  return fs::is_directory(path) ? (fs::path(path) / "checkpoint.safetensors").string() : path;
+}
+
+// Reads a checkpoint and its config; errors name the file.
+std::pair<io::SafeTensors, TrainConfig> read_checkpoint(const std::string& path) {
+  const std::string file = checkpoint_file(path);
+  io::SafeTensors st = io::read_safetensors(file);
+  for (const char* k : {"format_version", "config", "scalify.state", "scalify.any_scale"})
+    if (!st.metadata.count(k)) throw Error("checkpoint '" + file + "' lacks metadata '" + k + "' (not a scalify checkpoint?)");
+  if (st.metadata["format_version"] != kFormatVersion)
+    throw Error("checkpoint '" + file + "' has format version " + st.metadata["format_version"] + ", this build reads " + kFormatVersion);
+  TrainConfig cfg = parse_config(st.metadata["config"], file + " (config)");
+  cfg.validate();
+  for (const char* k : {"scalify.state", "scalify.any_scale"})
+    if (!json::accept(st.metadata[k])) throw Error("checkpoint '" + file + "': corrupt metadata '" + k + "'");
+  return {std::move(st), cfg};
+}
+
+std::unique_ptr<Session> load_session(const io::SafeTensors& st, const TrainConfig& cfg, const std::string& file) {
+  try {
+    return make_session(cfg, &st);
+  } catch (const json::exception& e) {
+    throw Error("checkpoint '" + file + "': corrupt state metadata (" + e.what() + ")");
+  }
+}
+
+double batch_loss(const Session& s, const std::vector<uint8_t>& bytes, const std::vector<size_t>& starts) {
+  const Batch b = make_batch(bytes, starts, s.cfg.model.seq);
+  return s.model.loss(b.ids, b.targets, s.options()).value().item();
+}
+
+EvalResult eval_session(const Session& s, const std::vector<uint8_t>& val) {
+  const NoGrad no_grad;
+  const std::vector<size_t> starts = eval_starts(val.size(), s.cfg.model.seq, size_t(s.cfg.eval_windows));
+  if (starts.empty()) throw Error("eval: validation data shorter than one window of " + std::to_string(s.cfg.model.seq + 1) + " bytes");
+  double total = 0;
+  for (size_t i = 0; i < starts.size(); i += size_t(s.cfg.batch)) {
+    const std::vector<size_t> chunk(starts.begin() + std::ptrdiff_t(i), starts.begin() + std::ptrdiff_t(std::min(starts.size(), i + size_t(s.cfg.batch))));
+    total += batch_loss(s, val, chunk) * double(chunk.size());
+  }
+  EvalResult r;
+  r.windows = starts.size();
+  r.loss = total / double(starts.size());
+  r.bits_per_byte = r.loss / std::log(2.0);
+  return r;
+}
+
+double unigram_bits(const std::vector<uint8_t>& bytes) {
+  std::vector<double> count(256, 0);
+  for (uint8_t b : bytes) count[b] += 1;
+  double h = 0;
+  for (double c : count)
+    if (c > 0) h -= c / double(bytes.size()) * std::log2(c / double(bytes.size()));
+  return h;
+}
+
+std::string num(double x) {
+  std::ostringstream s;
+  s.precision(9);
+  s << x;
+  return s.str();
+}
+
+Corpus corpus_for(const TrainConfig& cfg) {
+  const size_t window = size_t(cfg.model.seq) + 1;
+  return load_corpus(cfg.data.empty() ? default_corpus_path() : cfg.data, cfg.val_fraction, window * size_t(cfg.batch));
+}
+
+// Keeps the metrics lines of steps <= step (a resumed run rewrites what followed its checkpoint).
+void truncate_metrics(const std::string& path, int64_t step) {
+  std::ifstream in(path);
+  std::string line, kept;
+  while (std::getline(in, line)) {
+    if (line.empty()) continue;
+    const json j = json::parse(line, nullptr, false);
+    if (j.is_discarded() || !j.contains("step")) throw Error("resume: corrupt metrics line in '" + path + "'");
+    if (j["step"].get<int64_t>() <= step) kept += line + "\n";
+  }
+  io::write_file_atomically(path, [&](const io::ByteSink& out) { out(kept.data(), kept.size()); });
+}
+
+}  // namespace
+
+TrainConfig run_config(const std::string& run_dir) { return load_config_file((fs::path(run_dir) / "config.toml").string()); }
+
+TrainResult train(const TrainConfig& config, bool resume, const Progress& progress, int64_t stop_after) {
+  config.validate();
+  const fs::path dir(config.out);
+  const std::string ckpt_path = (dir / "checkpoint.safetensors").string(), metrics_path = (dir / "metrics.jsonl").string();
+  std::unique_ptr<Session> s;
+  int64_t start = 0, skipped = 0;
+  Corpus corpus = corpus_for(config);  // bad data fails here, before the run folder exists
+  if (resume) {
+    if (!fs::exists(ckpt_path)) throw Error("resume: '" + config.out + "' holds no checkpoint.safetensors");
+    auto [st, cfg] = read_checkpoint(ckpt_path);
+    s = load_session(st, cfg, ckpt_path);
+    const json state = json::parse(st.metadata.at("scalify.state"));
+    start = state.at("step").get<int64_t>();
+    skipped = state.at("skipped").get<int64_t>();
+    truncate_metrics(metrics_path, start - 1);
+    corpus = corpus_for(s->cfg);
+  } else {
+    if (fs::exists(ckpt_path) || fs::exists(metrics_path))
+      throw Error("'" + config.out + "' already holds a run; use --resume to continue it or another --out");
+    s = make_session(config, nullptr);
+    fs::create_directories(dir);
+    const std::string toml = config.to_toml(), recipe = s->recipe.to_json() + "\n";
+    io::write_file_atomically((dir / "config.toml").string(), [&](const io::ByteSink& o) { o(toml.data(), toml.size()); });
+    io::write_file_atomically((dir / "recipe.json").string(), [&](const io::ByteSink& o) { o(recipe.data(), recipe.size()); });
+  }
+  const TrainConfig& cfg = s->cfg;
+  std::ofstream log((dir / "train.log").string(), std::ios::app), metrics(metrics_path, std::ios::app);
+  if (!log || !metrics) throw Error("cannot write into the run folder '" + config.out + "'");
+  log << (resume ? "resume at step " + std::to_string(start) : "new run") << ": recipe " << cfg.recipe << ", "
+      << cfg.model.parameter_count() << " parameters, corpus " << corpus.source << " (" << corpus.files.size() << " text files, "
+      << corpus.train.size() << " training / " << corpus.val.size() << " validation bytes)\n";
+  for (const std::string& f : corpus.skipped) log << "skipped (not text): " << f << "\n";
+  log.flush();
+
+  TrainResult r;
+  r.run_dir = config.out;
+  r.unigram_bits = unigram_bits(corpus.train);
+  const int64_t T = cfg.model.seq, tokens_per_step = cfg.batch * T * cfg.accum;
+  const int64_t end = stop_after > 0 ? std::min(cfg.steps, stop_after) : cfg.steps;
+  using clock = std::chrono::steady_clock;
+  const auto t_start = clock::now();
+  double last_loss = 0;
+  for (int64_t step = start; step < end; ++step) {
+    const auto t0 = clock::now();
+    const double lr = learning_rate(cfg, step);
+    s->opt->set_lr(lr);
+    double loss_sum = 0;
+    for (int64_t micro = 0; micro < cfg.accum; ++micro) {
+      const Batch b = make_batch(corpus.train, train_starts(corpus.train.size(), cfg.batch, T, cfg.seed, uint64_t(step * cfg.accum + micro)), T);
+      Var loss = s->model.loss(b.ids, b.targets, s->options());
+      loss_sum += loss.value().item();
+      if (cfg.accum > 1) loss = loss * (1.0 / double(cfg.accum));
+      if (s->scaler) loss = s->scaler->scale_loss(loss);
+      loss.backward();
+    }
+    last_loss = loss_sum / double(cfg.accum);
+    bool ok = !s->scaler || s->scaler->unscale(s->params);
+    if (!s->scaler && !std::isfinite(last_loss))
+      throw Error("training diverged: the loss is " + num(last_loss) + " at step " + std::to_string(step) + " (recipe " + cfg.recipe + ")");
+    double norm = 0;
+    if (ok) {
+      quant::cast_weight_gradients(s->params, s->recipe);
+      double sq = 0;
+      for (const Var& p : s->params)
+        if (p.scaled_grad().data.defined()) sq += ops::sum(ops::unary(ops::Unary::square, p.grad()), {}).item();
+      norm = std::sqrt(sq);
+      if (!std::isfinite(norm))
+        throw Error("training diverged: non-finite gradient norm at step " + std::to_string(step) + " (recipe " + cfg.recipe + ")");
+      if (cfg.grad_clip > 0 && norm > cfg.grad_clip)
+        for (Var& p : s->params)
+          if (p.scaled_grad().data.defined()) p.set_grad(scaled::mul_scalar(p.scaled_grad(), cfg.grad_clip / norm));
+      s->opt->step();
+    } else {
+      ++skipped;
+    }
+    const double secs = std::chrono::duration<double>(clock::now() - t0).count();
+    const double tps = double(tokens_per_step) / std::max(secs, 1e-9);
+    json m = {{"step", step}, {"loss", last_loss}, {"lr", lr}, {"grad_norm", norm}, {"skipped", skipped},
+              {"loss_scale", s->scaler ? s->scaler->scale() : 1.0}, {"tokens_per_s", std::round(tps)}};
+    metrics << m.dump() << "\n";
+    if (!s->linears.empty() && (step + 1) % cfg.stats_every == 0) {
+      json q = json::object();
+      for (const auto& [layer, ql] : s->linears)
+        for (const auto& [role, quantizer] : ql.quantizers()) {
+          if (role.back() == 't' && role[role.size() - 2] == '_') continue;  // transposed copies: block recipes only
+          const quant::QuantStats& qs = quantizer->last();
+          q[layer + "." + role] = {{"scale", qs.scale}, {"amax", qs.amax}, {"underflow", qs.underflow}, {"clipped", qs.clipped}};
+        }
+      metrics << json{{"step", step}, {"quant", q}}.dump() << "\n";
+    }
+    const bool last = step + 1 == end;
+    if ((step + 1) % cfg.eval_every == 0 || step + 1 == cfg.steps) {
+      const EvalResult e = eval_session(*s, corpus.val);
+      metrics << json{{"step", step}, {"val_loss", e.loss}, {"val_bpb", e.bits_per_byte}}.dump() << "\n";
+      r.val_loss = e.loss;
+      r.val_bpb = e.bits_per_byte;
+      log << "step " << step + 1 << ": val_loss " << num(e.loss) << ", " << num(e.bits_per_byte) << " bits per byte\n";
+    }
+    metrics.flush();
+    if ((step + 1) % cfg.checkpoint_every == 0 || last) save_checkpoint(*s, ckpt_path, step + 1, skipped);
+    if (progress) {
+      const double elapsed = std::chrono::duration<double>(clock::now() - t_start).count();
+      const double eta = elapsed / double(step + 1 - start) * double(end - step - 1);
+      std::ostringstream line;
+      line.precision(4);
+      line << "step " << step + 1 << "/" << cfg.steps << "  loss " << last_loss << "  " << int64_t(tps) << " tok/s  elapsed "
+           << int64_t(elapsed) << "s  eta " << int64_t(eta) << "s";
+      progress(line.str());
+    }
+    r.tokens_per_s = tps;
+  }
+  r.steps = end;
+  r.skipped = skipped;
+  r.train_loss = last_loss;
+  if (end == cfg.steps) save_checkpoint(*s, (dir / "model.safetensors").string(), end, skipped);
+  log << "stopped at step " << end << " of " << cfg.steps << "\n";
+  return r;
+}
+
+EvalResult evaluate(const std::string& checkpoint, const std::string& data) {
+  auto [st, cfg] = read_checkpoint(checkpoint);
+  if (!data.empty()) cfg.data = data;
+  const std::unique_ptr<Session> s = load_session(st, cfg, checkpoint_file(checkpoint));
+  const Corpus corpus = corpus_for(cfg);
+  return eval_session(*s, corpus.val);
+}
+
+std::string sample(const std::string& checkpoint, const std::string& prompt, const SampleOptions& o) {
+  if (o.tokens < 0 || o.tokens > 100000) throw Error("sample: tokens must be in [0, 100000]");
+  if (!(o.temperature >= 0) || !std::isfinite(o.temperature)) throw Error("sample: temperature must be >= 0");
+  if (o.top_k < 0) throw Error("sample: top_k must be >= 0");
+  auto [st, cfg] = read_checkpoint(checkpoint);
+  const std::unique_ptr<Session> s = load_session(st, cfg, checkpoint_file(checkpoint));
+  std::vector<int64_t> ctx(prompt.begin(), prompt.end());
+  for (auto& c : ctx) c = int64_t(uint8_t(c));
+  if (ctx.empty()) ctx.push_back('\n');
+  uint64_t state = o.seed * 0x9E3779B97F4A7C15ull + 1;
+  auto uniform = [&] {
+    uint64_t z = (state += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return double((z ^ (z >> 31)) >> 11) * 0x1.0p-53;
+  };
+  std::string out;
+  const NoGrad no_grad;
+  for (int64_t i = 0; i < o.tokens; ++i) {
+    const int64_t T = std::min<int64_t>(int64_t(ctx.size()), cfg.model.seq);
+    const std::vector<int64_t> window(ctx.end() - T, ctx.end());
+    const Tensor logits = s->model.logits(Tensor::from_indices(window, {1, T}), s->options()).value();
+    std::vector<double> l(size_t(cfg.model.vocab));
+    for (int64_t v = 0; v < cfg.model.vocab; ++v) l[size_t(v)] = logits.at({0, T - 1, v});
+    int64_t next = 0;
+    if (o.temperature == 0) {
+      next = std::max_element(l.begin(), l.end()) - l.begin();
+    } else {
+      std::vector<double> sorted = l;
+      std::sort(sorted.begin(), sorted.end(), std::greater<>());
+      const double cut = o.top_k > 0 && o.top_k < int64_t(l.size()) ? sorted[size_t(o.top_k - 1)] : -INFINITY;
+      std::vector<double> p(l.size());
+      double z = 0;
+      for (size_t v = 0; v < l.size(); ++v) z += p[v] = l[v] >= cut ? std::exp((l[v] - sorted[0]) / o.temperature) : 0.0;
+      double u = uniform() * z;
+      for (size_t v = 0; v < p.size(); ++v)
+        if ((u -= p[v]) <= 0 || v + 1 == p.size()) {
+          next = int64_t(v);
+          break;
+        }
+    }
+    ctx.push_back(next);
+    out.push_back(char(uint8_t(next)));
+  }
+  return out;
+}
+
+}  // namespace scalify::train

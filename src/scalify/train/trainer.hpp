@@ -1,0 +1,51 @@
+#pragma once
+// The training loop: the GPT of nn/gpt.hpp on byte tokens of a corpus under any recipe, with
+// AdamW (warmup + cosine), gradient clipping and accumulation, loss scaling when the recipe says,
+// evaluation, metrics (JSON lines), atomic safetensors checkpoints and bit-exact resume.
+//
+// Run folder: config.toml (effective config), recipe.json, metrics.jsonl, train.log,
+// checkpoint.safetensors (latest), and model.safetensors (final weights, written at the end).
+// metrics.jsonl: one line per step {"step", "loss", "lr", "grad_norm", "skipped", "loss_scale",
+// "tokens_per_s"}, every stats_every steps {"step", "quant": {"h0.attn.qkv.weight": {"scale",
+// "amax", "underflow", "clipped"}, ...}}, at each evaluation {"step", "val_loss", "val_bpb"}.
+// Everything but tokens_per_s is a pure function of the config and the thread count.
+#include <functional>
+#include <string>
+
+#include "scalify/train/config.hpp"
+
+namespace scalify::train {
+
+struct TrainResult {
+  int64_t steps = 0, skipped = 0;
+  double train_loss = 0, val_loss = 0, val_bpb = 0, unigram_bits = 0, tokens_per_s = 0;
+  std::string run_dir;
+};
+
+// Progress: called after every step with a one-line status (the CLI draws it in place on a TTY).
+using Progress = std::function<void(const std::string& line)>;
+
+// Trains from scratch into config.out (which must not hold a finished run), or with resume
+// continues the run in config.out from its checkpoint. stop_after (> 0) ends the process's
+// training early after that step, writing a checkpoint (what tests and Ctrl-C-like stops use).
+TrainResult train(const TrainConfig& config, bool resume, const Progress& progress = {}, int64_t stop_after = 0);
+
+// Loads a run's config from its folder (config.toml).
+TrainConfig run_config(const std::string& run_dir);
+
+struct EvalResult {
+  double loss = 0, bits_per_byte = 0;
+  size_t windows = 0;
+};
+// Validation loss of a checkpoint (a checkpoint file or a run folder) on `data` ("" = the run's).
+EvalResult evaluate(const std::string& checkpoint, const std::string& data = "");
+
+struct SampleOptions {
+  int64_t tokens = 200;
+  double temperature = 0.8;
+  int64_t top_k = 40;  // 0: all
+  uint64_t seed = 1;
+};
+std::string sample(const std::string& checkpoint, const std::string& prompt, const SampleOptions& options);
+
+}  // namespace scalify::train

@@ -1,0 +1,292 @@
+// The trainer and what it stands on: the GPT's gradients, safetensors (independent reader, fuzz),
+// atomic checkpoint writes under a kill, bit-exact resume, bad data and config.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "gradcheck.hpp"
+#include "scalify/error.hpp"
+#include "scalify/io/safetensors.hpp"
+#include "scalify/nn/gpt.hpp"
+#include "scalify/train/corpus.hpp"
+#include "scalify/train/trainer.hpp"
+
+namespace scalify {
+namespace {
+
+namespace fs = std::filesystem;
+
+fs::path scratch(const std::string& name) {
+  const fs::path p = fs::temp_directory_path() / ("scalify_test_train_" + std::to_string(::getpid())) / name;
+  fs::remove_all(p);
+  fs::create_directories(p.parent_path());
+  return p;
+}
+std::string slurp(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  std::ostringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+void spit(const fs::path& p, const std::string& bytes) { std::ofstream(p, std::ios::binary) << bytes; }
+
+// Some English-like text, deterministic, long enough for small batches.
+fs::path text_corpus() {
+  const fs::path p = scratch("corpus.txt");
+  std::string t;
+  const char* words[] = {"the", "model", "trains", "in", "low", "precision", "with", "scales", "that", "propagate", "through", "every", "op"};
+  uint32_t s = 7;
+  for (int i = 0; i < 12000; ++i) {
+    s = s * 1664525u + 1013904223u;
+    t += words[(s >> 16) % 13];
+    t += (s >> 8) % 9 == 0 ? ".\n" : " ";
+  }
+  spit(p, t);
+  return p;
+}
+
+TEST(Gpt, GradientsMatchFiniteDifferencesInEveryVariant) {
+  struct Variant {
+    const char* name;
+    bool unit, rms, swiglu, tied;
+  };
+  // The unit-scaled variant is not here: its backward scales each op's gradient on purpose
+  // (Table A.2), so it differs from finite differences by design; test_unit checks those ops.
+  const Variant variants[] = {{"standard", false, false, false, true}, {"untied head", false, false, false, false},
+                              {"rmsnorm+swiglu", false, true, true, true}};
+  for (const Variant& v : variants) {
+    nn::GptConfig c;
+    c.vocab = 7;
+    c.seq = 3;
+    c.d_model = 4;
+    c.layers = 1;
+    c.heads = 2;
+    c.unit_scaled = v.unit;
+    c.rms_norm = v.rms;
+    c.swiglu = v.swiglu;
+    c.tied_head = v.tied;
+    nn::Gpt model(c, 3);
+    const Tensor ids = Tensor::from_indices({1, 5, 2, 6, 0, 3}, {2, 3}), targets = Tensor::from_indices({5, 2, 4, 0, 3, 1}, {2, 3});
+    std::vector<std::string> names;
+    std::vector<Tensor> values;
+    for (const auto& [n, p] : model.parameters()) {
+      names.push_back(n);
+      // Non-zero biases and gains away from 1, so every parameter's gradient is exercised.
+      values.push_back(ops::add(p.value(), Tensor::randn(p.shape(), values.size() + 11, 0.3)));
+    }
+    testing::gradcheck(v.name, [&](const std::vector<Var>& ps) {
+      unit::NamedParams np;
+      for (size_t i = 0; i < ps.size(); ++i) np.push_back({names[i], ps[i]});
+      model.set_parameters(np);
+      return model.loss(ids, targets);
+    }, values);
+  }
+}
+
+TEST(SafeTensors, AnIndependentReaderSeesTheNamesDtypesShapesAndBytes) {
+  const fs::path p = scratch("t.safetensors");
+  io::SafeTensors st;
+  st.tensors = {{"w", Tensor::randn({3, 4}, 1)}, {"h", Tensor::randn({5}, 2).to(DType::f16)},
+                {"q", Tensor::randn({2, 2}, 3).to(DType::e4m3)}, {"m", Tensor::randn({4}, 4).to(DType::e2m1)}};
+  st.metadata = {{"step", "7"}};
+  io::write_safetensors(p.string(), st);
+  // Minimal reader written from the format's description, not the project's parser.
+  const std::string b = slurp(p);
+  uint64_t n = 0;
+  std::memcpy(&n, b.data(), 8);
+  const auto h = nlohmann::json::parse(b.substr(8, n));
+  EXPECT_EQ(h["__metadata__"]["step"], "7");
+  const std::map<std::string, std::pair<std::string, std::vector<int64_t>>> want = {
+      {"w", {"F32", {3, 4}}}, {"h", {"F16", {5}}}, {"q", {"F8_E4M3", {2, 2}}}, {"m", {"U8", {4}}}};
+  for (const auto& [name, t] : st.tensors) {
+    ASSERT_TRUE(h.contains(name)) << name;
+    EXPECT_EQ(h[name]["dtype"], want.at(name).first) << name;
+    EXPECT_EQ(h[name]["shape"].get<std::vector<int64_t>>(), want.at(name).second) << name;
+    const uint64_t begin = h[name]["data_offsets"][0], end = h[name]["data_offsets"][1];
+    const size_t bytes = size_t(t.numel()) * size_t(dtype_size(t.dtype()));
+    ASSERT_EQ(end - begin, bytes) << name;
+    EXPECT_EQ(std::memcmp(b.data() + 8 + n + begin, t.contiguous().raw_bytes(), bytes), 0) << name;
+  }
+  // And the project's reader round-trips dtypes (the custom e2m1 included).
+  const io::SafeTensors back = io::read_safetensors(p.string());
+  EXPECT_EQ(back.at("m").dtype(), DType::e2m1);
+  EXPECT_EQ(back.at("q").to_vector(), st.tensors[2].second.to_vector());
+}
+
+TEST(SafeTensors, CorruptTruncatedAndHostileFilesAreErrorsNotCrashes) {
+  const fs::path p = scratch("f.safetensors");
+  io::SafeTensors st;
+  st.tensors = {{"a", Tensor::randn({8, 8}, 1)}, {"b", Tensor::randn({16}, 2).to(DType::bf16)}};
+  st.metadata = {{"k", "v"}};
+  io::write_safetensors(p.string(), st);
+  const std::string good = slurp(p);
+  int errors = 0, parsed = 0;
+  auto attempt = [&](const std::string& bytes) {
+    try {
+      io::parse_safetensors(bytes, "fuzz");
+      ++parsed;
+    } catch (const Error&) {
+      ++errors;
+    }
+  };
+  for (size_t len = 0; len < good.size(); len += 7) attempt(good.substr(0, len));  // truncations
+  uint32_t s = 1;
+  for (int i = 0; i < 3000; ++i) {  // random byte flips, mostly in the header
+    std::string b = good;
+    s = s * 1664525u + 1013904223u;
+    const size_t at = (s >> 8) % (i % 2 ? 200 : b.size());
+    b[at] = char(b[at] ^ char(1 + (s >> 24) % 255));
+    attempt(b);
+  }
+  auto with_header = [](const std::string& h) {
+    std::string b(8, '\0');
+    const uint64_t n = h.size();
+    std::memcpy(b.data(), &n, 8);
+    return b + h + std::string(64, '\0');
+  };
+  const char* hostile[] = {
+      R"({"a":{"dtype":"F32","shape":[4294967296,4294967296],"data_offsets":[0,64]}})",
+      R"({"a":{"dtype":"F32","shape":[4],"data_offsets":[0,16]},"b":{"dtype":"F32","shape":[4],"data_offsets":[8,24]}})",
+      R"({"a":{"dtype":"F32","shape":[4],"data_offsets":[16,0]}})",
+      R"({"a":{"dtype":"F32","shape":[-1],"data_offsets":[0,4]}})",
+      R"({"a":{"dtype":"X9","shape":[1],"data_offsets":[0,4]}})",
+      R"({"a":{"dtype":"F32","shape":[100],"data_offsets":[0,400]}})",
+      R"({"a":[1,2,3]})", R"([1,2])", R"({"__metadata__":{"k":5}})", R"({"a":{"dtype":"F32","shape":[1]}})"};
+  for (const char* h : hostile) {
+    EXPECT_THROW(io::parse_safetensors(with_header(h), "hostile"), Error) << h;
+  }
+  std::string huge(8, '\xff');
+  EXPECT_THROW(io::parse_safetensors(huge + "{}", "huge"), Error);
+  EXPECT_GT(errors, 100);
+  std::printf("fuzz: %d rejected, %d parsed (flips in tensor bytes are valid files)\n", errors, parsed);
+}
+
+TEST(Checkpoint, AKilledWriteLeavesThePreviousFileReadable) {
+  const fs::path p = scratch("ckpt.safetensors");
+  io::SafeTensors first;
+  first.tensors = {{"w", Tensor::full({1000}, 1.5)}};
+  io::write_safetensors(p.string(), first);
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    ::setenv("SCALIFY_TEST_DIE_DURING_WRITE", "ckpt.safetensors", 1);
+    io::SafeTensors second;
+    second.tensors = {{"w", Tensor::full({100000}, 2.5)}};
+    io::write_safetensors(p.string(), second);
+    ::_exit(0);  // not reached: the hook kills the process halfway through the write
+  }
+  int status = 0;
+  ::waitpid(child, &status, 0);
+  ASSERT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL) << "the child was not killed mid-write";
+  const io::SafeTensors back = io::read_safetensors(p.string());
+  EXPECT_EQ(back.at("w").numel(), 1000);
+  EXPECT_EQ(back.at("w").at({999}), 1.5);
+  io::write_safetensors(p.string(), first);  // the next write clears the dead writer's temporary
+  for (const auto& e : fs::directory_iterator(p.parent_path())) EXPECT_EQ(e.path().string().find(".tmp."), std::string::npos) << e.path();
+}
+
+train::TrainConfig tiny_run(const fs::path& data, const fs::path& out, const std::string& recipe) {
+  train::TrainConfig c;
+  c.data = data.string();
+  c.out = out.string();
+  c.recipe = recipe;
+  c.steps = 8;
+  c.batch = 4;
+  c.model.seq = 16;
+  c.model.d_model = 32;
+  c.model.layers = 2;
+  c.model.heads = 2;
+  c.warmup = 2;
+  c.eval_every = 3;
+  c.eval_windows = 8;
+  c.checkpoint_every = 3;
+  c.stats_every = 2;
+  c.lr = 3e-3;
+  c.min_lr = 3e-4;
+  return c;
+}
+
+// Metrics lines without the timing field (the only field that depends on the machine's load).
+std::vector<std::string> metrics_without_timing(const fs::path& run) {
+  std::vector<std::string> lines;
+  std::ifstream in(run / "metrics.jsonl");
+  for (std::string l; std::getline(in, l);) {
+    auto j = nlohmann::json::parse(l);
+    j.erase("tokens_per_s");
+    lines.push_back(j.dump());
+  }
+  return lines;
+}
+
+TEST(Trainer, ResumeIsBitIdenticalToAnUninterruptedRun) {
+  const fs::path data = text_corpus();
+  // f32; delayed scaling (amax histories in the checkpoint); dynamic loss scaling.
+  for (const std::string recipe : {"f32", "delayed", "f16_loss_scaled"}) {
+    const fs::path a = scratch("whole_" + recipe), b = scratch("split_" + recipe);
+    train::train(tiny_run(data, a, recipe), false);
+    train::train(tiny_run(data, b, recipe), false, {}, /*stop_after=*/4);
+    EXPECT_FALSE(fs::exists(b / "model.safetensors"));
+    train::train(train::run_config(b.string()), true);
+    const io::SafeTensors wa = io::read_safetensors((a / "model.safetensors").string()),
+                          wb = io::read_safetensors((b / "model.safetensors").string());
+    ASSERT_EQ(wa.tensors.size(), wb.tensors.size());
+    for (size_t i = 0; i < wa.tensors.size(); ++i) {
+      const Tensor& x = wa.tensors[i].second;
+      const Tensor& y = wb.tensors[i].second;
+      ASSERT_EQ(wa.tensors[i].first, wb.tensors[i].first);
+      ASSERT_EQ(x.shape(), y.shape());
+      EXPECT_EQ(std::memcmp(x.raw_bytes(), y.raw_bytes(), size_t(x.numel()) * size_t(dtype_size(x.dtype()))), 0)
+          << recipe << " " << wa.tensors[i].first;
+    }
+    EXPECT_EQ(wa.metadata.at("scalify.state"), wb.metadata.at("scalify.state")) << recipe;
+    EXPECT_EQ(metrics_without_timing(a), metrics_without_timing(b)) << recipe;
+  }
+}
+
+TEST(Trainer, BadDataAndConfigAreClearErrorsBeforeAnyRunFolder) {
+  const fs::path dir = scratch("bad");
+  fs::create_directories(dir);
+  spit(dir / "empty.txt", "");
+  spit(dir / "binary.bin", std::string("abc\0def", 7));
+  spit(dir / "short.txt", "too short");
+  fs::create_directories(dir / "no_text");
+  spit(dir / "no_text" / "x.dat", std::string("\0\1\2", 3));
+  const std::pair<std::string, std::string> cases[] = {
+      {(dir / "missing.txt").string(), "does not exist"}, {(dir / "empty.txt").string(), "is empty"},
+      {(dir / "binary.bin").string(), "not text"},         {(dir / "short.txt").string(), "too short"},
+      {(dir / "no_text").string(), "no text file"}};
+  for (const auto& [path, message] : cases) {
+    const fs::path out = scratch("bad_out");
+    try {
+      train::train(tiny_run(path, out, "f32"), false);
+      ADD_FAILURE() << path << " was accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(message), std::string::npos) << e.what();
+    }
+    EXPECT_FALSE(fs::exists(out)) << "a run folder was left for " << path;
+  }
+  train::TrainConfig c;
+  EXPECT_THROW(c.set("stpes", "3"), Error);
+  EXPECT_THROW(c.set("steps", "three"), Error);
+  EXPECT_THROW(train::parse_config("lr = \"fast\"\n", "t"), Error);
+  EXPECT_THROW(train::parse_config("bogus = 1\n", "t"), Error);
+  c.set("lr", "-1");
+  EXPECT_THROW(c.validate(), Error);
+  c = train::TrainConfig();
+  c.recipe = "fp7";
+  EXPECT_THROW(c.validate(), Error);
+  // The effective config written to a run folder reads back the same.
+  const train::TrainConfig d = tiny_run(dir / "x", dir / "y", "delayed");
+  EXPECT_EQ(train::parse_config(d.to_toml(), "roundtrip").to_toml(), d.to_toml());
+}
+
+}  // namespace
+}  // namespace scalify
