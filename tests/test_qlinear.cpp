@@ -4,6 +4,8 @@
 
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
+#include <functional>
 
 #include "scalify/autograd/functions.hpp"
 #include "tiny_lm.hpp"
@@ -33,70 +35,89 @@ TEST(QLinear, F32RecipeIsBitIdenticalToThePlainEngine) {
   EXPECT_EQ(w1.grad().to_vector(), w2.grad().to_vector());
 }
 
-// Runs a test under one GEMM path for the FP8 codes and restores the previous one after; skips
-// where the CPU lacks it (the f32 path runs everywhere, so every machine tests at least one).
-class QLinearOnGemmPath : public ::testing::TestWithParam<gemm::CodeGemm> {
- protected:
-  void SetUp() override {
-    if (!gemm::code_gemm_supported(GetParam())) GTEST_SKIP() << gemm::code_gemm_name(GetParam()) << " not on this CPU";
-    gemm::set_code_gemm(GetParam());
+// Runs `body` once under every GEMM path for FP8 codes that this CPU has (f32 everywhere, bf16
+// where native) and restores the chosen path after; the paths run are printed.
+void on_every_gemm_path(const std::function<void()>& body) {
+  const gemm::CodeGemm saved = gemm::code_gemm();
+  for (gemm::CodeGemm path : {gemm::CodeGemm::onednn_bf16, gemm::CodeGemm::f32}) {
+    if (!gemm::code_gemm_supported(path)) continue;
+    std::printf("GEMM path: %s\n", gemm::code_gemm_name(path));
+    SCOPED_TRACE(gemm::code_gemm_name(path));
+    gemm::set_code_gemm(path);
+    body();
   }
-  void TearDown() override { gemm::set_code_gemm(saved_); }
-  gemm::CodeGemm saved_ = gemm::code_gemm();
-};
-INSTANTIATE_TEST_SUITE_P(Paths, QLinearOnGemmPath, ::testing::Values(gemm::CodeGemm::onednn_bf16, gemm::CodeGemm::f32),
-                         [](const auto& info) { return info.param == gemm::CodeGemm::f32 ? "f32" : "bf16"; });
-
-TEST(QLinear, UnsupportedGemmPathIsAnErrorNotACrash) {
-  if (gemm::code_gemm_supported(gemm::CodeGemm::onednn_bf16)) GTEST_SKIP() << "this CPU runs bf16 natively";
-  EXPECT_EQ(gemm::code_gemm(), gemm::CodeGemm::f32);
-  EXPECT_THROW(gemm::set_code_gemm(gemm::CodeGemm::onednn_bf16), Error);
+  gemm::set_code_gemm(saved);
 }
 
-TEST_P(QLinearOnGemmPath, ForwardAndBackwardAreDecodeThenGemm) {
-  // Per-tensor current scaling: y = Q(x) Q(w), dX = Q(g) Q(w)^T, dW = Q(x)^T Q(g), with
-  // independently built quantisers giving the same operands.
-  const Tensor x = Tensor::randn({2, 5, 32}, 5, 3.0), w = Tensor::randn({32, 12}, 6, 0.1), g = Tensor::randn({2, 5, 12}, 7, 1e-3);
-  Var xv(x, true), wv(w, true);
-  const QLinear layer(recipe_current());
-  const Var y = layer(xv, wv);
-  y.backward(g);
-  const LinearRecipe r = recipe_current();
-  Quantizer qa(r.activation), qw(r.weight), qg(r.gradient);
-  const Tensor dx = qa.quantize(x.reshape({10, 32})).dequantize(), dw = qw.quantize(w).dequantize();
-  const Tensor dg = qg.quantize(g.reshape({10, 12})).dequantize();
-  // Products of FP8 values are exact; the layer's GEMM and the f32 reference sum them in
-  // different orders, each within gamma_K sum|a||b| of the exact sum (gamma_K = K u / (1 - K u),
-  // u = 2^-24), so they agree within twice that.
-  auto expect_close = [](const Tensor& got, const Tensor& a, const Tensor& b, const char* what) {
-    const int64_t K = a.size(1);
-    const double u = std::ldexp(1.0, -24), gamma = double(K) * u / (1 - double(K) * u);
-    const std::vector<double> g = got.reshape({-1}).to_vector(), want = ops::matmul(a, b).reshape({-1}).to_vector(),
-                              bound = ops::matmul(ops::unary(ops::Unary::abs, a), ops::unary(ops::Unary::abs, b)).reshape({-1}).to_vector();
-    ASSERT_EQ(g.size(), want.size());
-    for (size_t i = 0; i < g.size(); ++i) ASSERT_LE(std::fabs(g[i] - want[i]), 2 * gamma * bound[i] + 1e-30) << what << " " << i;
-  };
-  expect_close(y.value(), dx, dw, "forward");
-  expect_close(xv.grad(), dg, dw.transpose(0, 1), "dX");
-  expect_close(wv.grad(), dx.transpose(0, 1), dg, "dW");
-  // The gradient was quantised into e5m2 with its own scale: amax(g) maps onto 57344.
-  EXPECT_FLOAT_EQ(layer.gradient_stats().scale, layer.gradient_stats().amax / 57344.0f);
+TEST(QLinear, TheGemmPathFollowsWhatTheCpuSupports) {
+  EXPECT_TRUE(gemm::code_gemm_supported(gemm::CodeGemm::f32));
+  const bool bf16 = gemm::code_gemm_supported(gemm::CodeGemm::onednn_bf16);
+  if (std::getenv("SCALIFY_GEMM") == nullptr) {  // the default is the fastest supported path
+    EXPECT_EQ(gemm::code_gemm(), bf16 ? gemm::CodeGemm::onednn_bf16 : gemm::CodeGemm::f32);
+  }
+  const gemm::CodeGemm saved = gemm::code_gemm();
+  if (bf16) {
+    EXPECT_NO_THROW(gemm::set_code_gemm(gemm::CodeGemm::onednn_bf16));
+    EXPECT_EQ(gemm::code_gemm(), gemm::CodeGemm::onednn_bf16);
+  } else {
+    EXPECT_THROW(gemm::set_code_gemm(gemm::CodeGemm::onednn_bf16), Error);  // an error, not a crash
+    EXPECT_EQ(gemm::code_gemm(), saved);
+  }
+  gemm::set_code_gemm(saved);
 }
 
-TEST_P(QLinearOnGemmPath, GradientsMatchF32WithinTheFormatsError) {
-  // e4m3 operands: relative error per element <= 2^-4; e5m2 gradients <= 2^-3; sums of K such
-  // products average the errors down. Required: relative L2 error of each output < 0.1.
-  const Tensor x = Tensor::randn({64, 96}, 8), w = Tensor::randn({96, 48}, 9, 0.1), g = Tensor::randn({64, 48}, 10);
-  for (const std::string& name : recipe_names()) {
-    if (name == "fp8_cscale") continue;  // a constant bias is only right for data in its band
-    Var xq(x, true), wq(w, true), xf(x, true), wf(w, true);
-    const Var yq = QLinear(recipe_by_name(name))(xq, wq), yf = matmul(xf, wf);
-    yq.backward(g);
-    yf.backward(g);
-    EXPECT_LT(rel_error(yq.value(), yf.value()), 0.1) << name;
-    EXPECT_LT(rel_error(xq.grad(), xf.grad()), 0.1) << name;
-    EXPECT_LT(rel_error(wq.grad(), wf.grad()), 0.1) << name;
-  }
+TEST(QLinear, ForwardAndBackwardAreDecodeThenGemmOnEveryPath) {
+  on_every_gemm_path([] {
+    // Per-tensor current scaling: y = Q(x) Q(w), dX = Q(g) Q(w)^T, dW = Q(x)^T Q(g), with
+    // independently built quantisers giving the same operands.
+    const Tensor x = Tensor::randn({2, 5, 32}, 5, 3.0), w = Tensor::randn({32, 12}, 6, 0.1),
+                 g = Tensor::randn({2, 5, 12}, 7, 1e-3);
+    Var xv(x, true), wv(w, true);
+    const QLinear layer(recipe_current());
+    const Var y = layer(xv, wv);
+    y.backward(g);
+    const LinearRecipe r = recipe_current();
+    Quantizer qa(r.activation), qw(r.weight), qg(r.gradient);
+    const Tensor dx = qa.quantize(x.reshape({10, 32})).dequantize(), dw = qw.quantize(w).dequantize();
+    const Tensor dg = qg.quantize(g.reshape({10, 12})).dequantize();
+    // Products of FP8 values are exact; the layer's GEMM and the f32 reference sum them in
+    // different orders, each within gamma_K sum|a||b| of the exact sum (gamma_K = K u / (1 - K u),
+    // u = 2^-24), so they agree within twice that.
+    auto expect_close = [](const Tensor& got, const Tensor& a, const Tensor& b, const char* what) {
+      const int64_t K = a.size(1);
+      const double u = std::ldexp(1.0, -24), gamma = double(K) * u / (1 - double(K) * u);
+      const std::vector<double> g = got.reshape({-1}).to_vector(), want = ops::matmul(a, b).reshape({-1}).to_vector(),
+                                bound = ops::matmul(ops::unary(ops::Unary::abs, a), ops::unary(ops::Unary::abs, b))
+                                            .reshape({-1})
+                                            .to_vector();
+      ASSERT_EQ(g.size(), want.size());
+      for (size_t i = 0; i < g.size(); ++i)
+        ASSERT_LE(std::fabs(g[i] - want[i]), 2 * gamma * bound[i] + 1e-30) << what << " " << i;
+    };
+    expect_close(y.value(), dx, dw, "forward");
+    expect_close(xv.grad(), dg, dw.transpose(0, 1), "dX");
+    expect_close(wv.grad(), dx.transpose(0, 1), dg, "dW");
+    // The gradient was quantised into e5m2 with its own scale: amax(g) maps onto 57344.
+    EXPECT_FLOAT_EQ(layer.gradient_stats().scale, layer.gradient_stats().amax / 57344.0f);
+  });
+}
+
+TEST(QLinear, GradientsMatchF32WithinTheFormatsErrorOnEveryPath) {
+  on_every_gemm_path([] {
+    // e4m3 operands: relative error per element <= 2^-4; e5m2 gradients <= 2^-3; sums of K such
+    // products average the errors down. Required: relative L2 error of each output < 0.1.
+    const Tensor x = Tensor::randn({64, 96}, 8), w = Tensor::randn({96, 48}, 9, 0.1), g = Tensor::randn({64, 48}, 10);
+    for (const std::string& name : recipe_names()) {
+      if (name == "fp8_cscale") continue;  // a constant bias is only right for data in its band
+      Var xq(x, true), wq(w, true), xf(x, true), wf(w, true);
+      const Var yq = QLinear(recipe_by_name(name))(xq, wq), yf = matmul(xf, wf);
+      yq.backward(g);
+      yf.backward(g);
+      EXPECT_LT(rel_error(yq.value(), yf.value()), 0.1) << name;
+      EXPECT_LT(rel_error(xq.grad(), xf.grad()), 0.1) << name;
+      EXPECT_LT(rel_error(wq.grad(), wf.grad()), 0.1) << name;
+    }
+  });
 }
 
 TEST(QLinear, MxTransposeIsQuantisedFromTheSource) {

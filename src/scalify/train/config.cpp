@@ -90,15 +90,19 @@ std::vector<std::string> TrainConfig::keys() {
   return k;
 }
 
-void TrainConfig::set(const std::string& key, const std::string& value) {
+namespace {
+const Key& find_key(const std::string& key) {
   const auto it = table().find(key);
   if (it == table().end()) {
     std::string valid;
-    for (const std::string& k : keys()) valid += (valid.empty() ? "" : ", ") + k;
+    for (const std::string& k : TrainConfig::keys()) valid += (valid.empty() ? "" : ", ") + k;
     throw Error("config: unknown key '" + key + "'; valid keys: " + valid);
   }
-  it->second.set(*this, value);
+  return it->second;
 }
+}  // namespace
+
+void TrainConfig::set(const std::string& key, const std::string& value) { find_key(key).set(*this, value); }
 
 void TrainConfig::validate() const {
   auto need = [](bool ok, const std::string& key, const std::string& what) {
@@ -161,12 +165,12 @@ TrainConfig parse_config(const std::string& text, const std::string& what) {
   TrainConfig c;
   for (const auto& [k, node] : t) {
     const std::string key(k.str());
-    const auto it = table().find(key);
-    if (it == table().end()) c.set(key, "");  // throws: unknown key
+    const Key& entry = find_key(key);
+    if (entry.is_string != node.is_string())
+      throw Error("config: '" + key + "' must " + (entry.is_string ? "" : "not ") + "be a string");
     std::string v;
-    if (auto s = node.value<std::string>(); s && node.is_string()) {
-      if (!it->second.is_string) throw Error("config: '" + key + "' must not be a string");
-      v = *s;
+    if (node.is_string()) {
+      v = *node.value<std::string>();
     } else if (node.is_integer()) {
       v = std::to_string(*node.value<int64_t>());
     } else if (node.is_floating_point()) {
@@ -176,8 +180,7 @@ TrainConfig parse_config(const std::string& text, const std::string& what) {
     } else {
       throw Error("config: '" + key + "' has an unsupported value type");
     }
-    if (it->second.is_string && !node.is_string()) throw Error("config: '" + key + "' must be a string");
-    c.set(key, v);
+    entry.set(c, v);
   }
   return c;
 }

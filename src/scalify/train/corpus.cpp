@@ -8,6 +8,7 @@
 #include <set>
 
 #include "scalify/error.hpp"
+#include "scalify/formats/kernels.hpp"
 
 namespace scalify::train {
 
@@ -21,12 +22,6 @@ bool read_bytes(const fs::path& p, std::vector<uint8_t>& out) {
   return !in.bad();
 }
 bool is_text(const std::vector<uint8_t>& b) { return std::find(b.begin(), b.end(), uint8_t(0)) == b.end(); }
-uint64_t splitmix(uint64_t& s) {
-  uint64_t z = (s += 0x9E3779B97F4A7C15ull);
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
-}
 }  // namespace
 
 std::string default_corpus_path() { return "/usr/share/games/fortunes"; }
@@ -94,9 +89,11 @@ Batch make_batch(const std::vector<uint8_t>& bytes, const std::vector<size_t>& s
 
 std::vector<size_t> train_starts(size_t size, int64_t B, int64_t T, uint64_t seed, uint64_t index) {
   const uint64_t range = uint64_t(size) - uint64_t(T);  // starts in [0, size - T - 1]
-  uint64_t state = seed * 0x9E3779B97F4A7C15ull ^ (index + 1) * 0xD1B54A32D192ED03ull;
   std::vector<size_t> s(static_cast<size_t>(B));
-  for (auto& v : s) v = size_t(splitmix(state) % range);
+  for (size_t b = 0; b < s.size(); ++b) {  // 64 counter-based random bits per start
+    const uint64_t i = 2 * (index * uint64_t(B) + b);
+    s[b] = size_t(((uint64_t(kernels::random_bits(seed, i)) << 32) | kernels::random_bits(seed, i + 1)) % range);
+  }
   return s;
 }
 

@@ -11,6 +11,7 @@
 #include <sstream>
 
 #include "scalify/error.hpp"
+#include "scalify/formats/kernels.hpp"
 #include "scalify/io/atomic_file.hpp"
 #include "scalify/io/safetensors.hpp"
 #include "scalify/quant/recipe.hpp"
@@ -206,13 +207,6 @@ double unigram_bits(const std::vector<uint8_t>& bytes) {
   return h;
 }
 
-std::string num(double x) {
-  std::ostringstream s;
-  s.precision(9);
-  s << x;
-  return s.str();
-}
-
 Corpus corpus_for(const TrainConfig& cfg) {
   const size_t window = size_t(cfg.model.seq) + 1;
   return load_corpus(cfg.data.empty() ? default_corpus_path() : cfg.data, cfg.val_fraction, window * size_t(cfg.batch));
@@ -241,16 +235,17 @@ TrainResult train(const TrainConfig& config, bool resume, const Progress& progre
   const std::string ckpt_path = (dir / "checkpoint.safetensors").string(), metrics_path = (dir / "metrics.jsonl").string();
   std::unique_ptr<Session> s;
   int64_t start = 0, skipped = 0;
-  Corpus corpus = corpus_for(config);  // bad data fails here, before the run folder exists
+  const Corpus corpus = corpus_for(config);  // bad data fails here, before the run folder exists
   if (resume) {
     if (!fs::exists(ckpt_path)) throw Error("resume: '" + config.out + "' holds no checkpoint.safetensors");
-    auto [st, cfg] = read_checkpoint(ckpt_path);
-    s = load_session(st, cfg, ckpt_path);
+    // The given config (the run's config.toml, possibly with overrides such as more steps);
+    // loading checks that the checkpoint's tensors fit its model.
+    const io::SafeTensors st = read_checkpoint(ckpt_path).first;
+    s = load_session(st, config, ckpt_path);
     const json state = json::parse(st.metadata.at("scalify.state"));
     start = state.at("step").get<int64_t>();
     skipped = state.at("skipped").get<int64_t>();
     truncate_metrics(metrics_path, start - 1);
-    corpus = corpus_for(s->cfg);
   } else {
     if (fs::exists(ckpt_path) || fs::exists(metrics_path))
       throw Error("'" + config.out + "' already holds a run; use --resume to continue it or another --out");
@@ -293,7 +288,7 @@ TrainResult train(const TrainConfig& config, bool resume, const Progress& progre
     last_loss = loss_sum / double(cfg.accum);
     bool ok = !s->scaler || s->scaler->unscale(s->params);
     if (!s->scaler && !std::isfinite(last_loss))
-      throw Error("training diverged: the loss is " + num(last_loss) + " at step " + std::to_string(step) + " (recipe " + cfg.recipe + ")");
+      throw Error("training diverged: the loss is " + std::to_string(last_loss) + " at step " + std::to_string(step) + " (recipe " + cfg.recipe + ")");
     double norm = 0;
     if (ok) {
       quant::cast_weight_gradients(s->params, s->recipe);
@@ -319,7 +314,7 @@ TrainResult train(const TrainConfig& config, bool resume, const Progress& progre
       json q = json::object();
       for (const auto& [layer, ql] : s->linears)
         for (const auto& [role, quantizer] : ql.quantizers()) {
-          if (role.back() == 't' && role[role.size() - 2] == '_') continue;  // transposed copies: block recipes only
+          if (role.ends_with("_t")) continue;  // the transposed copies, used by block recipes only
           const quant::QuantStats& qs = quantizer->last();
           q[layer + "." + role] = {{"scale", qs.scale}, {"amax", qs.amax}, {"underflow", qs.underflow}, {"clipped", qs.clipped}};
         }
@@ -331,7 +326,7 @@ TrainResult train(const TrainConfig& config, bool resume, const Progress& progre
       metrics << json{{"step", step}, {"val_loss", e.loss}, {"val_bpb", e.bits_per_byte}}.dump() << "\n";
       r.val_loss = e.loss;
       r.val_bpb = e.bits_per_byte;
-      log << "step " << step + 1 << ": val_loss " << num(e.loss) << ", " << num(e.bits_per_byte) << " bits per byte\n";
+      log << "step " << step + 1 << ": val_loss " << e.loss << ", " << e.bits_per_byte << " bits per byte\n";
     }
     metrics.flush();
     if ((step + 1) % cfg.checkpoint_every == 0 || last) save_checkpoint(*s, ckpt_path, step + 1, skipped);
@@ -371,13 +366,6 @@ std::string sample(const std::string& checkpoint, const std::string& prompt, con
   std::vector<int64_t> ctx(prompt.begin(), prompt.end());
   for (auto& c : ctx) c = int64_t(uint8_t(c));
   if (ctx.empty()) ctx.push_back('\n');
-  uint64_t state = o.seed * 0x9E3779B97F4A7C15ull + 1;
-  auto uniform = [&] {
-    uint64_t z = (state += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return double((z ^ (z >> 31)) >> 11) * 0x1.0p-53;
-  };
   std::string out;
   const NoGrad no_grad;
   for (int64_t i = 0; i < o.tokens; ++i) {
@@ -396,7 +384,7 @@ std::string sample(const std::string& checkpoint, const std::string& prompt, con
       std::vector<double> p(l.size());
       double z = 0;
       for (size_t v = 0; v < l.size(); ++v) z += p[v] = l[v] >= cut ? std::exp((l[v] - sorted[0]) / o.temperature) : 0.0;
-      double u = uniform() * z;
+      double u = double(kernels::random_bits(o.seed, uint64_t(i))) * 0x1.0p-32 * z;  // uniform in [0, z)
       for (size_t v = 0; v < p.size(); ++v)
         if ((u -= p[v]) <= 0 || v + 1 == p.size()) {
           next = int64_t(v);
