@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "scalify/autograd/functions.hpp"
-#include "scalify/nn/transformer.hpp"
+#include "scalify/unit/layers.hpp"
 #include "scalify/platform/cpu.hpp"
 #include "scalify/tensor/gemm.hpp"
 #include "scalify/tensor/ops.hpp"
@@ -164,11 +164,14 @@ BENCHMARK_TEMPLATE(BM_OneDnnMatmul, dnnl::memory::data_type::bf16)->Apply(Shapes
 // One pre-LN transformer block, forward + backward (d=256, T=128, B=16, 4 heads).
 void BM_TransformerBlockStep(benchmark::State& st) {
   const int64_t B = 16, T = 128, D = 256;
-  const nn::BlockParams p = nn::init_block(D, 1, 1);
+  unit::Init init{false, 1, 1};
+  const unit::GptBlock block = unit::GptBlock::make(D, 4, init);
+  unit::LayerOptions o;
+  o.unit_scaled = false;
   const Tensor x = Tensor::randn({B, T, D}, 2);
   for (auto _ : st) {
     Var in(x, true);
-    Var y = nn::transformer_block(in, p, 4);
+    Var y = block(in, unit::Residual{unit::Residual::Kind::plain, 0.0, 1, false}, o);
     sum(y).backward();
   }
   // Matmul FLOPs: forward 2BT(12 D^2) + attention 2 * 2 B T^2 D; backward twice that.

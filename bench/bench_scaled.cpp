@@ -5,29 +5,38 @@
 #include <chrono>
 
 #include "scalify/autograd/functions.hpp"
-#include "scalify/nn/transformer.hpp"
+#include "scalify/unit/layers.hpp"
 
 namespace {
 
 using namespace scalify;
 
-nn::BlockParams scaled_params(const nn::BlockParams& p) {
-  nn::BlockParams s = p;
-  Var* fields[] = {&s.ln1_w, &s.ln1_b, &s.w_qkv, &s.b_qkv, &s.w_proj, &s.b_proj, &s.ln2_w, &s.ln2_b, &s.w_fc, &s.b_fc, &s.w_out, &s.b_out};
-  for (Var* f : fields) *f = Var(as_scaled(f->value()), true);
+// One standard pre-LN GPT block (the trainer's, at GPT-2 initialisation).
+unit::GptBlock make_block(int64_t d, int heads) {
+  unit::Init init{false, 1, 1};
+  return unit::GptBlock::make(d, heads, init);
+}
+
+unit::GptBlock scaled_params(const unit::GptBlock& p) {
+  unit::GptBlock s = p;
+  for (Var* f : {&s.ln1.w, &s.ln1.b, &s.attn.qkv.w, &s.attn.qkv.b, &s.attn.proj.w, &s.attn.proj.b, &s.ln2.w, &s.ln2.b,
+                 &s.mlp.fc.w, &s.mlp.fc.b, &s.mlp.out.w, &s.mlp.out.b})
+    *f = Var(as_scaled(f->value()), true);
   return s;
 }
 
-double step(const nn::BlockParams& p, const Var& x) {
+double step(const unit::GptBlock& p, const Var& x) {
   const auto t0 = std::chrono::steady_clock::now();
-  Var y = nn::transformer_block(x, p, 4);
+  unit::LayerOptions o;
+  o.unit_scaled = false;
+  Var y = p(x, unit::Residual{unit::Residual::Kind::plain, 0.0, 1, false}, o);
   sum(y).backward();
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
 void BM_ScaledVsUnscaledBlockStep(benchmark::State& st) {
   const int64_t B = 16, T = 128, D = 256;
-  const nn::BlockParams plain = nn::init_block(D, 1, 1), scaled = scaled_params(plain);
+  const unit::GptBlock plain = make_block(D, 4), scaled = scaled_params(plain);
   const Tensor x = Tensor::randn({B, T, D}, 2);
   double t_plain = 0, t_scaled = 0;
   for (auto _ : st) {

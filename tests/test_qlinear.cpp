@@ -4,13 +4,13 @@
 
 #include <cmath>
 #include <cstdio>
+#include <map>
 #include <cstdlib>
 #include <functional>
 
 #include "scalify/autograd/functions.hpp"
 #include "tiny_lm.hpp"
 #include "scalify/error.hpp"
-#include "scalify/nn/transformer.hpp"
 #include "scalify/optim/adamw.hpp"
 #include "scalify/quant/linear.hpp"
 #include "scalify/tensor/gemm.hpp"
@@ -151,22 +151,18 @@ TEST(QLinear, TinyTransformerTrainsUnderEveryPreset) {
   const int64_t V = 12, T = 8, B = 8, D = 32;
   double f32_final = 0;
   for (const std::string& name : recipe_names()) {
-    Var wte(Tensor::randn({V, D}, 20, 0.5), true), wpe(Tensor::randn({T, D}, 21, 0.5), true), head(Tensor::randn({D, V}, 22, 0.3), true);
-    const nn::BlockParams block = nn::init_block(D, 1, 23);
-    std::vector<Var> params = {wte, wpe, head};
-    for (auto& [n, p] : block.named()) params.push_back(p);
+    const nn::Gpt model = testing::tiny_gpt(V, T, D, 23);
+    const std::vector<Var> params = testing::parameters_of(model);
     LinearRecipe recipe = name == "fp8_cscale" ? recipe_fp8_cscale(4) : recipe_by_name(name);
-    std::vector<QLinear> layers;  // each layer its own quantiser state
-    for (int i = 0; i < 5; ++i) layers.emplace_back(recipe);
-    const nn::LinearFn linear = [&](int which, const Var& x, const Var& w, const Var& b) { return layers[size_t(which)](x, w, b); };
+    std::map<std::string, QLinear> layers;  // each layer its own quantiser state; the head stays f32
+    for (const std::string& n : model.linear_names()) layers.emplace(n, QLinear(recipe));
+    nn::GptOptions options;
+    options.matmul = [&](const std::string& n, const Var& x, const Var& w) { return layers.at(n)(x, w); };
     optim::AdamW opt(params, {.lr = 3e-3});
     double first = 0, last = 0;
     for (int step = 0; step < 60; ++step) {
       const testing::TokenBatch batch = testing::token_batch(uint64_t(step % 4), B, T, V);
-      Var x = embedding(wte, batch.inputs) + embedding(wpe, batch.positions);
-      x = nn::transformer_block(x, block, 2, linear);
-      const Var logits = layers[4](x, head);
-      Var loss = cross_entropy(reshape(logits, {B * T, V}), batch.targets);
+      Var loss = model.loss(batch.inputs, batch.targets.reshape({B, T}), options);
       const double l = loss.value().item();
       ASSERT_TRUE(std::isfinite(l)) << name << " step " << step;
       (step == 0 ? first : last) = l;

@@ -4,11 +4,11 @@
 
 #include <cmath>
 #include <cstdio>
+#include <map>
 
 #include "scalify/autograd/functions.hpp"
 #include "tiny_lm.hpp"
 #include "scalify/error.hpp"
-#include "scalify/nn/transformer.hpp"
 #include "scalify/quant/recipe.hpp"
 
 namespace scalify::quant {
@@ -60,25 +60,23 @@ TEST(Recipe, TinyTransformerTrainsUnderEveryFullPreset) {
   for (const std::string& name : preset_names()) {
     const Recipe recipe = name == "fp8_cscale" ? [] { Recipe r = preset("fp8_cscale"); r.linear = recipe_fp8_cscale(4); return r; }()
                                                : preset(name);
-    std::vector<Var> init = {Var(Tensor::randn({V, D}, 30, 0.5)), Var(Tensor::randn({T, D}, 31, 0.5)), Var(Tensor::randn({D, V}, 32, 0.3))};
-    const nn::BlockParams b0 = nn::init_block(D, 1, 33);
-    for (auto& [n, p] : b0.named()) init.push_back(p);
-    const std::vector<Var> params = prepare_parameters(init, recipe);
-    nn::BlockParams block;
-    Var* fields[] = {&block.ln1_w, &block.ln1_b, &block.w_qkv, &block.b_qkv, &block.w_proj, &block.b_proj,
-                     &block.ln2_w, &block.ln2_b, &block.w_fc, &block.b_fc, &block.w_out, &block.b_out};
-    for (size_t i = 0; i < 12; ++i) *fields[i] = params[3 + i];
-    std::vector<QLinear> layers;
-    for (int i = 0; i < 5; ++i) layers.emplace_back(recipe.linear);
-    const nn::LinearFn linear = [&](int which, const Var& x, const Var& w, const Var& bias) { return layers[size_t(which)](x, w, bias); };
+    nn::Gpt model = testing::tiny_gpt(V, T, D, 33);
+    const std::vector<Var> params = prepare_parameters(testing::parameters_of(model), recipe);
+    unit::NamedParams named = model.parameters();
+    for (size_t i = 0; i < named.size(); ++i) named[i].second = params[i];
+    model.set_parameters(named);
+    ASSERT_EQ(named[4].first, "h0.attn.qkv.w");
+    std::map<std::string, QLinear> layers;  // the head stays f32, as in the trainer
+    for (const std::string& n : model.linear_names()) layers.emplace(n, QLinear(recipe.linear));
+    nn::GptOptions options;
+    options.rescale_norm_grad = recipe.rescale_norm_grad;
+    options.matmul = [&](const std::string& n, const Var& x, const Var& w) { return layers.at(n)(x, w); };
     optim::AdamW opt(params, optimizer_config(recipe, {.lr = 3e-3}));
     LossScaler scaler(recipe.loss_scaling);
     double first = 0, last = 0;
     for (int step = 0; step < 60; ++step) {
       const testing::TokenBatch batch = testing::token_batch(uint64_t(step % 4), B, T, V);
-      Var x = embedding(params[0], batch.inputs) + embedding(params[1], batch.positions);
-      x = nn::transformer_block(x, block, 2, linear);
-      Var loss = cross_entropy(reshape(layers[4](x, params[2]), {B * T, V}), batch.targets);
+      Var loss = model.loss(batch.inputs, batch.targets.reshape({B, T}), options);
       const double l = loss.value().item();
       ASSERT_TRUE(std::isfinite(l)) << name << " step " << step;
       (step == 0 ? first : last) = l;
@@ -88,14 +86,14 @@ TEST(Recipe, TinyTransformerTrainsUnderEveryFullPreset) {
       opt.step();
     }
     std::printf("%-16s loss %.3f -> %.3f  (master %s%s, state %s, skipped %lld)\n", name.c_str(), first, last,
-                std::string(dtype_name(params[3 + 2].scaled().data.dtype())).c_str(), recipe.scaled_state ? " scaled" : "",
+                std::string(dtype_name(params[4].scaled().data.dtype())).c_str(), recipe.scaled_state ? " scaled" : "",
                 std::string(dtype_name(recipe.optimizer_state)).c_str(), (long long)scaler.skipped_steps());
     EXPECT_LT(last, 0.8 * first) << name;
     if (recipe.loss_scaling.kind == LossScalerConfig::Kind::none) {
       EXPECT_EQ(scaler.skipped_steps(), 0) << name << ": finite gradients throughout";
     }
     if (recipe.scaled_state) {
-      EXPECT_TRUE(params[5].scaled().is_scaled()) << name;
+      EXPECT_TRUE(params[4].scaled().is_scaled()) << name;
     }
   }
 }

@@ -108,12 +108,16 @@ std::vector<OpCase> cases() {
       {"square", {{64, 32}}, [](auto& v) { return unary(U::square, v[0]); }, [](auto& v) { return ops::unary(U::square, v[0]); }, 2, 4},  // E[z^4] = 3
       {"tanh", {{64, 32}}, [](auto& v) { return unary(U::tanh, v[0]); }, [](auto& v) { return ops::unary(U::tanh, v[0]); }, 0.3, 1, false},
       {"exp", {{64, 32}}, [](auto& v) { return unary(U::exp, v[0]); }, [](auto& v) { return ops::unary(U::exp, v[0]); }, 1, 10, false},
-      {"softmax", {{64, 32}}, [](auto& v) { return softmax(v[0]); }, [](auto& v) { return ops::softmax(v[0]); }, 0, 1, false},
+      // softmax over n = 32 (N = 32): E[(N p)^2] ~ E[e^(2z)] / E[e^z]^2 = e for unit Gaussian logits.
+      {"softmax", {{64, 32}}, [](auto& v) { return softmax(v[0]); }, [](auto& v) { return ops::softmax(v[0]); }, 1.5, 4, false},
       {"layer_norm", {{64, 32}}, [](auto& v) { return layer_norm(v[0], 1e-5); }, [](auto& v) { return ops::layer_norm(v[0], 1e-5).y; }, 0.9, 1.01},
       {"rms_norm", {{64, 32}}, [](auto& v) { return rms_norm(v[0], 1e-6); }, [](auto& v) { return ops::rms_norm(v[0], 1e-6).y; }, 0.9, 1.01},
       {"where", {{64, 32}, {64, 32}}, [cond](auto& v) { return where(cond, v[0], v[1]); }, [cond](auto& v) { return ops::where(cond, v[0], v[1]); }, 0.25, 1},
       {"concat", {{64, 32}, {64, 16}}, [](auto& v) { return concat({v[0], v[1]}, 1); }, [](auto& v) { return ops::concat({v[0], v[1]}, 1); }, 0.25, 1},
       {"embedding", {{10, 32}}, [ids](auto& v) { return embedding(v[0], ids); }, [ids](auto& v) { return ops::embedding(v[0], ids); }, r2, 2},
+      // ema (b = 0.9): Z_s rounds sqrt(b^2 M_s^2 + (1-b)^2 X_s^2) to the nearest power of two: [1/2, 2].
+      {"ema", {{64, 32}, {64, 32}}, [](auto& v) { return ema(v[0], v[1], 0.9); },
+       [](auto& v) { return ops::binary(ops::Binary::add, v[0], v[1], 0.9, 1 - 0.9); }, r2, 2},
       {"transpose", {{64, 32}}, [](auto& v) { return transpose(v[0], 0, 1); }, [](auto& v) { return v[0].transpose(0, 1); }, r2, 2},
   };
 }
@@ -215,6 +219,37 @@ TEST(ScaleRules, BackwardKeepsGradientDataUnitScaled) {
         EXPECT_LE(ms, c.hi * (1 + margin)) << c.name << " input " << i << " trial " << trial;
       }
     }
+}
+
+TEST(ScaleRules, SoftmaxGradientDataIsUnitScaled) {
+  // Not scale-free: logits of small and of unit value (a peaked row's derivative vanishes). The
+  // derivative p (g - sum p g) is O(1/n); the rule moves 1/N into the scale: E[dX_d^2] ~ E[(N p)^2].
+  for (const float s : {1.0f / 32, 1.0f}) {
+    const Var x(ScaledTensor(Tensor::randn({64, 32}, 950), s), true);
+    softmax(x).backward(ScaledTensor(Tensor::randn({64, 32}, 951), 8.0f));
+    const double ms = mean_square(x.scaled_grad().data);
+    EXPECT_GT(ms, 0.5) << "logit scale " << s;
+    EXPECT_LT(ms, 4.0) << "logit scale " << s;
+    EXPECT_EQ(x.scaled_grad().scalar_scale(), 8.0f / 32) << "logit scale " << s;
+  }
+}
+
+TEST(ScaleRules, EmaOfAStationaryInputKeepsItsDataInRange) {
+  // An optimizer moment: 300 steps of m = b m + (1 - b) x over fresh unit-variance x at scale 2^-5.
+  // The ema rule settles where its data is O(1); composing mul_scalar and add halves M_s each step
+  // while M_d grows (about 1 / (1 - b) = 10 here, 1000 for Adam's b2 = 0.999).
+  const double b = 0.9;
+  ScaledTensor m = any_scale_constant(Tensor::zeros({4096})), composed = m;
+  for (int step = 0; step < 300; ++step) {
+    const ScaledTensor x(Tensor::randn({4096}, 500 + uint64_t(step)), 1.0f / 32);
+    m = scaled::ema(m, x, b);
+    composed = scaled::add(scaled::mul_scalar(composed, b), scaled::mul_scalar(x, 1 - b));
+  }
+  EXPECT_GT(mean_square(m.data), 0.25);
+  EXPECT_LT(mean_square(m.data), 4.0);
+  EXPECT_GT(mean_square(composed.data), 8.0) << "the composition no longer drifts: revisit the ema rule's comment";
+  const std::vector<double> a = m.value().to_vector(), c = composed.value().to_vector();
+  for (size_t i = 0; i < a.size(); ++i) ASSERT_NEAR(a[i], c[i], 1e-5 * (std::fabs(c[i]) + 1e-3)) << i;
 }
 
 TEST(ScaleRules, PerBlockScaleTensorsAreRebasedExactly) {

@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <sstream>
 
 #include "gradcheck.hpp"
@@ -58,10 +59,10 @@ TEST(Gpt, GradientsMatchFiniteDifferencesInEveryVariant) {
     const char* name;
     bool unit, rms, swiglu, tied;
   };
-  // The unit-scaled variant is not here: its backward scales each op's gradient on purpose
-  // (Table A.2), so it differs from finite differences by design; test_unit checks those ops.
+  // The unit-scaled variant's backward scales each op's gradient on purpose (Table A.2; test_unit
+  // checks those factors), so it is checked here with ExactGradients: same forward, beta = alpha.
   const Variant variants[] = {{"standard", false, false, false, true}, {"untied head", false, false, false, false},
-                              {"rmsnorm+swiglu", false, true, true, true}};
+                              {"rmsnorm+swiglu", false, true, true, true}, {"unit-scaled", true, false, false, true}};
   for (const Variant& v : variants) {
     nn::GptConfig c;
     c.vocab = 7;
@@ -74,6 +75,8 @@ TEST(Gpt, GradientsMatchFiniteDifferencesInEveryVariant) {
     c.swiglu = v.swiglu;
     c.tied_head = v.tied;
     nn::Gpt model(c, 3);
+    std::optional<unit::ExactGradients> exact;
+    if (v.unit) exact.emplace();
     const Tensor ids = Tensor::from_indices({1, 5, 2, 6, 0, 3}, {2, 3}), targets = Tensor::from_indices({5, 2, 4, 0, 3, 1}, {2, 3});
     std::vector<std::string> names;
     std::vector<Tensor> values;
@@ -262,7 +265,9 @@ TEST(Trainer, BadDataAndConfigAreClearErrorsBeforeAnyRunFolder) {
   const std::pair<std::string, std::string> cases[] = {
       {(dir / "missing.txt").string(), "does not exist"}, {(dir / "empty.txt").string(), "is empty"},
       {(dir / "binary.bin").string(), "not text"},         {(dir / "short.txt").string(), "too short"},
-      {(dir / "no_text").string(), "no text file"}};
+      {(dir / "no_text").string(), "no text file"},
+      // A file that opens but fails to read (EIO at offset 0, for root too, which chmod cannot stop).
+      {"/proc/self/mem", "cannot read"}};
   for (const auto& [path, message] : cases) {
     const fs::path out = scratch("bad_out");
     try {
@@ -286,6 +291,22 @@ TEST(Trainer, BadDataAndConfigAreClearErrorsBeforeAnyRunFolder) {
   // The effective config written to a run folder reads back the same.
   const train::TrainConfig d = tiny_run(dir / "x", dir / "y", "delayed");
   EXPECT_EQ(train::parse_config(d.to_toml(), "roundtrip").to_toml(), d.to_toml());
+}
+
+TEST(Trainer, LearnsWellBelowTheUnigramEntropyOfTheDefaultCorpus) {
+  // The main job's corpus and a small model (d = 64, 2 layers) for 300 steps of f32.
+  train::TrainConfig c;
+  c.out = scratch("learns").string();
+  c.model.d_model = 64;
+  c.model.layers = 2;
+  c.model.heads = 2;
+  c.steps = 300;
+  c.warmup = 30;
+  c.eval_every = 300;
+  c.eval_windows = 256;
+  const train::TrainResult r = train::train(c, false);
+  std::printf("default corpus: validation %.3f bits per byte, unigram entropy %.3f bits per byte\n", r.val_bpb, r.unigram_bits);
+  EXPECT_LT(r.val_bpb, r.unigram_bits - 1.0);
 }
 
 }  // namespace

@@ -5,7 +5,7 @@
 #include <cstdio>
 
 #include "scalify/autograd/functions.hpp"
-#include "scalify/nn/transformer.hpp"
+#include "scalify/nn/gpt.hpp"
 #include "scalify/optim/adamw.hpp"
 
 namespace scalify {
@@ -42,11 +42,16 @@ TEST(Training, OneBlockCausalTransformerLearnsToCopy) {
   // can fall to zero only by attending T/2 positions back.
   const int64_t V = 12, half = 8, T = 2 * half, B = 16, D = 32;
   const int heads = 2;
-  Var wte(Tensor::randn({V, D}, 10, 0.1), true), wpe(Tensor::randn({T, D}, 11, 0.1), true);
-  Var lnf_w(Tensor::ones({D}), true), lnf_b(Tensor::zeros({D}), true), head(Tensor::randn({D, V}, 12, 0.1), true);
-  const nn::BlockParams block = nn::init_block(D, 1, 13);
-  std::vector<Var> params = {wte, wpe, lnf_w, lnf_b, head};
-  for (auto& [name, p] : block.named()) params.push_back(p);
+  nn::GptConfig c;
+  c.vocab = V;
+  c.seq = T;
+  c.d_model = D;
+  c.layers = 1;
+  c.heads = heads;
+  c.tied_head = false;
+  const nn::Gpt model(c, 13);
+  std::vector<Var> params;
+  for (const auto& [name, p] : model.parameters()) params.push_back(p);
   optim::AdamW opt(params, {.lr = 3e-3});
 
   auto batch = [&](uint64_t seed, Tensor& inputs, Tensor& targets) {
@@ -60,15 +65,9 @@ TEST(Training, OneBlockCausalTransformerLearnsToCopy) {
         tg.push_back(seq[size_t(b * (T + 1) + t + 1)]);
       }
     inputs = Tensor::from_indices(in, {B, T});
-    targets = Tensor::from_indices(tg, {B * T});
+    targets = Tensor::from_indices(tg, {B, T});
   };
-  const Tensor positions = Tensor::from_indices([&] { std::vector<int64_t> p; for (int64_t t = 0; t < T; ++t) p.push_back(t); return p; }(), {T});
-  auto loss_of = [&](const Tensor& inputs, const Tensor& targets) {
-    Var x = embedding(wte, inputs) + embedding(wpe, positions);
-    x = nn::transformer_block(x, block, heads);
-    const Var logits = matmul(layer_norm(x, lnf_w, lnf_b), head);
-    return cross_entropy(reshape(logits, {B * T, V}), targets);
-  };
+  auto loss_of = [&](const Tensor& inputs, const Tensor& targets) { return model.loss(inputs, targets); };
   Tensor in, tg;
   batch(1000, in, tg);
   const double first = loss_of(in, tg).value().item();

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "scalify/nn/gpt.hpp"
 #include "scalify/tensor/tensor.hpp"
 
 namespace scalify::testing {
@@ -23,6 +24,24 @@ inline TokenBatch token_batch(uint64_t seed, int64_t B, int64_t T, int64_t V) {
       pos.push_back(t);
     }
   return {Tensor::from_indices(in, {B, T}), Tensor::from_indices(tg, {B * T}), Tensor::from_indices(pos, {B, T})};
+}
+
+// A one-block GPT (2 heads, untied head) for the tiny task.
+inline nn::Gpt tiny_gpt(int64_t V, int64_t T, int64_t D, uint64_t seed) {
+  nn::GptConfig c;
+  c.vocab = V;
+  c.seq = T;
+  c.d_model = D;
+  c.layers = 1;
+  c.heads = 2;
+  c.tied_head = false;
+  return nn::Gpt(c, seed);
+}
+
+inline std::vector<Var> parameters_of(const nn::Gpt& model) {
+  std::vector<Var> p;
+  for (const auto& [name, v] : model.parameters()) p.push_back(v);
+  return p;
 }
 
 }  // namespace scalify::testing

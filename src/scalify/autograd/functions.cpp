@@ -122,7 +122,9 @@ Var max(const Var& x, int dim, bool keepdim) {
 Var softmax(const Var& x, int dim) {
   ScaledTensor y = s::softmax(x.scaled(), dim);
   return Var::make("softmax", y, {x}, [y, dim](const ScaledTensor& g) {
-    return Grads{s::with_grad_scale(g, ops::softmax_backward(plain(y), g.data, dim))};
+    // The derivative is O(1/n): the forward rule's 1/N moves from the data into the scale.
+    const ScaledTensor dx = s::with_grad_scale(g, ops::softmax_backward(plain(y), g.data, dim));
+    return Grads{y.is_scaled() ? rebalance(dx, y.scalar_scale()) : dx};
   });
 }
 

@@ -133,9 +133,7 @@ Var Gpt::logits(const Tensor& ids, const GptOptions& opt) const {
     r.layer = 2 * int(l) + 1;  // running-mean counts both residual adds of every block
     x = blocks_[l](x, r, ol);
   }
-  LayerOptions of = o;
-  of.rescale_norm_grad = false;  // the paper's rescales are the two per block
-  const Var xf = c_.final_norm ? o.tap(lnf_(x, of), "lnf") : x;
+  const Var xf = c_.final_norm ? o.tap(lnf_(x, o), "lnf") : x;
   const Var head = c_.tied_head ? transpose(wte_, 0, 1) : head_;
   const Var xl = o.lowp(xf), hl = o.lowp(head);
   return o.tap(u ? unit::matmul(xl, hl, Constrain::x) : scalify::matmul(xl, hl), "logits");

@@ -40,7 +40,7 @@ struct GptConfig {
 struct GptOptions {
   unit::ScaleProbe* probe = nullptr;
   std::function<Var(const std::string& name, const Var& x, const Var& w)> matmul;  // recipe hook
-  bool rescale_norm_grad = false;  // SCALIFY: dynamic_rescale_l2_grad before each block norm
+  bool rescale_norm_grad = false;  // SCALIFY: dynamic_rescale_l2_grad before every norm (2 per block + the final one)
 };
 
 class Gpt {

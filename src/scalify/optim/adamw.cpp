@@ -80,12 +80,9 @@ void AdamW::step_scaled(size_t k, double bc1, double bc2) {
   Var& p = params_[k];
   const ScaledTensor g = p.scaled_grad();
   check_finite(g.data, k, p.shape());
-  // Moments in scaled form: the scale rules pick their scales; data stored in state_dtype.
-  m_[k] = cast_data(scaled::add(scaled::mul_scalar(m_[k], c_.beta1), scaled::mul_scalar(g, 1 - c_.beta1)),
-                    *dtype_format(c_.state_dtype));
-  v_[k] = cast_data(scaled::add(scaled::mul_scalar(v_[k], c_.beta2),
-                                scaled::mul_scalar(scaled::unary(ops::Unary::square, g), 1 - c_.beta2)),
-                    *dtype_format(c_.state_dtype));
+  // Moments in scaled form: the ema rule picks their scales; data stored in state_dtype.
+  m_[k] = cast_data(scaled::ema(m_[k], g, c_.beta1), *dtype_format(c_.state_dtype));
+  v_[k] = cast_data(scaled::ema(v_[k], scaled::unary(ops::Unary::square, g), c_.beta2), *dtype_format(c_.state_dtype));
   // The update direction m / (sqrt(v) + eps) is O(1) elementwise: computed on represented values.
   const Tensor denom = ops::scale_shift(ops::unary(ops::Unary::sqrt, ops::scale_shift(v_[k].value(), 1.0 / bc2, 0.0)), 1.0, c_.eps);
   Tensor update = ops::div(ops::scale_shift(m_[k].value(), 1.0 / bc1, 0.0), denom);

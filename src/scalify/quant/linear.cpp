@@ -1,5 +1,7 @@
 #include "scalify/quant/linear.hpp"
 
+#include <cmath>
+
 #include "scalify/autograd/functions.hpp"
 #include "scalify/error.hpp"
 #include "scalify/scaled/scaled_ops.hpp"
@@ -25,6 +27,7 @@ bool bf16_exact(Format f) { return info(f).man_bits <= 7 && info(f).exp_bits <= 
 // decides by CPU), with the product of the decode scales as alpha. Shapes as gemm::gemm_bf16.
 DType gemm_dtype() { return gemm::code_gemm() == gemm::CodeGemm::onednn_bf16 ? DType::bf16 : DType::f32; }
 Tensor gemm_operand(const Quantized& q, DType t) { return q.per_tensor.data.to(t).contiguous(); }
+float scale_of(const Quantized& q) { return q.per_tensor.any_scale ? 1.0f : q.per_tensor.scalar_scale(); }
 Tensor gemm_codes(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const Tensor& a, const Tensor& b, float alpha) {
   Tensor c = Tensor::empty({M, N});
   if (a.dtype() == DType::bf16)
@@ -126,19 +129,31 @@ Var QLinear::operator()(const Var& x, const Var& w, const Var& b) const {
   auto flat = [&](const ScaledTensor& s) { return scaled::reshape(s, {rows, K}); };
   const Quantized qx = st.activation.quantize(flat(x.scaled())), qw = st.weight.quantize(w.scaled());
   const std::shared_ptr<State> state = state_;
-  if (!block && bf16_exact(recipe_.weight.format) && bf16_exact(recipe_.activation.format) &&
-      bf16_exact(recipe_.gradient.format)) {
-    const DType t = gemm_dtype();
+  const bool codes_fit_bf16 = bf16_exact(recipe_.weight.format) && bf16_exact(recipe_.activation.format) &&
+                              bf16_exact(recipe_.gradient.format);
+  // SCALIFY on scaled inputs: no statistics anywhere; the operands keep their propagated scales and
+  // so do the output and both gradients, by the matmul rule (r = pow2_round(sqrt(reduced dim)) in
+  // the scale, 1 / r in the GEMM's alpha).
+  const bool propagate = recipe_.weight.scaling == Scaling::scalify && recipe_.activation.scaling == Scaling::scalify &&
+                         recipe_.gradient.scaling == Scaling::scalify && (x.scaled().is_scaled() || w.scaled().is_scaled());
+  if (!block && (codes_fit_bf16 || propagate)) {
+    const DType t = codes_fit_bf16 ? gemm_dtype() : DType::f32;
     const Tensor cx = gemm_operand(qx, t), cw = gemm_operand(qw, t);
-    const float sx = qx.per_tensor.scalar_scale(), sw = qw.per_tensor.scalar_scale();
-    const Tensor y = gemm_codes(false, false, rows, N, K, cx, cw, sx * sw).reshape(out_shape);
-    const Var out = Var::make("qlinear", ScaledTensor(y), {x, w}, [state, cx, cw, sx, sw, rows, K, N, xs = x.shape()](const ScaledTensor& g) {
-      const Tensor g2 = (g.is_scaled() ? g.value() : g.data).reshape({rows, N});
-      const Quantized qg = state->gradient.quantize(g2);
+    const float sx = scale_of(qx), sw = scale_of(qw);
+    const float rk = propagate ? pow2_round(std::sqrt(double(K))) : 1.0f;
+    const Tensor y = gemm_codes(false, false, rows, N, K, cx, cw, propagate ? 1.0f / rk : sx * sw).reshape(out_shape);
+    const ScaledTensor out_value = propagate ? ScaledTensor(y, sx * sw * rk) : ScaledTensor(y);
+    const Var out = Var::make("qlinear", out_value, {x, w}, [state, cx, cw, sx, sw, rows, K, N, propagate, xs = x.shape()](const ScaledTensor& g) {
+      const Quantized qg = propagate ? state->gradient.quantize(scaled::reshape(g, {rows, N}))
+                                     : state->gradient.quantize((g.is_scaled() ? g.value() : g.data).reshape({rows, N}));
       const Tensor cg = gemm_operand(qg, cx.dtype());
-      const float sg = qg.per_tensor.scalar_scale();
-      return std::vector<ScaledTensor>{ScaledTensor(gemm_codes(false, true, rows, K, N, cg, cw, sg * sw).reshape(xs)),
-                                       ScaledTensor(gemm_codes(true, false, K, N, rows, cx, cg, sx * sg))};
+      const float sg = scale_of(qg);
+      if (!propagate)
+        return std::vector<ScaledTensor>{ScaledTensor(gemm_codes(false, true, rows, K, N, cg, cw, sg * sw).reshape(xs)),
+                                         ScaledTensor(gemm_codes(true, false, K, N, rows, cx, cg, sx * sg))};
+      const float rn = pow2_round(std::sqrt(double(N))), rr = pow2_round(std::sqrt(double(rows)));
+      return std::vector<ScaledTensor>{ScaledTensor(gemm_codes(false, true, rows, K, N, cg, cw, 1.0f / rn).reshape(xs), sg * sw * rn),
+                                       ScaledTensor(gemm_codes(true, false, K, N, rows, cx, cg, 1.0f / rr), sx * sg * rr)};
     });
     return b.defined() ? out + b : out;
   }

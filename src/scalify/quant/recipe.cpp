@@ -117,9 +117,9 @@ Recipe preset(const std::string& name) {
     if (!fp8 && name != "scalify_fp16_1" && name != "scalify_fp16_2") throw Error("unknown preset '" + name + "'");
     r.linear = fp8 ? recipe_scalify(Format::e4m3, Format::e5m2) : recipe_scalify(Format::f16, Format::f16);
     r.linear.name = name;
+    r.scaled_state = true;  // every row propagates scales from scaled parameters (Table 3's note)
     if (name != "scalify_fp16_1") {
       r.master_weight = DType::f16;
-      r.scaled_state = true;
       r.rescale_norm_grad = true;
     }
     if (fp8) r.weight_gradient = Format::e5m2;

@@ -19,7 +19,7 @@ struct Recipe {
   DType optimizer_state = DType::f32;  // storage of AdamW's m and v
   Format weight_gradient = Format::f32;  // cast of the weight gradients before the update (f32: none)
   int rescale_every = 0;               // SCALIFY: dynamic_rescale_l2 of the state every N steps
-  bool rescale_norm_grad = false;      // SCALIFY #2-#4: dynamic_rescale_l2_grad before each block norm
+  bool rescale_norm_grad = false;      // SCALIFY #2-#4: dynamic_rescale_l2_grad before every norm (2 per block + the final one)
   LossScalerConfig loss_scaling{LossScalerConfig::Kind::none};
 
   std::string to_json() const;

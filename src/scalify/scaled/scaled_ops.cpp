@@ -48,6 +48,18 @@ ScaledTensor add_sub(const ScaledTensor& x_in, const ScaledTensor& y_in, ops::Bi
 ScaledTensor add(const ScaledTensor& x, const ScaledTensor& y) { return add_sub(x, y, ops::Binary::add); }
 ScaledTensor sub(const ScaledTensor& x, const ScaledTensor& y) { return add_sub(x, y, ops::Binary::sub); }
 
+ScaledTensor ema(const ScaledTensor& m_in, const ScaledTensor& x_in, double b) {
+  if (!(b >= 0 && b <= 1)) throw Error("ema: decay must be in [0, 1], got " + std::to_string(b));
+  const ScaledTensor m = uniform(m_in);
+  const ScaledTensor x = uniform(x_in);
+  const Tensor plain = ops::binary(ops::Binary::add, m.data, x.data, b, 1 - b);
+  if (!any_scaled({&m, &x})) return ScaledTensor(plain);
+  if (m.any_scale && x.any_scale) return any_scale_constant(plain);
+  const double ms = m.any_scale ? 0 : b * m.scalar_scale(), xs = x.any_scale ? 0 : (1 - b) * x.scalar_scale();
+  const float zs = pow2_round(std::sqrt(ms * ms + xs * xs), Pow2Rounding::nearest);
+  return ScaledTensor(ops::binary(ops::Binary::add, m.data, x.data, m.any_scale ? b : ms / zs, x.any_scale ? 1 - b : xs / zs), zs);
+}
+
 // mul: Z_s = X_s Y_s, Z_d = X_d Y_d. div: Z_s = X_s / Y_s, Z_d = X_d / Y_d.
 ScaledTensor mul(const ScaledTensor& x_in, const ScaledTensor& y_in) {
   const ScaledTensor x = uniform(x_in);
@@ -135,13 +147,17 @@ ScaledTensor unary(ops::Unary op, const ScaledTensor& x_in) {
   }
 }
 
-// softmax / log_softmax: fold the scale in (softmax is not scale-equivariant); outputs are
-// probabilities and log-probabilities, with scale 1.
+// softmax: fold the scale in (softmax is not scale-equivariant). Probabilities over n entries
+// average 1/n, so Y_s = 1 / N with N = pow2_round(n) and Y_d = N softmax(X): data ~1 (exactly 1
+// for uniform rows, e^(sigma^2) in mean square for Gaussian logits), as unit scaling's softmax
+// (alpha = s). Without it, attention's probabilities @ V comes out near 1/sqrt(T) of unit.
 ScaledTensor softmax(const ScaledTensor& x_in, int dim) {
   const ScaledTensor x = uniform(x_in);
   if (!x.is_scaled()) return ScaledTensor(ops::softmax(x.data, dim));
-  return ScaledTensor(ops::softmax(x.data, dim, x.any_scale ? 1.0 : x.scalar_scale()), 1.0f);
+  const float n = pow2_round(double(x.data.size(dim)));
+  return ScaledTensor(times(ops::softmax(x.data, dim, x.any_scale ? 1.0 : x.scalar_scale()), n), 1.0f / n);
 }
+// log_softmax: log-probabilities, scale 1.
 ScaledTensor log_softmax(const ScaledTensor& x_in, int dim) {
   const ScaledTensor x = uniform(x_in);
   if (!x.is_scaled()) return ScaledTensor(ops::log_softmax(x.data, dim));
@@ -276,7 +292,8 @@ const std::vector<ScaleRule>& scale_rules() {
       {"neg, abs", "Y_s = X_s; Y_d = f(X_d)", "scale-equivariant"},
       {"square", "Y_s = X_s^2; Y_d = X_d^2", "exact"},
       {"exp, log, sigmoid, tanh, sqrt, rsqrt", "Y_d = f(X_d X_s); Y_s = 1", "not scale-equivariant: fold the scale in first"},
-      {"softmax, log_softmax", "Y_d = f(X_d X_s); Y_s = 1", "probabilities; not scale-equivariant"},
+      {"softmax over n", "Y_d = N softmax(X_d X_s); Y_s = 1 / N, N = pow2(n)", "probabilities average 1 / n (unit scaling's alpha = s)"},
+      {"log_softmax", "Y_d = log_softmax(X_d X_s); Y_s = 1", "log-probabilities are O(1)"},
       {"layer_norm, rms_norm (no affine)", "Y_d = norm(X_d, eps / X_s^2); Y_s = 1", "normalisation removes the scale; eps rescaled for exact invariance"},
       {"where, concat", "Z_s = max(X_s, Y_s), operands rebased; ANY takes the other's scale", "elements come from either operand"},
       {"embedding", "Z_s = W_s; Z_d = gather(W_d)", "a gather"},
@@ -284,8 +301,10 @@ const std::vector<ScaleRule>& scale_rules() {
       {"reshape, transpose, slice, expand", "Z_s = X_s", "shape ops move data only"},
       {"mul_scalar c = m 2^e", "Z_s = 2^e X_s; Z_d = m X_d", "broadcast scalar split into mantissa and exponent"},
       {"add_scalar c", "add with the scalar (m, 2^e)", "as add"},
+      {"ema b m + (1 - b) x", "Z_s = pow2_nearest(sqrt((b M_s)^2 + ((1 - b) X_s)^2))", "b kept whole: the optimizer moments' scale is stationary"},
       {"pow x^p", "Y_d = (X_d X_s)^p; Y_s = 1", "not scale-equivariant for non-integer p"},
-      {"gradients linear in g (activations, softmax, gather)", "dX_s = g_s; dX_d = f'(X) g_d", "the local derivative is O(1)"},
+      {"gradients linear in g (activations, log_softmax, gather)", "dX_s = g_s; dX_d = f'(X) g_d", "the local derivative is O(1)"},
+      {"softmax backward", "dX_s = g_s / N; dX_d = N p (g_d - sum p g_d)", "the local derivative is O(1 / n)"},
       {"norm backward", "dX_s = g_s / X_s; dX_d = rstd(X_d) (g_d - ...)", "d norm / dx scales as 1 / sigma(x)"},
       {"cross_entropy backward", "dX_d = (softmax - onehot) c / pow2(c); dX_s = pow2(c), c = g / N", "rows of softmax - onehot are O(1)"},
   };

@@ -42,6 +42,12 @@ ScaledTensor expand(const ScaledTensor& x, const Shape& shape);
 // Scalar operands: c is split exactly into mantissa and exponent (a broadcast scalar).
 ScaledTensor mul_scalar(const ScaledTensor& x, double c);
 ScaledTensor add_scalar(const ScaledTensor& x, double c);
+// Exponential moving average b m + (1 - b) x, 0 <= b <= 1 (the optimizer's moments): b is kept
+// whole, Z_s = pow2_round_nearest(sqrt((b M_s)^2 + ((1 - b) X_s)^2)). Composing mul_scalar and add
+// instead splits b = 0.999 into 1.998 * 2^-1 and rounds down, halving M_s at every step while M_d
+// grows (a moment's f16 data overflows within ~20 steps); this rule is stationary for a
+// stationary input (seed 000 §3.2.1 custom scale).
+ScaledTensor ema(const ScaledTensor& m, const ScaledTensor& x, double b);
 // x^p: scale folded in, output scale 1 (x^p is not scale-equivariant for non-integer p).
 ScaledTensor pow_scalar(const ScaledTensor& x, double p);
 

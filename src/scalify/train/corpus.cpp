@@ -3,8 +3,9 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
-#include <fstream>
-#include <iterator>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
 #include <set>
 
 #include "scalify/error.hpp"
@@ -15,11 +16,18 @@ namespace scalify::train {
 namespace fs = std::filesystem;
 
 namespace {
-bool read_bytes(const fs::path& p, std::vector<uint8_t>& out) {
-  std::ifstream in(p, std::ios::binary);
-  if (!in) return false;
-  out.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-  return !in.bad();
+// Reads a whole file; on failure returns the reason (open and read errors both: a stream would
+// report a failed read as end of file).
+std::string read_bytes(const fs::path& p, std::vector<uint8_t>& out) {
+  out.clear();
+  FILE* f = std::fopen(p.c_str(), "rb");
+  if (!f) return std::strerror(errno);
+  uint8_t buf[1 << 16];
+  size_t n;
+  while ((n = std::fread(buf, 1, sizeof buf, f)) > 0) out.insert(out.end(), buf, buf + n);
+  const int err = std::ferror(f) ? errno : 0;
+  std::fclose(f);
+  return err ? std::strerror(err) : "";
 }
 bool is_text(const std::vector<uint8_t>& b) { return std::find(b.begin(), b.end(), uint8_t(0)) == b.end(); }
 }  // namespace
@@ -47,8 +55,9 @@ Corpus load_corpus(const std::string& path, double val_fraction, size_t min_byte
       const fs::path real = fs::canonical(f, ec);
       if (ec || !seen.insert(real).second) continue;
       std::vector<uint8_t> b;
-      if (!read_bytes(f, b) || !is_text(b)) {
-        c.skipped.push_back(f.string());
+      const std::string error = read_bytes(f, b);
+      if (!error.empty() || !is_text(b)) {
+        c.skipped.push_back(f.string().append(error.empty() ? " (not text)" : " (" + error + ")"));
         continue;
       }
       if (b.empty()) continue;
@@ -58,7 +67,8 @@ Corpus load_corpus(const std::string& path, double val_fraction, size_t min_byte
     }
     if (c.files.empty()) throw Error("data: folder '" + path + "' holds no text file (" + std::to_string(c.skipped.size()) + " binary or unreadable)");
   } else {
-    if (!read_bytes(path, all)) throw Error("data: cannot read '" + path + "'");
+    const std::string error = read_bytes(path, all);
+    if (!error.empty()) throw Error("data: cannot read '" + path + "': " + error);
     if (all.empty()) throw Error("data: '" + path + "' is empty");
     if (!is_text(all)) throw Error("data: '" + path + "' is not text (it contains NUL bytes)");
     c.files.push_back(path);

@@ -261,7 +261,7 @@ TrainResult train(const TrainConfig& config, bool resume, const Progress& progre
   log << (resume ? "resume at step " + std::to_string(start) : "new run") << ": recipe " << cfg.recipe << ", "
       << cfg.model.parameter_count() << " parameters, corpus " << corpus.source << " (" << corpus.files.size() << " text files, "
       << corpus.train.size() << " training / " << corpus.val.size() << " validation bytes)\n";
-  for (const std::string& f : corpus.skipped) log << "skipped (not text): " << f << "\n";
+  for (const std::string& f : corpus.skipped) log << "skipped: " << f << "\n";
   log.flush();
 
   TrainResult r;

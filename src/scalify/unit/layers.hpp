@@ -38,7 +38,7 @@ struct LayerOptions {
   std::function<Var(const std::string& name, const Var& x, const Var& w)> matmul;
   bool rms_norm = false;           // RMSNorm (weight only) instead of LayerNorm
   bool swiglu = false;             // SwiGLU MLP instead of GELU (standard variant only)
-  bool rescale_norm_grad = false;  // SCALIFY (seed 000): dynamic_rescale_l2_grad before each block norm
+  bool rescale_norm_grad = false;  // SCALIFY (seed 000): dynamic_rescale_l2_grad before every norm (2 per block + the final one)
   Var tap(const Var& x, const char* name) const;
   Var lowp(const Var& x) const;
 };

@@ -8,7 +8,16 @@
 
 namespace scalify::unit {
 
-Var scaled(const Var& x, double alpha, double beta) {
+namespace {
+thread_local bool exact_gradients = false;
+}  // namespace
+
+ExactGradients::ExactGradients() : previous_(exact_gradients) { exact_gradients = true; }
+ExactGradients::~ExactGradients() { exact_gradients = previous_; }
+bool ExactGradients::active() { return exact_gradients; }
+
+Var scaled(const Var& x, double alpha, double beta_in) {
+  const double beta = exact_gradients ? alpha : beta_in;
   return Var::make("scaled_identity", scaled::mul_scalar(x.scaled(), alpha), {x}, [beta](const ScaledTensor& g) {
     return std::vector<ScaledTensor>{scaled::mul_scalar(g, beta)};
   });

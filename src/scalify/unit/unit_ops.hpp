@@ -15,6 +15,21 @@ namespace scalify::unit {
 // id*(x, alpha, beta): forward alpha x, backward beta g.
 Var scaled(const Var& x, double alpha = 1.0, double beta = 1.0);
 
+// While one is alive (on this thread), every id* built uses beta = alpha: the forward pass is
+// unchanged and the backward pass gives its exact gradient, so a unit-scaled model's wiring can
+// be checked against finite differences. For tests.
+class ExactGradients {
+ public:
+  ExactGradients();
+  ~ExactGradients();
+  ExactGradients(const ExactGradients&) = delete;
+  ExactGradients& operator=(const ExactGradients&) = delete;
+  static bool active();
+
+ private:
+  bool previous_;
+};
+
 // Which inputs of a matmul are non-cut edges (must have alpha = beta, resolved by geometric mean).
 enum class Constrain : uint8_t { none, x, w, both };
 
