@@ -87,6 +87,7 @@ Quantized Quantizer::quantize(const ScaledTensor& x) {
 
 Quantized Quantizer::quantize(const Tensor& x) {
   ++steps_;
+  if (c_.scaling != Scaling::none && c_.scaling != Scaling::scalify && c_.scaling != Scaling::constant_bias) count_scale_statistic();
   Quantized q;
   const Format f = c_.format;
   switch (c_.scaling) {

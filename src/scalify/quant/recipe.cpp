@@ -63,6 +63,7 @@ std::string Recipe::to_json() const {
             {"weight_gradient", std::string(format_name(weight_gradient))},
             {"rescale_every", rescale_every},
             {"rescale_norm_grad", rescale_norm_grad},
+            {"rescale_gradients", rescale_gradients},
             {"loss_scaling", {{"kind", loss_kind(loss_scaling.kind)}, {"scale", loss_scaling.scale},
                               {"growth_interval", loss_scaling.growth_interval}}}};
   return j.dump(2);
@@ -89,6 +90,7 @@ Recipe Recipe::from_json(const std::string& text) {
   r.weight_gradient = parse_format(field<std::string>(j, "weight_gradient", "recipe"));
   r.rescale_every = field<int>(j, "rescale_every", "recipe");
   r.rescale_norm_grad = j.contains("rescale_norm_grad") && field<bool>(j, "rescale_norm_grad", "recipe");
+  r.rescale_gradients = j.contains("rescale_gradients") && field<bool>(j, "rescale_gradients", "recipe");
   const json ls = field<json>(j, "loss_scaling", "recipe");
   const std::string kind = field<std::string>(ls, "kind", "loss_scaling");
   if (kind == "none") r.loss_scaling.kind = LossScalerConfig::Kind::none;
@@ -126,6 +128,7 @@ Recipe preset(const std::string& name) {
     if (name == "scalify_fp8_4") {
       r.optimizer_state = DType::f16;
       r.rescale_every = 100;
+      r.rescale_gradients = true;
     }
     return r;
   }
@@ -168,10 +171,11 @@ void cast_weight_gradients(const std::vector<Var>& params, const Recipe& r) {
   for (Var p : params) {
     const ScaledTensor& g = p.scaled_grad();
     if (!g.data.defined()) continue;
-    // Scaled gradients are cast in their data component; plain ones after rebalancing to unit
-    // RMS (SCALIFY's "FP8 state grads, rescaled"), so the cast sees unit-scaled values.
-    const ScaledTensor unit = g.is_scaled() ? dynamic_rescale_l2(g) : dynamic_rescale_l2(ScaledTensor(g.data, 1.0f));
-    p.set_grad(cast_data(unit, r.weight_gradient));
+    // Scaled gradients are cast in their data component with the propagated scale (#3), rescaled
+    // first where the recipe says (#4: "grads rescaled"); plain ones after rebalancing to unit RMS.
+    const ScaledTensor ready = !g.is_scaled() ? dynamic_rescale_l2(ScaledTensor(g.data, 1.0f))
+                               : r.rescale_gradients ? dynamic_rescale_l2(g) : g;
+    p.set_grad(cast_data(ready, r.weight_gradient));
   }
 }
 

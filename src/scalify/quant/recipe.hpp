@@ -20,6 +20,7 @@ struct Recipe {
   Format weight_gradient = Format::f32;  // cast of the weight gradients before the update (f32: none)
   int rescale_every = 0;               // SCALIFY: dynamic_rescale_l2 of the state every N steps
   bool rescale_norm_grad = false;      // SCALIFY #2-#4: dynamic_rescale_l2_grad before every norm (2 per block + the final one)
+  bool rescale_gradients = false;      // SCALIFY #4: dynamic_rescale_l2 of scaled weight gradients before their cast
   LossScalerConfig loss_scaling{LossScalerConfig::Kind::none};
 
   std::string to_json() const;
@@ -36,7 +37,9 @@ Recipe preset(const std::string& name);  // throws listing the valid names
 // and the optimizer configuration for the recipe's state.
 std::vector<Var> prepare_parameters(const std::vector<Var>& params, const Recipe& r);
 optim::AdamWConfig optimizer_config(const Recipe& r, optim::AdamWConfig base);
-// Casts every parameter gradient per the recipe's weight-gradient role (before the update).
+// Casts every parameter gradient per the recipe's weight-gradient role (before the update):
+// scaled gradients in their data, with the propagated scale (rescaled first if
+// rescale_gradients); plain ones after rebalancing to unit RMS.
 void cast_weight_gradients(const std::vector<Var>& params, const Recipe& r);
 
 }  // namespace scalify::quant

@@ -78,11 +78,19 @@ ScaledTensor rebalance(const ScaledTensor& x, float delta) {
                       ops::scale_shift(x.scale, delta, 0.0));
 }
 
+namespace {
+thread_local int64_t statistics_count = 0;
+}  // namespace
+int64_t scale_statistics() { return statistics_count; }
+void count_scale_statistic() { ++statistics_count; }
+
 ScaledTensor dynamic_rescale_l2(const ScaledTensor& x) {
+  count_scale_statistic();
   return rebalance(x, pow2_round(usable(rms_of(x.data))));
 }
 
 ScaledTensor dynamic_rescale_max(const ScaledTensor& x) {
+  count_scale_statistic();
   return rebalance(x, pow2_round(usable(amax_of(x.data))));
 }
 

@@ -56,6 +56,12 @@ ScaledTensor rebalance(const ScaledTensor& x, float delta);
 ScaledTensor dynamic_rescale_l2(const ScaledTensor& x);
 ScaledTensor dynamic_rescale_max(const ScaledTensor& x);
 
+// How many tensor statistics (RMS or amax reductions) have chosen a scale on this thread: every
+// dynamic rescale, and every amax-based quantisation (quant/). The trainer reports the count per
+// step: SCALIFY's claim is 2 per transformer layer against per-tensor FP8's one per operand.
+int64_t scale_statistics();
+void count_scale_statistic();
+
 // Quantises the data into `fmt` (round-to-nearest-even, saturating), keeping the scale.
 ScaledTensor cast_data(const ScaledTensor& x, Format fmt);
 

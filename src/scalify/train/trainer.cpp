@@ -275,6 +275,7 @@ TrainResult train(const TrainConfig& config, bool resume, const Progress& progre
   for (int64_t step = start; step < end; ++step) {
     const auto t0 = clock::now();
     const double lr = learning_rate(cfg, step);
+    const int64_t statistics_before = scale_statistics();
     s->opt->set_lr(lr);
     double loss_sum = 0;
     for (int64_t micro = 0; micro < cfg.accum; ++micro) {
@@ -308,7 +309,8 @@ TrainResult train(const TrainConfig& config, bool resume, const Progress& progre
     const double secs = std::chrono::duration<double>(clock::now() - t0).count();
     const double tps = double(tokens_per_step) / std::max(secs, 1e-9);
     json m = {{"step", step}, {"loss", last_loss}, {"lr", lr}, {"grad_norm", norm}, {"skipped", skipped},
-              {"loss_scale", s->scaler ? s->scaler->scale() : 1.0}, {"tokens_per_s", std::round(tps)}};
+              {"loss_scale", s->scaler ? s->scaler->scale() : 1.0}, {"scale_statistics", scale_statistics() - statistics_before},
+              {"tokens_per_s", std::round(tps)}};
     metrics << m.dump() << "\n";
     if (!s->linears.empty() && (step + 1) % cfg.stats_every == 0) {
       json q = json::object();

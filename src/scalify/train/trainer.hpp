@@ -6,7 +6,8 @@
 // Run folder: config.toml (effective config), recipe.json, metrics.jsonl, train.log,
 // checkpoint.safetensors (latest), and model.safetensors (final weights, written at the end).
 // metrics.jsonl: one line per step {"step", "loss", "lr", "grad_norm", "skipped", "loss_scale",
-// "tokens_per_s"}, every stats_every steps {"step", "quant": {"h0.attn.qkv.weight": {"scale",
+// "scale_statistics" (RMS / amax reductions that set a scale: dynamic rescales and amax-based
+// quantisers, see scaled_tensor.hpp), "tokens_per_s"}, every stats_every steps {"step", "quant": {"h0.attn.qkv.weight": {"scale",
 // "amax", "underflow", "clipped"}, ...}}, at each evaluation {"step", "val_loss", "val_bpb"}.
 // Everything but tokens_per_s is a pure function of the config and the thread count.
 #include <functional>
