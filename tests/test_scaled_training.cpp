@@ -10,6 +10,7 @@
 #include "scalify/autograd/scaling.hpp"
 #include "scalify/optim/adamw.hpp"
 #include "scalify/nn/gpt.hpp"
+#include "tiny_lm.hpp"
 
 namespace scalify {
 namespace {
@@ -17,25 +18,12 @@ namespace {
 // The GPT (one block, untied head) and its parameters in the model's fixed order.
 struct Model {
   nn::Gpt gpt;
-  std::vector<Var> params() const {
-    std::vector<Var> p;
-    for (const auto& [n, v] : gpt.parameters()) p.push_back(v);
-    return p;
-  }
+  std::vector<Var> params() const { return testing::parameters_of(gpt); }
 };
 
 constexpr int64_t V = 11, T = 8, B = 4, D = 16;
 
-Model make_model(uint64_t seed) {
-  nn::GptConfig c;
-  c.vocab = V;
-  c.seq = T;
-  c.d_model = D;
-  c.layers = 1;
-  c.heads = 2;
-  c.tied_head = false;
-  return {nn::Gpt(c, seed)};
-}
+Model make_model(uint64_t seed) { return {testing::tiny_gpt(V, T, D, seed)}; }
 
 // The same parameters as scaled tensors: data = value / 2^k for a random k per parameter (or
 // as_scaled's unit-RMS choice).
