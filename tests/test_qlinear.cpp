@@ -154,10 +154,8 @@ TEST(QLinear, TinyTransformerTrainsUnderEveryPreset) {
     const nn::Gpt model = testing::tiny_gpt(V, T, D, 23);
     const std::vector<Var> params = testing::parameters_of(model);
     LinearRecipe recipe = name == "fp8_cscale" ? recipe_fp8_cscale(4) : recipe_by_name(name);
-    std::map<std::string, QLinear> layers;  // each layer its own quantiser state; the head stays f32
-    for (const std::string& n : model.linear_names()) layers.emplace(n, QLinear(recipe));
-    nn::GptOptions options;
-    options.matmul = [&](const std::string& n, const Var& x, const Var& w) { return layers.at(n)(x, w); };
+    std::map<std::string, QLinear> layers;
+    const nn::GptOptions options = testing::quantised(model, recipe, layers);
     optim::AdamW opt(params, {.lr = 3e-3});
     double first = 0, last = 0;
     for (int step = 0; step < 60; ++step) {

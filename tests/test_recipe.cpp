@@ -66,11 +66,9 @@ TEST(Recipe, TinyTransformerTrainsUnderEveryFullPreset) {
     for (size_t i = 0; i < named.size(); ++i) named[i].second = params[i];
     model.set_parameters(named);
     ASSERT_EQ(named[4].first, "h0.attn.qkv.w");
-    std::map<std::string, QLinear> layers;  // the head stays f32, as in the trainer
-    for (const std::string& n : model.linear_names()) layers.emplace(n, QLinear(recipe.linear));
-    nn::GptOptions options;
+    std::map<std::string, QLinear> layers;
+    nn::GptOptions options = testing::quantised(model, recipe.linear, layers);
     options.rescale_norm_grad = recipe.rescale_norm_grad;
-    options.matmul = [&](const std::string& n, const Var& x, const Var& w) { return layers.at(n)(x, w); };
     optim::AdamW opt(params, optimizer_config(recipe, {.lr = 3e-3}));
     LossScaler scaler(recipe.loss_scaling);
     double first = 0, last = 0;

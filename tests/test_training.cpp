@@ -7,6 +7,7 @@
 #include "scalify/autograd/functions.hpp"
 #include "scalify/nn/gpt.hpp"
 #include "scalify/optim/adamw.hpp"
+#include "tiny_lm.hpp"
 
 namespace scalify {
 namespace {
@@ -41,17 +42,8 @@ TEST(Training, OneBlockCausalTransformerLearnsToCopy) {
   // Sequences [s, s]: the second half repeats the first, so next-token loss in the second half
   // can fall to zero only by attending T/2 positions back.
   const int64_t V = 12, half = 8, T = 2 * half, B = 16, D = 32;
-  const int heads = 2;
-  nn::GptConfig c;
-  c.vocab = V;
-  c.seq = T;
-  c.d_model = D;
-  c.layers = 1;
-  c.heads = heads;
-  c.tied_head = false;
-  const nn::Gpt model(c, 13);
-  std::vector<Var> params;
-  for (const auto& [name, p] : model.parameters()) params.push_back(p);
+  const nn::Gpt model = testing::tiny_gpt(V, T, D, 13);  // one block, 2 heads, untied head
+  const std::vector<Var> params = testing::parameters_of(model);
   optim::AdamW opt(params, {.lr = 3e-3});
 
   auto batch = [&](uint64_t seed, Tensor& inputs, Tensor& targets) {

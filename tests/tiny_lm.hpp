@@ -5,7 +5,11 @@
 #include <cstdint>
 #include <vector>
 
+#include <map>
+#include <string>
+
 #include "scalify/nn/gpt.hpp"
+#include "scalify/quant/linear.hpp"
 #include "scalify/tensor/tensor.hpp"
 
 namespace scalify::testing {
@@ -42,6 +46,16 @@ inline std::vector<Var> parameters_of(const nn::Gpt& model) {
   std::vector<Var> p;
   for (const auto& [name, v] : model.parameters()) p.push_back(v);
   return p;
+}
+
+// The model's block linear layers through `layers` (one QLinear of `recipe` each, keeping its own
+// quantiser state); the head and embeddings stay f32, as in the trainer.
+inline nn::GptOptions quantised(const nn::Gpt& model, const quant::LinearRecipe& recipe,
+                                std::map<std::string, quant::QLinear>& layers) {
+  for (const std::string& n : model.linear_names()) layers.emplace(n, quant::QLinear(recipe));
+  nn::GptOptions options;
+  options.matmul = [&layers](const std::string& n, const Var& x, const Var& w) { return layers.at(n)(x, w); };
+  return options;
 }
 
 }  // namespace scalify::testing
