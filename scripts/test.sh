@@ -11,7 +11,7 @@ cd build
 build_info="$(apps/scalify/scalify info)"
 echo "$build_info"
 echo "== test pass 1/2: native"
-ctest --output-on-failure -j"$(nproc)" --timeout 600
+ctest --output-on-failure -j"$(nproc)"
 
 native_isa="$(sed -n 's/^format kernels: //p' <<< "$build_info")"
 case "$native_isa" in
@@ -20,4 +20,4 @@ case "$native_isa" in
 esac
 echo "== test pass 2/2: limited (SCALIFY_ISA=$limited_isa SCALIFY_GEMM=f32 DNNL_MAX_CPU_ISA=AVX2; slow tests skipped)"
 SCALIFY_ISA="$limited_isa" SCALIFY_GEMM=f32 DNNL_MAX_CPU_ISA=AVX2 \
-  ctest --output-on-failure -j"$(nproc)" --timeout 600 -LE slow
+  ctest --output-on-failure -j"$(nproc)" -LE slow

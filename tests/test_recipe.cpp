@@ -58,9 +58,8 @@ TEST(Recipe, BadInputNamesWhatWasWrong) {
 TEST(Recipe, TinyTransformerTrainsUnderEveryFullPreset) {
   const int64_t V = 12, T = 8, B = 8, D = 32;
   for (const std::string& name : preset_names()) {
-    const Recipe recipe = name == "fp8_cscale" ? [] { Recipe r = preset("fp8_cscale"); r.linear = recipe_fp8_cscale(4); return r; }()
-                                               : preset(name);
-    nn::Gpt model = testing::tiny_gpt(V, T, D, 33);
+    const Recipe recipe = preset(name);
+    nn::Gpt model = testing::tiny_gpt(V, T, D, 33, recipe.unit_scaled);
     const std::vector<Var> params = prepare_parameters(testing::parameters_of(model), recipe);
     unit::NamedParams named = model.parameters();
     for (size_t i = 0; i < named.size(); ++i) named[i].second = params[i];
@@ -69,7 +68,9 @@ TEST(Recipe, TinyTransformerTrainsUnderEveryFullPreset) {
     std::map<std::string, QLinear> layers;
     nn::GptOptions options = testing::quantised(model, recipe.linear, layers);
     options.rescale_norm_grad = recipe.rescale_norm_grad;
-    optim::AdamW opt(params, optimizer_config(recipe, {.lr = 3e-3}));
+    std::vector<double> lr_scale;
+    for (const auto& [name, p] : model.parameters()) lr_scale.push_back(model.lr_multiplier(name));
+    optim::AdamW opt(params, optimizer_config(recipe, {.lr = 3e-3}), lr_scale);
     LossScaler scaler(recipe.loss_scaling);
     double first = 0, last = 0;
     for (int step = 0; step < 60; ++step) {

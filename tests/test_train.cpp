@@ -14,6 +14,7 @@
 #include <sstream>
 
 #include "gradcheck.hpp"
+#include "train_fixtures.hpp"
 #include "scalify/error.hpp"
 #include "scalify/io/safetensors.hpp"
 #include "scalify/nn/gpt.hpp"
@@ -24,35 +25,7 @@ namespace scalify {
 namespace {
 
 namespace fs = std::filesystem;
-
-fs::path scratch(const std::string& name) {
-  const fs::path p = fs::temp_directory_path() / ("scalify_test_train_" + std::to_string(::getpid())) / name;
-  fs::remove_all(p);
-  fs::create_directories(p.parent_path());
-  return p;
-}
-std::string slurp(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  std::ostringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
-void spit(const fs::path& p, const std::string& bytes) { std::ofstream(p, std::ios::binary) << bytes; }
-
-// Some English-like text, deterministic, long enough for small batches.
-fs::path text_corpus() {
-  const fs::path p = scratch("corpus.txt");
-  std::string t;
-  const char* words[] = {"the", "model", "trains", "in", "low", "precision", "with", "scales", "that", "propagate", "through", "every", "op"};
-  uint32_t s = 7;
-  for (int i = 0; i < 12000; ++i) {
-    s = s * 1664525u + 1013904223u;
-    t += words[(s >> 16) % 13];
-    t += (s >> 8) % 9 == 0 ? ".\n" : " ";
-  }
-  spit(p, t);
-  return p;
-}
+using testing::scratch, testing::slurp, testing::spit, testing::text_corpus, testing::tiny_run;
 
 TEST(Gpt, GradientsMatchFiniteDifferencesInEveryVariant) {
   struct Variant {
@@ -194,27 +167,6 @@ TEST(Checkpoint, AKilledWriteLeavesThePreviousFileReadable) {
   EXPECT_EQ(back.at("w").at({999}), 1.5);
   io::write_safetensors(p.string(), first);  // the next write clears the dead writer's temporary
   for (const auto& e : fs::directory_iterator(p.parent_path())) EXPECT_EQ(e.path().string().find(".tmp."), std::string::npos) << e.path();
-}
-
-train::TrainConfig tiny_run(const fs::path& data, const fs::path& out, const std::string& recipe) {
-  train::TrainConfig c;
-  c.data = data.string();
-  c.out = out.string();
-  c.recipe = recipe;
-  c.steps = 8;
-  c.batch = 4;
-  c.model.seq = 16;
-  c.model.d_model = 32;
-  c.model.layers = 2;
-  c.model.heads = 2;
-  c.warmup = 2;
-  c.eval_every = 3;
-  c.eval_windows = 8;
-  c.checkpoint_every = 3;
-  c.stats_every = 2;
-  c.lr = 3e-3;
-  c.min_lr = 3e-4;
-  return c;
 }
 
 // Metrics lines without the timing field (the only field that depends on the machine's load).

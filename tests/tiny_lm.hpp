@@ -31,8 +31,9 @@ inline TokenBatch token_batch(uint64_t seed, int64_t B, int64_t T, int64_t V) {
 }
 
 // A one-block GPT (2 heads, untied head) for the tiny task.
-inline nn::Gpt tiny_gpt(int64_t V, int64_t T, int64_t D, uint64_t seed) {
+inline nn::Gpt tiny_gpt(int64_t V, int64_t T, int64_t D, uint64_t seed, bool unit_scaled = false) {
   nn::GptConfig c;
+  c.unit_scaled = unit_scaled;
   c.vocab = V;
   c.seq = T;
   c.d_model = D;

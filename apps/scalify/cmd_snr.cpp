@@ -13,6 +13,7 @@
 #include "commands.hpp"
 #include "scalify/error.hpp"
 #include "scalify/formats/snr.hpp"
+#include "scalify/report/gnuplot.hpp"
 
 namespace scalify::cli {
 namespace {
@@ -33,7 +34,7 @@ void write_plot(const SnrOptions& o, const std::vector<Format>& formats) {
   const fs::path gp = fs::path(o.out_dir) / "snr.gp";
   std::ofstream s(gp);
   s << "set terminal pngcairo size 1000,600\n"
-    << "set output '" << (fs::path(o.out_dir) / "snr.png").string() << "'\n"
+    << "set output " << report::gnuplot_quote((fs::path(o.out_dir) / "snr.png").string()) << "\n"
     << "set datafile separator ','\n"
     << "set title 'SNR of N(0, sigma^2) samples, unscaled, round-to-nearest-even, saturating'\n"
     << "set xlabel 'log2(sigma)'\nset ylabel 'SNR (dB)'\nset grid\nset key outside right\n"
@@ -41,16 +42,14 @@ void write_plot(const SnrOptions& o, const std::vector<Format>& formats) {
   const char* colours[] = {"#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd",
                            "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf"};
   for (size_t i = 0; i < formats.size(); ++i)
-    s << (i ? ", " : "") << "'" << (fs::path(o.out_dir) / "snr.csv").string()
-      << "' using 1:(strcol(2) eq '" << format_name(formats[i]) << "' ? $4 : 1/0) with lines lw 2 lc rgb '" << colours[i % 10]
+    s << (i ? ", " : "") << report::gnuplot_quote((fs::path(o.out_dir) / "snr.csv").string())
+      << " using 1:(strcol(2) eq '" << format_name(formats[i]) << "' ? $4 : 1/0) with lines lw 2 lc rgb '" << colours[i % 10]
       << "' dt " << 1 + i / 10 << " title '"
       << format_name(formats[i]) << "'";
   s << "\n";
   s.close();
-  const std::string cmd = "gnuplot '" + gp.string() + "' 2>&1";
-  if (std::system(cmd.c_str()) != 0)
-    std::fprintf(stderr, "warning: gnuplot failed or is not installed; the CSV is still at %s\n",
-                 (fs::path(o.out_dir) / "snr.csv").c_str());
+  if (const std::string why = report::run_gnuplot(gp.string()); !why.empty())
+    std::fprintf(stderr, "warning: no plot: %s; the CSV is still at %s\n", why.c_str(), (fs::path(o.out_dir) / "snr.csv").c_str());
   else
     std::printf("plot: %s\n", (fs::path(o.out_dir) / "snr.png").c_str());
 }

@@ -12,18 +12,21 @@
 namespace scalify::cli {
 
 namespace {
-// One status line, redrawn in place on a terminal; every 50th step as a plain line otherwise.
 train::Progress progress_printer() {
+  return [print = status_printer()](const train::StepProgress& p) { print(p.line()); };
+}
+}  // namespace
+
+std::function<void(const std::string&)> status_printer() {
   const bool tty = ::isatty(STDERR_FILENO);
   return [tty, n = 0](const std::string& line) mutable {
     if (tty)
-      std::fprintf(stderr, "\r%-100s", line.c_str());
+      std::fprintf(stderr, "\r%-120s", line.c_str());
     else if (++n % 50 == 0)
       std::fprintf(stderr, "%s\n", line.c_str());
     std::fflush(stderr);
   };
 }
-}  // namespace
 
 void add_train_commands(CLI::App& app) {
   struct Opts {
@@ -52,11 +55,7 @@ void add_train_commands(CLI::App& app) {
     if (!o->out.empty() && o->resume.empty()) c.out = o->out;
     if (!o->recipe.empty()) c.recipe = o->recipe;
     if (o->steps > 0) c.steps = o->steps;
-    for (const std::string& kv : o->set) {
-      const size_t eq = kv.find('=');
-      if (eq == std::string::npos) throw Error("--set expects KEY=VALUE, got '" + kv + "'");
-      c.set(kv.substr(0, eq), kv.substr(eq + 1));
-    }
+    for (const std::string& kv : o->set) c.set(kv);
     const train::TrainResult r = train::train(c, !o->resume.empty(), progress_printer());
     std::fprintf(stderr, "\n");
     std::printf("run folder: %s\nsteps: %lld (skipped %lld)\nfinal train loss: %.4f\nvalidation loss: %.4f nats, %.4f bits per byte\n"

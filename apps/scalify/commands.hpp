@@ -1,6 +1,8 @@
 #pragma once
 // Subcommands of the scalify CLI: each registers its options and its run function.
 #include <CLI/CLI.hpp>
+#include <functional>
+#include <string>
 
 namespace scalify::cli {
 
@@ -10,5 +12,9 @@ void add_scale_rules_command(CLI::App& app);
 void add_unit_factors_command(CLI::App& app);
 void add_info_command(CLI::App& app);
 void add_train_commands(CLI::App& app);
+void add_compare_command(CLI::App& app, const std::string& command_line);
+
+// A status line for long work: redrawn in place on a terminal, every 50th line otherwise.
+std::function<void(const std::string&)> status_printer();
 
 }  // namespace scalify::cli

@@ -1,6 +1,7 @@
 // scalify: the command-line tool. `scalify --help` lists the subcommands.
 #include <cstdio>
 #include <exception>
+#include <string>
 
 #include "commands.hpp"
 #include "scalify/error.hpp"
@@ -14,6 +15,9 @@ int main(int argc, char** argv) {
   scalify::cli::add_unit_factors_command(app);
   scalify::cli::add_info_command(app);
   scalify::cli::add_train_commands(app);
+  std::string command_line = "scalify";
+  for (int i = 1; i < argc; ++i) command_line.append(" ").append(argv[i]);
+  scalify::cli::add_compare_command(app, command_line);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

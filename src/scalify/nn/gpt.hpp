@@ -60,8 +60,9 @@ class Gpt {
   // Names of the linear layers a recipe quantises: h{l}.attn.qkv, h{l}.attn.proj, h{l}.mlp.fc, h{l}.mlp.out.
   std::vector<std::string> linear_names() const;
   const GptConfig& config() const { return c_; }
-  // Learning-rate multiplier per parameter (Appendix J.1): with unit scaling, non-projection
-  // parameters (embeddings, norms, biases) get 1/sqrt(d_model); projection weights 1.
+  // Learning-rate multiplier per parameter: 1 in the standard model; with unit scaling 32 (Adam's
+  // larger steps for O(1) parameters), times 1/sqrt(d_model) for non-projection parameters
+  // (embeddings, norms, biases; Appendix J.1).
   double lr_multiplier(const std::string& name) const;
   // Whether AdamW's weight decay applies: matrices only, not gains, biases or embeddings' positions.
   static bool decays(const std::string& name);

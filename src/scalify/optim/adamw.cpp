@@ -43,20 +43,20 @@ AdamW::AdamW(std::vector<Var> params, AdamWConfig config, std::vector<double> lr
   }
 }
 
-void AdamW::step() {
+void AdamW::step(double gradient_multiplier) {
   ++t_;
   const double bc1 = 1 - std::pow(c_.beta1, double(t_)), bc2 = 1 - std::pow(c_.beta2, double(t_));
   for (size_t k = 0; k < params_.size(); ++k) {
     if (!params_[k].scaled_grad().data.defined()) continue;
     if (params_[k].scaled().is_scaled())
-      step_scaled(k, bc1, bc2);
+      step_scaled(k, bc1, bc2, gradient_multiplier);
     else
-      step_plain(k, bc1, bc2);
+      step_plain(k, bc1, bc2, gradient_multiplier);
     params_[k].zero_grad();
   }
 }
 
-void AdamW::step_plain(size_t k, double bc1, double bc2) {
+void AdamW::step_plain(size_t k, double bc1, double bc2, double gradient_multiplier) {
   Var& p = params_[k];
   Tensor w = p.value().to(DType::f32).contiguous().clone();
   const Tensor grad = p.grad();
@@ -68,18 +68,19 @@ void AdamW::step_plain(size_t k, double bc1, double bc2) {
   const int64_t n = w.numel();
   const double lr = c_.lr * lr_scale_[k], wd = decay_[k] ? c_.weight_decay : 0.0;
   for (int64_t i = 0; i < n; ++i) {
-    m[i] = float(c_.beta1 * m[i] + (1 - c_.beta1) * g[i]);
-    v[i] = float(c_.beta2 * v[i] + (1 - c_.beta2) * double(g[i]) * g[i]);
+    const double gi = gradient_multiplier == 1.0 ? g[i] : double(float(g[i] * gradient_multiplier));
+    m[i] = float(c_.beta1 * m[i] + (1 - c_.beta1) * gi);
+    v[i] = float(c_.beta2 * v[i] + (1 - c_.beta2) * gi * gi);
     const double update = (m[i] / bc1) / (std::sqrt(v[i] / bc2) + c_.eps) + wd * pw[i];
     pw[i] = float(pw[i] - lr * update);
   }
   p.set_value(w.to(p.value().dtype()));
 }
 
-void AdamW::step_scaled(size_t k, double bc1, double bc2) {
+void AdamW::step_scaled(size_t k, double bc1, double bc2, double gradient_multiplier) {
   Var& p = params_[k];
-  const ScaledTensor g = p.scaled_grad();
-  check_finite(g.data, k, p.shape());
+  check_finite(p.scaled_grad().data, k, p.shape());
+  const ScaledTensor g = gradient_multiplier == 1.0 ? p.scaled_grad() : scaled::mul_scalar(p.scaled_grad(), gradient_multiplier);
   // Moments in scaled form: the ema rule picks their scales; data stored in state_dtype.
   m_[k] = cast_data(scaled::ema(m_[k], g, c_.beta1), *dtype_format(c_.state_dtype));
   v_[k] = cast_data(scaled::ema(v_[k], scaled::unary(ops::Unary::square, g), c_.beta2), *dtype_format(c_.state_dtype));

@@ -28,9 +28,11 @@ class AdamW {
   // decay: optional per-parameter switch for weight decay (e.g. off for gains and biases); empty
   // means on for all.
   AdamW(std::vector<Var> params, AdamWConfig config, std::vector<double> lr_scale = {}, std::vector<bool> decay = {});
-  // One update from the parameters' gradients (parameters without one are skipped), then clears
-  // the gradients. A non-finite gradient is an error naming the parameter.
-  void step();
+  // One update from the parameters' gradients times gradient_multiplier (gradient clipping:
+  // applied as the gradients are read, so they stay in their low-precision storage), parameters
+  // without one skipped, then clears the gradients. A non-finite gradient is an error naming the
+  // parameter.
+  void step(double gradient_multiplier = 1.0);
   int64_t steps() const { return t_; }
   const ScaledTensor& first_moment(size_t i) const { return m_[i]; }
   const ScaledTensor& second_moment(size_t i) const { return v_[i]; }
@@ -40,8 +42,8 @@ class AdamW {
   void load_state(int64_t steps, std::vector<ScaledTensor> m, std::vector<ScaledTensor> v);
 
  private:
-  void step_plain(size_t k, double bc1, double bc2);
-  void step_scaled(size_t k, double bc1, double bc2);
+  void step_plain(size_t k, double bc1, double bc2, double gradient_multiplier);
+  void step_scaled(size_t k, double bc1, double bc2, double gradient_multiplier);
   std::vector<Var> params_;
   std::vector<ScaledTensor> m_, v_;
   std::vector<double> lr_scale_;

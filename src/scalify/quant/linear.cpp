@@ -50,6 +50,10 @@ LinearRecipe recipe_scalify(Format fwd, Format bwd) {
   return make(std::string("scalify_").append(format_name(fwd)), role(Scaling::scalify, fwd), role(Scaling::scalify, fwd),
               role(Scaling::scalify, bwd));
 }
+LinearRecipe recipe_cast(Format fwd, Format bwd) {
+  return make(std::string("cast_").append(format_name(fwd)), role(Scaling::none, fwd), role(Scaling::none, fwd),
+              role(Scaling::none, bwd));
+}
 LinearRecipe recipe_current(int margin) {
   QuantizerConfig g = role(Scaling::current, Format::e5m2);
   g.margin = margin;

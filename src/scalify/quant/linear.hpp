@@ -22,6 +22,7 @@ struct LinearRecipe {
 // Presets matching the seeds' experiment rows.
 LinearRecipe recipe_f32();
 LinearRecipe recipe_scalify(Format forward, Format backward);  // SCALIFY FP16 / FP8 matmuls
+LinearRecipe recipe_cast(Format forward, Format backward);     // plain casts, no scale (unit scaling, baselines)
 LinearRecipe recipe_current(int gradient_margin = 0);          // per-tensor current, e4m3 / e5m2
 LinearRecipe recipe_delayed(int history = 16, HistoryReduce reduce = HistoryReduce::max);
 LinearRecipe recipe_fp8_amax(int gradient_margin = 3);         // seed 003 FP8-AMAX

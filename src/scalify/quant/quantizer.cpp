@@ -12,12 +12,14 @@ namespace scalify::quant {
 namespace {
 constexpr const char* kNames[] = {"none", "scalify", "current", "delayed", "amax_bias", "constant_bias", "block", "mx"};
 
-// Encodes x * encode_scale into `fmt` (saturating), returning the codes tensor; fills the stats.
-Tensor encode(const Tensor& x, Format fmt, float encode_scale, Rounding rounding, QuantStats& st) {
+// Encodes x * encode_scale into `fmt` (saturating unless the config says not), returning the
+// codes tensor; fills the stats.
+Tensor encode(const Tensor& x, Format fmt, float encode_scale, const QuantizerConfig& c, QuantStats& st) {
   const Tensor xs = x.dtype() == DType::f32 && x.is_contiguous() ? x : x.to(DType::f32).contiguous();
   Tensor codes = Tensor::empty(x.shape(), dtype_of(fmt));
   QuantizeOptions opt;
-  opt.rounding = rounding;
+  opt.rounding = c.rounding;
+  opt.overflow = c.saturate ? Overflow::saturate : Overflow::non_saturating;
   const size_t n = size_t(x.numel());
   const std::span<const float> in(xs.data<float>(), n);
   st.amax = quantize_amax(in, fmt, encode_scale, std::span(codes.raw_bytes(), n * size_t(dtype_size(codes.dtype()))), opt);
@@ -79,7 +81,7 @@ Quantized Quantizer::quantize(const ScaledTensor& x) {
   Quantized q;
   q.per_tensor = x;
   const float s = x.any_scale ? 1.0f : x.scalar_scale();
-  q.per_tensor.data = encode(x.data, c_.format, 1.0f, c_.rounding, stats_);
+  q.per_tensor.data = encode(x.data, c_.format, 1.0f, c_, stats_);
   stats_.scale = s;
   stats_.amax = float(stats_.amax * s);
   return q;
@@ -93,20 +95,20 @@ Quantized Quantizer::quantize(const Tensor& x) {
   switch (c_.scaling) {
     case Scaling::none:
     case Scaling::scalify: {
-      q.per_tensor = ScaledTensor(encode(x, f, 1.0f, c_.rounding, stats_), 1.0f);
+      q.per_tensor = ScaledTensor(encode(x, f, 1.0f, c_, stats_), 1.0f);
       stats_.scale = 1;
       return q;
     }
     case Scaling::current: {
       const float s = scale_from_amax(amax_of(x), 1.0f);
-      q.per_tensor = ScaledTensor(encode(x, f, s, c_.rounding, stats_), 1.0f / s);
+      q.per_tensor = ScaledTensor(encode(x, f, s, c_, stats_), 1.0f / s);
       stats_.scale = 1.0f / s;
       return q;
     }
     case Scaling::delayed: {
       // Quantise with the scale from past steps; record this step's amax in the same pass.
       const float s = scale_;
-      q.per_tensor = ScaledTensor(encode(x, f, s, c_.rounding, stats_), 1.0f / s);
+      q.per_tensor = ScaledTensor(encode(x, f, s, c_, stats_), 1.0f / s);
       stats_.scale = 1.0f / s;
       history_.push_back(stats_.amax);
       if (int(history_.size()) > c_.history) history_.pop_front();
@@ -124,7 +126,7 @@ Quantized Quantizer::quantize(const Tensor& x) {
         b = amax > 0 && std::isfinite(amax) ? int(std::floor(std::log2(max_value(f) / amax))) - c_.margin : stats_.bias;
       }
       const float s = std::ldexp(1.0f, b);  // x * 2^b before the cast: exact
-      q.per_tensor = ScaledTensor(encode(x, f, s, c_.rounding, stats_), std::ldexp(1.0f, -b));
+      q.per_tensor = ScaledTensor(encode(x, f, s, c_, stats_), std::ldexp(1.0f, -b));
       stats_.scale = std::ldexp(1.0f, -b);
       stats_.bias = b;
       return q;

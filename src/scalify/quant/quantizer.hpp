@@ -37,6 +37,8 @@ struct QuantizerConfig {
   int bias = 0;          // constant_bias: the scaling bias b
   BlockSpec block{1, 128, BlockScaleRule::f32_amax};  // block; mx: 1 x 32 (32 x 1 if rows > 1), floor rule
   Rounding rounding = Rounding::nearest_even;
+  bool saturate = true;  // false: overflow gives inf (f16, e5m2) or NaN, as a plain cast on hardware
+                         // does: what a loss scaler must see to skip a step
 };
 
 // What a quantiser reports for each tensor it quantises (cheap enough to leave on).

@@ -21,6 +21,7 @@ struct Recipe {
   int rescale_every = 0;               // SCALIFY: dynamic_rescale_l2 of the state every N steps
   bool rescale_norm_grad = false;      // SCALIFY #2-#4: dynamic_rescale_l2_grad before every norm (2 per block + the final one)
   bool rescale_gradients = false;      // SCALIFY #4: dynamic_rescale_l2 of scaled weight gradients before their cast
+  bool unit_scaled = false;            // unit scaling (seeds 001/002): the model is unit-scaled, its casts need no scale
   LossScalerConfig loss_scaling{LossScalerConfig::Kind::none};
 
   std::string to_json() const;
@@ -28,10 +29,19 @@ struct Recipe {
 };
 
 // Presets:
-//   f32; scalify_fp16_1..scalify_fp8_4 (seed 000 Table 3 rows #1-#4); current, delayed,
-//   fp8_amax, fp8_cscale (seed 003, b = 0), mxfp8, blockwise (seed 004); f16_loss_scaled.
+//   f32; scalify_fp16_1..scalify_fp8_4 (seed 000 Table 3 rows #1-#4); unit_f32, unit_fp16,
+//   unit_fp8 (seeds 001/002: plain casts in a unit-scaled model); current, delayed, fp8_amax,
+//   fp8_cscale (seed 003, b = 4 from a sweep), mxfp8, blockwise (seed 004); f16_loss_scaled; and the
+//   baselines with no scaling of any kind, fp16_unscaled and fp8_unscaled.
 std::vector<std::string> preset_names();
 Recipe preset(const std::string& name);  // throws listing the valid names
+// A preset name, or the path of a recipe JSON file (anything ending in .json).
+Recipe load_recipe(const std::string& name_or_file);
+
+// Which layers the recipe quantises, in words (for run logs and the compare report). Only the
+// four linear layers of each decoder block are ever quantised (seed 003's choice): embeddings,
+// norms, attention's two batched matmuls and the output head stay in f32.
+std::string quantized_layers(const Recipe& r);
 
 // Puts parameters into the recipe's master-weight storage (scaled f16 for SCALIFY state, ...),
 // and the optimizer configuration for the recipe's state.

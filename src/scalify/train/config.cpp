@@ -104,6 +104,12 @@ const Key& find_key(const std::string& key) {
 
 void TrainConfig::set(const std::string& key, const std::string& value) { find_key(key).set(*this, value); }
 
+void TrainConfig::set(const std::string& key_equals_value) {
+  const size_t eq = key_equals_value.find('=');
+  if (eq == std::string::npos) throw Error("--set expects KEY=VALUE, got '" + key_equals_value + "'");
+  set(key_equals_value.substr(0, eq), key_equals_value.substr(eq + 1));
+}
+
 void TrainConfig::validate() const {
   auto need = [](bool ok, const std::string& key, const std::string& what) {
     if (!ok) throw Error("config: '" + key + "' " + what);
@@ -127,7 +133,7 @@ void TrainConfig::validate() const {
   need(!out.empty(), "out", "must not be empty");
   need(model.vocab == 256, "vocab", "must be 256 (byte tokens)");
   try {
-    quant::preset(recipe);
+    quant::load_recipe(recipe);
   } catch (const Error& e) {
     throw Error(std::string("config: 'recipe': ") + e.what());
   }

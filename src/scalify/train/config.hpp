@@ -12,7 +12,7 @@ namespace scalify::train {
 struct TrainConfig {
   std::string data;             // text file or folder ("" = the default corpus)
   std::string out = "runs/train";
-  std::string recipe = "f32";   // a quant::preset name
+  std::string recipe = "f32";   // a quant::preset name or a recipe JSON file
   uint64_t seed = 1;
   int64_t steps = 300, batch = 16, accum = 1;
   nn::GptConfig model;          // keys: seq, d_model, layers, heads, unit_scaled, rms_norm, swiglu, tied_head, final_norm
@@ -23,6 +23,7 @@ struct TrainConfig {
 
   // Sets one key from its text form (command-line overrides); throws naming the key.
   void set(const std::string& key, const std::string& value);
+  void set(const std::string& key_equals_value);  // "KEY=VALUE" (--set)
   void validate() const;
   std::string to_toml() const;
   static std::vector<std::string> keys();

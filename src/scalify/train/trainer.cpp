@@ -39,7 +39,13 @@ struct Session {
   std::unique_ptr<optim::AdamW> opt;
   std::unique_ptr<quant::LossScaler> scaler;
 
-  explicit Session(const TrainConfig& c) : cfg(c), recipe(quant::preset(c.recipe)), model(c.model, c.seed) {}
+  explicit Session(const TrainConfig& c) : cfg(c), recipe(quant::load_recipe(c.recipe)), model(model_config(c, recipe), c.seed) {}
+  // A unit-scaling recipe trains the unit-scaled variant of the configured model.
+  static nn::GptConfig model_config(const TrainConfig& c, const quant::Recipe& r) {
+    nn::GptConfig m = c.model;
+    m.unit_scaled = m.unit_scaled || r.unit_scaled;
+    return m;
+  }
   nn::GptOptions options() const {
     nn::GptOptions o;
     o.rescale_norm_grad = recipe.rescale_norm_grad;
@@ -177,6 +183,30 @@ std::unique_ptr<Session> load_session(const io::SafeTensors& st, const TrainConf
   }
 }
 
+// Bytes of training state per parameter, from the tensors themselves: master weights, gradients
+// and the optimizer's moments, with their scales.
+double state_bytes_per_parameter(const Session& s) {
+  auto bytes = [](const ScaledTensor& t) {
+    double b = 0;
+    for (const Tensor& x : {t.data, t.scale})
+      if (x.defined()) b += double(x.numel()) * dtype_size(x.dtype());
+    return b;
+  };
+  double total = 0, count = 0;
+  for (size_t i = 0; i < s.params.size(); ++i) {
+    count += double(s.params[i].value().numel());
+    total += bytes(s.params[i].scaled()) + bytes(s.params[i].scaled_grad()) + bytes(s.opt->first_moment(i)) +
+             bytes(s.opt->second_moment(i));
+  }
+  return total / count;
+}
+
+double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::nth_element(v.begin(), v.begin() + std::ptrdiff_t(v.size() / 2), v.end());
+  return v[v.size() / 2];
+}
+
 double batch_loss(const Session& s, const std::vector<uint8_t>& bytes, const std::vector<size_t>& starts) {
   const Batch b = make_batch(bytes, starts, s.cfg.model.seq);
   return s.model.loss(b.ids, b.targets, s.options()).value().item();
@@ -227,6 +257,14 @@ void truncate_metrics(const std::string& path, int64_t step) {
 
 }  // namespace
 
+std::string StepProgress::line() const {
+  std::ostringstream out;
+  out.precision(4);
+  out << "step " << step << "/" << steps << "  loss " << loss << "  " << int64_t(tokens_per_s) << " tok/s  elapsed "
+      << int64_t(elapsed_s) << "s  eta " << int64_t(eta_s) << "s";
+  return out.str();
+}
+
 TrainConfig run_config(const std::string& run_dir) { return load_config_file((fs::path(run_dir) / "config.toml").string()); }
 
 TrainResult train(const TrainConfig& config, bool resume, const Progress& progress, int64_t stop_after) {
@@ -258,7 +296,8 @@ TrainResult train(const TrainConfig& config, bool resume, const Progress& progre
   const TrainConfig& cfg = s->cfg;
   std::ofstream log((dir / "train.log").string(), std::ios::app), metrics(metrics_path, std::ios::app);
   if (!log || !metrics) throw Error("cannot write into the run folder '" + config.out + "'");
-  log << (resume ? "resume at step " + std::to_string(start) : "new run") << ": recipe " << cfg.recipe << ", "
+  log << (resume ? "resume at step " + std::to_string(start) : "new run") << ": recipe " << cfg.recipe << " (quantised: "
+      << quant::quantized_layers(s->recipe) << (s->recipe.unit_scaled ? "; unit-scaled model" : "") << "), "
       << cfg.model.parameter_count() << " parameters, corpus " << corpus.source << " (" << corpus.files.size() << " text files, "
       << corpus.train.size() << " training / " << corpus.val.size() << " validation bytes)\n";
   for (const std::string& f : corpus.skipped) log << "skipped: " << f << "\n";
@@ -271,7 +310,9 @@ TrainResult train(const TrainConfig& config, bool resume, const Progress& progre
   const int64_t end = stop_after > 0 ? std::min(cfg.steps, stop_after) : cfg.steps;
   using clock = std::chrono::steady_clock;
   const auto t_start = clock::now();
-  double last_loss = 0;
+  double last_loss = 0, statistics_total = 0, underflow_sum = 0, clipped_sum = 0;
+  int64_t operand_stats = 0;
+  std::vector<double> speeds;
   for (int64_t step = start; step < end; ++step) {
     const auto t0 = clock::now();
     const double lr = learning_rate(cfg, step);
@@ -289,7 +330,8 @@ TrainResult train(const TrainConfig& config, bool resume, const Progress& progre
     last_loss = loss_sum / double(cfg.accum);
     bool ok = !s->scaler || s->scaler->unscale(s->params);
     if (!s->scaler && !std::isfinite(last_loss))
-      throw Error("training diverged: the loss is " + std::to_string(last_loss) + " at step " + std::to_string(step) + " (recipe " + cfg.recipe + ")");
+      throw Diverged("training diverged: the loss is " + std::to_string(last_loss) + " at step " + std::to_string(step) + " (recipe " + cfg.recipe + ")", step);
+    if (!std::isfinite(last_loss)) ++r.nonfinite_steps;
     double norm = 0;
     if (ok) {
       quant::cast_weight_gradients(s->params, s->recipe);
@@ -298,18 +340,19 @@ TrainResult train(const TrainConfig& config, bool resume, const Progress& progre
         if (p.scaled_grad().data.defined()) sq += ops::sum(ops::unary(ops::Unary::square, p.grad()), {}).item();
       norm = std::sqrt(sq);
       if (!std::isfinite(norm))
-        throw Error("training diverged: non-finite gradient norm at step " + std::to_string(step) + " (recipe " + cfg.recipe + ")");
-      if (cfg.grad_clip > 0 && norm > cfg.grad_clip)
-        for (Var& p : s->params)
-          if (p.scaled_grad().data.defined()) p.set_grad(scaled::mul_scalar(p.scaled_grad(), cfg.grad_clip / norm));
-      s->opt->step();
+        throw Diverged("training diverged: non-finite gradient norm at step " + std::to_string(step) + " (recipe " + cfg.recipe + ")", step);
+      if (r.state_bytes_per_parameter == 0) r.state_bytes_per_parameter = state_bytes_per_parameter(*s);
+      s->opt->step(cfg.grad_clip > 0 && norm > cfg.grad_clip ? cfg.grad_clip / norm : 1.0);  // clipping
     } else {
       ++skipped;
     }
     const double secs = std::chrono::duration<double>(clock::now() - t0).count();
     const double tps = double(tokens_per_step) / std::max(secs, 1e-9);
+    const int64_t statistics = scale_statistics() - statistics_before;
+    statistics_total += double(statistics);
+    if (step > start) speeds.push_back(tps);  // the first step warms caches and thread pools
     json m = {{"step", step}, {"loss", last_loss}, {"lr", lr}, {"grad_norm", norm}, {"skipped", skipped},
-              {"loss_scale", s->scaler ? s->scaler->scale() : 1.0}, {"scale_statistics", scale_statistics() - statistics_before},
+              {"loss_scale", s->scaler ? s->scaler->scale() : 1.0}, {"scale_statistics", statistics},
               {"tokens_per_s", std::round(tps)}};
     metrics << m.dump() << "\n";
     if (!s->linears.empty() && (step + 1) % cfg.stats_every == 0) {
@@ -319,6 +362,10 @@ TrainResult train(const TrainConfig& config, bool resume, const Progress& progre
           if (role.ends_with("_t")) continue;  // the transposed copies, used by block recipes only
           const quant::QuantStats& qs = quantizer->last();
           q[layer + "." + role] = {{"scale", qs.scale}, {"amax", qs.amax}, {"underflow", qs.underflow}, {"clipped", qs.clipped}};
+          underflow_sum += qs.underflow;
+          clipped_sum += qs.clipped;
+          r.max_underflow = std::max(r.max_underflow, qs.underflow);
+          ++operand_stats;
         }
       metrics << json{{"step", step}, {"quant", q}}.dump() << "\n";
     }
@@ -333,16 +380,15 @@ TrainResult train(const TrainConfig& config, bool resume, const Progress& progre
     metrics.flush();
     if ((step + 1) % cfg.checkpoint_every == 0 || last) save_checkpoint(*s, ckpt_path, step + 1, skipped);
     if (progress) {
-      const double elapsed = std::chrono::duration<double>(clock::now() - t_start).count();
-      const double eta = elapsed / double(step + 1 - start) * double(end - step - 1);
-      std::ostringstream line;
-      line.precision(4);
-      line << "step " << step + 1 << "/" << cfg.steps << "  loss " << last_loss << "  " << int64_t(tps) << " tok/s  elapsed "
-           << int64_t(elapsed) << "s  eta " << int64_t(eta) << "s";
-      progress(line.str());
+      StepProgress p{step + 1, cfg.steps, last_loss, tps, std::chrono::duration<double>(clock::now() - t_start).count(), 0};
+      p.eta_s = p.elapsed_s / double(step + 1 - start) * double(end - step - 1);
+      progress(p);
     }
-    r.tokens_per_s = tps;
   }
+  r.tokens_per_s = median(speeds);
+  r.scale_statistics_per_step = end > start ? statistics_total / double(end - start) : 0;
+  r.mean_underflow = operand_stats ? underflow_sum / double(operand_stats) : 0;
+  r.mean_clipped = operand_stats ? clipped_sum / double(operand_stats) : 0;
   r.steps = end;
   r.skipped = skipped;
   r.train_loss = last_loss;

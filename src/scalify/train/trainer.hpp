@@ -13,18 +13,36 @@
 #include <functional>
 #include <string>
 
+#include "scalify/error.hpp"
 #include "scalify/train/config.hpp"
 
 namespace scalify::train {
 
 struct TrainResult {
   int64_t steps = 0, skipped = 0;
-  double train_loss = 0, val_loss = 0, val_bpb = 0, unigram_bits = 0, tokens_per_s = 0;
+  int64_t nonfinite_steps = 0;  // steps whose loss was not finite (only possible with loss scaling: skipped)
+  double train_loss = 0, val_loss = 0, val_bpb = 0, unigram_bits = 0;
+  double tokens_per_s = 0;               // median over this process's steps
+  double scale_statistics_per_step = 0;  // mean count of amax / RMS reductions that set a scale
+  double mean_underflow = 0, max_underflow = 0, mean_clipped = 0;  // over every quantised operand's statistics
+  double state_bytes_per_parameter = 0;  // master weights + gradients + optimizer state (+ scales), measured
   std::string run_dir;
 };
 
-// Progress: called after every step with a one-line status (the CLI draws it in place on a TTY).
-using Progress = std::function<void(const std::string& line)>;
+// Thrown when the loss or the gradient norm is not finite with no loss scaler to skip the step.
+class Diverged : public Error {
+ public:
+  Diverged(const std::string& message, int64_t step) : Error(message), step(step) {}
+  int64_t step;
+};
+
+// Progress: called after every step (the CLI draws line() in place on a TTY).
+struct StepProgress {
+  int64_t step = 0, steps = 0;  // steps done, of the run's total
+  double loss = 0, tokens_per_s = 0, elapsed_s = 0, eta_s = 0;
+  std::string line() const;  // "step 120/300  loss 2.61  5400 tok/s  elapsed 22s  eta 33s"
+};
+using Progress = std::function<void(const StepProgress&)>;
 
 // Trains from scratch into config.out (which must not hold a finished run), or with resume
 // continues the run in config.out from its checkpoint. stop_after (> 0) ends the process's

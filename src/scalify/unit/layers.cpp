@@ -40,10 +40,13 @@ Linear Linear::make(int64_t in, int64_t out, Init& init, bool output_projection)
 
 Var Linear::operator()(const Var& x_in, const LayerOptions& o, const char* name) const {
   const Var x = o.lowp(x_in), wl = o.lowp(w);
-  if (!o.unit_scaled) return (o.matmul ? o.matmul(std::string(o.prefix).append(name), x, wl) : scalify::matmul(x, wl)) + b;
+  const std::string layer = std::string(o.prefix).append(name);
+  if (!o.unit_scaled) return (o.matmul ? o.matmul(layer, x, wl) : scalify::matmul(x, wl)) + b;
   // The input activation is a non-cut edge (constrained); weight and bias are cut edges, the
   // bias's gradient summing over every row: beta = rows^-1/2 (as LayerNorm's).
-  return unit::matmul(x, wl, Constrain::x) + scaled(b, 1.0, 1.0 / std::sqrt(double(rows_of(x))));
+  MatmulFn product;
+  if (o.matmul) product = [&](const Var& xs, const Var& ws) { return o.matmul(layer, xs, ws); };
+  return unit::matmul(x, wl, Constrain::x, product) + scaled(b, 1.0, 1.0 / std::sqrt(double(rows_of(x))));
 }
 
 void Linear::add_to(NamedParams& p, const std::string& name) const {

@@ -33,7 +33,7 @@ Var scaled_unary(const Var& x, double alpha, double beta, F f) {
 int64_t rows_of(const Var& x) { return x.shape().empty() ? 1 : numel_of(x.shape()) / x.shape().back(); }
 }  // namespace
 
-Var matmul(const Var& x, const Var& w, Constrain constrain) {
+Var matmul(const Var& x, const Var& w, Constrain constrain, const MatmulFn& product) {
   if (w.shape().size() != 2) throw Error("unit::matmul: weight must be [m, n], got " + shape_str(w.shape()));
   const double m = double(w.shape()[0]), n = double(w.shape()[1]), b = double(rows_of(x));
   double alpha = 1 / std::sqrt(m), beta_x = 1 / std::sqrt(n), beta_w = 1 / std::sqrt(b);
@@ -43,7 +43,8 @@ Var matmul(const Var& x, const Var& w, Constrain constrain) {
     case Constrain::w: alpha = beta_w = std::sqrt(alpha * beta_w); break;
     case Constrain::none: break;
   }
-  return scaled(scalify::matmul(scaled(x, 1.0, beta_x), scaled(w, 1.0, beta_w)), alpha, 1.0);
+  const Var xs = scaled(x, 1.0, beta_x), ws = scaled(w, 1.0, beta_w);
+  return scaled(product ? product(xs, ws) : scalify::matmul(xs, ws), alpha, 1.0);
 }
 
 Var matmul_activations(const Var& a, const Var& b) {

@@ -34,8 +34,11 @@ class ExactGradients {
 enum class Constrain : uint8_t { none, x, w, both };
 
 // X [..., m] @ W [m, n] over b rows: alpha = m^-1/2, beta_X = n^-1/2, beta_W = b^-1/2, then the
-// constraints (Figure A.2): constrained x gives alpha = beta_X = (m n)^-1/4.
-Var matmul(const Var& x, const Var& w, Constrain constrain = Constrain::x);
+// constraints (Figure A.2): constrained x gives alpha = beta_X = (m n)^-1/4. `product` replaces
+// the plain matmul of the unit-scaled operands (a recipe's quantised matmul: its operands and
+// output gradient are the unit-scaled ones, so its casts need no scale).
+using MatmulFn = std::function<Var(const Var& x, const Var& w)>;
+Var matmul(const Var& x, const Var& w, Constrain constrain = Constrain::x, const MatmulFn& product = {});
 // Two activations a [..., M, K] @ b [..., K, N] (attention's q k^T and att v): both inputs are
 // non-cut edges, so alpha = beta_a = beta_b = (K^-1/2 N^-1/2 M^-1/2)^(1/3).
 Var matmul_activations(const Var& a, const Var& b);

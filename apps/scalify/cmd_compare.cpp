@@ -1,0 +1,55 @@
+// `scalify compare`: every recipe on one model, one corpus, one seed, side by side (train/compare.hpp).
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "commands.hpp"
+#include "scalify/error.hpp"
+#include "scalify/train/compare.hpp"
+
+namespace scalify::cli {
+
+void add_compare_command(CLI::App& app, const std::string& command_line) {
+  struct Opts {
+    std::string recipes = "seeds", config, data, out, resume;
+    int64_t steps = 0;
+    std::vector<std::string> set;
+  };
+  auto o = std::make_shared<Opts>();
+  std::string lists;
+  for (const std::string& n : train::recipe_list_names()) lists.append(lists.empty() ? "" : ", ").append(n);
+  auto* c = app.add_subcommand("compare", "Train one model under each recipe in turn and write a report (table, plots) against FP32");
+  c->add_option("--recipes", o->recipes,
+                "comma-separated presets, recipe .json files or named lists (" + lists + "); default: seeds (every preset). "
+                "f32 (and unit_f32 for unit scaling) is added as the baseline when missing");
+  c->add_option("--config", o->config, "TOML file with any of the train config keys (the model, data, steps, ...)");
+  c->add_option("--data", o->data, "text file or folder of text files (default: Debian's fortunes)");
+  c->add_option("--steps", o->steps, "optimizer steps per recipe");
+  c->add_option("--set", o->set, "KEY=VALUE override of any train config key (repeatable)");
+  c->add_option("--out", o->out, "report folder (default runs/compare)");
+  c->add_option("--resume", o->resume, "continue the comparison in this folder (finished recipes are not rerun)");
+  c->callback([o, c, command_line] {
+    train::CompareConfig cc;
+    const bool resume = !o->resume.empty();
+    if (resume) {
+      for (const char* opt : {"--recipes", "--config", "--data", "--steps", "--set", "--out"})
+        if (c->count(opt) > 0)
+          throw Error(std::string("compare: --resume continues the comparison as it was started; drop ") + opt);
+      cc = train::comparison_config(o->resume);
+    } else {
+      if (!o->config.empty()) cc.base = train::load_config_file(o->config);
+      cc.recipes = train::recipe_list(o->recipes);
+      if (!o->out.empty()) cc.out = o->out;
+      if (!o->data.empty()) cc.base.data = o->data;
+      if (o->steps > 0) cc.base.steps = o->steps;
+      for (const std::string& kv : o->set) cc.base.set(kv);
+    }
+    const train::CompareReport r = train::compare(cc, resume, status_printer(), command_line);
+    std::fprintf(stderr, "\n");
+    std::printf("%s\nreport: %s/report.md\n", r.table.c_str(), r.dir.c_str());
+    if (!r.plot_error.empty()) std::fprintf(stderr, "warning: no plots: %s\n", r.plot_error.c_str());
+  });
+}
+
+}  // namespace scalify::cli
