@@ -241,13 +241,13 @@ std::string write_plots(const fs::path& dir, const std::vector<RecipeOutcome>& r
   write_text(dir / "val.dat", val.str());
   write_text(dir / "delta.dat", delta.str());
   std::ostringstream gp;
-  gp << "set terminal pngcairo size 1280,720 font ',11'\nset grid\nset key outside right\nset xlabel 'step'\n"
+  gp << "set terminal pngcairo noenhanced size 1280,720 font ',11'\nset grid\nset key outside right\nset xlabel 'step'\n"
      << "set output " << report::gnuplot_quote((dir / "loss.png").string()) << "\n"
      << "set title 'Training loss (lines, 10-step means) and validation loss (points)'\n"
      << "set ylabel 'loss (nats per byte)'\nset yrange [*:" << loss_top << "]\nplot " << loss_plot.str() << "\n"
      << "set output " << report::gnuplot_quote((dir / "loss_delta.png").string()) << "\n"
-     << "set title 'Validation loss minus the baseline''s (f32; unit\\_f32 for unit scaling)'\n"
-     << "set ylabel 'delta loss (nats)'\nset yrange [-0.2:1]\n"
+     << "set title 'Validation loss minus the baseline''s (f32; unit_f32 for unit scaling)'\n"
+     << "set ylabel 'delta loss (nats)'\nset yrange [-0.2<*:*<1]\n"
      << "plot 0 with lines lw 4 lc rgb 'black' title 'baseline', " << kParityNats
      << " with lines dt 2 lw 2 lc rgb 'black' title 'parity bound (+" << kParityNats << ")'" << delta_plot.str() << "\n";
   write_text(dir / "plots.gp", gp.str());
