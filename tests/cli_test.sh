@@ -35,4 +35,20 @@ grep -q "SCALIFY_GEMM='fp4'" "$out/err"
 if "$cli" snr --out "$out" --formats e4m4 2> "$out/err"; then echo "accepted e4m4"; exit 1; fi
 grep -q "unknown number format 'e4m4'" "$out/err"
 grep -q "e5m2fnuz" "$out/err"
+# compare: a tiny comparison end to end (f32 is added as the baseline), then bad input.
+"$cli" compare --recipes current --steps 3 --out "$out/cmp" --set d_model=16 --set layers=1 --set heads=1 \
+  --set seq=16 --set batch=2 --set eval_every=3 --set eval_windows=2 > "$out/cmp.log" 2> /dev/null
+grep -q "^| f32 | ok |" "$out/cmp.log"
+grep -q "^| current | ok |" "$out/cmp.log"
+grep -q "report: $out/cmp/report.md" "$out/cmp.log"
+test -s "$out/cmp/loss.png" || { echo "compare wrote no plot"; exit 1; }
+if "$cli" compare --recipes f32,fp9 --out "$out/cmp2" 2> "$out/err"; then echo "accepted fp9"; exit 1; fi
+grep -q "recipe 'fp9'" "$out/err"
+test ! -e "$out/cmp2" || { echo "a bad recipe list left a folder"; exit 1; }
+if "$cli" compare --resume "$out/none" 2> "$out/err"; then echo "resumed nothing"; exit 1; fi
+grep -q "holds no comparison" "$out/err"
+if "$cli" compare --resume "$out/cmp" --steps 5 2> "$out/err"; then echo "resume took --steps"; exit 1; fi
+grep -q "drop --steps" "$out/err"
+if "$cli" compare --recipes current --out "$out/cmp" 2> "$out/err"; then echo "overwrote a comparison"; exit 1; fi
+grep -q "already holds a comparison" "$out/err"
 echo "cli ok"

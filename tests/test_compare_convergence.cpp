@@ -1,7 +1,8 @@
 // Convergence (slow; CI runs it once, natively): a GPT of over 1M parameters on the default corpus,
 // trained under every seeded recipe through `compare`, ends within +0.05 nats of its baseline's
-// validation loss: FP32 for SCALIFY, per-tensor FP8, MXFP8 and blockwise; unit-scaled FP32 for
-// unit scaling in FP16 and FP8. The table is printed whether the test passes or not.
+// validation loss: FP32 for SCALIFY, per-tensor FP8, MXFP8, blockwise and FP16 with loss scaling;
+// unit-scaled FP32 for unit scaling in FP16 and FP8. (The unscaled FP16/FP8 baselines are left
+// out: they are there to fail.) The table is printed whether the test passes or not.
 #include <gtest/gtest.h>
 
 #include <cstdio>
@@ -24,7 +25,8 @@ TEST(Convergence, EverySeededRecipeReachesItsBaselineOnTheDefaultCorpus) {
   c.base.eval_every = 100;
   c.base.eval_windows = 256;
   c.recipes = {"f32",     "scalify_fp16_1", "scalify_fp16_2", "scalify_fp8_3", "scalify_fp8_4", "unit_f32", "unit_fp16",
-               "unit_fp8", "current",       "delayed",        "fp8_amax",      "fp8_cscale",    "mxfp8",    "blockwise"};
+               "unit_fp8", "current",       "delayed",        "fp8_amax",      "fp8_cscale",    "mxfp8",    "blockwise",
+               "f16_loss_scaled"};
   c.out = testing::scratch("convergence").string();
   ASSERT_GE(c.base.model.parameter_count(), 1000000);
   const train::CompareReport rep = train::compare(c, false, {}, "tests/test_compare_convergence");
@@ -33,7 +35,9 @@ TEST(Convergence, EverySeededRecipeReachesItsBaselineOnTheDefaultCorpus) {
   ASSERT_EQ(rep.rows.size(), c.recipes.size());
   for (const train::RecipeOutcome& o : rep.rows) {
     EXPECT_EQ(o.status, "ok") << o.name << ": " << o.note;
-    EXPECT_EQ(o.result.skipped, 0) << o.name;
+    if (o.recipe != "f16_loss_scaled") {
+      EXPECT_EQ(o.result.skipped, 0) << o.name;  // only dynamic loss scaling may skip (its first steps)
+    }
     if (o.recipe != o.baseline) {
       EXPECT_LE(o.val_delta, train::kParityNats) << o.name << " vs " << o.baseline;
     }

@@ -173,13 +173,14 @@ Curves read_curves(const fs::path& run_dir) {
   std::string line;
   const int64_t window = 10;  // training loss as the mean of each 10-step bucket
   double sum = 0;
-  int64_t n = 0;
+  int64_t n = 0, last = 0;
   while (std::getline(in, line)) {
     const json j = json::parse(line, nullptr, false);
     if (j.is_discarded() || !j.contains("step")) continue;
     const int64_t step = j["step"].get<int64_t>() + 1;
     if (j.contains("val_loss")) c.val.push_back({step, number_or_nan(j["val_loss"])});
     if (j.contains("loss") && j["loss"].is_number() && std::isfinite(j["loss"].get<double>())) {
+      last = step;
       sum += j["loss"].get<double>();
       if (++n == window || step % window == 0) {
         c.train.push_back({step, sum / double(n)});
@@ -188,6 +189,7 @@ Curves read_curves(const fs::path& run_dir) {
       }
     }
   }
+  if (n > 0) c.train.push_back({last, sum / double(n)});  // a last, partial bucket
   return c;
 }
 
