@@ -15,7 +15,10 @@ cmake -S . -B build-sanitize -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_FLAGS="$flags"
   -DCMAKE_EXE_LINKER_FLAGS="-fsanitize=address,undefined" -DSCALIFY_BUILD_BENCH=OFF > /dev/null
 cmake --build build-sanitize -j"$jobs"
 export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
-ASAN_OPTIONS=abort_on_error=1 ctest --test-dir build-sanitize -LE slow --output-on-failure -j"$jobs"
+# install_and_find_package links an uninstrumented consumer against the instrumented library
+# (undefined __asan_* symbols): a build-setup mismatch, not a finding, so it is left out here.
+ASAN_OPTIONS=abort_on_error=1 ctest --test-dir build-sanitize -LE slow -E '^install_and_find_package$' \
+  --output-on-failure -j"$jobs"
 # The killed-write test ends a child with SIGKILL on purpose; ASan's leak check does not apply.
 ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 build-sanitize/tests/test_train \
   --gtest_filter='SafeTensors.*:Checkpoint.*:Config.*:Trainer.BadDataAndConfigAreClearErrorsBeforeAnyRunFolder'
