@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # End-to-end checks of the scalify CLI as a user runs it.
 set -euo pipefail
-cli="$1"
+cli="$(realpath "$1")"  # absolute: some checks run from another folder
 out="$(mktemp -d)"
 trap 'rm -rf "$out"' EXIT
 
@@ -51,4 +51,32 @@ if "$cli" compare --resume "$out/cmp" --steps 5 2> "$out/err"; then echo "resume
 grep -q "drop --steps" "$out/err"
 if "$cli" compare --recipes current --out "$out/cmp" 2> "$out/err"; then echo "overwrote a comparison"; exit 1; fi
 grep -q "already holds a comparison" "$out/err"
+# Hardening (issue 13). A hostile --out is a folder name, never shell text.
+(cd "$out" && "$cli" snr --out "$out/a';touch INJECTED;'" --from 0 --to 1 --samples 64 --formats e4m3 > /dev/null 2>&1)
+test -z "$(find "$out" -name INJECTED)" || { echo "--out ran a shell command"; exit 1; }
+test -s "$out/a';touch INJECTED;'/snr.csv"
+# Unbounded or non-finite sweeps are clear errors naming the option, not hangs.
+expect_error() {  # expect_error TEXT ARGS...: scalify fails (not a crash) and stderr contains TEXT
+  local text="$1"; shift
+  if timeout 20 "$cli" "$@" > /dev/null 2> "$out/err"; then echo "accepted: $*"; exit 1; fi
+  grep -qF -- "$text" "$out/err" || { echo "for '$*' expected '$text', got:"; cat "$out/err"; exit 1; }
+  if grep -q "internal error" "$out/err"; then echo "internal error for $*"; exit 1; fi
+}
+expect_error "to (log2 sigma) must be a finite number" snr --out "$out/s" --to inf
+expect_error "from (log2 sigma) must be a finite number" snr --out "$out/s" --from -inf
+expect_error "from (log2 sigma) must be a finite number" snr --out "$out/s" --from 1e400
+expect_error "from (log2 sigma) must be a finite number" snr --out "$out/s" --from nan
+expect_error "exceeds 10000 points" snr --out "$out/s" --step 1e-9
+expect_error "in [-149, 127]" snr --out "$out/s" --from 1e17 --to 1.00000000000001e17 --step 1
+expect_error "samples must be in [1, 16777216]" snr --out "$out/s" --samples 268435456
+expect_error "step must be a finite number > 0, got 0" snr --out "$out/s" --step 0
+if grep -q "1797693" "$out/err"; then echo "--step 0 printed DBL_MAX"; exit 1; fi
+expect_error "--seed: must be a non-negative integer, got -1" snr --out "$out/s" --seed -1
+touch "$out/plain_file"
+expect_error "--out '$out/plain_file' exists and is not a folder" snr --out "$out/plain_file" --from 0 --to 1 --samples 64
+expect_error "unknown subcommand 'foo'" foo
+test ! -e "$out/s" || { echo "a rejected sweep created its output folder"; exit 1; }
+# A format named twice (or by an alias) appears once.
+"$cli" snr --out "$out/dup" --from 0 --to 1 --samples 64 --formats e4m3,e4m3,fp8_e4m3 > /dev/null 2>&1
+test "$(grep -c ',e4m3,' "$out/dup/snr.csv")" -eq 5
 echo "cli ok"

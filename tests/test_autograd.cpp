@@ -1,6 +1,7 @@
 // The autograd tape itself: recording, no_grad, detach, custom functions, accumulation, freeing.
 #include <gtest/gtest.h>
 
+#include "expect_error.hpp"
 #include "scalify/autograd/functions.hpp"
 #include "scalify/error.hpp"
 
@@ -83,6 +84,24 @@ TEST(Autograd, ClearErrors) {
   EXPECT_THROW((a * 2.0).backward(Tensor::ones({3})), Error);
   Var b = a;
   EXPECT_THROW(b.set_value(Tensor::ones({3})), Error);
+}
+
+TEST(Autograd, ASecondBackwardThroughAFreedGraphIsAnError) {
+  Var a = leaf({1, 2});
+  const Var y = sum(a * a);
+  y.backward();
+  EXPECT_EQ(a.grad().to_vector(), (std::vector<double>{2, 4}));
+  EXPECT_ERROR(y.backward(), "already freed by an earlier backward()");
+  EXPECT_EQ(a.grad().to_vector(), (std::vector<double>{2, 4}));  // untouched
+  // A second loss through a shared, already freed intermediate: not a silent partial gradient.
+  const Var b = leaf({3, 4});
+  const Var h = b * b;
+  sum(h).backward();
+  EXPECT_ERROR(sum(h * b).backward(), "already freed");
+  // A fresh forward pass works as before.
+  a.zero_grad();
+  sum(a * a).backward();
+  EXPECT_EQ(a.grad().to_vector(), (std::vector<double>{2, 4}));
 }
 
 }  // namespace

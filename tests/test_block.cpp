@@ -5,6 +5,7 @@
 #include <random>
 #include <vector>
 
+#include "expect_error.hpp"
 #include "scalify/error.hpp"
 #include "scalify/formats/block.hpp"
 
@@ -159,6 +160,43 @@ TEST(GenericBlocks, BadInputIsAClearError) {
   EXPECT_THROW(quantize_blocks(x, 2, 5, Format::e4m3, BlockSpec{0, 4}), Error);
   EXPECT_THROW(mx_blocks(2), Error);
   EXPECT_THROW(quantize_blocks(x, 2, 5, Format::e8m0, mx_blocks(1)), Error);
+}
+
+TEST(Block, EmptyTensorsQuantizeToNothing) {
+  const std::vector<float> none;
+  for (const BlockSpec& spec : {mx_blocks(1), mx_blocks(0), BlockSpec{1, 128, BlockScaleRule::f32_amax},
+                                BlockSpec{128, 128, BlockScaleRule::f32_amax}})
+    for (auto [rows, cols] : {std::pair<size_t, size_t>{0, 32}, {4, 0}, {0, 0}}) {
+      const BlockQuantized q = quantize_blocks(none, rows, cols, Format::e4m3, spec);
+      EXPECT_TRUE(q.codes.empty());
+      EXPECT_TRUE(q.scales.empty());
+      std::vector<float> out;
+      dequantize_blocks(q, out);
+    }
+}
+
+TEST(Block, DequantizeRejectsBlocksThatDoNotMatchTheirShape) {
+  std::vector<float> x(4 * 64, 1.5f);
+  const BlockQuantized good = quantize_blocks(x, 4, 64, Format::e4m3, mx_blocks(1));
+  std::vector<float> out(x.size());
+  dequantize_blocks(good, out);
+  EXPECT_EQ(out[0], 1.5f);
+  BlockQuantized q = good;
+  q.scales.pop_back();
+  EXPECT_ERROR(dequantize_blocks(q, out), "scales, expected 4 x 2");
+  q = good;
+  q.rows = 400;  // codes and scales for 4 rows only
+  std::vector<float> big(400 * 64);
+  EXPECT_ERROR(dequantize_blocks(q, big), "bytes of codes");
+  q = good;
+  q.codes.resize(10);
+  EXPECT_ERROR(dequantize_blocks(q, out), "bytes of codes");
+  q = good;
+  q.block.cols = 0;
+  EXPECT_ERROR(dequantize_blocks(q, out), "block size");
+  q = good;
+  q.rows = q.cols = size_t(1) << 40;
+  EXPECT_ERROR(dequantize_blocks(q, out), "too large");
 }
 
 }  // namespace

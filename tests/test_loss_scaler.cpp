@@ -5,6 +5,7 @@
 #include <cmath>
 #include <limits>
 
+#include "expect_error.hpp"
 #include "scalify/autograd/functions.hpp"
 #include "scalify/error.hpp"
 #include "scalify/quant/loss_scaler.hpp"
@@ -55,6 +56,37 @@ TEST(LossScaler, BadConfigIsAnError) {
   LossScalerConfig c;
   c.scale = 0;
   EXPECT_THROW(LossScaler{c}, Error);
+}
+
+TEST(LossScaler, BadConfigurationIsAnErrorNamingTheField) {
+  const double inf = std::numeric_limits<double>::infinity(), nan = std::numeric_limits<double>::quiet_NaN();
+  for (double bad : {nan, 0.0, -0.5, 1.5, inf}) {
+    LossScalerConfig c;
+    c.backoff = bad;
+    EXPECT_ERROR(LossScaler{c}, "backoff must be in (0, 1]");
+  }
+  for (double bad : {nan, 0.0, 0.5, inf}) {
+    LossScalerConfig c;
+    c.growth = bad;
+    EXPECT_ERROR(LossScaler{c}, "growth must be finite and >= 1");
+  }
+  LossScalerConfig c;
+  c.scale = nan;
+  EXPECT_ERROR(LossScaler{c}, "scale must be finite and positive");
+}
+
+TEST(LossScaler, GrowthStopsShortOfInfinity) {
+  LossScalerConfig c;
+  c.scale = 1e300;
+  c.growth_interval = 1;
+  c.growth = 1e10;
+  LossScaler s(c);
+  Var w(Tensor::from_vector(std::vector<float>{1.0f}, {1}), true);
+  for (int i = 0; i < 3; ++i) {
+    w.set_grad(ScaledTensor(Tensor::from_vector(std::vector<float>{0.0f}, {1})));
+    ASSERT_TRUE(s.unscale({w}));
+    EXPECT_TRUE(std::isfinite(s.scale()));
+  }
 }
 
 }  // namespace

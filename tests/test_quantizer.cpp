@@ -4,6 +4,7 @@
 #include <cmath>
 #include <limits>
 
+#include "expect_error.hpp"
 #include "scalify/error.hpp"
 #include "scalify/quant/quantizer.hpp"
 
@@ -159,6 +160,52 @@ TEST(Quantizer, NamesParseAndBadConfigIsAnError) {
   QuantizerConfig c;
   c.history = 0;
   EXPECT_THROW(Quantizer{c}, Error);
+}
+
+TEST(Quantizer, EmptyTensorsUnderBlockAndMxScaling) {
+  for (Scaling s : {Scaling::block, Scaling::mx})
+    for (const Shape& shape : {Shape{0, 32}, Shape{4, 0}}) {
+      Quantizer q(cfg(s));
+      const Quantized out = q.quantize(Tensor::zeros(shape));
+      EXPECT_TRUE(out.blockwise);
+      EXPECT_EQ(out.dequantize().shape(), shape);
+      EXPECT_EQ(q.last().scale, 1.0f);
+    }
+}
+
+TEST(Quantizer, OutOfRangeMarginBiasOrBlockIsAnErrorAtConstruction) {
+  QuantizerConfig c = cfg(Scaling::constant_bias);
+  c.bias = std::numeric_limits<int>::min();  // -bias would overflow
+  EXPECT_ERROR(Quantizer{c}, "bias must be in [-64, 64]");
+  c.bias = 65;
+  EXPECT_ERROR(Quantizer{c}, "bias must be in [-64, 64]");
+  c = cfg(Scaling::current);
+  c.margin = 1000;
+  EXPECT_ERROR(Quantizer{c}, "margin must be in [-64, 64]");
+  c = cfg(Scaling::block);
+  c.block.cols = 0;
+  EXPECT_ERROR(Quantizer{c}, "block must be [rows, cols]");
+  c.bias = 64;
+  c.margin = -64;
+  c.block.cols = 4096;
+  EXPECT_NO_THROW(Quantizer{c});
+}
+
+TEST(Quantizer, AllSubnormalInputSaturatesTheScaleToTheLargestPowerOfTwo) {
+  // amax 1e-45 asks for a scale of 448 / 1e-45, beyond f32: the scale saturates at 2^127
+  // (decode 2^-127), as TransformerEngine does, instead of becoming inf.
+  const Tensor x = Tensor::full({4, 8}, 1e-45);
+  for (Scaling s : {Scaling::current, Scaling::amax_bias, Scaling::delayed}) {
+    Quantizer q(cfg(s));
+    Quantized out;
+    ASSERT_NO_THROW(out = q.quantize(x)) << scaling_name(s);
+    ASSERT_NO_THROW(out = q.quantize(x)) << scaling_name(s);  // delayed: now from the history
+    EXPECT_EQ(q.last().scale, std::ldexp(1.0f, -127)) << scaling_name(s);
+    for (double v : out.dequantize().to_vector()) ASSERT_TRUE(std::isfinite(v));
+  }
+  // f16 keeps the tiny values: 1e-45 * 2^127 is well inside its range.
+  Quantizer q(cfg(Scaling::current, Format::f16));
+  EXPECT_FLOAT_EQ(float(q.quantize(x).dequantize().to_vector()[0]), 1e-45f);
 }
 
 }  // namespace

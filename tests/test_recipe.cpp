@@ -2,10 +2,16 @@
 // every preset (master weights, optimizer state, weight-gradient casts and loss scaling included).
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <limits>
 #include <map>
+#include <random>
+#include <string>
+#include <vector>
 
+#include "expect_error.hpp"
 #include "scalify/autograd/functions.hpp"
 #include "tiny_lm.hpp"
 #include "scalify/error.hpp"
@@ -95,6 +101,129 @@ TEST(Recipe, TinyTransformerTrainsUnderEveryFullPreset) {
       EXPECT_TRUE(params[4].scaled().is_scaled()) << name;
     }
   }
+}
+
+// The recipe JSON with `key`'s first value (in `role`'s object, or anywhere when role is empty)
+// replaced by `value`.
+std::string with_field(std::string text, const std::string& role, const std::string& key, const std::string& value) {
+  const size_t from = role.empty() ? 0 : text.find("\"" + role + "\"");
+  const size_t k = text.find("\"" + key + "\":", from);
+  const size_t start = k + key.size() + 4;  // past `"key": `
+  size_t end = start;
+  int depth = 0;
+  while (end < text.size() && (depth > 0 || (text[end] != ',' && text[end] != '\n' && text[end] != '}'))) {
+    depth += text[end] == '[' ? 1 : text[end] == ']' ? -1 : 0;
+    ++end;
+  }
+  return text.replace(start, end - start, value);
+}
+
+TEST(Recipe, NumbersAreRangeCheckedIntegersNamingTheField) {
+  const std::string text = preset("delayed").to_json();
+  auto message = [&](const std::string& role, const std::string& key, const std::string& value) {
+    return testing::error_of([&] { Recipe::from_json(with_field(text, role, key, value)); });
+  };
+  auto expect = [&](const std::string& role, const std::string& key, const std::string& value, const std::string& part) {
+    const std::string m = message(role, key, value);
+    EXPECT_NE(m.find(part), std::string::npos) << key << " = " << value << " gave: " << m;
+  };
+  expect("weight", "margin", "1e20", "field 'margin' in linear.weight must be an integer in [-64, 64], got 1e+20");
+  expect("weight", "margin", "65", "field 'margin' in linear.weight must be in [-64, 64], got 65");
+  expect("weight", "margin", "2.5", "must be an integer");
+  expect("activation", "bias", "3000000000", "field 'bias' in linear.activation must be in [-64, 64], got 3000000000");
+  expect("activation", "bias", "-2147483648", "'bias'");
+  expect("gradient", "history", "-5", "field 'history' in linear.gradient must be in [1, 1048576], got -5");
+  expect("gradient", "history", "18446744073709551615", "'history'");
+  expect("weight", "update_interval", "0", "'update_interval'");
+  expect("weight", "block", "[0, 32]", "field 'rows' in linear.weight.block must be in [1, 4096], got 0");
+  expect("weight", "block", "[1, 5000]", "field 'cols' in linear.weight.block");
+  expect("weight", "block", "[1, 2, 3]", "block must be [rows, cols]");
+  expect("weight", "block", "7", "block must be [rows, cols]");
+  expect("", "rescale_every", "-1", "field 'rescale_every' in recipe must be in [0, 1073741824], got -1");
+  expect("loss_scaling", "growth_interval", "0", "field 'growth_interval' in loss_scaling");
+  expect("loss_scaling", "scale", "-1", "field 'scale' in loss_scaling must be finite and > 0");
+  expect("loss_scaling", "scale", "0", "field 'scale' in loss_scaling");
+  expect("loss_scaling", "scale", "1e999", "not valid JSON");  // nlohmann rejects overflowing numbers
+  // In range: accepted.
+  EXPECT_EQ(Recipe::from_json(with_field(text, "weight", "margin", "-64")).linear.weight.margin, -64);
+  EXPECT_EQ(Recipe::from_json(with_field(text, "weight", "block", "[4096, 1]")).linear.weight.block.rows, 4096u);
+}
+
+TEST(Recipe, OptimizerHyperparametersAreCheckedNamingTheField) {
+  const Var w(Tensor::from_vector(std::vector<float>{1, 2}, {2}), true);
+  const double inf = std::numeric_limits<double>::infinity(), nan = std::numeric_limits<double>::quiet_NaN();
+  for (double bad : {nan, inf, -1e-3}) {
+    EXPECT_ERROR(optim::AdamW({w}, {.lr = bad}), "AdamW: lr must be finite and >= 0");
+    EXPECT_ERROR(optim::sgd_step({w}, bad), "sgd_step: lr must be finite and >= 0");
+  }
+  for (double bad : {nan, -0.1, 1.0, 2.0}) {
+    EXPECT_ERROR(optim::AdamW({w}, {.beta1 = bad}), "AdamW: beta1 must be in [0, 1)");
+    EXPECT_ERROR(optim::AdamW({w}, {.beta2 = bad}), "AdamW: beta2 must be in [0, 1)");
+  }
+  for (double bad : {nan, inf, 0.0, -1e-8}) EXPECT_ERROR(optim::AdamW({w}, {.eps = bad}), "AdamW: eps must be finite and > 0");
+  for (double bad : {nan, inf, -0.1}) EXPECT_ERROR(optim::AdamW({w}, {.weight_decay = bad}), "AdamW: weight_decay");
+  EXPECT_ERROR(optim::AdamW({w}, {.rescale_every = -1}), "AdamW: rescale_every");
+  EXPECT_ERROR(optim::AdamW({w}, {}, {nan}), "lr_scale of parameter 0");
+  optim::AdamW opt({w}, {});
+  EXPECT_ERROR(opt.set_lr(nan), "AdamW::set_lr: lr must be finite");  // schedules go through set_lr
+  EXPECT_ERROR(opt.set_lr(inf), "AdamW::set_lr");
+  opt.set_lr(0.5);
+  EXPECT_EQ(opt.config().lr, 0.5);
+}
+
+// Random byte strings and mutations of valid recipes (byte flips, truncations, numbers replaced by
+// huge, negative, NaN-like or fractional values) into Recipe::from_json and on into the
+// quantisers and loss scaler it configures: scalify::Error is the only exception allowed.
+TEST(Recipe, FuzzedJsonGivesOnlyScalifyErrors) {
+  std::mt19937_64 rng(13);
+  const std::vector<std::string> numbers = {"1e20", "-1e20", "3e9", "-3000000000", "18446744073709551616", "NaN", "nan",
+                                            "Infinity", "-0", "0.5", "1e-400", "1e400", "-1", "0", "2147483648",
+                                            "9223372036854775808", "-9223372036854775809", "\"7\"", "null", "[]", "{}"};
+  std::vector<std::string> seeds;
+  for (const std::string& name : preset_names()) seeds.push_back(preset(name).to_json());
+  int accepted = 0, rejected = 0;
+  auto check = [&](const std::string& text) {
+    try {
+      const Recipe r = Recipe::from_json(text);
+      for (const QuantizerConfig& c : {r.linear.weight, r.linear.activation, r.linear.gradient}) Quantizer q(c);
+      LossScaler s(r.loss_scaling);
+      ++accepted;
+    } catch (const Error&) {
+      ++rejected;
+    } catch (const std::exception& e) {
+      ADD_FAILURE() << "not a scalify::Error: " << e.what() << "\n" << text;
+    }
+  };
+  const auto start = std::chrono::steady_clock::now();
+  for (int i = 0; i < 20000 && std::chrono::steady_clock::now() - start < std::chrono::seconds(3); ++i) {
+    std::string text;
+    if (i % 10 == 0) {  // random bytes
+      text.resize(rng() % 200);
+      for (char& c : text) c = char(rng());
+    } else {
+      text = seeds[rng() % seeds.size()];
+      const int edits = 1 + int(rng() % 4);
+      for (int e = 0; e < edits && !text.empty(); ++e) {
+        const size_t at = rng() % text.size();
+        switch (rng() % 4) {
+          case 0: text[at] = char(text[at] ^ (1 << (rng() % 8))); break;  // bit flip
+          case 1: text.resize(at); break;                                  // truncation
+          case 2: text[at] = "{}[]\",:0123456789-.eE tfn\\"[rng() % 26]; break;
+          default: {  // a number (or a whole value) replaced by a hostile one
+            size_t p = text.find_first_of("-0123456789", at);
+            if (p == std::string::npos) p = text.find_first_of("-0123456789");
+            if (p == std::string::npos) break;
+            const size_t end = text.find_first_not_of("-0123456789.eE+", p);
+            text.replace(p, end == std::string::npos ? std::string::npos : end - p, numbers[rng() % numbers.size()]);
+          }
+        }
+      }
+    }
+    check(text);
+  }
+  std::printf("fuzzed recipes: %d accepted, %d rejected\n", accepted, rejected);
+  EXPECT_GT(accepted, 0);
+  EXPECT_GT(rejected, 1000);
 }
 
 }  // namespace

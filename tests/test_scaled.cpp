@@ -9,8 +9,10 @@
 #include <limits>
 #include <string>
 
+#include "expect_error.hpp"
 #include "scalify/error.hpp"
 #include "scalify/autograd/functions.hpp"
+#include "scalify/autograd/scaling.hpp"
 #include "scalify/scaled/scaled_ops.hpp"
 
 namespace scalify {
@@ -297,6 +299,24 @@ TEST(ScaleRules, LogSumExpDecompositionWithAnyScale) {
     for (int j = 0; j < 7; ++j) s += std::exp(xv[size_t(r * 7 + j)] - mm);
     EXPECT_NEAR(got[size_t(r)], mm + std::log(s), 1e-4 * std::fabs(mm + std::log(s)));
   }
+}
+
+TEST(Scaled, BadScalesAreErrorsNamingTheParameter) {
+  const Tensor x = Tensor::from_vector(std::vector<float>{1, 2}, {2});
+  const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
+  for (float bad : {0.0f, -2.0f, inf, -inf, nan}) {
+    EXPECT_ERROR(ScaledTensor(x, bad), "ScaledTensor: scale must be a finite positive number");
+    EXPECT_ERROR(set_scaling(ScaledTensor(x, 2.0f), bad), "set_scaling: scale must be a finite positive number");
+    EXPECT_ERROR(rebalance(ScaledTensor(x, 2.0f), bad), "rebalance: delta must be a finite positive number");
+    EXPECT_ERROR(rebalance(ScaledTensor(x), bad), "rebalance: delta");  // even where it would be a no-op
+    EXPECT_ERROR(set_scaling(Var(x, true), bad), "set_scaling: scale");
+    EXPECT_ERROR(rebalance(Var(ScaledTensor(x, 2.0f), true), bad), "rebalance: delta");
+  }
+  // SPEC §2: scales are powers of two, which keeps set_scaling and rebalance exact.
+  EXPECT_ERROR(set_scaling(ScaledTensor(x, 2.0f), 3.0f), "set_scaling: scale must be a power of two, got 3");
+  EXPECT_ERROR(rebalance(ScaledTensor(x, 2.0f), 0.3f), "rebalance: delta must be a power of two");
+  EXPECT_EQ(set_scaling(ScaledTensor(x, 2.0f), std::ldexp(1.0f, -140)).scalar_scale(), std::ldexp(1.0f, -140));  // subnormal: still 2^k
+  EXPECT_EQ(ScaledTensor(x, 0.3f).scalar_scale(), 0.3f);  // quantisers' decode factors need not be 2^k
 }
 
 }  // namespace

@@ -1,9 +1,12 @@
 // SNR figures: the Unit Scaling paper's Appendix D scenario and the shape of its Figure 2.
 #include <gtest/gtest.h>
 
+#include <cstdlib>
+#include <limits>
 #include <cmath>
 #include <vector>
 
+#include "expect_error.hpp"
 #include "scalify/formats/snr.hpp"
 
 namespace scalify {
@@ -52,6 +55,29 @@ TEST(Snr, FallsOffOutsideTheFormatsRange) {
 TEST(Snr, ExactReproductionIsInfinite) {
   const std::vector<float> x = {1, 2, 3};
   EXPECT_TRUE(std::isinf(snr(x, x)));
+}
+
+TEST(Snr, SweepRejectsUnboundedOrNonFiniteRanges) {
+  const Format f[] = {Format::e4m3};
+  const double inf = std::numeric_limits<double>::infinity(), nan = std::numeric_limits<double>::quiet_NaN();
+  EXPECT_ERROR(snr_sweep(f, 0, inf, 1, 64, 1), "to (log2 sigma) must be a finite number");
+  EXPECT_ERROR(snr_sweep(f, -inf, 0, 1, 64, 1), "from (log2 sigma) must be a finite number");
+  EXPECT_ERROR(snr_sweep(f, std::strtod("1e400", nullptr), 0, 1, 64, 1), "from (log2 sigma)");
+  EXPECT_ERROR(snr_sweep(f, nan, 0, 1, 64, 1), "from (log2 sigma)");
+  EXPECT_ERROR(snr_sweep(f, 1e17, 1.00000000000001e17, 1, 64, 1), "in [-149, 127]");  // l += 1 never advanced
+  EXPECT_ERROR(snr_sweep(f, -30, 20, 1e-9, 64, 1), "exceeds 10000 points");
+  EXPECT_ERROR(snr_sweep(f, -30, 20, 0, 64, 1), "step must be a finite number > 0");
+  EXPECT_ERROR(snr_sweep(f, -30, 20, nan, 64, 1), "step must be a finite number > 0");
+  EXPECT_ERROR(snr_sweep(f, 4, -4, 1, 64, 1), "to (-4) must be >= from (4)");
+  EXPECT_ERROR(snr_sweep(f, -4, 4, 1, size_t(1) << 28, 1), "samples must be in [1, 16777216]");
+}
+
+TEST(Snr, SweepPointsAreComputedByIndex) {
+  const Format f[] = {Format::e4m3};
+  const auto pts = snr_sweep(f, -4, 4, 0.1, 64, 1);
+  ASSERT_EQ(pts.size(), 81u);  // accumulating 0.1 eighty times drifts; lo + i * step does not
+  for (size_t i = 0; i < pts.size(); ++i) EXPECT_EQ(pts[i].log2_sigma, -4 + double(i) * 0.1);
+  EXPECT_EQ(snr_sweep(f, 3, 3, 1e-300, 64, 1).size(), 1u);
 }
 
 }  // namespace

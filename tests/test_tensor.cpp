@@ -3,6 +3,7 @@
 
 #include <cmath>
 
+#include "expect_error.hpp"
 #include "scalify/error.hpp"
 #include "scalify/formats/scalar.hpp"
 #include "scalify/tensor/buffer_pool.hpp"
@@ -115,6 +116,42 @@ TEST(Tensor, ShapeErrorsNameTheOpAndBothShapes) {
   EXPECT_NE(error_of([&] { a.slice(1, 2, 1); }), "(no error)");
   EXPECT_NE(error_of([&] { a.permute({0, 0}); }), "(no error)");
   EXPECT_NE(error_of([&] { ops::sum(a, {2}); }), "(no error)");
+}
+
+TEST(Tensor, HugeOrNegativeShapesAreErrors) {
+  const int64_t big = int64_t(1) << 40;
+  EXPECT_ERROR(numel_of({big, big}), "overflows int64");
+  EXPECT_ERROR(Tensor::empty({big, big}), "too many elements");
+  EXPECT_ERROR(Tensor::empty({int64_t(1) << 30, int64_t(1) << 30}), "2^48 bytes");
+  EXPECT_ERROR(Tensor::empty({2, -3}), "negative size");
+  EXPECT_ERROR(Tensor::zeros({-1}), "negative size");
+}
+
+TEST(Tensor, ReshapeRejectsNegativeAndAmbiguousSizes) {
+  const Tensor x = iota({6});
+  EXPECT_ERROR(x.reshape({-2, -3}), "negative");
+  EXPECT_ERROR(x.reshape({-1, -1}), "more than one -1");
+  EXPECT_ERROR(x.view({-1, -1, 6}), "more than one -1");
+  EXPECT_EQ(x.reshape({-1, 3}).shape(), (Shape{2, 3}));
+  const Tensor e = Tensor::zeros({0, 3});
+  EXPECT_ERROR(e.reshape({-1, 0}), "ambiguous");  // any size fits: no -1 may stay in the shape
+  EXPECT_EQ(e.reshape({3, 0}).shape(), (Shape{3, 0}));
+  EXPECT_EQ(e.reshape({-1, 3}).shape(), (Shape{0, 3}));
+}
+
+TEST(Tensor, MatmulOverAnEmptyInnerDimensionIsZeros) {
+  for (DType dt : {DType::f32, DType::f64}) {
+    // Buffers come uninitialised from a pool: dirty it first so garbage would show.
+    { Tensor dirty = Tensor::full({64, 64}, 7.0, dt); }
+    const Tensor a = Tensor::zeros({4, 0}, dt), b = Tensor::zeros({0, 5}, dt);
+    const Tensor at = Tensor::zeros({0, 4}, dt).transpose(0, 1), bt = Tensor::zeros({5, 0}, dt).transpose(0, 1);
+    for (const Tensor& out : {ops::matmul(a, b), ops::matmul(at, b), ops::matmul(a, bt), ops::matmul(at, bt),
+                              ops::matmul(Tensor::zeros({3, 4, 0}, dt), Tensor::zeros({3, 0, 5}, dt))}) {
+      EXPECT_EQ(out.shape().back(), 5);
+      EXPECT_EQ(out.size(-2), 4);
+      for (double v : out.to_vector()) ASSERT_EQ(v, 0.0) << dtype_name(dt);
+    }
+  }
 }
 
 }  // namespace

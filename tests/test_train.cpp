@@ -5,6 +5,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <chrono>
+#include <random>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -13,6 +15,7 @@
 #include <optional>
 #include <sstream>
 
+#include "expect_error.hpp"
 #include "gradcheck.hpp"
 #include "train_fixtures.hpp"
 #include "scalify/error.hpp"
@@ -259,6 +262,63 @@ TEST(Trainer, LearnsWellBelowTheUnigramEntropyOfTheDefaultCorpus) {
   const train::TrainResult r = train::train(c, false);
   std::printf("default corpus: validation %.3f bits per byte, unigram entropy %.3f bits per byte\n", r.val_bpb, r.unigram_bits);
   EXPECT_LT(r.val_bpb, r.unigram_bits - 1.0);
+}
+
+TEST(Config, NarrowKeysAreRangeCheckedNotWrapped) {
+  EXPECT_ERROR(train::parse_config("seed = -1\n", "t"), "'seed' must be >= 0");
+  EXPECT_ERROR(train::parse_config("layers = 3000000000\n", "t"), "'layers' is out of range");
+  EXPECT_ERROR(train::parse_config("heads = -5000000000\n", "t"), "'heads' is out of range");
+  EXPECT_EQ(train::parse_config("seed = 9223372036854775807\n", "t").seed, 9223372036854775807u);
+}
+
+// Random byte strings and mutations of a valid config (byte flips, truncations, values replaced by
+// huge, negative, NaN, non-integer or wrongly typed ones) into parse_config and validate():
+// scalify::Error is the only exception allowed.
+TEST(Config, FuzzedTomlGivesOnlyScalifyErrors) {
+  std::mt19937_64 rng(13);
+  const std::vector<std::string> values = {"1e308", "-1e308", "nan", "inf", "-inf", "-1", "0", "0.5", "3000000000",
+                                           "9223372036854775807", "-9223372036854775808", "99999999999999999999",
+                                           "\"x\"", "true", "[1, 2]", "{a = 1}", "1979-05-27", "0x7FFFFFFF", "''", "\"\\u0000\""};
+  train::TrainConfig base;
+  base.data = "corpus.txt";
+  const std::string seed_doc = base.to_toml();
+  int accepted = 0, rejected = 0;
+  const auto start = std::chrono::steady_clock::now();
+  for (int i = 0; i < 20000 && std::chrono::steady_clock::now() - start < std::chrono::seconds(3); ++i) {
+    std::string text;
+    if (i % 10 == 0) {
+      text.resize(rng() % 200);
+      for (char& c : text) c = char(rng());
+    } else {
+      text = seed_doc;
+      const int edits = 1 + int(rng() % 4);
+      for (int e = 0; e < edits && !text.empty(); ++e) {
+        const size_t at = rng() % text.size();
+        switch (rng() % 4) {
+          case 0: text[at] = char(text[at] ^ (1 << (rng() % 8))); break;
+          case 1: text.resize(at); break;
+          case 2: text[at] = "[]{}\"'=.,#\n0123456789-+eE_tfn"[rng() % 30]; break;
+          default: {  // the value of one line replaced
+            const size_t eq = text.find(" = ", at) == std::string::npos ? text.find(" = ") : text.find(" = ", at);
+            if (eq == std::string::npos) break;
+            const size_t end = text.find('\n', eq);
+            text.replace(eq + 3, end == std::string::npos ? std::string::npos : end - eq - 3, values[rng() % values.size()]);
+          }
+        }
+      }
+    }
+    try {
+      train::parse_config(text, "fuzz").validate();
+      ++accepted;
+    } catch (const Error&) {
+      ++rejected;
+    } catch (const std::exception& e) {
+      ADD_FAILURE() << "not a scalify::Error: " << e.what() << "\n" << text;
+    }
+  }
+  std::printf("fuzzed configs: %d accepted, %d rejected\n", accepted, rejected);
+  EXPECT_GT(accepted, 0);
+  EXPECT_GT(rejected, 1000);
 }
 
 }  // namespace

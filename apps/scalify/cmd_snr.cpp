@@ -1,6 +1,7 @@
 // `scalify snr`: SNR of N(0, sigma^2) samples across formats as sigma sweeps 2^-30..2^20
 // (Figure 2 of Unit Scaling), written as CSV and plotted with gnuplot, then the Appendix D
 // outlier scenario beside the paper's figures.
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -55,9 +56,19 @@ void write_plot(const SnrOptions& o, const std::vector<Format>& formats) {
 }
 
 void run(const SnrOptions& o) {
+  namespace fs = std::filesystem;
   std::vector<Format> formats;
-  for (const std::string& name : o.formats) formats.push_back(parse_format(name));
-  std::filesystem::create_directories(o.out_dir);
+  for (const std::string& name : o.formats) {
+    const Format f = parse_format(name);
+    // A format named twice (or by two aliases) would repeat its rows in the CSV and the plot.
+    if (std::find(formats.begin(), formats.end(), f) == formats.end()) formats.push_back(f);
+  }
+  check_snr_sweep(o.lo, o.hi, o.step, o.samples);
+  std::error_code ec;
+  if (fs::exists(o.out_dir, ec) && !fs::is_directory(o.out_dir, ec))
+    throw Error("--out '" + o.out_dir + "' exists and is not a folder");
+  fs::create_directories(o.out_dir, ec);
+  if (ec) throw Error("--out: cannot create folder '" + o.out_dir + "': " + ec.message());
   std::printf("SNR sweep: %zu samples per point, log2(sigma) from %g to %g step %g, %zu formats\n",
               o.samples, o.lo, o.hi, o.step, formats.size());
   const auto points = snr_sweep(formats, o.lo, o.hi, o.step, o.samples, o.seed);
@@ -114,9 +125,11 @@ void add_snr_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--from", o->lo, "Smallest log2(sigma)")->capture_default_str();
   cmd->add_option("--to", o->hi, "Largest log2(sigma)")->capture_default_str();
-  cmd->add_option("--step", o->step, "Step in log2(sigma)")->capture_default_str()->check(CLI::PositiveNumber);
-  cmd->add_option("--samples", o->samples, "Samples per point")->capture_default_str()->check(CLI::Range(size_t(16), size_t(1) << 28));
-  cmd->add_option("--seed", o->seed, "Random seed")->capture_default_str();
+  // --from/--to/--step/--samples are checked by check_snr_sweep (finite, ordered, bounded points).
+  cmd->add_option("--step", o->step, "Step in log2(sigma)")->capture_default_str();
+  cmd->add_option("--samples", o->samples, "Samples per point (at most 2^24)")->capture_default_str();
+  // CLI11 would read -1 into a uint64_t as 2^64 - 1.
+  cmd->add_option("--seed", o->seed, "Random seed (>= 0)")->capture_default_str()->check(non_negative_integer());
   cmd->callback([o] { run(*o); });
 }
 

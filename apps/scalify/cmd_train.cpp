@@ -84,7 +84,7 @@ void add_train_commands(CLI::App& app) {
   s->add_option("--tokens", sa->o.tokens, "bytes to generate (default 200)");
   s->add_option("--temperature", sa->o.temperature, "0: greedy (default 0.8)");
   s->add_option("--top-k", sa->o.top_k, "sample among the k most likely (0: all; default 40)");
-  s->add_option("--seed", sa->o.seed, "sampling seed");
+  s->add_option("--seed", sa->o.seed, "sampling seed (>= 0)")->check(non_negative_integer());
   s->callback([sa] { std::printf("%s%s\n", sa->prompt.c_str(), train::sample(sa->checkpoint, sa->prompt, sa->o).c_str()); });
 }
 

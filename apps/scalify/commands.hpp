@@ -14,6 +14,13 @@ void add_info_command(CLI::App& app);
 void add_train_commands(CLI::App& app);
 void add_compare_command(CLI::App& app, const std::string& command_line);
 
+// For unsigned options: rejects a minus sign, which CLI11 would read into a uint64_t as 2^64 - 1.
+inline CLI::Validator non_negative_integer() {
+  return CLI::Validator(
+      [](std::string& s) { return s.find('-') == std::string::npos ? std::string() : "must be a non-negative integer, got " + s; },
+      "", "non-negative integer");
+}
+
 // A status line for long work: redrawn in place on a terminal, every 50th line otherwise.
 std::function<void(const std::string&)> status_printer();
 

@@ -18,6 +18,19 @@ int main(int argc, char** argv) {
   std::string command_line = "scalify";
   for (int i = 1; i < argc; ++i) command_line.append(" ").append(argv[i]);
   scalify::cli::add_compare_command(app, command_line);
+  // A first word that names no subcommand: say so (CLI11 would only report an unexpected argument).
+  if (argc > 1 && argv[1][0] != '-') {
+    std::string valid;
+    bool known = false;
+    for (const CLI::App* sub : app.get_subcommands({})) {
+      known = known || sub->check_name(argv[1]);
+      valid.append(valid.empty() ? "" : ", ").append(sub->get_name());
+    }
+    if (!known) {
+      std::fprintf(stderr, "scalify: error: unknown subcommand '%s'; valid subcommands: %s\n", argv[1], valid.c_str());
+      return 2;
+    }
+  }
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

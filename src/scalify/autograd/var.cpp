@@ -107,6 +107,9 @@ void Var::backward(const ScaledTensor& grad_output) const {
   seen.insert(impl_.get());
   while (!stack.empty()) {
     auto& [v, next] = stack.back();
+    // Its history is gone: backpropagating would silently stop here and leave the leaves' gradients wrong.
+    if (v->graph_freed)
+      throw Error("backward(): the graph was already freed by an earlier backward(); run the forward pass again");
     if (v->node && next < v->node->inputs.size()) {
       detail::VarImpl* in = v->node->inputs[next++].get();
       if (in->requires_grad && seen.insert(in).second) stack.push_back({in, 0});
@@ -141,7 +144,11 @@ void Var::backward(const ScaledTensor& grad_output) const {
     grads.erase(g);
   }
   // Free the graph: intermediate values keep their data but drop their history.
-  for (detail::VarImpl* v : order) v->node.reset();
+  for (detail::VarImpl* v : order)
+    if (v->node) {
+      v->node.reset();
+      v->graph_freed = true;
+    }
 }
 
 }  // namespace scalify

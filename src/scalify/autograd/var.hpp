@@ -37,6 +37,7 @@ struct VarImpl {
   ScaledTensor grad;
   bool requires_grad = false;
   std::shared_ptr<Node> node;  // null for leaves and constants
+  bool graph_freed = false;    // computed by an op whose graph a backward() has freed
 };
 }  // namespace detail
 
@@ -64,6 +65,7 @@ class Var {
   Var detach() const;        // same value, no history
 
   // Backpropagate from a single-element value (gradient 1), or with an explicit seed gradient.
+  // The graph is freed afterwards: a second backward() through it throws (recompute the forward).
   void backward() const;
   void backward(const Tensor& grad_output) const;
   void backward(const ScaledTensor& grad_output) const;

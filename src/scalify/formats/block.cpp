@@ -133,11 +133,24 @@ BlockQuantized quantize_blocks(std::span<const float> x, size_t rows, size_t col
 }
 
 void dequantize_blocks(const BlockQuantized& q, std::span<float> out) {
-  if (out.size() != q.rows * q.cols)
-    throw Error("dequantize_blocks: output has " + std::to_string(out.size()) +
-                " elements, the tensor " + std::to_string(q.rows * q.cols));
+  // The struct is plain data: check it is consistent before indexing codes and scales with it.
   const FormatInfo& f = info(q.element);
   const size_t cb = size_t(f.storage_bytes());
+  size_t n = 0, code_bytes = 0;
+  if (__builtin_mul_overflow(q.rows, q.cols, &n) || __builtin_mul_overflow(n, cb, &code_bytes))
+    throw Error("dequantize_blocks: a " + std::to_string(q.rows) + " x " + std::to_string(q.cols) + " tensor is too large");
+  if (q.block.rows == 0 || q.block.cols == 0) throw Error("dequantize_blocks: block size must be positive");
+  if (q.codes.size() != code_bytes)
+    throw Error("dequantize_blocks: " + std::to_string(q.codes.size()) + " bytes of codes, expected " +
+                std::to_string(code_bytes) + " for a " + std::to_string(q.rows) + " x " + std::to_string(q.cols) + " tensor");
+  if (q.scales.size() != q.scale_rows() * q.scale_cols())
+    throw Error("dequantize_blocks: " + std::to_string(q.scales.size()) + " scales, expected " +
+                std::to_string(q.scale_rows()) + " x " + std::to_string(q.scale_cols()) + " for " +
+                std::to_string(q.rows) + " x " + std::to_string(q.cols) + " in blocks of " +
+                std::to_string(q.block.rows) + " x " + std::to_string(q.block.cols));
+  if (out.size() != n)
+    throw Error("dequantize_blocks: output has " + std::to_string(out.size()) +
+                " elements, the tensor " + std::to_string(n));
   const kernels::KernelTable& k = kernels::active_kernels();
   for (size_t r = 0; r < q.rows; ++r)
     for (size_t bc = 0; bc < q.scale_cols(); ++bc) {

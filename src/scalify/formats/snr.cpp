@@ -1,7 +1,10 @@
 #include "scalify/formats/snr.hpp"
 
 #include <cmath>
+#include <cstdio>
 #include <limits>
+#include <string>
+#include <utility>
 
 #include "scalify/error.hpp"
 #include "scalify/formats/bulk.hpp"
@@ -44,15 +47,37 @@ std::vector<float> standard_normal(size_t n, uint64_t seed) {
   return v;
 }
 
+void check_snr_sweep(double lo, double hi, double step, size_t samples) {
+  auto str = [](double x) {  // %g: 1e-09, not 0.000000
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%.15g", x);
+    return std::string(buf);
+  };
+  // log2(sigma) outside f32's range makes sigma 0 or inf, and the SNR meaningless.
+  for (const auto& [name, v] : {std::pair{"from", lo}, std::pair{"to", hi}})
+    if (!(v >= kMinLog2Sigma && v <= kMaxLog2Sigma))
+      throw Error(std::string("snr sweep: ") + name + " (log2 sigma) must be a finite number in [-149, 127], got " + str(v));
+  if (hi < lo) throw Error("snr sweep: to (" + str(hi) + ") must be >= from (" + str(lo) + ")");
+  if (!(step > 0) || !std::isfinite(step)) throw Error("snr sweep: step must be a finite number > 0, got " + str(step));
+  if ((hi - lo) / step >= double(kMaxSnrPoints))
+    throw Error("snr sweep: from " + str(lo) + " to " + str(hi) + " in steps of " + str(step) + " exceeds " +
+                std::to_string(kMaxSnrPoints) + " points; use a larger step");
+  if (samples < 1 || samples > kMaxSnrSamples)
+    throw Error("snr sweep: samples must be in [1, " + std::to_string(kMaxSnrSamples) + "], got " + std::to_string(samples));
+}
+
 std::vector<SnrPoint> snr_sweep(std::span<const Format> formats, double lo, double hi, double step,
                                 size_t samples, uint64_t seed) {
-  if (!(step > 0) || hi < lo) throw Error("snr_sweep: need lo <= hi and step > 0");
+  check_snr_sweep(lo, hi, step, samples);
+  // Points by index, not by accumulation: l += step can stall (l + step == l) or drift.
+  const size_t points = size_t(std::floor((hi - lo + 1e-9) / step)) + 1;
   const std::vector<float> z = standard_normal(samples, seed);
   std::vector<float> x(samples);
   std::vector<SnrPoint> out;
-  for (double l = lo; l <= hi + 1e-9; l += step) {
+  for (size_t i = 0; i < points; ++i) {
+    const double l = lo + double(i) * step;
     const float sigma = float(std::exp2(l));
-    for (size_t i = 0; i < samples; ++i) x[i] = z[i] * sigma;
+    for (size_t k = 0; k < samples; ++k) x[k] = z[k] * sigma;
     for (Format f : formats) out.push_back({l, f, quantisation_snr(x, f)});
   }
   return out;

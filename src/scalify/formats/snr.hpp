@@ -1,5 +1,6 @@
 #pragma once
 // Signal-to-noise ratio of quantisers (SPEC §1): SNR = E[X^2] / E[(q(X) - X)^2].
+#include <cstddef>
 #include <cstdint>
 #include <span>
 #include <vector>
@@ -25,6 +26,12 @@ struct SnrPoint {
   double snr;
 };
 // SNR of N(0, sigma^2) samples, unscaled, for sigma = 2^lo .. 2^hi in `step` increments of log2.
+// Throws scalify::Error unless lo <= hi lie in [-149, 127], step is finite and positive, there are
+// at most kMaxSnrPoints points and 1 <= samples <= kMaxSnrSamples (check_snr_sweep).
+inline constexpr double kMinLog2Sigma = -149, kMaxLog2Sigma = 127;
+inline constexpr size_t kMaxSnrPoints = 10000;
+inline constexpr size_t kMaxSnrSamples = size_t(1) << 24;
+void check_snr_sweep(double lo, double hi, double step, size_t samples);
 std::vector<SnrPoint> snr_sweep(std::span<const Format> formats, double lo, double hi, double step,
                                 size_t samples, uint64_t seed);
 

@@ -23,15 +23,33 @@ ScaledTensor restore(const ScaledTensor& p, const Tensor& value) {
   out.data = ops::scale_shift(value, 1.0 / p.scalar_scale(), 0.0).to(p.data.dtype());
   return out;
 }
+void check_lr(double lr, const char* who) {
+  if (!(lr >= 0) || !std::isfinite(lr)) throw Error(std::string(who) + ": lr must be finite and >= 0, got " + std::to_string(lr));
+}
+void check_config(const AdamWConfig& c) {
+  check_lr(c.lr, "AdamW");
+  auto need = [](bool ok, const char* field, const char* what, double got) {
+    if (!ok) throw Error(std::string("AdamW: ") + field + " must be " + what + ", got " + std::to_string(got));
+  };
+  need(c.beta1 >= 0 && c.beta1 < 1, "beta1", "in [0, 1)", c.beta1);
+  need(c.beta2 >= 0 && c.beta2 < 1, "beta2", "in [0, 1)", c.beta2);
+  need(c.eps > 0 && std::isfinite(c.eps), "eps", "finite and > 0", c.eps);
+  need(c.weight_decay >= 0 && std::isfinite(c.weight_decay), "weight_decay", "finite and >= 0", c.weight_decay);
+  need(c.rescale_every >= 0, "rescale_every", ">= 0 (0: never)", c.rescale_every);
+}
 }  // namespace
 
 AdamW::AdamW(std::vector<Var> params, AdamWConfig config, std::vector<double> lr_scale, std::vector<bool> decay)
     : params_(std::move(params)), lr_scale_(std::move(lr_scale)), decay_(std::move(decay)), c_(config) {
+  check_config(c_);
   if (lr_scale_.empty()) lr_scale_.assign(params_.size(), 1.0);
   if (decay_.empty()) decay_.assign(params_.size(), true);
   if (lr_scale_.size() != params_.size() || decay_.size() != params_.size())
     throw Error("AdamW: " + std::to_string(lr_scale_.size()) + " learning-rate multipliers and " + std::to_string(decay_.size()) +
                 " decay switches for " + std::to_string(params_.size()) + " parameters");
+  for (size_t k = 0; k < lr_scale_.size(); ++k)
+    if (!(lr_scale_[k] >= 0) || !std::isfinite(lr_scale_[k]))
+      throw Error("AdamW: lr_scale of parameter " + std::to_string(k) + " must be finite and >= 0, got " + std::to_string(lr_scale_[k]));
   for (const Var& p : params_) {
     if (p.scaled().is_scaled()) {  // zeros whose scale is ANY: the first update takes g's scale
       m_.push_back(any_scale_constant(Tensor::zeros(p.shape(), c_.state_dtype)));
@@ -41,6 +59,11 @@ AdamW::AdamW(std::vector<Var> params, AdamWConfig config, std::vector<double> lr
       v_.emplace_back(Tensor::zeros(p.shape()));
     }
   }
+}
+
+void AdamW::set_lr(double lr) {
+  check_lr(lr, "AdamW::set_lr");
+  c_.lr = lr;
 }
 
 void AdamW::step(double gradient_multiplier) {
@@ -111,6 +134,7 @@ void AdamW::load_state(int64_t steps, std::vector<ScaledTensor> m, std::vector<S
 }
 
 void sgd_step(const std::vector<Var>& params, double lr) {
+  check_lr(lr, "sgd_step");
   for (Var p : params) {
     if (!p.scaled_grad().data.defined()) continue;
     const Tensor w = ops::sub(p.value(), ops::scale_shift(p.grad(), lr, 0));

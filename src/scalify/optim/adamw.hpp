@@ -27,6 +27,8 @@ class AdamW {
   // for non-projection parameters); empty means 1 for all.
   // decay: optional per-parameter switch for weight decay (e.g. off for gains and biases); empty
   // means on for all.
+  // Throws scalify::Error naming the field for a non-finite or negative lr, betas outside [0, 1),
+  // eps not finite and positive, or a non-finite or negative weight decay.
   AdamW(std::vector<Var> params, AdamWConfig config, std::vector<double> lr_scale = {}, std::vector<bool> decay = {});
   // One update from the parameters' gradients times gradient_multiplier (gradient clipping:
   // applied as the gradients are read, so they stay in their low-precision storage), parameters
@@ -36,7 +38,7 @@ class AdamW {
   int64_t steps() const { return t_; }
   const ScaledTensor& first_moment(size_t i) const { return m_[i]; }
   const ScaledTensor& second_moment(size_t i) const { return v_[i]; }
-  void set_lr(double lr) { c_.lr = lr; }  // learning-rate schedules
+  void set_lr(double lr);  // learning-rate schedules; lr must be finite and >= 0
   const AdamWConfig& config() const { return c_; }
   // Checkpoints: restores the step count and both moments (shapes must match the parameters').
   void load_state(int64_t steps, std::vector<ScaledTensor> m, std::vector<ScaledTensor> v);
@@ -52,7 +54,8 @@ class AdamW {
   int64_t t_ = 0;
 };
 
-// Plain SGD: p -= lr * grad (scaled parameters keep their scale), then clears gradients.
+// Plain SGD: p -= lr * grad (scaled parameters keep their scale), then clears gradients. lr must be
+// finite and >= 0.
 void sgd_step(const std::vector<Var>& params, double lr);
 
 }  // namespace scalify::optim

@@ -12,6 +12,11 @@ namespace scalify::quant {
 LossScaler::LossScaler(LossScalerConfig config) : c_(config), scale_(config.kind == LossScalerConfig::Kind::none ? 1.0 : config.scale) {
   if (!(scale_ > 0) || !std::isfinite(scale_)) throw Error("loss scaler: the scale must be finite and positive");
   if (c_.growth_interval < 1) throw Error("loss scaler: growth interval must be at least 1");
+  // backoff shrinks the scale after an overflow, growth enlarges it after clean steps.
+  if (!(c_.backoff > 0 && c_.backoff <= 1))
+    throw Error("loss scaler: backoff must be in (0, 1], got " + std::to_string(c_.backoff));
+  if (!(c_.growth >= 1) || !std::isfinite(c_.growth))
+    throw Error("loss scaler: growth must be finite and >= 1, got " + std::to_string(c_.growth));
 }
 
 Var LossScaler::scale_loss(const Var& loss) const { return scale_ == 1.0 ? loss : mul_scalar(loss, scale_); }
@@ -37,7 +42,8 @@ bool LossScaler::unscale(const std::vector<Var>& params) {
     for (Var p : params)
       if (p.scaled_grad().data.defined()) p.set_grad(scaled::mul_scalar(p.scaled_grad(), 1.0 / scale_));
   if (c_.kind == LossScalerConfig::Kind::dynamic && ++clean_ >= c_.growth_interval) {
-    scale_ *= c_.growth;
+    // Growth stops at the largest finite double rather than reaching inf (then inf * 0 = NaN).
+    if (std::isfinite(scale_ * c_.growth)) scale_ *= c_.growth;
     clean_ = 0;
   }
   return true;

@@ -10,6 +10,8 @@
 namespace scalify::quant {
 
 namespace {
+constexpr int kMaxShift = 64;
+constexpr size_t kMaxBlock = 4096;
 constexpr const char* kNames[] = {"none", "scalify", "current", "delayed", "amax_bias", "constant_bias", "block", "mx"};
 
 // Encodes x * encode_scale into `fmt` (saturating unless the config says not), returning the
@@ -66,13 +68,23 @@ Tensor Quantized::dequantize() const {
 Quantizer::Quantizer(QuantizerConfig config) : c_(config) {
   if (c_.history < 1) throw Error("quantizer: amax history length must be at least 1");
   if (c_.update_interval < 1) throw Error("quantizer: update interval must be at least 1");
+  // 2^±64 is far beyond any format's range; the limits keep 2^margin, 2^bias and -bias exact.
+  if (c_.margin < -kMaxShift || c_.margin > kMaxShift)
+    throw Error("quantizer: margin must be in [-64, 64], got " + std::to_string(c_.margin));
+  if (c_.bias < -kMaxShift || c_.bias > kMaxShift)
+    throw Error("quantizer: bias must be in [-64, 64], got " + std::to_string(c_.bias));
+  if (c_.block.rows < 1 || c_.block.rows > kMaxBlock || c_.block.cols < 1 || c_.block.cols > kMaxBlock)
+    throw Error("quantizer: block must be [rows, cols] with each in [1, 4096], got [" + std::to_string(c_.block.rows) + ", " +
+                std::to_string(c_.block.cols) + "]");
 }
 
 // The encode factor (F / amax) / 2^margin; the previous one when amax is 0 or not finite.
 float Quantizer::scale_from_amax(double amax, float previous) const {
   if (!(amax > 0) || !std::isfinite(amax)) return previous;
   const double s = max_value(c_.format) / amax / std::ldexp(1.0, c_.margin);
-  return std::isfinite(s) && s > 0 ? float(s) : previous;
+  // A tiny amax (an all-subnormal tensor) asks for a scale beyond f32: saturate to the largest
+  // power of two, as TransformerEngine does; likewise the smallest normal one at the other end.
+  return float(std::clamp(s, 0x1p-126, 0x1p127));
 }
 
 Quantized Quantizer::quantize(const ScaledTensor& x) {
@@ -124,6 +136,7 @@ Quantized Quantizer::quantize(const Tensor& x) {
       if (c_.scaling == Scaling::amax_bias) {
         const double amax = amax_of(x);
         b = amax > 0 && std::isfinite(amax) ? int(std::floor(std::log2(max_value(f) / amax))) - c_.margin : stats_.bias;
+        b = std::clamp(b, -126, 127);  // 2^b and 2^-b stay finite and non-zero in f32 (tiny amax)
       }
       const float s = std::ldexp(1.0f, b);  // x * 2^b before the cast: exact
       q.per_tensor = ScaledTensor(encode(x, f, s, c_, stats_), std::ldexp(1.0f, -b));
@@ -141,7 +154,8 @@ Quantized Quantizer::quantize(const Tensor& x) {
                                  c_.rounding);
       q.blockwise = true;
       stats_.amax = float(amax_of(xs));
-      stats_.scale = *std::max_element(q.blocks.scales.begin(), q.blocks.scales.end());
+      // An empty tensor ([0, n] or [n, 0]) has no blocks and no scales.
+      stats_.scale = q.blocks.scales.empty() ? 1.0f : *std::max_element(q.blocks.scales.begin(), q.blocks.scales.end());
       return q;
     }
   }

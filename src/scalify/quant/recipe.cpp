@@ -1,6 +1,7 @@
 #include "scalify/quant/recipe.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -32,21 +33,37 @@ T field(const json& j, const char* key, const char* where) {
   }
 }
 
+// An integer field in [lo, hi]: get<int>() would narrow 1e20 or 3e9 silently (or with UB).
+int int_field(const json& j, const char* key, const char* where, int64_t lo, int64_t hi) {
+  if (!j.contains(key)) throw Error(std::string("recipe: missing field '") + key + "' in " + where);
+  const json& v = j.at(key);
+  const std::string range = std::string("[").append(std::to_string(lo)).append(", ").append(std::to_string(hi)).append("]");
+  if (!v.is_number_integer())
+    throw Error(std::string("recipe: field '") + key + "' in " + where + " must be an integer in " + range + ", got " + v.dump());
+  // nlohmann keeps non-negative integers unsigned (up to 2^64 - 1): compare them as such.
+  const bool fits = v.is_number_unsigned() ? v.get<uint64_t>() <= uint64_t(hi) && int64_t(v.get<uint64_t>()) >= lo
+                                           : v.get<int64_t>() >= lo && v.get<int64_t>() <= hi;
+  if (!fits) throw Error(std::string("recipe: field '") + key + "' in " + where + " must be in " + range + ", got " + v.dump());
+  return int(v.get<int64_t>());
+}
+
 QuantizerConfig role_from(const json& j, const char* where) {
   QuantizerConfig c;
   c.scaling = parse_scaling(field<std::string>(j, "scaling", where));
   c.format = parse_format(field<std::string>(j, "format", where));
-  c.margin = field<int>(j, "margin", where);
-  c.history = field<int>(j, "history", where);
+  c.margin = int_field(j, "margin", where, -64, 64);
+  c.history = int_field(j, "history", where, 1, 1 << 20);
   const std::string reduce = field<std::string>(j, "reduce", where);
   if (reduce != "max" && reduce != "most_recent") throw Error(std::string("recipe: reduce must be max or most_recent in ") + where);
   c.reduce = reduce == "max" ? HistoryReduce::max : HistoryReduce::most_recent;
-  c.update_interval = field<int>(j, "update_interval", where);
-  c.bias = field<int>(j, "bias", where);
-  const auto block = field<std::vector<int>>(j, "block", where);
-  if (block.size() != 2 || block[0] < 1 || block[1] < 1) throw Error(std::string("recipe: block must be [rows, cols] >= 1 in ") + where);
-  c.block.rows = size_t(block[0]);
-  c.block.cols = size_t(block[1]);
+  c.update_interval = int_field(j, "update_interval", where, 1, 1 << 30);
+  c.bias = int_field(j, "bias", where, -64, 64);
+  const json block = field<json>(j, "block", where);
+  if (!block.is_array() || block.size() != 2) throw Error(std::string("recipe: block must be [rows, cols] in ") + where);
+  const json dims = {{"rows", block[0]}, {"cols", block[1]}};
+  const std::string in_block = std::string(where) + ".block";
+  c.block.rows = size_t(int_field(dims, "rows", in_block.c_str(), 1, 4096));
+  c.block.cols = size_t(int_field(dims, "cols", in_block.c_str(), 1, 4096));
   if (c.scaling == Scaling::block) c.block.rule = BlockScaleRule::f32_amax;
   c.saturate = !j.contains("saturate") || field<bool>(j, "saturate", where);
   return c;
@@ -75,13 +92,26 @@ std::string Recipe::to_json() const {
   return j.dump(2);
 }
 
+namespace {
+Recipe from_parsed(const json& j);
+}  // namespace
+
 Recipe Recipe::from_json(const std::string& text) {
   json j;
   try {
     j = json::parse(text);
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {  // parse_error, and out_of_range for numbers such as 1e400
     throw Error(std::string("recipe: not valid JSON: ") + e.what());
   }
+  try {
+    return from_parsed(j);
+  } catch (const json::exception& e) {  // any other mismatch the checks above did not name
+    throw Error(std::string("recipe: malformed: ") + e.what());
+  }
+}
+
+namespace {
+Recipe from_parsed(const json& j) {
   Recipe r;
   r.name = field<std::string>(j, "name", "recipe");
   const json lin = field<json>(j, "linear", "recipe");
@@ -94,7 +124,7 @@ Recipe Recipe::from_json(const std::string& text) {
   r.scaled_state = field<bool>(j, "scaled_state", "recipe");
   r.optimizer_state = parse_dtype(field<std::string>(j, "optimizer_state", "recipe"));
   r.weight_gradient = parse_format(field<std::string>(j, "weight_gradient", "recipe"));
-  r.rescale_every = field<int>(j, "rescale_every", "recipe");
+  r.rescale_every = int_field(j, "rescale_every", "recipe", 0, 1 << 30);
   r.rescale_norm_grad = j.contains("rescale_norm_grad") && field<bool>(j, "rescale_norm_grad", "recipe");
   r.rescale_gradients = j.contains("rescale_gradients") && field<bool>(j, "rescale_gradients", "recipe");
   r.unit_scaled = j.contains("unit_scaled") && field<bool>(j, "unit_scaled", "recipe");
@@ -105,9 +135,12 @@ Recipe Recipe::from_json(const std::string& text) {
   else if (kind == "dynamic") r.loss_scaling.kind = LossScalerConfig::Kind::dynamic;
   else throw Error("recipe: loss_scaling.kind must be none, static or dynamic, got '" + kind + "'");
   r.loss_scaling.scale = field<double>(ls, "scale", "loss_scaling");
-  r.loss_scaling.growth_interval = field<int>(ls, "growth_interval", "loss_scaling");
+  if (!(r.loss_scaling.scale > 0) || !std::isfinite(r.loss_scaling.scale))
+    throw Error("recipe: field 'scale' in loss_scaling must be finite and > 0, got " + ls.at("scale").dump());
+  r.loss_scaling.growth_interval = int_field(ls, "growth_interval", "loss_scaling", 1, 1 << 30);
   return r;
 }
+}  // namespace
 
 std::vector<std::string> preset_names() {
   return {"f32",     "scalify_fp16_1", "scalify_fp16_2", "scalify_fp8_3", "scalify_fp8_4", "unit_f32",

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <limits>
 #include <string>
 
@@ -18,6 +19,32 @@ float pow2_round(double x, Pow2Rounding mode) {
   if (mode == Pow2Rounding::up && m != 0.5) k += 1;
   if (mode == Pow2Rounding::nearest && m * 2 > std::sqrt(2.0)) k += 1;  // nearest in log2
   return std::ldexp(1.0f, std::clamp(k, -126, 127));
+}
+
+namespace {
+std::string float_str(float x) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%g", double(x));
+  return buf;
+}
+// A scale argument must be finite and positive; a zero, negative, inf or NaN scale makes every
+// represented value garbage.
+void check_scale(float s, const char* what) {
+  if (!(s > 0) || !std::isfinite(s))
+    throw Error(std::string(what) + " must be a finite positive number, got " + float_str(s));
+}
+// set_scaling and rebalance also need a power of two (SPEC §2): rescaling the data is then exact,
+// so they stay no-ops on the represented value.
+void check_pow2_scale(float s, const char* what) {
+  check_scale(s, what);
+  int e;
+  if (std::frexp(s, &e) != 0.5f) throw Error(std::string(what) + " must be a power of two, got " + float_str(s));
+}
+}  // namespace
+
+ScaledTensor::ScaledTensor(Tensor d, float s) : data(std::move(d)) {
+  check_scale(s, "ScaledTensor: scale");
+  scale = Tensor::scalar(s);
 }
 
 float ScaledTensor::scalar_scale() const {
@@ -64,6 +91,7 @@ ScaledTensor as_scaled(const Tensor& x, DType dtype, Pow2Rounding rounding) {
 }
 
 ScaledTensor set_scaling(const ScaledTensor& x, float scale) {
+  check_pow2_scale(scale, "set_scaling: scale");
   const float old = x.scalar_scale();
   ScaledTensor out(x.data, scale);
   if (old != scale) out.data = ops::scale_shift(x.data, double(old) / double(scale), 0.0).to(x.data.dtype());
@@ -73,6 +101,7 @@ ScaledTensor set_scaling(const ScaledTensor& x, float scale) {
 std::pair<Tensor, float> get_data_and_scale(const ScaledTensor& x) { return {x.data, x.scalar_scale()}; }
 
 ScaledTensor rebalance(const ScaledTensor& x, float delta) {
+  check_pow2_scale(delta, "rebalance: delta");
   if (!x.scale.defined()) return x;
   return ScaledTensor(ops::scale_shift(x.data, 1.0 / double(delta), 0.0).to(x.data.dtype()),
                       ops::scale_shift(x.scale, delta, 0.0));

@@ -24,7 +24,8 @@ struct ScaledTensor {
   ScaledTensor() = default;
   explicit ScaledTensor(Tensor unscaled) : data(std::move(unscaled)) {}
   ScaledTensor(Tensor d, Tensor s) : data(std::move(d)), scale(std::move(s)) {}
-  ScaledTensor(Tensor d, float s) : data(std::move(d)), scale(Tensor::scalar(s)) {}
+  // s must be finite and positive (throws scalify::Error naming it otherwise).
+  ScaledTensor(Tensor d, float s);
 
   bool is_scaled() const { return scale.defined() || any_scale; }
   const Shape& shape() const { return data.shape(); }
@@ -46,11 +47,13 @@ ScaledTensor scaled_scalar(double c);
 ScaledTensor as_scaled(const Tensor& x, DType dtype = DType::f32, Pow2Rounding rounding = Pow2Rounding::down);
 
 // Bundling and unbundling (all no-ops on the represented value):
-// set_scaling: data rescaled to the new scale; an unscaled input becomes scaled.
+// set_scaling: data rescaled to the new scale; an unscaled input becomes scaled. The scale must be
+// a finite positive power of two (SPEC §2), which keeps the rescale exact.
 ScaledTensor set_scaling(const ScaledTensor& x, float scale);
 // get_data_and_scale: (data, scale); an unscaled input gives (x, 1).
 std::pair<Tensor, float> get_data_and_scale(const ScaledTensor& x);
-// rebalance: scale * delta, data / delta. No-op on unscaled tensors.
+// rebalance: scale * delta, data / delta. No-op on unscaled tensors. delta: a finite positive
+// power of two, as for set_scaling.
 ScaledTensor rebalance(const ScaledTensor& x, float delta);
 // Dynamic rescaling (Algorithm 4): rebalance by pow2_round(rms(data)) or pow2_round(amax(data)).
 ScaledTensor dynamic_rescale_l2(const ScaledTensor& x);

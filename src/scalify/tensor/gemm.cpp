@@ -2,6 +2,7 @@
 
 #include <oneapi/dnnl/dnnl.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdlib>
 #include <map>
@@ -18,6 +19,11 @@ namespace scalify::gemm {
 void sgemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const float* A,
            int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc, float alpha) {
   if (M == 0 || N == 0) return;
+  if (K == 0) {  // an empty sum: C = beta C (oneDNN would reject the zero leading dimensions)
+    for (int64_t i = 0; i < M; ++i)
+      for (int64_t j = 0; j < N; ++j) C[i * ldc + j] = beta == 0.0f ? 0.0f : beta * C[i * ldc + j];
+    return;
+  }
   const dnnl_status_t st = dnnl_sgemm(trans_a ? 'T' : 'N', trans_b ? 'T' : 'N', M, N, K, alpha, A,
                                       lda, B, ldb, beta, C, ldc);
   if (st != dnnl_success)
@@ -55,6 +61,10 @@ const Bf16Gemm& bf16_primitive(bool ta, bool tb, int64_t M, int64_t N, int64_t K
 void gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const uint16_t* A, const uint16_t* B,
                float* C, float alpha) {
   if (M == 0 || N == 0) return;
+  if (K == 0) {  // an empty sum
+    std::fill(C, C + M * N, 0.0f);
+    return;
+  }
   try {
     const Bf16Gemm& g = bf16_primitive(trans_a, trans_b, M, N, K);
     dnnl::engine& e = cpu_engine();

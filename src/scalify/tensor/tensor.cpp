@@ -28,7 +28,11 @@ std::string shape_str(const Shape& s) {
 
 int64_t numel_of(const Shape& s) {
   int64_t n = 1;
-  for (int64_t d : s) n *= d;
+  for (int64_t d : s) {
+    // A negative size or a product past int64 would size buffers and loops with garbage.
+    if (d < 0) throw Error("tensor shape " + shape_str(s) + " has a negative size");
+    if (__builtin_mul_overflow(n, d, &n)) throw Error("tensor shape " + shape_str(s) + " has too many elements (overflows int64)");
+  }
   return n;
 }
 
@@ -57,10 +61,13 @@ Shape broadcast_shapes(const Shape& a, const Shape& b, const char* op) {
 }
 
 Tensor Tensor::empty(const Shape& shape, DType dtype) {
-  for (int64_t d : shape)
-    if (d < 0) throw Error("tensor shape " + shape_str(shape) + " has a negative size");
+  const int64_t n = numel_of(shape);  // throws on negative sizes and int64 overflow
+  // Beyond 2^48 bytes (256 TiB) no allocation can succeed; say so instead of std::bad_alloc.
+  constexpr int64_t kMaxBytes = int64_t(1) << 48;
+  if (n > kMaxBytes / dtype_size(dtype))
+    throw Error("tensor shape " + shape_str(shape) + " needs more than 2^48 bytes of " + std::string(dtype_name(dtype)));
   Tensor t;
-  t.storage_ = std::make_shared<Storage>(size_t(numel_of(shape)) * size_t(dtype_size(dtype)));
+  t.storage_ = std::make_shared<Storage>(size_t(n) * size_t(dtype_size(dtype)));
   t.dtype_ = dtype;
   t.shape_ = shape;
   t.strides_ = contiguous_strides(shape);
@@ -157,16 +164,22 @@ Tensor Tensor::view(const Shape& shape) const {
     throw Error("view: tensor of shape " + shape_str(shape_) + " is not contiguous; use reshape");
   Shape s = shape;
   int infer = -1;
-  int64_t known = 1;
   for (size_t i = 0; i < s.size(); ++i) {
     if (s[i] == -1) {
       if (infer >= 0) throw Error("view: more than one -1 in " + shape_str(shape));
       infer = int(i);
-    } else {
-      known *= s[i];
+    } else if (s[i] < 0) {
+      throw Error("view: size " + std::to_string(s[i]) + " in " + shape_str(shape) + " is negative (only -1, inferred, is allowed)");
     }
   }
-  if (infer >= 0 && known != 0) s[size_t(infer)] = numel() / known;
+  if (infer >= 0) {
+    s[size_t(infer)] = 1;
+    const int64_t known = numel_of(s);
+    // With zero known elements any size fits the -1: refuse to guess.
+    if (known == 0)
+      throw Error("view: the -1 in " + shape_str(shape) + " is ambiguous for shape " + shape_str(shape_) + " (other sizes multiply to 0)");
+    s[size_t(infer)] = numel() / known;
+  }
   if (numel_of(s) != numel())
     throw Error("view: cannot view shape " + shape_str(shape_) + " as " + shape_str(shape));
   Tensor t = *this;

@@ -43,6 +43,17 @@ double to_double(const std::string& key, const std::string& v) {
   if (pos == 0 || pos != v.size() || !std::isfinite(x)) throw Error("config: '" + key + "' must be a finite number, got '" + v + "'");
   return x;
 }
+// Keys held in narrower types: range-checked before the conversion (-1 would wrap to 2^64 - 1).
+uint64_t to_seed(const std::string& key, const std::string& v) {
+  const int64_t x = to_int(key, v);
+  if (x < 0) throw Error("config: '" + key + "' must be >= 0, got '" + v + "'");
+  return uint64_t(x);
+}
+int to_small_int(const std::string& key, const std::string& v) {
+  const int64_t x = to_int(key, v);
+  if (x < -(int64_t(1) << 30) || x > (int64_t(1) << 30)) throw Error("config: '" + key + "' is out of range, got '" + v + "'");
+  return int(x);
+}
 bool to_bool(const std::string& key, const std::string& v) {
   if (v == "true") return true;
   if (v == "false") return false;
@@ -64,11 +75,11 @@ const std::map<std::string, Key>& table() {
 #define STR_KEY(name, field) {name, {[](TrainConfig& c, const std::string& v) { c.field = v; }, [](const TrainConfig& c) { return c.field; }, true}}
   static const std::map<std::string, Key> t = {
       STR_KEY("data", data), STR_KEY("out", out), STR_KEY("recipe", recipe),
-      {"seed", {[](TrainConfig& c, const std::string& v) { c.seed = uint64_t(to_int("seed", v)); }, [](const TrainConfig& c) { return std::to_string(c.seed); }}},
+      {"seed", {[](TrainConfig& c, const std::string& v) { c.seed = to_seed("seed", v); }, [](const TrainConfig& c) { return std::to_string(c.seed); }}},
       INT_KEY("steps", steps), INT_KEY("batch", batch), INT_KEY("accum", accum),
       INT_KEY("seq", model.seq), INT_KEY("d_model", model.d_model),
-      {"layers", {[](TrainConfig& c, const std::string& v) { c.model.layers = int(to_int("layers", v)); }, [](const TrainConfig& c) { return std::to_string(c.model.layers); }}},
-      {"heads", {[](TrainConfig& c, const std::string& v) { c.model.heads = int(to_int("heads", v)); }, [](const TrainConfig& c) { return std::to_string(c.model.heads); }}},
+      {"layers", {[](TrainConfig& c, const std::string& v) { c.model.layers = to_small_int("layers", v); }, [](const TrainConfig& c) { return std::to_string(c.model.layers); }}},
+      {"heads", {[](TrainConfig& c, const std::string& v) { c.model.heads = to_small_int("heads", v); }, [](const TrainConfig& c) { return std::to_string(c.model.heads); }}},
       BOOL_KEY("unit_scaled", model.unit_scaled), BOOL_KEY("rms_norm", model.rms_norm), BOOL_KEY("swiglu", model.swiglu),
       BOOL_KEY("tied_head", model.tied_head), BOOL_KEY("final_norm", model.final_norm),
       DBL_KEY("lr", lr), DBL_KEY("min_lr", min_lr), DBL_KEY("weight_decay", weight_decay), DBL_KEY("beta1", beta1),
