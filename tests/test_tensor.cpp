@@ -156,3 +156,24 @@ TEST(Tensor, MatmulOverAnEmptyInnerDimensionIsZeros) {
 
 }  // namespace
 }  // namespace scalify
+
+namespace scalify {
+namespace {
+
+// Broadcast, transposed and strided views of number formats read through the SIMD codec on the
+// span they cover; at() decodes element by element (the plain reference). They must agree.
+TEST(Tensor, StridedViewsOfNumberFormatsReadLikeElementwiseDecoding) {
+  for (DType dt : {DType::f16, DType::bf16, DType::e4m3, DType::e5m2}) {
+    const Tensor x = Tensor::randn({6, 5}, 3, 2.0).to(dt);
+    const Tensor bias = Tensor::randn({5}, 4, 0.01).to(dt);
+    for (const Tensor& view : {x.transpose(0, 1), bias.expand({7, 5}), x.slice(0, 1, 6, 2), x.slice(1, 4, 5)}) {
+      const std::vector<float> fast = view.to_floats();
+      for (int64_t i = 0, k = 0; i < view.shape()[0]; ++i)
+        for (int64_t j = 0; j < view.shape()[1]; ++j, ++k)
+          ASSERT_EQ(fast[size_t(k)], float(view.at({i, j}))) << dtype_name(dt) << " view " << shape_str(view.shape());
+    }
+  }
+}
+
+}  // namespace
+}  // namespace scalify

@@ -3,6 +3,7 @@
 #include <cmath>
 #include <cstring>
 #include <span>
+#include <vector>
 
 #include "scalify/error.hpp"
 #include "scalify/formats/bulk.hpp"
@@ -63,6 +64,23 @@ void read_impl(const Tensor& t, T* out) {
         dequantize(std::span(t.raw_bytes(), size_t(n * dtype_size(t.dtype()))), *fmt, 1.0f, std::span(out, size_t(n)));
         return;
       }
+    }
+  }
+  if constexpr (sizeof(T) == 4) {
+    // A broadcast or transposed view of a number format (an f16 bias expanded over the rows, a
+    // weight read transposed): decode the storage it spans once with the SIMD codec, then gather
+    // floats, instead of decoding element by element (what made f16 master weights cost 2x).
+    int64_t last = 0;  // the view's largest offset from its first element
+    bool forward = true;
+    for (size_t d = 0; d < t.shape().size(); ++d) {
+      forward = forward && t.strides()[d] >= 0;
+      last += (t.shape()[d] - 1) * t.strides()[d];
+    }
+    if (fmt && forward && last < 4 * n) {
+      std::vector<float> span(size_t(last + 1));
+      dequantize(std::span(t.raw_bytes(), span.size() * size_t(dtype_size(t.dtype()))), *fmt, 1.0f, std::span(span));
+      for_each_offset(t.shape(), t.strides(), 0, [&](int64_t i, int64_t off) { out[i] = span[size_t(off)]; });
+      return;
     }
   }
   const std::byte* base = t.raw_bytes() - t.offset() * dtype_size(t.dtype());
