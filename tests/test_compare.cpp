@@ -126,6 +126,29 @@ TEST(Compare, ResumeRerunsOnlyTheUnfinishedRecipes) {
   }
 }
 
+TEST(Compare, CorruptStateAndForeignFoldersAreClearErrors) {
+  const train::TrainConfig base = tiny_run(text_corpus(), "", "f32");
+  const fs::path out = scratch("compare_corrupt");
+  train::CompareConfig c{base, {"f32"}, out.string()};
+  c.base.steps = 2;
+  train::compare(c, false);
+  spit(out / "runs/f32/outcome.json", "{\"recipe\": 3}");
+  try {
+    train::compare(train::comparison_config(out.string()), true);
+    FAIL() << "a corrupt outcome.json was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("runs/f32/outcome.json"), std::string::npos) << e.what();
+  }
+  spit(out / "compare.json", "[1, 2]");
+  EXPECT_THROW(train::comparison_config(out.string()), Error);
+  // A folder that holds someone else's runs/f32 (no compare.json) is not overwritten.
+  const fs::path foreign = scratch("compare_foreign");
+  fs::create_directories(foreign / "runs/f32");
+  spit(foreign / "runs/f32/mine.txt", "keep");
+  EXPECT_THROW(train::compare({base, {"f32"}, foreign.string()}, false), Error);
+  EXPECT_EQ(slurp(foreign / "runs/f32/mine.txt"), "keep");
+}
+
 TEST(Compare, RecipeListsExpandNamesAndRejectUnknownOnes) {
   EXPECT_EQ(train::recipe_list("seeds"), quant::preset_names());
   EXPECT_EQ(train::recipe_list("f32, scalify, scalify_fp8_3"),

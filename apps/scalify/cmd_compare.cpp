@@ -42,7 +42,10 @@ void add_compare_command(CLI::App& app, const std::string& command_line) {
       cc.recipes = train::recipe_list(o->recipes);
       if (!o->out.empty()) cc.out = o->out;
       if (!o->data.empty()) cc.base.data = o->data;
-      if (o->steps > 0) cc.base.steps = o->steps;
+      if (c->count("--steps") > 0) {
+        if (o->steps < 1) throw Error("compare: --steps must be >= 1, got " + std::to_string(o->steps));
+        cc.base.steps = o->steps;
+      }
       for (const std::string& kv : o->set) cc.base.set(kv);
     }
     const train::CompareReport r = train::compare(cc, resume, status_printer(), command_line);

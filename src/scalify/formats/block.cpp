@@ -151,13 +151,18 @@ void dequantize_blocks(const BlockQuantized& q, std::span<float> out) {
   if (out.size() != n)
     throw Error("dequantize_blocks: output has " + std::to_string(out.size()) +
                 " elements, the tensor " + std::to_string(n));
+  // One SIMD decode per row, then each block's scale as the kernels apply it (v * scale in f32):
+  // a kernel call per 32-element block spent most of its time setting up.
   const kernels::KernelTable& k = kernels::active_kernels();
-  for (size_t r = 0; r < q.rows; ++r)
+  for (size_t r = 0; r < q.rows; ++r) {
+    float* row = &out[r * q.cols];
+    k.dequantize(&q.codes[r * q.cols * cb], q.cols, row, f, 1.0f);
     for (size_t bc = 0; bc < q.scale_cols(); ++bc) {
-      const size_t c0 = bc * q.block.cols, c1 = std::min(q.cols, c0 + q.block.cols);
       const float scale = q.scales[(r / q.block.rows) * q.scale_cols() + bc];
-      k.dequantize(&q.codes[(r * q.cols + c0) * cb], c1 - c0, &out[r * q.cols + c0], f, scale);
+      if (scale == 1.0f) continue;
+      for (size_t c = bc * q.block.cols, end = std::min(q.cols, c + q.block.cols); c < end; ++c) row[c] *= scale;
     }
+  }
 }
 
 }  // namespace scalify

@@ -33,7 +33,7 @@ std::string run_gnuplot(const std::string& script_path) {
 
 std::string gnuplot_quote(const std::string& s) {
   std::string out = "'";
-  for (char c : s) out += c == '\'' ? std::string("''") : std::string(1, c);
+  for (char c : s) out += c == '\'' ? std::string("''") : std::string(1, (unsigned char)c < 0x20 ? '?' : c);  // no line breaks
   return out + "'";
 }
 

@@ -24,6 +24,8 @@ using json = nlohmann::json;
 
 namespace {
 
+std::string fixed(double v, int digits);
+
 const std::map<std::string, std::vector<std::string>>& named_lists() {
   static const std::map<std::string, std::vector<std::string>> lists = {
       {"seeds", quant::preset_names()},
@@ -49,24 +51,48 @@ std::string read_text(const fs::path& path) {
   return s.str();
 }
 
-// The run folder's name: the preset name, or a JSON file's stem.
+// The run folder's name: the preset name, or a JSON file's stem (not empty, not hidden, no
+// "." or ".." that would point outside runs/).
 std::string run_name(const std::string& recipe) {
-  return recipe.ends_with(".json") ? fs::path(recipe).stem().string() : recipe;
+  const std::string name = recipe.ends_with(".json") ? fs::path(recipe).stem().string() : recipe;
+  if (name.empty() || name[0] == '.') throw Error("compare: recipe file '" + recipe + "' needs a name that does not start with '.'");
+  return name;
 }
+
+// A CSV field (RFC 4180): quoted, with quotes doubled.
+std::string csv_field(const std::string& s) {
+  std::string out = "\"";
+  for (char c : s) out += c == '"' ? std::string("\"\"") : std::string(1, c);
+  return out + "\"";
+}
+// A number for the CSV: empty when not finite.
+std::string csv_number(double v, int digits) { return std::isfinite(v) ? fixed(v, digits) : ""; }
 
 double number_or_nan(const json& j) { return j.is_number() ? j.get<double>() : NAN; }
 
+json num(double v) { return std::isfinite(v) ? json(v) : json(nullptr); }  // JSON has no NaN
+
 json outcome_json(const RecipeOutcome& o) {
   const TrainResult& r = o.result;
-  auto num = [](double v) { return std::isfinite(v) ? json(v) : json(nullptr); };
   return {{"recipe", o.recipe}, {"name", o.name}, {"status", o.status}, {"note", o.note}, {"diverged_step", o.diverged_step},
-          {"baseline", o.baseline}, {"val_delta", num(o.val_delta)}, {"seconds", o.seconds},
-          {"peak_memory_mb", o.peak_memory_mb}, {"quantized_layers", o.quantized}, {"unit_scaled", o.unit_scaled},
+          {"baseline", o.baseline}, {"val_delta", num(o.val_delta)}, {"seconds", num(o.seconds)},
+          {"peak_memory_mb", num(o.peak_memory_mb)}, {"quantized_layers", o.quantized}, {"unit_scaled", o.unit_scaled},
           {"steps", r.steps}, {"skipped_steps", r.skipped}, {"nonfinite_steps", r.nonfinite_steps},
           {"train_loss", num(r.train_loss)}, {"val_loss", num(r.val_loss)}, {"val_bpb", num(r.val_bpb)},
-          {"tokens_per_s", r.tokens_per_s}, {"scale_statistics_per_step", r.scale_statistics_per_step},
-          {"mean_underflow", r.mean_underflow}, {"max_underflow", r.max_underflow}, {"mean_clipped", r.mean_clipped},
-          {"state_bytes_per_parameter", r.state_bytes_per_parameter}};
+          {"tokens_per_s", num(r.tokens_per_s)}, {"scale_statistics_per_step", num(r.scale_statistics_per_step)},
+          {"mean_underflow", num(r.mean_underflow)}, {"max_underflow", num(r.max_underflow)}, {"mean_clipped", num(r.mean_clipped)},
+          {"state_bytes_per_parameter", num(r.state_bytes_per_parameter)}};
+}
+
+// Reads a JSON file this module wrote; anything else is an error naming the file.
+template <class Fn>
+auto read_json_file(const fs::path& file, const char* advice, Fn&& use) {
+  try {
+    const json j = json::parse(read_text(file));
+    return use(j);
+  } catch (const json::exception& e) {
+    throw Error("compare: corrupt '" + file.string() + "' (" + e.what() + ")" + advice);
+  }
 }
 
 RecipeOutcome outcome_from(const json& j) {
@@ -76,8 +102,8 @@ RecipeOutcome outcome_from(const json& j) {
   o.status = j.at("status");
   o.note = j.at("note");
   o.diverged_step = j.at("diverged_step");
-  o.seconds = j.at("seconds");
-  o.peak_memory_mb = j.at("peak_memory_mb");
+  o.seconds = number_or_nan(j.at("seconds"));
+  o.peak_memory_mb = number_or_nan(j.at("peak_memory_mb"));
   o.quantized = j.at("quantized_layers");
   o.unit_scaled = j.at("unit_scaled");
   TrainResult& r = o.result;
@@ -87,12 +113,12 @@ RecipeOutcome outcome_from(const json& j) {
   r.train_loss = number_or_nan(j.at("train_loss"));
   r.val_loss = number_or_nan(j.at("val_loss"));
   r.val_bpb = number_or_nan(j.at("val_bpb"));
-  r.tokens_per_s = j.at("tokens_per_s");
-  r.scale_statistics_per_step = j.at("scale_statistics_per_step");
-  r.mean_underflow = j.at("mean_underflow");
-  r.max_underflow = j.at("max_underflow");
-  r.mean_clipped = j.at("mean_clipped");
-  r.state_bytes_per_parameter = j.at("state_bytes_per_parameter");
+  r.tokens_per_s = number_or_nan(j.at("tokens_per_s"));
+  r.scale_statistics_per_step = number_or_nan(j.at("scale_statistics_per_step"));
+  r.mean_underflow = number_or_nan(j.at("mean_underflow"));
+  r.max_underflow = number_or_nan(j.at("max_underflow"));
+  r.mean_clipped = number_or_nan(j.at("mean_clipped"));
+  r.state_bytes_per_parameter = number_or_nan(j.at("state_bytes_per_parameter"));
   return o;
 }
 
@@ -129,7 +155,7 @@ RecipeOutcome run_recipe(const CompareConfig& config, const std::string& recipe,
   // finished but whose outcome was never written) starts over.
   const fs::path run(c.out);
   const bool resume_run = resume && fs::exists(run / "checkpoint.safetensors") && !fs::exists(run / "model.safetensors");
-  if (!resume_run) fs::remove_all(run);
+  if (!resume_run) fs::remove_all(run);  // only ever a folder of this comparison
   platform::reset_peak_memory();
   const auto t0 = std::chrono::steady_clock::now();
   try {
@@ -138,12 +164,16 @@ RecipeOutcome run_recipe(const CompareConfig& config, const std::string& recipe,
       o.status = "diverged";
       o.note = "skipped " + std::to_string(o.result.skipped) + " of " + std::to_string(o.result.steps) + " steps (non-finite gradients)";
     }
+    if (!std::isfinite(o.result.val_loss) && o.status == "ok") {
+      o.status = "diverged";
+      o.note = "the validation loss is not finite";
+    }
   } catch (const Diverged& e) {
     o.status = "diverged";
-    o.diverged_step = e.step;
+    o.diverged_step = e.step + 1;  // 1-based, as the progress line and the plots count steps
     o.note = e.what();
     o.result.train_loss = o.result.val_loss = o.result.val_bpb = NAN;
-  } catch (const Error& e) {
+  } catch (const std::exception& e) {  // a recipe that cannot run is a row; the comparison goes on
     o.status = "failed";
     o.note = e.what();
     o.result.train_loss = o.result.val_loss = o.result.val_bpb = NAN;
@@ -158,7 +188,7 @@ void set_baselines(std::vector<RecipeOutcome>& rows) {
   for (const RecipeOutcome& o : rows)
     if (o.status == "ok") val[o.recipe] = o.result.val_loss;
   for (RecipeOutcome& o : rows) {
-    o.baseline = o.unit_scaled && val.count("unit_f32") ? "unit_f32" : "f32";
+    o.baseline = o.unit_scaled ? "unit_f32" : "f32";
     o.val_delta = val.count(o.baseline) ? o.result.val_loss - val[o.baseline] : NAN;
   }
 }
@@ -176,7 +206,7 @@ Curves read_curves(const fs::path& run_dir) {
   int64_t n = 0, last = 0;
   while (std::getline(in, line)) {
     const json j = json::parse(line, nullptr, false);
-    if (j.is_discarded() || !j.contains("step")) continue;
+    if (j.is_discarded() || !j.contains("step") || !j["step"].is_number_integer()) continue;
     const int64_t step = j["step"].get<int64_t>() + 1;
     if (j.contains("val_loss")) c.val.push_back({step, number_or_nan(j["val_loss"])});
     if (j.contains("loss") && j["loss"].is_number() && std::isfinite(j["loss"].get<double>())) {
@@ -223,7 +253,7 @@ std::string write_plots(const fs::path& dir, const std::vector<RecipeOutcome>& r
     ++blocks;
     // Delta: validation points matched by step with the baseline's.
     const auto base = std::find_if(rows.begin(), rows.end(), [&](const RecipeOutcome& b) { return b.recipe == o.baseline; });
-    if (base == rows.end() || base->recipe == o.recipe) continue;
+    if (base == rows.end() || base->recipe == o.recipe || base->status != "ok") continue;
     std::ostringstream d;
     for (const auto& [s, l] : c.val)
       for (const auto& [bs, bl] : curves[base->name].val)
@@ -292,6 +322,9 @@ std::string reading(const std::vector<RecipeOutcome>& rows, int64_t layers) {
     (o.val_delta <= kParityNats ? parity : short_of).push_back(o.name + " (" + signed_fixed(o.val_delta, 3) + ")");
   }
   std::ostringstream s;
+  for (const RecipeOutcome& o : rows)
+    if (o.recipe == o.baseline && o.status != "ok")
+      s << "- **The baseline " << o.name << " " << o.status << "**: the recipes measured against it have no delta.\n";
   s << "- **Parity** (validation loss within +" << kParityNats << " nats of the baseline): " << join(parity) << ".\n"
     << "- **Short of parity**: " << join(short_of) << ".\n"
     << "- **Diverged**: " << join(diverged) << ".\n";
@@ -321,12 +354,12 @@ void write_report(const CompareConfig& config, CompareReport& rep, const std::st
   json rows = json::array();
   for (const RecipeOutcome& o : rep.rows) {
     const TrainResult& r = o.result;
-    csv << o.name << "," << o.status << "," << o.baseline << "," << fixed(r.val_loss, 5) << "," << fixed(o.val_delta, 5) << ","
-        << fixed(r.val_bpb, 5) << "," << fixed(r.train_loss, 5) << "," << r.steps << "," << r.skipped << "," << r.nonfinite_steps << ","
+    csv << csv_field(o.name) << "," << o.status << "," << o.baseline << "," << csv_number(r.val_loss, 5) << ","
+        << csv_number(o.val_delta, 5) << "," << csv_number(r.val_bpb, 5) << "," << csv_number(r.train_loss, 5) << "," << r.steps << "," << r.skipped << "," << r.nonfinite_steps << ","
         << o.diverged_step << "," << fixed(r.mean_underflow, 6) << "," << fixed(r.max_underflow, 6) << "," << fixed(r.mean_clipped, 6)
-        << "," << fixed(r.scale_statistics_per_step, 2) << "," << fixed(r.tokens_per_s, 0) << ","
-        << (f32_speed > 0 ? fixed(r.tokens_per_s / f32_speed, 3) : "") << "," << fixed(r.state_bytes_per_parameter, 3) << ","
-        << fixed(o.peak_memory_mb, 1) << "," << fixed(o.seconds, 1) << ",\"" << o.quantized << "\"\n";
+        << "," << csv_number(r.scale_statistics_per_step, 2) << "," << csv_number(r.tokens_per_s, 0) << ","
+        << (f32_speed > 0 ? csv_number(r.tokens_per_s / f32_speed, 3) : "") << "," << csv_number(r.state_bytes_per_parameter, 3)
+        << "," << csv_number(o.peak_memory_mb, 1) << "," << csv_number(o.seconds, 1) << "," << csv_field(o.quantized) << "\n";
     rows.push_back(outcome_json(o));
   }
   write_text(dir / "summary.csv", csv.str());
@@ -393,11 +426,12 @@ std::vector<std::string> recipe_list(const std::string& spec) {
 CompareConfig comparison_config(const std::string& out) {
   const fs::path file = fs::path(out) / "compare.json";
   if (!fs::exists(file)) throw Error("compare: '" + out + "' holds no comparison (no compare.json)");
-  const json j = json::parse(read_text(file), nullptr, false);
-  if (j.is_discarded() || !j.contains("recipes") || !j.contains("config")) throw Error("compare: corrupt '" + file.string() + "'");
-  CompareConfig c;
-  c.base = parse_config(j["config"].get<std::string>(), file.string());
-  c.recipes = j["recipes"].get<std::vector<std::string>>();
+  CompareConfig c = read_json_file(file, "", [&](const json& j) {
+    CompareConfig r;
+    r.base = parse_config(j.at("config").get<std::string>(), file.string());
+    r.recipes = j.at("recipes").get<std::vector<std::string>>();
+    return r;
+  });
   c.out = out;
   return c;
 }
@@ -407,6 +441,8 @@ CompareReport compare(const CompareConfig& given, bool resume, const CompareProg
   config.base.out = config.out;  // each recipe's run folder is set below; this only validates
   config.base.validate();
   if (config.recipes.empty()) throw Error("compare: no recipes");
+  for (std::string& r : config.recipes)  // compare.json must still find them from another directory
+    if (r.ends_with(".json")) r = fs::absolute(r).lexically_normal().string();
   // f32 is every comparison's baseline (unit_f32 that of the unit-scaled recipes): added when missing.
   auto has = [&](const std::string& r) { return std::find(config.recipes.begin(), config.recipes.end(), r) != config.recipes.end(); };
   bool unit = false;
@@ -420,6 +456,9 @@ CompareReport compare(const CompareConfig& given, bool resume, const CompareProg
   const fs::path dir(config.out);
   if (!resume) {
     if (fs::exists(dir / "compare.json")) throw Error("compare: '" + config.out + "' already holds a comparison; use --resume to continue it or another --out");
+    for (const std::string& name : names)  // never delete run folders this comparison did not make
+      if (fs::exists(dir / "runs" / name))
+        throw Error("compare: '" + (dir / "runs" / name).string() + "' already exists; choose another --out");
     fs::create_directories(dir / "runs");
     write_text(dir / "compare.json", json{{"recipes", config.recipes}, {"config", config.base.to_toml()}}.dump(2) + "\n");
   }
@@ -432,10 +471,11 @@ CompareReport compare(const CompareConfig& given, bool resume, const CompareProg
     const std::string& recipe = config.recipes[i];
     const fs::path outcome_file = dir / "runs" / run_name(recipe) / "outcome.json";
     if (resume && fs::exists(outcome_file)) {
-      const json j = json::parse(read_text(outcome_file), nullptr, false);
-      if (j.is_discarded()) throw Error("compare: corrupt '" + outcome_file.string() + "'; delete it to rerun that recipe");
-      rep.rows.push_back(outcome_from(j));
-      continue;
+      RecipeOutcome done = read_json_file(outcome_file, "; delete it to rerun that recipe", outcome_from);
+      if (done.status != "failed") {  // a failed recipe (an error, not divergence) is tried again
+        rep.rows.push_back(std::move(done));
+        continue;
+      }
     }
     const size_t left = config.recipes.size() - i - 1;
     train::Progress step_progress;
@@ -446,11 +486,12 @@ CompareReport compare(const CompareConfig& given, bool resume, const CompareProg
         const double per_recipe = finished_here ? finished_seconds / finished_here : p.elapsed_s + p.eta_s;
         const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
         progress("[" + std::to_string(i + 1) + "/" + std::to_string(config.recipes.size()) + "] " + run_name(recipe) + "  " +
-                 p.line() + "  | overall elapsed " + duration(elapsed) + ", eta " + duration(p.eta_s + per_recipe * double(left)));
+                 p.line() + " | all " + duration(elapsed) + ", eta " + duration(p.eta_s + per_recipe * double(left)));
       };
     RecipeOutcome o = run_recipe(config, recipe, resume, step_progress);
     finished_seconds += o.seconds;
     ++finished_here;
+    fs::create_directories(outcome_file.parent_path());  // a recipe that failed early has no run folder
     write_text(outcome_file, outcome_json(o).dump(2) + "\n");
     rep.rows.push_back(std::move(o));
   }

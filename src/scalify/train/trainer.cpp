@@ -313,6 +313,7 @@ TrainResult train(const TrainConfig& config, bool resume, const Progress& progre
   double last_loss = 0, statistics_total = 0, underflow_sum = 0, clipped_sum = 0;
   int64_t operand_stats = 0;
   std::vector<double> speeds;
+  bool evaluated = false;
   for (int64_t step = start; step < end; ++step) {
     const auto t0 = clock::now();
     const double lr = learning_rate(cfg, step);
@@ -375,6 +376,7 @@ TrainResult train(const TrainConfig& config, bool resume, const Progress& progre
       metrics << json{{"step", step}, {"val_loss", e.loss}, {"val_bpb", e.bits_per_byte}}.dump() << "\n";
       r.val_loss = e.loss;
       r.val_bpb = e.bits_per_byte;
+      evaluated = true;
       log << "step " << step + 1 << ": val_loss " << e.loss << ", " << e.bits_per_byte << " bits per byte\n";
     }
     metrics.flush();
@@ -384,6 +386,12 @@ TrainResult train(const TrainConfig& config, bool resume, const Progress& progre
       p.eta_s = p.elapsed_s / double(step + 1 - start) * double(end - step - 1);
       progress(p);
     }
+  }
+  if (end == start) last_loss = NAN;  // a resumed run that had no step left: no training loss here
+  if (!evaluated && end == cfg.steps) {  // ... but its result is still the finished model's
+    const EvalResult e = eval_session(*s, corpus.val);
+    r.val_loss = e.loss;
+    r.val_bpb = e.bits_per_byte;
   }
   r.tokens_per_s = median(speeds);
   r.scale_statistics_per_step = end > start ? statistics_total / double(end - start) : 0;
