@@ -12,9 +12,8 @@ namespace scalify::cli {
 
 void add_compare_command(CLI::App& app, const std::string& command_line) {
   struct Opts {
-    std::string recipes = "seeds", config, data, out, resume;
-    int64_t steps = 0;
-    std::vector<std::string> set;
+    ConfigOptions config;
+    std::string recipes = "seeds", out, resume;
   };
   auto o = std::make_shared<Opts>();
   std::string lists;
@@ -23,10 +22,7 @@ void add_compare_command(CLI::App& app, const std::string& command_line) {
   c->add_option("--recipes", o->recipes,
                 "comma-separated presets, recipe .json files or named lists (" + lists + "); default: seeds (every preset). "
                 "f32 (and unit_f32 for unit scaling) is added as the baseline when missing");
-  c->add_option("--config", o->config, "TOML file with any of the train config keys (the model, data, steps, ...)");
-  c->add_option("--data", o->data, "text file or folder of text files (default: Debian's fortunes)");
-  c->add_option("--steps", o->steps, "optimizer steps per recipe");
-  c->add_option("--set", o->set, "KEY=VALUE override of any train config key (repeatable)");
+  o->config.add_to(c);
   c->add_option("--out", o->out, "report folder (default runs/compare)");
   c->add_option("--resume", o->resume, "continue the comparison in this folder (finished recipes are not rerun)");
   c->callback([o, c, command_line] {
@@ -38,15 +34,9 @@ void add_compare_command(CLI::App& app, const std::string& command_line) {
           throw Error(std::string("compare: --resume continues the comparison as it was started; drop ") + opt);
       cc = train::comparison_config(o->resume);
     } else {
-      if (!o->config.empty()) cc.base = train::load_config_file(o->config);
+      o->config.apply(cc.base);
       cc.recipes = train::recipe_list(o->recipes);
       if (!o->out.empty()) cc.out = o->out;
-      if (!o->data.empty()) cc.base.data = o->data;
-      if (c->count("--steps") > 0) {
-        if (o->steps < 1) throw Error("compare: --steps must be >= 1, got " + std::to_string(o->steps));
-        cc.base.steps = o->steps;
-      }
-      for (const std::string& kv : o->set) cc.base.set(kv);
     }
     const train::CompareReport r = train::compare(cc, resume, status_printer(), command_line);
     std::fprintf(stderr, "\n");

@@ -28,35 +28,42 @@ std::function<void(const std::string&)> status_printer() {
   };
 }
 
+void ConfigOptions::add_to(CLI::App* command) {
+  command->add_option("--config", config, "TOML file with any of the train config keys");
+  command->add_option("--data", data, "text file or folder of text files (default: Debian's fortunes)");
+  steps_option = command->add_option("--steps", steps, "optimizer steps (per recipe for compare)");
+  command->add_option("--set", set, "KEY=VALUE override of any train config key (repeatable)");
+}
+
+void ConfigOptions::apply(train::TrainConfig& c, bool load_file) const {
+  if (load_file && !config.empty()) c = train::load_config_file(config);
+  if (!data.empty()) c.data = data;
+  if (steps_option->count() > 0) c.steps = steps;
+  for (const std::string& kv : set) c.set(kv);
+}
+
 void add_train_commands(CLI::App& app) {
   struct Opts {
-    std::string config, data, out, recipe, resume;
-    int64_t steps = 0;
-    std::vector<std::string> set;
+    ConfigOptions config;
+    std::string out, recipe, resume;
   };
   auto o = std::make_shared<Opts>();
   auto* t = app.add_subcommand("train", "Train the GPT on text under a recipe; writes a run folder");
-  t->add_option("--config", o->config, "TOML file with any of the config keys");
-  t->add_option("--data", o->data, "text file or folder of text files (default: Debian's fortunes)");
+  o->config.add_to(t);
   t->add_option("--out", o->out, "run folder (default runs/train)");
-  t->add_option("--recipe", o->recipe, "recipe preset (f32, scalify_fp8_3, delayed, mxfp8, ...)");
-  t->add_option("--steps", o->steps, "optimizer steps");
-  t->add_option("--set", o->set, "KEY=VALUE override of any config key (repeatable)");
+  t->add_option("--recipe", o->recipe, "recipe preset (f32, scalify_fp8_3, delayed, mxfp8, ...) or recipe .json file");
   t->add_option("--resume", o->resume, "continue the run in this folder from its checkpoint");
   t->callback([o] {
     train::TrainConfig c;
-    if (!o->resume.empty()) {
+    const bool resume = !o->resume.empty();
+    if (resume) {
       c = train::run_config(o->resume);
       c.out = o->resume;
-    } else if (!o->config.empty()) {
-      c = train::load_config_file(o->config);
     }
-    if (!o->data.empty()) c.data = o->data;
-    if (!o->out.empty() && o->resume.empty()) c.out = o->out;
+    o->config.apply(c, !resume);
+    if (!o->out.empty() && !resume) c.out = o->out;
     if (!o->recipe.empty()) c.recipe = o->recipe;
-    if (o->steps > 0) c.steps = o->steps;
-    for (const std::string& kv : o->set) c.set(kv);
-    const train::TrainResult r = train::train(c, !o->resume.empty(), progress_printer());
+    const train::TrainResult r = train::train(c, resume, progress_printer());
     std::fprintf(stderr, "\n");
     std::printf("run folder: %s\nsteps: %lld (skipped %lld)\nfinal train loss: %.4f\nvalidation loss: %.4f nats, %.4f bits per byte\n"
                 "unigram entropy of the training bytes: %.4f bits per byte\n",
