@@ -1,25 +1,50 @@
 #!/usr/bin/env bash
-# The whole non-slow test suite (ctest -LE slow: unit tests, the CLI checks with their hostile
-# inputs, the recipe and config fuzzers) under AddressSanitizer and UndefinedBehaviorSanitizer,
-# then the reader-facing tests of the slow-labelled test_train: the safetensors fuzz cases, the
-# killed checkpoint write, the corpus's bad inputs and the config fuzzer. Any sanitizer report
-# fails the run (-fno-sanitize-recover=all). Builds into build-sanitize/ (Debug with -O1, no
-# benchmarks; 20+ minutes on 2 cores the first time). Not part of .ci/run: run it after touching
-# input handling (io/, train/, formats/, quant/recipe) or the kernels.
+# The test suite under AddressSanitizer and UndefinedBehaviorSanitizer; any report fails the run
+# (-fno-sanitize-recover=all). Builds into build-sanitize/ (Debug with -O1, no benchmarks).
+#
+#   scripts/sanitize.sh          the whole non-slow suite (ctest -LE slow: unit tests, the CLI checks
+#                                with their hostile inputs, the recipe and config fuzzers), then the
+#                                reader-facing tests of the slow-labelled test_train. 20+ minutes on
+#                                2 cores the first time: run it after touching input handling (io/,
+#                                train/, formats/, quant/recipe) or the kernels.
+#   scripts/sanitize.sh --quick  what .ci/run runs (about 7 minutes on 2 cores from nothing): the
+#                                library, the CLI and the tests that hold every parser fuzzer and the
+#                                hostile-input cases — recipe JSON, TOML config, safetensors and
+#                                checkpoints, corpus, CLI numbers, empty and mismatched tensors,
+#                                block/MX quantisation, the format kernels' edge carries.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+mode="${1:-full}"
+case "$mode" in
+  full | --quick) ;;
+  *) echo "usage: scripts/sanitize.sh [--quick]" >&2; exit 2 ;;
+esac
 scripts/setup.sh
 jobs="${JOBS:-$(nproc)}"
 flags="-fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer -O1 -g"
 cmake -S . -B build-sanitize -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_FLAGS="$flags" \
   -DCMAKE_EXE_LINKER_FLAGS="-fsanitize=address,undefined" -DSCALIFY_BUILD_BENCH=OFF > /dev/null
-cmake --build build-sanitize -j"$jobs"
 export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
-# install_and_find_package links an uninstrumented consumer against the instrumented library
-# (undefined __asan_* symbols): a build-setup mismatch, not a finding, so it is left out here.
-ASAN_OPTIONS=abort_on_error=1 ctest --test-dir build-sanitize -LE slow -E '^install_and_find_package$' \
-  --output-on-failure -j"$jobs"
-# The killed-write test ends a child with SIGKILL on purpose; ASan's leak check does not apply.
-ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 build-sanitize/tests/test_train \
-  --gtest_filter='SafeTensors.*:Checkpoint.*:Config.*:Trainer.BadDataAndConfigAreClearErrorsBeforeAnyRunFolder'
+export ASAN_OPTIONS=abort_on_error=1
+# The parsers' and readers' tests of the slow-labelled test_train. The killed-write test ends a
+# child with SIGKILL on purpose, so ASan's leak check does not apply.
+train_readers='SafeTensors.*:Checkpoint.*:Config.*:Trainer.BadDataAndConfigAreClearErrorsBeforeAnyRunFolder'
+
+if [[ "$mode" == --quick ]]; then
+  quick_tests=(test_recipe test_tensor test_block test_quantizer test_bulk_kernels test_snr test_autograd test_loss_scaler)
+  cmake --build build-sanitize -j"$jobs" --target scalify_cli test_train "${quick_tests[@]}"
+  for t in "${quick_tests[@]}"; do
+    echo "== sanitizers: $t"
+    build-sanitize/tests/"$t" --gtest_brief=1
+  done
+  echo "== sanitizers: cli"
+  tests/cli_test.sh build-sanitize/apps/scalify/scalify
+else
+  cmake --build build-sanitize -j"$jobs"
+  # install_and_find_package links an uninstrumented consumer against the instrumented library
+  # (undefined __asan_* symbols): a build-setup mismatch, not a finding, so it is left out here.
+  ctest --test-dir build-sanitize -LE slow -E '^install_and_find_package$' --output-on-failure -j"$jobs"
+fi
+echo "== sanitizers: test_train readers"
+ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 build-sanitize/tests/test_train --gtest_brief=1 --gtest_filter="$train_readers"
 echo "sanitizers: clean"

@@ -153,10 +153,11 @@ void dequantize_blocks(const BlockQuantized& q, std::span<float> out) {
                 " elements, the tensor " + std::to_string(n));
   // One SIMD decode per row, then each block's scale as the kernels apply it (v * scale in f32):
   // a kernel call per 32-element block spent most of its time setting up.
+  // Pointer arithmetic, not &out[i]: an empty row ([4, 0]) must not index an empty span.
   const kernels::KernelTable& k = kernels::active_kernels();
-  for (size_t r = 0; r < q.rows; ++r) {
-    float* row = &out[r * q.cols];
-    k.dequantize(&q.codes[r * q.cols * cb], q.cols, row, f, 1.0f);
+  for (size_t r = 0; r < q.rows && q.cols > 0; ++r) {
+    float* row = out.data() + r * q.cols;
+    k.dequantize(q.codes.data() + r * q.cols * cb, q.cols, row, f, 1.0f);
     for (size_t bc = 0; bc < q.scale_cols(); ++bc) {
       const float scale = q.scales[(r / q.block.rows) * q.scale_cols() + bc];
       if (scale == 1.0f) continue;
