@@ -3,6 +3,7 @@
 // invariance), and the output data stays unit-scaled.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <bit>
 #include <cmath>
 #include <functional>
@@ -317,6 +318,96 @@ TEST(Scaled, BadScalesAreErrorsNamingTheParameter) {
   EXPECT_ERROR(rebalance(ScaledTensor(x, 2.0f), 0.3f), "rebalance: delta must be a power of two");
   EXPECT_EQ(set_scaling(ScaledTensor(x, 2.0f), std::ldexp(1.0f, -140)).scalar_scale(), std::ldexp(1.0f, -140));  // subnormal: still 2^k
   EXPECT_EQ(ScaledTensor(x, 0.3f).scalar_scale(), 0.3f);  // quantisers' decode factors need not be 2^k
+}
+
+// The represented value in f64 (data * scale without f32's range limit).
+std::vector<double> value_f64(const ScaledTensor& x) {
+  std::vector<double> v = x.data.to_vector();
+  for (double& e : v) e *= double(x.scalar_scale());
+  return v;
+}
+
+// Scale products by exponent arithmetic: 2^127 * 2^-126 is 2^1 (f32 multiplication left to right
+// gave inf); a product beyond f32's scale range is clamped, its rest moved into the data, and the
+// represented value kept.
+TEST(ScaleEdges, ScaleProductsAreExactAtTheF32Edge) {
+  const Tensor a = Tensor::randn({8, 16}, 1), b = Tensor::randn({16, 4}, 2);
+  const ScaledTensor big(a, std::ldexp(1.0f, 127)), tiny(b, std::ldexp(1.0f, -126));
+  const ScaledTensor tiny_rows(Tensor::randn({8, 16}, 3), std::ldexp(1.0f, -126));
+  EXPECT_EQ(scaled::mul(big, tiny_rows).scalar_scale(), 2.0f);
+  EXPECT_EQ(scaled::matmul(big, tiny).scalar_scale(), 8.0f);  // r = pow2(sqrt 16) = 4: 4 * 2^127 * 2^-126
+  EXPECT_EQ(scaled::div(big, ScaledTensor(a, std::ldexp(1.0f, 100))).scalar_scale(), std::ldexp(1.0f, 27));
+  // Beyond the range: scale clamped to 2^-126, the remaining 2^-100 in the data, value exact.
+  const ScaledTensor under = scaled::mul(ScaledTensor(a, std::ldexp(1.0f, -126)), ScaledTensor(a, std::ldexp(1.0f, -100)));
+  EXPECT_EQ(under.scalar_scale(), std::ldexp(1.0f, -126));
+  const std::vector<double> av = a.to_vector(), uv = value_f64(under);
+  for (size_t i = 0; i < av.size(); ++i) ASSERT_EQ(uv[i], double(float(av[i] * av[i])) * std::ldexp(1.0, -226)) << i;
+  // Over it: value() cannot be an f32 any more, and says so.
+  const ScaledTensor over = scaled::mul(ScaledTensor(a, std::ldexp(1.0f, 127)), ScaledTensor(a, std::ldexp(1.0f, 100)));
+  EXPECT_EQ(over.scalar_scale(), std::ldexp(1.0f, 127));
+  EXPECT_ERROR(over.value(), "overflows f32");
+  EXPECT_ERROR(ScaledTensor(Tensor::full({2}, 4.0f), std::ldexp(1.0f, 127)).value(), "overflows f32");
+}
+
+// sqrt, rsqrt and integer powers propagate the scale (Y_s = X_s^p) instead of folding it into the
+// data: at an input scale of 2^60 the data stays O(1) (folded: sqrt gave 2e9, pow 2 gave 2e37).
+TEST(ScaleEdges, PowersPropagateTheScale) {
+  const Tensor d = ops::unary(ops::Unary::abs, Tensor::randn({64, 32}, 5));
+  struct Case {
+    const char* name;
+    std::function<ScaledTensor(const ScaledTensor&)> f;
+    double p;
+  };
+  const Case cases[] = {
+      {"sqrt", [](auto& x) { return scaled::unary(ops::Unary::sqrt, x); }, 0.5},
+      {"rsqrt", [](auto& x) { return scaled::unary(ops::Unary::rsqrt, x); }, -0.5},
+      {"square", [](auto& x) { return scaled::unary(ops::Unary::square, x); }, 2},
+      {"pow 2", [](auto& x) { return scaled::pow_scalar(x, 2); }, 2},
+      {"pow 3", [](auto& x) { return scaled::pow_scalar(x, 3); }, 3},
+      {"pow -1", [](auto& x) { return scaled::pow_scalar(x, -1); }, -1},
+  };
+  for (const Case& c : cases)
+    for (int e : {60, 61, -60, -61, 0}) {
+      const ScaledTensor y = c.f(ScaledTensor(d, std::ldexp(1.0f, e)));
+      // Beyond f32's scale range (pow 3 at 2^60 is 2^180) the scale is clamped and the rest of it
+      // is in the data: the value is still exact.
+      const double want_scale = std::exp2(std::floor(c.p * e));
+      const bool in_range = want_scale <= 0x1p127 && want_scale >= 0x1p-126;
+      EXPECT_EQ(y.scalar_scale(), float(std::clamp(want_scale, 0x1p-126, 0x1p127))) << c.name << " at 2^" << e;
+      const std::vector<double> dv = d.to_vector(), got = value_f64(y), data = y.data.to_vector();
+      for (size_t i = 0; i < dv.size(); ++i) {
+        const double want = std::pow(dv[i] * std::ldexp(1.0, e), c.p);
+        ASSERT_NEAR(got[i] / want, 1.0, 4e-7) << c.name << " at 2^" << e << " element " << i;
+        if (in_range) ASSERT_LT(std::fabs(data[i]), 2 * std::pow(dv[i], c.p)) << c.name << ": the scale stays out of the data";
+      }
+    }
+}
+
+// Their gradients propagate too, and every op's backward stays finite at large scales: the
+// tanh-form GELU's derivative gave NaN from |x| = 2^64 (x^3 overflowed, inf * 0).
+TEST(ScaleEdges, GradientsAtLargeScalesAreFiniteAndExact) {
+  const Tensor d = ops::scale_shift(ops::unary(ops::Unary::abs, Tensor::randn({16, 8}, 6)), 1.0, 0.25);
+  for (int e : {60, -60}) {
+    for (double p : {0.5, -0.5, 2.0, 3.0}) {
+      Var x(ScaledTensor(d, std::ldexp(1.0f, e)), true);
+      Var y = p == 0.5 ? sqrt(x) : p == -0.5 ? rsqrt(x) : pow_scalar(x, p);
+      y.backward(ScaledTensor(Tensor::ones(d.shape()), 1.0f));
+      const ScaledTensor& g = x.scaled_grad();
+      const std::vector<double> dv = d.to_vector(), gv = value_f64(g), gd = g.data.to_vector();
+      for (size_t i = 0; i < dv.size(); ++i) {
+        const double xv = dv[i] * std::ldexp(1.0, e), want = p * std::pow(xv, p - 1);
+        ASSERT_NEAR(gv[i] / want, 1.0, 1e-6) << "p " << p << " at 2^" << e;
+        ASSERT_LT(std::fabs(gd[i]), 1e3) << "p " << p << ": the gradient's scale stays out of its data";
+      }
+    }
+  }
+  for (int e : {64, 100, 127}) {
+    const Tensor z = Tensor::randn({1024}, 7);
+    Var x(ScaledTensor(z, std::ldexp(1.0f, e)), true);
+    gelu(x).backward(ScaledTensor(Tensor::ones({1024}), 1.0f));
+    const std::vector<double> zv = z.to_vector(), gv = x.grad().to_vector();
+    for (size_t i = 0; i < zv.size(); ++i) ASSERT_EQ(gv[i], zv[i] > 0 ? 1.0 : 0.0) << "gelu' at 2^" << e << " x " << zv[i];
+  }
 }
 
 }  // namespace

@@ -60,13 +60,28 @@ Var mul_scalar(const Var& x, double c) {
 
 Var pow_scalar(const Var& x, double p) {
   return Var::make("pow", s::pow_scalar(x.scaled(), p), {x}, [x = x.scaled(), p](const ScaledTensor& g) {
-    const Tensor local = ops::scale_shift(ops::pow_scalar(plain(x), p - 1), p, 0);
-    return Grads{s::with_grad_scale(g, ops::mul(g.data, local))};
+    // Scaled: p x^(p-1) g through the power rule, so the local derivative's scale X_s^(p-1) lives
+    // in the scale (folded in, it would leave f16 data's range at large scales).
+    if (x.is_scaled() || g.is_scaled()) return Grads{s::mul(g, s::mul_scalar(s::pow_scalar(x, p - 1), p))};
+    const Tensor local = ops::scale_shift(ops::pow_scalar(x.data, p - 1), p, 0);
+    return Grads{ScaledTensor(ops::mul(g.data, local))};
   });
 }
 
 Var unary(ops::Unary op, const Var& x) {
   ScaledTensor y = s::unary(op, x.scaled());
+  using U = ops::Unary;
+  if (x.scaled().is_scaled() && (op == U::sqrt || op == U::rsqrt || op == U::square)) {
+    // Powers propagate their scale (Y_s = X_s^p), so their derivatives do too: sqrt' = 1 / (2 y),
+    // rsqrt' = -y^3 / 2, square' = 2 x, written with the scaled ops.
+    return Var::make(ops::unary_name(op), y, {x}, [op, x = x.scaled(), y](const ScaledTensor& g) {
+      switch (op) {
+        case U::sqrt: return Grads{s::mul_scalar(s::div(g, y), 0.5)};
+        case U::rsqrt: return Grads{s::mul_scalar(s::mul(g, s::mul(y, s::unary(U::square, y))), -0.5)};
+        default: return Grads{s::mul_scalar(s::mul(g, x), 2.0)};
+      }
+    });
+  }
   return Var::make(ops::unary_name(op), y, {x}, [op, x = x.scaled(), y](const ScaledTensor& g) {
     // grad * f'(x), linear in g: the gradient keeps g's scale; x's scale folds into the pass.
     const double xs = x.is_scaled() && !x.any_scale ? x.scalar_scale() : 1.0;
@@ -157,7 +172,7 @@ Var norm(const char* name, const Var& x, double eps, bool center) {
   return Var::make(name, y, {x}, [r, scale, center](const ScaledTensor& g) {
     const Tensor d = center ? ops::layer_norm_backward(r, g.data) : ops::rms_norm_backward(r, g.data);
     if (!g.is_scaled()) return Grads{ScaledTensor(scale == 1.0 ? d : ops::scale_shift(d, 1.0 / scale, 0.0))};
-    return Grads{ScaledTensor(d, float(g.scalar_scale() / scale))};
+    return Grads{with_exact_scale(d, g.scalar_scale() / scale)};
   });
 }
 }  // namespace

@@ -146,7 +146,7 @@ Var QLinear::operator()(const Var& x, const Var& w, const Var& b) const {
     const float sx = scale_of(qx), sw = scale_of(qw);
     const float rk = propagate ? pow2_round(std::sqrt(double(K))) : 1.0f;
     const Tensor y = gemm_codes(false, false, rows, N, K, cx, cw, propagate ? 1.0f / rk : sx * sw).reshape(out_shape);
-    const ScaledTensor out_value = propagate ? ScaledTensor(y, sx * sw * rk) : ScaledTensor(y);
+    const ScaledTensor out_value = propagate ? with_exact_scale(y, double(sx) * sw * rk) : ScaledTensor(y);
     const Var out = Var::make("qlinear", out_value, {x, w}, [state, cx, cw, sx, sw, rows, K, N, propagate, xs = x.shape()](const ScaledTensor& g) {
       const Quantized qg = propagate ? state->gradient.quantize(scaled::reshape(g, {rows, N}))
                                      : state->gradient.quantize((g.is_scaled() ? g.value() : g.data).reshape({rows, N}));
@@ -156,8 +156,8 @@ Var QLinear::operator()(const Var& x, const Var& w, const Var& b) const {
         return std::vector<ScaledTensor>{ScaledTensor(gemm_codes(false, true, rows, K, N, cg, cw, sg * sw).reshape(xs)),
                                          ScaledTensor(gemm_codes(true, false, K, N, rows, cx, cg, sx * sg))};
       const float rn = pow2_round(std::sqrt(double(N))), rr = pow2_round(std::sqrt(double(rows)));
-      return std::vector<ScaledTensor>{ScaledTensor(gemm_codes(false, true, rows, K, N, cg, cw, 1.0f / rn).reshape(xs), sg * sw * rn),
-                                       ScaledTensor(gemm_codes(true, false, K, N, rows, cx, cg, 1.0f / rr), sx * sg * rr)};
+      return std::vector<ScaledTensor>{with_exact_scale(gemm_codes(false, true, rows, K, N, cg, cw, 1.0f / rn).reshape(xs), double(sg) * sw * rn),
+                                       with_exact_scale(gemm_codes(true, false, K, N, rows, cx, cg, 1.0f / rr), double(sx) * sg * rr)};
     });
     return b.defined() ? out + b : out;
   }

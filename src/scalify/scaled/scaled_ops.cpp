@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <string>
 
 #include "scalify/error.hpp"
@@ -66,7 +67,7 @@ ScaledTensor mul(const ScaledTensor& x_in, const ScaledTensor& y_in) {
   const ScaledTensor y = uniform(y_in);
   if (!any_scaled({&x, &y})) return ScaledTensor(ops::mul(x.data, y.data));
   if (x.any_scale || y.any_scale) return any_scale_constant(ops::mul(folded(x), folded(y)));
-  return ScaledTensor(ops::mul(x.data, y.data), x.scalar_scale() * y.scalar_scale());
+  return with_exact_scale(ops::mul(x.data, y.data), double(x.scalar_scale()) * y.scalar_scale());
 }
 
 ScaledTensor div(const ScaledTensor& x_in, const ScaledTensor& y_in) {
@@ -74,7 +75,7 @@ ScaledTensor div(const ScaledTensor& x_in, const ScaledTensor& y_in) {
   const ScaledTensor y = uniform(y_in);
   if (!any_scaled({&x, &y})) return ScaledTensor(ops::div(x.data, y.data));
   if (x.any_scale || y.any_scale) return ScaledTensor(ops::div(folded(x), folded(y)), 1.0f);
-  return ScaledTensor(ops::div(x.data, y.data), x.scalar_scale() / y.scalar_scale());
+  return with_exact_scale(ops::div(x.data, y.data), double(x.scalar_scale()) / y.scalar_scale());
 }
 
 // matmul over K: r = pow2_round(sqrt K); Z_s = r X_s Y_s; Z_d = (X_d @ Y_d) / r.
@@ -83,7 +84,8 @@ ScaledTensor matmul(const ScaledTensor& x_in, const ScaledTensor& y_in) {
   const ScaledTensor y = uniform(y_in);
   if (!any_scaled({&x, &y})) return ScaledTensor(ops::matmul(x.data, y.data));
   const float r = pow2_sqrt(double(x.data.size(-1)));
-  return ScaledTensor(ops::matmul(x.data, y.data, 1.0 / r), r * x.scalar_scale() * y.scalar_scale());  // 1/r in the GEMM's alpha
+  // 1/r in the GEMM's alpha; the scale product by exponent arithmetic (2^127 * 2^-126 is 2, not inf).
+  return with_exact_scale(ops::matmul(x.data, y.data, 1.0 / r), double(r) * x.scalar_scale() * y.scalar_scale());
 }
 
 namespace {
@@ -100,7 +102,7 @@ ScaledTensor sum(const ScaledTensor& x_in, const std::vector<int>& dims, bool ke
   const ScaledTensor x = uniform(x_in);
   if (!x.is_scaled()) return ScaledTensor(ops::sum(x.data, dims, keepdim));
   const float r = pow2_sqrt(reduced_count(x.data, dims));
-  return ScaledTensor(times(ops::sum(x.data, dims, keepdim), 1.0 / r), r * x.scalar_scale());
+  return with_exact_scale(times(ops::sum(x.data, dims, keepdim), 1.0 / r), double(r) * x.scalar_scale());
 }
 
 // mean over n = sum / n: Z_s = X_s / r; Z_d = sum(X_d) r / n (r = pow2_round(sqrt n)).
@@ -109,7 +111,7 @@ ScaledTensor mean(const ScaledTensor& x_in, const std::vector<int>& dims, bool k
   if (!x.is_scaled()) return ScaledTensor(ops::mean(x.data, dims, keepdim));
   const double n = reduced_count(x.data, dims);
   const float r = pow2_sqrt(n);
-  return ScaledTensor(ops::scale_shift(ops::sum(x.data, dims, keepdim), double(r) / n, 0.0), x.scalar_scale() / r);
+  return with_exact_scale(ops::scale_shift(ops::sum(x.data, dims, keepdim), double(r) / n, 0.0), double(x.scalar_scale()) / r);
 }
 
 // max: a positive scale commutes with max: Z_s = X_s, Z_d = max(X_d).
@@ -122,27 +124,44 @@ ScaledTensor max(const ScaledTensor& x_in, int dim, bool keepdim) {
   return out;
 }
 
-// Elementwise maps. Three families:
+// Powers: (X_d X_s)^p = X_d^p X_s^p. Y_s = 2^floor(p log2 X_s); the rest of X_s^p, 2^frac with frac
+// in [0, 1) (0 for integer p and power-of-two X_s; 0 or 1/2 for p = +-1/2), goes into the data as
+// Y_d = (X_d 2^(frac / p))^p: for sqrt of an odd power of two that is sqrt(2 X_d), exact. Homogeneous
+// maps keep their scale out of the data, so f16 data stays in range whatever the input scale.
+namespace {
+ScaledTensor power(const ScaledTensor& x, double p, const std::function<Tensor(const Tensor&, double in_mul)>& f) {
+  const double log2_scale = std::log2(double(x.scalar_scale())) * p;
+  const double whole = std::floor(log2_scale);
+  return with_exact_scale(f(x.data, p == 0 ? 1.0 : std::exp2((log2_scale - whole) / p)), std::exp2(whole));
+}
+}  // namespace
+
+// Elementwise maps. Four families:
 // - f(x) = x g(x) (relu, gelu, silu) and odd scale-free maps (neg, abs): keep the input scale,
 //   Y_d = f(X_d X_s) / X_s = X_d g(X_d X_s), Y_s = X_s.
-// - square: Y_s = X_s^2, Y_d = X_d^2 (exact).
-// - exp, log, sigmoid, tanh, sqrt, rsqrt: the value depends non-linearly on the scale, so the
-//   scale is folded in first and the output has scale 1 (sigmoid/tanh are bounded; exp/log of a
-//   unit-scaled input is O(1) in the ranges models use).
+// - powers (square, sqrt, rsqrt): Y_s = X_s^p (see power above).
+// - exp, log, sigmoid, tanh: not homogeneous, so no scale can be pulled out; the scale is folded
+//   in first and the output has scale 1. That is right because their outputs do not grow with the
+//   input scale the way data would: sigmoid and tanh are bounded by 1; log(x s) = log x + log s is
+//   shifted, not multiplied, and |log s| <= 88 for any f32 scale; exp is fed O(1) arguments
+//   (max-subtracted logits) in the models, where exp(x) is O(1) too.
 ScaledTensor unary(ops::Unary op, const ScaledTensor& x_in) {
   const ScaledTensor x = uniform(x_in);
   if (!x.is_scaled()) return ScaledTensor(ops::unary(op, x.data));
   using U = ops::Unary;
   if (x.any_scale) return any_scale_constant(ops::unary(op, x.data));
   const float s = x.scalar_scale();
+  const auto map = [op](const Tensor& d, double in_mul) { return ops::unary(op, d, in_mul); };
   switch (op) {
+    case U::sqrt: return power(x, 0.5, map);
+    case U::rsqrt: return power(x, -0.5, map);
     case U::neg:
     case U::abs: return ScaledTensor(ops::unary(op, x.data), s);
     case U::relu:
     case U::gelu_tanh:
     case U::gelu_erf:
     case U::silu: return ScaledTensor(ops::unary(op, x.data, s, 1.0 / s), s);
-    case U::square: return ScaledTensor(ops::unary(op, x.data), s * s);
+    case U::square: return power(x, 2, map);
     default: return ScaledTensor(ops::unary(op, x.data, s, 1.0), 1.0f);
   }
 }
@@ -250,7 +269,7 @@ ScaledTensor mul_scalar(const ScaledTensor& x_in, double c) {
   const ScaledTensor cs = scaled_scalar(c);
   if (cs.any_scale) return any_scale_constant(ops::scale_shift(x.data, c, 0.0));
   const double m = cs.data.item();  // a power-of-two c moves entirely into the scale: no pass
-  return ScaledTensor(m == 1.0 ? x.data : ops::scale_shift(x.data, m, 0.0), x.scalar_scale() * cs.scalar_scale());
+  return with_exact_scale(m == 1.0 ? x.data : ops::scale_shift(x.data, m, 0.0), double(x.scalar_scale()) * cs.scalar_scale());
 }
 
 ScaledTensor add_scalar(const ScaledTensor& x_in, double c) {
@@ -262,7 +281,8 @@ ScaledTensor add_scalar(const ScaledTensor& x_in, double c) {
 ScaledTensor pow_scalar(const ScaledTensor& x_in, double p) {
   const ScaledTensor x = uniform(x_in);
   if (!x.is_scaled()) return ScaledTensor(ops::pow_scalar(x.data, p));
-  return ScaledTensor(ops::pow_scalar(folded(x), p), 1.0f);
+  if (x.any_scale) return any_scale_constant(ops::pow_scalar(x.data, p));
+  return power(x, p, [p](const Tensor& d, double in_mul) { return ops::pow_scalar(in_mul == 1.0 ? d : ops::scale_shift(d, in_mul, 0.0), p); });
 }
 
 ScaledTensor sum_to(const ScaledTensor& g_in, const Shape& shape) {
@@ -290,20 +310,21 @@ const std::vector<ScaleRule>& scale_rules() {
       {"max", "Z_s = X_s; Z_d = max(X_d)", "a positive scale commutes with max"},
       {"relu, gelu, silu", "Y_s = X_s; Y_d = X_d g(X_d X_s)", "f(x) = x g(x) keeps the input's magnitude"},
       {"neg, abs", "Y_s = X_s; Y_d = f(X_d)", "scale-equivariant"},
-      {"square", "Y_s = X_s^2; Y_d = X_d^2", "exact"},
-      {"exp, log, sigmoid, tanh, sqrt, rsqrt", "Y_d = f(X_d X_s); Y_s = 1", "not scale-equivariant: fold the scale in first"},
-      {"softmax over n", "Y_d = N softmax(X_d X_s); Y_s = 1 / N, N = pow2(n)", "probabilities average 1 / n (unit scaling's alpha = s)"},
-      {"log_softmax", "Y_d = log_softmax(X_d X_s); Y_s = 1", "log-probabilities are O(1)"},
+      {"powers x^p (square, sqrt, rsqrt, pow)", "Y_s = 2^floor(p log2 X_s); Y_d = (X_d 2^(f / p))^p, f = p log2 X_s - log2 Y_s", "homogeneous: (x s)^p = x^p s^p; for sqrt of an odd power of two, Y_d = sqrt(2 X_d)"},
+      {"exp, log, sigmoid, tanh", "Y_d = f(X_d X_s); Y_s = 1", "not homogeneous, and their outputs do not grow like the input: sigmoid, tanh bounded; log shifted by log s (|log s| <= 88); exp fed O(1) arguments"},
+      {"softmax over n", "Y_d = N softmax(X_d X_s); Y_s = 1 / N, N = pow2(n)", "fold: probabilities lie in [0, 1] whatever the input scale and average 1 / n (unit scaling's alpha = s)"},
+      {"log_softmax", "Y_d = log_softmax(X_d X_s); Y_s = 1", "fold: log-probabilities are O(log n), not O(X_s)"},
       {"layer_norm, rms_norm (no affine)", "Y_d = norm(X_d, eps / X_s^2); Y_s = 1", "normalisation removes the scale; eps rescaled for exact invariance"},
       {"where, concat", "Z_s = max(X_s, Y_s), operands rebased; ANY takes the other's scale", "elements come from either operand"},
       {"embedding", "Z_s = W_s; Z_d = gather(W_d)", "a gather"},
-      {"cross_entropy", "loss of f(X_d X_s); Y_s = 1", "a loss value"},
+      {"cross_entropy", "loss of f(X_d X_s); Y_s = 1", "fold: a loss value, O(log n)"},
       {"reshape, transpose, slice, expand", "Z_s = X_s", "shape ops move data only"},
       {"mul_scalar c = m 2^e", "Z_s = 2^e X_s; Z_d = m X_d", "broadcast scalar split into mantissa and exponent"},
       {"add_scalar c", "add with the scalar (m, 2^e)", "as add"},
       {"ema b m + (1 - b) x", "Z_s = pow2_nearest(sqrt((b M_s)^2 + ((1 - b) X_s)^2))", "b kept whole: the optimizer moments' scale is stationary"},
-      {"pow x^p", "Y_d = (X_d X_s)^p; Y_s = 1", "not scale-equivariant for non-integer p"},
       {"gradients linear in g (activations, log_softmax, gather)", "dX_s = g_s; dX_d = f'(X) g_d", "the local derivative is O(1)"},
+      {"power backward", "dX = p X^(p-1) g through the power and mul rules", "the local derivative's scale X_s^(p-1) stays in the scale"},
+      {"scale products (mul, div, matmul, sum, mean, powers)", "by exponent arithmetic; beyond [2^-126, 2^127] the scale is clamped and the rest moves into the data", "2^127 * 2^-126 is 2, not inf; the value is kept, never a silent inf or 0"},
       {"softmax backward", "dX_s = g_s / N; dX_d = N p (g_d - sum p g_d)", "the local derivative is O(1 / n)"},
       {"norm backward", "dX_s = g_s / X_s; dX_d = rstd(X_d) (g_d - ...)", "d norm / dx scales as 1 / sigma(x)"},
       {"cross_entropy backward", "dX_d = (softmax - onehot) c / pow2(c); dX_s = pow2(c), c = g / N", "rows of softmax - onehot are O(1)"},

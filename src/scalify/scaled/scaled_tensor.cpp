@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdio>
 #include <limits>
+#include <optional>
 #include <string>
 
 #include "scalify/error.hpp"
@@ -57,7 +58,28 @@ float ScaledTensor::scalar_scale() const {
 Tensor ScaledTensor::value() const {
   const bool unit = !scale.defined() || (scale.numel() == 1 && scale.item() == 1.0);
   if (unit) return data.dtype() == DType::f64 ? data : data.to(DType::f32);
-  return ops::mul(data, scale);
+  Tensor v = ops::mul(data, scale);
+  if (v.dtype() == DType::f32 && data.numel() > 0) {
+    const double top = ops::max(scale.reshape({-1}), 0).first.item();
+    const std::optional<Format> f = dtype_format(data.dtype());
+    const double data_max = f ? max_value(*f) : double(std::numeric_limits<float>::max());
+    if (top * data_max > double(std::numeric_limits<float>::max())) {  // else no finite data can overflow (f16 below 2^111)
+      const double amax_data = ops::max(ops::unary(ops::Unary::abs, data).reshape({-1}), 0).first.item();
+      if (std::isfinite(amax_data) && amax_data * top > double(std::numeric_limits<float>::max()))
+        throw Error("ScaledTensor::value: data * scale overflows f32 (|data| up to " + std::to_string(amax_data) +
+                    " times scale 2^" + std::to_string(std::ilogb(top)) + "); keep the scaled form");
+    }
+  }
+  return v;
+}
+
+ScaledTensor with_exact_scale(Tensor data, double scale) {
+  if (!(scale > 0) || std::isinf(scale))
+    throw Error("with_exact_scale: scale must be a finite positive number, got " + std::to_string(scale));
+  constexpr double lo = 0x1p-126, hi = 0x1p127;
+  const double kept = std::clamp(scale, lo, hi);
+  if (kept != scale) data = ops::scale_shift(data, scale / kept, 0.0);  // exact for power-of-two ratios
+  return ScaledTensor(std::move(data), float(kept));
 }
 
 ScaledTensor any_scale_constant(const Tensor& value) {

@@ -31,7 +31,8 @@ struct ScaledTensor {
   const Shape& shape() const { return data.shape(); }
   // The scalar scale (1 when unscaled or ANY); throws if the scale is a per-block tensor.
   float scalar_scale() const;
-  // The represented value data * scale (f32, or f64 for f64 data).
+  // The represented value data * scale (f32, or f64 for f64 data). Throws scalify::Error when a
+  // finite value would overflow f32 (|data| * scale > 3.4e38: the value needs the scaled form).
   Tensor value() const;
 };
 
@@ -40,6 +41,13 @@ struct ScaledTensor {
 ScaledTensor any_scale_constant(const Tensor& value);
 // An unscaled broadcast scalar split exactly into mantissa and exponent: c = m * 2^e, 1 <= |m| < 2.
 ScaledTensor scaled_scalar(double c);
+
+// A scaled tensor whose scale was computed exactly in double (a product or quotient of power-of-two
+// scales: exponent arithmetic, never an f32 product that overflows). Inside f32's normal range
+// [2^-126, 2^127] the scale is kept as is; beyond it the scale is clamped to the nearer edge and the
+// remaining power of two moves into the data (one exact rescale, as rebalance), so the represented
+// value is kept and no scale silently becomes inf or 0. A non-positive or NaN scale throws.
+ScaledTensor with_exact_scale(Tensor data, double scale);
 
 // Quantising a full-precision tensor into scaled form: the scale is rms(x) rounded to a power of
 // two (down by default), so E[X_d^2] ~ 1; data is x / scale stored in `dtype`. An all-zero or

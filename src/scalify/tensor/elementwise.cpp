@@ -49,6 +49,9 @@ T derivative(Unary op, T x, T y) {
     case Unary::abs: return x > T(0) ? T(1) : x < T(0) ? T(-1) : T(0);
     case Unary::relu: return x > T(0) ? T(1) : T(0);
     case Unary::gelu_tanh: {
+      // Beyond |x| = 30 the tanh is exactly ±1 and the sech^2 term exactly 0 in f32 and f64, but
+      // x^3 overflows for |x| >= 2^43 (f32) and inf * 0 would give NaN: return the limit directly.
+      if (std::fabs(x) > T(30)) return x > T(0) ? T(1) : T(0);
       const T u = T(kSqrt2OverPi) * (x + T(kGeluCubic) * x * x * x);
       const T t = std::tanh(u);
       const T du = T(kSqrt2OverPi) * (T(1) + T(3 * kGeluCubic) * x * x);
