@@ -181,9 +181,11 @@ TEST(Compare, ARecipeJsonFileRunsUnderItsStem) {
 }
 
 // What a recipe declares it stores per parameter: master weights, the weight gradient (in the
-// recipe's cast format, else f32) and AdamW's two moments.
+// recipe's cast format, else in the storage of the parameter as used: the narrower of the master
+// weights and the data storage, SPEC §2) and AdamW's two moments.
 double declared_bytes_per_parameter(const quant::Recipe& r) {
-  const double gradient = r.weight_gradient == Format::f32 ? 4.0 : double(info(r.weight_gradient).bits) / 8.0;
+  const double gradient = r.weight_gradient == Format::f32 ? double(std::min(dtype_size(r.master_weight), dtype_size(r.data_storage)))
+                                                           : double(info(r.weight_gradient).bits) / 8.0;
   return dtype_size(r.master_weight) + gradient + 2.0 * dtype_size(r.optimizer_state);
 }
 

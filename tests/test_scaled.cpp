@@ -378,7 +378,9 @@ TEST(ScaleEdges, PowersPropagateTheScale) {
       for (size_t i = 0; i < dv.size(); ++i) {
         const double want = std::pow(dv[i] * std::ldexp(1.0, e), c.p);
         ASSERT_NEAR(got[i] / want, 1.0, 4e-7) << c.name << " at 2^" << e << " element " << i;
-        if (in_range) ASSERT_LT(std::fabs(data[i]), 2 * std::pow(dv[i], c.p)) << c.name << ": the scale stays out of the data";
+        if (in_range) {
+          ASSERT_LT(std::fabs(data[i]), 2 * std::pow(dv[i], c.p)) << c.name << ": the scale stays out of the data";
+        }
       }
     }
 }

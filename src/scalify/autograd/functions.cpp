@@ -7,6 +7,7 @@
 #include <limits>
 #include <numeric>
 
+#include "scalify/autograd/data_precision.hpp"
 #include "scalify/error.hpp"
 #include "scalify/scaled/scaled_ops.hpp"
 
@@ -18,6 +19,12 @@ using Grads = std::vector<ScaledTensor>;
 namespace {
 // The represented value as a plain tensor (for derivative formulas that need x itself).
 Tensor plain(const ScaledTensor& x) { return x.is_scaled() ? x.value() : x.data; }
+// An op's output rounded into its storage before its backward keeps it (Var::make would round
+// only the Var's copy, and the graph would hold both).
+ScaledTensor stored(ScaledTensor y, const std::vector<Var>& inputs, const std::string& name) {
+  y.data = to_storage(y.data, Var::storage_for(inputs, y.data.dtype()), name);
+  return y;
+}
 }  // namespace
 
 Var add(const Var& a, const Var& b) {
@@ -39,7 +46,7 @@ Var mul(const Var& a, const Var& b) {
 }
 
 Var div(const Var& a, const Var& b) {
-  ScaledTensor out = s::div(a.scaled(), b.scaled());
+  const ScaledTensor out = stored(s::div(a.scaled(), b.scaled()), {a, b}, "div");
   return Var::make("div", out, {a, b}, [out, y = b.scaled(), sa = a.shape()](const ScaledTensor& g) {
     const ScaledTensor ga = s::div(g, y);  // d(a/b)/da = 1/b, d(a/b)/db = -out/b
     return Grads{s::sum_to(ga, sa), s::sum_to(s::mul_scalar(s::mul(ga, out), -1.0), y.shape())};
@@ -69,7 +76,7 @@ Var pow_scalar(const Var& x, double p) {
 }
 
 Var unary(ops::Unary op, const Var& x) {
-  ScaledTensor y = s::unary(op, x.scaled());
+  const ScaledTensor y = stored(s::unary(op, x.scaled()), {x}, ops::unary_name(op));
   using U = ops::Unary;
   if (x.scaled().is_scaled() && (op == U::sqrt || op == U::rsqrt || op == U::square)) {
     // Powers propagate their scale (Y_s = X_s^p), so their derivatives do too: sqrt' = 1 / (2 y),
@@ -135,7 +142,7 @@ Var max(const Var& x, int dim, bool keepdim) {
 }
 
 Var softmax(const Var& x, int dim) {
-  ScaledTensor y = s::softmax(x.scaled(), dim);
+  const ScaledTensor y = stored(s::softmax(x.scaled(), dim), {x}, "softmax");
   return Var::make("softmax", y, {x}, [y, dim](const ScaledTensor& g) {
     // The derivative is O(1/n): the forward rule's 1/N moves from the data into the scale.
     const ScaledTensor dx = s::with_grad_scale(g, ops::softmax_backward(plain(y), g.data, dim));
@@ -144,7 +151,7 @@ Var softmax(const Var& x, int dim) {
 }
 
 Var log_softmax(const Var& x, int dim) {
-  ScaledTensor y = s::log_softmax(x.scaled(), dim);
+  const ScaledTensor y = stored(s::log_softmax(x.scaled(), dim), {x}, "log_softmax");
   return Var::make("log_softmax", y, {x}, [y, dim](const ScaledTensor& g) {
     return Grads{s::with_grad_scale(g, ops::log_softmax_backward(plain(y), g.data, dim))};
   });
@@ -204,7 +211,10 @@ Var cross_entropy(const Var& logits, const Tensor& targets) {
                      if (c == 0) return Grads{any_scale_constant(ops::scale_shift(p, 0.0, 0.0))};
                      const float cs = pow2_round(std::fabs(c));
                      return Grads{ScaledTensor(ops::scale_shift(p, c / cs, 0.0), cs)};
-                   });
+                   },
+                   // The loss stays f32 whatever the logits' storage (as mixed-precision frameworks
+                   // keep losses): it is read, logged and compared, and one value costs nothing.
+                   Var::Storage::as_computed);
 }
 
 Var where(const Tensor& cond, const Var& a, const Var& b) {

@@ -3,6 +3,7 @@
 #include <unordered_map>
 #include <unordered_set>
 
+#include "scalify/autograd/data_precision.hpp"
 #include "scalify/error.hpp"
 #include "scalify/scaled/scaled_ops.hpp"
 #include "scalify/tensor/ops.hpp"
@@ -68,7 +69,17 @@ Var Var::make(std::string name, Tensor value, const std::vector<Var>& inputs, Pl
   });
 }
 
-Var Var::make(std::string name, ScaledTensor value, const std::vector<Var>& inputs, BackwardFn backward) {
+DType Var::storage_for(const std::vector<Var>& inputs, DType computed) {
+  // Broadcast scalar constants (a mask's -inf fill) are weakly typed, as JAX's Python scalars:
+  // they do not pull an f16 graph up to their f32.
+  std::vector<DType> in;
+  for (const Var& v : inputs)
+    if (v.defined() && (v.requires_grad() || v.impl_->node || v.scaled().data.numel() != 1)) in.push_back(v.scaled().data.dtype());
+  return in.empty() ? computed : promoted_storage(in);
+}
+
+Var Var::make(std::string name, ScaledTensor value, const std::vector<Var>& inputs, BackwardFn backward, Storage storage) {
+  if (storage == Storage::promoted && value.data.defined()) value.data = to_storage(value.data, storage_for(inputs, value.data.dtype()), name);
   Var out(std::move(value), false);
   if (!g_grad_enabled) return out;
   bool any = false;
@@ -78,6 +89,7 @@ Var Var::make(std::string name, ScaledTensor value, const std::vector<Var>& inpu
   node->name = std::move(name);
   for (const Var& v : inputs) node->inputs.push_back(v.impl_);
   node->backward = std::move(backward);
+  node->promoted = storage == Storage::promoted;
   out.impl_->requires_grad = true;
   out.impl_->node = std::move(node);
   return out;
@@ -124,8 +136,13 @@ void Var::backward(const ScaledTensor& grad_output) const {
     detail::VarImpl* v = *it;
     auto g = grads.find(v);
     if (g == grads.end()) continue;
-    if (!v->node) {  // a leaf: accumulate into .grad
-      v->grad = v->grad.data.defined() ? scaled::add(v->grad, g->second) : g->second;
+    if (!v->node) {  // a leaf: accumulate into .grad, in the leaf's storage
+      if (v->grad.data.defined()) {
+        v->grad = scaled::add(v->grad, g->second);
+        if (dtype_size(v->value.data.dtype()) >= 2) v->grad.data = to_storage(v->grad.data, v->value.data.dtype(), "grad accumulation");
+      } else {
+        v->grad = g->second;
+      }
       continue;
     }
     const std::vector<ScaledTensor> in_grads = v->node->backward(g->second);
@@ -138,8 +155,15 @@ void Var::backward(const ScaledTensor& grad_output) const {
       if (in_grads[i].shape() != in->value.shape())
         throw Error("backward of '" + v->node->name + "': gradient " + std::to_string(i) + " has shape " +
                     shape_str(in_grads[i].shape()) + ", input has " + shape_str(in->value.shape()));
-      auto [slot, fresh] = grads.try_emplace(in, in_grads[i]);
-      if (!fresh) slot->second = scaled::add(slot->second, in_grads[i]);  // reused value
+      // The gradient's data takes the storage of the value it is the gradient of.
+      ScaledTensor gi = in_grads[i];
+      const DType storage = in->value.data.dtype();
+      if (v->node->promoted && dtype_size(storage) >= 2) gi.data = to_storage(gi.data, storage, v->node->name + " grad");
+      auto [slot, fresh] = grads.try_emplace(in, gi);
+      if (!fresh) {  // a reused value: sum, in its storage
+        slot->second = scaled::add(slot->second, gi);
+        if (dtype_size(storage) >= 2) slot->second.data = to_storage(slot->second.data, storage, "grad accumulation");
+      }
     }
     grads.erase(g);
   }

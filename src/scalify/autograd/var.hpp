@@ -8,6 +8,7 @@
 // scale, and every op in functions.cpp runs its forward and backward through the scale rules of
 // scaled/scaled_ops, so scales propagate through the backward pass too. With no scaled input
 // anywhere, every op takes the plain kernel and results are bit-identical to the unscaled engine.
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <string>
@@ -31,6 +32,7 @@ struct Node {
   std::string name;
   std::vector<std::shared_ptr<VarImpl>> inputs;
   BackwardFn backward;
+  bool promoted = true;  // Var::Storage::promoted: gradients are rounded into their inputs' storage
 };
 struct VarImpl {
   ScaledTensor value;
@@ -73,8 +75,18 @@ class Var {
   // Records an op: `value` computed from `inputs`, differentiated by `backward`. Records nothing
   // when no input requires gradients or inside a NoGrad scope. This is also the public way to
   // write a custom function with its own backward.
-  static Var make(std::string name, ScaledTensor value, const std::vector<Var>& inputs, BackwardFn backward);
+  // Data precision (autograd/data_precision.hpp): with `promoted` the value's data is rounded into
+  // the storage its inputs promote to, and each input's gradient into that input's storage when it
+  // is 16 bits or wider (FP8 and narrower values come from explicit casts, whose recipes choose
+  // their gradients' format); with `as_computed` (casts, losses) both are kept as computed.
+  enum class Storage : uint8_t { promoted, as_computed };
+  static Var make(std::string name, ScaledTensor value, const std::vector<Var>& inputs, BackwardFn backward,
+                  Storage storage = Storage::promoted);
   static Var make(std::string name, Tensor value, const std::vector<Var>& inputs, PlainBackwardFn backward);
+  // The storage an op's output data takes from these inputs (what make rounds into; `computed`
+  // when only weakly typed scalar constants are given): ops whose backward keeps their output
+  // round it first, so the graph holds the stored copy only.
+  static DType storage_for(const std::vector<Var>& inputs, DType computed);
 
   const std::string& op_name() const;  // "" for leaves
   size_t graph_inputs() const;         // inputs of the node that made this value (0 for leaves)

@@ -87,6 +87,7 @@ std::string Recipe::to_json() const {
             {"rescale_norm_grad", rescale_norm_grad},
             {"rescale_gradients", rescale_gradients},
             {"unit_scaled", unit_scaled},
+            {"data_storage", std::string(dtype_name(data_storage))},
             {"loss_scaling", {{"kind", loss_kind(loss_scaling.kind)}, {"scale", loss_scaling.scale},
                               {"growth_interval", loss_scaling.growth_interval}}}};
   return j.dump(2);
@@ -128,6 +129,10 @@ Recipe from_parsed(const json& j) {
   r.rescale_norm_grad = j.contains("rescale_norm_grad") && field<bool>(j, "rescale_norm_grad", "recipe");
   r.rescale_gradients = j.contains("rescale_gradients") && field<bool>(j, "rescale_gradients", "recipe");
   r.unit_scaled = j.contains("unit_scaled") && field<bool>(j, "unit_scaled", "recipe");
+  r.data_storage = j.contains("data_storage") ? parse_dtype(field<std::string>(j, "data_storage", "recipe")) : DType::f32;
+  if (!dtype_format(r.data_storage))
+    throw Error("recipe: data_storage must be a floating-point format (f32, f16, bf16, ...), got " +
+                std::string(dtype_name(r.data_storage)));
   const json ls = field<json>(j, "loss_scaling", "recipe");
   const std::string kind = field<std::string>(ls, "kind", "loss_scaling");
   if (kind == "none") r.loss_scaling.kind = LossScalerConfig::Kind::none;
@@ -166,6 +171,9 @@ Recipe preset(const std::string& name) {
     r.linear = fp8 ? recipe_scalify(Format::e4m3, Format::e5m2) : recipe_scalify(Format::f16, Format::f16);
     r.linear.name = name;
     r.scaled_state = true;  // every row propagates scales from scaled parameters (Table 3's note)
+    // Activations and gradients held in f16 data end to end, as jax-scalify's f16 ScaledArrays:
+    // with no loss scaling, only the propagated scales keep them in f16's range.
+    r.data_storage = DType::f16;
     if (name != "scalify_fp16_1") {
       r.master_weight = DType::f16;
       r.rescale_norm_grad = true;

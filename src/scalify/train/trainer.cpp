@@ -7,9 +7,12 @@
 #include <fstream>
 #include <map>
 #include <memory>
+#include <optional>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "scalify/autograd/data_precision.hpp"
+#include "scalify/autograd/scaling.hpp"
 #include "scalify/error.hpp"
 #include "scalify/formats/kernels.hpp"
 #include "scalify/io/atomic_file.hpp"
@@ -44,6 +47,18 @@ struct Session {
   static nn::GptConfig model_config(const TrainConfig& c, const quant::Recipe& r) {
     nn::GptConfig m = c.model;
     m.unit_scaled = m.unit_scaled || r.unit_scaled;
+    return m;
+  }
+  // The model the forward pass runs: the recipe's data storage narrower than a parameter's means
+  // the parameter is cast to it at use (its gradient returns to the parameter's storage).
+  nn::Gpt forward_model() const {
+    const std::optional<Format> f = dtype_format(recipe.data_storage);
+    if (!f || recipe.data_storage == DType::f32) return model;
+    nn::Gpt m = model;
+    unit::NamedParams cast = model.parameters();
+    for (auto& [name, p] : cast)
+      if (p.scaled().data.dtype() == DType::f32) p = cast_on_forward(p, *f);
+    m.set_parameters(cast);
     return m;
   }
   nn::GptOptions options() const {
@@ -209,7 +224,7 @@ double median(std::vector<double> v) {
 
 double batch_loss(const Session& s, const std::vector<uint8_t>& bytes, const std::vector<size_t>& starts) {
   const Batch b = make_batch(bytes, starts, s.cfg.model.seq);
-  return s.model.loss(b.ids, b.targets, s.options()).value().item();
+  return s.forward_model().loss(b.ids, b.targets, s.options()).value().item();
 }
 
 EvalResult eval_session(const Session& s, const std::vector<uint8_t>& val) {
@@ -320,15 +335,30 @@ TrainResult train(const TrainConfig& config, bool resume, const Progress& progre
     const int64_t statistics_before = scale_statistics();
     s->opt->set_lr(lr);
     double loss_sum = 0;
+    // Every stats_every steps, low-precision data storage is inspected: how many values each
+    // op's output and gradient lost to underflow or saturation when rounded into it.
+    const bool stats_step = (step + 1) % cfg.stats_every == 0;
+    std::optional<StorageCastRecorder> casts;
+    if (stats_step && s->recipe.data_storage != DType::f32) casts.emplace();
     for (int64_t micro = 0; micro < cfg.accum; ++micro) {
       const Batch b = make_batch(corpus.train, train_starts(corpus.train.size(), cfg.batch, T, cfg.seed, uint64_t(step * cfg.accum + micro)), T);
-      Var loss = s->model.loss(b.ids, b.targets, s->options());
+      Var loss = s->forward_model().loss(b.ids, b.targets, s->options());
       loss_sum += loss.value().item();
       if (cfg.accum > 1) loss = loss * (1.0 / double(cfg.accum));
       if (s->scaler) loss = s->scaler->scale_loss(loss);
       loss.backward();
     }
     last_loss = loss_sum / double(cfg.accum);
+    if (casts) {
+      json d = json::object();
+      for (const auto& [name, st] : casts->stats()) {
+        d[name] = {{"values", st.values}, {"underflow", st.underflow_fraction()}, {"saturated", st.saturated_fraction()}};
+        r.max_data_underflow = std::max(r.max_data_underflow, st.underflow_fraction());
+        r.max_data_saturated = std::max(r.max_data_saturated, st.saturated_fraction());
+      }
+      metrics << json{{"step", step}, {"data_storage", d}}.dump() << "\n";
+      casts.reset();
+    }
     bool ok = !s->scaler || s->scaler->unscale(s->params);
     if (!s->scaler && !std::isfinite(last_loss))
       throw Diverged("training diverged: the loss is " + std::to_string(last_loss) + " at step " + std::to_string(step) + " (recipe " + cfg.recipe + ")", step);
@@ -356,7 +386,7 @@ TrainResult train(const TrainConfig& config, bool resume, const Progress& progre
               {"loss_scale", s->scaler ? s->scaler->scale() : 1.0}, {"scale_statistics", statistics},
               {"tokens_per_s", std::round(tps)}};
     metrics << m.dump() << "\n";
-    if (!s->linears.empty() && (step + 1) % cfg.stats_every == 0) {
+    if (!s->linears.empty() && stats_step) {
       json q = json::object();
       for (const auto& [layer, ql] : s->linears)
         for (const auto& [role, quantizer] : ql.quantizers()) {
@@ -427,7 +457,7 @@ std::string sample(const std::string& checkpoint, const std::string& prompt, con
   for (int64_t i = 0; i < o.tokens; ++i) {
     const int64_t T = std::min<int64_t>(int64_t(ctx.size()), cfg.model.seq);
     const std::vector<int64_t> window(ctx.end() - T, ctx.end());
-    const Tensor logits = s->model.logits(Tensor::from_indices(window, {1, T}), s->options()).value();
+    const Tensor logits = s->forward_model().logits(Tensor::from_indices(window, {1, T}), s->options()).value();
     std::vector<double> l(size_t(cfg.model.vocab));
     for (int64_t v = 0; v < cfg.model.vocab; ++v) l[size_t(v)] = logits.at({0, T - 1, v});
     int64_t next = 0;

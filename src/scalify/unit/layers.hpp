@@ -19,6 +19,7 @@ struct ScaleProbe {
   struct Entry {
     std::string name;
     double forward_rms = -1, backward_rms = -1;  // -1: not seen
+    DType forward_storage = DType::f32, backward_storage = DType::f32;  // the data's dtype
   };
   std::vector<Entry> entries;
   // Identity op that records x's RMS now and its gradient's RMS in the backward pass.

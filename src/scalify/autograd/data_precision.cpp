@@ -1,0 +1,82 @@
+#include "scalify/autograd/data_precision.hpp"
+
+#include <cmath>
+#include <cstring>
+
+#include "scalify/formats/format.hpp"
+#include "scalify/formats/scalar.hpp"
+
+namespace scalify {
+
+namespace {
+thread_local StorageCastRecorder* g_recorder = nullptr;
+
+bool is_float(DType t) { return !is_integer(t); }
+
+// Saturation is for finite values past the format's largest; an infinity (a mask's -inf fill) is
+// exact in a format that has one and must stay infinite, or masked scores would become -65504
+// times their scale and leak attention at small scales.
+void keep_infinities(const Tensor& in, Tensor& out, Format f) {
+  const float* x = in.data<float>();
+  const int64_t n = in.numel();
+  bool any = false;
+  for (int64_t i = 0; i < n; ++i) any |= std::isinf(x[i]);
+  if (!any) return;
+  const int bytes = info(f).storage_bytes();
+  std::byte* codes = out.raw_bytes();
+  for (int64_t i = 0; i < n; ++i)
+    if (std::isinf(x[i])) {
+      const uint32_t code = encode(f, x[i], {Overflow::non_saturating});
+      std::memcpy(codes + i * bytes, &code, size_t(bytes));  // little-endian: the low bytes
+    }
+}
+}  // namespace
+
+DType promoted_storage(const std::vector<DType>& inputs) {
+  bool any = false, mixed = false;
+  DType low = DType::f32;
+  for (DType t : inputs) {
+    if (!is_float(t)) continue;
+    if (t == DType::f64) return DType::f64;
+    if (!any) low = t;
+    mixed = mixed || t != low;
+    any = true;
+  }
+  for (DType t : inputs)
+    if (t == DType::f32) return DType::f32;
+  return !any || mixed ? DType::f32 : low;
+}
+
+Tensor to_storage(const Tensor& data, DType storage, const std::string& what) {
+  if (!data.defined() || data.dtype() == storage || !is_float(data.dtype()) || !is_float(storage)) return data;
+  Tensor out = data.to(storage);
+  const std::optional<Format> f = dtype_format(storage);
+  if (f && info(*f).specials == Specials::ieee && data.dtype() == DType::f32 && data.is_contiguous() && out.is_contiguous())
+    keep_infinities(data, out, *f);
+  if (g_recorder && f && storage != DType::f32) {
+    const double top = max_value(*f);
+    const std::vector<float> in = data.to_floats(), rounded = out.to_floats();
+    StorageCastStats& s = g_recorder->stats_[what];
+    s.values += int64_t(in.size());
+    for (size_t i = 0; i < in.size(); ++i) {
+      s.underflowed += in[i] != 0 && rounded[i] == 0 && !std::isnan(in[i]);
+      s.saturated += std::isfinite(in[i]) && std::fabs(double(in[i])) > top;
+    }
+  }
+  return out;
+}
+
+StorageCastRecorder::StorageCastRecorder() : previous_(g_recorder) { g_recorder = this; }
+StorageCastRecorder::~StorageCastRecorder() { g_recorder = previous_; }
+
+StorageCastStats StorageCastRecorder::total() const {
+  StorageCastStats t;
+  for (const auto& [name, s] : stats_) {
+    t.values += s.values;
+    t.underflowed += s.underflowed;
+    t.saturated += s.saturated;
+  }
+  return t;
+}
+
+}  // namespace scalify
