@@ -3,12 +3,14 @@
 
 #include <bit>
 #include <cmath>
+#include <limits>
 #include <random>
 #include <vector>
 
 #include "scalify/error.hpp"
 #include "scalify/formats/bulk.hpp"
 #include "scalify/formats/kernels.hpp"
+#include "scalify/formats/scalar.hpp"
 
 namespace scalify {
 namespace {
@@ -160,6 +162,43 @@ TEST(FormatTable, DerivedValuesMatchSpec) {
   EXPECT_EQ(info(Format::e2m1).emax(), 2);
   EXPECT_EQ(info(Format::e3m2).emax(), 4);
   EXPECT_EQ(info(Format::e2m3).emax(), 2);
+}
+
+// One API, one set of rules: the scalar and bulk encoders share their default (saturate), both
+// directions reject scales that make every value garbage, a code wider than its format is an
+// error, and a NaN into a NaN-less format is rejected before a code is written.
+TEST(FormatApi, ScalarAndBulkAgreeOnDefaultsAndBadInput) {
+  EXPECT_EQ(EncodeOptions{}.overflow, QuantizeOptions{}.overflow);
+  EXPECT_EQ(EncodeOptions{}.overflow, Overflow::saturate);
+  EXPECT_EQ(decode(Format::e4m3, encode(Format::e4m3, 1e6f)), 448.0f);  // both saturate by default
+  std::vector<std::byte> codes(4);
+  const std::vector<float> x = {1, 2, 3, 1e6f};
+  quantize(x, Format::e4m3, 1.0f, codes);
+  EXPECT_EQ(decode(Format::e4m3, uint32_t(codes[3])), 448.0f);
+
+  std::vector<float> out(4);
+  for (float bad : {0.0f, -1.0f, std::numeric_limits<float>::infinity(), std::nanf("")}) {
+    EXPECT_THROW(quantize(x, Format::e4m3, bad, codes), Error) << bad;
+    EXPECT_THROW(dequantize(codes, Format::e4m3, bad, out), Error) << bad;
+  }
+
+  EXPECT_EQ(decode(Format::e2m1, 0x0F), -6.0f);
+  EXPECT_THROW(decode(Format::e2m1, 0xFF), Error);  // was -6: the high bits were ignored
+  EXPECT_THROW(decode(Format::e4m3, 0x100), Error);
+  EXPECT_THROW(decode(Format::f16, 0x10000), Error);
+
+  for (Format f : {Format::e2m1, Format::e3m2, Format::e2m3, Format::int8}) {
+    std::vector<std::byte> buf(8 * size_t(info(f).storage_bytes()), std::byte{0xAB});
+    const std::vector<float> with_nan = {1, 2, 3, 4, 5, std::nanf(""), 7, 8};
+    EXPECT_THROW(quantize(with_nan, f, 1.0f, buf), Error) << format_name(f);
+    for (std::byte b : buf) ASSERT_EQ(b, std::byte{0xAB}) << format_name(f) << ": no code written before the error";
+  }
+
+  // e8m0 has no zero and no sign (documented): saturating maps them to its smallest value.
+  for (float z : {0.0f, -1.0f, -1e30f}) {
+    EXPECT_EQ(encode(Format::e8m0, z), 0x00u) << z;
+    EXPECT_EQ(encode(Format::e8m0, z, {Overflow::non_saturating}), 0xFFu) << z;
+  }
 }
 
 }  // namespace

@@ -75,8 +75,15 @@ float quantize_impl(std::span<const float> src, Format fmt, float scale,
   check_sizes(src.size(), fmt, codes.size(), "quantize");
   kernels::QuantizeArgs args = make_args(fmt, scale, opt);
   const kernels::KernelTable& k = kernels::active_kernels();
-  // Formats without NaN need the abs-max anyway to report a NaN input.
-  const bool amax_needed = want_amax || !info(fmt).has_nan();
+  // Formats without NaN (FP6/FP4, int8) reject a NaN input before a code is written: a caller's
+  // buffer is never left half-quantised by the error.
+  if (!info(fmt).has_nan()) {
+    const uint32_t m = parallel_chunks(src.size(), 0, [&](size_t b, size_t e) { return k.amax_bits(src.data() + b, e - b); });
+    if (std::isnan(std::bit_cast<float>(m)))
+      throw Error("quantize: input contains NaN, which " + std::string(format_name(fmt)) +
+                  " cannot represent (a NaN must not silently become a number)");
+  }
+  const bool amax_needed = want_amax;
   const int cb = info(fmt).storage_bytes();
   const uint32_t m = parallel_chunks(src.size(), opt.offset, [&](size_t b, size_t e) -> uint32_t {
     kernels::QuantizeArgs a = args;
@@ -86,11 +93,7 @@ float quantize_impl(std::span<const float> src, Format fmt, float scale,
     k.quantize(src.data() + b, e - b, out, a);
     return 0;
   });
-  const float amax_value = std::bit_cast<float>(m);
-  if (!info(fmt).has_nan() && std::isnan(amax_value))
-    throw Error("quantize: input contains NaN, which " + std::string(format_name(fmt)) +
-                " cannot represent (a NaN must not silently become a number)");
-  return amax_value;
+  return std::bit_cast<float>(m);
 }
 
 }  // namespace
@@ -116,7 +119,8 @@ float quantize_amax(std::span<const float> src, Format fmt, float scale,
 
 void dequantize(std::span<const std::byte> codes, Format fmt, float scale, std::span<float> out) {
   check_sizes(out.size(), fmt, codes.size(), "dequantize");
-  if (!std::isfinite(scale)) throw Error("dequantize scale must be finite, got " + std::to_string(scale));
+  if (!(scale > 0.0f) || !std::isfinite(scale))  // as quantize: a zero or negative scale makes every value garbage
+    throw Error("dequantize: scale must be a finite positive number, got " + std::to_string(scale));
   const kernels::KernelTable& k = kernels::active_kernels();
   const FormatInfo& f = info(fmt);
   parallel_chunks(out.size(), 0, [&](size_t b, size_t e) -> uint32_t {

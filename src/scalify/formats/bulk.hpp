@@ -18,7 +18,7 @@
 namespace scalify {
 
 struct QuantizeOptions {
-  Overflow overflow = Overflow::saturate;  // training casts saturate
+  Overflow overflow = kDefaultOverflow;  // training casts saturate; the same default as EncodeOptions
   Rounding rounding = Rounding::nearest_even;
   uint64_t seed = 0;    // stochastic rounding: element i draws random_bits(seed, offset + i)
   uint64_t offset = 0;  // index of src[0] in a larger tensor, so pieces draw distinct bits

@@ -182,7 +182,11 @@ uint32_t encode_from_bf16(Format fmt, uint16_t b, EncodeOptions opt) {
 }
 
 float decode(Format fmt, uint32_t code) {
-  return std::bit_cast<float>(detail::decode_bits(info(fmt), code));
+  const FormatInfo& f = info(fmt);
+  if (f.bits < 32 && code >> f.bits)
+    throw Error("decode: code " + std::to_string(code) + " does not fit " + std::string(f.name) + "'s " +
+                std::to_string(f.bits) + " bits");
+  return std::bit_cast<float>(detail::decode_bits(f, code));
 }
 
 }  // namespace scalify

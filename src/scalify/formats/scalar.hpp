@@ -22,8 +22,12 @@ enum class Overflow : uint8_t {
                    // int8 have neither, so they saturate either way)
 };
 
+// The one default for both the scalar and the bulk API: what training casts use. A plain
+// numeric cast (ml_dtypes' astype, the reference vectors) is Overflow::non_saturating, named.
+inline constexpr Overflow kDefaultOverflow = Overflow::saturate;
+
 struct EncodeOptions {
-  Overflow overflow = Overflow::non_saturating;
+  Overflow overflow = kDefaultOverflow;
   Rounding rounding = Rounding::nearest_even;
   uint32_t random_bits = 0;  // only for Rounding::stochastic: 32 uniform random bits
 };
@@ -35,7 +39,10 @@ uint32_t encode_from_f16(Format fmt, uint16_t h, EncodeOptions opt = {});
 uint32_t encode_from_bf16(Format fmt, uint16_t b, EncodeOptions opt = {});
 
 // Decode a code to f32 (exact: every value of every format here is an f32). NaN codes give a quiet
-// NaN carrying the code's sign; the fnuz NaN 0x80 decodes negative, as in ml_dtypes.
+// NaN carrying the code's sign; the fnuz NaN 0x80 decodes negative, as in ml_dtypes. A code with
+// bits above the format's width (0xFF for 4-bit e2m1) throws scalify::Error.
+// e8m0 has no zero and no sign: in saturating mode zeros, negatives and values below 2^-127 encode
+// to 0x00 (2^-127, its smallest value); non-saturating, zeros and negatives give NaN (0xFF).
 float decode(Format fmt, uint32_t code);
 
 // Exact f16 / bf16 <-> f32 helpers (bit patterns).
