@@ -1,5 +1,6 @@
 // Every differentiable op: its gradient matches central finite differences in f64.
 #include "gradcheck.hpp"
+#include "scalify/unit/unit_ops.hpp"
 
 namespace scalify {
 namespace {
@@ -27,6 +28,13 @@ TEST(GradCheck, ArithmeticWithBroadcasting) {
   gradcheck("add_scalar", [](auto& v) { return v[0] + 2.5; }, {rnd({5}, 10)});
   gradcheck("mul_scalar", [](auto& v) { return v[0] * -1.5; }, {rnd({5}, 11)});
   gradcheck("pow", [](auto& v) { return pow_scalar(v[0], 2.7); }, {positive({6}, 12)});
+  // maximum / minimum: distinct random values, so no tie sits within the finite-difference step.
+  gradcheck("maximum", [](auto& v) { return maximum(v[0], v[1]); }, {rnd({4, 5}, 13), rnd({5}, 14)});
+  gradcheck("minimum", [](auto& v) { return minimum(v[0], v[1]); }, {rnd({4, 5}, 15), rnd({4, 1}, 16)});
+  // Unit-scaled ops with beta = alpha (ExactGradients) give true gradients: the wiring of mult and dim.
+  gradcheck("unit silu mult 2", [](auto& v) { unit::ExactGradients e; return unit::silu(v[0], 2.0); }, {rnd({6}, 17)});
+  gradcheck("unit gelu_erf mult 0.5", [](auto& v) { unit::ExactGradients e; return unit::gelu_erf(v[0], 0.5); }, {rnd({6}, 18)});
+  gradcheck("unit softmax dim 0", [](auto& v) { unit::ExactGradients e; return unit::softmax(v[0], 0, 3.0); }, {rnd({4, 3}, 19)});
 }
 
 TEST(GradCheck, UnaryMaps) {

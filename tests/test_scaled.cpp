@@ -122,6 +122,10 @@ std::vector<OpCase> cases() {
       {"ema", {{64, 32}, {64, 32}}, [](auto& v) { return ema(v[0], v[1], 0.9); },
        [](auto& v) { return ops::binary(ops::Binary::add, v[0], v[1], 0.9, 1 - 0.9); }, r2, 2},
       {"transpose", {{64, 32}}, [](auto& v) { return transpose(v[0], 0, 1); }, [](auto& v) { return v[0].transpose(0, 1); }, r2, 2},
+      // maximum / minimum of two unit Gaussians: E[max^2] = E[min^2] = 1; rebasing the smaller-scale
+      // operand onto the larger scale shrinks it: [1/4, 1].
+      {"maximum", {{64, 32}, {64, 32}}, [](auto& v) { return maximum(v[0], v[1]); }, [](auto& v) { return ops::maximum(v[0], v[1]); }, 0.25, 1.2},
+      {"minimum", {{64, 32}, {32}}, [](auto& v) { return minimum(v[0], v[1]); }, [](auto& v) { return ops::minimum(v[0], v[1]); }, 0.25, 1.2},
   };
 }
 
@@ -409,6 +413,32 @@ TEST(ScaleEdges, GradientsAtLargeScalesAreFiniteAndExact) {
     gelu(x).backward(ScaledTensor(Tensor::ones({1024}), 1.0f));
     const std::vector<double> zv = z.to_vector(), gv = x.grad().to_vector();
     for (size_t i = 0; i < zv.size(); ++i) ASSERT_EQ(gv[i], zv[i] > 0 ? 1.0 : 0.0) << "gelu' at 2^" << e << " x " << zv[i];
+  }
+}
+
+// maximum / minimum keep a NaN from either operand (no silent NaN loss), and route the gradient.
+TEST(Scaled, MaximumMinimumPropagateNaNAndRouteGradients) {
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const Tensor a = Tensor::from_vector(std::vector<float>{nan, 1, 5, 2}, {4}), b = Tensor::from_vector(std::vector<float>{1, nan, 3, 2}, {4});
+  for (bool scaled_in : {false, true}) {
+    // The same represented values, scaled differently: a = a_d 4, b = b_d 2.
+    const ScaledTensor sa = scaled_in ? ScaledTensor(ops::scale_shift(a, 0.25, 0), 4.0f) : ScaledTensor(a);
+    const ScaledTensor sb = scaled_in ? ScaledTensor(ops::scale_shift(b, 0.5, 0), 2.0f) : ScaledTensor(b);
+    for (bool take_max : {true, false}) {
+      const std::vector<double> s = (take_max ? scaled::maximum(sa, sb) : scaled::minimum(sa, sb)).value().to_vector();
+      Var va(sa, true), vb(sb, true);
+      const Var out = take_max ? maximum(va, vb) : minimum(va, vb);
+      const std::vector<double> v = out.value().to_vector();
+      EXPECT_TRUE(std::isnan(s[0]) && std::isnan(s[1]) && std::isnan(v[0]) && std::isnan(v[1]));
+      EXPECT_EQ(s[2], take_max ? 5 : 3);
+      EXPECT_EQ(v[2], take_max ? 5 : 3);
+      out.backward(ScaledTensor(Tensor::ones({4})));
+      const std::vector<double> ga = va.grad().to_vector(), gb = vb.grad().to_vector();
+      EXPECT_EQ(ga[2], take_max ? 1.0 : 0.0);  // 5 vs 3: max takes a, min takes b
+      EXPECT_EQ(gb[2], take_max ? 0.0 : 1.0);
+      EXPECT_EQ(ga[3], 1.0);  // a tie goes to the first operand
+      EXPECT_EQ(gb[3], 0.0);
+    }
   }
 }
 

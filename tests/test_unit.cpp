@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <functional>
 
 #include "scalify/error.hpp"
 #include "scalify/optim/adamw.hpp"
@@ -119,6 +120,83 @@ TEST(UnitOps, GradientsAreTheUnscaledGradientsTimesBeta) {
     unary(f.op == ops::Unary::gelu_erf ? ops::Unary::gelu_tanh : f.op, hu).backward(gh);
     const std::vector<double> p = hs.grad().to_vector(), q = hu.grad().to_vector();
     for (size_t i = 0; i < p.size(); ++i) ASSERT_NEAR(p[i], f.beta * q[i], 1e-5 * (1 + std::fabs(q[i]))) << f.name;
+  }
+}
+
+// The unit-scaling package's (0.3) published models, L(t, lo, hi) = lo^(1-t) hi^t: forward
+// alpha f(mult x)-form outputs, backward beta times the op's gradient, constraints choosing one.
+TEST(UnitOps, SiluGeluSoftmaxFollowTheUnitScalingPackage) {
+  const auto L = [](double t, double lo, double hi) { return std::pow(lo, 1 - t) * std::pow(hi, t); };
+  const double gelu_hi = std::sqrt(2 / (1 - 1 / M_PI));
+  const Tensor x = Tensor::randn({4096}, 60), g = Tensor::randn({4096}, 61);
+  struct Case {
+    const char* name;
+    double mult, alpha, beta;
+    std::function<Var(const Var&, unit::Constraint)> unit_op;
+    std::function<Var(const Var&)> plain;
+  };
+  const Case cases[] = {
+      {"gelu_erf", 1, L(0.8, 2, gelu_hi), L(0.8, 2, std::sqrt(2.0)), [](auto& v, auto c) { return unit::gelu_erf(v, 1, c); },
+       [](auto& v) { return gelu_erf(v); }},
+      {"gelu_erf mult 2", 2, L(1 / 1.0625, 2, gelu_hi), L(1 / 1.0625, 2, std::sqrt(2.0)), [](auto& v, auto c) { return unit::gelu_erf(v, 2, c); },
+       [](auto& v) { return gelu_erf(v * 2.0) * 0.5; }},
+      {"silu", 1, L(0.8, 2, gelu_hi), std::pow(2.0, 0.75), [](auto& v, auto c) { return unit::silu(v, 1, c); }, [](auto& v) { return silu(v); }},
+      {"silu mult 0.5", 0.5, L(0.5, 2, gelu_hi), L(0.2, 2, std::sqrt(2.0)), [](auto& v, auto c) { return unit::silu(v, 0.5, c); },
+       [](auto& v) { return v * sigmoid(v * 0.5); }},
+  };
+  for (const Case& c : cases)
+    for (unit::Constraint k : {unit::Constraint::none, unit::Constraint::to_output_scale, unit::Constraint::to_grad_input_scale, unit::Constraint::gmean}) {
+      const double a = k == unit::Constraint::none || k == unit::Constraint::to_output_scale ? c.alpha
+                       : k == unit::Constraint::gmean ? std::sqrt(c.alpha * c.beta) : c.beta;
+      const double b = k == unit::Constraint::none ? c.beta : k == unit::Constraint::to_output_scale ? c.alpha
+                       : k == unit::Constraint::gmean ? std::sqrt(c.alpha * c.beta) : c.beta;
+      Var xs(x, true), xp(x, true);
+      const Var ys = c.unit_op(xs, k), yp = c.plain(xp);
+      ys.backward(g);
+      yp.backward(g);
+      const std::vector<double> yu = ys.value().to_vector(), yr = yp.value().to_vector(), gu = xs.grad().to_vector(), gr = xp.grad().to_vector();
+      for (size_t i = 0; i < yu.size(); ++i) {
+        ASSERT_NEAR(yu[i], a * yr[i], 2e-6 * (1 + std::fabs(a * yr[i]))) << c.name;
+        ASSERT_NEAR(gu[i], b * gr[i], 2e-6 * (1 + std::fabs(b * gr[i]))) << c.name;
+      }
+    }
+  // The package's default (to_output_scale) output of a unit-Gaussian input is near unit scale.
+  EXPECT_NEAR(stddev(unit::silu(Var(x)).value()), 1.0, 0.25);
+  EXPECT_NEAR(stddev(unit::gelu_erf(Var(x)).value()), 1.0, 0.25);
+
+  // softmax(mult x) over a chosen dim: alpha = L(t, n, sqrt n), beta = L(t, n/mult, sqrt(n/mult)),
+  // t = 1 / (1 + 4 / mult^2): n^0.9 for both at mult = 1.
+  const Tensor s = Tensor::randn({8, 16}, 62), gs = Tensor::randn({8, 16}, 63);
+  for (double mult : {1.0, 4.0}) {
+    const double n = 8, t = 1 / (1 + 4 / (mult * mult));
+    const double alpha = L(t, n, std::sqrt(n)), beta = L(t, n / mult, std::sqrt(n / mult));
+    if (mult == 1) {
+      EXPECT_NEAR(alpha, std::pow(8.0, 0.9), 1e-12);
+    }
+    Var xs(s, true), xp(s, true);
+    const Var ys = unit::softmax(xs, 0, mult, unit::Constraint::none), yp = softmax(xp * mult, 0);
+    ys.backward(gs);
+    yp.backward(gs);
+    const std::vector<double> yu = ys.value().to_vector(), yr = yp.value().to_vector(), gu = xs.grad().to_vector(), gr = xp.grad().to_vector();
+    for (size_t i = 0; i < yu.size(); ++i) {
+      ASSERT_NEAR(yu[i], alpha * yr[i], 2e-6 * (1 + alpha * std::fabs(yr[i]))) << "softmax mult " << mult;
+      ASSERT_NEAR(gu[i], beta * gr[i], 2e-6 * (1 + beta * std::fabs(gr[i]))) << "softmax mult " << mult;
+    }
+  }
+  EXPECT_THROW(unit::softmax(Var(s), 2), Error);
+  EXPECT_THROW(unit::silu(Var(x), 0.0), Error);
+
+  // Matmul: to_output_scale sets beta_x = alpha = m^-1/2; to_grad_input_scale alpha = beta_x = n^-1/2.
+  const Tensor xm = Tensor::randn({32, 64}, 64), w = Tensor::randn({64, 16}, 65), gm = Tensor::randn({32, 16}, 66);
+  for (unit::Constrain k : {unit::Constrain::x_to_output_scale, unit::Constrain::x_to_grad_input_scale}) {
+    const double f = k == unit::Constrain::x_to_output_scale ? 1 / std::sqrt(64.0) : 1 / std::sqrt(16.0);
+    Var xs(xm, true), ws(w, true), xp(xm, true), wp(w, true);
+    const Var ys = unit::matmul(xs, ws, k), yp = matmul(xp, wp);
+    ys.backward(gm);
+    yp.backward(gm);
+    const std::vector<double> yu = ys.value().to_vector(), yr = yp.value().to_vector(), gu = xs.grad().to_vector(), gr = xp.grad().to_vector();
+    for (size_t i = 0; i < yu.size(); ++i) ASSERT_NEAR(yu[i], f * yr[i], 1e-5 * (1 + std::fabs(f * yr[i])));
+    for (size_t i = 0; i < gu.size(); ++i) ASSERT_NEAR(gu[i], f * gr[i], 1e-5 * (1 + std::fabs(f * gr[i])));
   }
 }
 

@@ -217,6 +217,20 @@ Var cross_entropy(const Var& logits, const Tensor& targets) {
                    Var::Storage::as_computed);
 }
 
+namespace {
+// max(a, b) is where(a >= b, a, b): the same forward value (NaNs kept) and the gradient routed to
+// the chosen operand.
+Var extremum(const Var& a, const Var& b, bool take_max) {
+  const ScaledTensor &x = a.scaled(), &y = b.scaled();
+  const auto factor = [](const ScaledTensor& t) { return t.is_scaled() && !t.any_scale ? double(t.scalar_scale()) : 1.0; };
+  const Tensor picks_a = ops::binary(take_max ? ops::Binary::max_picks_a : ops::Binary::min_picks_a, x.data, y.data, factor(x), factor(y));
+  const Shape shape = picks_a.shape();
+  return where(picks_a, expand(a, shape), expand(b, shape));
+}
+}  // namespace
+Var maximum(const Var& a, const Var& b) { return extremum(a, b, true); }
+Var minimum(const Var& a, const Var& b) { return extremum(a, b, false); }
+
 Var where(const Tensor& cond, const Var& a, const Var& b) {
   return Var::make("where", s::where(cond, a.scaled(), b.scaled()), {a, b}, [cond, sa = a.shape(), sb = b.shape()](const ScaledTensor& g) {
     const ScaledTensor zero = any_scale_constant(Tensor::scalar(0.0, g.data.dtype() == DType::f64 ? DType::f64 : DType::f32));

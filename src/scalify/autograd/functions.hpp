@@ -54,6 +54,9 @@ Var embedding(const Var& weight, const Tensor& ids);
 Var cross_entropy(const Var& logits, const Tensor& targets);  // mean over rows
 
 Var where(const Tensor& cond, const Var& a, const Var& b);
+// Elementwise maximum / minimum with broadcasting; the gradient goes to the chosen operand (to a on ties).
+Var maximum(const Var& a, const Var& b);
+Var minimum(const Var& a, const Var& b);
 // Sets masked-out entries (mask == 0) of attention scores [..., T, T] to -inf.
 Var causal_mask(const Var& scores);
 Var dropout(const Var& x, double p, uint64_t seed);

@@ -215,6 +215,20 @@ ScaledTensor where(const Tensor& cond, const ScaledTensor& x_in, const ScaledTen
   return ScaledTensor(ops::where(cond, xd, yd), zs);
 }
 
+namespace {
+ScaledTensor extremum(const ScaledTensor& x_in, const ScaledTensor& y_in, ops::Binary op) {
+  const ScaledTensor x = uniform(x_in);
+  const ScaledTensor y = uniform(y_in);
+  if (!any_scaled({&x, &y})) return ScaledTensor(ops::binary(op, x.data, y.data));
+  if (x.any_scale && y.any_scale) return any_scale_constant(ops::binary(op, x.data, y.data));
+  const float xs = x.scalar_scale(), ys = y.scalar_scale();
+  const float zs = x.any_scale ? ys : y.any_scale ? xs : std::max(xs, ys);
+  return ScaledTensor(ops::binary(op, x.data, y.data, x.any_scale ? 1.0 : double(xs) / zs, y.any_scale ? 1.0 : double(ys) / zs), zs);
+}
+}  // namespace
+ScaledTensor maximum(const ScaledTensor& x, const ScaledTensor& y) { return extremum(x, y, ops::Binary::maximum); }
+ScaledTensor minimum(const ScaledTensor& x, const ScaledTensor& y) { return extremum(x, y, ops::Binary::minimum); }
+
 ScaledTensor concat(const std::vector<ScaledTensor>& xs_in, int dim) {
   std::vector<ScaledTensor> xs;
   for (const ScaledTensor& x : xs_in) xs.push_back(uniform(x));
@@ -315,7 +329,7 @@ const std::vector<ScaleRule>& scale_rules() {
       {"softmax over n", "Y_d = N softmax(X_d X_s); Y_s = 1 / N, N = pow2(n)", "fold: probabilities lie in [0, 1] whatever the input scale and average 1 / n (unit scaling's alpha = s)"},
       {"log_softmax", "Y_d = log_softmax(X_d X_s); Y_s = 1", "fold: log-probabilities are O(log n), not O(X_s)"},
       {"layer_norm, rms_norm (no affine)", "Y_d = norm(X_d, eps / X_s^2); Y_s = 1", "normalisation removes the scale; eps rescaled for exact invariance"},
-      {"where, concat", "Z_s = max(X_s, Y_s), operands rebased; ANY takes the other's scale", "elements come from either operand"},
+      {"where, concat, maximum, minimum", "Z_s = max(X_s, Y_s), operands rebased; ANY takes the other's scale", "elements come from either operand"},
       {"embedding", "Z_s = W_s; Z_d = gather(W_d)", "a gather"},
       {"cross_entropy", "loss of f(X_d X_s); Y_s = 1", "fold: a loss value, O(log n)"},
       {"reshape, transpose, slice, expand", "Z_s = X_s", "shape ops move data only"},

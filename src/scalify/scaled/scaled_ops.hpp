@@ -31,6 +31,9 @@ ScaledTensor rms_norm(const ScaledTensor& x, double eps);    // no affine
 // `scale_used` receives X_s (per-block scales rebased onto their largest, as every rule does).
 ops::NormResult normalise(const ScaledTensor& x, double eps, bool center, double* scale_used = nullptr);
 ScaledTensor where(const Tensor& cond, const ScaledTensor& x, const ScaledTensor& y);
+// Elementwise maximum / minimum: as where, Z_s = max(X_s, Y_s) with both operands rebased.
+ScaledTensor maximum(const ScaledTensor& x, const ScaledTensor& y);
+ScaledTensor minimum(const ScaledTensor& x, const ScaledTensor& y);
 ScaledTensor concat(const std::vector<ScaledTensor>& xs, int dim);
 ScaledTensor embedding(const ScaledTensor& weight, const Tensor& ids);
 ScaledTensor cross_entropy(const ScaledTensor& logits, const Tensor& targets);

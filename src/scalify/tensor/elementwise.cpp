@@ -77,6 +77,10 @@ T apply(Binary op, T a, T b) {
     case Binary::sub: return a - b;
     case Binary::mul: return a * b;
     case Binary::div: return a / b;
+    case Binary::maximum: return a != a || a > b ? a : b;  // a NaN in either operand propagates
+    case Binary::minimum: return a != a || a < b ? a : b;
+    case Binary::max_picks_a: return a != a || a >= b ? T(1) : T(0);
+    case Binary::min_picks_a: return a != a || a <= b ? T(1) : T(0);
   }
   return a;
 }
@@ -124,7 +128,7 @@ Tensor unary_backward(Unary op, const Tensor& x, const Tensor& y, const Tensor& 
 }
 
 Tensor binary(Binary op, const Tensor& a, const Tensor& b, double a_mul, double b_mul) {
-  static const char* names[] = {"add", "sub", "mul", "div"};
+  static const char* names[] = {"add", "sub", "mul", "div", "maximum", "minimum", "max_picks_a", "min_picks_a"};
   const Shape shape = broadcast_shapes(a.shape(), b.shape(), names[static_cast<int>(op)]);
   return dispatch_compute(computes_in_f64(a, b), [&]<class T>() {
     const Dense<T> x(a, shape), y(b, shape);

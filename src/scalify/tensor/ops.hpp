@@ -20,13 +20,17 @@ Tensor unary(Unary op, const Tensor& x, double in_mul = 1.0, double out_mul = 1.
 Tensor unary_backward(Unary op, const Tensor& x_data, const Tensor& y, const Tensor& grad, double x_mul = 1.0);
 const char* unary_name(Unary op);
 
-enum class Binary : uint8_t { add, sub, mul, div };
+// maximum/minimum: elementwise, NaN-propagating; max_picks_a / min_picks_a: 1 where that
+// extremum takes a (a >= b / a <= b, or a is NaN), else 0 (their gradients' routing).
+enum class Binary : uint8_t { add, sub, mul, div, maximum, minimum, max_picks_a, min_picks_a };
 // op(a_mul * a, b_mul * b) with numpy broadcasting.
 Tensor binary(Binary op, const Tensor& a, const Tensor& b, double a_mul = 1.0, double b_mul = 1.0);
 inline Tensor add(const Tensor& a, const Tensor& b) { return binary(Binary::add, a, b); }
 inline Tensor sub(const Tensor& a, const Tensor& b) { return binary(Binary::sub, a, b); }
 inline Tensor mul(const Tensor& a, const Tensor& b) { return binary(Binary::mul, a, b); }
 inline Tensor div(const Tensor& a, const Tensor& b) { return binary(Binary::div, a, b); }
+inline Tensor maximum(const Tensor& a, const Tensor& b) { return binary(Binary::maximum, a, b); }
+inline Tensor minimum(const Tensor& a, const Tensor& b) { return binary(Binary::minimum, a, b); }
 Tensor scale_shift(const Tensor& x, double mul, double add);  // x * mul + add
 Tensor pow_scalar(const Tensor& x, double p);
 Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b);  // cond != 0 ? a : b

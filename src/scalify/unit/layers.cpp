@@ -106,7 +106,7 @@ Var Mlp::operator()(const Var& x, const LayerOptions& o) const {
     if (o.unit_scaled) throw Error("SwiGLU has no unit-scaled form here; use the GELU MLP with unit scaling");
     const int64_t hidden = h.shape().back() / 2;
     const int last = int(h.shape().size()) - 1;
-    a = o.tap(silu(slice(h, last, 0, hidden)) * slice(h, last, hidden, 2 * hidden), "mlp.swiglu");
+    a = o.tap(scalify::silu(slice(h, last, 0, hidden)) * slice(h, last, hidden, 2 * hidden), "mlp.swiglu");
   } else {
     a = o.tap(o.unit_scaled ? unit::gelu(h, /*constrained=*/true) : scalify::gelu(h), "mlp.gelu");
   }

@@ -41,6 +41,8 @@ Var matmul(const Var& x, const Var& w, Constrain constrain, const MatmulFn& prod
     case Constrain::both: alpha = beta_x = beta_w = std::cbrt(alpha * beta_x * beta_w); break;
     case Constrain::x: alpha = beta_x = std::sqrt(alpha * beta_x); break;
     case Constrain::w: alpha = beta_w = std::sqrt(alpha * beta_w); break;
+    case Constrain::x_to_output_scale: beta_x = alpha; break;
+    case Constrain::x_to_grad_input_scale: alpha = beta_x; break;
     case Constrain::none: break;
   }
   const Var xs = scaled(x, 1.0, beta_x), ws = scaled(w, 1.0, beta_w);
@@ -88,6 +90,47 @@ Var relu(const Var& x, bool c) { return activation(ops::Unary::relu, x, c); }
 Var gelu(const Var& x, bool c) { return activation(ops::Unary::gelu_tanh, x, c); }
 Var tanh(const Var& x, bool c) { return activation(ops::Unary::tanh, x, c); }
 Var sigmoid(const Var& x, bool c) { return activation(ops::Unary::sigmoid, x, c); }
+
+namespace {
+// logarithmic interpolation: lo at t = 0, hi at t = 1, a constant ratio in between.
+double interpolate(double t, double lo, double hi) { return std::exp(t * std::log(hi) + (1 - t) * std::log(lo)); }
+std::pair<double, double> constrained(double alpha, double beta, Constraint c) {
+  switch (c) {
+    case Constraint::none: return {alpha, beta};
+    case Constraint::gmean: return {std::sqrt(alpha * beta), std::sqrt(alpha * beta)};
+    case Constraint::to_output_scale: return {alpha, alpha};
+    case Constraint::to_grad_input_scale: return {beta, beta};
+  }
+  return {alpha, beta};
+}
+void check_mult(double mult, const char* op) {
+  if (!(mult > 0) || !std::isfinite(mult)) throw Error(std::string(op) + ": mult must be a finite positive number, got " + std::to_string(mult));
+}
+}  // namespace
+
+Var gelu_erf(const Var& x, double mult, Constraint c) {
+  check_mult(mult, "unit::gelu_erf");
+  const double t = 1 / (1 + 0.25 / (mult * mult));
+  const auto [a, b] = constrained(interpolate(t, 2, std::sqrt(2 / (1 - 1 / M_PI))), interpolate(t, 2, std::sqrt(2.0)), c);
+  return scaled_unary(x, a, b, [mult](const Var& v) { return mult == 1 ? scalify::gelu_erf(v) : scalify::gelu_erf(v * mult) * (1 / mult); });
+}
+
+Var silu(const Var& x, double mult, Constraint c) {
+  check_mult(mult, "unit::silu");
+  const double alpha = interpolate(1 / (1 + 0.25 / (mult * mult)), 2, std::sqrt(2 / (1 - 1 / M_PI)));
+  const auto [a, b] = constrained(alpha, interpolate(1 / (1 + 1 / (mult * mult)), 2, std::sqrt(2.0)), c);
+  return scaled_unary(x, a, b, [mult](const Var& v) { return mult == 1 ? scalify::silu(v) : v * scalify::sigmoid(v * mult); });
+}
+
+Var softmax(const Var& x, int dim, double mult, Constraint c) {
+  check_mult(mult, "unit::softmax");
+  const int rank = int(x.shape().size());
+  if (dim < -rank || dim >= rank) throw Error("unit::softmax: dim " + std::to_string(dim) + " out of range for " + shape_str(x.shape()));
+  const double n = double(x.shape()[size_t(dim < 0 ? dim + rank : dim)]);
+  const double t = 1 / (1 + 4 / (mult * mult));
+  const auto [a, b] = constrained(interpolate(t, n, std::sqrt(n)), interpolate(t, n / mult, std::sqrt(n / mult)), c);
+  return scaled_unary(x, a, b, [dim, mult](const Var& v) { return scalify::softmax(mult == 1 ? v : v * mult, dim); });
+}
 
 Var softmax(const Var& x) {
   const double s = double(x.shape().back());

@@ -30,8 +30,16 @@ class ExactGradients {
   bool previous_;
 };
 
-// Which inputs of a matmul are non-cut edges (must have alpha = beta, resolved by geometric mean).
-enum class Constrain : uint8_t { none, x, w, both };
+// Which inputs of a matmul are non-cut edges (must have alpha = beta, resolved by geometric mean),
+// or, as the unit-scaling package's constraints (its default is to_output_scale), which of the
+// (alpha, beta_x) pair both take: x_to_output_scale sets beta_x = alpha, x_to_grad_input_scale
+// alpha = beta_x. The weight's gradient is a cut edge in all of them.
+enum class Constrain : uint8_t { none, x, w, both, x_to_output_scale, x_to_grad_input_scale };
+
+// How an elementwise op's (alpha, beta) become one factor on a non-cut edge (unit-scaling's
+// constraints): none keeps both, gmean takes sqrt(alpha beta), to_output_scale alpha,
+// to_grad_input_scale beta.
+enum class Constraint : uint8_t { none, gmean, to_output_scale, to_grad_input_scale };
 
 // X [..., m] @ W [m, n] over b rows: alpha = m^-1/2, beta_X = n^-1/2, beta_W = b^-1/2, then the
 // constraints (Figure A.2): constrained x gives alpha = beta_X = (m n)^-1/4. `product` replaces
@@ -56,8 +64,18 @@ Var relu(const Var& x, bool constrained = false);
 Var gelu(const Var& x, bool constrained = false);
 Var tanh(const Var& x, bool constrained = false);
 Var sigmoid(const Var& x, bool constrained = false);
+// The unit-scaling package's (0.3) empirical models with a temperature `mult`, writing
+// L(t, lo, hi) = exp(t ln hi + (1 - t) ln lo):
+// gelu_erf: gelu(mult x) / mult; alpha = L(t, 2, sqrt(2 / (1 - 1/pi))), beta = L(t, 2, sqrt 2),
+//   t = 1 / (1 + 1 / (4 mult^2)).
+// silu: x sigmoid(mult x); alpha as gelu_erf's, beta = L(1 / (1 + 1 / mult^2), 2, sqrt 2).
+Var gelu_erf(const Var& x, double mult = 1.0, Constraint c = Constraint::to_output_scale);
+Var silu(const Var& x, double mult = 1.0, Constraint c = Constraint::to_output_scale);
 // softmax over the last dimension of size s, followed by a matmul: alpha = beta = s (output ~ ones).
 Var softmax(const Var& x);
+// softmax(mult x) over `dim` of size n, the unit-scaling package's model: alpha = L(t, n, sqrt n),
+// beta = L(t, n / mult, sqrt(n / mult)), t = 1 / (1 + 4 / mult^2).
+Var softmax(const Var& x, int dim, double mult = 1.0, Constraint c = Constraint::to_output_scale);
 // softmax cross-entropy over s classes (the loss): alpha = 1, beta = s / sqrt(s - 1).
 Var softmax_cross_entropy(const Var& logits, const Tensor& targets);
 // layer_norm over the last dimension of X [b, n]: alpha = beta_x = 1, beta_w = beta_c = b^-1/2.
