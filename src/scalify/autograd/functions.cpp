@@ -221,9 +221,8 @@ namespace {
 // max(a, b) is where(a >= b, a, b): the same forward value (NaNs kept) and the gradient routed to
 // the chosen operand.
 Var extremum(const Var& a, const Var& b, bool take_max) {
-  const ScaledTensor &x = a.scaled(), &y = b.scaled();
-  const auto factor = [](const ScaledTensor& t) { return t.is_scaled() && !t.any_scale ? double(t.scalar_scale()) : 1.0; };
-  const Tensor picks_a = ops::binary(take_max ? ops::Binary::max_picks_a : ops::Binary::min_picks_a, x.data, y.data, factor(x), factor(y));
+  // Compared on the represented values (any scales, per-block ones included).
+  const Tensor picks_a = ops::binary(take_max ? ops::Binary::max_picks_a : ops::Binary::min_picks_a, plain(a.scaled()), plain(b.scaled()));
   const Shape shape = picks_a.shape();
   return where(picks_a, expand(a, shape), expand(b, shape));
 }
