@@ -203,29 +203,30 @@ ScaledTensor rms_norm(const ScaledTensor& x, double eps) {
 // where / select and concat: the output mixes elements of both operands, so Z_s = the larger
 // scale and each operand's data is rebased onto it; an ANY operand (zeros, ±inf, NaN constants)
 // takes the other's scale unchanged (seed 000, Appendix B).
-ScaledTensor where(const Tensor& cond, const ScaledTensor& x_in, const ScaledTensor& y_in) {
-  const ScaledTensor x = uniform(x_in);
-  const ScaledTensor y = uniform(y_in);
-  if (!any_scaled({&x, &y})) return ScaledTensor(ops::where(cond, x.data, y.data));
-  if (x.any_scale && y.any_scale) return any_scale_constant(ops::where(cond, x.data, y.data));
-  const float xs = x.scalar_scale(), ys = y.scalar_scale();
-  const float zs = x.any_scale ? ys : y.any_scale ? xs : std::max(xs, ys);
-  const Tensor xd = x.any_scale ? x.data : times(x.data, double(xs) / zs);
-  const Tensor yd = y.any_scale ? y.data : times(y.data, double(ys) / zs);
-  return ScaledTensor(ops::where(cond, xd, yd), zs);
-}
-
 namespace {
-ScaledTensor extremum(const ScaledTensor& x_in, const ScaledTensor& y_in, ops::Binary op) {
+// The rule of ops whose output elements come from either operand (where, maximum, minimum):
+// Z_s = max(X_s, Y_s), each operand's data rebased onto it (an ANY operand as it is); `f` gets the
+// data and the rebasing factors, to fold them into its one pass.
+template <class F>
+ScaledTensor from_either(const ScaledTensor& x_in, const ScaledTensor& y_in, F f) {
   const ScaledTensor x = uniform(x_in);
   const ScaledTensor y = uniform(y_in);
-  if (!any_scaled({&x, &y})) return ScaledTensor(ops::binary(op, x.data, y.data));
-  if (x.any_scale && y.any_scale) return any_scale_constant(ops::binary(op, x.data, y.data));
+  if (!any_scaled({&x, &y})) return ScaledTensor(f(x.data, y.data, 1.0, 1.0));
+  if (x.any_scale && y.any_scale) return any_scale_constant(f(x.data, y.data, 1.0, 1.0));
   const float xs = x.scalar_scale(), ys = y.scalar_scale();
   const float zs = x.any_scale ? ys : y.any_scale ? xs : std::max(xs, ys);
-  return ScaledTensor(ops::binary(op, x.data, y.data, x.any_scale ? 1.0 : double(xs) / zs, y.any_scale ? 1.0 : double(ys) / zs), zs);
+  return ScaledTensor(f(x.data, y.data, x.any_scale ? 1.0 : double(xs) / zs, y.any_scale ? 1.0 : double(ys) / zs), zs);
+}
+ScaledTensor extremum(const ScaledTensor& x, const ScaledTensor& y, ops::Binary op) {
+  return from_either(x, y, [op](const Tensor& a, const Tensor& b, double am, double bm) { return ops::binary(op, a, b, am, bm); });
 }
 }  // namespace
+
+ScaledTensor where(const Tensor& cond, const ScaledTensor& x, const ScaledTensor& y) {
+  return from_either(x, y, [&cond](const Tensor& a, const Tensor& b, double am, double bm) {
+    return ops::where(cond, times(a, am), times(b, bm));
+  });
+}
 ScaledTensor maximum(const ScaledTensor& x, const ScaledTensor& y) { return extremum(x, y, ops::Binary::maximum); }
 ScaledTensor minimum(const ScaledTensor& x, const ScaledTensor& y) { return extremum(x, y, ops::Binary::minimum); }
 
