@@ -12,6 +12,7 @@ packages=(
   fortunes                   # the default training corpus: real English text, no download
   gnuplot-nox                # PNG plots (scalify snr, compare)
   libdnnl-dev                # oneDNN: f32 and bf16 GEMM
+  libsleef-dev               # SLEEF: vectorised exp and tanh (GELU, softmax)
   # oneDNN's CMake config (dnnl-config.cmake) calls find_package(OpenCL) even for the CPU-only
   # build; the package that satisfies it is only a Recommends of libdnnl-dev, which
   # --no-install-recommends skips, so it is named here.

@@ -94,6 +94,7 @@ TEST(GradCheck, EmbeddingCrossEntropyWhereMask) {
   const Tensor cond = Tensor::from_vector(std::vector<float>{1, 0, 0, 1, 1, 0}, {2, 3});
   gradcheck("where", [cond](auto& v) { return where(cond, v[0], v[1]); }, {rnd({2, 3}, 62), rnd({3}, 63)});
   gradcheck("causal softmax", [](auto& v) { return softmax(causal_mask(v[0])); }, {rnd({2, 4, 4}, 64)});
+  gradcheck("fused causal attention", [](auto& v) { return causal_self_attention(v[0], 2); }, {rnd({2, 5, 12}, 65)});
   gradcheck("dropout", [](auto& v) { return dropout(v[0], 0.3, 7); }, {rnd({4, 6}, 65)});
 }
 

@@ -6,7 +6,11 @@
 #include <random>
 
 #include "scalify/tensor/gemm.hpp"
+#include "scalify/autograd/functions.hpp"
+#include "scalify/error.hpp"
+#include "scalify/formats/kernels.hpp"
 #include "scalify/tensor/ops.hpp"
+#include "scalify/tensor/vector_math.hpp"
 
 namespace scalify {
 namespace {
@@ -112,6 +116,88 @@ TEST(KernelsVsReference, SoftmaxNormsAndReductions) {
     for (int64_t r = 0; r < R; ++r) s += xv[size_t(r * D + j)];
     EXPECT_NEAR(s0[size_t(j)], s, 1e-5);
   }
+}
+
+// The SLEEF-backed AVX2 GELU and exponential, and the libm loops, against f64 over a wide range
+// of inputs (the |x| > 30 limit, exact zeros) and every tail length. GELU's 1 + tanh cancels for
+// negative x in f32 whichever tanh is used, so its bound grows with |x| (both forms must meet it).
+TEST(KernelsVsReference, VectorMathMatchesF64) {
+  if (!kernels::isa_supported(kernels::Isa::avx2)) GTEST_SKIP() << "no AVX2 on this CPU";
+  const double c = 0.7978845608028654, k3 = 0.044715;
+  auto gelu = [&](double v) { return 0.5 * v * (1 + std::tanh(c * (v + k3 * v * v * v))); };
+  auto dgelu = [&](double v) {
+    if (std::fabs(v) > 30) return v > 0 ? 1.0 : 0.0;
+    const double t = std::tanh(c * (v + k3 * v * v * v));
+    return 0.5 * (1 + t) + 0.5 * v * (1 - t * t) * c * (1 + 3 * k3 * v * v);
+  };
+  std::mt19937 rng(3);
+  std::normal_distribution<float> normal(0.0f, 3.0f);
+  for (const vecmath::Table* table : {&vecmath::avx2(), &vecmath::reference()}) {
+    for (int64_t n : {1, 7, 8, 9, 31, 1000}) {
+      std::vector<float> x(static_cast<size_t>(n)), g(static_cast<size_t>(n)), y(static_cast<size_t>(n));
+      for (auto& v : x) v = normal(rng);
+      for (auto& v : g) v = normal(rng);
+      x[0] = n > 2 ? -40.0f : 0.0f;
+      if (n > 2) x[1] = 35.0f;
+      const char* which = table == &vecmath::reference() ? "reference" : "avx2";
+      table->gelu_tanh(x.data(), y.data(), n, 0.5f, 2.0f);
+      for (size_t i = 0; i < x.size(); ++i) {
+        const double v = 0.5 * double(x[i]);
+        EXPECT_NEAR(y[i], 2 * gelu(v), 6e-7 * (1 + std::fabs(v) * std::fabs(v))) << which << " gelu x=" << x[i];
+      }
+      table->gelu_tanh_backward(x.data(), g.data(), y.data(), n, 1.0f);
+      for (size_t i = 0; i < x.size(); ++i) {
+        const double v = x[i];
+        EXPECT_NEAR(y[i], g[i] * dgelu(v), 1e-6 * std::fabs(g[i]) * (1 + v * v * v * v)) << which << " dgelu x=" << x[i];
+      }
+      const float sum = table->exp_shifted_sum(x.data(), y.data(), n, 0.7f, 2.0f);
+      double want_sum = 0;
+      for (size_t i = 0; i < x.size(); ++i) {
+        const double e = std::exp(0.7 * double(x[i]) - 2.0);
+        want_sum += e;
+        EXPECT_NEAR(y[i], e, 2e-6 * e * (1 + std::fabs(x[i]))) << which << " exp x=" << x[i];
+      }
+      EXPECT_NEAR(sum, want_sum, 1e-5 * want_sum) << which << " exp sum n=" << n;
+    }
+  }
+}
+
+// A trailing-row operand (bias, gain) takes the in-place cycling path; a column does not.
+TEST(KernelsVsReference, RowAndColumnBroadcastsMatchExpandedOperands) {
+  const Tensor x = Tensor::randn({4, 3, 10}, 11);
+  for (const Shape& bs : {Shape{10}, Shape{1, 1, 10}, Shape{3, 10}, Shape{4, 3, 1}, Shape{1, 3, 1}}) {
+    const Tensor b = Tensor::randn(bs, 12);
+    const Tensor be = b.expand(x.shape()).contiguous();
+    for (auto op : {ops::Binary::add, ops::Binary::mul, ops::Binary::maximum}) {
+      const std::vector<double> got = ops::binary(op, x, b, 2.0, 0.5).to_vector(),
+                                want = ops::binary(op, x, be, 2.0, 0.5).to_vector();
+      EXPECT_EQ(got, want) << "b " << shape_str(bs);
+    }
+  }
+}
+
+// The fused attention against the composition it replaces (slice, permute, q k^T / sqrt(hd),
+// causal mask, softmax, P v), forward and gradient, in f32 on a shape with odd T and several heads.
+TEST(KernelsVsReference, FusedCausalAttentionMatchesTheComposedOps) {
+  const int64_t B = 3, T = 13, H = 4, D = 24, hd = D / H;
+  const Tensor x = Tensor::randn({B, T, 3 * D}, 21, 1.5), gy = Tensor::randn({B, T, D}, 22);
+  const Var a(x, true), c(x, true);
+  const Var fused = causal_self_attention(a, H);
+  auto heads = [&](int64_t part) {
+    return permute(reshape(slice(c, 2, part * D, (part + 1) * D), {B, T, H, hd}), {0, 2, 1, 3});
+  };
+  const Var scores = mul_scalar(matmul(heads(0), transpose(heads(1), -1, -2)), 1 / std::sqrt(double(hd)));
+  const Var composed = reshape(permute(matmul(softmax(causal_mask(scores)), heads(2)), {0, 2, 1, 3}), {B, T, D});
+  fused.backward(gy);
+  composed.backward(gy);
+  const std::vector<double> fy = fused.value().to_vector(), cy = composed.value().to_vector();
+  const std::vector<double> fg = a.grad().to_vector(), cg = c.grad().to_vector();
+  ASSERT_EQ(fy.size(), cy.size());
+  for (size_t i = 0; i < fy.size(); ++i) EXPECT_NEAR(fy[i], cy[i], 1e-5 * (1 + std::fabs(cy[i]))) << i;
+  ASSERT_EQ(fg.size(), cg.size());
+  for (size_t i = 0; i < fg.size(); ++i) EXPECT_NEAR(fg[i], cg[i], 1e-5 * (1 + std::fabs(cg[i]))) << i;
+  EXPECT_THROW(causal_self_attention(Var(Tensor::randn({2, 3, 10}, 1), true), 2), Error);  // 3D = 10
+  EXPECT_THROW(causal_self_attention(Var(Tensor::randn({2, 3, 12}, 1).to(DType::f16), true), 2), Error);
 }
 
 }  // namespace

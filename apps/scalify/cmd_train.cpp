@@ -66,8 +66,10 @@ void add_train_commands(CLI::App& app) {
     const train::TrainResult r = train::train(c, resume, progress_printer());
     std::fprintf(stderr, "\n");
     std::printf("run folder: %s\nsteps: %lld (skipped %lld)\nfinal train loss: %.4f\nvalidation loss: %.4f nats, %.4f bits per byte\n"
-                "unigram entropy of the training bytes: %.4f bits per byte\n",
-                r.run_dir.c_str(), (long long)r.steps, (long long)r.skipped, r.train_loss, r.val_loss, r.val_bpb, r.unigram_bits);
+                "unigram entropy of the training bytes: %.4f bits per byte\n"
+                "median speed: %.0f tokens/s\ntraining state: %.2f bytes per parameter\npeak memory: %.0f MB\n",
+                r.run_dir.c_str(), (long long)r.steps, (long long)r.skipped, r.train_loss, r.val_loss, r.val_bpb, r.unigram_bits,
+                r.tokens_per_s, r.state_bytes_per_parameter, r.peak_memory_mb);
   });
 
   auto eval_data = std::make_shared<std::string>();

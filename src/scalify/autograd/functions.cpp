@@ -249,6 +249,18 @@ Var causal_mask(const Var& scores) {
   return where(ops::causal_mask(sh.back()), scores, fill);
 }
 
+Var causal_self_attention(const Var& qkv, int64_t heads) {
+  const ScaledTensor& x = qkv.scaled();
+  if (x.is_scaled())
+    throw Error("causal_self_attention: qkv carries a scale; scaled attention composes matmul, causal_mask and softmax");
+  ops::AttentionResult r = ops::causal_attention(x.data, heads);
+  const Tensor xd = x.data, probs = std::move(r.probs);
+  return Var::make("causal_attention", ScaledTensor(std::move(r.y)), {qkv}, [xd, probs, heads](const ScaledTensor& g) {
+    // Linear in the incoming gradient: its scale carries over to dqkv.
+    return Grads{s::with_grad_scale(g, ops::causal_attention_backward(xd, probs, g.data, heads))};
+  });
+}
+
 Var dropout(const Var& x, double p, uint64_t seed) {
   if (p == 0.0) return x;
   const DType dt = x.scaled().data.dtype() == DType::f64 ? DType::f64 : DType::f32;

@@ -59,6 +59,9 @@ Var maximum(const Var& a, const Var& b);
 Var minimum(const Var& a, const Var& b);
 // Sets masked-out entries (mask == 0) of attention scores [..., T, T] to -inf.
 Var causal_mask(const Var& scores);
+// Fused causal multi-head attention on a packed, unscaled projection qkv [B, T, 3D] -> [B, T, D]
+// (ops::causal_attention): softmax(mask(q k^T / sqrt(D/heads))) v per head, with one backward node.
+Var causal_self_attention(const Var& qkv, int64_t heads);
 Var dropout(const Var& x, double p, uint64_t seed);
 
 Var reshape(const Var& x, const Shape& shape);

@@ -1,8 +1,8 @@
 #pragma once
 // Dense compute buffers for kernels: a tensor's values, broadcast to a shape, row-major, in f32
 // or f64. Borrows the tensor's memory when it already is that buffer.
-#include <vector>
 
+#include "scalify/tensor/buffer_pool.hpp"
 #include "scalify/tensor/convert.hpp"
 #include "scalify/tensor/tensor.hpp"
 
@@ -25,9 +25,10 @@ class Dense {
     if (t.shape() == shape && t.dtype() == dtype_for<T>() && t.is_contiguous()) {
       ptr_ = t.data<T>();
     } else {
-      own_.resize(static_cast<size_t>(numel_of(shape)));
-      read_as(t.shape() == shape ? t : t.expand(shape), own_.data());
-      ptr_ = own_.data();
+      own_ = acquire_buffer(static_cast<size_t>(numel_of(shape)) * sizeof(T));  // uninitialised, pooled
+      T* p = reinterpret_cast<T*>(own_.get());
+      read_as(t.shape() == shape ? t : t.expand(shape), p);
+      ptr_ = p;
     }
   }
   explicit Dense(const Tensor& t) : Dense(t, t.shape()) {}
@@ -38,7 +39,7 @@ class Dense {
   const T& operator[](int64_t i) const { return ptr_[i]; }
 
  private:
-  std::vector<T> own_;
+  Buffer own_;
   const T* ptr_ = nullptr;
 };
 

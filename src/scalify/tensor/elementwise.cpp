@@ -1,11 +1,14 @@
 // Elementwise kernels: unary maps and their derivatives, broadcasting binary ops, where, sum_to.
 #include <omp.h>
 
+#include <algorithm>
 #include <cmath>
+#include <type_traits>
 
 #include "scalify/error.hpp"
 #include "scalify/tensor/dense.hpp"
 #include "scalify/tensor/ops.hpp"
+#include "scalify/tensor/vector_math.hpp"
 
 namespace scalify::ops {
 
@@ -96,53 +99,140 @@ const char* unary_name(Unary op) {
   return names[static_cast<int>(op)];
 }
 
+namespace {
+
+// Calls f.template operator()<OP>() for the runtime op, so each loop is compiled (and
+// vectorised) for one op instead of switching per element.
+template <class Op, Op... kOps, class F>
+void with_op(Op op, F&& f) {
+  ((op == kOps ? f.template operator()<kOps>() : void()), ...);
+}
+template <class F>
+void with_unary(Unary op, F&& f) {
+  using enum Unary;
+  with_op<Unary, neg, exp, log, sqrt, rsqrt, abs, relu, gelu_tanh, gelu_erf, silu, sigmoid, tanh, square>(op, f);
+}
+template <class F>
+void with_binary(Binary op, F&& f) {
+  using enum Binary;
+  with_op<Binary, add, sub, mul, div, maximum, minimum, max_picks_a, min_picks_a>(op, f);
+}
+
+// Runs chunk(begin, end) over [0, n) in pieces, in parallel above kParallelGrain elements.
+template <class F>
+void for_chunks(int64_t n, F&& chunk) {
+  constexpr int64_t kChunk = 4096;
+  const int64_t chunks = (n + kChunk - 1) / kChunk;
+#pragma omp parallel for if (n > kParallelGrain)
+  for (int64_t c = 0; c < chunks; ++c) chunk(c * kChunk, std::min(n, (c + 1) * kChunk));
+}
+
+}  // namespace
+
 Tensor unary(Unary op, const Tensor& x, double in_mul, double out_mul) {
   return dispatch_compute(computes_in_f64(x), [&]<class T>() {
     const Dense<T> in(x);
     Tensor out = Tensor::empty(x.shape(), dtype_for<T>());
     T* o = out.data<T>();
+    const T* p = in.data();
     const int64_t n = x.numel();
-    if (in_mul == 1.0 && out_mul == 1.0) {
-#pragma omp parallel for if (n > kParallelGrain)
-      for (int64_t i = 0; i < n; ++i) o[i] = apply(op, in[i]);
-    } else {
-      const T a = T(in_mul), b = T(out_mul);
-#pragma omp parallel for if (n > kParallelGrain)
-      for (int64_t i = 0; i < n; ++i) o[i] = b * apply(op, a * in[i]);
+    const T a = T(in_mul), b = T(out_mul);
+    if constexpr (std::is_same_v<T, float>) {
+      if (op == Unary::gelu_tanh) {  // the step's costliest map: vectorised tanh
+        const auto& vm = vecmath::active();
+        for_chunks(n, [&](int64_t i0, int64_t i1) { vm.gelu_tanh(p + i0, o + i0, i1 - i0, a, b); });
+        return out;
+      }
     }
+    with_unary(op, [&]<Unary OP>() {
+      if (in_mul == 1.0 && out_mul == 1.0) {
+#pragma omp parallel for if (n > kParallelGrain)
+        for (int64_t i = 0; i < n; ++i) o[i] = apply(OP, p[i]);
+      } else {
+#pragma omp parallel for if (n > kParallelGrain)
+        for (int64_t i = 0; i < n; ++i) o[i] = b * apply(OP, a * p[i]);
+      }
+    });
     return out;
   });
 }
 
 Tensor unary_backward(Unary op, const Tensor& x, const Tensor& y, const Tensor& grad, double x_mul) {
   return dispatch_compute(computes_in_f64(x, grad), [&]<class T>() {
-    const Dense<T> xs(x), ys(y), gs(grad, x.shape());
+    const Dense<T> xs(x), gs(grad, x.shape());
     Tensor out = Tensor::empty(x.shape(), dtype_for<T>());
     T* o = out.data<T>();
     const int64_t n = x.numel();
     const T k = T(x_mul);
+    if constexpr (std::is_same_v<T, float>) {
+      if (op == Unary::gelu_tanh) {
+        const auto& vm = vecmath::active();
+        const float *px = xs.data(), *pg = gs.data();
+        for_chunks(n, [&](int64_t i0, int64_t i1) { vm.gelu_tanh_backward(px + i0, pg + i0, o + i0, i1 - i0, k); });
+        return out;
+      }
+    }
+    const Dense<T> ys(y);
+    with_unary(op, [&]<Unary OP>() {
 #pragma omp parallel for if (n > kParallelGrain)
-    for (int64_t i = 0; i < n; ++i) o[i] = gs[i] * derivative(op, k * xs[i], ys[i]);
+      for (int64_t i = 0; i < n; ++i) o[i] = gs[i] * derivative(OP, k * xs[i], ys[i]);
+    });
     return out;
   });
 }
+
+namespace {
+
+// b's elements repeat along the leading dimensions of shape (a bias row, a per-feature gain):
+// b is contiguous and its shape, without leading ones, is shape's trailing dimensions.
+bool is_trailing_row(const Tensor& b, const Shape& shape) {
+  if (!b.is_contiguous() || b.numel() == 0) return false;
+  const Shape& s = b.shape();
+  size_t lead = 0;
+  while (lead < s.size() && s[lead] == 1) ++lead;
+  const size_t rest = s.size() - lead;
+  if (rest > shape.size()) return false;
+  for (size_t d = 0; d < rest; ++d)
+    if (s[lead + d] != shape[shape.size() - rest + d]) return false;
+  return true;
+}
+
+}  // namespace
 
 Tensor binary(Binary op, const Tensor& a, const Tensor& b, double a_mul, double b_mul) {
   static const char* names[] = {"add", "sub", "mul", "div", "maximum", "minimum", "max_picks_a", "min_picks_a"};
   const Shape shape = broadcast_shapes(a.shape(), b.shape(), names[static_cast<int>(op)]);
   return dispatch_compute(computes_in_f64(a, b), [&]<class T>() {
-    const Dense<T> x(a, shape), y(b, shape);
+    const Dense<T> x(a, shape);
+    // A row operand (bias, gain) is read in place, cycling, instead of being expanded.
+    const bool row = b.shape() != shape && b.dtype() == dtype_for<T>() && is_trailing_row(b, shape);
+    const int64_t n = numel_of(shape), period = row ? b.numel() : n;  // row: b's length
+    const Dense<T> y(b, row ? b.shape() : shape);
     Tensor out = Tensor::empty(shape, dtype_for<T>());
     T* o = out.data<T>();
-    const int64_t n = numel_of(shape);
-    if (a_mul == 1.0 && b_mul == 1.0) {
+    const T *px = x.data(), *py = y.data();
+    const T ma = T(a_mul), mb = T(b_mul);
+    const bool plain = a_mul == 1.0 && b_mul == 1.0;
+    if (n == 0) return out;
+    with_binary(op, [&]<Binary OP>() {
+      // Elements [i0, i1) of the output; y's index cycles with the row's period.
+      auto run = [&](int64_t i0, int64_t i1) {
+        const T* yr = py + (row ? 0 : i0);
+        const int64_t len = i1 - i0;
+        if (plain) {
+          for (int64_t i = 0; i < len; ++i) o[i0 + i] = apply(OP, px[i0 + i], yr[i]);
+        } else {
+          for (int64_t i = 0; i < len; ++i) o[i0 + i] = apply(OP, ma * px[i0 + i], mb * yr[i]);
+        }
+      };
+      if (row) {
+        const int64_t rows = n / period;
 #pragma omp parallel for if (n > kParallelGrain)
-      for (int64_t i = 0; i < n; ++i) o[i] = apply(op, x[i], y[i]);
-    } else {
-      const T ma = T(a_mul), mb = T(b_mul);
-#pragma omp parallel for if (n > kParallelGrain)
-      for (int64_t i = 0; i < n; ++i) o[i] = apply(op, ma * x[i], mb * y[i]);
-    }
+        for (int64_t r = 0; r < rows; ++r) run(r * period, (r + 1) * period);
+      } else {
+        for_chunks(n, run);
+      }
+    });
     return out;
   });
 }

@@ -2,11 +2,13 @@
 // dropout and causal masks. Rows are the last dimension; other dimensions are moved there first.
 #include <cmath>
 #include <limits>
+#include <type_traits>
 
 #include "scalify/error.hpp"
 #include "scalify/formats/kernels.hpp"
 #include "scalify/tensor/dense.hpp"
 #include "scalify/tensor/ops.hpp"
+#include "scalify/tensor/vector_math.hpp"
 
 namespace scalify::ops {
 
@@ -67,7 +69,11 @@ Tensor softmax(const Tensor& x, int dim, double in_mul) {
     const T k = T(in_mul);
     const T m = k * row_max(in, D);  // k > 0: a scale
     double s = 0;
-    for (int64_t i = 0; i < D; ++i) s += double(out[i] = std::exp(k * in[i] - m));
+    if constexpr (std::is_same_v<T, float>) {
+      s = vecmath::active().exp_shifted_sum(in, out, D, k, m);
+    } else {
+      for (int64_t i = 0; i < D; ++i) s += double(out[i] = std::exp(k * in[i] - m));
+    }
     const T inv = T(1.0 / s);
     for (int64_t i = 0; i < D; ++i) out[i] *= inv;
   });

@@ -55,6 +55,15 @@ Tensor log_softmax(const Tensor& x, int dim = -1, double in_mul = 1.0);
 Tensor softmax_backward(const Tensor& y, const Tensor& grad, int dim = -1);
 Tensor log_softmax_backward(const Tensor& y, const Tensor& grad, int dim = -1);
 
+// Causal multi-head self-attention on a packed projection qkv [B, T, 3D] (queries, keys, values
+// side by side, heads contiguous in each): y [B, T, D] = softmax(mask(q k^T / sqrt(D/heads))) v per
+// head, and the probabilities [B, heads, T, T] the backward needs. f32 or f64.
+struct AttentionResult {
+  Tensor y, probs;
+};
+AttentionResult causal_attention(const Tensor& qkv, int64_t heads);
+Tensor causal_attention_backward(const Tensor& qkv, const Tensor& probs, const Tensor& grad_y, int64_t heads);
+
 struct NormResult {
   Tensor y, xhat, rstd;  // rstd: 1 / sqrt(var + eps) per row
 };

@@ -17,6 +17,7 @@
 #include "scalify/formats/kernels.hpp"
 #include "scalify/io/atomic_file.hpp"
 #include "scalify/io/safetensors.hpp"
+#include "scalify/platform/memory.hpp"
 #include "scalify/quant/recipe.hpp"
 #include "scalify/scaled/scaled_ops.hpp"
 #include "scalify/tensor/ops.hpp"
@@ -378,6 +379,7 @@ TrainResult train(const TrainConfig& config, bool resume, const Progress& progre
       ++skipped;
     }
     const double secs = std::chrono::duration<double>(clock::now() - t0).count();
+    r.peak_memory_mb = double(platform::peak_memory_bytes()) / (1024.0 * 1024.0);  // before this step's evaluation or checkpoint
     const double tps = double(tokens_per_step) / std::max(secs, 1e-9);
     const int64_t statistics = scale_statistics() - statistics_before;
     statistics_total += double(statistics);

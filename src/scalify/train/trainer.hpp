@@ -29,6 +29,7 @@ struct TrainResult {
   double mean_underflow = 0, max_underflow = 0, mean_clipped = 0;  // over every quantised operand's statistics
   double max_data_underflow = 0, max_data_saturated = 0;  // largest per-op fraction lost rounding into the data storage
   double state_bytes_per_parameter = 0;  // master weights + gradients + optimizer state (+ scales), measured
+  double peak_memory_mb = 0;  // the process's peak resident memory up to the last step's update (earlier evaluations included)
   std::string run_dir;
 };
 

@@ -1,0 +1,139 @@
+// Fused causal self-attention over a packed qkv tensor (ops.hpp: causal_attention). One pass per
+// (batch, head), in parallel across them: the scores, the masked softmax and the mix never leave a
+// T x T scratch, and the backward writes dq, dk, dv straight into one [B, T, 3D] gradient, where
+// the composed ops would slice, permute, mask and scale through a dozen full-size temporaries.
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <type_traits>
+#include <vector>
+
+#include "scalify/error.hpp"
+#include "scalify/tensor/dense.hpp"
+#include "scalify/tensor/gemm.hpp"
+#include "scalify/tensor/ops.hpp"
+#include "scalify/tensor/vector_math.hpp"
+
+namespace scalify::ops {
+
+namespace {
+
+// One GEMM of a (batch, head) pair: oneDNN for f32 (single-threaded inside the parallel loop),
+// the f64 reference for f64 (gradient checks).
+template <class T>
+void mm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const T* A, int64_t lda, const T* B,
+        int64_t ldb, T* C, int64_t ldc, T alpha) {
+  if constexpr (std::is_same_v<T, float>) {
+    gemm::sgemm(ta, tb, M, N, K, A, lda, B, ldb, 0.0f, C, ldc, alpha);
+  } else {
+    gemm::gemm_reference(ta, tb, M, N, K, A, lda, B, ldb, T(0), C, ldc, alpha);
+  }
+}
+
+struct Dims {
+  int64_t B, T, D, H, hd;
+};
+
+Dims check(const Tensor& qkv, int64_t heads, const char* op) {
+  if (qkv.dim() != 3 || qkv.size(2) % 3 != 0 || heads < 1 || (qkv.size(2) / 3) % heads != 0)
+    throw Error(std::string(op) + ": qkv must be [B, T, 3D] with D divisible by heads = " + std::to_string(heads) +
+                ", got " + shape_str(qkv.shape()));
+  if (qkv.dtype() != DType::f32 && qkv.dtype() != DType::f64)
+    throw Error(std::string(op).append(": qkv must be f32 or f64, got ").append(dtype_name(qkv.dtype())));
+  const int64_t D = qkv.size(2) / 3;
+  return {qkv.size(0), qkv.size(1), D, heads, D / heads};
+}
+
+// Row i of probs: softmax over scores[0..i] (the causal prefix), zeros after it.
+template <class T>
+void causal_softmax_row(const T* s, T* p, int64_t i, int64_t T_) {
+  const int64_t n = i + 1;
+  T m = s[0];
+  for (int64_t j = 1; j < n; ++j) m = std::max(m, s[j]);
+  double sum = 0;
+  if constexpr (std::is_same_v<T, float>) {
+    sum = vecmath::active().exp_shifted_sum(s, p, n, 1.0f, m);
+  } else {
+    for (int64_t j = 0; j < n; ++j) sum += p[j] = std::exp(s[j] - m);
+  }
+  const T inv = T(1.0 / sum);
+  for (int64_t j = 0; j < n; ++j) p[j] *= inv;
+  std::fill(p + n, p + T_, T(0));
+}
+
+}  // namespace
+
+AttentionResult causal_attention(const Tensor& qkv_in, int64_t heads) {
+  const Dims d = check(qkv_in, heads, "causal_attention");
+  const Tensor qkv = qkv_in.contiguous();
+  AttentionResult r{Tensor::empty({d.B, d.T, d.D}, qkv.dtype()), Tensor::empty({d.B, d.H, d.T, d.T}, qkv.dtype())};
+  dispatch_compute(qkv.dtype() == DType::f64, [&]<class T>() {
+    const T* x = qkv.data<T>();
+    T* y = r.y.data<T>();
+    T* probs = r.probs.data<T>();
+    const T alpha = T(1.0 / std::sqrt(double(d.hd)));
+    const int64_t ld = 3 * d.D;
+#pragma omp parallel
+    {
+      std::vector<T> scores(size_t(d.T * d.T));
+#pragma omp for
+      for (int64_t bh = 0; bh < d.B * d.H; ++bh) {
+        const int64_t b = bh / d.H, h = bh % d.H;
+        const T* q = x + b * d.T * ld + h * d.hd;
+        T* p = probs + bh * d.T * d.T;
+        mm<T>(false, true, d.T, d.T, d.hd, q, ld, q + d.D, ld, scores.data(), d.T, alpha);  // q k^T / sqrt(hd)
+        for (int64_t i = 0; i < d.T; ++i) causal_softmax_row(scores.data() + i * d.T, p + i * d.T, i, d.T);
+        mm<T>(false, false, d.T, d.hd, d.T, p, d.T, q + 2 * d.D, ld, y + b * d.T * d.D + h * d.hd, d.D, T(1));
+      }
+    }
+    return 0;
+  });
+  return r;
+}
+
+Tensor causal_attention_backward(const Tensor& qkv_in, const Tensor& probs_in, const Tensor& grad_y_in, int64_t heads) {
+  const Dims d = check(qkv_in, heads, "causal_attention_backward");
+  if (probs_in.shape() != Shape{d.B, d.H, d.T, d.T} || grad_y_in.shape() != Shape{d.B, d.T, d.D})
+    throw Error("causal_attention_backward: probs " + shape_str(probs_in.shape()) + " or gradient " +
+                shape_str(grad_y_in.shape()) + " do not match qkv " + shape_str(qkv_in.shape()));
+  const DType dt = qkv_in.dtype();
+  const Tensor qkv = qkv_in.contiguous(), probs = probs_in.to(dt).contiguous(), gy = grad_y_in.to(dt).contiguous();
+  Tensor dqkv = Tensor::empty(qkv.shape(), dt);
+  dispatch_compute(dt == DType::f64, [&]<class T>() {
+    const T *x = qkv.data<T>(), *P = probs.data<T>(), *G = gy.data<T>();
+    T* dx = dqkv.data<T>();
+    const T alpha = T(1.0 / std::sqrt(double(d.hd)));
+    const int64_t ld = 3 * d.D;
+#pragma omp parallel
+    {
+      std::vector<T> dp(size_t(d.T * d.T));
+#pragma omp for
+      for (int64_t bh = 0; bh < d.B * d.H; ++bh) {
+        const int64_t b = bh / d.H, h = bh % d.H;
+        const T* q = x + b * d.T * ld + h * d.hd;
+        const T *k = q + d.D, *v = q + 2 * d.D;
+        const T* p = P + bh * d.T * d.T;
+        const T* g = G + b * d.T * d.D + h * d.hd;
+        T* dq = dx + b * d.T * ld + h * d.hd;
+        mm<T>(true, false, d.T, d.hd, d.T, p, d.T, g, d.D, dq + 2 * d.D, ld, T(1));  // dv = P^T dy
+        mm<T>(false, true, d.T, d.T, d.hd, g, d.D, v, ld, dp.data(), d.T, T(1));     // dP = dy v^T
+        for (int64_t i = 0; i < d.T; ++i) {  // dS = P (dP - rowsum(P dP)) / sqrt(hd), zero above the diagonal
+          const T* pr = p + i * d.T;
+          T* r = dp.data() + i * d.T;
+          double dot = 0;
+          for (int64_t j = 0; j <= i; ++j) dot += double(pr[j]) * double(r[j]);
+          for (int64_t j = 0; j <= i; ++j) r[j] = alpha * pr[j] * (r[j] - T(dot));
+          std::fill(r + i + 1, r + d.T, T(0));
+        }
+        mm<T>(false, false, d.T, d.hd, d.T, dp.data(), d.T, k, ld, dq, ld, T(1));         // dq = dS k
+        mm<T>(true, false, d.T, d.hd, d.T, dp.data(), d.T, q, ld, dq + d.D, ld, T(1));    // dk = dS^T q
+      }
+    }
+    return 0;
+  });
+  return dqkv;
+}
+
+}  // namespace scalify::ops
