@@ -100,8 +100,15 @@ Var matmul(const Var& a, const Var& b) {
   return Var::make("matmul", s::matmul(a.scaled(), b.scaled()), {a, b}, [x = a.scaled(), w = b.scaled()](const ScaledTensor& g) {
     // dA = G B^T, dB = A^T G (transposed views go to the GEMM without copies), summed over
     // broadcast batch dimensions; each a scaled matmul with its own reduction size.
-    return Grads{s::sum_to(s::matmul(g, s::transpose(w, -1, -2)), x.shape()),
-                 s::sum_to(s::matmul(s::transpose(x, -1, -2), g), w.shape())};
+    const ScaledTensor dx = s::sum_to(s::matmul(g, s::transpose(w, -1, -2)), x.shape());
+    if (w.shape().size() == 2 && x.shape().size() > 2 && !x.is_scaled() && !g.is_scaled()) {
+      // A weight shared by every batch row (a linear layer): one GEMM reducing over all rows,
+      // not one per batch index and then a sum over a [batch, K, N] temporary.
+      const int64_t K = x.shape().back(), N = g.shape().back(), rows = x.data.numel() / std::max<int64_t>(K, 1);
+      const ScaledTensor x2 = s::reshape(x, {rows, K}), g2 = s::reshape(g, {rows, N});
+      return Grads{dx, s::matmul(s::transpose(x2, 0, 1), g2)};
+    }
+    return Grads{dx, s::sum_to(s::matmul(s::transpose(x, -1, -2), g), w.shape())};
   });
 }
 

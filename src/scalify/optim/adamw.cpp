@@ -13,9 +13,12 @@ namespace scalify::optim {
 namespace {
 void check_finite(const Tensor& g, size_t k, const Shape& shape) {
   const Dense<float> d(g);
-  for (int64_t i = 0, n = g.numel(); i < n; ++i)
-    if (!std::isfinite(d[i]))
-      throw Error("optimizer: non-finite gradient in parameter " + std::to_string(k) + " of shape " + shape_str(shape));
+  const float* p = d.data();
+  const int64_t n = g.numel();
+  bool bad = false;
+#pragma omp parallel for reduction(|| : bad) if (n > (1 << 16))
+  for (int64_t i = 0; i < n; ++i) bad |= !std::isfinite(p[i]);
+  if (bad) throw Error("optimizer: non-finite gradient in parameter " + std::to_string(k) + " of shape " + shape_str(shape));
 }
 // A new represented value for a scaled parameter, stored against its current scale.
 ScaledTensor restore(const ScaledTensor& p, const Tensor& value) {
@@ -81,23 +84,26 @@ void AdamW::step(double gradient_multiplier) {
 
 void AdamW::step_plain(size_t k, double bc1, double bc2, double gradient_multiplier) {
   Var& p = params_[k];
-  Tensor w = p.value().to(DType::f32).contiguous().clone();
-  const Tensor grad = p.grad();
+  const Tensor value = p.value(), grad = p.grad();
   check_finite(grad, k, p.shape());
-  const Dense<float> g(grad);
-  float* pw = w.data<float>();
+  // One parallel pass: read the weight, gradient and moments, write the moments in place and the
+  // new weight into a fresh (pooled) buffer. The arithmetic is in f64, rounded as stored.
+  const Dense<float> w(value), g(grad);
+  Tensor next = Tensor::empty(p.shape(), DType::f32);
+  float* pw = next.data<float>();
   float* m = m_[k].data.data<float>();
   float* v = v_[k].data.data<float>();
-  const int64_t n = w.numel();
-  const double lr = c_.lr * lr_scale_[k], wd = decay_[k] ? c_.weight_decay : 0.0;
+  const int64_t n = next.numel();
+  const double lr = c_.lr * lr_scale_[k], wd = decay_[k] ? c_.weight_decay : 0.0, b1 = c_.beta1, b2 = c_.beta2, eps = c_.eps;
+#pragma omp parallel for if (n > (1 << 15))
   for (int64_t i = 0; i < n; ++i) {
     const double gi = gradient_multiplier == 1.0 ? g[i] : double(float(g[i] * gradient_multiplier));
-    m[i] = float(c_.beta1 * m[i] + (1 - c_.beta1) * gi);
-    v[i] = float(c_.beta2 * v[i] + (1 - c_.beta2) * gi * gi);
-    const double update = (m[i] / bc1) / (std::sqrt(v[i] / bc2) + c_.eps) + wd * pw[i];
-    pw[i] = float(pw[i] - lr * update);
+    m[i] = float(b1 * m[i] + (1 - b1) * gi);
+    v[i] = float(b2 * v[i] + (1 - b2) * gi * gi);
+    const double update = (m[i] / bc1) / (std::sqrt(v[i] / bc2) + eps) + wd * w[i];
+    pw[i] = float(w[i] - lr * update);
   }
-  p.set_value(w.to(p.value().dtype()));
+  p.set_value(next.to(value.dtype()));
 }
 
 void AdamW::step_scaled(size_t k, double bc1, double bc2, double gradient_multiplier) {

@@ -42,6 +42,7 @@ std::vector<int> broadcast_dims(const Shape& from, const Shape& to);
 // ---- reductions ----
 Tensor sum(const Tensor& x, const std::vector<int>& dims, bool keepdim = false);  // {} = all
 Tensor mean(const Tensor& x, const std::vector<int>& dims, bool keepdim = false);
+double sum_squares(const Tensor& x);  // sum of x^2 over every element, in f64 (gradient norms)
 // Max over one dimension: values and the index of the (first) maximum, as i64.
 std::pair<Tensor, Tensor> max(const Tensor& x, int dim, bool keepdim = false);
 

@@ -57,12 +57,19 @@ Tensor sum_leading(const Tensor& x, int64_t rows, int64_t cols, const Shape& out
   const Dense<T> in(x);
   Tensor out = Tensor::empty(out_shape, dtype_for<T>());
   T* o = out.data<T>();
-  std::vector<double> acc(static_cast<size_t>(cols), 0.0);
-  for (int64_t r = 0; r < rows; ++r) {
-    const T* row = in.data() + r * cols;
-    for (int64_t c = 0; c < cols; ++c) acc[size_t(c)] += double(row[c]);
+  // Threads take column blocks; each block runs down every row (rows stay in row order).
+  constexpr int64_t kBlock = 256;
+  const int64_t blocks = (cols + kBlock - 1) / kBlock;
+#pragma omp parallel for if (rows * cols > (1 << 16))
+  for (int64_t b = 0; b < blocks; ++b) {
+    const int64_t c0 = b * kBlock, c1 = std::min(cols, c0 + kBlock);
+    double acc[kBlock] = {};
+    for (int64_t r = 0; r < rows; ++r) {
+      const T* row = in.data() + r * cols;
+      for (int64_t c = c0; c < c1; ++c) acc[c - c0] += double(row[c]);
+    }
+    for (int64_t c = c0; c < c1; ++c) o[c] = T(acc[c - c0]);
   }
-  for (int64_t c = 0; c < cols; ++c) o[c] = T(acc[size_t(c)]);
   return out;
 }
 
@@ -86,6 +93,18 @@ Tensor sum(const Tensor& x, const std::vector<int>& dims, bool keepdim) {
       o[r] = T(acc);
     }
     return out;
+  });
+}
+
+double sum_squares(const Tensor& x) {
+  return dispatch_compute(computes_in_f64(x), [&]<class T>() {
+    const Dense<T> in(x);
+    const T* p = in.data();
+    const int64_t n = x.numel();
+    double acc = 0;
+#pragma omp parallel for reduction(+ : acc) if (n > (1 << 16))
+    for (int64_t i = 0; i < n; ++i) acc += double(p[i]) * double(p[i]);
+    return acc;
   });
 }
 

@@ -369,7 +369,7 @@ TrainResult train(const TrainConfig& config, bool resume, const Progress& progre
       quant::cast_weight_gradients(s->params, s->recipe);
       double sq = 0;
       for (const Var& p : s->params)
-        if (p.scaled_grad().data.defined()) sq += ops::sum(ops::unary(ops::Unary::square, p.grad()), {}).item();
+        if (p.scaled_grad().data.defined()) sq += ops::sum_squares(p.grad());
       norm = std::sqrt(sq);
       if (!std::isfinite(norm))
         throw Diverged("training diverged: non-finite gradient norm at step " + std::to_string(step) + " (recipe " + cfg.recipe + ")", step);

@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Engine vs PyTorch training step (issue 15): builds the engine, installs CPU PyTorch from PyPI
+# into its own virtual environment (a benchmark dependency only: never needed by the build or the
+# tests), prints `scalify info`, then the alternating comparison of step_ratio.py.
+#   bench/peers/step_vs_pytorch.sh                       # three sizes, f32, 3 rounds
+#   bench/peers/step_vs_pytorch.sh --sizes small --recipes f32,current,scalify_fp8_3 --rounds 2
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+venv=${SCALIFY_PEERS_VENV:-$HOME/.cache/scalify-peers-venv}
+if ! "$venv/bin/python" -c "import torch" 2>/dev/null; then
+  apt-get install -y -qq python3-venv >/dev/null 2>&1 || true
+  python3 -m venv "$venv"
+  # The PyPI wheel's CUDA libraries are not needed on the CPU: torch without its dependencies,
+  # then the pure-Python ones it imports.
+  "$venv/bin/pip" install -q --no-deps torch
+  "$venv/bin/pip" install -q numpy filelock typing-extensions sympy networkx jinja2 fsspec
+fi
+scripts/build.sh
+build/apps/scalify/scalify info
+"$venv/bin/python" -c "import torch; print('pytorch:', torch.__version__, torch.backends.cpu.get_cpu_capability())"
+exec "$venv/bin/python" bench/peers/step_ratio.py --python "$venv/bin/python" "$@"
