@@ -177,25 +177,28 @@ TEST(KernelsVsReference, RowAndColumnBroadcastsMatchExpandedOperands) {
 }
 
 // The fused attention against the composition it replaces (slice, permute, q k^T / sqrt(hd),
-// causal mask, softmax, P v), forward and gradient, in f32 on a shape with odd T and several heads.
+// causal mask, softmax, P v), forward and gradient, in f32 with several heads: T = 13 is one block
+// of query rows, T = 150 three (the last partial), which exercises the skipped upper triangle.
 TEST(KernelsVsReference, FusedCausalAttentionMatchesTheComposedOps) {
-  const int64_t B = 3, T = 13, H = 4, D = 24, hd = D / H;
-  const Tensor x = Tensor::randn({B, T, 3 * D}, 21, 1.5), gy = Tensor::randn({B, T, D}, 22);
-  const Var a(x, true), c(x, true);
-  const Var fused = causal_self_attention(a, H);
-  auto heads = [&](int64_t part) {
-    return permute(reshape(slice(c, 2, part * D, (part + 1) * D), {B, T, H, hd}), {0, 2, 1, 3});
-  };
-  const Var scores = mul_scalar(matmul(heads(0), transpose(heads(1), -1, -2)), 1 / std::sqrt(double(hd)));
-  const Var composed = reshape(permute(matmul(softmax(causal_mask(scores)), heads(2)), {0, 2, 1, 3}), {B, T, D});
-  fused.backward(gy);
-  composed.backward(gy);
-  const std::vector<double> fy = fused.value().to_vector(), cy = composed.value().to_vector();
-  const std::vector<double> fg = a.grad().to_vector(), cg = c.grad().to_vector();
-  ASSERT_EQ(fy.size(), cy.size());
-  for (size_t i = 0; i < fy.size(); ++i) EXPECT_NEAR(fy[i], cy[i], 1e-5 * (1 + std::fabs(cy[i]))) << i;
-  ASSERT_EQ(fg.size(), cg.size());
-  for (size_t i = 0; i < fg.size(); ++i) EXPECT_NEAR(fg[i], cg[i], 1e-5 * (1 + std::fabs(cg[i]))) << i;
+  for (const int64_t T : {13, 150}) {
+    const int64_t B = 3, H = 4, D = 24, hd = D / H;
+    const Tensor x = Tensor::randn({B, T, 3 * D}, 21, 1.5), gy = Tensor::randn({B, T, D}, 22);
+    const Var a(x, true), c(x, true);
+    const Var fused = causal_self_attention(a, H);
+    auto heads = [&](int64_t part) {
+      return permute(reshape(slice(c, 2, part * D, (part + 1) * D), {B, T, H, hd}), {0, 2, 1, 3});
+    };
+    const Var scores = mul_scalar(matmul(heads(0), transpose(heads(1), -1, -2)), 1 / std::sqrt(double(hd)));
+    const Var composed = reshape(permute(matmul(softmax(causal_mask(scores)), heads(2)), {0, 2, 1, 3}), {B, T, D});
+    fused.backward(gy);
+    composed.backward(gy);
+    const std::vector<double> fy = fused.value().to_vector(), cy = composed.value().to_vector();
+    const std::vector<double> fg = a.grad().to_vector(), cg = c.grad().to_vector();
+    ASSERT_EQ(fy.size(), cy.size());
+    for (size_t i = 0; i < fy.size(); ++i) EXPECT_NEAR(fy[i], cy[i], 1e-5 * (1 + std::fabs(cy[i]))) << i;
+    ASSERT_EQ(fg.size(), cg.size());
+    for (size_t i = 0; i < fg.size(); ++i) EXPECT_NEAR(fg[i], cg[i], 1e-5 * (1 + std::fabs(cg[i]))) << i;
+  }
   EXPECT_THROW(causal_self_attention(Var(Tensor::randn({2, 3, 10}, 1), true), 2), Error);  // 3D = 10
   EXPECT_THROW(causal_self_attention(Var(Tensor::randn({2, 3, 12}, 1).to(DType::f16), true), 2), Error);
 }
