@@ -58,11 +58,22 @@ std::vector<uint8_t> BlockQuantized::e8m0_scales() const {
 }
 
 namespace {
+// [rows, cols] -> [cols, rows] in 32 x 32 tiles (a naive transpose missed the cache on every
+// write), tiles in parallel.
+template <class T>
+void transpose_into(const T* x, size_t rows, size_t cols, T* t) {
+  constexpr size_t kTile = 32;
+  const int64_t tile_rows = int64_t((rows + kTile - 1) / kTile);
+#pragma omp parallel for if (rows * cols > (size_t(1) << 16))
+  for (int64_t tr = 0; tr < tile_rows; ++tr)
+    for (size_t c0 = 0; c0 < cols; c0 += kTile)
+      for (size_t r = size_t(tr) * kTile, r1 = std::min(rows, r + kTile); r < r1; ++r)
+        for (size_t c = c0, c1 = std::min(cols, c0 + kTile); c < c1; ++c) t[c * rows + r] = x[r * cols + c];
+}
 template <class T>
 std::vector<T> transposed(const T* x, size_t rows, size_t cols) {
   std::vector<T> t(rows * cols);
-  for (size_t r = 0; r < rows; ++r)
-    for (size_t c = 0; c < cols; ++c) t[c * rows + r] = x[r * cols + c];
+  transpose_into(x, rows, cols, t.data());
   return t;
 }
 }  // namespace
@@ -81,9 +92,13 @@ BlockQuantized quantize_blocks(std::span<const float> x, size_t rows, size_t col
     q.block = spec;
     const size_t cb = size_t(info(element).storage_bytes());
     q.codes.resize(t.codes.size());
-    for (size_t r = 0; r < rows; ++r)
-      for (size_t c = 0; c < cols; ++c)
-        std::memcpy(&q.codes[(r * cols + c) * cb], &t.codes[(c * rows + r) * cb], cb);
+    if (cb == 1) {
+      transpose_into(t.codes.data(), cols, rows, q.codes.data());
+    } else {
+      for (size_t r = 0; r < rows; ++r)
+        for (size_t c = 0; c < cols; ++c)
+          std::memcpy(&q.codes[(r * cols + c) * cb], &t.codes[(c * rows + r) * cb], cb);
+    }
     q.scales = transposed(t.scales.data(), cols, t.scale_cols());  // [cols, row blocks] -> [row blocks, cols]
     return q;
   }
@@ -103,7 +118,11 @@ BlockQuantized quantize_blocks(std::span<const float> x, size_t rows, size_t col
   q.scales.resize(q.scale_rows() * q.scale_cols());
   const kernels::KernelTable& k = kernels::active_kernels();
 
-  for (size_t br = 0; br < q.scale_rows(); ++br) {
+  // Block rows in parallel: each writes its own codes and scales.
+  const int64_t block_rows = int64_t(q.scale_rows());
+#pragma omp parallel for schedule(dynamic, 16) if (rows * cols > (size_t(1) << 15))
+  for (int64_t bri = 0; bri < block_rows; ++bri) {
+    const size_t br = size_t(bri);
     const size_t r0 = br * spec.rows, r1 = std::min(rows, r0 + spec.rows);
     for (size_t bc = 0; bc < q.scale_cols(); ++bc) {
       const size_t c0 = bc * spec.cols, c1 = std::min(cols, c0 + spec.cols);
@@ -155,7 +174,10 @@ void dequantize_blocks(const BlockQuantized& q, std::span<float> out) {
   // a kernel call per 32-element block spent most of its time setting up.
   // Pointer arithmetic, not &out[i]: an empty row ([4, 0]) must not index an empty span.
   const kernels::KernelTable& k = kernels::active_kernels();
-  for (size_t r = 0; r < q.rows && q.cols > 0; ++r) {
+  if (q.cols == 0) return;
+#pragma omp parallel for if (n > (size_t(1) << 15))
+  for (int64_t ri = 0; ri < int64_t(q.rows); ++ri) {
+    const size_t r = size_t(ri);
     float* row = out.data() + r * q.cols;
     k.dequantize(q.codes.data() + r * q.cols * cb, q.cols, row, f, 1.0f);
     for (size_t bc = 0; bc < q.scale_cols(); ++bc) {

@@ -29,11 +29,13 @@ Tensor encode(const Tensor& x, Format fmt, float encode_scale, const QuantizerCo
   // half the smallest subnormal (round-to-nearest-even makes that tie zero), and clips beyond max.
   const float under_limit = float(0.5 * min_subnormal(fmt) / encode_scale), clip_limit = float(max_value(fmt) / encode_scale);
   int64_t under = 0, clip = 0, nonzero = 0;
-  for (size_t i = 0; i < n; ++i) {
-    const float a = std::fabs(in[i]);
-    nonzero += a != 0;
-    under += a != 0 && a <= under_limit;
-    clip += a > clip_limit;
+  const float* p = in.data();
+#pragma omp parallel for reduction(+ : under, clip, nonzero) if (n > (size_t(1) << 16))
+  for (int64_t i = 0; i < int64_t(n); ++i) {  // branch-free, so it vectorises
+    const float a = std::fabs(p[i]);
+    nonzero += int64_t(a != 0);
+    under += int64_t(a != 0) & int64_t(a <= under_limit);
+    clip += int64_t(a > clip_limit);
   }
   st.underflow = nonzero ? double(under) / double(nonzero) : 0.0;
   st.clipped = n ? double(clip) / double(n) : 0.0;
