@@ -285,7 +285,12 @@ Tensor Tensor::to(DType dtype) const {
 
 void Tensor::copy_(const Tensor& src) {
   const Tensor s = src.shape_ == shape_ ? src : src.expand(shape_);
-  if (is_integer(dtype_) || is_integer(s.dtype_) || dtype_ == DType::f64 || s.dtype_ == DType::f64) {
+  const bool wide = is_integer(dtype_) || is_integer(s.dtype_) || dtype_ == DType::f64 || s.dtype_ == DType::f64;
+  if (!wide && is_contiguous() && !same_storage(s)) {  // no staging buffer: decode or encode in place
+    if (dtype_ == DType::f32) return read_as(s, data<float>());
+    if (s.dtype_ == DType::f32 && s.is_contiguous()) return write_from(s.data<float>(), *this);
+  }
+  if (wide) {
     std::vector<double> v(static_cast<size_t>(numel()));
     read_as(s, v.data());
     write_from(v.data(), *this);
@@ -305,7 +310,15 @@ void Tensor::fill_(double value) {
   if (is_contiguous()) {
     std::byte* p = raw_bytes();
     const int64_t n = numel();
-    for (int64_t i = 0; i < n; ++i) std::memcpy(p + i * es, one.raw_bytes(), size_t(es));
+    auto fill_as = [&](auto word) {  // the element's bytes as one word: a plain, vectorised fill
+      std::memcpy(&word, one.raw_bytes(), sizeof(word));
+      std::fill_n(reinterpret_cast<decltype(word)*>(p), n, word);
+    };
+    if (es == 1) fill_as(uint8_t{});
+    else if (es == 2) fill_as(uint16_t{});
+    else if (es == 4) fill_as(uint32_t{});
+    else if (es == 8) fill_as(uint64_t{});
+    else for (int64_t i = 0; i < n; ++i) std::memcpy(p + i * es, one.raw_bytes(), size_t(es));
   } else {
     copy_(one);
   }
