@@ -444,3 +444,43 @@ TEST(Scaled, MaximumMinimumPropagateNaNAndRouteGradients) {
 
 }  // namespace
 }  // namespace scalify
+
+namespace scalify {
+namespace {
+
+double rms_of(const Tensor& t) {
+  double s = 0;
+  const std::vector<double> v = t.to_vector();
+  for (double x : v) s += x * x;
+  return std::sqrt(s / double(v.size()));
+}
+
+// The fused attention on scaled qkv (f32 and f16 data) represents the unscaled computation on the
+// represented values, forward and backward, and keeps its data in range: the output's data is a
+// convex combination of the value data (no larger), the gradients' data of the incoming gradient's
+// order for dv.
+TEST(ScaleRules, FusedAttentionRepresentsTheUnscaledComputation) {
+  const int64_t B = 2, T = 70, H = 2, D = 16;
+  const Tensor xd = Tensor::randn({B, T, 3 * D}, 31), gd = Tensor::randn({B, T, D}, 32);
+  for (float s : {0.25f, 4.0f})
+    for (DType storage : {DType::f32, DType::f16}) {
+      const Tensor data = xd.to(storage);
+      const Var scaled(ScaledTensor(data, s), true), plain(ops::scale_shift(data.to(DType::f32), s, 0.0), true);
+      const Var ys = causal_self_attention(scaled, H), yp = causal_self_attention(plain, H);
+      EXPECT_EQ(ys.scaled().scalar_scale(), s) << "Y_s = s";
+      ys.backward(ScaledTensor(gd, 0.5f));
+      yp.backward(ops::scale_shift(gd, 0.5, 0.0));
+      const std::vector<double> a = ys.value().to_vector(), b = yp.value().to_vector();
+      for (size_t i = 0; i < a.size(); ++i) ASSERT_NEAR(a[i], b[i], 1e-3 * (1 + std::fabs(b[i]))) << "s " << s << " at " << i;
+      const std::vector<double> ga = scaled.grad().to_vector(), gb = plain.grad().to_vector();
+      for (size_t i = 0; i < ga.size(); ++i) ASSERT_NEAR(ga[i], gb[i], 1e-3 * (1 + std::fabs(gb[i]))) << "s " << s << " grad at " << i;
+      EXPECT_LE(ops::max(ops::unary(ops::Unary::abs, ys.scaled().data.to(DType::f32).reshape({-1})), 0).first.item(),
+                ops::max(ops::unary(ops::Unary::abs, data.to(DType::f32).slice(2, 2 * D, 3 * D).contiguous().reshape({-1})), 0).first.item());
+      const double dv = rms_of(scaled.scaled_grad().data.to(DType::f32).slice(2, 2 * D, 3 * D));
+      EXPECT_GT(dv, 0.1) << "dv data of the incoming gradient's order (peaked attention leaves some keys unused)";
+      EXPECT_LT(dv, 3.0);
+    }
+}
+
+}  // namespace
+}  // namespace scalify

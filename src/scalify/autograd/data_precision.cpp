@@ -24,10 +24,12 @@ void keep_infinities(const Tensor& in, Tensor& out, Format f) {
   for (int64_t i = 0; i < n; ++i) any |= std::fabs(x[i]) == INFINITY;  // vectorises, unlike isinf
   if (!any) return;
   const int bytes = info(f).storage_bytes();
+  const uint32_t plus = encode(f, INFINITY, {Overflow::non_saturating}), minus = encode(f, -INFINITY, {Overflow::non_saturating});
   std::byte* codes = out.raw_bytes();
+#pragma omp parallel for if (n > (1 << 16))
   for (int64_t i = 0; i < n; ++i)
-    if (std::isinf(x[i])) {
-      const uint32_t code = encode(f, x[i], {Overflow::non_saturating});
+    if (std::fabs(x[i]) == INFINITY) {  // half of a masked score matrix
+      const uint32_t code = x[i] > 0 ? plus : minus;
       std::memcpy(codes + i * bytes, &code, size_t(bytes));  // little-endian: the low bytes
     }
 }

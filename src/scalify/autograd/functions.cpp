@@ -258,13 +258,21 @@ Var causal_mask(const Var& scores) {
 
 Var causal_self_attention(const Var& qkv, int64_t heads) {
   const ScaledTensor& x = qkv.scaled();
-  if (x.is_scaled())
-    throw Error("causal_self_attention: qkv carries a scale; scaled attention composes matmul, causal_mask and softmax");
-  ops::AttentionResult r = ops::causal_attention(x.data, heads);
+  if (x.any_scale || (x.scale.defined() && x.scale.numel() != 1))
+    throw Error("causal_self_attention: qkv needs one scale (or none); per-block or ANY scales compose matmul, causal_mask and softmax");
+  if (qkv.shape().size() != 3 || heads < 1 || qkv.shape()[2] % (3 * heads) != 0)
+    throw Error("causal_self_attention: qkv must be [B, T, 3D] with D divisible by heads = " + std::to_string(heads) +
+                ", got " + shape_str(qkv.shape()));
+  // Represented values s * X_d: scores s^2 (q_d k_d^T) / sqrt(hd). The output is a convex
+  // combination of value rows, so it keeps their scale (Y_s = s, |Y_d| <= max |v_d|: it cannot
+  // overflow); the gradient keeps g's scale, dq and dk carrying the s^2 of the scores.
+  const double scale = x.scale.defined() ? double(x.scalar_scale()) : 1.0;
+  const double score_mul = scale * scale / std::sqrt(double(qkv.shape()[2] / (3 * heads)));
+  ops::AttentionResult r = ops::causal_attention(x.data, heads, score_mul);
   const Tensor xd = x.data, probs = std::move(r.probs);
-  return Var::make("causal_attention", ScaledTensor(std::move(r.y)), {qkv}, [xd, probs, heads](const ScaledTensor& g) {
-    // Linear in the incoming gradient: its scale carries over to dqkv.
-    return Grads{s::with_grad_scale(g, ops::causal_attention_backward(xd, probs, g.data, heads))};
+  ScaledTensor y = x.scale.defined() ? ScaledTensor(std::move(r.y), float(scale)) : ScaledTensor(std::move(r.y));
+  return Var::make("causal_attention", std::move(y), {qkv}, [xd, probs, heads, score_mul](const ScaledTensor& g) {
+    return Grads{s::with_grad_scale(g, ops::causal_attention_backward(xd, probs, g.data, heads, score_mul))};
   });
 }
 

@@ -59,8 +59,9 @@ Var maximum(const Var& a, const Var& b);
 Var minimum(const Var& a, const Var& b);
 // Sets masked-out entries (mask == 0) of attention scores [..., T, T] to -inf.
 Var causal_mask(const Var& scores);
-// Fused causal multi-head attention on a packed, unscaled projection qkv [B, T, 3D] -> [B, T, D]
+// Fused causal multi-head attention on a packed projection qkv [B, T, 3D] -> [B, T, D]
 // (ops::causal_attention): softmax(mask(q k^T / sqrt(D/heads))) v per head, with one backward node.
+// Scaled qkv (one scale s): Y_s = s (a convex combination of value rows), gradients keep g's scale.
 Var causal_self_attention(const Var& qkv, int64_t heads);
 Var dropout(const Var& x, double p, uint64_t seed);
 

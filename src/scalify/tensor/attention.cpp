@@ -44,8 +44,7 @@ Dims check(const Tensor& qkv, int64_t heads, const char* op) {
   if (qkv.dim() != 3 || qkv.size(2) % 3 != 0 || heads < 1 || (qkv.size(2) / 3) % heads != 0)
     throw Error(std::string(op) + ": qkv must be [B, T, 3D] with D divisible by heads = " + std::to_string(heads) +
                 ", got " + shape_str(qkv.shape()));
-  if (qkv.dtype() != DType::f32 && qkv.dtype() != DType::f64)
-    throw Error(std::string(op).append(": qkv must be f32 or f64, got ").append(dtype_name(qkv.dtype())));
+  if (is_integer(qkv.dtype())) throw Error(std::string(op).append(": qkv must be floating point, got ").append(dtype_name(qkv.dtype())));
   const int64_t D = qkv.size(2) / 3;
   return {qkv.size(0), qkv.size(1), D, heads, D / heads};
 }
@@ -67,17 +66,20 @@ void causal_softmax_row(const T* s, T* p, int64_t i, int64_t T_) {
   std::fill(p + n, p + T_, T(0));
 }
 
+// f64 stays f64; every other floating format computes in f32.
+Tensor compute_form(const Tensor& x) { return (x.dtype() == DType::f64 ? x : x.to(DType::f32)).contiguous(); }
+
 }  // namespace
 
-AttentionResult causal_attention(const Tensor& qkv_in, int64_t heads) {
+AttentionResult causal_attention(const Tensor& qkv_in, int64_t heads, double score_mul) {
   const Dims d = check(qkv_in, heads, "causal_attention");
-  const Tensor qkv = qkv_in.contiguous();
+  const Tensor qkv = compute_form(qkv_in);
   AttentionResult r{Tensor::empty({d.B, d.T, d.D}, qkv.dtype()), Tensor::empty({d.B, d.H, d.T, d.T}, qkv.dtype())};
   dispatch_compute(qkv.dtype() == DType::f64, [&]<class T>() {
     const T* x = qkv.data<T>();
     T* y = r.y.data<T>();
     T* probs = r.probs.data<T>();
-    const T alpha = T(1.0 / std::sqrt(double(d.hd)));
+    const T alpha = T(score_mul);
     const int64_t ld = 3 * d.D;
 #pragma omp parallel
     {
@@ -100,18 +102,20 @@ AttentionResult causal_attention(const Tensor& qkv_in, int64_t heads) {
   return r;
 }
 
-Tensor causal_attention_backward(const Tensor& qkv_in, const Tensor& probs_in, const Tensor& grad_y_in, int64_t heads) {
+Tensor causal_attention_backward(const Tensor& qkv_in, const Tensor& probs_in, const Tensor& grad_y_in, int64_t heads,
+                                 double score_mul) {
   const Dims d = check(qkv_in, heads, "causal_attention_backward");
   if (probs_in.shape() != Shape{d.B, d.H, d.T, d.T} || grad_y_in.shape() != Shape{d.B, d.T, d.D})
     throw Error("causal_attention_backward: probs " + shape_str(probs_in.shape()) + " or gradient " +
                 shape_str(grad_y_in.shape()) + " do not match qkv " + shape_str(qkv_in.shape()));
-  const DType dt = qkv_in.dtype();
-  const Tensor qkv = qkv_in.contiguous(), probs = probs_in.to(dt).contiguous(), gy = grad_y_in.to(dt).contiguous();
+  const Tensor qkv = compute_form(qkv_in);
+  const DType dt = qkv.dtype();
+  const Tensor probs = probs_in.to(dt).contiguous(), gy = grad_y_in.to(dt).contiguous();
   Tensor dqkv = Tensor::empty(qkv.shape(), dt);
   dispatch_compute(dt == DType::f64, [&]<class T>() {
     const T *x = qkv.data<T>(), *P = probs.data<T>(), *G = gy.data<T>();
     T* dx = dqkv.data<T>();
-    const T alpha = T(1.0 / std::sqrt(double(d.hd)));
+    const T alpha = T(score_mul);
     const int64_t ld = 3 * d.D;
 #pragma omp parallel
     {

@@ -57,13 +57,15 @@ Tensor softmax_backward(const Tensor& y, const Tensor& grad, int dim = -1);
 Tensor log_softmax_backward(const Tensor& y, const Tensor& grad, int dim = -1);
 
 // Causal multi-head self-attention on a packed projection qkv [B, T, 3D] (queries, keys, values
-// side by side, heads contiguous in each): y [B, T, D] = softmax(mask(q k^T / sqrt(D/heads))) v per
-// head, and the probabilities [B, heads, T, T] the backward needs. f32 or f64.
+// side by side, heads contiguous in each): y [B, T, D] = softmax(mask(score_mul q k^T)) v per head,
+// and the probabilities [B, heads, T, T] the backward needs. score_mul is 1/sqrt(D/heads) for
+// plain values (s^2/sqrt(D/heads) for data with scale s). f32 or f64 (other formats decode to f32).
 struct AttentionResult {
   Tensor y, probs;
 };
-AttentionResult causal_attention(const Tensor& qkv, int64_t heads);
-Tensor causal_attention_backward(const Tensor& qkv, const Tensor& probs, const Tensor& grad_y, int64_t heads);
+AttentionResult causal_attention(const Tensor& qkv, int64_t heads, double score_mul);
+// d qkv from dy: dv = P^T dy, and dq, dk through the softmax with the same score_mul.
+Tensor causal_attention_backward(const Tensor& qkv, const Tensor& probs, const Tensor& grad_y, int64_t heads, double score_mul);
 
 struct NormResult {
   Tensor y, xhat, rstd;  // rstd: 1 / sqrt(var + eps) per row

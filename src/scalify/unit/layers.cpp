@@ -82,9 +82,11 @@ Var CausalSelfAttention::operator()(const Var& x, const LayerOptions& o) const {
   const int64_t B = x.shape()[0], T = x.shape()[1], D = x.shape()[2], H = heads, hd = D / H;
   const bool u = o.unit_scaled;
   const Var qkv_out = o.tap(qkv(x, o, "attn.qkv"), "attn.qkv");
-  // Standard attention on plain f32 values takes the fused kernel; scaled values (SCALIFY, unit
-  // scaling), other storages and probed runs (which tap the scores) compose the scaled ops below.
-  if (!u && !o.probe && !qkv_out.scaled().is_scaled() && qkv_out.scaled().data.dtype() == DType::f32)
+  // Standard attention takes the fused kernel (plain or one-scale values, any float storage); unit
+  // scaling's own attention rules, per-block scales and probed runs (which tap the scores and
+  // probabilities) compose the scaled ops below.
+  const ScaledTensor& qs = qkv_out.scaled();
+  if (!u && !o.probe && !qs.any_scale && (!qs.scale.defined() || qs.scale.numel() == 1) && !is_integer(qs.data.dtype()))
     return o.tap(proj(causal_self_attention(qkv_out, H), o, "attn.proj"), "attn.out");
   auto split_heads = [&](int64_t part) {  // [B, H, T, hd]
     return permute(reshape(slice(qkv_out, 2, part * D, (part + 1) * D), {B, T, H, hd}), {0, 2, 1, 3});
