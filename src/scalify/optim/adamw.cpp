@@ -86,22 +86,25 @@ void AdamW::step_plain(size_t k, double bc1, double bc2, double gradient_multipl
   Var& p = params_[k];
   const Tensor value = p.value(), grad = p.grad();
   check_finite(grad, k, p.shape());
-  // One parallel pass: read the weight, gradient and moments, write the moments in place and the
-  // new weight into a fresh (pooled) buffer. The arithmetic is in f64, rounded as stored.
+  // One parallel, vectorised pass in f32 arithmetic (as PyTorch's): read the weight, gradient
+  // and moments, write the moments in place and the new weight into a fresh (pooled) buffer.
   const Dense<float> w(value), g(grad);
   Tensor next = Tensor::empty(p.shape(), DType::f32);
   float* pw = next.data<float>();
   float* m = m_[k].data.data<float>();
   float* v = v_[k].data.data<float>();
+  const float* pg = g.data();
+  const float* pold = w.data();
   const int64_t n = next.numel();
-  const double lr = c_.lr * lr_scale_[k], wd = decay_[k] ? c_.weight_decay : 0.0, b1 = c_.beta1, b2 = c_.beta2, eps = c_.eps;
-#pragma omp parallel for if (n > (1 << 15))
+  const float lr = float(c_.lr * lr_scale_[k]), wd = decay_[k] ? float(c_.weight_decay) : 0.0f;
+  const float b1 = float(c_.beta1), b2 = float(c_.beta2), c1 = float(1 - c_.beta1), c2 = float(1 - c_.beta2);
+  const float ibc1 = float(1 / bc1), ibc2 = float(1 / bc2), eps = float(c_.eps), gm = float(gradient_multiplier);
+#pragma omp parallel for simd if (n > (1 << 15))
   for (int64_t i = 0; i < n; ++i) {
-    const double gi = gradient_multiplier == 1.0 ? g[i] : double(float(g[i] * gradient_multiplier));
-    m[i] = float(b1 * m[i] + (1 - b1) * gi);
-    v[i] = float(b2 * v[i] + (1 - b2) * gi * gi);
-    const double update = (m[i] / bc1) / (std::sqrt(v[i] / bc2) + eps) + wd * w[i];
-    pw[i] = float(w[i] - lr * update);
+    const float gi = pg[i] * gm;
+    m[i] = b1 * m[i] + c1 * gi;
+    v[i] = b2 * v[i] + c2 * gi * gi;
+    pw[i] = pold[i] - lr * ((m[i] * ibc1) / (std::sqrt(v[i] * ibc2) + eps) + wd * pold[i]);
   }
   p.set_value(next.to(value.dtype()));
 }
