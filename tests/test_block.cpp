@@ -88,23 +88,40 @@ TEST(MxBlocks, ScaleExponentClampsToE8m0Range) {
   EXPECT_EQ(decode(Format::e4m3, uint32_t(q.codes[0])), 0.0f);
 }
 
+// Column blocks take their own path (no transpose): it must give exactly the codes and scales of
+// row blocks on the transpose, for MX and f32-amax scales, both FP8 formats, and the edges: a
+// NaN column, an all-zero column, values 2^-120 below their block's amax, a huge column.
 TEST(MxBlocks, ColumnWiseEqualsRowWiseOfTheTranspose) {
   const size_t R = 70, C = 45;  // partial blocks both ways
   std::mt19937 rng(5);
   std::lognormal_distribution<float> d(0.0f, 3.0f);
   std::vector<float> x(R * C), xt(R * C);
   for (size_t i = 0; i < R * C; ++i) x[i] = d(rng) * ((rng() & 1) ? 1.0f : -1.0f);
+  for (size_t r = 0; r < R; ++r) {
+    x[r * C + 3] = 0.0f;                                 // an all-zero column
+    x[r * C + 5] = r == 40 ? 1e30f : 1e-10f * d(rng);   // tiny values under one huge amax
+    x[r * C + 7] = r % 9 == 0 ? -3e38f : 2e38f * float(r % 2);
+  }
+  x[10 * C + 9] = std::numeric_limits<float>::quiet_NaN();  // one NaN block in column 9
   for (size_t r = 0; r < R; ++r)
     for (size_t c = 0; c < C; ++c) xt[c * R + r] = x[r * C + c];
-  const BlockQuantized col = quantize_blocks(x, R, C, Format::e4m3, mx_blocks(0));
-  const BlockQuantized row = quantize_blocks(xt, C, R, Format::e4m3, mx_blocks(1));
-  ASSERT_EQ(col.scale_rows(), 3u);
-  ASSERT_EQ(col.scale_cols(), C);
-  const auto a = dequant(col), b = dequant(row);
-  for (size_t r = 0; r < R; ++r)
-    for (size_t c = 0; c < C; ++c) ASSERT_EQ(a[r * C + c], b[c * R + r]) << r << "," << c;
-  for (size_t br = 0; br < 3; ++br)
-    for (size_t c = 0; c < C; ++c) ASSERT_EQ(col.scales[br * C + c], row.scales[c * 3 + br]);
+  for (Format f : {Format::e4m3, Format::e5m2})
+    for (BlockScaleRule rule : {BlockScaleRule::mx_floor, BlockScaleRule::mx_ceil, BlockScaleRule::f32_amax}) {
+      const BlockSpec spec{32, 1, rule};
+      const BlockQuantized col = quantize_blocks(x, R, C, f, spec);
+      const BlockQuantized row = quantize_blocks(xt, C, R, f, {1, 32, rule});
+      ASSERT_EQ(col.scale_rows(), 3u);
+      ASSERT_EQ(col.scale_cols(), C);
+      const size_t cb = 1;
+      for (size_t r = 0; r < R; ++r)
+        for (size_t c = 0; c < C; ++c)
+          ASSERT_EQ(col.codes[(r * C + c) * cb], row.codes[(c * R + r) * cb]) << format_name(f) << " " << r << "," << c;
+      for (size_t br = 0; br < 3; ++br)
+        for (size_t c = 0; c < C; ++c) {
+          const float a = col.scales[br * C + c], b = row.scales[c * 3 + br];
+          ASSERT_TRUE(a == b || (std::isnan(a) && std::isnan(b))) << br << "," << c;
+        }
+    }
 }
 
 TEST(MxBlocks, EveryElementIsWithinHalfAQuantumOfItsBlockScale) {

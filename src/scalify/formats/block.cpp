@@ -58,50 +58,93 @@ std::vector<uint8_t> BlockQuantized::e8m0_scales() const {
 }
 
 namespace {
-// [rows, cols] -> [cols, rows] in 32 x 32 tiles (a naive transpose missed the cache on every
-// write), tiles in parallel.
-template <class T>
-void transpose_into(const T* x, size_t rows, size_t cols, T* t) {
-  constexpr size_t kTile = 32;
-  const int64_t tile_rows = int64_t((rows + kTile - 1) / kTile);
-#pragma omp parallel for if (rows * cols > (size_t(1) << 16))
-  for (int64_t tr = 0; tr < tile_rows; ++tr)
-    for (size_t c0 = 0; c0 < cols; c0 += kTile)
-      for (size_t r = size_t(tr) * kTile, r1 = std::min(rows, r + kTile); r < r1; ++r)
-        for (size_t c = c0, c1 = std::min(cols, c0 + kTile); c < c1; ++c) t[c * rows + r] = x[r * cols + c];
-}
-template <class T>
-std::vector<T> transposed(const T* x, size_t rows, size_t cols) {
-  std::vector<T> t(rows * cols);
-  transpose_into(x, rows, cols, t.data());
-  return t;
+// Column blocks (K x 1) without transposing: a block row's amaxes come from one vectorised pass
+// down its rows; then each row is scaled per column into f32 -- x * mul, then an exact power of
+// two, the arithmetic the kernel applies to one block -- and quantised in one kernel call at
+// scale 1. (Where the pre-scaled value would be an f32 subnormal it lies some 2^120 below the
+// block's amax, and any format rounds it to zero either way.) A column whose power of two is
+// outside f32's normal range takes the per-element kernel call with its own arguments.
+BlockQuantized quantize_column_blocks(std::span<const float> x, size_t rows, size_t cols, Format element,
+                                      const BlockSpec& spec, Rounding rounding) {
+  BlockQuantized q;
+  q.element = element;
+  q.rows = rows;
+  q.cols = cols;
+  q.block = spec;
+  const FormatInfo& f = info(element);
+  const size_t cb = size_t(f.storage_bytes());
+  q.codes.assign(rows * cols * cb, std::byte{0});
+  q.scales.resize(q.scale_rows() * cols);
+  const kernels::KernelTable& k = kernels::active_kernels();
+  const int64_t block_rows = int64_t(q.scale_rows());
+#pragma omp parallel if (rows * cols > (size_t(1) << 15))
+  {
+    std::vector<uint32_t> amax(cols);
+    std::vector<float> mul(cols), pow2(cols), tmp(cols);
+    std::vector<kernels::QuantizeArgs> args(cols);
+    std::vector<uint8_t> keep(cols), exact(cols);
+#pragma omp for schedule(dynamic, 4)
+    for (int64_t bri = 0; bri < block_rows; ++bri) {
+      const size_t br = size_t(bri), r0 = br * spec.rows, r1 = std::min(rows, r0 + spec.rows);
+      std::fill(amax.begin(), amax.end(), 0u);
+      for (size_t r = r0; r < r1; ++r) {  // |x| as bits: NaN orders above inf, as amax_bits
+        const uint32_t* bits = reinterpret_cast<const uint32_t*>(x.data() + r * cols);
+        for (size_t c = 0; c < cols; ++c) amax[c] = std::max(amax[c], bits[c] & 0x7FFFFFFFu);
+      }
+      bool all_exact = true;
+      for (size_t c = 0; c < cols; ++c) {
+        const float scale = block_scale(std::bit_cast<float>(amax[c]), element, spec.rule);
+        q.scales[br * cols + c] = scale;
+        kernels::QuantizeArgs& a = args[c];
+        a = kernels::QuantizeArgs{};
+        a.format = &f;
+        a.overflow = Overflow::saturate;
+        a.rounding = rounding;
+        keep[c] = !std::isnan(scale);  // a NaN block decodes as NaN; its element codes stay 0
+        if (!keep[c]) {
+          mul[c] = pow2[c] = 0.0f;
+          exact[c] = 1;
+          continue;
+        }
+        if (spec.rule == BlockScaleRule::f32_amax) {
+          split_scale(1.0f / scale, a.mul, a.exp_shift);
+        } else {
+          a.mul = 1.0f;
+          a.exp_shift = -std::ilogb(scale);
+        }
+        exact[c] = a.exp_shift >= -126 && a.exp_shift <= 127;
+        all_exact = all_exact && exact[c];
+        mul[c] = a.mul;
+        pow2[c] = exact[c] ? std::ldexp(1.0f, a.exp_shift) : 0.0f;
+      }
+      for (size_t r = r0; r < r1; ++r) {
+        const float* row = x.data() + r * cols;
+        for (size_t c = 0; c < cols; ++c) tmp[c] = keep[c] ? (row[c] * mul[c]) * pow2[c] : 0.0f;
+        kernels::QuantizeArgs one{};
+        one.format = &f;
+        one.mul = 1.0f;
+        one.overflow = Overflow::saturate;
+        one.rounding = rounding;
+        one.offset = r * cols;
+        std::byte* out = &q.codes[r * cols * cb];
+        k.quantize(tmp.data(), cols, out, one);
+        if (all_exact) continue;
+        for (size_t c = 0; c < cols; ++c)
+          if (!exact[c]) {
+            args[c].offset = r * cols + c;
+            k.quantize(row + c, 1, out + c * cb, args[c]);
+          }
+      }
+    }
+  }
+  return q;
 }
 }  // namespace
 
 BlockQuantized quantize_blocks(std::span<const float> x, size_t rows, size_t cols, Format element,
                                const BlockSpec& spec, Rounding rounding) {
-  if (spec.cols == 1 && spec.rows > 1 && x.size() == rows * cols) {
-    // Column blocks (K x 1): quantise the transpose row-wise, where each block is contiguous
-    // (one kernel call per block instead of one per element), then transpose back.
-    const std::vector<float> xt = transposed(x.data(), rows, cols);
-    BlockQuantized t = quantize_blocks(xt, cols, rows, element, {1, spec.rows, spec.rule}, rounding);
-    BlockQuantized q;
-    q.element = element;
-    q.rows = rows;
-    q.cols = cols;
-    q.block = spec;
-    const size_t cb = size_t(info(element).storage_bytes());
-    q.codes.resize(t.codes.size());
-    if (cb == 1) {
-      transpose_into(t.codes.data(), cols, rows, q.codes.data());
-    } else {
-      for (size_t r = 0; r < rows; ++r)
-        for (size_t c = 0; c < cols; ++c)
-          std::memcpy(&q.codes[(r * cols + c) * cb], &t.codes[(c * rows + r) * cb], cb);
-    }
-    q.scales = transposed(t.scales.data(), cols, t.scale_cols());  // [cols, row blocks] -> [row blocks, cols]
-    return q;
-  }
+  if (spec.cols == 1 && spec.rows > 1 && x.size() == rows * cols && element != Format::e8m0)
+    return quantize_column_blocks(x, rows, cols, element, spec, rounding);
   if (x.size() != rows * cols)
     throw Error("quantize_blocks: " + std::to_string(x.size()) + " values do not form a " +
                 std::to_string(rows) + " x " + std::to_string(cols) + " tensor");
