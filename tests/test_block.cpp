@@ -9,6 +9,8 @@
 #include "expect_error.hpp"
 #include "scalify/error.hpp"
 #include "scalify/formats/block.hpp"
+#include "scalify/formats/bulk.hpp"
+#include "scalify/formats/kernels.hpp"
 
 namespace scalify {
 namespace {
@@ -215,6 +217,64 @@ TEST(Block, DequantizeRejectsBlocksThatDoNotMatchTheirShape) {
   q = good;
   q.rows = q.cols = size_t(1) << 40;
   EXPECT_ERROR(dequantize_blocks(q, out), "too large");
+}
+
+// The whole-row quantiser against the plain definition: for every block, its scale from the
+// block's amax and the scalar reference kernel called on each of the block's row segments with
+// that scale (mul, then an exact power of two; the element's global index for stochastic
+// rounding). Codes must agree bit for bit, for row, column and 2-D blocks, partial edges, every
+// scale rule and rounding mode, and blocks holding zeros only, a NaN, or values far below amax.
+TEST(Block, WholeRowQuantiserMatchesPerBlockReferenceCalls) {
+  const size_t R = 37, C = 70;
+  std::mt19937 rng(9);
+  std::lognormal_distribution<float> d(0.0f, 4.0f);
+  std::vector<float> x(R * C);
+  for (size_t i = 0; i < R * C; ++i) x[i] = d(rng) * ((rng() & 1) ? 1.0f : -1.0f);
+  for (size_t c = 0; c < 8; ++c) x[c] = 0.0f;  // a zero block in the first row
+  x[5 * C + 40] = std::numeric_limits<float>::quiet_NaN();
+  x[9 * C + 13] = 1e30f;
+  x[9 * C + 14] = -1e-12f;
+  const kernels::KernelTable& ref = kernels::kernels_for(kernels::Isa::scalar);
+  for (const BlockSpec& shape : {BlockSpec{1, 32}, BlockSpec{32, 1}, BlockSpec{4, 8}, BlockSpec{16, 16}})
+    for (BlockScaleRule rule : {BlockScaleRule::mx_floor, BlockScaleRule::mx_ceil, BlockScaleRule::f32_amax})
+      for (Rounding rounding : {Rounding::nearest_even, Rounding::stochastic})
+        for (Format f : {Format::e4m3, Format::e5m2, Format::e2m1}) {
+          const BlockSpec spec{shape.rows, shape.cols, rule};
+          const BlockQuantized q = quantize_blocks(x, R, C, f, spec, rounding);
+          std::vector<std::byte> want(R * C, std::byte{0});
+          for (size_t br = 0; br < q.scale_rows(); ++br)
+            for (size_t bc = 0; bc < q.scale_cols(); ++bc) {
+              const size_t r0 = br * spec.rows, r1 = std::min(R, r0 + spec.rows);
+              const size_t c0 = bc * spec.cols, c1 = std::min(C, c0 + spec.cols);
+              float amax = 0;
+              bool nan = false;
+              for (size_t r = r0; r < r1; ++r)
+                for (size_t c = c0; c < c1; ++c) {
+                  nan = nan || std::isnan(x[r * C + c]);
+                  amax = std::max(amax, std::fabs(x[r * C + c]));
+                }
+              const float scale = block_scale(nan ? std::numeric_limits<float>::quiet_NaN() : amax, f, rule);
+              ASSERT_TRUE(q.scales[br * q.scale_cols() + bc] == scale || (nan && std::isnan(q.scales[br * q.scale_cols() + bc])));
+              if (nan) continue;
+              kernels::QuantizeArgs a{};
+              a.format = &info(f);
+              if (rule == BlockScaleRule::f32_amax) {
+                split_scale(1.0f / scale, a.mul, a.exp_shift);
+              } else {
+                a.mul = 1.0f;
+                a.exp_shift = -std::ilogb(scale);
+              }
+              a.overflow = Overflow::saturate;
+              a.rounding = rounding;
+              for (size_t r = r0; r < r1; ++r) {
+                a.offset = r * C + c0;
+                ref.quantize(&x[r * C + c0], c1 - c0, &want[r * C + c0], a);
+              }
+            }
+          for (size_t i = 0; i < R * C; ++i)
+            ASSERT_EQ(q.codes[i], want[i]) << format_name(f) << " block " << spec.rows << "x" << spec.cols << " rule "
+                                           << int(rule) << " rounding " << int(rounding) << " element " << i;
+        }
 }
 
 }  // namespace

@@ -4,8 +4,10 @@
 #include <bit>
 #include <cmath>
 #include <limits>
+#include <cstdint>
 #include <cstring>
 #include <string>
+#include <vector>
 
 #include "scalify/error.hpp"
 #include "scalify/formats/bulk.hpp"
@@ -57,94 +59,8 @@ std::vector<uint8_t> BlockQuantized::e8m0_scales() const {
   return out;
 }
 
-namespace {
-// Column blocks (K x 1) without transposing: a block row's amaxes come from one vectorised pass
-// down its rows; then each row is scaled per column into f32 -- x * mul, then an exact power of
-// two, the arithmetic the kernel applies to one block -- and quantised in one kernel call at
-// scale 1. (Where the pre-scaled value would be an f32 subnormal it lies some 2^120 below the
-// block's amax, and any format rounds it to zero either way.) A column whose power of two is
-// outside f32's normal range takes the per-element kernel call with its own arguments.
-BlockQuantized quantize_column_blocks(std::span<const float> x, size_t rows, size_t cols, Format element,
-                                      const BlockSpec& spec, Rounding rounding) {
-  BlockQuantized q;
-  q.element = element;
-  q.rows = rows;
-  q.cols = cols;
-  q.block = spec;
-  const FormatInfo& f = info(element);
-  const size_t cb = size_t(f.storage_bytes());
-  q.codes.assign(rows * cols * cb, std::byte{0});
-  q.scales.resize(q.scale_rows() * cols);
-  const kernels::KernelTable& k = kernels::active_kernels();
-  const int64_t block_rows = int64_t(q.scale_rows());
-#pragma omp parallel if (rows * cols > (size_t(1) << 15))
-  {
-    std::vector<uint32_t> amax(cols);
-    std::vector<float> mul(cols), pow2(cols), tmp(cols);
-    std::vector<kernels::QuantizeArgs> args(cols);
-    std::vector<uint8_t> keep(cols), exact(cols);
-#pragma omp for schedule(dynamic, 4)
-    for (int64_t bri = 0; bri < block_rows; ++bri) {
-      const size_t br = size_t(bri), r0 = br * spec.rows, r1 = std::min(rows, r0 + spec.rows);
-      std::fill(amax.begin(), amax.end(), 0u);
-      for (size_t r = r0; r < r1; ++r) {  // |x| as bits: NaN orders above inf, as amax_bits
-        const uint32_t* bits = reinterpret_cast<const uint32_t*>(x.data() + r * cols);
-        for (size_t c = 0; c < cols; ++c) amax[c] = std::max(amax[c], bits[c] & 0x7FFFFFFFu);
-      }
-      bool all_exact = true;
-      for (size_t c = 0; c < cols; ++c) {
-        const float scale = block_scale(std::bit_cast<float>(amax[c]), element, spec.rule);
-        q.scales[br * cols + c] = scale;
-        kernels::QuantizeArgs& a = args[c];
-        a = kernels::QuantizeArgs{};
-        a.format = &f;
-        a.overflow = Overflow::saturate;
-        a.rounding = rounding;
-        keep[c] = !std::isnan(scale);  // a NaN block decodes as NaN; its element codes stay 0
-        if (!keep[c]) {
-          mul[c] = pow2[c] = 0.0f;
-          exact[c] = 1;
-          continue;
-        }
-        if (spec.rule == BlockScaleRule::f32_amax) {
-          split_scale(1.0f / scale, a.mul, a.exp_shift);
-        } else {
-          a.mul = 1.0f;
-          a.exp_shift = -std::ilogb(scale);
-        }
-        exact[c] = a.exp_shift >= -126 && a.exp_shift <= 127;
-        all_exact = all_exact && exact[c];
-        mul[c] = a.mul;
-        pow2[c] = exact[c] ? std::ldexp(1.0f, a.exp_shift) : 0.0f;
-      }
-      for (size_t r = r0; r < r1; ++r) {
-        const float* row = x.data() + r * cols;
-        for (size_t c = 0; c < cols; ++c) tmp[c] = keep[c] ? (row[c] * mul[c]) * pow2[c] : 0.0f;
-        kernels::QuantizeArgs one{};
-        one.format = &f;
-        one.mul = 1.0f;
-        one.overflow = Overflow::saturate;
-        one.rounding = rounding;
-        one.offset = r * cols;
-        std::byte* out = &q.codes[r * cols * cb];
-        k.quantize(tmp.data(), cols, out, one);
-        if (all_exact) continue;
-        for (size_t c = 0; c < cols; ++c)
-          if (!exact[c]) {
-            args[c].offset = r * cols + c;
-            k.quantize(row + c, 1, out + c * cb, args[c]);
-          }
-      }
-    }
-  }
-  return q;
-}
-}  // namespace
-
 BlockQuantized quantize_blocks(std::span<const float> x, size_t rows, size_t cols, Format element,
                                const BlockSpec& spec, Rounding rounding) {
-  if (spec.cols == 1 && spec.rows > 1 && x.size() == rows * cols && element != Format::e8m0)
-    return quantize_column_blocks(x, rows, cols, element, spec, rounding);
   if (x.size() != rows * cols)
     throw Error("quantize_blocks: " + std::to_string(x.size()) + " values do not form a " +
                 std::to_string(rows) + " x " + std::to_string(cols) + " tensor");
@@ -160,34 +76,77 @@ BlockQuantized quantize_blocks(std::span<const float> x, size_t rows, size_t col
   q.codes.assign(rows * cols * cb, std::byte{0});
   q.scales.resize(q.scale_rows() * q.scale_cols());
   const kernels::KernelTable& k = kernels::active_kernels();
+  const size_t scale_cols = q.scale_cols();
 
-  // Block rows in parallel: each writes its own codes and scales.
+  // Whole rows per kernel call, for any block shape (a call per 32-element block spent most of
+  // its time setting up): a block row's amaxes come from one vectorised pass down its rows; each
+  // row is then scaled per column into f32 -- x * mul, then an exact power of two, the arithmetic
+  // the kernel applies to one block -- and quantised in one call at scale 1. (Where the pre-scaled
+  // value would be an f32 subnormal it lies some 2^120 below its block's amax, and every format
+  // rounds it to zero either way.) Blocks whose power of two is outside f32's normal range take
+  // the per-element call with their own arguments. Block rows run in parallel.
   const int64_t block_rows = int64_t(q.scale_rows());
-#pragma omp parallel for schedule(dynamic, 16) if (rows * cols > (size_t(1) << 15))
-  for (int64_t bri = 0; bri < block_rows; ++bri) {
-    const size_t br = size_t(bri);
-    const size_t r0 = br * spec.rows, r1 = std::min(rows, r0 + spec.rows);
-    for (size_t bc = 0; bc < q.scale_cols(); ++bc) {
-      const size_t c0 = bc * spec.cols, c1 = std::min(cols, c0 + spec.cols);
-      uint32_t amax_bits = 0;
-      for (size_t r = r0; r < r1; ++r)
-        amax_bits = std::max(amax_bits, k.amax_bits(&x[r * cols + c0], c1 - c0));
-      const float scale = block_scale(std::bit_cast<float>(amax_bits), element, spec.rule);
-      q.scales[br * q.scale_cols() + bc] = scale;
-      if (std::isnan(scale)) continue;  // the block decodes as NaN; its element codes stay 0
-      kernels::QuantizeArgs a{};
-      a.format = &f;
-      if (spec.rule == BlockScaleRule::f32_amax) {
-        split_scale(1.0f / scale, a.mul, a.exp_shift);
-      } else {  // power of two: divide by exponent arithmetic, exactly
-        a.mul = 1.0f;
-        a.exp_shift = -std::ilogb(scale);
+#pragma omp parallel if (rows * cols > (size_t(1) << 15))
+  {
+    std::vector<uint32_t> amax(cols);
+    std::vector<float> mul(cols), pow2(cols), tmp(cols);
+    std::vector<kernels::QuantizeArgs> args(scale_cols);
+    std::vector<uint8_t> keep(scale_cols), exact(scale_cols);
+#pragma omp for schedule(dynamic, 4)
+    for (int64_t bri = 0; bri < block_rows; ++bri) {
+      const size_t br = size_t(bri), r0 = br * spec.rows, r1 = std::min(rows, r0 + spec.rows);
+      std::fill(amax.begin(), amax.end(), 0u);
+      for (size_t r = r0; r < r1; ++r) {  // |x| as bits: NaN orders above inf, as amax_bits
+        const uint32_t* bits = reinterpret_cast<const uint32_t*>(x.data() + r * cols);
+        for (size_t c = 0; c < cols; ++c) amax[c] = std::max(amax[c], bits[c] & 0x7FFFFFFFu);
       }
-      a.overflow = Overflow::saturate;
-      a.rounding = rounding;
+      bool all_exact = true;
+      for (size_t bc = 0; bc < scale_cols; ++bc) {
+        const size_t c0 = bc * spec.cols, c1 = std::min(cols, c0 + spec.cols);
+        const uint32_t block_amax = *std::max_element(amax.begin() + ptrdiff_t(c0), amax.begin() + ptrdiff_t(c1));
+        const float scale = block_scale(std::bit_cast<float>(block_amax), element, spec.rule);
+        q.scales[br * scale_cols + bc] = scale;
+        kernels::QuantizeArgs& a = args[bc];
+        a = kernels::QuantizeArgs{};
+        a.format = &f;
+        a.overflow = Overflow::saturate;
+        a.rounding = rounding;
+        keep[bc] = !std::isnan(scale);  // a NaN block decodes as NaN; its element codes stay 0
+        exact[bc] = 1;
+        if (keep[bc]) {
+          if (spec.rule == BlockScaleRule::f32_amax) {
+            split_scale(1.0f / scale, a.mul, a.exp_shift);
+          } else {  // power of two: divide by exponent arithmetic, exactly
+            a.mul = 1.0f;
+            a.exp_shift = -std::ilogb(scale);
+          }
+          exact[bc] = a.exp_shift >= -126 && a.exp_shift <= 127;
+          all_exact = all_exact && exact[bc];
+        }
+        const float m = keep[bc] && exact[bc] ? a.mul : 0.0f;
+        const float p2 = keep[bc] && exact[bc] ? std::ldexp(1.0f, a.exp_shift) : 0.0f;
+        std::fill(mul.begin() + ptrdiff_t(c0), mul.begin() + ptrdiff_t(c1), m);
+        std::fill(pow2.begin() + ptrdiff_t(c0), pow2.begin() + ptrdiff_t(c1), p2);
+      }
+      kernels::QuantizeArgs one{};
+      one.format = &f;
+      one.mul = 1.0f;
+      one.overflow = Overflow::saturate;
+      one.rounding = rounding;
       for (size_t r = r0; r < r1; ++r) {
-        a.offset = r * cols + c0;
-        k.quantize(&x[r * cols + c0], c1 - c0, &q.codes[(r * cols + c0) * cb], a);
+        const float* row = x.data() + r * cols;
+        // mul = 0 (NaN or inexact blocks) must give 0, not NaN from an inf or NaN element.
+        for (size_t c = 0; c < cols; ++c) tmp[c] = mul[c] != 0.0f ? (row[c] * mul[c]) * pow2[c] : 0.0f;
+        std::byte* out = &q.codes[r * cols * cb];
+        one.offset = r * cols;
+        k.quantize(tmp.data(), cols, out, one);
+        if (all_exact) continue;
+        for (size_t bc = 0; bc < scale_cols; ++bc)
+          if (keep[bc] && !exact[bc]) {
+            const size_t c0 = bc * spec.cols, c1 = std::min(cols, c0 + spec.cols);
+            args[bc].offset = r * cols + c0;
+            k.quantize(row + c0, c1 - c0, out + c0 * cb, args[bc]);
+          }
       }
     }
   }
@@ -218,15 +177,22 @@ void dequantize_blocks(const BlockQuantized& q, std::span<float> out) {
   // Pointer arithmetic, not &out[i]: an empty row ([4, 0]) must not index an empty span.
   const kernels::KernelTable& k = kernels::active_kernels();
   if (q.cols == 0) return;
-#pragma omp parallel for if (n > (size_t(1) << 15))
-  for (int64_t ri = 0; ri < int64_t(q.rows); ++ri) {
-    const size_t r = size_t(ri);
-    float* row = out.data() + r * q.cols;
-    k.dequantize(q.codes.data() + r * q.cols * cb, q.cols, row, f, 1.0f);
-    for (size_t bc = 0; bc < q.scale_cols(); ++bc) {
-      const float scale = q.scales[(r / q.block.rows) * q.scale_cols() + bc];
-      if (scale == 1.0f) continue;
-      for (size_t c = bc * q.block.cols, end = std::min(q.cols, c + q.block.cols); c < end; ++c) row[c] *= scale;
+#pragma omp parallel if (n > (size_t(1) << 15))
+  {
+    std::vector<float> col_scale(q.cols);  // the block row's scales, one per column
+    size_t expanded = SIZE_MAX;
+#pragma omp for
+    for (int64_t ri = 0; ri < int64_t(q.rows); ++ri) {
+      const size_t r = size_t(ri), br = r / q.block.rows;
+      if (br != expanded) {
+        for (size_t bc = 0; bc < q.scale_cols(); ++bc)
+          std::fill(col_scale.begin() + ptrdiff_t(bc * q.block.cols),
+                    col_scale.begin() + ptrdiff_t(std::min(q.cols, (bc + 1) * q.block.cols)), q.scales[br * q.scale_cols() + bc]);
+        expanded = br;
+      }
+      float* row = out.data() + r * q.cols;
+      k.dequantize(q.codes.data() + r * q.cols * cb, q.cols, row, f, 1.0f);
+      for (size_t c = 0; c < q.cols; ++c) row[c] *= col_scale[c];  // v * scale in f32, as the kernels apply it
     }
   }
 }
