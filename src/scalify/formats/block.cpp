@@ -90,6 +90,7 @@ BlockQuantized quantize_blocks(std::span<const float> x, size_t rows, size_t col
   {
     std::vector<uint32_t> amax(cols);
     std::vector<float> mul(cols), pow2(cols), tmp(cols);
+    std::vector<uint32_t> mask(cols);  // all ones where the pre-scaled value is used, else 0
     std::vector<kernels::QuantizeArgs> args(scale_cols);
     std::vector<uint8_t> keep(scale_cols), exact(scale_cols);
 #pragma omp for schedule(dynamic, 4)
@@ -123,10 +124,10 @@ BlockQuantized quantize_blocks(std::span<const float> x, size_t rows, size_t col
           exact[bc] = a.exp_shift >= -126 && a.exp_shift <= 127;
           all_exact = all_exact && exact[bc];
         }
-        const float m = keep[bc] && exact[bc] ? a.mul : 0.0f;
-        const float p2 = keep[bc] && exact[bc] ? std::ldexp(1.0f, a.exp_shift) : 0.0f;
-        std::fill(mul.begin() + ptrdiff_t(c0), mul.begin() + ptrdiff_t(c1), m);
-        std::fill(pow2.begin() + ptrdiff_t(c0), pow2.begin() + ptrdiff_t(c1), p2);
+        const bool used = keep[bc] && exact[bc];
+        std::fill(mul.begin() + ptrdiff_t(c0), mul.begin() + ptrdiff_t(c1), used ? a.mul : 0.0f);
+        std::fill(pow2.begin() + ptrdiff_t(c0), pow2.begin() + ptrdiff_t(c1), used ? std::ldexp(1.0f, a.exp_shift) : 0.0f);
+        std::fill(mask.begin() + ptrdiff_t(c0), mask.begin() + ptrdiff_t(c1), used ? 0xFFFFFFFFu : 0u);
       }
       kernels::QuantizeArgs one{};
       one.format = &f;
@@ -135,8 +136,14 @@ BlockQuantized quantize_blocks(std::span<const float> x, size_t rows, size_t col
       one.rounding = rounding;
       for (size_t r = r0; r < r1; ++r) {
         const float* row = x.data() + r * cols;
-        // mul = 0 (NaN or inexact blocks) must give 0, not NaN from an inf or NaN element.
-        for (size_t c = 0; c < cols; ++c) tmp[c] = mul[c] != 0.0f ? (row[c] * mul[c]) * pow2[c] : 0.0f;
+        // NaN and inexact blocks are masked to +0 (x * 0 would be NaN for an inf or NaN x):
+        // branch-free on the bits, so the loop vectorises.
+        const float* __restrict m = mul.data();
+        const float* __restrict p2 = pow2.data();
+        const uint32_t* __restrict k_mask = mask.data();
+        float* __restrict t = tmp.data();
+        for (size_t c = 0; c < cols; ++c)
+          t[c] = std::bit_cast<float>(std::bit_cast<uint32_t>((row[c] * m[c]) * p2[c]) & k_mask[c]);
         std::byte* out = &q.codes[r * cols * cb];
         one.offset = r * cols;
         k.quantize(tmp.data(), cols, out, one);
