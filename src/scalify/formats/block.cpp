@@ -60,30 +60,45 @@ std::vector<uint8_t> BlockQuantized::e8m0_scales() const {
 }
 
 namespace {
-// The block quantiser's row loops, also built for AVX2 and picked at load time (the library's
-// baseline is SSE2, which has no unsigned 32-bit max). Integer max, f32 multiplies and bit masks
-// give the same results in either build.
+// The block quantiser's row loops. The library's baseline is SSE2 (no unsigned 32-bit max), so
+// each is also built for AVX2 and used when the format kernels' ISA is AVX2 or better (not under
+// SCALIFY_ISA=scalar). Integer max, f32 multiplies and bit masks give the same results either way.
+struct RowLoops {
+  // amax[c] = max(amax[c], |x[c]| as bits): NaN orders above inf, as the kernels' amax_bits.
+  [[gnu::always_inline]] static inline void column_amax(const float* __restrict x, uint32_t* __restrict amax, size_t n) {
+    const uint32_t* bits = reinterpret_cast<const uint32_t*>(x);
+    for (size_t c = 0; c < n; ++c) amax[c] = std::max(amax[c], bits[c] & 0x7FFFFFFFu);
+  }
+  // t = (x * mul) * pow2, masked to +0 where mask is 0 (branch-free, so it vectorises).
+  [[gnu::always_inline]] static inline void prescale(const float* __restrict x, const float* __restrict mul, const float* __restrict pow2,
+                                                     const uint32_t* __restrict mask, float* __restrict t, size_t n) {
+    for (size_t c = 0; c < n; ++c) t[c] = std::bit_cast<float>(std::bit_cast<uint32_t>((x[c] * mul[c]) * pow2[c]) & mask[c]);
+  }
+  [[gnu::always_inline]] static inline void scale(float* __restrict row, const float* __restrict s, size_t n) {
+    for (size_t c = 0; c < n; ++c) row[c] *= s[c];
+  }
+};
+
 #if SCALIFY_HAVE_X86_SIMD
-#define SCALIFY_ROW_LOOP __attribute__((target_clones("avx2", "default")))
+#define SCALIFY_AVX2 [[gnu::target("avx2")]]
 #else
-#define SCALIFY_ROW_LOOP
+#define SCALIFY_AVX2
 #endif
-
-// amax[c] = max(amax[c], |x[c]| as bits): NaN orders above inf, as the kernels' amax_bits.
-SCALIFY_ROW_LOOP void column_amax(const float* __restrict x, uint32_t* __restrict amax, size_t n) {
-  const uint32_t* bits = reinterpret_cast<const uint32_t*>(x);
-  for (size_t c = 0; c < n; ++c) amax[c] = std::max(amax[c], bits[c] & 0x7FFFFFFFu);
+SCALIFY_AVX2 void column_amax_avx2(const float* x, uint32_t* amax, size_t n) { RowLoops::column_amax(x, amax, n); }
+SCALIFY_AVX2 void prescale_avx2(const float* x, const float* m, const float* p, const uint32_t* k, float* t, size_t n) {
+  RowLoops::prescale(x, m, p, k, t, n);
 }
+SCALIFY_AVX2 void scale_avx2(float* row, const float* s, size_t n) { RowLoops::scale(row, s, n); }
+#undef SCALIFY_AVX2
 
-// t = (x * mul) * pow2, masked to +0 where mask is 0 (branch-free, so it vectorises).
-SCALIFY_ROW_LOOP void prescale_row(const float* __restrict x, const float* __restrict mul, const float* __restrict pow2,
-                                   const uint32_t* __restrict mask, float* __restrict t, size_t n) {
-  for (size_t c = 0; c < n; ++c) t[c] = std::bit_cast<float>(std::bit_cast<uint32_t>((x[c] * mul[c]) * pow2[c]) & mask[c]);
+bool row_loops_avx2() { return SCALIFY_HAVE_X86_SIMD && kernels::active_isa() != kernels::Isa::scalar; }
+void column_amax(const float* x, uint32_t* amax, size_t n) {
+  row_loops_avx2() ? column_amax_avx2(x, amax, n) : RowLoops::column_amax(x, amax, n);
 }
-
-SCALIFY_ROW_LOOP void scale_row(float* __restrict row, const float* __restrict scale, size_t n) {
-  for (size_t c = 0; c < n; ++c) row[c] *= scale[c];
+void prescale_row(const float* x, const float* m, const float* p, const uint32_t* k, float* t, size_t n) {
+  row_loops_avx2() ? prescale_avx2(x, m, p, k, t, n) : RowLoops::prescale(x, m, p, k, t, n);
 }
+void scale_row(float* row, const float* s, size_t n) { row_loops_avx2() ? scale_avx2(row, s, n) : RowLoops::scale(row, s, n); }
 }  // namespace
 
 BlockQuantized quantize_blocks(std::span<const float> x, size_t rows, size_t cols, Format element,
