@@ -34,8 +34,10 @@ def run(cmd, env):
     return out
 
 
-def engine_step(scalify, size, recipe, env, warmup):
+def engine_step(scalify, size, recipe, env, warmup, shape=None):
     d, layers, heads, seq, batch, steps = SIZES[size]
+    if shape:  # (seq, batch) override: the scaling sweep
+        seq, batch = shape
     with tempfile.TemporaryDirectory() as tmp:
         out = run([scalify, "train", "--out", os.path.join(tmp, "run"), "--steps", str(steps + warmup), "--recipe", recipe,
                    "--set", f"d_model={d}", "--set", f"layers={layers}", "--set", f"heads={heads}", "--set", f"seq={seq}",
@@ -66,7 +68,12 @@ def main():
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--no-torch", action="store_true", help="engine recipes only")
+    p.add_argument("--scaling", action="store_true",
+                   help="instead: the engine's f32 tokens/s on the small model across tokens per step "
+                        "(T = 128, B = 4..64: 512..8192 tokens) and across T at 8192 tokens per step")
     a = p.parse_args()
+    if a.scaling:
+        return scaling(a)
     recipes = a.recipes.split(",")
     if recipes[0] != "f32":
         recipes.insert(0, "f32")
@@ -108,6 +115,34 @@ def main():
         for r, (ms, peak, state) in eng.items():
             m = statistics.median(ms)
             print(f"| {size} | {r} | {m:.1f} | {m / base:.2f} | {state:.2f} | {peak:.0f} |")
+
+
+def scaling(a):
+    """tokens/s of the small f32 model across batch shapes, alternating rounds."""
+    env = dict(os.environ, OMP_NUM_THREADS=str(a.threads))
+    d, layers = SIZES["small"][0], SIZES["small"][1]
+    shapes = [(128, 4), (128, 8), (128, 16), (128, 32), (128, 64), (64, 128), (256, 32), (512, 16), (1024, 8)]
+    ms = {s: [] for s in shapes}
+    for k in range(a.rounds):
+        for shape in shapes:
+            m, _, _ = engine_step(a.scalify, "small", "f32", env, a.warmup, shape)
+            ms[shape] += m
+            print(f"[scaling round {k + 1}/{a.rounds}] T={shape[0]} B={shape[1]}: {statistics.median(m):.1f} ms", file=sys.stderr)
+    base = None
+    print("\n| T | B | tokens/step | step ms | tokens/s | vs T=128 B=16 | attention share of FLOPs |")
+    print("|---|---|---|---|---|---|---|")
+    for (t, b) in shapes:
+        tokens = t * b
+        tps = tokens / (statistics.median(ms[(t, b)]) / 1e3)
+        if (t, b) == (128, 16):
+            base = tps
+    for (t, b) in shapes:
+        tokens = t * b
+        tps = tokens / (statistics.median(ms[(t, b)]) / 1e3)
+        # per token: 6 * params for the linear layers, 6 * layers * T * d for the causal scores and mix (half of T x T)
+        linear = 6 * (12 * d * d * layers + 256 * d)
+        attn = 6 * layers * t * d
+        print(f"| {t} | {b} | {tokens} | {statistics.median(ms[(t, b)]):.1f} | {tps:.0f} | {tps / base:.2f} | {attn / (attn + linear):.0%} |")
 
 
 if __name__ == "__main__":
