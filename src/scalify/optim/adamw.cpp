@@ -109,9 +109,87 @@ void AdamW::step_plain(size_t k, double bc1, double bc2, double gradient_multipl
   p.set_value(next.to(value.dtype()));
 }
 
+namespace {
+// One scalar scale, not ANY, not per block.
+bool single_scale(const ScaledTensor& x) { return !x.any_scale && x.scale.defined() && x.scale.numel() == 1; }
+bool in_scale_range(double s) { return s >= 0x1p-126 && s <= 0x1p127; }
+// ema's scales: Z_s = pow2_round(sqrt(ms^2 + xs^2)) and the two data multipliers (scaled::ema).
+struct Ema {
+  float zs, a, b;
+};
+Ema ema_scales(double m_scale, double x_scale, double beta) {
+  const double ms = beta * m_scale, xs = (1 - beta) * x_scale;
+  const float zs = pow2_round(std::sqrt(ms * ms + xs * xs), Pow2Rounding::nearest);
+  return {zs, float(ms / zs), float(xs / zs)};
+}
+}  // namespace
+
+// The composed step below, fused: every op's f32 arithmetic in the same order, per element, in one
+// parallel pass (the composed form makes ~20 passes over each parameter). Returns false, doing
+// nothing, where it does not apply: ANY or per-block scales (the first step's zero moments),
+// scale products outside [2^-126, 2^127] (with_exact_scale would move them into the data), a
+// rescale step. KernelsVsReference.FusedScaledAdamWIsBitIdentical checks it.
+bool AdamW::step_scaled_fused(size_t k, double bc1, double bc2, double gradient_multiplier) {
+  Var& p = params_[k];
+  const ScaledTensor& g = p.scaled_grad();
+  if (!c_.fused || !single_scale(g) || !single_scale(m_[k]) || !single_scale(v_[k]) || !single_scale(p.scaled())) return false;
+  if (c_.rescale_every > 0 && t_ % c_.rescale_every == 0) return false;
+  // g * multiplier (scaled::mul_scalar): a power of two moves into the scale, the rest multiplies the data.
+  double gs = g.scalar_scale();
+  float gmul = 1.0f;
+  if (gradient_multiplier != 1.0) {
+    const ScaledTensor c = scaled_scalar(gradient_multiplier);
+    if (c.any_scale) return false;
+    gs *= c.scalar_scale();
+    const double m = c.data.item();
+    gmul = float(m);
+    if (m == 1.0) gmul = 1.0f;
+  }
+  const double sq_scale = gs * gs;  // square's power rule for a power-of-two scale: exact
+  int e;
+  if (!in_scale_range(gs) || !in_scale_range(sq_scale) || std::frexp(gs, &e) != 0.5) return false;
+  const Ema em = ema_scales(m_[k].scalar_scale(), gs, c_.beta1), ev = ema_scales(v_[k].scalar_scale(), sq_scale, c_.beta2);
+  const float ps = p.scaled().scalar_scale();
+  const bool scale_g = gradient_multiplier != 1.0 && gmul != 1.0f;
+  const float inv_bc2 = float(1.0 / bc2), inv_bc1 = float(1.0 / bc1), eps = float(c_.eps);
+  const bool decays = c_.weight_decay != 0 && decay_[k];
+  const float wd = float(c_.weight_decay), lr = float(c_.lr * lr_scale_[k]), inv_ps = float(1.0 / ps);
+  const Dense<float> gd(g.data), md(m_[k].data), vd(v_[k].data), pd(p.scaled().data);
+  const DType state = m_[k].data.dtype();
+  const int64_t n = g.data.numel();
+  Tensor m_new = Tensor::empty(p.shape()), v_new = Tensor::empty(p.shape()), p_new = Tensor::empty(p.shape());
+  float *mo = m_new.data<float>(), *vo = v_new.data<float>(), *po = p_new.data<float>();
+  const float *pg = gd.data(), *pm = md.data(), *pv = vd.data(), *pp = pd.data();
+#pragma omp parallel for if (n > (1 << 15))
+  for (int64_t i = 0; i < n; ++i) {  // the moments (ema)
+    const float gi = scale_g ? pg[i] * gmul + 0.0f : pg[i];
+    mo[i] = em.a * pm[i] + em.b * gi;
+    vo[i] = ev.a * pv[i] + ev.b * (gi * gi);
+  }
+  // The update reads the moments through their storage (cast_data): an f16 state rounds first.
+  const Tensor m_state = m_new.to(state), v_state = v_new.to(state);
+  const Dense<float> ms(m_state), vs(v_state);
+  const float *pms = ms.data(), *pvs = vs.data();
+#pragma omp parallel for if (n > (1 << 15))
+  for (int64_t i = 0; i < n; ++i) {
+    const float denom = std::sqrt((pvs[i] * ev.zs) * inv_bc2 + 0.0f) * 1.0f + eps;
+    float update = ((pms[i] * em.zs) * inv_bc1 + 0.0f) / denom;
+    const float w = pp[i] * ps;
+    if (decays) update = update + (w * wd + 0.0f);
+    po[i] = (w - (update * lr + 0.0f)) * inv_ps + 0.0f;
+  }
+  m_[k] = ScaledTensor(m_state, em.zs);
+  v_[k] = ScaledTensor(v_state, ev.zs);
+  ScaledTensor next = p.scaled();
+  next.data = p_new.to(p.scaled().data.dtype());
+  p.set_value(next);
+  return true;
+}
+
 void AdamW::step_scaled(size_t k, double bc1, double bc2, double gradient_multiplier) {
   Var& p = params_[k];
   check_finite(p.scaled_grad().data, k, p.shape());
+  if (step_scaled_fused(k, bc1, bc2, gradient_multiplier)) return;
   const ScaledTensor g = gradient_multiplier == 1.0 ? p.scaled_grad() : scaled::mul_scalar(p.scaled_grad(), gradient_multiplier);
   // Moments in scaled form: the ema rule picks their scales; data stored in state_dtype.
   m_[k] = cast_data(scaled::ema(m_[k], g, c_.beta1), *dtype_format(c_.state_dtype));

@@ -19,6 +19,9 @@ struct AdamWConfig {
   double lr = 1e-3, beta1 = 0.9, beta2 = 0.999, eps = 1e-8, weight_decay = 0.0;
   DType state_dtype = DType::f32;  // storage of m and v for scaled parameters
   int rescale_every = 0;           // 0: never
+  // Scaled parameters: one fused pass per parameter (the same arithmetic, bit for bit), or the
+  // composed scaled ops (the reference; also what any case the fused pass does not cover runs).
+  bool fused = true;
 };
 
 class AdamW {
@@ -46,6 +49,7 @@ class AdamW {
  private:
   void step_plain(size_t k, double bc1, double bc2, double gradient_multiplier);
   void step_scaled(size_t k, double bc1, double bc2, double gradient_multiplier);
+  bool step_scaled_fused(size_t k, double bc1, double bc2, double gradient_multiplier);
   std::vector<Var> params_;
   std::vector<ScaledTensor> m_, v_;
   std::vector<double> lr_scale_;
