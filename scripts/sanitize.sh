@@ -11,7 +11,8 @@
 #                                library, the CLI and the tests that hold every parser fuzzer and the
 #                                hostile-input cases — recipe JSON, TOML config, safetensors and
 #                                checkpoints, corpus, CLI numbers, empty and mismatched tensors,
-#                                block/MX quantisation, the format kernels' edge carries.
+#                                block/MX quantisation, the format kernels' edge carries, the fast
+#                                kernels against their references.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 mode="${1:-full}"
@@ -31,7 +32,7 @@ export ASAN_OPTIONS=abort_on_error=1
 train_readers='SafeTensors.*:Checkpoint.*:Config.*:Trainer.BadDataAndConfigAreClearErrorsBeforeAnyRunFolder'
 
 if [[ "$mode" == --quick ]]; then
-  quick_tests=(test_recipe test_tensor test_block test_quantizer test_bulk_kernels test_snr test_autograd test_loss_scaler)
+  quick_tests=(test_recipe test_tensor test_block test_quantizer test_bulk_kernels test_snr test_autograd test_loss_scaler test_kernels_vs_reference)
   cmake --build build-sanitize -j"$jobs" --target scalify_cli test_train "${quick_tests[@]}"
   for t in "${quick_tests[@]}"; do
     echo "== sanitizers: $t"

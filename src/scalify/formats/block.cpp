@@ -27,6 +27,11 @@ BlockSpec mx_blocks(int axis, BlockScaleRule rule, size_t size) {
   return axis == 1 ? BlockSpec{1, size, rule} : BlockSpec{size, 1, rule};
 }
 
+namespace {
+// 2^k as an f32: built from its bits for normal exponents (ldexp costs a libm call per block).
+float pow2f(int k) { return k >= -126 && k <= 127 ? std::bit_cast<float>(uint32_t(k + 127) << 23) : std::ldexp(1.0f, k); }
+}  // namespace
+
 float block_scale(float amax, Format element, BlockScaleRule rule) {
   if (!std::isfinite(amax)) return std::numeric_limits<float>::quiet_NaN();
   const FormatInfo& f = info(element);
@@ -47,7 +52,7 @@ float block_scale(float amax, Format element, BlockScaleRule rule) {
     split_f32(float(max_value(element)), em, max_sig);
     k = e - em + (sig > max_sig ? 1 : 0);  // amax / 2^k <= max exactly
   }
-  return std::ldexp(1.0f, std::clamp(k, -127, 127));
+  return pow2f(std::clamp(k, -127, 127));
 }
 
 std::vector<uint8_t> BlockQuantized::e8m0_scales() const {
@@ -165,7 +170,7 @@ BlockQuantized quantize_blocks(std::span<const float> x, size_t rows, size_t col
         }
         const bool used = keep[bc] && exact[bc];
         std::fill(mul.begin() + ptrdiff_t(c0), mul.begin() + ptrdiff_t(c1), used ? a.mul : 0.0f);
-        std::fill(pow2.begin() + ptrdiff_t(c0), pow2.begin() + ptrdiff_t(c1), used ? std::ldexp(1.0f, a.exp_shift) : 0.0f);
+        std::fill(pow2.begin() + ptrdiff_t(c0), pow2.begin() + ptrdiff_t(c1), used ? pow2f(a.exp_shift) : 0.0f);
         std::fill(mask.begin() + ptrdiff_t(c0), mask.begin() + ptrdiff_t(c1), used ? 0xFFFFFFFFu : 0u);
       }
       kernels::QuantizeArgs one{};
@@ -177,7 +182,7 @@ BlockQuantized quantize_blocks(std::span<const float> x, size_t rows, size_t col
         const float* row = x.data() + r * cols;
         // NaN and inexact blocks are masked to +0 (x * 0 would be NaN for an inf or NaN x).
         prescale_row(row, mul.data(), pow2.data(), mask.data(), tmp.data(), cols);
-        std::byte* out = &q.codes[r * cols * cb];
+        std::byte* out = q.codes.data() + r * cols * cb;  // pointer arithmetic: a [4, 0] tensor has no codes
         one.offset = r * cols;
         k.quantize(tmp.data(), cols, out, one);
         if (all_exact) continue;
