@@ -1,11 +1,13 @@
 // Fast kernels against plain references on random shapes, odd sizes and non-contiguous views.
 #include <gtest/gtest.h>
 
+#include <bit>
 #include <cmath>
 #include <limits>
 #include <random>
 
 #include "scalify/tensor/gemm.hpp"
+#include "scalify/autograd/data_precision.hpp"
 #include "scalify/autograd/functions.hpp"
 #include "scalify/error.hpp"
 #include "scalify/formats/kernels.hpp"
@@ -278,6 +280,29 @@ TEST(KernelsVsReference, FusedScaledAdamWIsBitIdentical) {
       }
     }
   }
+}
+
+// The one-pass F16C cast into f16 storage against the bulk encoder plus the infinity fix-up (the
+// path under SCALIFY_ISA=scalar), byte for byte: ties, the saturation edge, infinities (kept),
+// NaNs with payloads, subnormals, and a wide random sweep of magnitudes.
+TEST(KernelsVsReference, F16StorageCastMatchesTheEncoderPlusInfinityFixUp) {
+  if (!kernels::isa_supported(kernels::Isa::avx2)) GTEST_SKIP() << "no AVX2 on this CPU";
+  const float inf = std::numeric_limits<float>::infinity();
+  std::vector<float> v = {0.0f, -0.0f, 1.0f, -1.0f, 65504.0f, 65519.99f, 65520.0f, -65520.0f, 1e10f, -1e10f, inf, -inf,
+                          std::bit_cast<float>(0x7FC00001u), std::bit_cast<float>(0xFF812345u), 2.98e-8f, 5.96e-8f,
+                          -8.9e-8f, 1e-45f, 6.1e-5f, 1.0009765625f, 1.00048828125f};
+  std::mt19937 rng(8);
+  std::uniform_real_distribution<float> exponent(-30.0f, 20.0f);
+  for (int i = 0; i < 4000; ++i) v.push_back(std::ldexp(1.0f + float(rng() % 4096) / 4096.0f, int(exponent(rng))) * ((rng() & 1) ? 1.0f : -1.0f));
+  const Tensor x = Tensor::from_vector(v, {int64_t(v.size())});
+  const kernels::Isa native = kernels::active_isa();
+  kernels::set_isa(kernels::Isa::avx2);
+  const Tensor fast = to_storage(x, DType::f16, "test");
+  kernels::set_isa(kernels::Isa::scalar);
+  const Tensor ref = to_storage(x, DType::f16, "test");
+  kernels::set_isa(native);
+  const uint16_t *a = fast.data<uint16_t>(), *b = ref.data<uint16_t>();
+  for (size_t i = 0; i < v.size(); ++i) ASSERT_EQ(a[i], b[i]) << "input " << v[i] << " bits " << std::bit_cast<uint32_t>(v[i]);
 }
 
 }  // namespace
