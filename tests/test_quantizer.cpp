@@ -36,6 +36,23 @@ TEST(Quantizer, CurrentScalingMapsAmaxOntoTheFormatMax) {
   EXPECT_EQ(qm.quantize(vec({4.0f})).per_tensor.data.at({0}), 224.0);  // (F / amax) / 2^1
 }
 
+// With counting off (the trainer's unrecorded steps) the codes and scales are the same and the
+// underflow/clip counts keep their last values; on again, they are counted.
+TEST(Quantizer, StatisticsSwitchLeavesCodesAndScalesAlone) {
+  Quantizer a(cfg(Scaling::current)), b(cfg(Scaling::current));
+  const Tensor x = vec({4.0f, 1e-6f, -1.0f, 0.0f});  // 1e-6 underflows e4m3 at scale 448/4
+  const Quantized qa = a.quantize(x);
+  set_collect_statistics(false);
+  const Quantized qb = b.quantize(x);
+  set_collect_statistics(true);
+  EXPECT_EQ(qa.per_tensor.data.to_vector(), qb.per_tensor.data.to_vector());
+  EXPECT_EQ(a.last().scale, b.last().scale);
+  EXPECT_GT(a.last().underflow, 0.3);
+  EXPECT_EQ(b.last().underflow, 0.0) << "not counted while off";
+  b.quantize(x);
+  EXPECT_EQ(b.last().underflow, a.last().underflow);
+}
+
 TEST(Quantizer, ZeroOrNonFiniteAmaxKeepsThePreviousScale) {
   Quantizer q(cfg(Scaling::current));
   q.quantize(vec({0.0f, 0.0f}));

@@ -1,6 +1,7 @@
 #include "scalify/quant/quantizer.hpp"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <span>
 
@@ -14,6 +15,8 @@ constexpr int kMaxShift = 64;
 constexpr size_t kMaxBlock = 4096;
 constexpr const char* kNames[] = {"none", "scalify", "current", "delayed", "amax_bias", "constant_bias", "block", "mx"};
 
+std::atomic<bool> g_collect_statistics{true};
+
 // Encodes x * encode_scale into `fmt` (saturating unless the config says not), returning the
 // codes tensor; fills the stats.
 Tensor encode(const Tensor& x, Format fmt, float encode_scale, const QuantizerConfig& c, QuantStats& st) {
@@ -25,6 +28,7 @@ Tensor encode(const Tensor& x, Format fmt, float encode_scale, const QuantizerCo
   const size_t n = size_t(x.numel());
   const std::span<const float> in(xs.data<float>(), n);
   st.amax = quantize_amax(in, fmt, encode_scale, std::span(codes.raw_bytes(), n * size_t(dtype_size(codes.dtype()))), opt);
+  if (!collect_statistics()) return codes;
   // Statistics from the input alone, one pass: a non-zero input underflows when |x| s is at most
   // half the smallest subnormal (round-to-nearest-even makes that tie zero), and clips beyond max.
   const float under_limit = float(0.5 * min_subnormal(fmt) / encode_scale), clip_limit = float(max_value(fmt) / encode_scale);
@@ -47,6 +51,9 @@ double amax_of(const Tensor& x) {
   return amax(std::span<const float>(xs.data<float>(), size_t(xs.numel())));
 }
 }  // namespace
+
+void set_collect_statistics(bool on) { g_collect_statistics = on; }
+bool collect_statistics() { return g_collect_statistics; }
 
 const char* scaling_name(Scaling s) { return kNames[static_cast<int>(s)]; }
 
@@ -155,7 +162,7 @@ Quantized Quantizer::quantize(const Tensor& x) {
       q.blocks = quantize_blocks(std::span(xs.data<float>(), size_t(xs.numel())), size_t(x.size(0)), size_t(x.size(1)), f, spec,
                                  c_.rounding);
       q.blockwise = true;
-      stats_.amax = float(amax_of(xs));
+      if (collect_statistics()) stats_.amax = float(amax_of(xs));
       // An empty tensor ([0, n] or [n, 0]) has no blocks and no scales.
       stats_.scale = q.blocks.scales.empty() ? 1.0f : *std::max_element(q.blocks.scales.begin(), q.blocks.scales.end());
       return q;

@@ -58,6 +58,13 @@ struct Quantized {
   Tensor dequantize() const;  // the represented values, f32
 };
 
+// Whether quantisers count underflow and clipping (an extra pass over every input; block/MX
+// quantisers also measure amax for the report). On by default; the trainer turns it on only for
+// the steps whose statistics it records, and the counts otherwise keep their last values.
+// Scales never depend on it.
+void set_collect_statistics(bool on);
+bool collect_statistics();
+
 // What a quantiser carries from step to step (delayed scaling's history and scale), for checkpoints.
 struct QuantizerState {
   std::vector<float> history;

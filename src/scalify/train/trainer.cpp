@@ -18,6 +18,7 @@
 #include "scalify/io/atomic_file.hpp"
 #include "scalify/io/safetensors.hpp"
 #include "scalify/platform/memory.hpp"
+#include "scalify/quant/quantizer.hpp"
 #include "scalify/quant/recipe.hpp"
 #include "scalify/scaled/scaled_ops.hpp"
 #include "scalify/tensor/ops.hpp"
@@ -285,6 +286,9 @@ TrainConfig run_config(const std::string& run_dir) { return load_config_file((fs
 
 TrainResult train(const TrainConfig& config, bool resume, const Progress& progress, int64_t stop_after) {
   config.validate();
+  struct RestoreStatistics {  // the loop switches the quantisers' counting per step; on again after
+    ~RestoreStatistics() { quant::set_collect_statistics(true); }
+  } restore_statistics;
   const fs::path dir(config.out);
   const std::string ckpt_path = (dir / "checkpoint.safetensors").string(), metrics_path = (dir / "metrics.jsonl").string();
   std::unique_ptr<Session> s;
@@ -339,6 +343,7 @@ TrainResult train(const TrainConfig& config, bool resume, const Progress& progre
     // Every stats_every steps, low-precision data storage is inspected: how many values each
     // op's output and gradient lost to underflow or saturation when rounded into it.
     const bool stats_step = (step + 1) % cfg.stats_every == 0;
+    quant::set_collect_statistics(stats_step);  // the quantisers' underflow/clip counts: only when recorded
     std::optional<StorageCastRecorder> casts;
     if (stats_step && s->recipe.data_storage != DType::f32) casts.emplace();
     for (int64_t micro = 0; micro < cfg.accum; ++micro) {
