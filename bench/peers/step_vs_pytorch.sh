@@ -8,8 +8,10 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 venv=${SCALIFY_PEERS_VENV:-$HOME/.cache/scalify-peers-venv}
 if ! "$venv/bin/python" -c "import torch" 2>/dev/null; then
-  apt-get install -y -qq python3-venv >/dev/null 2>&1 || true
-  python3 -m venv "$venv"
+  if ! python3 -m venv "$venv" >/dev/null 2>&1; then  # Debian splits venv (ensurepip) out
+    apt-get update -qq && apt-get install -y -qq --no-install-recommends python3-venv >/dev/null
+    python3 -m venv "$venv"
+  fi
   # The PyPI wheel's CUDA libraries are not needed on the CPU: torch without its dependencies,
   # then the pure-Python ones it imports.
   "$venv/bin/pip" install -q --no-deps torch
