@@ -23,6 +23,7 @@
 #include "scalify/scaled/scaled_ops.hpp"
 #include "scalify/tensor/ops.hpp"
 #include "scalify/train/corpus.hpp"
+#include "scalify/train/session.hpp"
 
 namespace scalify::train {
 
@@ -30,175 +31,6 @@ namespace fs = std::filesystem;
 using json = nlohmann::json;
 
 namespace {
-
-constexpr const char* kFormatVersion = "1";
-
-// Everything a run holds in memory: model, recipe state, optimizer, loss scaler.
-struct Session {
-  TrainConfig cfg;
-  quant::Recipe recipe;
-  nn::Gpt model;
-  std::vector<std::string> names;
-  std::vector<Var> params;
-  std::map<std::string, quant::QLinear> linears;
-  std::unique_ptr<optim::AdamW> opt;
-  std::unique_ptr<quant::LossScaler> scaler;
-
-  explicit Session(const TrainConfig& c) : cfg(c), recipe(quant::load_recipe(c.recipe)), model(model_config(c, recipe), c.seed) {}
-  // A unit-scaling recipe trains the unit-scaled variant of the configured model.
-  static nn::GptConfig model_config(const TrainConfig& c, const quant::Recipe& r) {
-    nn::GptConfig m = c.model;
-    m.unit_scaled = m.unit_scaled || r.unit_scaled;
-    return m;
-  }
-  // The model the forward pass runs: the recipe's data storage narrower than a parameter's means
-  // the parameter is cast to it at use (its gradient returns to the parameter's storage).
-  nn::Gpt forward_model() const {
-    const std::optional<Format> f = dtype_format(recipe.data_storage);
-    if (!f || recipe.data_storage == DType::f32) return model;
-    nn::Gpt m = model;
-    unit::NamedParams cast = model.parameters();
-    for (auto& [name, p] : cast)
-      if (p.scaled().data.dtype() == DType::f32) p = cast_on_forward(p, *f);
-    m.set_parameters(cast);
-    return m;
-  }
-  nn::GptOptions options() const {
-    nn::GptOptions o;
-    o.rescale_norm_grad = recipe.rescale_norm_grad;
-    if (!linears.empty())
-      o.matmul = [this](const std::string& name, const Var& x, const Var& w) { return linears.at(name)(x, w); };
-    return o;
-  }
-};
-
-void put(io::SafeTensors& st, json& any_scale, const std::string& name, const ScaledTensor& s) {
-  st.tensors.emplace_back(name, s.data);
-  if (s.scale.defined()) st.tensors.emplace_back(name + ".scale", s.scale);
-  if (s.any_scale) any_scale.push_back(name);
-}
-ScaledTensor get(const io::SafeTensors& st, const json& any_scale, const std::string& name) {
-  ScaledTensor s(st.at(name));
-  if (st.has(name + ".scale")) s.scale = st.at(name + ".scale");
-  s.any_scale = std::find(any_scale.begin(), any_scale.end(), name) != any_scale.end();
-  return s;
-}
-
-std::unique_ptr<Session> make_session(const TrainConfig& cfg, const io::SafeTensors* ckpt) {
-  auto s = std::make_unique<Session>(cfg);
-  const json any_scale = ckpt ? json::parse(ckpt->metadata.at("scalify.any_scale")) : json::array();
-  std::vector<Var> raw;
-  for (const auto& [name, v] : s->model.parameters()) {
-    s->names.push_back(name);
-    raw.push_back(v);
-  }
-  if (ckpt) {
-    for (size_t i = 0; i < raw.size(); ++i) {
-      const ScaledTensor v = get(*ckpt, any_scale, "param." + s->names[i]);
-      if (v.shape() != raw[i].shape())
-        throw Error("checkpoint: parameter '" + s->names[i] + "' has shape " + shape_str(v.shape()) + ", the config says " +
-                    shape_str(raw[i].shape()));
-      s->params.push_back(Var(v, true));
-    }
-  } else {
-    s->params = quant::prepare_parameters(raw, s->recipe);
-  }
-  unit::NamedParams named;
-  for (size_t i = 0; i < raw.size(); ++i) named.push_back({s->names[i], s->params[i]});
-  s->model.set_parameters(named);
-  if (s->recipe.linear.quantized)
-    for (const std::string& n : s->model.linear_names()) s->linears.emplace(n, quant::QLinear(s->recipe.linear));
-  optim::AdamWConfig base;
-  base.lr = cfg.lr;
-  base.beta1 = cfg.beta1;
-  base.beta2 = cfg.beta2;
-  base.eps = cfg.eps;
-  base.weight_decay = cfg.weight_decay;
-  std::vector<double> lr_scale;
-  std::vector<bool> decay;
-  for (const std::string& n : s->names) {
-    lr_scale.push_back(s->model.lr_multiplier(n));
-    decay.push_back(nn::Gpt::decays(n));
-  }
-  s->opt = std::make_unique<optim::AdamW>(s->params, quant::optimizer_config(s->recipe, base), lr_scale, decay);
-  if (s->recipe.loss_scaling.kind != quant::LossScalerConfig::Kind::none)
-    s->scaler = std::make_unique<quant::LossScaler>(s->recipe.loss_scaling);
-  if (ckpt) {
-    const json& meta = json::parse(ckpt->metadata.at("scalify.state"));
-    std::vector<ScaledTensor> m, v;
-    for (const std::string& n : s->names) {
-      m.push_back(get(*ckpt, any_scale, "optim.m." + n));
-      v.push_back(get(*ckpt, any_scale, "optim.v." + n));
-    }
-    s->opt->load_state(meta.at("optimizer_steps").get<int64_t>(), std::move(m), std::move(v));
-    if (s->scaler) {
-      const json& l = meta.at("loss_scaler");
-      s->scaler->load_state({l.at("scale").get<double>(), l.at("skipped").get<int64_t>(), l.at("steps").get<int64_t>(),
-                             l.at("clean").get<int64_t>()});
-    }
-    for (auto& [layer, q] : s->linears)
-      for (auto& [role, quantizer] : q.quantizers()) {
-        const std::string key = "quant." + layer + "." + role;
-        const json& qs = meta.at("quantizers").at(key);
-        const Tensor h = ckpt->at(key + ".history");
-        const std::vector<float> hist = h.to_floats();
-        quantizer->load_state({hist, qs.at("scale").get<float>(), qs.at("steps").get<int64_t>()});
-      }
-  }
-  return s;
-}
-
-void save_checkpoint(const Session& s, const std::string& path, int64_t step, int64_t skipped) {
-  io::SafeTensors st;
-  json any_scale = json::array(), quantizers = json::object();
-  for (size_t i = 0; i < s.params.size(); ++i) {
-    put(st, any_scale, "param." + s.names[i], s.params[i].scaled());
-    put(st, any_scale, "optim.m." + s.names[i], s.opt->first_moment(i));
-    put(st, any_scale, "optim.v." + s.names[i], s.opt->second_moment(i));
-  }
-  for (const auto& [layer, q] : s.linears)
-    for (const auto& [role, quantizer] : q.quantizers()) {
-      const std::string key = "quant." + layer + "." + role;
-      const quant::QuantizerState qs = quantizer->state();
-      st.tensors.emplace_back(key + ".history", Tensor::from_vector(qs.history, {int64_t(qs.history.size())}));
-      quantizers[key] = {{"scale", qs.scale}, {"steps", qs.steps}};
-    }
-  json state = {{"step", step}, {"skipped", skipped}, {"optimizer_steps", s.opt->steps()}, {"quantizers", quantizers}};
-  if (s.scaler) {
-    const quant::LossScaler::State l = s.scaler->state();
-    state["loss_scaler"] = {{"scale", l.scale}, {"skipped", l.skipped}, {"steps", l.steps}, {"clean", l.clean}};
-  }
-  st.metadata = {{"format_version", kFormatVersion}, {"step", std::to_string(step)}, {"config", s.cfg.to_toml()},
-                 {"recipe", s.recipe.to_json()}, {"scalify.state", state.dump()}, {"scalify.any_scale", any_scale.dump()}};
-  io::write_safetensors(path, st);
-}
-
-std::string checkpoint_file(const std::string& path) {
-  return fs::is_directory(path) ? (fs::path(path) / "checkpoint.safetensors").string() : path;
-}
-
-// Reads a checkpoint and its config; errors name the file.
-std::pair<io::SafeTensors, TrainConfig> read_checkpoint(const std::string& path) {
-  const std::string file = checkpoint_file(path);
-  io::SafeTensors st = io::read_safetensors(file);
-  for (const char* k : {"format_version", "config", "scalify.state", "scalify.any_scale"})
-    if (!st.metadata.count(k)) throw Error("checkpoint '" + file + "' lacks metadata '" + k + "' (not a scalify checkpoint?)");
-  if (st.metadata["format_version"] != kFormatVersion)
-    throw Error("checkpoint '" + file + "' has format version " + st.metadata["format_version"] + ", this build reads " + kFormatVersion);
-  TrainConfig cfg = parse_config(st.metadata["config"], file + " (config)");
-  cfg.validate();
-  for (const char* k : {"scalify.state", "scalify.any_scale"})
-    if (!json::accept(st.metadata[k])) throw Error("checkpoint '" + file + "': corrupt metadata '" + k + "'");
-  return {std::move(st), cfg};
-}
-
-std::unique_ptr<Session> load_session(const io::SafeTensors& st, const TrainConfig& cfg, const std::string& file) {
-  try {
-    return make_session(cfg, &st);
-  } catch (const json::exception& e) {
-    throw Error("checkpoint '" + file + "': corrupt state metadata (" + e.what() + ")");
-  }
-}
 
 // Bytes of training state per parameter, from the tensors themselves: master weights, gradients
 // and the optimizer's moments, with their scales.
@@ -224,27 +56,6 @@ double median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
-double batch_loss(const Session& s, const std::vector<uint8_t>& bytes, const std::vector<size_t>& starts) {
-  const Batch b = make_batch(bytes, starts, s.cfg.model.seq);
-  return s.forward_model().loss(b.ids, b.targets, s.options()).value().item();
-}
-
-EvalResult eval_session(const Session& s, const std::vector<uint8_t>& val) {
-  const NoGrad no_grad;
-  const std::vector<size_t> starts = eval_starts(val.size(), s.cfg.model.seq, size_t(s.cfg.eval_windows));
-  if (starts.empty()) throw Error("eval: validation data shorter than one window of " + std::to_string(s.cfg.model.seq + 1) + " bytes");
-  double total = 0;
-  for (size_t i = 0; i < starts.size(); i += size_t(s.cfg.batch)) {
-    const std::vector<size_t> chunk(starts.begin() + std::ptrdiff_t(i), starts.begin() + std::ptrdiff_t(std::min(starts.size(), i + size_t(s.cfg.batch))));
-    total += batch_loss(s, val, chunk) * double(chunk.size());
-  }
-  EvalResult r;
-  r.windows = starts.size();
-  r.loss = total / double(starts.size());
-  r.bits_per_byte = r.loss / std::log(2.0);
-  return r;
-}
-
 double unigram_bits(const std::vector<uint8_t>& bytes) {
   std::vector<double> count(256, 0);
   for (uint8_t b : bytes) count[b] += 1;
@@ -254,10 +65,6 @@ double unigram_bits(const std::vector<uint8_t>& bytes) {
   return h;
 }
 
-Corpus corpus_for(const TrainConfig& cfg) {
-  const size_t window = size_t(cfg.model.seq) + 1;
-  return load_corpus(cfg.data.empty() ? default_corpus_path() : cfg.data, cfg.val_fraction, window * size_t(cfg.batch));
-}
 
 // Keeps the metrics lines of steps <= step (a resumed run rewrites what followed its checkpoint).
 void truncate_metrics(const std::string& path, int64_t step) {

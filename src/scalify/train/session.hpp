@@ -1,0 +1,82 @@
+#pragma once
+// A run in memory (model, recipe, quantised layers, optimizer, loss scaler) and its checkpoints:
+// what the trainer, evaluation, inspection and post-training quantisation share.
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "scalify/autograd/scaling.hpp"
+#include "scalify/io/safetensors.hpp"
+#include "scalify/nn/gpt.hpp"
+#include "scalify/optim/adamw.hpp"
+#include "scalify/quant/linear.hpp"
+#include "scalify/quant/loss_scaler.hpp"
+#include "scalify/quant/recipe.hpp"
+#include "scalify/train/config.hpp"
+#include "scalify/train/corpus.hpp"
+#include "scalify/train/trainer.hpp"
+
+namespace scalify::train {
+
+// Everything a run holds in memory: model, recipe state, optimizer, loss scaler.
+struct Session {
+  TrainConfig cfg;
+  quant::Recipe recipe;
+  nn::Gpt model;
+  std::vector<std::string> names;
+  std::vector<Var> params;
+  std::map<std::string, quant::QLinear> linears;
+  std::unique_ptr<optim::AdamW> opt;
+  std::unique_ptr<quant::LossScaler> scaler;
+
+  explicit Session(const TrainConfig& c) : Session(c, quant::load_recipe(c.recipe)) {}
+  Session(const TrainConfig& c, quant::Recipe r) : cfg(c), recipe(std::move(r)), model(model_config(c, recipe), c.seed) {}
+  // A unit-scaling recipe trains the unit-scaled variant of the configured model.
+  static nn::GptConfig model_config(const TrainConfig& c, const quant::Recipe& r) {
+    nn::GptConfig m = c.model;
+    m.unit_scaled = m.unit_scaled || r.unit_scaled;
+    return m;
+  }
+  // The model the forward pass runs: the recipe's data storage narrower than a parameter's means
+  // the parameter is cast to it at use (its gradient returns to the parameter's storage).
+  nn::Gpt forward_model() const {
+    const std::optional<Format> f = dtype_format(recipe.data_storage);
+    if (!f || recipe.data_storage == DType::f32) return model;
+    nn::Gpt m = model;
+    unit::NamedParams cast = model.parameters();
+    for (auto& [name, p] : cast)
+      if (p.scaled().data.dtype() == DType::f32) p = cast_on_forward(p, *f);
+    m.set_parameters(cast);
+    return m;
+  }
+  nn::GptOptions options() const {
+    nn::GptOptions o;
+    o.rescale_norm_grad = recipe.rescale_norm_grad;
+    if (!linears.empty())
+      o.matmul = [this](const std::string& name, const Var& x, const Var& w) { return linears.at(name)(x, w); };
+    return o;
+  }
+};
+
+// A new session (ckpt null: initialised from the config's seed) or one restored from a training
+// checkpoint (parameters, optimizer and quantiser state, loss scaler).
+std::unique_ptr<Session> make_session(const TrainConfig& cfg, const io::SafeTensors* ckpt);
+// make_session from a checkpoint, with corrupt state reported against the file.
+std::unique_ptr<Session> load_session(const io::SafeTensors& st, const TrainConfig& cfg, const std::string& file);
+// Writes the session atomically as a training checkpoint at `step`.
+void save_checkpoint(const Session& s, const std::string& path, int64_t step, int64_t skipped);
+// A run folder's checkpoint.safetensors, or the path itself when it is a file.
+std::string checkpoint_file(const std::string& path);
+// Reads a training checkpoint and its config; errors name the file.
+std::pair<io::SafeTensors, TrainConfig> read_checkpoint(const std::string& path);
+// Mean loss of the windows starting at `starts` (no gradients recorded by the caller's NoGrad).
+double batch_loss(const Session& s, const std::vector<uint8_t>& bytes, const std::vector<size_t>& starts);
+// Validation loss over the config's eval windows of `val`.
+EvalResult eval_session(const Session& s, const std::vector<uint8_t>& val);
+// The config's corpus (its data, or the default), split as the trainer splits it.
+Corpus corpus_for(const TrainConfig& cfg);
+
+}  // namespace scalify::train
