@@ -15,6 +15,7 @@ void add_scale_rules_command(CLI::App& app);
 void add_unit_factors_command(CLI::App& app);
 void add_info_command(CLI::App& app);
 void add_train_commands(CLI::App& app);
+void add_inspect_commands(CLI::App& app);
 void add_compare_command(CLI::App& app, const std::string& command_line);
 
 // For unsigned options: rejects a minus sign, which CLI11 would read into a uint64_t as 2^64 - 1.

@@ -83,4 +83,8 @@ void write_file_atomically(const std::string& path, const std::function<void(con
   }
 }
 
+void write_text_atomically(const std::string& path, const std::string& text) {
+  write_file_atomically(path, [&](const ByteSink& out) { out(text.data(), text.size()); });
+}
+
 }  // namespace scalify::io

@@ -12,6 +12,8 @@ namespace scalify::io {
 // temporary behind (unless the process itself dies; a later write removes such leftovers).
 using ByteSink = std::function<void(const void* data, size_t size)>;
 void write_file_atomically(const std::string& path, const std::function<void(const ByteSink&)>& write);
+// The same for a whole text (reports, CSV, plot scripts).
+void write_text_atomically(const std::string& path, const std::string& text);
 
 // Test hook (fault injection): when the environment variable SCALIFY_TEST_DIE_DURING_WRITE names
 // a target path's file name, the process kills itself (SIGKILL) after writing half the bytes.

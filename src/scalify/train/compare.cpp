@@ -39,9 +39,7 @@ const std::map<std::string, std::vector<std::string>>& named_lists() {
   return lists;
 }
 
-void write_text(const fs::path& path, const std::string& text) {
-  io::write_file_atomically(path.string(), [&](const io::ByteSink& out) { out(text.data(), text.size()); });
-}
+void write_text(const fs::path& path, const std::string& text) { io::write_text_atomically(path.string(), text); }
 
 std::string read_text(const fs::path& path) {
   std::ifstream in(path, std::ios::binary);

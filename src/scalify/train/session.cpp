@@ -126,19 +126,47 @@ std::string checkpoint_file(const std::string& path) {
   return fs::is_directory(path) ? (fs::path(path) / "checkpoint.safetensors").string() : path;
 }
 
-// Reads a checkpoint and its config; errors name the file.
+TrainConfig checkpoint_config(const io::SafeTensors& st, const std::string& file) {
+  if (!st.metadata.count("config")) throw Error("'" + file + "' lacks metadata 'config' (not a scalify checkpoint?)");
+  TrainConfig cfg = parse_config(st.metadata.at("config"), file + " (config)");
+  cfg.validate();
+  return cfg;
+}
+
 std::pair<io::SafeTensors, TrainConfig> read_checkpoint(const std::string& path) {
   const std::string file = checkpoint_file(path);
   io::SafeTensors st = io::read_safetensors(file);
+  TrainConfig cfg = training_checkpoint_config(st, file);
+  return {std::move(st), cfg};
+}
+
+TrainConfig training_checkpoint_config(io::SafeTensors& st, const std::string& file) {
   for (const char* k : {"format_version", "config", "scalify.state", "scalify.any_scale"})
     if (!st.metadata.count(k)) throw Error("checkpoint '" + file + "' lacks metadata '" + k + "' (not a scalify checkpoint?)");
   if (st.metadata["format_version"] != kFormatVersion)
     throw Error("checkpoint '" + file + "' has format version " + st.metadata["format_version"] + ", this build reads " + kFormatVersion);
-  TrainConfig cfg = parse_config(st.metadata["config"], file + " (config)");
-  cfg.validate();
+  TrainConfig cfg = checkpoint_config(st, file);
   for (const char* k : {"scalify.state", "scalify.any_scale"})
     if (!json::accept(st.metadata[k])) throw Error("checkpoint '" + file + "': corrupt metadata '" + k + "'");
-  return {std::move(st), cfg};
+  return cfg;
+}
+
+std::unique_ptr<Session> inference_session(const TrainConfig& cfg, quant::Recipe recipe, const std::map<std::string, Tensor>& values) {
+  auto s = std::make_unique<Session>(cfg, std::move(recipe));
+  unit::NamedParams named = s->model.parameters();
+  for (auto& [name, p] : named) {
+    const auto v = values.find(name);
+    if (v == values.end()) throw Error("model: no value for parameter '" + name + "'");
+    if (v->second.shape() != p.shape())
+      throw Error("model: parameter '" + name + "' has shape " + shape_str(v->second.shape()) + ", the config says " + shape_str(p.shape()));
+    p = Var(v->second, false);
+    s->names.push_back(name);
+    s->params.push_back(p);
+  }
+  s->model.set_parameters(named);
+  if (s->recipe.linear.quantized)
+    for (const std::string& n : s->model.linear_names()) s->linears.emplace(n, quant::QLinear(s->recipe.linear));
+  return s;
 }
 
 std::unique_ptr<Session> load_session(const io::SafeTensors& st, const TrainConfig& cfg, const std::string& file) {

@@ -72,6 +72,13 @@ void save_checkpoint(const Session& s, const std::string& path, int64_t step, in
 std::string checkpoint_file(const std::string& path);
 // Reads a training checkpoint and its config; errors name the file.
 std::pair<io::SafeTensors, TrainConfig> read_checkpoint(const std::string& path);
+// The same checks on a file already read.
+TrainConfig training_checkpoint_config(io::SafeTensors& st, const std::string& file);
+// The config a checkpoint (training or quantised) carries in its metadata, validated.
+TrainConfig checkpoint_config(const io::SafeTensors& st, const std::string& file);
+// A session for inference: the recipe's model with the given parameter values (every parameter,
+// by name; shapes checked), no optimizer.
+std::unique_ptr<Session> inference_session(const TrainConfig& cfg, quant::Recipe recipe, const std::map<std::string, Tensor>& values);
 // Mean loss of the windows starting at `starts` (no gradients recorded by the caller's NoGrad).
 double batch_loss(const Session& s, const std::vector<uint8_t>& bytes, const std::vector<size_t>& starts);
 // Validation loss over the config's eval windows of `val`.

@@ -23,6 +23,7 @@
 #include "scalify/scaled/scaled_ops.hpp"
 #include "scalify/tensor/ops.hpp"
 #include "scalify/train/corpus.hpp"
+#include "scalify/train/ptq.hpp"
 #include "scalify/train/session.hpp"
 
 namespace scalify::train {
@@ -250,9 +251,12 @@ TrainResult train(const TrainConfig& config, bool resume, const Progress& progre
 }
 
 EvalResult evaluate(const std::string& checkpoint, const std::string& data) {
-  auto [st, cfg] = read_checkpoint(checkpoint);
+  const std::string file = checkpoint_file(checkpoint);
+  io::SafeTensors st = io::read_safetensors(file);
+  if (is_quantized_checkpoint(st)) return evaluate_quantized(st, file, data);
+  TrainConfig cfg = training_checkpoint_config(st, file);
   if (!data.empty()) cfg.data = data;
-  const std::unique_ptr<Session> s = load_session(st, cfg, checkpoint_file(checkpoint));
+  const std::unique_ptr<Session> s = load_session(st, cfg, file);
   const Corpus corpus = corpus_for(cfg);
   return eval_session(*s, corpus.val);
 }

@@ -60,7 +60,8 @@ struct EvalResult {
   double loss = 0, bits_per_byte = 0;
   size_t windows = 0;
 };
-// Validation loss of a checkpoint (a checkpoint file or a run folder) on `data` ("" = the run's).
+// Validation loss of a checkpoint (a checkpoint file, a run folder, or a quantised checkpoint
+// of train/ptq.hpp) on `data` ("" = the run's).
 EvalResult evaluate(const std::string& checkpoint, const std::string& data = "");
 
 struct SampleOptions {

@@ -15,7 +15,9 @@ int64_t rows_of(const Var& x) { return numel_of(x.shape()) / x.shape().back(); }
 Var ScaleProbe::tap(const Var& x, const std::string& name) {
   const size_t i = entries.size();
   entries.push_back({name, rms(x.value()), -1, x.scaled().data.dtype(), DType::f32});
+  if (observe) observe(name, false, x.scaled());
   return Var::make("probe", x.scaled(), {x}, [this, i](const ScaledTensor& g) {
+    if (observe) observe(entries[i].name, true, g);
     entries[i].backward_rms = rms(g.is_scaled() ? g.value() : g.data);
     entries[i].backward_storage = g.data.dtype();
     return std::vector<ScaledTensor>{g};

@@ -22,6 +22,8 @@ struct ScaleProbe {
     DType forward_storage = DType::f32, backward_storage = DType::f32;  // the data's dtype
   };
   std::vector<Entry> entries;
+  // Optional: also shown every tapped tensor (a value now, its gradient in the backward pass).
+  std::function<void(const std::string& name, bool gradient, const ScaledTensor& t)> observe;
   // Identity op that records x's RMS now and its gradient's RMS in the backward pass.
   Var tap(const Var& x, const std::string& name);
 };

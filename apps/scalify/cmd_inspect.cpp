@@ -1,0 +1,143 @@
+// `scalify inspect` (exponent histograms of every tensor, scale evolution of a run) and
+// `scalify quantize` (FP8 post-training quantisation of a checkpoint, or the seed 003 sweep).
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <sstream>
+#include <string>
+
+#include "commands.hpp"
+#include "scalify/error.hpp"
+#include "scalify/inspect/inspect.hpp"
+#include "scalify/inspect/scale_history.hpp"
+#include "scalify/io/atomic_file.hpp"
+#include "scalify/train/ptq.hpp"
+
+namespace scalify::cli {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+void report_missing_picture(const std::string& why) {
+  if (!why.empty()) std::fprintf(stderr, "scalify: warning: no picture: %s (the CSV files are written)\n", why.c_str());
+}
+
+void run_inspect(const std::string& target, std::string out, const std::string& format, const inspect::InspectOptions& given) {
+  inspect::InspectOptions o = given;
+  o.format = parse_format(format);
+  const bool run_folder = fs::is_directory(target);
+  if (out.empty()) out = run_folder ? (fs::path(target) / (o.initial ? "inspect_init" : "inspect")).string() : "inspect";
+  const inspect::Inspection in = inspect::inspect_checkpoint(target, o);
+  report_missing_picture(inspect::write_inspection(in, out));
+  const inspect::InspectedTensor* worst_under = nullptr;
+  const inspect::InspectedTensor* worst_clip = nullptr;
+  for (const inspect::InspectedTensor& t : in.tensors) {
+    auto frac = [&](int64_t n) { return t.histogram.count ? double(n) / double(t.histogram.count) : 0.0; };
+    if (!worst_under || frac(t.histogram.underflow) > double(worst_under->histogram.underflow) / double(std::max<int64_t>(1, worst_under->histogram.count)))
+      worst_under = &t;
+    if (!worst_clip || frac(t.histogram.clipped) > double(worst_clip->histogram.clipped) / double(std::max<int64_t>(1, worst_clip->histogram.count)))
+      worst_clip = &t;
+  }
+  std::printf("%zu tensors of recipe %s at step %lld against %s: %s/tensors.csv, histograms.csv, histograms.png\n", in.tensors.size(),
+              in.recipe.c_str(), (long long)in.step, format.c_str(), out.c_str());
+  auto line = [](const char* what, const inspect::InspectedTensor* t, int64_t n) {
+    if (t) std::printf("most %s: %s (%s) %.2f%%\n", what, t->name.c_str(), inspect::kind_name(t->kind), 100.0 * double(n) / double(std::max<int64_t>(1, t->histogram.count)));
+  };
+  line("underflow", worst_under, worst_under ? worst_under->histogram.underflow : 0);
+  line("clipped", worst_clip, worst_clip ? worst_clip->histogram.clipped : 0);
+  if (run_folder && fs::exists(fs::path(target) / "metrics.jsonl")) {
+    const std::vector<inspect::ScaleSeries> series = inspect::read_scale_history(target);
+    if (series.empty()) {
+      std::printf("the recipe quantises no tensor: no scale history\n");
+    } else {
+      report_missing_picture(inspect::write_scale_history(series, out, "recipe " + in.recipe));
+      std::printf("scale history of %zu quantised tensors: %s/scales.csv, scales.png, quant_fractions.png\n", series.size(), out.c_str());
+    }
+  }
+}
+
+std::string sweep_table(const std::vector<train::PtqSweepRow>& rows) {
+  std::ostringstream t;
+  t << "| model | scaling bias | validation loss | vs f32 |\n|---|---:|---:|---:|\n";
+  for (const train::PtqSweepRow& r : rows) {
+    char line[160];
+    std::snprintf(line, sizeof line, "| %s | %s | %.4f | %+.2f%% |\n", r.method.c_str(), r.method == "fp8_cscale" ? std::to_string(r.bias).c_str() : "",
+                  r.eval.loss, 100.0 * r.relative);
+    t << line;
+  }
+  return t.str();
+}
+
+}  // namespace
+
+void add_inspect_commands(CLI::App& app) {
+  struct InspectArgs {
+    std::string target, out, format = "e4m3";
+    inspect::InspectOptions o;
+  };
+  auto ia = std::make_shared<InspectArgs>();
+  auto* i = app.add_subcommand("inspect",
+                               "Exponent histograms of every activation, weight and gradient of a checkpoint on one batch (CSV, PNG), "
+                               "and for a run folder the scale of each quantised tensor over training");
+  i->add_option("checkpoint", ia->target, "checkpoint .safetensors or run folder")->required();
+  i->add_option("--out", ia->out, "output folder (default: <run>/inspect, or ./inspect for a file)");
+  i->add_option("--format", ia->format, "format whose range the histograms are drawn against (default e4m3)");
+  i->add_flag("--initial", ia->o.initial, "the run's model at initialisation instead of the checkpoint's");
+  i->add_option("--batch", ia->o.batch, "which training batch (default 0)")->check(non_negative_integer());
+  i->add_option("--data", ia->o.data, "corpus (default: the run's)");
+  i->callback([ia] { run_inspect(ia->target, ia->out, ia->format, ia->o); });
+
+  struct QuantizeArgs {
+    std::string checkpoint, out, method = "amax", sweep, data;
+    int bias = 0;
+  };
+  auto qa = std::make_shared<QuantizeArgs>();
+  auto* q = app.add_subcommand("quantize",
+                               "Post-training quantisation of a checkpoint's linear layers to FP8 e4m3 (FP8-AMAX, FP8-CSCALE or MXFP8); "
+                               "`scalify eval` runs the result. --sweep LO:HI compares them instead (seed 003 Table 3)");
+  q->add_option("checkpoint", qa->checkpoint, "checkpoint .safetensors or run folder")->required();
+  q->add_option("--out", qa->out, "quantised checkpoint to write (.safetensors), or with --sweep a folder for sweep.md/csv");
+  q->add_option("--method", qa->method, "amax (per-tensor bias from amax), cscale (one constant bias), mx (MXFP8); default amax");
+  q->add_option("--bias", qa->bias, "cscale: the scaling bias b (values are cast as x * 2^b); default 0");
+  q->add_option("--sweep", qa->sweep, "LO:HI: validation loss of f32, FP8-AMAX, MXFP8 and FP8-CSCALE for every bias in [LO, HI]");
+  q->add_option("--data", qa->data, "--sweep: corpus (default: the run's)");
+  q->callback([qa] {
+    if (qa->sweep.empty()) {
+      if (qa->out.empty()) throw Error("quantize: --out FILE.safetensors is required");
+      const train::PtqOptions o{train::parse_ptq_method(qa->method), qa->bias};
+      const std::vector<train::PtqWeight> w = train::quantize_checkpoint(qa->checkpoint, qa->out, o);
+      double worst_under = 0, worst_clip = 0;
+      for (const train::PtqWeight& x : w) {
+        worst_under = std::max(worst_under, x.underflow);
+        worst_clip = std::max(worst_clip, x.clipped);
+      }
+      std::printf("wrote %s: %zu linear weights in e4m3 (%s%s); largest underflow %.3f%%, largest clipped %.3f%%\n", qa->out.c_str(), w.size(),
+                  qa->method.c_str(), o.method == train::PtqMethod::cscale ? (", bias " + std::to_string(o.bias)).c_str() : "",
+                  100 * worst_under, 100 * worst_clip);
+      return;
+    }
+    int lo = 0, hi = 0;
+    char tail = 0;
+    if (std::sscanf(qa->sweep.c_str(), "%d:%d%c", &lo, &hi, &tail) != 2) throw Error("quantize: --sweep takes LO:HI (e.g. -8:12), got '" + qa->sweep + "'");
+    auto print = status_printer();
+    print("sweeping " + std::to_string(hi - lo + 3) + " evaluations...");
+    const std::vector<train::PtqSweepRow> rows = train::ptq_sweep(qa->checkpoint, lo, hi, qa->data);
+    std::fprintf(stderr, "\n");
+    const auto [band_lo, band_hi] = train::cscale_band(rows, 0.01);
+    std::ostringstream md;
+    md << sweep_table(rows) << "\nFP8-CSCALE within 1% of f32 for biases "
+       << (band_lo <= band_hi ? "[" + std::to_string(band_lo) + ", " + std::to_string(band_hi) + "]" : std::string("none")) << "\n";
+    std::printf("%s", md.str().c_str());
+    if (!qa->out.empty()) {
+      fs::create_directories(qa->out);
+      std::ostringstream csv;
+      csv << "method,bias,val_loss,val_bpb,relative\n";
+      for (const train::PtqSweepRow& r : rows) csv << r.method << "," << r.bias << "," << r.eval.loss << "," << r.eval.bits_per_byte << "," << r.relative << "\n";
+      io::write_text_atomically((fs::path(qa->out) / "sweep.csv").string(), csv.str());
+      io::write_text_atomically((fs::path(qa->out) / "sweep.md").string(), md.str());
+    }
+  });
+}
+
+}  // namespace scalify::cli

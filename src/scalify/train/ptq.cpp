@@ -1,0 +1,236 @@
+#include "scalify/train/ptq.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <map>
+#include <nlohmann/json.hpp>
+
+#include "scalify/error.hpp"
+#include "scalify/formats/block.hpp"
+#include "scalify/quant/quantizer.hpp"
+#include "scalify/train/session.hpp"
+
+namespace scalify::train {
+
+using json = nlohmann::json;
+
+const char* ptq_method_name(PtqMethod m) {
+  switch (m) {
+    case PtqMethod::amax: return "amax";
+    case PtqMethod::cscale: return "cscale";
+    case PtqMethod::mx: return "mx";
+  }
+  return "?";
+}
+
+PtqMethod parse_ptq_method(const std::string& name) {
+  for (PtqMethod m : {PtqMethod::amax, PtqMethod::cscale, PtqMethod::mx})
+    if (name == ptq_method_name(m)) return m;
+  throw Error("unknown quantisation method '" + name + "' (valid: amax, cscale, mx)");
+}
+
+namespace {
+
+constexpr Format kElement = Format::e4m3;
+constexpr int kPtqVersion = 1;
+
+void check(const PtqOptions& o) {
+  if (o.bias < -64 || o.bias > 64) throw Error("quantize: the scaling bias must be in [-64, 64], got " + std::to_string(o.bias));
+}
+
+// How one role is quantised: weights once (MX blocks down the columns, along the reduction
+// dimension K of x[rows, K] @ w[K, N]), activations at every batch (MX along their rows).
+quant::QuantizerConfig role(const PtqOptions& o, bool weight) {
+  quant::QuantizerConfig c;
+  c.format = kElement;
+  c.margin = 0;
+  switch (o.method) {
+    case PtqMethod::amax: c.scaling = quant::Scaling::amax_bias; break;
+    case PtqMethod::cscale:
+      c.scaling = quant::Scaling::constant_bias;
+      c.bias = o.bias;
+      break;
+    case PtqMethod::mx:
+      c.scaling = quant::Scaling::mx;
+      c.block = weight ? BlockSpec{32, 1, BlockScaleRule::mx_floor} : BlockSpec{1, 32, BlockScaleRule::mx_floor};
+      break;
+  }
+  return c;
+}
+
+// Inference: weights arrive as their exact FP8 values (format value x power of two), so the
+// weight role casts nothing; activations are quantised as the method says.
+quant::Recipe inference_recipe(const PtqOptions& o) {
+  quant::Recipe r;
+  r.name = std::string("ptq_") + ptq_method_name(o.method);
+  r.linear.name = r.name;
+  r.linear.quantized = true;
+  r.linear.weight = {};
+  r.linear.weight.scaling = quant::Scaling::none;
+  r.linear.weight.format = Format::f32;
+  r.linear.activation = role(o, false);
+  r.linear.gradient = r.linear.weight;
+  return r;
+}
+
+// The parameters of a checkpoint as f32 values (scaled ones: their represented values).
+std::map<std::string, Tensor> parameter_values(const Session& s) {
+  std::map<std::string, Tensor> v;
+  for (size_t i = 0; i < s.params.size(); ++i) v[s.names[i]] = s.params[i].value().to(DType::f32).contiguous();
+  return v;
+}
+
+std::vector<std::string> weight_names(const Session& s) {
+  std::vector<std::string> names;
+  for (const std::string& l : s.model.linear_names()) names.push_back(l + ".w");
+  return names;
+}
+
+struct QuantizedWeight {
+  quant::Quantized q;
+  PtqWeight report;
+};
+
+QuantizedWeight quantize_weight(const std::string& name, const Tensor& w, const PtqOptions& o) {
+  if (o.method == PtqMethod::mx && w.size(0) % 32 != 0)
+    throw Error("quantize: MX needs the reduction dimension of '" + name + "' (" + std::to_string(w.size(0)) + ") to be a multiple of 32");
+  quant::Quantizer quantizer(role(o, true));
+  QuantizedWeight r{quantizer.quantize(w), {}};
+  const quant::QuantStats& st = quantizer.last();
+  r.report = {name, -std::log2(double(st.scale)), st.underflow, st.clipped};
+  return r;
+}
+
+EvalResult evaluate_values(const TrainConfig& cfg, const quant::Recipe& recipe, const std::map<std::string, Tensor>& values,
+                           const std::vector<uint8_t>& val) {
+  return eval_session(*inference_session(cfg, recipe, values), val);
+}
+
+}  // namespace
+
+std::vector<PtqWeight> quantize_checkpoint(const std::string& checkpoint, const std::string& out, const PtqOptions& o) {
+  check(o);
+  const auto [src, cfg] = read_checkpoint(checkpoint);
+  const std::unique_ptr<Session> s = load_session(src, cfg, checkpoint_file(checkpoint));
+  std::map<std::string, Tensor> values = parameter_values(*s);
+  const std::vector<std::string> weights = weight_names(*s);
+  io::SafeTensors st;
+  std::vector<PtqWeight> report;
+  for (const std::string& name : s->names) {
+    const Tensor& v = values.at(name);
+    if (std::find(weights.begin(), weights.end(), name) == weights.end()) {
+      st.tensors.emplace_back("param." + name, v);
+      continue;
+    }
+    QuantizedWeight q = quantize_weight(name, v, o);
+    report.push_back(q.report);
+    if (!q.q.blockwise) {
+      st.tensors.emplace_back("param." + name, q.q.per_tensor.data);
+      st.tensors.emplace_back("param." + name + ".scale", Tensor::full({}, q.q.per_tensor.scalar_scale()));
+    } else {
+      const BlockQuantized& b = q.q.blocks;
+      Tensor codes = Tensor::empty(v.shape(), dtype_of(kElement));
+      std::memcpy(codes.raw_bytes(), b.codes.data(), b.codes.size());
+      Tensor scales = Tensor::empty({int64_t(b.scale_rows()), int64_t(b.scale_cols())}, DType::e8m0);
+      const std::vector<uint8_t> e8m0 = b.e8m0_scales();
+      std::memcpy(scales.raw_bytes(), e8m0.data(), e8m0.size());
+      st.tensors.emplace_back("param." + name, codes);
+      st.tensors.emplace_back("param." + name + ".scale", scales);
+    }
+  }
+  const json ptq = {{"version", kPtqVersion}, {"method", ptq_method_name(o.method)}, {"element", std::string(format_name(kElement))},
+                    {"bias", o.bias}, {"source_step", std::stoll(src.metadata.at("step"))}};
+  st.metadata = {{"config", cfg.to_toml()}, {"scalify.ptq", ptq.dump()}};
+  io::write_safetensors(out, st);
+  return report;
+}
+
+bool is_quantized_checkpoint(const io::SafeTensors& st) { return st.metadata.count("scalify.ptq") > 0; }
+
+EvalResult evaluate_quantized(const io::SafeTensors& st, const std::string& file, const std::string& data) {
+  TrainConfig cfg = checkpoint_config(st, file);
+  if (!data.empty()) cfg.data = data;
+  PtqOptions o;
+  try {
+    const json ptq = json::parse(st.metadata.at("scalify.ptq"));
+    if (ptq.at("version").get<int>() != kPtqVersion) throw Error("version " + ptq.at("version").dump() + ", this build reads 1");
+    if (ptq.at("element").get<std::string>() != format_name(kElement)) throw Error("element format " + ptq.at("element").dump());
+    o.method = parse_ptq_method(ptq.at("method").get<std::string>());
+    o.bias = ptq.at("bias").get<int>();
+    check(o);
+  } catch (const std::exception& e) {
+    throw Error("quantised checkpoint '" + file + "': bad 'scalify.ptq' metadata (" + e.what() + ")");
+  }
+  // Parameters: f32 tensors as they are; e4m3 codes decoded exactly and multiplied by their
+  // power-of-two scales (MX: per 32-row block of each column).
+  std::map<std::string, Tensor> values;
+  for (const auto& [key, t] : st.tensors) {
+    if (!key.starts_with("param.") || key.ends_with(".scale")) continue;
+    const std::string name = key.substr(6);
+    if (t.dtype() == DType::f32) {
+      values[name] = t;
+      continue;
+    }
+    auto bad = [&](const std::string& why) { return Error("quantised checkpoint '" + file + "': tensor '" + key + "' " + why); };
+    if (t.dtype() != dtype_of(kElement) || t.dim() != 2) throw bad("is neither f32 nor a 2-D e4m3 weight");
+    if (!st.has(key + ".scale")) throw bad("has no scale");
+    const Tensor& scale = st.at(key + ".scale");
+    if (o.method != PtqMethod::mx) {
+      const double sc = scale.numel() == 1 && scale.dtype() == DType::f32 ? scale.item() : NAN;
+      if (!(sc > 0) || !std::isfinite(sc) || std::exp2(std::round(std::log2(sc))) != sc) throw bad("has no power-of-two scalar scale");
+      values[name] = ScaledTensor(t, float(sc)).value();
+    } else {
+      const int64_t K = t.size(0), N = t.size(1);
+      if (scale.dtype() != DType::e8m0 || scale.shape() != Shape{(K + 31) / 32, N}) throw bad("needs E8M0 block scales of shape [K/32, N]");
+      BlockQuantized b{kElement, size_t(K), size_t(N), BlockSpec{32, 1, BlockScaleRule::mx_floor}, {}, {}};
+      const Tensor codes = t.contiguous();
+      b.codes.assign(codes.raw_bytes(), codes.raw_bytes() + K * N);
+      b.scales = scale.to_floats();
+      Tensor v = Tensor::empty({K, N});
+      dequantize_blocks(b, std::span(v.data<float>(), size_t(K * N)));
+      values[name] = v;
+    }
+  }
+  return evaluate_values(cfg, inference_recipe(o), values, corpus_for(cfg).val);
+}
+
+std::vector<PtqSweepRow> ptq_sweep(const std::string& checkpoint, int lo, int hi, const std::string& data) {
+  if (lo > hi) throw Error("ptq sweep: empty bias range [" + std::to_string(lo) + ", " + std::to_string(hi) + "]");
+  check({PtqMethod::cscale, lo});
+  check({PtqMethod::cscale, hi});
+  auto [src, cfg] = read_checkpoint(checkpoint);
+  if (!data.empty()) cfg.data = data;
+  const std::unique_ptr<Session> s = load_session(src, cfg, checkpoint_file(checkpoint));
+  const std::map<std::string, Tensor> f32 = parameter_values(*s);
+  const std::vector<uint8_t> val = corpus_for(cfg).val;
+  std::vector<PtqSweepRow> rows;
+  rows.push_back({"f32", 0, evaluate_values(cfg, quant::preset("f32"), f32, val), 0});
+  auto run = [&](const char* label, const PtqOptions& o) {
+    std::map<std::string, Tensor> v = f32;
+    for (const std::string& w : weight_names(*s)) v[w] = quantize_weight(w, f32.at(w), o).q.dequantize();
+    const EvalResult e = evaluate_values(cfg, inference_recipe(o), v, val);
+    rows.push_back({label, o.bias, e, (e.loss - rows[0].eval.loss) / rows[0].eval.loss});
+  };
+  run("fp8_amax", {PtqMethod::amax, 0});
+  run("mxfp8", {PtqMethod::mx, 0});
+  for (int b = lo; b <= hi; ++b) run("fp8_cscale", {PtqMethod::cscale, b});
+  return rows;
+}
+
+std::pair<int, int> cscale_band(const std::vector<PtqSweepRow>& rows, double tolerance) {
+  std::vector<const PtqSweepRow*> c;
+  for (const PtqSweepRow& r : rows)
+    if (r.method == "fp8_cscale") c.push_back(&r);
+  auto ok = [&](size_t i) { return std::isfinite(c[i]->relative) && c[i]->relative <= tolerance; };
+  size_t best = c.size();
+  for (size_t i = 0; i < c.size(); ++i)
+    if (ok(i) && (best == c.size() || c[i]->eval.loss < c[best]->eval.loss)) best = i;
+  if (best == c.size()) return {1, 0};
+  size_t a = best, b = best;
+  while (a > 0 && ok(a - 1) && c[a - 1]->bias == c[a]->bias - 1) --a;
+  while (b + 1 < c.size() && ok(b + 1) && c[b + 1]->bias == c[b]->bias + 1) ++b;
+  return {c[a]->bias, c[b]->bias};
+}
+
+}  // namespace scalify::train
