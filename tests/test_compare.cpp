@@ -17,19 +17,7 @@ namespace {
 
 namespace fs = std::filesystem;
 using json = nlohmann::json;
-using testing::scratch, testing::slurp, testing::spit, testing::text_corpus, testing::tiny_run;
-
-// A PNG: the signature, then an IHDR chunk with a non-zero width and height.
-bool valid_png(const fs::path& p, uint32_t* width, uint32_t* height) {
-  const std::string b = slurp(p);
-  if (b.size() < 33 || b.compare(0, 8, "\x89PNG\r\n\x1a\n") != 0 || b.compare(12, 4, "IHDR") != 0) return false;
-  auto be32 = [&](size_t at) {
-    return uint32_t(uint8_t(b[at])) << 24 | uint32_t(uint8_t(b[at + 1])) << 16 | uint32_t(uint8_t(b[at + 2])) << 8 | uint8_t(b[at + 3]);
-  };
-  *width = be32(16);
-  *height = be32(20);
-  return *width > 0 && *height > 0;
-}
+using testing::scratch, testing::slurp, testing::spit, testing::text_corpus, testing::tiny_run, testing::valid_png;
 
 std::vector<std::string> csv_header(const fs::path& p) {
   std::istringstream in(slurp(p));

@@ -29,6 +29,18 @@ inline std::string slurp(const fs::path& p) {
 }
 inline void spit(const fs::path& p, const std::string& bytes) { std::ofstream(p, std::ios::binary) << bytes; }
 
+// A PNG: the signature, then an IHDR chunk with a non-zero width and height.
+inline bool valid_png(const fs::path& p, uint32_t* width, uint32_t* height) {
+  const std::string b = slurp(p);
+  if (b.size() < 33 || b.compare(0, 8, "\x89PNG\r\n\x1a\n") != 0 || b.compare(12, 4, "IHDR") != 0) return false;
+  auto be32 = [&](size_t at) {
+    return uint32_t(uint8_t(b[at])) << 24 | uint32_t(uint8_t(b[at + 1])) << 16 | uint32_t(uint8_t(b[at + 2])) << 8 | uint8_t(b[at + 3]);
+  };
+  *width = be32(16);
+  *height = be32(20);
+  return *width > 0 && *height > 0;
+}
+
 // Some English-like text, deterministic, long enough for small batches.
 inline fs::path text_corpus() {
   const fs::path p = scratch("corpus.txt");
