@@ -37,7 +37,7 @@ grep -q "unknown number format 'e4m4'" "$out/err"
 grep -q "e5m2fnuz" "$out/err"
 # compare: a tiny comparison end to end (f32 is added as the baseline), then bad input.
 "$cli" compare --recipes current --steps 3 --out "$out/cmp" --set d_model=16 --set layers=1 --set heads=1 \
-  --set seq=16 --set batch=2 --set eval_every=3 --set eval_windows=2 > "$out/cmp.log" 2> /dev/null
+  --set seq=16 --set batch=2 --set eval_every=3 --set eval_windows=2 --set stats_every=1 > "$out/cmp.log" 2> /dev/null
 grep -q "^| f32 | ok |" "$out/cmp.log"
 grep -q "^| current | ok |" "$out/cmp.log"
 grep -q "report: $out/cmp/report.md" "$out/cmp.log"
@@ -76,6 +76,21 @@ touch "$out/plain_file"
 expect_error "--out '$out/plain_file' exists and is not a folder" snr --out "$out/plain_file" --from 0 --to 1 --samples 64
 expect_error "unknown subcommand 'foo'" foo
 test ! -e "$out/s" || { echo "a rejected sweep created its output folder"; exit 1; }
+# inspect and quantize (issue 16) on the comparison's tiny runs.
+"$cli" inspect "$out/cmp/runs/current" > "$out/insp.log"
+grep -q "tensors of recipe current at step 3 against e4m3" "$out/insp.log"
+test -s "$out/cmp/runs/current/inspect/histograms.png" || { echo "inspect drew no histograms"; exit 1; }
+test -s "$out/cmp/runs/current/inspect/scales.png" || { echo "inspect drew no scale history"; exit 1; }
+"$cli" quantize "$out/cmp/runs/f32" --out "$out/q.safetensors" | grep -q "wrote $out/q.safetensors: 4 linear weights in e4m3 (amax)"
+"$cli" eval "$out/q.safetensors" | grep -q "^validation loss: "
+"$cli" quantize "$out/cmp/runs/f32" --sweep -2:2 | grep -q "^| fp8_cscale | 2 | "
+expect_error "unknown quantisation method 'int4'" quantize "$out/cmp/runs/f32" --out "$out/q2.safetensors" --method int4
+expect_error "--sweep takes LO:HI" quantize "$out/cmp/runs/f32" --sweep 3
+expect_error "--out FILE.safetensors is required" quantize "$out/cmp/runs/f32"
+expect_error "multiple of 32" quantize "$out/cmp/runs/f32" --out "$out/q3.safetensors" --method mx
+expect_error "unknown number format 'e4m4'" inspect "$out/cmp/runs/f32" --format e4m4
+expect_error "'$out/nothing' does not exist" inspect "$out/nothing"
+test ! -e "$out/q2.safetensors" && test ! -e "$out/q3.safetensors" || { echo "a failed quantize left a file"; exit 1; }
 # A format named twice (or by an alias) appears once.
 "$cli" snr --out "$out/dup" --from 0 --to 1 --samples 64 --formats e4m3,e4m3,fp8_e4m3 > /dev/null 2>&1
 test "$(grep -c ',e4m3,' "$out/dup/snr.csv")" -eq 5

@@ -1,5 +1,6 @@
 // `scalify inspect` (exponent histograms of every tensor, scale evolution of a run) and
 // `scalify quantize` (FP8 post-training quantisation of a checkpoint, or the seed 003 sweep).
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -30,26 +31,18 @@ void run_inspect(const std::string& target, std::string out, const std::string& 
   if (out.empty()) out = run_folder ? (fs::path(target) / (o.initial ? "inspect_init" : "inspect")).string() : "inspect";
   const inspect::Inspection in = inspect::inspect_checkpoint(target, o);
   report_missing_picture(inspect::write_inspection(in, out));
-  const inspect::InspectedTensor* worst_under = nullptr;
-  const inspect::InspectedTensor* worst_clip = nullptr;
-  for (const inspect::InspectedTensor& t : in.tensors) {
-    auto frac = [&](int64_t n) { return t.histogram.count ? double(n) / double(t.histogram.count) : 0.0; };
-    if (!worst_under || frac(t.histogram.underflow) > double(worst_under->histogram.underflow) / double(std::max<int64_t>(1, worst_under->histogram.count)))
-      worst_under = &t;
-    if (!worst_clip || frac(t.histogram.clipped) > double(worst_clip->histogram.clipped) / double(std::max<int64_t>(1, worst_clip->histogram.count)))
-      worst_clip = &t;
-  }
   std::printf("%zu tensors of recipe %s at step %lld against %s: %s/tensors.csv, histograms.csv, histograms.png\n", in.tensors.size(),
               in.recipe.c_str(), (long long)in.step, format.c_str(), out.c_str());
-  auto line = [](const char* what, const inspect::InspectedTensor* t, int64_t n) {
-    if (t) std::printf("most %s: %s (%s) %.2f%%\n", what, t->name.c_str(), inspect::kind_name(t->kind), 100.0 * double(n) / double(std::max<int64_t>(1, t->histogram.count)));
-  };
-  line("underflow", worst_under, worst_under ? worst_under->histogram.underflow : 0);
-  line("clipped", worst_clip, worst_clip ? worst_clip->histogram.clipped : 0);
+  for (const auto& [what, field] : {std::pair{"underflow", &inspect::ExponentHistogram::underflow}, std::pair{"clipped", &inspect::ExponentHistogram::clipped}}) {
+    auto share = [f = field](const inspect::InspectedTensor& t) { return double(t.histogram.*f) / double(std::max<int64_t>(1, t.histogram.count)); };
+    const auto worst = std::max_element(in.tensors.begin(), in.tensors.end(), [&](const auto& x, const auto& y) { return share(x) < share(y); });
+    if (worst != in.tensors.end())
+      std::printf("most %s: %s (%s) %.2f%%\n", what, worst->name.c_str(), inspect::kind_name(worst->kind), 100.0 * share(*worst));
+  }
   if (run_folder && fs::exists(fs::path(target) / "metrics.jsonl")) {
     const std::vector<inspect::ScaleSeries> series = inspect::read_scale_history(target);
     if (series.empty()) {
-      std::printf("the recipe quantises no tensor: no scale history\n");
+      std::printf("no scale history: the metrics hold no quantiser statistics (a recipe that quantises nothing, or fewer steps than stats_every)\n");
     } else {
       report_missing_picture(inspect::write_scale_history(series, out, "recipe " + in.recipe));
       std::printf("scale history of %zu quantised tensors: %s/scales.csv, scales.png, quant_fractions.png\n", series.size(), out.c_str());
@@ -62,8 +55,11 @@ std::string sweep_table(const std::vector<train::PtqSweepRow>& rows) {
   t << "| model | scaling bias | validation loss | vs f32 |\n|---|---:|---:|---:|\n";
   for (const train::PtqSweepRow& r : rows) {
     char line[160];
-    std::snprintf(line, sizeof line, "| %s | %s | %.4f | %+.2f%% |\n", r.method.c_str(), r.method == "fp8_cscale" ? std::to_string(r.bias).c_str() : "",
-                  r.eval.loss, 100.0 * r.relative);
+    if (std::isnan(r.eval.loss))
+      std::snprintf(line, sizeof line, "| %s | | n/a (a reduction dimension is not a multiple of 32) | |\n", r.method.c_str());
+    else
+      std::snprintf(line, sizeof line, "| %s | %s | %.4f | %+.2f%% |\n", r.method.c_str(), r.method == "fp8_cscale" ? std::to_string(r.bias).c_str() : "",
+                    r.eval.loss, 100.0 * r.relative);
     t << line;
   }
   return t.str();

@@ -213,7 +213,11 @@ std::vector<PtqSweepRow> ptq_sweep(const std::string& checkpoint, int lo, int hi
     rows.push_back({label, o.bias, e, (e.loss - rows[0].eval.loss) / rows[0].eval.loss});
   };
   run("fp8_amax", {PtqMethod::amax, 0});
-  run("mxfp8", {PtqMethod::mx, 0});
+  const std::vector<std::string> w = weight_names(*s);
+  if (std::all_of(w.begin(), w.end(), [&](const std::string& n) { return f32.at(n).size(0) % 32 == 0; }))
+    run("mxfp8", {PtqMethod::mx, 0});
+  else  // a model too narrow for 32-element blocks: the row says so
+    rows.push_back({"mxfp8", 0, {NAN, NAN, 0}, NAN});
   for (int b = lo; b <= hi; ++b) run("fp8_cscale", {PtqMethod::cscale, b});
   return rows;
 }

@@ -45,7 +45,8 @@ bool is_quantized_checkpoint(const io::SafeTensors& st);
 EvalResult evaluate_quantized(const io::SafeTensors& st, const std::string& file, const std::string& data);
 
 // Seed 003 Table 3 on one model: the validation loss of the f32 checkpoint, its FP8-AMAX and
-// MXFP8 quantisations and FP8-CSCALE with every bias in [lo, hi], all in memory.
+// MXFP8 quantisations (NaN when a weight's reduction dimension is not a multiple of 32) and
+// FP8-CSCALE with every bias in [lo, hi], all in memory.
 struct PtqSweepRow {
   std::string method;  // "f32", "fp8_amax", "mxfp8", "fp8_cscale"
   int bias = 0;        // fp8_cscale only
