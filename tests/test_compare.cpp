@@ -71,9 +71,15 @@ TEST(Compare, WritesTheReportAndReportsADivergingRecipeWhileTheOthersComplete) {
 
   const std::string md = slurp(out / "report.md");
   for (const char* s : {"| recipe | status |", "| overflow | diverged |", "**Parity**", "**Diverged**: overflow (skipped 12 of 12", "cpu:",
-                        "State B/param"})
+                        "State B/param", "## Numerics", "[histograms](runs/current/inspect/histograms.png)",
+                        "[scales](runs/current/inspect/scales.png)", "| fp8_amax | ", "| fp8_cscale | 12 | ", "FP8-CSCALE is within 1% of f32"})
     EXPECT_NE(md.find(s), std::string::npos) << s;
+  EXPECT_EQ(md.find("[histograms](runs/overflow/"), std::string::npos) << "a diverged recipe has no final model to inspect";
   ASSERT_EQ(rep.plot_error, "") << "gnuplot is part of scripts/setup.sh";
+  for (const char* png : {"runs/f32/inspect/histograms.png", "runs/current/inspect/scales.png", "runs/current/inspect/quant_fractions.png"}) {
+    uint32_t w = 0, h = 0;
+    EXPECT_TRUE(valid_png(out / png, &w, &h)) << png;
+  }
   for (const char* png : {"loss.png", "loss_delta.png"}) {
     uint32_t w = 0, h = 0;
     EXPECT_TRUE(valid_png(out / png, &w, &h)) << png;

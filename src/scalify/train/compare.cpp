@@ -11,6 +11,7 @@
 #include <sstream>
 
 #include "scalify/error.hpp"
+#include "scalify/inspect/report_section.hpp"
 #include "scalify/io/atomic_file.hpp"
 #include "scalify/platform/memory.hpp"
 #include "scalify/quant/recipe.hpp"
@@ -338,6 +339,19 @@ std::string reading(const std::vector<RecipeOutcome>& rows, int64_t layers) {
   return s.str();
 }
 
+// Histograms and scale histories of every recipe that finished, and the PTQ sweep of f32's model.
+std::string numerics(const CompareConfig& config, const std::vector<RecipeOutcome>& rows) {
+  const fs::path dir(config.out);
+  std::vector<inspect::RunToInspect> runs;
+  std::string f32_run;
+  for (const RecipeOutcome& o : rows) {
+    if (o.status != "ok") continue;
+    runs.push_back({o.name, (dir / "runs" / o.name).string()});
+    if (o.recipe == "f32") f32_run = runs.back().run_dir;
+  }
+  return inspect::numerics_section(runs, config.out, f32_run);
+}
+
 void write_report(const CompareConfig& config, CompareReport& rep, const std::string& command) {
   const fs::path dir(config.out);
   const auto f32 = std::find_if(rep.rows.begin(), rep.rows.end(), [](const RecipeOutcome& o) { return o.recipe == "f32" && o.status == "ok"; });
@@ -386,7 +400,8 @@ void write_report(const CompareConfig& config, CompareReport& rep, const std::st
   std::map<std::string, std::vector<std::string>> by_layers;
   for (const RecipeOutcome& o : rep.rows) by_layers[o.quantized + (o.unit_scaled ? "; unit-scaled model" : "")].push_back(o.name);
   for (const auto& [what, names] : by_layers) md << "- " << join(names) << ": " << what << ".\n";
-  md << "\nEach recipe's run folder (config, recipe.json, metrics.jsonl, checkpoints) is under `runs/`.\n";
+  md << "\n" << numerics(config, rep.rows)
+     << "\nEach recipe's run folder (config, recipe.json, metrics.jsonl, checkpoints, inspect/) is under `runs/`.\n";
   write_text(dir / "report.md", md.str());
 }
 
