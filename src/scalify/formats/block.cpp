@@ -133,6 +133,8 @@ BlockQuantized quantize_blocks(std::span<const float> x, size_t rows, size_t col
   // rounds it to zero either way.) Blocks whose power of two is outside f32's normal range take
   // the per-element call with their own arguments. Block rows run in parallel.
   const int64_t block_rows = int64_t(q.scale_rows());
+  const bool floor_rule = spec.rule == BlockScaleRule::mx_floor;
+  const int element_emax = f.emax();
 #pragma omp parallel if (rows * cols > (size_t(1) << 15))
   {
     std::vector<uint32_t> amax(cols);
@@ -148,30 +150,43 @@ BlockQuantized quantize_blocks(std::span<const float> x, size_t rows, size_t col
       bool all_exact = true;
       for (size_t bc = 0; bc < scale_cols; ++bc) {
         const size_t c0 = bc * spec.cols, c1 = std::min(cols, c0 + spec.cols);
-        const uint32_t block_amax = *std::max_element(amax.begin() + ptrdiff_t(c0), amax.begin() + ptrdiff_t(c1));
-        const float scale = block_scale(std::bit_cast<float>(block_amax), element, spec.rule);
+        uint32_t block_amax = amax[c0];
+        for (size_t c = c0 + 1; c < c1; ++c) block_amax = std::max(block_amax, amax[c]);
+        // MX floor rule on a normal amax (nearly every block): the scale's exponent straight from
+        // the amax's bits, as block_scale computes it; everything else through block_scale.
+        const int amax_exp = int(block_amax >> 23) - 127;
+        const bool fast = floor_rule && block_amax >= 0x00800000u && block_amax < 0x7F800000u;
+        const int k = std::clamp(amax_exp - element_emax, -127, 127);
+        const float scale = fast ? pow2f(k) : block_scale(std::bit_cast<float>(block_amax), element, spec.rule);
         q.scales[br * scale_cols + bc] = scale;
-        kernels::QuantizeArgs& a = args[bc];
-        a = kernels::QuantizeArgs{};
-        a.format = &f;
-        a.overflow = Overflow::saturate;
-        a.rounding = rounding;
         keep[bc] = !std::isnan(scale);  // a NaN block decodes as NaN; its element codes stay 0
-        exact[bc] = 1;
+        float m = 1.0f;
+        int shift = 0;
         if (keep[bc]) {
-          if (spec.rule == BlockScaleRule::f32_amax) {
-            split_scale(1.0f / scale, a.mul, a.exp_shift);
-          } else {  // power of two: divide by exponent arithmetic, exactly
-            a.mul = 1.0f;
-            a.exp_shift = -std::ilogb(scale);
-          }
-          exact[bc] = a.exp_shift >= -126 && a.exp_shift <= 127;
-          all_exact = all_exact && exact[bc];
+          if (spec.rule == BlockScaleRule::f32_amax)
+            split_scale(1.0f / scale, m, shift);
+          else  // power of two: divide by exponent arithmetic, exactly
+            shift = fast ? -k : -std::ilogb(scale);
+        }
+        exact[bc] = !keep[bc] || (shift >= -126 && shift <= 127);
+        all_exact = all_exact && exact[bc];
+        if (!exact[bc]) {  // the per-element call, with the block's own arguments
+          kernels::QuantizeArgs& a = args[bc];
+          a = kernels::QuantizeArgs{};
+          a.format = &f;
+          a.overflow = Overflow::saturate;
+          a.rounding = rounding;
+          a.mul = m;
+          a.exp_shift = shift;
         }
         const bool used = keep[bc] && exact[bc];
-        std::fill(mul.begin() + ptrdiff_t(c0), mul.begin() + ptrdiff_t(c1), used ? a.mul : 0.0f);
-        std::fill(pow2.begin() + ptrdiff_t(c0), pow2.begin() + ptrdiff_t(c1), used ? pow2f(a.exp_shift) : 0.0f);
-        std::fill(mask.begin() + ptrdiff_t(c0), mask.begin() + ptrdiff_t(c1), used ? 0xFFFFFFFFu : 0u);
+        const float mul_b = used ? m : 0.0f, pow2_b = used ? pow2f(shift) : 0.0f;
+        const uint32_t mask_b = used ? 0xFFFFFFFFu : 0u;
+        for (size_t c = c0; c < c1; ++c) {
+          mul[c] = mul_b;
+          pow2[c] = pow2_b;
+          mask[c] = mask_b;
+        }
       }
       kernels::QuantizeArgs one{};
       one.format = &f;
