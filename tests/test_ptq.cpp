@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <limits>
 
 #include "expect_error.hpp"
 #include "scalify/io/safetensors.hpp"
@@ -112,6 +113,21 @@ TEST(Ptq, BadInputsNameWhatWasWrong) {
   st.metadata["scalify.ptq"] = "{\"version\":1,\"method\":\"int4\",\"element\":\"e4m3\",\"bias\":0}";
   io::write_safetensors((dir / "bad_method.safetensors").string(), st);
   EXPECT_ERROR(train::evaluate((dir / "bad_method.safetensors").string()), "scalify.ptq");
+  // An MX file with a NaN block scale (E8M0 0xFF), an f32 parameter holding NaN.
+  const std::string mx = (dir / "mx.safetensors").string();
+  train::quantize_checkpoint(src, mx, {train::PtqMethod::mx, 0});
+  st = io::read_safetensors(mx);
+  for (auto& [name, t] : st.tensors)
+    if (name == "param.h0.mlp.out.w.scale") t.raw_bytes()[0] = std::byte{0xFF};
+  io::write_safetensors((dir / "nan_scale.safetensors").string(), st);
+  EXPECT_ERROR(train::evaluate((dir / "nan_scale.safetensors").string()), "'param.h0.mlp.out.w' holds NaN or infinite values");
+  st = io::read_safetensors(good);
+  for (auto& [name, t] : st.tensors)
+    if (name == "param.lnf.w") t.data<float>()[3] = std::numeric_limits<float>::quiet_NaN();
+  io::write_safetensors((dir / "nan_param.safetensors").string(), st);
+  EXPECT_ERROR(train::evaluate((dir / "nan_param.safetensors").string()), "'param.lnf.w' holds NaN or infinite values");
+  // Only eval reads a quantised checkpoint; quantising or resuming from it is refused by name.
+  EXPECT_ERROR(train::quantize_checkpoint(good, (dir / "x.safetensors").string(), {}), "is a quantised checkpoint");
   EXPECT_FALSE(fs::exists(dir / "x.safetensors")) << "a failed quantisation leaves no file";
 }
 

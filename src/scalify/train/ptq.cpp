@@ -9,6 +9,7 @@
 #include "scalify/error.hpp"
 #include "scalify/formats/block.hpp"
 #include "scalify/quant/quantizer.hpp"
+#include "scalify/tensor/ops.hpp"
 #include "scalify/train/session.hpp"
 
 namespace scalify::train {
@@ -146,6 +147,33 @@ std::vector<PtqWeight> quantize_checkpoint(const std::string& checkpoint, const 
   return report;
 }
 
+namespace {
+
+// A quantised weight's exact values: e4m3 codes decoded and multiplied by their power-of-two
+// scales (MX: per 32-row block of each column).
+template <class Bad>
+Tensor decode_weight(const Tensor& t, const io::SafeTensors& st, const std::string& key, const PtqOptions& o, Bad&& bad) {
+  if (t.dtype() != dtype_of(kElement) || t.dim() != 2) throw bad("is neither f32 nor a 2-D e4m3 weight");
+  if (!st.has(key + ".scale")) throw bad("has no scale");
+  const Tensor& scale = st.at(key + ".scale");
+  if (o.method != PtqMethod::mx) {
+    const double sc = scale.numel() == 1 && scale.dtype() == DType::f32 ? scale.item() : NAN;
+    if (!(sc > 0) || !std::isfinite(sc) || std::exp2(std::round(std::log2(sc))) != sc) throw bad("has no power-of-two scalar scale");
+    return ScaledTensor(t, float(sc)).value();
+  }
+  const int64_t K = t.size(0), N = t.size(1);
+  if (scale.dtype() != DType::e8m0 || scale.shape() != Shape{(K + 31) / 32, N}) throw bad("needs E8M0 block scales of shape [K/32, N]");
+  BlockQuantized b{kElement, size_t(K), size_t(N), BlockSpec{32, 1, BlockScaleRule::mx_floor}, {}, {}};
+  const Tensor codes = t.contiguous();
+  b.codes.assign(codes.raw_bytes(), codes.raw_bytes() + K * N);
+  b.scales = scale.to_floats();
+  Tensor v = Tensor::empty({K, N});
+  dequantize_blocks(b, std::span(v.data<float>(), size_t(K * N)));
+  return v;
+}
+
+}  // namespace
+
 bool is_quantized_checkpoint(const io::SafeTensors& st) { return st.metadata.count("scalify.ptq") > 0; }
 
 EvalResult evaluate_quantized(const io::SafeTensors& st, const std::string& file, const std::string& data) {
@@ -162,38 +190,22 @@ EvalResult evaluate_quantized(const io::SafeTensors& st, const std::string& file
   } catch (const std::exception& e) {
     throw Error("quantised checkpoint '" + file + "': bad 'scalify.ptq' metadata (" + e.what() + ")");
   }
-  // Parameters: f32 tensors as they are; e4m3 codes decoded exactly and multiplied by their
-  // power-of-two scales (MX: per 32-row block of each column).
+  // Parameters: f32 tensors as they are, weights decoded; nothing non-finite.
   std::map<std::string, Tensor> values;
   for (const auto& [key, t] : st.tensors) {
     if (!key.starts_with("param.") || key.ends_with(".scale")) continue;
     const std::string name = key.substr(6);
+    auto bad = [&](const std::string& why) { return Error("quantised checkpoint '" + file + "': tensor '" + key + "' " + why); };
     if (t.dtype() == DType::f32) {
       values[name] = t;
-      continue;
-    }
-    auto bad = [&](const std::string& why) { return Error("quantised checkpoint '" + file + "': tensor '" + key + "' " + why); };
-    if (t.dtype() != dtype_of(kElement) || t.dim() != 2) throw bad("is neither f32 nor a 2-D e4m3 weight");
-    if (!st.has(key + ".scale")) throw bad("has no scale");
-    const Tensor& scale = st.at(key + ".scale");
-    if (o.method != PtqMethod::mx) {
-      const double sc = scale.numel() == 1 && scale.dtype() == DType::f32 ? scale.item() : NAN;
-      if (!(sc > 0) || !std::isfinite(sc) || std::exp2(std::round(std::log2(sc))) != sc) throw bad("has no power-of-two scalar scale");
-      values[name] = ScaledTensor(t, float(sc)).value();
     } else {
-      const int64_t K = t.size(0), N = t.size(1);
-      if (scale.dtype() != DType::e8m0 || scale.shape() != Shape{(K + 31) / 32, N}) throw bad("needs E8M0 block scales of shape [K/32, N]");
-      BlockQuantized b{kElement, size_t(K), size_t(N), BlockSpec{32, 1, BlockScaleRule::mx_floor}, {}, {}};
-      const Tensor codes = t.contiguous();
-      b.codes.assign(codes.raw_bytes(), codes.raw_bytes() + K * N);
-      b.scales = scale.to_floats();
-      Tensor v = Tensor::empty({K, N});
-      dequantize_blocks(b, std::span(v.data<float>(), size_t(K * N)));
-      values[name] = v;
+      values[name] = decode_weight(t, st, key, o, bad);
     }
+    if (!std::isfinite(ops::sum_squares(values[name]))) throw bad("holds NaN or infinite values");
   }
   return evaluate_values(cfg, inference_recipe(o), values, corpus_for(cfg).val);
 }
+
 
 std::vector<PtqSweepRow> ptq_sweep(const std::string& checkpoint, int lo, int hi, const std::string& data) {
   if (lo > hi) throw Error("ptq sweep: empty bias range [" + std::to_string(lo) + ", " + std::to_string(hi) + "]");

@@ -141,6 +141,8 @@ std::pair<io::SafeTensors, TrainConfig> read_checkpoint(const std::string& path)
 }
 
 TrainConfig training_checkpoint_config(io::SafeTensors& st, const std::string& file) {
+  if (st.metadata.count("scalify.ptq"))
+    throw Error("'" + file + "' is a quantised checkpoint (from scalify quantize), which only eval reads; give the training checkpoint or run folder");
   for (const char* k : {"format_version", "config", "scalify.state", "scalify.any_scale"})
     if (!st.metadata.count(k)) throw Error("checkpoint '" + file + "' lacks metadata '" + k + "' (not a scalify checkpoint?)");
   if (st.metadata["format_version"] != kFormatVersion)
