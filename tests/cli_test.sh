@@ -91,6 +91,10 @@ expect_error "multiple of 32" quantize "$out/cmp/runs/f32" --out "$out/q3.safete
 expect_error "unknown number format 'e4m4'" inspect "$out/cmp/runs/f32" --format e4m4
 expect_error "'$out/nothing' does not exist" inspect "$out/nothing"
 expect_error "is a quantised checkpoint" inspect "$out/q.safetensors"
+expect_error "--out '$out/plain_file' exists and is not a folder" inspect "$out/cmp/runs/f32" --out "$out/plain_file"
+expect_error "--out '$out/plain_file' exists and is not a folder" quantize "$out/cmp/runs/f32" --sweep 0:1 --out "$out/plain_file"
+expect_error "'$out/plain_file' exists and is not a folder" train --out "$out/plain_file" --steps 1
+expect_error "cannot create the folder '$out/plain_file/runs'" compare --out "$out/plain_file" --recipes f32 --steps 1
 test ! -e "$out/q2.safetensors" && test ! -e "$out/q3.safetensors" || { echo "a failed quantize left a file"; exit 1; }
 # A format named twice (or by an alias) appears once.
 "$cli" snr --out "$out/dup" --from 0 --to 1 --samples 64 --formats e4m3,e4m3,fp8_e4m3 > /dev/null 2>&1

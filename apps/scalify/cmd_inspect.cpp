@@ -20,6 +20,12 @@ namespace fs = std::filesystem;
 
 namespace {
 
+// Checked before the work, so a long run does not end in this error.
+void check_out_folder(const std::string& out) {
+  std::error_code ec;
+  if (fs::exists(out, ec) && !fs::is_directory(out, ec)) throw Error("--out '" + out + "' exists and is not a folder");
+}
+
 void report_missing_picture(const std::string& why) {
   if (!why.empty()) std::fprintf(stderr, "scalify: warning: no picture: %s (the CSV files are written)\n", why.c_str());
 }
@@ -29,6 +35,7 @@ void run_inspect(const std::string& target, std::string out, const std::string& 
   o.format = parse_format(format);
   const bool run_folder = fs::is_directory(target);
   if (out.empty()) out = run_folder ? (fs::path(target) / (o.initial ? "inspect_init" : "inspect")).string() : "inspect";
+  check_out_folder(out);
   const inspect::Inspection in = inspect::inspect_checkpoint(target, o);
   report_missing_picture(inspect::write_inspection(in, out));
   std::printf("%zu tensors of recipe %s at step %lld against %s: %s/tensors.csv, histograms.csv, histograms.png\n", in.tensors.size(),
@@ -48,21 +55,6 @@ void run_inspect(const std::string& target, std::string out, const std::string& 
       std::printf("scale history of %zu quantised tensors: %s/scales.csv, scales.png, quant_fractions.png\n", series.size(), out.c_str());
     }
   }
-}
-
-std::string sweep_table(const std::vector<train::PtqSweepRow>& rows) {
-  std::ostringstream t;
-  t << "| model | scaling bias | validation loss | vs f32 |\n|---|---:|---:|---:|\n";
-  for (const train::PtqSweepRow& r : rows) {
-    char line[160];
-    if (std::isnan(r.eval.loss))
-      std::snprintf(line, sizeof line, "| %s | | n/a (a reduction dimension is not a multiple of 32) | |\n", r.method.c_str());
-    else
-      std::snprintf(line, sizeof line, "| %s | %s | %.4f | %+.2f%% |\n", r.method.c_str(), r.method == "fp8_cscale" ? std::to_string(r.bias).c_str() : "",
-                    r.eval.loss, 100.0 * r.relative);
-    t << line;
-  }
-  return t.str();
 }
 
 }  // namespace
@@ -116,22 +108,20 @@ void add_inspect_commands(CLI::App& app) {
     int lo = 0, hi = 0;
     char tail = 0;
     if (std::sscanf(qa->sweep.c_str(), "%d:%d%c", &lo, &hi, &tail) != 2) throw Error("quantize: --sweep takes LO:HI (e.g. -8:12), got '" + qa->sweep + "'");
+    if (!qa->out.empty()) check_out_folder(qa->out);
     auto print = status_printer();
     print("sweeping " + std::to_string(hi - lo + 3) + " evaluations...");
     const std::vector<train::PtqSweepRow> rows = train::ptq_sweep(qa->checkpoint, lo, hi, qa->data);
     std::fprintf(stderr, "\n");
-    const auto [band_lo, band_hi] = train::cscale_band(rows, 0.01);
-    std::ostringstream md;
-    md << sweep_table(rows) << "\nFP8-CSCALE within 1% of f32 for biases "
-       << (band_lo <= band_hi ? "[" + std::to_string(band_lo) + ", " + std::to_string(band_hi) + "]" : std::string("none")) << "\n";
-    std::printf("%s", md.str().c_str());
+    const std::string md = train::ptq_sweep_markdown(rows);
+    std::printf("%s", md.c_str());
     if (!qa->out.empty()) {
-      fs::create_directories(qa->out);
+      io::make_folder(qa->out);
       std::ostringstream csv;
       csv << "method,bias,val_loss,val_bpb,relative\n";
       for (const train::PtqSweepRow& r : rows) csv << r.method << "," << r.bias << "," << r.eval.loss << "," << r.eval.bits_per_byte << "," << r.relative << "\n";
       io::write_text_atomically((fs::path(qa->out) / "sweep.csv").string(), csv.str());
-      io::write_text_atomically((fs::path(qa->out) / "sweep.md").string(), md.str());
+      io::write_text_atomically((fs::path(qa->out) / "sweep.md").string(), md);
     }
   });
 }

@@ -172,7 +172,7 @@ std::string draw_heat_maps(const Inspection& in, const fs::path& dir) {
 
 std::string write_inspection(const Inspection& in, const std::string& dir_name) {
   const fs::path dir(dir_name);
-  fs::create_directories(dir);
+  io::make_folder(dir.string());
   std::ostringstream tensors, bins;
   tensors << "tensor,kind,storage,values,rms,scale_log2,zero,underflow,subnormal,normal,clipped,nonfinite\n";
   bins << "tensor,kind,exponent,count\n";

@@ -1,9 +1,7 @@
 #include "scalify/inspect/report_section.hpp"
 
 #include <algorithm>
-#include <cmath>
 #include <filesystem>
-#include <iomanip>
 #include <sstream>
 
 #include "scalify/inspect/inspect.hpp"
@@ -77,21 +75,7 @@ std::string numerics_section(const std::vector<RunToInspect>& runs, const std::s
         "weight once, for activations per batch), MXFP8 (32-element blocks) and FP8-CSCALE (one constant bias b for all). "
         "Validation loss:\n\n";
   try {
-    const std::vector<train::PtqSweepRow> rows = train::ptq_sweep(f32_run_dir, -10, 12);
-    md << "| model | bias | validation loss | vs f32 |\n|---|---:|---:|---:|\n";
-    for (const train::PtqSweepRow& r : rows) {
-      md << "| " << r.method << " | " << (r.method == "fp8_cscale" ? std::to_string(r.bias) : "") << " | ";
-      if (std::isnan(r.eval.loss))
-        md << "n/a | |\n";
-      else
-        md << std::fixed << std::setprecision(4) << r.eval.loss << " | " << (r.relative >= 0 ? "+" : "") << percent(r.relative) << " |\n";
-    }
-    const auto [lo, hi] = train::cscale_band(rows, 0.01);
-    md << "\nFP8-CSCALE is within 1% of f32 for biases ";
-    if (lo <= hi)
-      md << "[" << lo << ", " << hi << "]: below, weights underflow; above, activations clip.\n";
-    else
-      md << "none of the sweep.\n";
+    md << train::ptq_sweep_markdown(train::ptq_sweep(f32_run_dir, -10, 12));
   } catch (const std::exception& e) {
     md << "(Not run: " << e.what() << ".)\n";
   }

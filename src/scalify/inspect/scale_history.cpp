@@ -72,7 +72,7 @@ constexpr const char* kColours[] = {"#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", 
 
 std::string write_scale_history(const std::vector<ScaleSeries>& series, const std::string& dir_name, const std::string& title) {
   const fs::path dir(dir_name);
-  fs::create_directories(dir);
+  io::make_folder(dir.string());
   std::ostringstream csv;
   csv << "step,layer,role,bias,underflow,clipped\n";
   for (const ScaleSeries& s : series)

@@ -87,4 +87,12 @@ void write_text_atomically(const std::string& path, const std::string& text) {
   write_file_atomically(path, [&](const ByteSink& out) { out(text.data(), text.size()); });
 }
 
+void make_folder(const std::string& path) {
+  std::error_code ec;
+  if (std::filesystem::exists(path, ec) && !std::filesystem::is_directory(path, ec))
+    throw Error("'" + path + "' exists and is not a folder");
+  std::filesystem::create_directories(path, ec);
+  if (ec) throw Error("cannot create the folder '" + path + "': " + ec.message());
+}
+
 }  // namespace scalify::io

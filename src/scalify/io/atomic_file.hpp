@@ -15,6 +15,10 @@ void write_file_atomically(const std::string& path, const std::function<void(con
 // The same for a whole text (reports, CSV, plot scripts).
 void write_text_atomically(const std::string& path, const std::string& text);
 
+// Creates a folder and its parents; an error naming it when a file is in the way or it cannot
+// be made (instead of std::filesystem's exception).
+void make_folder(const std::string& path);
+
 // Test hook (fault injection): when the environment variable SCALIFY_TEST_DIE_DURING_WRITE names
 // a target path's file name, the process kills itself (SIGKILL) after writing half the bytes.
 // Used by the test that checks a killed write leaves the previous checkpoint readable.

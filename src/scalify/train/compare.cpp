@@ -472,7 +472,7 @@ CompareReport compare(const CompareConfig& given, bool resume, const CompareProg
     for (const std::string& name : names)  // never delete run folders this comparison did not make
       if (fs::exists(dir / "runs" / name))
         throw Error("compare: '" + (dir / "runs" / name).string() + "' already exists; choose another --out");
-    fs::create_directories(dir / "runs");
+    io::make_folder((dir / "runs").string());
     write_text(dir / "compare.json", json{{"recipes", config.recipes}, {"config", config.base.to_toml()}}.dump(2) + "\n");
   }
   CompareReport rep;
@@ -504,7 +504,7 @@ CompareReport compare(const CompareConfig& given, bool resume, const CompareProg
     RecipeOutcome o = run_recipe(config, recipe, resume, step_progress);
     finished_seconds += o.seconds;
     ++finished_here;
-    fs::create_directories(outcome_file.parent_path());  // a recipe that failed early has no run folder
+    io::make_folder(outcome_file.parent_path().string());  // a recipe that failed early has no run folder
     write_text(outcome_file, outcome_json(o).dump(2) + "\n");
     rep.rows.push_back(std::move(o));
   }

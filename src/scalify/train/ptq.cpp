@@ -3,7 +3,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <cstdio>
 #include <map>
+#include <sstream>
 #include <nlohmann/json.hpp>
 
 #include "scalify/error.hpp"
@@ -247,6 +249,28 @@ std::pair<int, int> cscale_band(const std::vector<PtqSweepRow>& rows, double tol
   while (a > 0 && ok(a - 1) && c[a - 1]->bias == c[a]->bias - 1) --a;
   while (b + 1 < c.size() && ok(b + 1) && c[b + 1]->bias == c[b]->bias + 1) ++b;
   return {c[a]->bias, c[b]->bias};
+}
+
+std::string ptq_sweep_markdown(const std::vector<PtqSweepRow>& rows) {
+  std::ostringstream md;
+  md << "| model | scaling bias | validation loss | vs f32 |\n|---|---:|---:|---:|\n";
+  for (const PtqSweepRow& r : rows) {
+    md << "| " << r.method << " | " << (r.method == "fp8_cscale" ? std::to_string(r.bias) : "") << " | ";
+    if (std::isnan(r.eval.loss)) {
+      md << "n/a (a reduction dimension is not a multiple of 32) | |\n";
+      continue;
+    }
+    char cells[64];
+    std::snprintf(cells, sizeof cells, "%.4f | %+.2f%% |\n", r.eval.loss, 100.0 * r.relative);
+    md << cells;
+  }
+  const auto [lo, hi] = cscale_band(rows, 0.01);
+  md << "\nFP8-CSCALE is within 1% of f32 for biases ";
+  if (lo <= hi)
+    md << "[" << lo << ", " << hi << "]: below, weights underflow; above, activations clip.\n";
+  else
+    md << "none of the sweep.\n";
+  return md.str();
 }
 
 }  // namespace scalify::train

@@ -57,5 +57,7 @@ std::vector<PtqSweepRow> ptq_sweep(const std::string& checkpoint, int lo, int hi
 // The contiguous range of CSCALE biases around the best one whose loss is within `tolerance`
 // (relative) of f32: {lo, hi}, or {1, 0} when none is.
 std::pair<int, int> cscale_band(const std::vector<PtqSweepRow>& rows, double tolerance);
+// The sweep as a Markdown table, and the band within 1 % of f32 in a sentence.
+std::string ptq_sweep_markdown(const std::vector<PtqSweepRow>& rows);
 
 }  // namespace scalify::train

@@ -116,7 +116,7 @@ TrainResult train(const TrainConfig& config, bool resume, const Progress& progre
     if (fs::exists(ckpt_path) || fs::exists(metrics_path))
       throw Error("'" + config.out + "' already holds a run; use --resume to continue it or another --out");
     s = make_session(config, nullptr);
-    fs::create_directories(dir);
+    io::make_folder(dir.string());
     const std::string toml = config.to_toml(), recipe = s->recipe.to_json() + "\n";
     io::write_file_atomically((dir / "config.toml").string(), [&](const io::ByteSink& o) { o(toml.data(), toml.size()); });
     io::write_file_atomically((dir / "recipe.json").string(), [&](const io::ByteSink& o) { o(recipe.data(), recipe.size()); });
