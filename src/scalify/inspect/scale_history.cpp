@@ -83,7 +83,6 @@ std::string write_scale_history(const std::vector<ScaleSeries>& series, const st
   const std::vector<std::string> roles = first_seen(series, role_of), kinds = first_seen(series, kind_of), blocks = first_seen(series, block_of);
   // One data block per series for the scales; per (role, kind) the largest fractions over blocks.
   std::ostringstream dat, frac;
-  std::map<std::string, int> block_of_series;
   for (size_t i = 0; i < series.size(); ++i) {
     for (const ScalePoint& p : series[i].points) dat << p.step << " " << (std::isfinite(p.bias) ? std::to_string(p.bias) : "NaN") << "\n";
     dat << "\n\n";
