@@ -95,7 +95,21 @@ expect_error "--out '$out/plain_file' exists and is not a folder" inspect "$out/
 expect_error "--out '$out/plain_file' exists and is not a folder" quantize "$out/cmp/runs/f32" --sweep 0:1 --out "$out/plain_file"
 expect_error "'$out/plain_file' exists and is not a folder" train --out "$out/plain_file" --steps 1
 expect_error "cannot create the folder '$out/plain_file/runs'" compare --out "$out/plain_file" --recipes f32 --steps 1
+expect_error "--sweep HI takes a whole number in [-64, 64], got '99999999999'" quantize "$out/cmp/runs/f32" --sweep 0:99999999999
+expect_error "--sweep LO takes a whole number in [-64, 64], got ''" quantize "$out/cmp/runs/f32" --sweep :3
+expect_error "--bias takes a whole number in [-64, 64], got ''" quantize "$out/cmp/runs/f32" --out "$out/q2.safetensors" --method cscale --bias ""
+expect_error "--bias applies to --method cscale only" quantize "$out/cmp/runs/f32" --out "$out/q2.safetensors" --bias 3
+expect_error "it takes neither --method nor --bias" quantize "$out/cmp/runs/f32" --sweep 0:1 --method mx
+expect_error "is the checkpoint being quantised" quantize "$out/cmp/runs/f32" --out "$out/cmp/runs/f32/checkpoint.safetensors"
+mkdir -p "$out/emptyrun"
+expect_error "'$out/emptyrun' holds no checkpoint.safetensors" inspect "$out/emptyrun"
+expect_error "'$out/emptyrun' holds no checkpoint.safetensors" eval "$out/emptyrun"
+expect_error "is neither a regular file nor a folder" quantize "$out/cmp/runs/f32" --sweep 0:1 --data /dev/zero
 test ! -e "$out/q2.safetensors" && test ! -e "$out/q3.safetensors" || { echo "a failed quantize left a file"; exit 1; }
+# A corrupt metrics.jsonl stops inspect before it writes anything.
+cp -r "$out/cmp/runs/current" "$out/badrun" && rm -rf "$out/badrun/inspect" && echo '{broken' >> "$out/badrun/metrics.jsonl"
+expect_error "is not a metrics record" inspect "$out/badrun"
+test ! -e "$out/badrun/inspect" || { echo "inspect wrote output before failing on its input"; exit 1; }
 # A format named twice (or by an alias) appears once.
 "$cli" snr --out "$out/dup" --from 0 --to 1 --samples 64 --formats e4m3,e4m3,fp8_e4m3 > /dev/null 2>&1
 test "$(grep -c ',e4m3,' "$out/dup/snr.csv")" -eq 5

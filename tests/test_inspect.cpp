@@ -14,6 +14,7 @@
 #include "scalify/inspect/histogram.hpp"
 #include "scalify/inspect/inspect.hpp"
 #include "scalify/inspect/scale_history.hpp"
+#include "scalify/io/safetensors.hpp"
 #include "scalify/train/trainer.hpp"
 #include "train_fixtures.hpp"
 
@@ -169,6 +170,25 @@ TEST(Inspect, WritesCsvAndThePicture) {
   EXPECT_EQ(csv.rfind("tensor,kind,storage,values,rms,scale_log2,zero,underflow,subnormal,normal,clipped,nonfinite\n", 0), 0u);
 }
 
+// A corrupt checkpoint with an infinite weight: the commands that use the model refuse it, but
+// inspection is how one finds the bad tensor, so it reads it and counts the values.
+TEST(Inspect, ShowsTheNonFiniteValuesOfACorruptCheckpoint) {
+  const train::TrainConfig c = trained("inspect_nan", "f32");
+  const std::string file = (fs::path(c.out) / "checkpoint.safetensors").string();
+  io::SafeTensors st = io::read_safetensors(file);
+  for (auto& [name, t] : st.tensors)
+    if (name == "param.h1.mlp.fc.w") t.data<float>()[0] = std::numeric_limits<float>::infinity();
+  io::write_safetensors(file, st);
+  const inspect::Inspection in = inspect::inspect_checkpoint(c.out, {});
+  bool seen = false;
+  for (const inspect::InspectedTensor& t : in.tensors)
+    if (t.name == "h1.mlp.fc.w" && t.kind == TensorKind::weight) {
+      EXPECT_EQ(t.histogram.nonfinite, 1);
+      seen = true;
+    }
+  EXPECT_TRUE(seen);
+}
+
 TEST(Inspect, BadInputsNameWhatWasWrong) {
   EXPECT_ERROR(inspect::inspect_checkpoint("/nonexistent/run", {}), "/nonexistent/run");
   const fs::path junk = scratch("junk.safetensors");
@@ -199,6 +219,10 @@ TEST(ScaleHistory, ReadsEveryQuantisedTensorsBiasOverSteps) {
   EXPECT_EQ(by_role["activation"]->points[0].clipped, 0.02);
   spit(dir / "metrics.jsonl", "{\"step\":0}\n{broken\n");
   EXPECT_ERROR(inspect::read_scale_history(dir.string()), "line 2");
+  spit(dir / "metrics.jsonl", "{\"step\":1,\"quant\":{\"h0.mlp.fc.weight\":{\"scale\":0,\"underflow\":0,\"clipped\":0}}}\n");
+  EXPECT_ERROR(inspect::read_scale_history(dir.string()), "'h0.mlp.fc.weight' has scale 0, not a positive number");
+  spit(dir / "metrics.jsonl", "{\"step\":1e300,\"quant\":{\"h0.mlp.fc.weight\":{\"scale\":1,\"underflow\":0,\"clipped\":0}}}\n");
+  EXPECT_ERROR(inspect::read_scale_history(dir.string()), "step is not a step number");
   EXPECT_ERROR(inspect::read_scale_history((dir / "missing").string()), "metrics.jsonl");
 }
 

@@ -126,9 +126,59 @@ TEST(Ptq, BadInputsNameWhatWasWrong) {
     if (name == "param.lnf.w") t.data<float>()[3] = std::numeric_limits<float>::quiet_NaN();
   io::write_safetensors((dir / "nan_param.safetensors").string(), st);
   EXPECT_ERROR(train::evaluate((dir / "nan_param.safetensors").string()), "'param.lnf.w' holds NaN or infinite values");
+  // A scale of the wrong dtype, one past f32's range.
+  st = io::read_safetensors(good);
+  for (auto& [name, t] : st.tensors)
+    if (name == "param.h0.mlp.fc.w.scale") t = Tensor::full({}, 0.5).to(DType::f16);
+  io::write_safetensors((dir / "f16_scale.safetensors").string(), st);
+  EXPECT_ERROR(train::evaluate((dir / "f16_scale.safetensors").string()), "'param.h0.mlp.fc.w' needs an f32 scalar scale, has f16");
+  st = io::read_safetensors(good);
+  for (auto& [name, t] : st.tensors)
+    if (name == "param.h0.mlp.fc.w.scale") t = Tensor::full({}, std::ldexp(1.0, 127));
+  io::write_safetensors((dir / "huge_scale.safetensors").string(), st);
+  EXPECT_ERROR(train::evaluate((dir / "huge_scale.safetensors").string()), "param.h0.mlp.fc.w");
   // Only eval reads a quantised checkpoint; quantising or resuming from it is refused by name.
   EXPECT_ERROR(train::quantize_checkpoint(good, (dir / "x.safetensors").string(), {}), "is a quantised checkpoint");
   EXPECT_FALSE(fs::exists(dir / "x.safetensors")) << "a failed quantisation leaves no file";
+  // The output may not be the input checkpoint, nor a folder.
+  const std::string ckpt = (fs::path(src) / "checkpoint.safetensors").string();
+  EXPECT_ERROR(train::quantize_checkpoint(src, ckpt, {}), "is the checkpoint being quantised");
+  EXPECT_ERROR(train::quantize_checkpoint(src, dir.string(), {}), "is a folder");
+  EXPECT_NO_THROW(io::read_safetensors(ckpt).metadata.at("scalify.state")) << "the training checkpoint is intact";
+}
+
+// A training checkpoint whose weights hold NaN (a corrupt file: the trainer stops before saving
+// one) is refused by evaluation, quantisation and the sweep, naming the parameter; inspection
+// still reads it.
+TEST(Ptq, NonFiniteTrainingCheckpointIsRefusedByName) {
+  const fs::path dir = scratch("ptq_nan");
+  fs::create_directories(dir);
+  io::SafeTensors st = io::read_safetensors((fs::path(trained_f32().out) / "checkpoint.safetensors").string());
+  for (auto& [name, t] : st.tensors)
+    if (name == "param.h0.attn.qkv.w") t.data<float>()[5] = std::numeric_limits<float>::infinity();
+  const std::string nan = (dir / "nan.safetensors").string();
+  io::write_safetensors(nan, st);
+  const std::string why = "parameter 'h0.attn.qkv.w' holds NaN or infinite values";
+  EXPECT_ERROR(train::evaluate(nan), why);
+  EXPECT_ERROR(train::quantize_checkpoint(nan, (dir / "q.safetensors").string(), {}), why);
+  EXPECT_ERROR(train::ptq_sweep(nan, 0, 1), why);
+  EXPECT_FALSE(fs::exists(dir / "q.safetensors"));
+  st.metadata["step"] = "12x";
+  io::write_safetensors(nan, st);
+  EXPECT_ERROR(train::evaluate(nan), "metadata 'step' is not a step number ('12x')");
+}
+
+TEST(Ptq, SweepTableSaysWhyARowHasNoLoss) {
+  const train::EvalResult f32{2.0, 2.0 / std::log(2.0), 8};
+  const std::vector<train::PtqSweepRow> rows = {{"f32", 0, f32, 0, ""},
+                                                {"mxfp8", 0, {NAN, NAN, 0}, NAN, "a reduction dimension is not a multiple of 32"},
+                                                {"fp8_cscale", 0, {NAN, NAN, 8}, NAN, ""},
+                                                {"fp8_cscale", 1, {2.01, 2.9, 8}, 0.005, ""}};
+  const std::string md = train::ptq_sweep_markdown(rows);
+  EXPECT_NE(md.find("| mxfp8 |  | n/a (a reduction dimension is not a multiple of 32) | |"), std::string::npos) << md;
+  EXPECT_NE(md.find("| fp8_cscale | 0 | not finite | |"), std::string::npos) << md;
+  EXPECT_NE(md.find("| fp8_cscale | 1 | 2.0100 | +0.50% |"), std::string::npos) << md;
+  EXPECT_NE(md.find("biases [1, 1]"), std::string::npos) << md;
 }
 
 }  // namespace

@@ -1,6 +1,7 @@
 // `scalify inspect` (exponent histograms of every tensor, scale evolution of a run) and
 // `scalify quantize` (FP8 post-training quantisation of a checkpoint, or the seed 003 sweep).
 #include <algorithm>
+#include <charconv>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -30,30 +31,48 @@ void report_missing_picture(const std::string& why) {
   if (!why.empty()) std::fprintf(stderr, "scalify: warning: no picture: %s (the CSV files are written)\n", why.c_str());
 }
 
+// A whole number in [lo, hi] from an option's text; errors name the option.
+int parse_int_in(const std::string& option, const std::string& text, int lo, int hi) {
+  long long v = 0;
+  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+  if (text.empty() || ec != std::errc() || end != text.data() + text.size() || v < lo || v > hi)
+    throw Error("quantize: " + option + " takes a whole number in [" + std::to_string(lo) + ", " + std::to_string(hi) + "], got '" + text + "'");
+  return int(v);
+}
+
 void run_inspect(const std::string& target, std::string out, const std::string& format, const inspect::InspectOptions& given) {
   inspect::InspectOptions o = given;
   o.format = parse_format(format);
   const bool run_folder = fs::is_directory(target);
   if (out.empty()) out = run_folder ? (fs::path(target) / (o.initial ? "inspect_init" : "inspect")).string() : "inspect";
   check_out_folder(out);
+  // Everything is read before anything is written, so bad input leaves no partial output.
+  const bool has_metrics = run_folder && fs::exists(fs::path(target) / "metrics.jsonl");
+  const std::vector<inspect::ScaleSeries> series = has_metrics ? inspect::read_scale_history(target) : std::vector<inspect::ScaleSeries>{};
   const inspect::Inspection in = inspect::inspect_checkpoint(target, o);
   report_missing_picture(inspect::write_inspection(in, out));
   std::printf("%zu tensors of recipe %s at step %lld against %s: %s/tensors.csv, histograms.csv, histograms.png\n", in.tensors.size(),
               in.recipe.c_str(), (long long)in.step, format.c_str(), out.c_str());
+  std::vector<std::string> nonfinite;
+  for (const inspect::InspectedTensor& t : in.tensors)
+    if (t.histogram.nonfinite > 0) nonfinite.push_back(t.name + " (" + inspect::kind_name(t.kind) + ")");
+  if (!nonfinite.empty())
+    std::fprintf(stderr, "scalify: warning: %zu tensors hold NaN or infinite values, first %s (tensors.csv counts them)\n", nonfinite.size(),
+                 nonfinite[0].c_str());
   for (const auto& [what, field] : {std::pair{"underflow", &inspect::ExponentHistogram::underflow}, std::pair{"clipped", &inspect::ExponentHistogram::clipped}}) {
     auto share = [f = field](const inspect::InspectedTensor& t) { return double(t.histogram.*f) / double(std::max<int64_t>(1, t.histogram.count)); };
     const auto worst = std::max_element(in.tensors.begin(), in.tensors.end(), [&](const auto& x, const auto& y) { return share(x) < share(y); });
-    if (worst != in.tensors.end())
+    if (worst == in.tensors.end() || worst->histogram.*field == 0)
+      std::printf("most %s: none\n", what);
+    else
       std::printf("most %s: %s (%s) %.2f%%\n", what, worst->name.c_str(), inspect::kind_name(worst->kind), 100.0 * share(*worst));
   }
-  if (run_folder && fs::exists(fs::path(target) / "metrics.jsonl")) {
-    const std::vector<inspect::ScaleSeries> series = inspect::read_scale_history(target);
-    if (series.empty()) {
-      std::printf("no scale history: the metrics hold no quantiser statistics (a recipe that quantises nothing, or fewer steps than stats_every)\n");
-    } else {
-      report_missing_picture(inspect::write_scale_history(series, out, "recipe " + in.recipe));
-      std::printf("scale history of %zu quantised tensors: %s/scales.csv, scales.png, quant_fractions.png\n", series.size(), out.c_str());
-    }
+  if (!has_metrics) return;
+  if (series.empty()) {
+    std::printf("no scale history: the metrics hold no quantiser statistics (a recipe that quantises nothing, or fewer steps than stats_every)\n");
+  } else {
+    report_missing_picture(inspect::write_scale_history(series, out, "recipe " + in.recipe));
+    std::printf("scale history of %zu quantised tensors: %s/scales.csv, scales.png, quant_fractions.png\n", series.size(), out.c_str());
   }
 }
 
@@ -77,8 +96,7 @@ void add_inspect_commands(CLI::App& app) {
   i->callback([ia] { run_inspect(ia->target, ia->out, ia->format, ia->o); });
 
   struct QuantizeArgs {
-    std::string checkpoint, out, method = "amax", sweep, data;
-    int bias = 0;
+    std::string checkpoint, out, method = "amax", sweep, data, bias = "0";
   };
   auto qa = std::make_shared<QuantizeArgs>();
   auto* q = app.add_subcommand("quantize",
@@ -86,14 +104,16 @@ void add_inspect_commands(CLI::App& app) {
                                "`scalify eval` runs the result. --sweep LO:HI compares them instead (seed 003 Table 3)");
   q->add_option("checkpoint", qa->checkpoint, "checkpoint .safetensors or run folder")->required();
   q->add_option("--out", qa->out, "quantised checkpoint to write (.safetensors), or with --sweep a folder for sweep.md/csv");
-  q->add_option("--method", qa->method, "amax (per-tensor bias from amax), cscale (one constant bias), mx (MXFP8); default amax");
-  q->add_option("--bias", qa->bias, "cscale: the scaling bias b (values are cast as x * 2^b); default 0");
-  q->add_option("--sweep", qa->sweep, "LO:HI: validation loss of f32, FP8-AMAX, MXFP8 and FP8-CSCALE for every bias in [LO, HI]");
+  auto* method = q->add_option("--method", qa->method, "amax (per-tensor bias from amax), cscale (one constant bias), mx (MXFP8); default amax");
+  auto* bias = q->add_option("--bias", qa->bias, "cscale: the scaling bias b in [-64, 64] (values are cast as x * 2^b); default 0");
+  auto* sweep = q->add_option("--sweep", qa->sweep, "LO:HI: validation loss of f32, FP8-AMAX, MXFP8 and FP8-CSCALE for every bias in [LO, HI]");
   q->add_option("--data", qa->data, "--sweep: corpus (default: the run's)");
-  q->callback([qa] {
-    if (qa->sweep.empty()) {
+  q->callback([qa, method, bias, sweep] {
+    if (sweep->count() == 0) {
       if (qa->out.empty()) throw Error("quantize: --out FILE.safetensors is required");
-      const train::PtqOptions o{train::parse_ptq_method(qa->method), qa->bias};
+      train::PtqOptions o{train::parse_ptq_method(qa->method), parse_int_in("--bias", qa->bias, -64, 64)};
+      if (bias->count() > 0 && o.method != train::PtqMethod::cscale) throw Error("quantize: --bias applies to --method cscale only");
+      if (!qa->data.empty()) throw Error("quantize: --data applies to --sweep only (eval takes --data for the quantised file)");
       const std::vector<train::PtqWeight> w = train::quantize_checkpoint(qa->checkpoint, qa->out, o);
       double worst_under = 0, worst_clip = 0;
       for (const train::PtqWeight& x : w) {
@@ -105,9 +125,11 @@ void add_inspect_commands(CLI::App& app) {
                   100 * worst_under, 100 * worst_clip);
       return;
     }
-    int lo = 0, hi = 0;
-    char tail = 0;
-    if (std::sscanf(qa->sweep.c_str(), "%d:%d%c", &lo, &hi, &tail) != 2) throw Error("quantize: --sweep takes LO:HI (e.g. -8:12), got '" + qa->sweep + "'");
+    if (bias->count() + method->count() > 0) throw Error("quantize: --sweep runs every method and bias; it takes neither --method nor --bias");
+    const size_t colon = qa->sweep.find(':');
+    if (colon == std::string::npos) throw Error("quantize: --sweep takes LO:HI (e.g. -8:12), got '" + qa->sweep + "'");
+    const int lo = parse_int_in("--sweep LO", qa->sweep.substr(0, colon), -64, 64);
+    const int hi = parse_int_in("--sweep HI", qa->sweep.substr(colon + 1), -64, 64);
     if (!qa->out.empty()) check_out_folder(qa->out);
     auto print = status_printer();
     print("sweeping " + std::to_string(hi - lo + 3) + " evaluations...");

@@ -52,8 +52,8 @@ Inspection inspect_checkpoint(const std::string& checkpoint, const InspectOption
     s = train::make_session(fs::is_directory(checkpoint) ? train::run_config(checkpoint) : train::read_checkpoint(checkpoint).second, nullptr);
   } else {
     const auto [st, cfg] = train::read_checkpoint(checkpoint);
-    s = train::load_session(st, cfg, train::checkpoint_file(checkpoint));
-    r.step = std::stoll(st.metadata.at("step"));
+    s = train::load_session(st, cfg, train::checkpoint_file(checkpoint), train::NonFinite::allow);
+    r.step = train::checkpoint_step(st, train::checkpoint_file(checkpoint));
   }
   r.recipe = s->cfg.recipe;
   train::TrainConfig cfg = s->cfg;

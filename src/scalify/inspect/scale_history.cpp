@@ -30,6 +30,7 @@ std::vector<ScaleSeries> read_scale_history(const std::string& run_dir) {
       throw Error("'" + file.string() + "' line " + std::to_string(n) + " is not a metrics record");
     if (!j.contains("quant")) continue;
     try {
+      if (!j.at("step").is_number_integer() || j.at("step").get<int64_t>() < 0) throw Error("step is not a step number");
       const int64_t step = j.at("step").get<int64_t>();
       for (const auto& [name, q] : j.at("quant").items()) {
         const size_t dot = name.rfind('.');
@@ -37,7 +38,8 @@ std::vector<ScaleSeries> read_scale_history(const std::string& run_dir) {
         auto [it, added] = index.emplace(name, series.size());
         if (added) series.push_back({name.substr(0, dot), name.substr(dot + 1), {}});
         const double scale = q.at("scale").get<double>();
-        series[it->second].points.push_back({step, scale > 0 ? -std::log2(scale) : NAN, q.at("underflow").get<double>(), q.at("clipped").get<double>()});
+        if (!(scale > 0) || !std::isfinite(scale)) throw Error("'" + name + "' has scale " + q.at("scale").dump() + ", not a positive number");
+        series[it->second].points.push_back({step, -std::log2(scale), q.at("underflow").get<double>(), q.at("clipped").get<double>()});
       }
     } catch (const std::exception& e) {
       throw Error("'" + file.string() + "' line " + std::to_string(n) + ": bad quant record (" + e.what() + ")");
@@ -84,7 +86,7 @@ std::string write_scale_history(const std::vector<ScaleSeries>& series, const st
   // One data block per series for the scales; per (role, kind) the largest fractions over blocks.
   std::ostringstream dat, frac;
   for (size_t i = 0; i < series.size(); ++i) {
-    for (const ScalePoint& p : series[i].points) dat << p.step << " " << (std::isfinite(p.bias) ? std::to_string(p.bias) : "NaN") << "\n";
+    for (const ScalePoint& p : series[i].points) dat << p.step << " " << p.bias << "\n";
     dat << "\n\n";
   }
   std::vector<std::pair<std::string, std::string>> frac_keys;

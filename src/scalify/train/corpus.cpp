@@ -67,6 +67,8 @@ Corpus load_corpus(const std::string& path, double val_fraction, size_t min_byte
     }
     if (c.files.empty()) throw Error("data: folder '" + path + "' holds no text file (" + std::to_string(c.skipped.size()) + " binary or unreadable)");
   } else {
+    // A device or pipe (/dev/zero) could be read without end.
+    if (!fs::is_regular_file(st)) throw Error("data: '" + path + "' is neither a regular file nor a folder");
     const std::string error = read_bytes(path, all);
     if (!error.empty()) throw Error("data: cannot read '" + path + "': " + error);
     if (all.empty()) throw Error("data: '" + path + "' is empty");

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstring>
 #include <cstdio>
+#include <filesystem>
 #include <map>
 #include <sstream>
 #include <nlohmann/json.hpp>
@@ -17,6 +18,7 @@
 namespace scalify::train {
 
 using json = nlohmann::json;
+namespace fs = std::filesystem;
 
 const char* ptq_method_name(PtqMethod m) {
   switch (m) {
@@ -114,6 +116,10 @@ EvalResult evaluate_values(const TrainConfig& cfg, const quant::Recipe& recipe, 
 
 std::vector<PtqWeight> quantize_checkpoint(const std::string& checkpoint, const std::string& out, const PtqOptions& o) {
   check(o);
+  std::error_code ec;
+  if (fs::is_directory(out, ec)) throw Error("quantize: the output '" + out + "' is a folder; give a file name such as model_fp8.safetensors");
+  if (fs::exists(out, ec) && fs::equivalent(out, checkpoint_file(checkpoint), ec))
+    throw Error("quantize: the output '" + out + "' is the checkpoint being quantised; give another file name");
   const auto [src, cfg] = read_checkpoint(checkpoint);
   const std::unique_ptr<Session> s = load_session(src, cfg, checkpoint_file(checkpoint));
   std::map<std::string, Tensor> values = parameter_values(*s);
@@ -143,7 +149,7 @@ std::vector<PtqWeight> quantize_checkpoint(const std::string& checkpoint, const 
     }
   }
   const json ptq = {{"version", kPtqVersion}, {"method", ptq_method_name(o.method)}, {"element", std::string(format_name(kElement))},
-                    {"bias", o.bias}, {"source_step", std::stoll(src.metadata.at("step"))}};
+                    {"bias", o.bias}, {"source_step", checkpoint_step(src, checkpoint_file(checkpoint))}};
   st.metadata = {{"config", cfg.to_toml()}, {"scalify.ptq", ptq.dump()}};
   io::write_safetensors(out, st);
   return report;
@@ -159,9 +165,16 @@ Tensor decode_weight(const Tensor& t, const io::SafeTensors& st, const std::stri
   if (!st.has(key + ".scale")) throw bad("has no scale");
   const Tensor& scale = st.at(key + ".scale");
   if (o.method != PtqMethod::mx) {
-    const double sc = scale.numel() == 1 && scale.dtype() == DType::f32 ? scale.item() : NAN;
-    if (!(sc > 0) || !std::isfinite(sc) || std::exp2(std::round(std::log2(sc))) != sc) throw bad("has no power-of-two scalar scale");
-    return ScaledTensor(t, float(sc)).value();
+    if (scale.dtype() != DType::f32 || scale.numel() != 1)
+      throw bad("needs an f32 scalar scale, has " + std::string(dtype_name(scale.dtype())) + " " + shape_str(scale.shape()));
+    const double sc = scale.item();
+    if (!(sc > 0) || !std::isfinite(sc) || std::exp2(std::round(std::log2(sc))) != sc)
+      throw bad("has scale " + std::to_string(sc) + ", not a positive power of two");
+    try {
+      return ScaledTensor(t, float(sc)).value();
+    } catch (const Error& e) {
+      throw bad(e.what());
+    }
   }
   const int64_t K = t.size(0), N = t.size(1);
   if (scale.dtype() != DType::e8m0 || scale.shape() != Shape{(K + 31) / 32, N}) throw bad("needs E8M0 block scales of shape [K/32, N]");
@@ -219,19 +232,19 @@ std::vector<PtqSweepRow> ptq_sweep(const std::string& checkpoint, int lo, int hi
   const std::map<std::string, Tensor> f32 = parameter_values(*s);
   const std::vector<uint8_t> val = corpus_for(cfg).val;
   std::vector<PtqSweepRow> rows;
-  rows.push_back({"f32", 0, evaluate_values(cfg, quant::preset("f32"), f32, val), 0});
+  rows.push_back({"f32", 0, evaluate_values(cfg, quant::preset("f32"), f32, val), 0, ""});
   auto run = [&](const char* label, const PtqOptions& o) {
     std::map<std::string, Tensor> v = f32;
     for (const std::string& w : weight_names(*s)) v[w] = quantize_weight(w, f32.at(w), o).q.dequantize();
     const EvalResult e = evaluate_values(cfg, inference_recipe(o), v, val);
-    rows.push_back({label, o.bias, e, (e.loss - rows[0].eval.loss) / rows[0].eval.loss});
+    rows.push_back({label, o.bias, e, (e.loss - rows[0].eval.loss) / rows[0].eval.loss, ""});
   };
   run("fp8_amax", {PtqMethod::amax, 0});
   const std::vector<std::string> w = weight_names(*s);
   if (std::all_of(w.begin(), w.end(), [&](const std::string& n) { return f32.at(n).size(0) % 32 == 0; }))
     run("mxfp8", {PtqMethod::mx, 0});
   else  // a model too narrow for 32-element blocks: the row says so
-    rows.push_back({"mxfp8", 0, {NAN, NAN, 0}, NAN});
+    rows.push_back({"mxfp8", 0, {NAN, NAN, 0}, NAN, "a reduction dimension is not a multiple of 32"});
   for (int b = lo; b <= hi; ++b) run("fp8_cscale", {PtqMethod::cscale, b});
   return rows;
 }
@@ -256,8 +269,8 @@ std::string ptq_sweep_markdown(const std::vector<PtqSweepRow>& rows) {
   md << "| model | scaling bias | validation loss | vs f32 |\n|---|---:|---:|---:|\n";
   for (const PtqSweepRow& r : rows) {
     md << "| " << r.method << " | " << (r.method == "fp8_cscale" ? std::to_string(r.bias) : "") << " | ";
-    if (std::isnan(r.eval.loss)) {
-      md << "n/a (a reduction dimension is not a multiple of 32) | |\n";
+    if (!std::isfinite(r.eval.loss)) {
+      md << (r.not_run.empty() ? "not finite" : "n/a (" + r.not_run + ")") << " | |\n";
       continue;
     }
     char cells[64];

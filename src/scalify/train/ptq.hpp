@@ -52,6 +52,7 @@ struct PtqSweepRow {
   int bias = 0;        // fp8_cscale only
   EvalResult eval;
   double relative = 0;  // (loss - f32 loss) / f32 loss
+  std::string not_run;  // why the row was not evaluated (its loss NaN), "" when it was
 };
 std::vector<PtqSweepRow> ptq_sweep(const std::string& checkpoint, int lo, int hi, const std::string& data = "");
 // The contiguous range of CSCALE biases around the best one whose loss is within `tolerance`

@@ -1,6 +1,8 @@
 #include "scalify/train/session.hpp"
 
 #include <algorithm>
+#include <charconv>
+#include <cmath>
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
@@ -123,7 +125,10 @@ void save_checkpoint(const Session& s, const std::string& path, int64_t step, in
 }
 
 std::string checkpoint_file(const std::string& path) {
-  return fs::is_directory(path) ? (fs::path(path) / "checkpoint.safetensors").string() : path;
+  if (!fs::is_directory(path)) return path;
+  const fs::path file = fs::path(path) / "checkpoint.safetensors";
+  if (!fs::exists(file)) throw Error("'" + path + "' holds no checkpoint.safetensors (not a run folder, or a run that saved none yet)");
+  return file.string();
 }
 
 TrainConfig checkpoint_config(const io::SafeTensors& st, const std::string& file) {
@@ -140,6 +145,16 @@ std::pair<io::SafeTensors, TrainConfig> read_checkpoint(const std::string& path)
   return {std::move(st), cfg};
 }
 
+int64_t checkpoint_step(const io::SafeTensors& st, const std::string& file) {
+  const auto it = st.metadata.find("step");
+  const std::string text = it == st.metadata.end() ? "" : it->second;
+  int64_t step = -1;
+  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), step);
+  if (text.empty() || ec != std::errc() || end != text.data() + text.size() || step < 0)
+    throw Error("checkpoint '" + file + "': metadata 'step' is not a step number ('" + text + "')");
+  return step;
+}
+
 TrainConfig training_checkpoint_config(io::SafeTensors& st, const std::string& file) {
   if (st.metadata.count("scalify.ptq"))
     throw Error("'" + file + "' is a quantised checkpoint (from scalify quantize), which only eval reads; give the training checkpoint or run folder");
@@ -148,6 +163,7 @@ TrainConfig training_checkpoint_config(io::SafeTensors& st, const std::string& f
   if (st.metadata["format_version"] != kFormatVersion)
     throw Error("checkpoint '" + file + "' has format version " + st.metadata["format_version"] + ", this build reads " + kFormatVersion);
   TrainConfig cfg = checkpoint_config(st, file);
+  checkpoint_step(st, file);
   for (const char* k : {"scalify.state", "scalify.any_scale"})
     if (!json::accept(st.metadata[k])) throw Error("checkpoint '" + file + "': corrupt metadata '" + k + "'");
   return cfg;
@@ -171,12 +187,30 @@ std::unique_ptr<Session> inference_session(const TrainConfig& cfg, quant::Recipe
   return s;
 }
 
-std::unique_ptr<Session> load_session(const io::SafeTensors& st, const TrainConfig& cfg, const std::string& file) {
+std::vector<std::string> nonfinite_parameters(const Session& s) {
+  std::vector<std::string> bad;
+  for (size_t i = 0; i < s.params.size(); ++i) {
+    const std::vector<float> v = s.params[i].value().to_floats();
+    if (!std::all_of(v.begin(), v.end(), [](float x) { return std::isfinite(x); })) bad.push_back(s.names[i]);
+  }
+  return bad;
+}
+
+std::unique_ptr<Session> load_session(const io::SafeTensors& st, const TrainConfig& cfg, const std::string& file, NonFinite nonfinite) {
+  std::unique_ptr<Session> s;
   try {
-    return make_session(cfg, &st);
+    s = make_session(cfg, &st);
   } catch (const json::exception& e) {
     throw Error("checkpoint '" + file + "': corrupt state metadata (" + e.what() + ")");
   }
+  if (nonfinite == NonFinite::refuse) {
+    const std::vector<std::string> bad = nonfinite_parameters(*s);
+    if (!bad.empty())
+      throw Error("checkpoint '" + file + "': parameter '" + bad[0] + "' holds NaN or infinite values" +
+                  (bad.size() > 1 ? " (and " + std::to_string(bad.size() - 1) + " more)" : std::string()) +
+                  "; `scalify inspect` shows which tensors");
+  }
+  return s;
 }
 
 double batch_loss(const Session& s, const std::vector<uint8_t>& bytes, const std::vector<size_t>& starts) {

@@ -64,16 +64,25 @@ struct Session {
 // A new session (ckpt null: initialised from the config's seed) or one restored from a training
 // checkpoint (parameters, optimizer and quantiser state, loss scaler).
 std::unique_ptr<Session> make_session(const TrainConfig& cfg, const io::SafeTensors* ckpt);
+// Whether load_session accepts parameters holding NaN or infinities: only inspection looks at
+// such a model; training, evaluation and quantisation refuse it by name.
+enum class NonFinite : uint8_t { refuse, allow };
 // make_session from a checkpoint, with corrupt state reported against the file.
-std::unique_ptr<Session> load_session(const io::SafeTensors& st, const TrainConfig& cfg, const std::string& file);
+std::unique_ptr<Session> load_session(const io::SafeTensors& st, const TrainConfig& cfg, const std::string& file,
+                                      NonFinite nonfinite = NonFinite::refuse);
+// The names of the parameters whose represented values hold NaN or infinities.
+std::vector<std::string> nonfinite_parameters(const Session& s);
 // Writes the session atomically as a training checkpoint at `step`.
 void save_checkpoint(const Session& s, const std::string& path, int64_t step, int64_t skipped);
-// A run folder's checkpoint.safetensors, or the path itself when it is a file.
+// A run folder's checkpoint.safetensors (an error when it has none), or the path itself when it
+// is not a folder.
 std::string checkpoint_file(const std::string& path);
 // Reads a training checkpoint and its config; errors name the file.
 std::pair<io::SafeTensors, TrainConfig> read_checkpoint(const std::string& path);
 // The same checks on a file already read.
 TrainConfig training_checkpoint_config(io::SafeTensors& st, const std::string& file);
+// A checkpoint's metadata 'step' (the steps it has trained), checked to be a whole number >= 0.
+int64_t checkpoint_step(const io::SafeTensors& st, const std::string& file);
 // The config a checkpoint (training or quantised) carries in its metadata, validated.
 TrainConfig checkpoint_config(const io::SafeTensors& st, const std::string& file);
 // A session for inference: the recipe's model with the given parameter values (every parameter,

@@ -253,12 +253,16 @@ TrainResult train(const TrainConfig& config, bool resume, const Progress& progre
 EvalResult evaluate(const std::string& checkpoint, const std::string& data) {
   const std::string file = checkpoint_file(checkpoint);
   io::SafeTensors st = io::read_safetensors(file);
-  if (is_quantized_checkpoint(st)) return evaluate_quantized(st, file, data);
-  TrainConfig cfg = training_checkpoint_config(st, file);
-  if (!data.empty()) cfg.data = data;
-  const std::unique_ptr<Session> s = load_session(st, cfg, file);
-  const Corpus corpus = corpus_for(cfg);
-  return eval_session(*s, corpus.val);
+  const EvalResult r = [&] {
+    if (is_quantized_checkpoint(st)) return evaluate_quantized(st, file, data);
+    TrainConfig cfg = training_checkpoint_config(st, file);
+    if (!data.empty()) cfg.data = data;
+    const std::unique_ptr<Session> s = load_session(st, cfg, file);
+    return eval_session(*s, corpus_for(cfg).val);
+  }();
+  // Finite parameters can still overflow a low-precision activation format.
+  if (!std::isfinite(r.loss)) throw Error("eval: the validation loss of '" + file + "' is not finite (an activation overflows its format)");
+  return r;
 }
 
 std::string sample(const std::string& checkpoint, const std::string& prompt, const SampleOptions& o) {
