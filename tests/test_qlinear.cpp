@@ -13,6 +13,7 @@
 #include "scalify/error.hpp"
 #include "scalify/optim/adamw.hpp"
 #include "scalify/quant/linear.hpp"
+#include "scalify/tensor/convert.hpp"
 #include "scalify/tensor/gemm.hpp"
 
 namespace scalify::quant {
@@ -66,6 +67,23 @@ TEST(QLinear, TheGemmPathFollowsWhatTheCpuSupports) {
   gemm::set_code_gemm(saved);
 }
 
+// Products of FP8 values are exact; the layer's GEMM and the f32 reference sum them in different
+// orders, each within gamma_K sum|a||b| of the exact sum (gamma_K = K u / (1 - K u), u = 2^-24),
+// so they agree within twice that. Returns the first element that does not, or -1.
+int64_t first_far_from_product(const Tensor& got, const Tensor& a, const Tensor& b) {
+  const int64_t K = a.size(1);
+  const double u = std::ldexp(1.0, -24), gamma = double(K) * u / (1 - double(K) * u);
+  const std::vector<double> g = got.reshape({-1}).to_vector(), want = ops::matmul(a, b).reshape({-1}).to_vector(),
+                            bound = ops::matmul(ops::unary(ops::Unary::abs, a), ops::unary(ops::Unary::abs, b)).reshape({-1}).to_vector();
+  if (g.size() != want.size()) return 0;
+  for (size_t i = 0; i < g.size(); ++i)
+    if (!(std::fabs(g[i] - want[i]) <= 2 * gamma * bound[i] + 1e-30)) return int64_t(i);
+  return -1;
+}
+void expect_close(const Tensor& got, const Tensor& a, const Tensor& b, const char* what) {
+  EXPECT_EQ(first_far_from_product(got, a, b), -1) << what;
+}
+
 TEST(QLinear, ForwardAndBackwardAreDecodeThenGemmOnEveryPath) {
   on_every_gemm_path([] {
     // Per-tensor current scaling: y = Q(x) Q(w), dX = Q(g) Q(w)^T, dW = Q(x)^T Q(g), with
@@ -80,26 +98,49 @@ TEST(QLinear, ForwardAndBackwardAreDecodeThenGemmOnEveryPath) {
     Quantizer qa(r.activation), qw(r.weight), qg(r.gradient);
     const Tensor dx = qa.quantize(x.reshape({10, 32})).dequantize(), dw = qw.quantize(w).dequantize();
     const Tensor dg = qg.quantize(g.reshape({10, 12})).dequantize();
-    // Products of FP8 values are exact; the layer's GEMM and the f32 reference sum them in
-    // different orders, each within gamma_K sum|a||b| of the exact sum (gamma_K = K u / (1 - K u),
-    // u = 2^-24), so they agree within twice that.
-    auto expect_close = [](const Tensor& got, const Tensor& a, const Tensor& b, const char* what) {
-      const int64_t K = a.size(1);
-      const double u = std::ldexp(1.0, -24), gamma = double(K) * u / (1 - double(K) * u);
-      const std::vector<double> g = got.reshape({-1}).to_vector(), want = ops::matmul(a, b).reshape({-1}).to_vector(),
-                                bound = ops::matmul(ops::unary(ops::Unary::abs, a), ops::unary(ops::Unary::abs, b))
-                                            .reshape({-1})
-                                            .to_vector();
-      ASSERT_EQ(g.size(), want.size());
-      for (size_t i = 0; i < g.size(); ++i)
-        ASSERT_LE(std::fabs(g[i] - want[i]), 2 * gamma * bound[i] + 1e-30) << what << " " << i;
-    };
     expect_close(y.value(), dx, dw, "forward");
     expect_close(xv.grad(), dg, dw.transpose(0, 1), "dX");
     expect_close(wv.grad(), dx.transpose(0, 1), dg, "dW");
     // The gradient was quantised into e5m2 with its own scale: amax(g) maps onto 57344.
     EXPECT_FLOAT_EQ(layer.gradient_stats().scale, layer.gradient_stats().amax / 57344.0f);
   });
+}
+
+TEST(QLinear, MxIsDecodeThenGemmOnEveryPath) {
+  on_every_gemm_path([] {
+    // MXFP8: 32-element blocks along each product's reduction dimension, the backward's operands
+    // re-quantised from the sources; power-of-two block scales make every operand value a bf16
+    // value, so the bf16 GEMM takes them where it runs.
+    const Tensor x = Tensor::randn({2, 8, 64}, 15, 3.0), w = Tensor::randn({64, 32}, 16, 0.1), g = Tensor::randn({2, 8, 32}, 17, 1e-3);
+    Var xv(x, true), wv(w, true);
+    const LinearRecipe r = recipe_mxfp8();
+    const Var y = QLinear(r)(xv, wv);
+    y.backward(g);
+    auto q = [](QuantizerConfig c, bool rows, const Tensor& t) {
+      c.block = rows ? BlockSpec{1, 32, BlockScaleRule::mx_floor} : BlockSpec{32, 1, BlockScaleRule::mx_floor};
+      return Quantizer(c).quantize(t).dequantize();
+    };
+    const Tensor x2 = x.reshape({16, 64}), g2 = g.reshape({16, 32});
+    expect_close(y.value().reshape({16, 32}), q(r.activation, true, x2), q(r.weight, false, w), "forward");
+    expect_close(xv.grad().reshape({16, 64}), q(r.gradient, true, g2), q(r.weight, true, w).transpose(0, 1), "dX");
+    expect_close(wv.grad(), q(r.activation, false, x2).transpose(0, 1), q(r.gradient, false, g2), "dW");
+  });
+}
+
+TEST(QLinear, ExactBf16TakesOnlyBf16Values) {
+  // MX values (e4m3 codes times 2^k) convert exactly, as the plain RNE conversion does; one value
+  // with a bit below bf16's mantissa makes the whole conversion decline.
+  QuantizerConfig c = recipe_mxfp8().weight;
+  c.block = {1, 32, BlockScaleRule::mx_floor};
+  const Tensor v = Quantizer(c).quantize(Tensor::randn({70, 96}, 18, 50.0)).dequantize();
+  const Tensor h = exact_bf16(v);
+  ASSERT_TRUE(h.defined());
+  EXPECT_EQ(h.to_vector(), v.to(DType::bf16).to_vector());
+  EXPECT_EQ(h.to_vector(), v.to_vector()) << "bf16 holds every value exactly";
+  std::vector<float> one = v.to_floats();
+  one[4321] = 1.0f + std::ldexp(1.0f, -10);
+  EXPECT_FALSE(exact_bf16(Tensor::from_vector(one, v.shape())).defined());
+  EXPECT_THROW(exact_bf16(v.to(DType::f16)), Error);
 }
 
 TEST(QLinear, GradientsMatchF32WithinTheFormatsErrorOnEveryPath) {
@@ -142,9 +183,8 @@ TEST(QLinear, MxTransposeIsQuantisedFromTheSource) {
   layer(xv, wvv).backward(g);
   Quantizer qg(r.gradient);  // rows blocked along N = 32
   const Tensor gq = qg.quantize(g).dequantize();
-  EXPECT_EQ(xv.grad().to_vector(), ops::matmul(gq, from_source.transpose(0, 1)).to_vector());
-  EXPECT_NE(xv.grad().to_vector(), ops::matmul(gq, forward_copy.transpose(0, 1)).to_vector());
-  // (block recipes decode to f32 and use the f32 GEMM, so these products compare exactly)
+  EXPECT_EQ(first_far_from_product(xv.grad(), gq, from_source.transpose(0, 1)), -1);
+  EXPECT_NE(first_far_from_product(xv.grad(), gq, forward_copy.transpose(0, 1)), -1);
 }
 
 TEST(QLinear, TinyTransformerTrainsUnderEveryPreset) {

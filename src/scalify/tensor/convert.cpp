@@ -125,4 +125,19 @@ void read_as(const Tensor& t, double* out) { read_impl(t, out); }
 void write_from(const float* in, Tensor& t) { write_impl(in, t); }
 void write_from(const double* in, Tensor& t) { write_impl(in, t); }
 
+Tensor exact_bf16(const Tensor& values) {
+  if (values.dtype() != DType::f32 || !values.is_contiguous()) throw Error("exact_bf16: needs contiguous f32 values");
+  const int64_t n = values.numel();
+  const uint32_t* in = reinterpret_cast<const uint32_t*>(values.data<float>());
+  Tensor out = Tensor::empty(values.shape(), DType::bf16);
+  uint16_t* o = out.data<uint16_t>();
+  uint32_t low = 0;  // OR of every value's low half: zero when all are bf16 values
+#pragma omp parallel for reduction(| : low) if (n > (1 << 16))
+  for (int64_t i = 0; i < n; ++i) {
+    low |= in[i] & 0xFFFFu;
+    o[i] = uint16_t(in[i] >> 16);
+  }
+  return low == 0 ? out : Tensor();
+}
+
 }  // namespace scalify
