@@ -175,6 +175,12 @@ TEST(KernelsVsReference, RowAndColumnBroadcastsMatchExpandedOperands) {
       const std::vector<double> got = ops::binary(op, x, b, 2.0, 0.5).to_vector(),
                                 want = ops::binary(op, x, be, 2.0, 0.5).to_vector();
       EXPECT_EQ(got, want) << "b " << shape_str(bs);
+      // A row held in f16 (a master bias) or f64: converted at its own size, the same values.
+      for (DType t : {DType::f16, DType::f64}) {
+        const Tensor bt = b.to(t);
+        EXPECT_EQ(ops::binary(op, x, bt, 2.0, 0.5).to_vector(), ops::binary(op, x, bt.expand(x.shape()).contiguous(), 2.0, 0.5).to_vector())
+            << "b " << shape_str(bs) << " " << dtype_name(t);
+      }
     }
   }
 }

@@ -204,10 +204,12 @@ Tensor binary(Binary op, const Tensor& a, const Tensor& b, double a_mul, double 
   const Shape shape = broadcast_shapes(a.shape(), b.shape(), names[static_cast<int>(op)]);
   return dispatch_compute(computes_in_f64(a, b), [&]<class T>() {
     const Dense<T> x(a, shape);
-    // A row operand (bias, gain) is read in place, cycling, instead of being expanded.
-    const bool row = b.shape() != shape && b.dtype() == dtype_for<T>() && is_trailing_row(b, shape);
+    // A row operand (bias, gain) is read in place, cycling, instead of being expanded; one held
+    // in another dtype (an f16 master bias) is converted once, exactly, at its own size.
+    const bool row = b.shape() != shape && is_trailing_row(b, shape);
+    const Tensor b_row = row && b.dtype() != dtype_for<T>() ? b.to(dtype_for<T>()) : b;
     const int64_t n = numel_of(shape), period = row ? b.numel() : n;  // row: b's length
-    const Dense<T> y(b, row ? b.shape() : shape);
+    const Dense<T> y(b_row, row ? b.shape() : shape);
     Tensor out = Tensor::empty(shape, dtype_for<T>());
     T* o = out.data<T>();
     const T *px = x.data(), *py = y.data();
