@@ -223,6 +223,10 @@ TEST(ScaleHistory, ReadsEveryQuantisedTensorsBiasOverSteps) {
   EXPECT_ERROR(inspect::read_scale_history(dir.string()), "'h0.mlp.fc.weight' has scale 0, not a positive number");
   spit(dir / "metrics.jsonl", "{\"step\":1e300,\"quant\":{\"h0.mlp.fc.weight\":{\"scale\":1,\"underflow\":0,\"clipped\":0}}}\n");
   EXPECT_ERROR(inspect::read_scale_history(dir.string()), "step is not a step number");
+  spit(dir / "metrics.jsonl", "{\"step\":1,\"quant\":{\"h0.mlp.fc.weight\":{\"scale\":1,\"underflow\":-5,\"clipped\":0}}}\n");
+  EXPECT_ERROR(inspect::read_scale_history(dir.string()), "outside [0, 1]");
+  spit(dir / "metrics.jsonl", "{\"step\":1,\"quant\":5}\n");
+  EXPECT_ERROR(inspect::read_scale_history(dir.string()), "'quant' is not an object");
   EXPECT_ERROR(inspect::read_scale_history((dir / "missing").string()), "metrics.jsonl");
 }
 

@@ -166,6 +166,16 @@ TEST(Ptq, NonFiniteTrainingCheckpointIsRefusedByName) {
   st.metadata["step"] = "12x";
   io::write_safetensors(nan, st);
   EXPECT_ERROR(train::evaluate(nan), "metadata 'step' is not a step number ('12x')");
+  // Finite weights whose activations overflow: evaluation, the sweep and sampling say so instead
+  // of printing NaN.
+  st = io::read_safetensors((fs::path(trained_f32().out) / "checkpoint.safetensors").string());
+  for (auto& [name, t] : st.tensors)
+    if (name == "param.h0.mlp.fc.w") t = Tensor::full(t.shape(), 3e38);
+  const std::string big = (dir / "big.safetensors").string();
+  io::write_safetensors(big, st);
+  EXPECT_ERROR(train::evaluate(big), "is not finite");
+  EXPECT_ERROR(train::ptq_sweep(big, 0, 0), "f32 validation loss");
+  EXPECT_ERROR(train::sample(big, "the ", {}), "logits");
 }
 
 TEST(Ptq, SweepTableSaysWhyARowHasNoLoss) {

@@ -121,7 +121,18 @@ TEST(QLinear, MxIsDecodeThenGemmOnEveryPath) {
       return Quantizer(c).quantize(t).dequantize();
     };
     const Tensor x2 = x.reshape({16, 64}), g2 = g.reshape({16, 32});
-    expect_close(y.value().reshape({16, 32}), q(r.activation, true, x2), q(r.weight, false, w), "forward");
+    const Tensor qx = q(r.activation, true, x2), qw = q(r.weight, false, w);
+    expect_close(y.value().reshape({16, 32}), qx, qw, "forward");
+    // Bit for bit the GEMM of the path: the bf16 one on the exactly converted operands, or sgemm.
+    Tensor want = Tensor::empty({16, 32});
+    if (gemm::code_gemm() == gemm::CodeGemm::onednn_bf16) {
+      const Tensor hx = exact_bf16(qx), hw = exact_bf16(qw);
+      ASSERT_TRUE(hx.defined() && hw.defined());
+      gemm::gemm_bf16(false, false, 16, 32, 64, hx.data<uint16_t>(), hw.data<uint16_t>(), want.data<float>());
+    } else {
+      gemm::sgemm(false, false, 16, 32, 64, qx.data<float>(), 64, qw.data<float>(), 32, 0.0f, want.data<float>(), 32);
+    }
+    EXPECT_EQ(y.value().reshape({16, 32}).to_vector(), want.to_vector());
     expect_close(xv.grad().reshape({16, 64}), q(r.gradient, true, g2), q(r.weight, true, w).transpose(0, 1), "dX");
     expect_close(wv.grad(), q(r.activation, false, x2).transpose(0, 1), q(r.gradient, false, g2), "dW");
   });
@@ -140,6 +151,12 @@ TEST(QLinear, ExactBf16TakesOnlyBf16Values) {
   std::vector<float> one = v.to_floats();
   one[4321] = 1.0f + std::ldexp(1.0f, -10);
   EXPECT_FALSE(exact_bf16(Tensor::from_vector(one, v.shape())).defined());
+  // A bf16 value below 2^-63: its products could be subnormal, which bf16 dot products flush.
+  one = v.to_floats();
+  one[17] = std::ldexp(1.0f, -64);
+  EXPECT_FALSE(exact_bf16(Tensor::from_vector(one, v.shape())).defined());
+  one[17] = std::ldexp(1.0f, -63);
+  EXPECT_TRUE(exact_bf16(Tensor::from_vector(one, v.shape())).defined());
   EXPECT_THROW(exact_bf16(v.to(DType::f16)), Error);
 }
 

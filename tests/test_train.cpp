@@ -11,6 +11,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <sstream>
@@ -19,6 +20,7 @@
 #include "gradcheck.hpp"
 #include "train_fixtures.hpp"
 #include "scalify/error.hpp"
+#include "scalify/inspect/inspect.hpp"
 #include "scalify/io/safetensors.hpp"
 #include "scalify/nn/gpt.hpp"
 #include "scalify/train/corpus.hpp"
@@ -207,6 +209,48 @@ TEST(Trainer, ResumeIsBitIdenticalToAnUninterruptedRun) {
     EXPECT_EQ(wa.metadata.at("scalify.state"), wb.metadata.at("scalify.state")) << recipe;
     EXPECT_EQ(metrics_without_timing(a), metrics_without_timing(b)) << recipe;
   }
+}
+
+// A resume continues from the checkpoint's optimizer state and counters: a NaN moment, a step
+// that disagrees with the metadata or a missing counter is refused by name, before the run's
+// metrics are touched; a SCALIFY parameter's scale must be finite and positive even to inspect.
+TEST(Trainer, ResumeRefusesCorruptStateByName) {
+  const fs::path run = scratch("resume_corrupt");
+  train::train(tiny_run(text_corpus(), run, "scalify_fp16_2"), false, {}, /*stop_after=*/2);
+  const std::string file = (run / "checkpoint.safetensors").string();
+  const io::SafeTensors good = io::read_safetensors(file);
+  const std::string metrics = slurp(run / "metrics.jsonl");
+  auto resume_with = [&](const std::function<void(io::SafeTensors&)>& corrupt, const std::string& why) {
+    io::SafeTensors st = good;
+    corrupt(st);
+    io::write_safetensors(file, st);
+    EXPECT_ERROR(train::train(train::run_config(run.string()), true), why);
+    EXPECT_EQ(slurp(run / "metrics.jsonl"), metrics) << why;
+  };
+  auto set_state = [](const std::string& key, const nlohmann::json& value) {
+    return [=](io::SafeTensors& st) {
+      nlohmann::json state = nlohmann::json::parse(st.metadata.at("scalify.state"));
+      if (value.is_null()) {
+        state.erase(key);
+      } else {
+        state[key] = value;
+      }
+      st.metadata["scalify.state"] = state.dump();
+    };
+  };
+  resume_with([](io::SafeTensors& st) {
+    for (auto& [name, t] : st.tensors)
+      if (name == "optim.m.wte") t = ops::binary(ops::Binary::mul, t.to(DType::f32), Tensor::full({}, NAN)).to(t.dtype());
+  }, "tensor 'optim.m.wte' holds NaN or infinite values");
+  resume_with(set_state("step", -5), "lacks a whole number 'step' >= 0");
+  resume_with(set_state("step", 100), "'scalify.state' step 100 differs from metadata step 2");
+  resume_with(set_state("skipped", "x"), "lacks a whole number 'skipped' >= 0");
+  resume_with(set_state("optimizer_steps", nullptr), "lacks a whole number 'optimizer_steps' >= 0");
+  resume_with([](io::SafeTensors& st) {
+    for (auto& [name, t] : st.tensors)
+      if (name == "param.h0.mlp.fc.w.scale") t = Tensor::full({}, -1.0);
+  }, "tensor 'param.h0.mlp.fc.w.scale' is not a finite positive scale");
+  EXPECT_ERROR(inspect::inspect_checkpoint(run.string(), {}), "tensor 'param.h0.mlp.fc.w.scale' is not a finite positive scale");
 }
 
 TEST(Trainer, BadDataAndConfigAreClearErrorsBeforeAnyRunFolder) {

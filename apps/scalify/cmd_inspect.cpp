@@ -140,8 +140,9 @@ void add_inspect_commands(CLI::App& app) {
     if (!qa->out.empty()) {
       io::make_folder(qa->out);
       std::ostringstream csv;
-      csv << "method,bias,val_loss,val_bpb,relative\n";
-      for (const train::PtqSweepRow& r : rows) csv << r.method << "," << r.bias << "," << r.eval.loss << "," << r.eval.bits_per_byte << "," << r.relative << "\n";
+      csv << "method,bias,val_loss,val_bpb,relative,not_run\n";
+      for (const train::PtqSweepRow& r : rows)
+        csv << r.method << "," << r.bias << "," << r.eval.loss << "," << r.eval.bits_per_byte << "," << r.relative << ",\"" << r.not_run << "\"\n";
       io::write_text_atomically((fs::path(qa->out) / "sweep.csv").string(), csv.str());
       io::write_text_atomically((fs::path(qa->out) / "sweep.md").string(), md);
     }

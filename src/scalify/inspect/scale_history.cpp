@@ -32,6 +32,7 @@ std::vector<ScaleSeries> read_scale_history(const std::string& run_dir) {
     try {
       if (!j.at("step").is_number_integer() || j.at("step").get<int64_t>() < 0) throw Error("step is not a step number");
       const int64_t step = j.at("step").get<int64_t>();
+      if (!j.at("quant").is_object()) throw Error("'quant' is not an object");
       for (const auto& [name, q] : j.at("quant").items()) {
         const size_t dot = name.rfind('.');
         if (dot == std::string::npos) throw Error("tensor name without a role");
@@ -39,7 +40,10 @@ std::vector<ScaleSeries> read_scale_history(const std::string& run_dir) {
         if (added) series.push_back({name.substr(0, dot), name.substr(dot + 1), {}});
         const double scale = q.at("scale").get<double>();
         if (!(scale > 0) || !std::isfinite(scale)) throw Error("'" + name + "' has scale " + q.at("scale").dump() + ", not a positive number");
-        series[it->second].points.push_back({step, -std::log2(scale), q.at("underflow").get<double>(), q.at("clipped").get<double>()});
+        const double underflow = q.at("underflow").get<double>(), clipped = q.at("clipped").get<double>();
+        if (!(underflow >= 0 && underflow <= 1 && clipped >= 0 && clipped <= 1))
+          throw Error("'" + name + "' has underflow or clipped fractions outside [0, 1]");
+        series[it->second].points.push_back({step, -std::log2(scale), underflow, clipped});
       }
     } catch (const std::exception& e) {
       throw Error("'" + file.string() + "' line " + std::to_string(n) + ": bad quant record (" + e.what() + ")");

@@ -131,13 +131,17 @@ Tensor exact_bf16(const Tensor& values) {
   const uint32_t* in = reinterpret_cast<const uint32_t*>(values.data<float>());
   Tensor out = Tensor::empty(values.shape(), DType::bf16);
   uint16_t* o = out.data<uint16_t>();
-  uint32_t low = 0;  // OR of every value's low half: zero when all are bf16 values
-#pragma omp parallel for reduction(| : low) if (n > (1 << 16))
+  // bf16 dot-product instructions treat subnormal inputs and results as zero: a non-zero value
+  // below 2^-63 (so a product of two could fall below f32's normal range) also declines.
+  uint32_t low = 0, tiny = 0;  // ORs over the values: zero when all are bf16 values / >= 2^-63
+#pragma omp parallel for reduction(| : low, tiny) if (n > (1 << 16))
   for (int64_t i = 0; i < n; ++i) {
+    const uint32_t magnitude = in[i] & 0x7FFFFFFFu;
     low |= in[i] & 0xFFFFu;
+    tiny |= uint32_t(magnitude != 0 && magnitude < (64u << 23));
     o[i] = uint16_t(in[i] >> 16);
   }
-  return low == 0 ? out : Tensor();
+  return low == 0 && tiny == 0 ? out : Tensor();
 }
 
 }  // namespace scalify

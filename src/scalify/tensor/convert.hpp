@@ -13,9 +13,10 @@ void read_as(const Tensor& t, double* out);
 void write_from(const float* in, Tensor& t);
 void write_from(const double* in, Tensor& t);
 
-// f32 values as bf16 when every one of them is a bf16 value (its low 16 bits zero), as MX
-// operands are (e4m3 codes times power-of-two block scales): the conversion is then exact
-// truncation. An undefined tensor when some value is not; the input must be contiguous f32.
+// f32 values as bf16 operands of a bf16 dot product when every one of them is a bf16 value (its
+// low 16 bits zero), as MX operands are (e4m3 codes times power-of-two block scales), and no
+// non-zero one is below 2^-63 (those instructions flush subnormal products): the conversion is
+// then exact truncation. An undefined tensor otherwise; the input must be contiguous f32.
 Tensor exact_bf16(const Tensor& values);
 
 // Calls fn(linear_index, element_offset) for every element in row-major order. The innermost

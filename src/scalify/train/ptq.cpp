@@ -233,6 +233,8 @@ std::vector<PtqSweepRow> ptq_sweep(const std::string& checkpoint, int lo, int hi
   const std::vector<uint8_t> val = corpus_for(cfg).val;
   std::vector<PtqSweepRow> rows;
   rows.push_back({"f32", 0, evaluate_values(cfg, quant::preset("f32"), f32, val), 0, ""});
+  if (!std::isfinite(rows[0].eval.loss))
+    throw Error("ptq sweep: the f32 validation loss of '" + checkpoint + "' is not finite (an activation overflows), nothing to compare against");
   auto run = [&](const char* label, const PtqOptions& o) {
     std::map<std::string, Tensor> v = f32;
     for (const std::string& w : weight_names(*s)) v[w] = quantize_weight(w, f32.at(w), o).q.dequantize();

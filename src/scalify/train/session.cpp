@@ -166,6 +166,13 @@ TrainConfig training_checkpoint_config(io::SafeTensors& st, const std::string& f
   checkpoint_step(st, file);
   for (const char* k : {"scalify.state", "scalify.any_scale"})
     if (!json::accept(st.metadata[k])) throw Error("checkpoint '" + file + "': corrupt metadata '" + k + "'");
+  // The counters a resume continues from: whole numbers >= 0, the step the same as the metadata's.
+  const json state = json::parse(st.metadata["scalify.state"]);
+  for (const char* k : {"step", "skipped", "optimizer_steps"})
+    if (!state.is_object() || !state.contains(k) || !state[k].is_number_integer() || state[k].get<int64_t>() < 0)
+      throw Error("checkpoint '" + file + "': metadata 'scalify.state' lacks a whole number '" + k + "' >= 0");
+  if (state["step"].get<int64_t>() != checkpoint_step(st, file))
+    throw Error("checkpoint '" + file + "': 'scalify.state' step " + state["step"].dump() + " differs from metadata step " + st.metadata["step"]);
   return cfg;
 }
 
@@ -187,29 +194,47 @@ std::unique_ptr<Session> inference_session(const TrainConfig& cfg, quant::Recipe
   return s;
 }
 
+namespace {
+bool all_finite(const std::vector<float>& v) {
+  return std::all_of(v.begin(), v.end(), [](float x) { return std::isfinite(x); });
+}
+}  // namespace
+
 std::vector<std::string> nonfinite_parameters(const Session& s) {
   std::vector<std::string> bad;
   for (size_t i = 0; i < s.params.size(); ++i) {
-    const std::vector<float> v = s.params[i].value().to_floats();
-    if (!std::all_of(v.begin(), v.end(), [](float x) { return std::isfinite(x); })) bad.push_back(s.names[i]);
+    try {
+      if (!all_finite(s.params[i].value().to_floats())) bad.push_back(s.names[i]);
+    } catch (const Error&) {  // data times scale past f32's range
+      bad.push_back(s.names[i]);
+    }
   }
   return bad;
 }
 
 std::unique_ptr<Session> load_session(const io::SafeTensors& st, const TrainConfig& cfg, const std::string& file, NonFinite nonfinite) {
+  // Scales must be finite and positive for anything to compute with them, inspection included.
+  for (const auto& [key, t] : st.tensors) {
+    if (!key.ends_with(".scale") || !(key.starts_with("param.") || key.starts_with("optim."))) continue;
+    const std::vector<float> v = t.to_floats();
+    if (!std::all_of(v.begin(), v.end(), [](float x) { return x > 0 && std::isfinite(x); }))
+      throw Error("checkpoint '" + file + "': tensor '" + key + "' is not a finite positive scale");
+  }
   std::unique_ptr<Session> s;
   try {
     s = make_session(cfg, &st);
   } catch (const json::exception& e) {
     throw Error("checkpoint '" + file + "': corrupt state metadata (" + e.what() + ")");
   }
-  if (nonfinite == NonFinite::refuse) {
-    const std::vector<std::string> bad = nonfinite_parameters(*s);
-    if (!bad.empty())
-      throw Error("checkpoint '" + file + "': parameter '" + bad[0] + "' holds NaN or infinite values" +
-                  (bad.size() > 1 ? " (and " + std::to_string(bad.size() - 1) + " more)" : std::string()) +
-                  "; `scalify inspect` shows which tensors");
-  }
+  if (nonfinite == NonFinite::allow) return s;
+  std::vector<std::string> bad;
+  for (const std::string& name : nonfinite_parameters(*s)) bad.push_back("parameter '" + name + "'");
+  for (const auto& [key, t] : st.tensors)  // the optimizer state a resume continues from
+    if (key.starts_with("optim.") && !key.ends_with(".scale") && !all_finite(t.to_floats())) bad.push_back("tensor '" + key + "'");
+  if (!bad.empty())
+    throw Error("checkpoint '" + file + "': " + bad[0] + " holds NaN or infinite values" +
+                (bad.size() > 1 ? " (and " + std::to_string(bad.size() - 1) + " more)" : std::string()) +
+                "; `scalify inspect` shows which parameters");
   return s;
 }
 

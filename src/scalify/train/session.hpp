@@ -65,7 +65,8 @@ struct Session {
 // checkpoint (parameters, optimizer and quantiser state, loss scaler).
 std::unique_ptr<Session> make_session(const TrainConfig& cfg, const io::SafeTensors* ckpt);
 // Whether load_session accepts parameters holding NaN or infinities: only inspection looks at
-// such a model; training, evaluation and quantisation refuse it by name.
+// such a model; training, evaluation and quantisation refuse it (and non-finite optimizer state)
+// by name. A scale that is not finite and positive is refused either way.
 enum class NonFinite : uint8_t { refuse, allow };
 // make_session from a checkpoint, with corrupt state reported against the file.
 std::unique_ptr<Session> load_session(const io::SafeTensors& st, const TrainConfig& cfg, const std::string& file,

@@ -282,6 +282,8 @@ std::string sample(const std::string& checkpoint, const std::string& prompt, con
     const Tensor logits = s->forward_model().logits(Tensor::from_indices(window, {1, T}), s->options()).value();
     std::vector<double> l(size_t(cfg.model.vocab));
     for (int64_t v = 0; v < cfg.model.vocab; ++v) l[size_t(v)] = logits.at({0, T - 1, v});
+    if (!std::all_of(l.begin(), l.end(), [](double x) { return std::isfinite(x); }))
+      throw Error("sample: the logits of '" + checkpoint + "' are not finite (an activation overflows its format)");
     int64_t next = 0;
     if (o.temperature == 0) {
       next = std::max_element(l.begin(), l.end()) - l.begin();
