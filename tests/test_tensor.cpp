@@ -1,12 +1,15 @@
 // Tensor storage, views, dtypes and error messages.
 #include <gtest/gtest.h>
 
+#include <bit>
 #include <cmath>
+#include <cstring>
 
 #include "expect_error.hpp"
 #include "scalify/error.hpp"
 #include "scalify/formats/scalar.hpp"
 #include "scalify/tensor/buffer_pool.hpp"
+#include "scalify/tensor/convert.hpp"
 #include "scalify/tensor/ops.hpp"
 
 namespace scalify {
@@ -59,6 +62,28 @@ TEST(Tensor, LowPrecisionDtypesAreStoredForReal) {
   // A strided FP8 view reads the right elements.
   const Tensor q = x.to(DType::e4m3).reshape({10, 100}).transpose(0, 1);
   EXPECT_EQ(q.at({7, 3}), decode(Format::e4m3, encode(Format::e4m3, x.to_floats()[307], {Overflow::saturate})));
+}
+
+// One-byte codes as bf16 GEMM operands, across several chunks: every code of every one-byte
+// float format gives its exact value (NaN canonical, infinities kept).
+TEST(Tensor, ByteCodesAsBf16MatchTheGeneralConversion) {
+  for (const FormatInfo& f : kFormats) {
+    if (f.storage_bytes() != 1 || !f.is_float()) continue;
+    std::vector<uint8_t> all(3 * 4096 + 5);
+    for (size_t i = 0; i < all.size(); ++i) all[i] = uint8_t((i * 7) & ((1u << f.bits) - 1));
+    Tensor codes = Tensor::empty({int64_t(all.size())}, dtype_of(f.id));
+    std::memcpy(codes.raw_bytes(), all.data(), all.size());
+    const Tensor fast = byte_codes_as_bf16(codes), general = codes.to(DType::f32).to(DType::bf16);
+    const uint16_t *got = fast.data<uint16_t>(), *conv = general.data<uint16_t>();
+    for (size_t i = 0; i < all.size(); ++i) {
+      const float v = float(decode(f.id, all[i]));
+      // The plain reference: the exact value's top half (its low half is zero). Finite values
+      // also equal the general conversion, which saturates infinities.
+      ASSERT_EQ(got[i], uint16_t(std::bit_cast<uint32_t>(v) >> 16)) << f.name << " code " << int(all[i]);
+      if (std::isfinite(v)) ASSERT_EQ(got[i], conv[i]) << f.name << " code " << int(all[i]);
+    }
+  }
+  EXPECT_THROW(byte_codes_as_bf16(Tensor::randn({4}, 1)), Error);
 }
 
 TEST(Tensor, SeedsMakeRandomTensorsReproducible) {

@@ -27,7 +27,11 @@ bool bf16_exact(Format f) { return info(f).man_bits <= 7 && info(f).exp_bits <= 
 // Per-tensor operands: the GEMM runs on the codes, decoded exactly to bf16 or f32 (gemm::code_gemm
 // decides by CPU), with the product of the decode scales as alpha. Shapes as gemm::gemm_bf16.
 DType gemm_dtype() { return gemm::code_gemm() == gemm::CodeGemm::onednn_bf16 ? DType::bf16 : DType::f32; }
-Tensor gemm_operand(const Quantized& q, DType t) { return q.per_tensor.data.to(t).contiguous(); }
+Tensor gemm_operand(const Quantized& q, DType t) {
+  const Tensor& d = q.per_tensor.data;
+  if (t == DType::bf16 && dtype_size(d.dtype()) == 1 && d.is_contiguous()) return byte_codes_as_bf16(d);  // FP8/FP6/FP4
+  return d.to(t).contiguous();
+}
 float scale_of(const Quantized& q) { return q.per_tensor.any_scale ? 1.0f : q.per_tensor.scalar_scale(); }
 Tensor gemm_codes(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const Tensor& a, const Tensor& b, float alpha) {
   Tensor c = Tensor::empty({M, N});

@@ -19,6 +19,11 @@ void write_from(const double* in, Tensor& t);
 // then exact truncation. An undefined tensor otherwise; the input must be contiguous f32.
 Tensor exact_bf16(const Tensor& values);
 
+// One-byte float codes (FP8, FP6, FP4, E8M0: every value a bf16 value) as bf16, exactly, in one
+// pass: decoded by the format kernels a cache-sized chunk at a time, then truncated. For GEMM
+// operands; the input must be contiguous.
+Tensor byte_codes_as_bf16(const Tensor& codes);
+
 // Calls fn(linear_index, element_offset) for every element in row-major order. The innermost
 // dimension runs as a plain strided loop; the odometer only advances between rows.
 template <class Fn>
