@@ -290,14 +290,17 @@ void Tensor::copy_(const Tensor& src) {
     if (dtype_ == DType::f32) return read_as(s, data<float>());
     if (s.dtype_ == DType::f32 && s.is_contiguous()) return write_from(s.data<float>(), *this);
   }
+  // Staged through f32 or f64 in a pooled buffer: read_as writes every element, so it is not zeroed.
+  auto staged = [&]<class T>() {
+    const Buffer b = acquire_buffer(size_t(numel()) * sizeof(T));
+    T* v = reinterpret_cast<T*>(b.get());
+    read_as(s, v);
+    write_from(v, *this);
+  };
   if (wide) {
-    std::vector<double> v(static_cast<size_t>(numel()));
-    read_as(s, v.data());
-    write_from(v.data(), *this);
+    staged.template operator()<double>();
   } else {
-    std::vector<float> v(static_cast<size_t>(numel()));
-    read_as(s, v.data());
-    write_from(v.data(), *this);
+    staged.template operator()<float>();
   }
 }
 
