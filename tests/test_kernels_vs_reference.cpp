@@ -1,5 +1,6 @@
 // Fast kernels against plain references on random shapes, odd sizes and non-contiguous views.
 #include <gtest/gtest.h>
+#include <omp.h>
 
 #include <bit>
 #include <cmath>
@@ -79,6 +80,32 @@ TEST(KernelsVsReference, Fp8OperandsDecodeExactlyBeforeTheGemm) {
   const Tensor c = ops::matmul(a, b);
   const Tensor c32 = ops::matmul(a.to(DType::f32), b.to(DType::f32));
   EXPECT_EQ(c.to_vector(), c32.to_vector());
+}
+
+// Large sums split into fixed tiles (column sums of a narrow tensor: a bias gradient; a whole-
+// tensor sum): the f64 row-order reference within f32 rounding, the same bits on 1 and 2 threads.
+TEST(KernelsVsReference, TiledSumsMatchThePlainLoopOnAnyThreadCount) {
+  const Tensor x = Tensor::randn({1000, 3, 130}, 9, 2.0);  // 3000 x 130 column sums: ragged tiles
+  const std::vector<double> xv = x.to_vector();
+  std::vector<double> col(130, 0.0);
+  double all = 0;
+  for (size_t i = 0; i < xv.size(); ++i) {
+    col[i % 130] += xv[i];
+    all += xv[i];
+  }
+  const int threads = omp_get_max_threads();
+  std::vector<std::vector<double>> runs;
+  for (int t : {1, 2}) {
+    omp_set_num_threads(t);
+    const std::vector<double> c = ops::sum(x, {0, 1}).to_vector(), a = ops::sum(x, {}).to_vector();
+    for (size_t j = 0; j < 130; ++j) EXPECT_EQ(c[j], double(float(col[j]))) << j;
+    EXPECT_EQ(a[0], double(float(all)));
+    std::vector<double> both = c;
+    both.push_back(a[0]);
+    runs.push_back(both);
+  }
+  omp_set_num_threads(threads);
+  EXPECT_EQ(runs[0], runs[1]);
 }
 
 TEST(KernelsVsReference, BroadcastingBinaryOpsOnStridedViews) {

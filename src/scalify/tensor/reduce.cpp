@@ -1,6 +1,7 @@
 // Reductions: sum and mean over any set of dimensions, max over one dimension.
 #include <algorithm>
 #include <limits>
+#include <vector>
 
 #include "scalify/error.hpp"
 #include "scalify/tensor/dense.hpp"
@@ -51,24 +52,32 @@ ReducePlan plan(const Tensor& x, std::vector<int> dims, bool keepdim, const char
 }  // namespace
 
 // Sum over the leading `lead` dimensions of a contiguous tensor: column sums, no transpose
-// (the bias gradient of every linear layer).
+// (the bias gradient of every linear layer). Work is split into fixed tiles of rows x columns,
+// not per thread, and each tile's partial sums are added in row order, so the result does not
+// depend on the thread count; narrow tensors (d = 128: one column block) still use every thread.
 template <class T>
 Tensor sum_leading(const Tensor& x, int64_t rows, int64_t cols, const Shape& out_shape) {
   const Dense<T> in(x);
   Tensor out = Tensor::empty(out_shape, dtype_for<T>());
   T* o = out.data<T>();
-  // Threads take column blocks; each block runs down every row (rows stay in row order).
-  constexpr int64_t kBlock = 256;
-  const int64_t blocks = (cols + kBlock - 1) / kBlock;
-#pragma omp parallel for if (rows * cols > (1 << 16))
-  for (int64_t b = 0; b < blocks; ++b) {
-    const int64_t c0 = b * kBlock, c1 = std::min(cols, c0 + kBlock);
-    double acc[kBlock] = {};
-    for (int64_t r = 0; r < rows; ++r) {
-      const T* row = in.data() + r * cols;
-      for (int64_t c = c0; c < c1; ++c) acc[c - c0] += double(row[c]);
+  constexpr int64_t kBlock = 256, kRows = 256;
+  const int64_t blocks = (cols + kBlock - 1) / kBlock, row_tiles = (rows + kRows - 1) / kRows;
+  std::vector<double> partial(size_t(row_tiles * cols));
+#pragma omp parallel for collapse(2) if (rows * cols > (1 << 16))
+  for (int64_t t = 0; t < row_tiles; ++t)
+    for (int64_t b = 0; b < blocks; ++b) {
+      const int64_t c0 = b * kBlock, c1 = std::min(cols, c0 + kBlock);
+      double* acc = partial.data() + t * cols;
+      for (int64_t r = t * kRows; r < std::min(rows, (t + 1) * kRows); ++r) {
+        const T* row = in.data() + r * cols;
+        for (int64_t c = c0; c < c1; ++c) acc[c] += double(row[c]);
+      }
     }
-    for (int64_t c = c0; c < c1; ++c) o[c] = T(acc[c - c0]);
+#pragma omp parallel for if (rows * cols > (1 << 16))
+  for (int64_t c = 0; c < cols; ++c) {
+    double acc = 0;
+    for (int64_t t = 0; t < row_tiles; ++t) acc += partial[size_t(t * cols + c)];
+    o[c] = T(acc);
   }
   return out;
 }
@@ -84,6 +93,24 @@ Tensor sum(const Tensor& x, const std::vector<int>& dims, bool keepdim) {
     const Dense<T> in(p.moved);
     Tensor out = Tensor::empty(p.out_shape, dtype_for<T>());
     T* o = out.data<T>();
+    if (p.rows < 4 && p.cols > (1 << 16)) {  // few long rows (a whole-tensor sum): fixed parts in parallel
+      constexpr int64_t kPart = 1 << 14;
+      const int64_t parts = (p.cols + kPart - 1) / kPart;
+      std::vector<double> partial(static_cast<size_t>(parts));
+      for (int64_t r = 0; r < p.rows; ++r) {
+        const T* row = in.data() + r * p.cols;
+#pragma omp parallel for
+        for (int64_t q = 0; q < parts; ++q) {
+          double acc = 0;
+          for (int64_t c = q * kPart; c < std::min(p.cols, (q + 1) * kPart); ++c) acc += double(row[c]);
+          partial[size_t(q)] = acc;
+        }
+        double acc = 0;
+        for (double v : partial) acc += v;  // in part order: independent of the thread count
+        o[r] = T(acc);
+      }
+      return out;
+    }
 #pragma omp parallel for if (p.rows * p.cols > (1 << 16))
     for (int64_t r = 0; r < p.rows; ++r) {
       // Accumulate in double: reductions are where f32 sums lose the most.
