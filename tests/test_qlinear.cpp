@@ -106,6 +106,26 @@ TEST(QLinear, ForwardAndBackwardAreDecodeThenGemmOnEveryPath) {
   });
 }
 
+TEST(QLinear, AnOverflowingNonSaturatingGradientIsNonFiniteOnEveryPath) {
+  // A plain e5m2 cast without saturation makes 1e6 an infinity (a loss scaler must see it): the
+  // bf16 path keeps it infinite as the f32 path does, so dX's row that holds it is non-finite
+  // and every other row finite.
+  LinearRecipe r = recipe_cast(Format::e4m3, Format::e5m2);
+  r.gradient.saturate = false;
+  const Tensor x = Tensor::randn({4, 32}, 31), w = Tensor::randn({32, 8}, 32, 0.1);
+  std::vector<float> gv = Tensor::randn({4, 8}, 33).to_floats();
+  gv[10] = 1e6f;  // row 1
+  const Tensor g = Tensor::from_vector(gv, {4, 8});
+  on_every_gemm_path([&] {
+    Var xv(x, true), wv(w, true);
+    const QLinear layer(r);
+    layer(xv, wv).backward(g);
+    const std::vector<float> dx = xv.grad().to_floats();
+    for (int64_t i = 0; i < 4; ++i)
+      for (int64_t j = 0; j < 32; ++j) ASSERT_EQ(std::isfinite(dx[size_t(i * 32 + j)]), i != 1) << i << " " << j;
+  });
+}
+
 TEST(QLinear, MxIsDecodeThenGemmOnEveryPath) {
   on_every_gemm_path([] {
     // MXFP8: 32-element blocks along each product's reduction dimension, the backward's operands

@@ -69,7 +69,7 @@ TEST(Tensor, LowPrecisionDtypesAreStoredForReal) {
 TEST(Tensor, ByteCodesAsBf16MatchTheGeneralConversion) {
   for (const FormatInfo& f : kFormats) {
     if (f.storage_bytes() != 1 || !f.is_float()) continue;
-    std::vector<uint8_t> all(3 * 4096 + 5);
+    std::vector<uint8_t> all(17 * 4096 + 5);  // past the parallel threshold, a ragged last chunk
     for (size_t i = 0; i < all.size(); ++i) all[i] = uint8_t((i * 7) & ((1u << f.bits) - 1));
     Tensor codes = Tensor::empty({int64_t(all.size())}, dtype_of(f.id));
     std::memcpy(codes.raw_bytes(), all.data(), all.size());

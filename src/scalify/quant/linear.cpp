@@ -21,15 +21,18 @@ LinearRecipe make(const std::string& name, QuantizerConfig w, QuantizerConfig a,
   return {name, true, w, a, g};
 }
 bool blockwise(const QuantizerConfig& c) { return c.scaling == Scaling::block || c.scaling == Scaling::mx; }
-// Formats whose every value is a bf16 value (at most 7 mantissa bits, bf16's exponent range).
-bool bf16_exact(Format f) { return info(f).man_bits <= 7 && info(f).exp_bits <= 8 && f != Format::f32; }
+// Formats whose every value is a bf16 value (at most 7 mantissa bits, bf16's exponent range) and
+// a normal one: bf16 dot products flush subnormals, so E8M0's 2^-127 is left out.
+bool bf16_exact(Format f) { return info(f).man_bits <= 7 && info(f).exp_bits <= 8 && f != Format::f32 && f != Format::e8m0; }
 
 // Per-tensor operands: the GEMM runs on the codes, decoded exactly to bf16 or f32 (gemm::code_gemm
 // decides by CPU), with the product of the decode scales as alpha. Shapes as gemm::gemm_bf16.
 DType gemm_dtype() { return gemm::code_gemm() == gemm::CodeGemm::onednn_bf16 ? DType::bf16 : DType::f32; }
 Tensor gemm_operand(const Quantized& q, DType t) {
   const Tensor& d = q.per_tensor.data;
-  if (t == DType::bf16 && dtype_size(d.dtype()) == 1 && d.is_contiguous()) return byte_codes_as_bf16(d);  // FP8/FP6/FP4
+  // FP8/FP6/FP4 codes as their exact values; an infinity (a non-saturating e5m2 gradient) stays
+  // one, as on the f32 path.
+  if (t == DType::bf16 && dtype_size(d.dtype()) == 1 && d.is_contiguous()) return byte_codes_as_bf16(d);
   return d.to(t).contiguous();
 }
 float scale_of(const Quantized& q) { return q.per_tensor.any_scale ? 1.0f : q.per_tensor.scalar_scale(); }
