@@ -163,7 +163,7 @@ TrainConfig training_checkpoint_config(io::SafeTensors& st, const std::string& f
   if (st.metadata["format_version"] != kFormatVersion)
     throw Error("checkpoint '" + file + "' has format version " + st.metadata["format_version"] + ", this build reads " + kFormatVersion);
   TrainConfig cfg = checkpoint_config(st, file);
-  checkpoint_step(st, file);
+  const int64_t step = checkpoint_step(st, file);
   for (const char* k : {"scalify.state", "scalify.any_scale"})
     if (!json::accept(st.metadata[k])) throw Error("checkpoint '" + file + "': corrupt metadata '" + k + "'");
   // The counters a resume continues from: whole numbers >= 0, the step the same as the metadata's.
@@ -171,7 +171,7 @@ TrainConfig training_checkpoint_config(io::SafeTensors& st, const std::string& f
   for (const char* k : {"step", "skipped", "optimizer_steps"})
     if (!state.is_object() || !state.contains(k) || !state[k].is_number_integer() || state[k].get<int64_t>() < 0)
       throw Error("checkpoint '" + file + "': metadata 'scalify.state' lacks a whole number '" + k + "' >= 0");
-  if (state["step"].get<int64_t>() != checkpoint_step(st, file))
+  if (state["step"].get<int64_t>() != step)
     throw Error("checkpoint '" + file + "': 'scalify.state' step " + state["step"].dump() + " differs from metadata step " + st.metadata["step"]);
   return cfg;
 }
@@ -198,8 +198,8 @@ namespace {
 bool all_finite(const std::vector<float>& v) {
   return std::all_of(v.begin(), v.end(), [](float x) { return std::isfinite(x); });
 }
-}  // namespace
 
+// The names of the parameters whose represented values hold NaN or infinities.
 std::vector<std::string> nonfinite_parameters(const Session& s) {
   std::vector<std::string> bad;
   for (size_t i = 0; i < s.params.size(); ++i) {
@@ -211,6 +211,7 @@ std::vector<std::string> nonfinite_parameters(const Session& s) {
   }
   return bad;
 }
+}  // namespace
 
 std::unique_ptr<Session> load_session(const io::SafeTensors& st, const TrainConfig& cfg, const std::string& file, NonFinite nonfinite) {
   // Scales must be finite and positive for anything to compute with them, inspection included.

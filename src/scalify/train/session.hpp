@@ -71,8 +71,6 @@ enum class NonFinite : uint8_t { refuse, allow };
 // make_session from a checkpoint, with corrupt state reported against the file.
 std::unique_ptr<Session> load_session(const io::SafeTensors& st, const TrainConfig& cfg, const std::string& file,
                                       NonFinite nonfinite = NonFinite::refuse);
-// The names of the parameters whose represented values hold NaN or infinities.
-std::vector<std::string> nonfinite_parameters(const Session& s);
 // Writes the session atomically as a training checkpoint at `step`.
 void save_checkpoint(const Session& s, const std::string& path, int64_t step, int64_t skipped);
 // A run folder's checkpoint.safetensors (an error when it has none), or the path itself when it
