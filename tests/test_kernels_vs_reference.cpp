@@ -151,6 +151,34 @@ TEST(KernelsVsReference, SoftmaxNormsAndReductions) {
   }
 }
 
+// The one-pass norm backward (rstd applied inside the row loop) against the unfused composition
+// rstd * (g - mean(g) - xhat mean(g xhat)) in f64, above the parallel threshold, with a
+// transposed (non-contiguous) gradient.
+TEST(KernelsVsReference, NormBackwardMatchesTheUnfusedComposition) {
+  const int64_t R = 300, D = 130;
+  const Tensor x = Tensor::randn({R, D}, 21, 2.0);
+  const Tensor g = Tensor::randn({D, R}, 22, 1.5).transpose(0, 1);
+  const std::vector<double> gv = g.to_vector();
+  for (bool center : {true, false}) {
+    const ops::NormResult r = center ? ops::layer_norm(x, 1e-5) : ops::rms_norm(x, 1e-5);
+    const std::vector<double> xh = r.xhat.to_vector(), rs = r.rstd.to_vector();
+    const std::vector<double> dx = (center ? ops::layer_norm_backward(r, g) : ops::rms_norm_backward(r, g)).to_vector();
+    ASSERT_EQ(dx.size(), size_t(R * D));
+    for (int64_t row = 0; row < R; ++row) {
+      double mg = 0, mgx = 0;
+      for (int64_t i = 0; i < D; ++i) {
+        mg += gv[size_t(row * D + i)] / double(D);
+        mgx += gv[size_t(row * D + i)] * xh[size_t(row * D + i)] / double(D);
+      }
+      for (int64_t i = 0; i < D; ++i) {
+        const size_t k = size_t(row * D + i);
+        const double want = rs[size_t(row)] * (gv[k] - (center ? mg : 0.0) - xh[k] * mgx);
+        ASSERT_NEAR(dx[k], want, 1e-5 * (1 + std::fabs(want))) << (center ? "layer" : "rms") << " norm, row " << row;
+      }
+    }
+  }
+}
+
 // The SLEEF-backed AVX2 GELU and exponential, and the libm loops, against f64 over a wide range
 // of inputs (the |x| > 30 limit, exact zeros) and every tail length. GELU's 1 + tanh cancels for
 // negative x in f32 whichever tanh is used, so its bound grows with |x| (both forms must meet it).

@@ -2,7 +2,9 @@
 
 #include <algorithm>
 #include <atomic>
+#include <bit>
 #include <cmath>
+#include <exception>
 #include <span>
 
 #include "scalify/error.hpp"
@@ -18,29 +20,57 @@ constexpr const char* kNames[] = {"none", "scalify", "current", "delayed", "amax
 std::atomic<bool> g_collect_statistics{true};
 
 // Encodes x * encode_scale into `fmt` (saturating unless the config says not), returning the
-// codes tensor; fills the stats.
+// codes tensor; fills the stats. Works in chunks that stay in L1: low-precision data (SCALIFY's
+// f16) is decoded a chunk at a time instead of into a full f32 copy, and the statistics are
+// counted from the chunk just quantised, so the input is read once. Chunk c quantises with its
+// global offset, so stochastic rounding draws the same bits as one whole-tensor call.
 Tensor encode(const Tensor& x, Format fmt, float encode_scale, const QuantizerConfig& c, QuantStats& st) {
-  const Tensor xs = x.dtype() == DType::f32 && x.is_contiguous() ? x : x.to(DType::f32).contiguous();
+  constexpr int64_t kChunk = 4096;
+  const std::optional<Format> from = dtype_format(x.dtype());
+  const bool direct = x.is_contiguous() && from && info(*from).is_float();  // f32, f16, bf16, FP8 data
+  const Tensor xs = direct ? x : x.to(DType::f32).contiguous();
+  const bool decode = xs.dtype() != DType::f32;
+  const int64_t in_bytes = dtype_size(xs.dtype());
   Tensor codes = Tensor::empty(x.shape(), dtype_of(fmt));
+  const int64_t out_bytes = dtype_size(codes.dtype());
   QuantizeOptions opt;
   opt.rounding = c.rounding;
   opt.overflow = c.saturate ? Overflow::saturate : Overflow::non_saturating;
-  const size_t n = size_t(x.numel());
-  const std::span<const float> in(xs.data<float>(), n);
-  st.amax = quantize_amax(in, fmt, encode_scale, std::span(codes.raw_bytes(), n * size_t(dtype_size(codes.dtype()))), opt);
-  if (!collect_statistics()) return codes;
-  // Statistics from the input alone, one pass: a non-zero input underflows when |x| s is at most
-  // half the smallest subnormal (round-to-nearest-even makes that tie zero), and clips beyond max.
+  const int64_t n = x.numel(), chunks = (n + kChunk - 1) / kChunk;
+  // Statistics from the input alone: a non-zero input underflows when |x| s is at most half the
+  // smallest subnormal (round-to-nearest-even makes that tie zero), and clips beyond max.
+  const bool stats = collect_statistics();
   const float under_limit = float(0.5 * min_subnormal(fmt) / encode_scale), clip_limit = float(max_value(fmt) / encode_scale);
+  uint32_t amax_bits = 0;  // max |x| as bits: a NaN orders above infinity
   int64_t under = 0, clip = 0, nonzero = 0;
-  const float* p = in.data();
-#pragma omp parallel for reduction(+ : under, clip, nonzero) if (n > (size_t(1) << 16))
-  for (int64_t i = 0; i < int64_t(n); ++i) {  // branch-free, so it vectorises
-    const float a = std::fabs(p[i]);
-    nonzero += int64_t(a != 0);
-    under += int64_t(a != 0) & int64_t(a <= under_limit);
-    clip += int64_t(a > clip_limit);
+  std::exception_ptr error;  // a NaN into a format without NaN throws; rethrown after the loop
+#pragma omp parallel for reduction(max : amax_bits) reduction(+ : under, clip, nonzero) if (n > (int64_t(1) << 16))
+  for (int64_t ch = 0; ch < chunks; ++ch) {
+    float buf[kChunk];
+    const int64_t begin = ch * kChunk, len = std::min(kChunk, n - begin);
+    const float* p = decode ? buf : xs.data<float>() + begin;
+    try {
+      if (decode) dequantize(std::span(xs.raw_bytes() + begin * in_bytes, size_t(len * in_bytes)), *from, 1.0f, std::span(buf, size_t(len)));
+      QuantizeOptions o = opt;
+      o.offset = uint64_t(begin);
+      const float a = quantize_amax(std::span(p, size_t(len)), fmt, encode_scale,
+                                    std::span(codes.raw_bytes() + begin * out_bytes, size_t(len * out_bytes)), o);
+      amax_bits = std::max(amax_bits, std::bit_cast<uint32_t>(std::fabs(a)));
+    } catch (...) {
+#pragma omp critical(scalify_encode_error)
+      if (!error) error = std::current_exception();
+    }
+    if (!stats) continue;
+    for (int64_t i = 0; i < len; ++i) {  // branch-free, so it vectorises
+      const float a = std::fabs(p[i]);
+      nonzero += int64_t(a != 0);
+      under += int64_t(a != 0) & int64_t(a <= under_limit);
+      clip += int64_t(a > clip_limit);
+    }
   }
+  if (error) std::rethrow_exception(error);
+  st.amax = std::bit_cast<float>(amax_bits);
+  if (!stats) return codes;
   st.underflow = nonzero ? double(under) / double(nonzero) : 0.0;
   st.clipped = n ? double(clip) / double(n) : 0.0;
   return codes;

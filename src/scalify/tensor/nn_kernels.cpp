@@ -143,26 +143,39 @@ NormResult normalise_rows(const Tensor& x, double eps, bool center, const char* 
   return r;
 }
 
-Tensor norm_backward(const NormResult& r, const Tensor& g, bool center) {
-  return map_rows2(r.xhat, g, -1, "norm_backward", [&](const auto* xh, const auto* gg, auto* out, int64_t D) {
-    using T = std::remove_cvref_t<decltype(*xh)>;
-    double mg = 0, mgx = 0;
-    for (int64_t i = 0; i < D; ++i) {
-      mg += gg[i];
-      mgx += double(gg[i]) * xh[i];
+// dx = rstd * (g - mean(g) - xhat * mean(g * xhat)), one pass per row: rstd is applied in the
+// row loop, not broadcast over [rows, D] afterwards (a gather that ran on one thread).
+Tensor norm_backward(const NormResult& r, const Tensor& g, bool center, const char* op) {
+  if (r.xhat.shape() != g.shape())
+    throw Error(std::string(op) + ": shapes differ: " + shape_str(r.xhat.shape()) + " and " + shape_str(g.shape()));
+  return dispatch_compute(computes_in_f64(r.xhat, g), [&]<class T>() {
+    const Dense<T> xs(r.xhat), gs(g), rs(r.rstd);
+    Tensor out = Tensor::empty(g.shape(), dtype_for<T>());
+    const int64_t D = g.dim() ? g.size(-1) : 0, rows = D == 0 ? 0 : g.numel() / D;
+    T* po = out.data<T>();
+#pragma omp parallel for if (rows * D > (1 << 15))
+    for (int64_t row = 0; row < rows; ++row) {
+      const T *xh = xs.data() + row * D, *gg = gs.data() + row * D;
+      double mg = 0, mgx = 0;
+      for (int64_t i = 0; i < D; ++i) {
+        mg += gg[i];
+        mgx += double(gg[i]) * xh[i];
+      }
+      mg /= double(D);
+      mgx /= double(D);
+      const T rstd = rs[row];
+      T* o = po + row * D;
+      for (int64_t i = 0; i < D; ++i) o[i] = T(gg[i] - (center ? mg : 0.0) - xh[i] * mgx) * rstd;
     }
-    mg /= double(D);
-    mgx /= double(D);
-    // The caller multiplies by rstd: dx = rstd * (g - mean(g) - xhat * mean(g * xhat)).
-    for (int64_t i = 0; i < D; ++i) out[i] = T(gg[i] - (center ? mg : 0.0) - xh[i] * mgx);
+    return out;
   });
 }
 }  // namespace
 
 NormResult layer_norm(const Tensor& x, double eps) { return normalise_rows(x, eps, true, "layer_norm"); }
 NormResult rms_norm(const Tensor& x, double eps) { return normalise_rows(x, eps, false, "rms_norm"); }
-Tensor layer_norm_backward(const NormResult& r, const Tensor& g) { return mul(norm_backward(r, g, true), r.rstd); }
-Tensor rms_norm_backward(const NormResult& r, const Tensor& g) { return mul(norm_backward(r, g, false), r.rstd); }
+Tensor layer_norm_backward(const NormResult& r, const Tensor& g) { return norm_backward(r, g, true, "layer_norm_backward"); }
+Tensor rms_norm_backward(const NormResult& r, const Tensor& g) { return norm_backward(r, g, false, "rms_norm_backward"); }
 
 namespace {
 void check_ids(const Tensor& ids, int64_t vocab, const std::vector<int64_t>& v, const char* op) {
