@@ -1,9 +1,11 @@
 // MX and generic block quantisation against SPEC §5 on hand-built blocks.
 #include <gtest/gtest.h>
 
+#include <bit>
 #include <cmath>
 #include <cstring>
 #include <random>
+#include <tuple>
 #include <vector>
 
 #include "expect_error.hpp"
@@ -310,6 +312,44 @@ TEST(Block, DequantizeMatchesElementwiseDecodeTimesTheBlockScale) {
         ASSERT_EQ(out[r * c.cols + col], decode(c.element, code) * scale) << format_name(c.element) << " " << r << "," << col;
       }
   }
+}
+
+// The one-pass bf16 dequantisation against the f32 one truncated: MX blocks of FP8 codes (power-of-
+// two scales, above and below the parallel threshold, partial blocks) are bf16 values and convert;
+// f32-amax block scales leave bits below bf16's mantissa and decline, as does a 2^-64 value
+// (bf16 dot products flush its subnormal products).
+TEST(Block, Bf16DequantizeEqualsTheF32OneWhereExactAndDeclinesElsewhere) {
+  std::mt19937 rng(6);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  auto bf16_of = [](const std::vector<float>& v) {
+    std::vector<uint16_t> h(v.size());
+    for (size_t i = 0; i < v.size(); ++i) h[i] = uint16_t(std::bit_cast<uint32_t>(v[i]) >> 16);
+    return h;
+  };
+  for (auto [rows, cols, spec] : {std::tuple{size_t(300), size_t(200), mx_blocks(1)}, std::tuple{size_t(70), size_t(33), mx_blocks(0)},
+                                  std::tuple{size_t(3), size_t(70), mx_blocks(1)}}) {
+    for (Format element : {Format::e4m3, Format::e5m2}) {
+      std::vector<float> x(rows * cols);
+      for (size_t i = 0; i < x.size(); ++i) x[i] = normal(rng) * std::ldexp(1.0f, int(i % 30) - 15);
+      const BlockQuantized q = quantize_blocks(x, rows, cols, element, spec);
+      std::vector<uint16_t> h(x.size());
+      ASSERT_TRUE(dequantize_blocks_bf16(q, h)) << format_name(element);
+      EXPECT_EQ(h, bf16_of(dequant(q))) << format_name(element) << " " << rows << "x" << cols;
+    }
+  }
+  std::vector<float> x(5 * 130);
+  for (float& v : x) v = normal(rng);
+  std::vector<uint16_t> h(x.size());
+  EXPECT_FALSE(dequantize_blocks_bf16(quantize_blocks(x, 5, 130, Format::e4m3, {1, 128, BlockScaleRule::f32_amax}), h));
+  std::fill(x.begin(), x.end(), 1.0f);
+  std::fill(x.begin() + 64, x.begin() + 96, 0.0f);
+  x[77] = std::ldexp(1.0f, -64);  // alone in its block, so the block's scale does not round it away
+  EXPECT_FALSE(dequantize_blocks_bf16(quantize_blocks(x, 5, 130, Format::e4m3, mx_blocks(1)), h));
+  x[77] = std::ldexp(1.0f, -63);
+  EXPECT_TRUE(dequantize_blocks_bf16(quantize_blocks(x, 5, 130, Format::e4m3, mx_blocks(1)), h));
+  BlockQuantized bad = quantize_blocks(x, 5, 130, Format::e4m3, mx_blocks(1));
+  bad.scales.pop_back();
+  EXPECT_ERROR(dequantize_blocks_bf16(bad, h), "dequantize_blocks_bf16: ");
 }
 
 }  // namespace

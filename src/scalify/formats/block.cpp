@@ -213,33 +213,39 @@ BlockQuantized quantize_blocks(std::span<const float> x, size_t rows, size_t col
   return q;
 }
 
-void dequantize_blocks(const BlockQuantized& q, std::span<float> out) {
-  // The struct is plain data: check it is consistent before indexing codes and scales with it.
-  const FormatInfo& f = info(q.element);
-  const size_t cb = size_t(f.storage_bytes());
+namespace {
+// The struct is plain data: checks it is consistent before codes and scales are indexed with it.
+void check_blocks(const BlockQuantized& q, size_t out_size, const char* op) {
+  const std::string o(op);
+  const size_t cb = size_t(info(q.element).storage_bytes());
   size_t n = 0, code_bytes = 0;
   if (__builtin_mul_overflow(q.rows, q.cols, &n) || __builtin_mul_overflow(n, cb, &code_bytes))
-    throw Error("dequantize_blocks: a " + std::to_string(q.rows) + " x " + std::to_string(q.cols) + " tensor is too large");
-  if (q.block.rows == 0 || q.block.cols == 0) throw Error("dequantize_blocks: block size must be positive");
+    throw Error(o + ": a " + std::to_string(q.rows) + " x " + std::to_string(q.cols) + " tensor is too large");
+  if (q.block.rows == 0 || q.block.cols == 0) throw Error(o + ": block size must be positive");
   if (q.codes.size() != code_bytes)
-    throw Error("dequantize_blocks: " + std::to_string(q.codes.size()) + " bytes of codes, expected " +
+    throw Error(o + ": " + std::to_string(q.codes.size()) + " bytes of codes, expected " +
                 std::to_string(code_bytes) + " for a " + std::to_string(q.rows) + " x " + std::to_string(q.cols) + " tensor");
   if (q.scales.size() != q.scale_rows() * q.scale_cols())
-    throw Error("dequantize_blocks: " + std::to_string(q.scales.size()) + " scales, expected " +
+    throw Error(o + ": " + std::to_string(q.scales.size()) + " scales, expected " +
                 std::to_string(q.scale_rows()) + " x " + std::to_string(q.scale_cols()) + " for " +
                 std::to_string(q.rows) + " x " + std::to_string(q.cols) + " in blocks of " +
                 std::to_string(q.block.rows) + " x " + std::to_string(q.block.cols));
-  if (out.size() != n)
-    throw Error("dequantize_blocks: output has " + std::to_string(out.size()) +
-                " elements, the tensor " + std::to_string(n));
-  // One SIMD decode per row, then each block's scale as the kernels apply it (v * scale in f32):
-  // a kernel call per 32-element block spent most of its time setting up.
-  // Pointer arithmetic, not &out[i]: an empty row ([4, 0]) must not index an empty span.
+  if (out_size != n)
+    throw Error(o + ": output has " + std::to_string(out_size) + " elements, the tensor " + std::to_string(n));
+}
+
+// Decodes the rows in parallel with the SIMD codec and multiplies each by its blocks' scales (v *
+// scale in f32, as the kernels apply it): a kernel call per 32-element block spent most of its time
+// setting up. A row goes to `out` when given, else to a per-thread buffer handed to row_fn(r, row).
+template <class RowFn>
+void for_decoded_rows(const BlockQuantized& q, float* out, RowFn row_fn) {
+  const FormatInfo& f = info(q.element);
+  const size_t cb = size_t(f.storage_bytes());
   const kernels::KernelTable& k = kernels::active_kernels();
   if (q.cols == 0) return;
-#pragma omp parallel if (n > (size_t(1) << 15))
+#pragma omp parallel if (q.rows * q.cols > (size_t(1) << 15))
   {
-    std::vector<float> col_scale(q.cols);  // the block row's scales, one per column
+    std::vector<float> col_scale(q.cols), row(out ? 0 : q.cols);  // col_scale: the block row's scales, one per column
     size_t expanded = SIZE_MAX;
 #pragma omp for
     for (int64_t ri = 0; ri < int64_t(q.rows); ++ri) {
@@ -250,11 +256,30 @@ void dequantize_blocks(const BlockQuantized& q, std::span<float> out) {
                     col_scale.begin() + ptrdiff_t(std::min(q.cols, (bc + 1) * q.block.cols)), q.scales[br * q.scale_cols() + bc]);
         expanded = br;
       }
-      float* row = out.data() + r * q.cols;
-      k.dequantize(q.codes.data() + r * q.cols * cb, q.cols, row, f, 1.0f);
-      scale_row(row, col_scale.data(), q.cols);  // v * scale in f32, as the kernels apply it
+      float* dest = out ? out + r * q.cols : row.data();  // pointer arithmetic: an empty row must not index
+      k.dequantize(q.codes.data() + r * q.cols * cb, q.cols, dest, f, 1.0f);
+      scale_row(dest, col_scale.data(), q.cols);
+      if (!out) row_fn(r, dest);
     }
   }
+}
+}  // namespace
+
+void dequantize_blocks(const BlockQuantized& q, std::span<float> out) {
+  check_blocks(q, out.size(), "dequantize_blocks");
+  for_decoded_rows(q, out.data(), [](size_t, const float*) {});
+}
+
+bool dequantize_blocks_bf16(const BlockQuantized& q, std::span<uint16_t> out) {
+  check_blocks(q, out.size(), "dequantize_blocks_bf16");
+  bool exact = true;  // rows run on several threads: each only ever clears it
+  for_decoded_rows(q, nullptr, [&](size_t r, const float* row) {
+    if (!truncate_to_bf16_exact(std::span(row, q.cols), std::span(out.data() + r * q.cols, q.cols))) {
+#pragma omp atomic write
+      exact = false;
+    }
+  });
+  return exact;
 }
 
 }  // namespace scalify

@@ -47,5 +47,9 @@ float block_scale(float amax, Format element, BlockScaleRule rule);
 BlockQuantized quantize_blocks(std::span<const float> x, size_t rows, size_t cols, Format element,
                                const BlockSpec& spec, Rounding rounding = Rounding::nearest_even);
 void dequantize_blocks(const BlockQuantized& q, std::span<float> out);
+// The dequantized values as bf16 bit patterns, without an f32 copy; false (out then unspecified)
+// unless every one is exactly a bf16 value that bf16 dot products keep (truncate_to_bf16_exact):
+// true for MX blocks of FP8 codes, whose scales are powers of two.
+bool dequantize_blocks_bf16(const BlockQuantized& q, std::span<uint16_t> out);
 
 }  // namespace scalify

@@ -35,6 +35,12 @@ void dequantize(std::span<const std::byte> codes, Format fmt, float scale, std::
 // max |x|; NaN if any element is NaN; 0 for an empty span.
 float amax(std::span<const float> src);
 
+// Writes each f32 value's upper half (its bf16 truncation) to out and returns whether every one
+// was exact: no bits below bf16's mantissa, and no non-zero value below 2^-63 (bf16 dot products
+// flush subnormals, so a product of two such values could leave f32's normal range). One thread:
+// callers split large inputs.
+bool truncate_to_bf16_exact(std::span<const float> in, std::span<uint16_t> out);
+
 // Threads used by bulk kernels on large inputs (default: OpenMP's default).
 void set_num_threads(int n);
 int num_threads();

@@ -1,6 +1,8 @@
 #include "scalify/quant/linear.hpp"
 
 #include <cmath>
+#include <optional>
+#include <utility>
 
 #include "scalify/autograd/functions.hpp"
 #include "scalify/error.hpp"
@@ -44,16 +46,16 @@ Tensor gemm_codes(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const Tenso
     gemm::sgemm(ta, tb, M, N, K, a.data<float>(), ta ? M : K, b.data<float>(), tb ? K : N, 0.0f, c.data<float>(), N, alpha);
   return c;
 }
-// GEMM of dequantized operands (f32, shapes as gemm_codes): through the bf16 code GEMM when
-// asked and every value of both is a bf16 value (codes times power-of-two block scales), else
-// in f32. Either way: exact products, f32 accumulation.
-Tensor dequantized_gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const Tensor& a, const Tensor& b, bool try_bf16) {
+// GEMM of quantised operands' represented values (shapes as gemm_codes): through the bf16 code
+// GEMM when asked and every value of both is a bf16 value (codes times power-of-two block scales),
+// else in f32. Either way: exact products, f32 accumulation.
+Tensor dequantized_gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const Quantized& a, const Quantized& b, bool try_bf16) {
   if (try_bf16) {
-    const Tensor ha = exact_bf16(a);
-    const Tensor hb = ha.defined() ? exact_bf16(b) : Tensor();
+    const Tensor ha = a.dequantize_bf16();
+    const Tensor hb = ha.defined() ? b.dequantize_bf16() : Tensor();
     if (hb.defined()) return gemm_codes(ta, tb, M, N, K, ha, hb, 1.0f);
   }
-  return gemm_codes(ta, tb, M, N, K, a.contiguous(), b.contiguous(), 1.0f);
+  return gemm_codes(ta, tb, M, N, K, a.dequantize().contiguous(), b.dequantize().contiguous(), 1.0f);
 }
 // Whether a role's dequantized values can be bf16 values: its format's are, and its scales are
 // powers of two (MX, or blocks with an MX scale rule).
@@ -185,24 +187,28 @@ Var QLinear::operator()(const Var& x, const Var& w, const Var& b) const {
     });
     return b.defined() ? out + b : out;
   }
-  const Tensor dx = qx.dequantize(), dw = qw.dequantize();  // exact: format values times scales
   const bool bf16 = block && gemm_dtype() == DType::bf16 && pow2_block_role(recipe_.weight) && pow2_block_role(recipe_.activation) &&
                     pow2_block_role(recipe_.gradient);
-  const Tensor y = dequantized_gemm(false, false, rows, N, K, dx, dw, bf16).reshape(out_shape);
+  const Tensor y = dequantized_gemm(false, false, rows, N, K, qx, qw, bf16).reshape(out_shape);
+  // Per-tensor: the forward's quantised operands serve the transposed products too. Block: the
+  // backward re-quantises from the high-precision sources along each of its reductions.
+  const std::optional<std::pair<Quantized, Quantized>> forward_operands =
+      block ? std::nullopt : std::optional(std::pair(qx, qw));
   const Var out = Var::make("qlinear", ScaledTensor(y), {x, w},
-                            [state, dx, dw, block, bf16, x_src = x.value(), w_src = w.value(), rows, K, N, xs = x.shape()](const ScaledTensor& g) {
+                            [state, forward_operands, bf16, x_src = block ? x.value() : Tensor(), w_src = block ? w.value() : Tensor(), rows, K, N,
+                             xs = x.shape()](const ScaledTensor& g) {
     State& s = *state;
     const Tensor g2 = (g.is_scaled() ? g.value() : g.data).reshape({rows, N});
-    const Tensor gq = s.gradient.quantize(g2).dequantize();
+    const Quantized qg = s.gradient.quantize(g2);
     Tensor grad_x, grad_w;
-    if (!block) {  // per-tensor: the forward copies serve the transposed products too
-      grad_x = dequantized_gemm(false, true, rows, K, N, gq, dw, false);
-      grad_w = dequantized_gemm(true, false, K, N, rows, dx, gq, false);
-    } else {       // re-quantise from the high-precision sources along each backward reduction
-      const Tensor wt = s.weight_t.quantize(w_src).dequantize();
-      const Tensor xt = s.activation_t.quantize(x_src.reshape({rows, K})).dequantize();
-      const Tensor gt = s.gradient_t.quantize(g2).dequantize();
-      grad_x = dequantized_gemm(false, true, rows, K, N, gq, wt, bf16);
+    if (forward_operands) {
+      const auto& [qx, qw] = *forward_operands;
+      grad_x = dequantized_gemm(false, true, rows, K, N, qg, qw, false);
+      grad_w = dequantized_gemm(true, false, K, N, rows, qx, qg, false);
+    } else {
+      const Quantized wt = s.weight_t.quantize(w_src), xt = s.activation_t.quantize(x_src.reshape({rows, K})),
+                      gt = s.gradient_t.quantize(g2);
+      grad_x = dequantized_gemm(false, true, rows, K, N, qg, wt, bf16);
       grad_w = dequantized_gemm(true, false, K, N, rows, xt, gt, bf16);
     }
     return std::vector<ScaledTensor>{ScaledTensor(grad_x.reshape(xs)), ScaledTensor(grad_w)};

@@ -9,6 +9,7 @@
 
 #include "scalify/error.hpp"
 #include "scalify/formats/bulk.hpp"
+#include "scalify/tensor/convert.hpp"
 
 namespace scalify::quant {
 
@@ -102,6 +103,12 @@ Tensor Quantized::dequantize() const {
     return out;
   }
   return per_tensor.value();
+}
+
+Tensor Quantized::dequantize_bf16() const {
+  if (!blockwise) return exact_bf16(per_tensor.value().contiguous());
+  Tensor out = Tensor::empty({int64_t(blocks.rows), int64_t(blocks.cols)}, DType::bf16);
+  return dequantize_blocks_bf16(blocks, std::span(out.data<uint16_t>(), size_t(out.numel()))) ? out : Tensor();
 }
 
 Quantizer::Quantizer(QuantizerConfig config) : c_(config) {

@@ -56,6 +56,9 @@ struct Quantized {
   BlockQuantized blocks;    // block / mx
   bool blockwise = false;
   Tensor dequantize() const;  // the represented values, f32
+  // The represented values as bf16 when each is exactly a bf16 value that bf16 dot products keep
+  // (truncate_to_bf16_exact), else an undefined tensor. Block scaling skips the f32 copy.
+  Tensor dequantize_bf16() const;
 };
 
 // Whether quantisers count underflow and clipping (an extra pass over every input; block/MX

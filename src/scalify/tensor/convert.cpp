@@ -129,21 +129,18 @@ void write_from(const double* in, Tensor& t) { write_impl(in, t); }
 
 Tensor exact_bf16(const Tensor& values) {
   if (values.dtype() != DType::f32 || !values.is_contiguous()) throw Error("exact_bf16: needs contiguous f32 values");
-  const int64_t n = values.numel();
-  const uint32_t* in = reinterpret_cast<const uint32_t*>(values.data<float>());
+  constexpr int64_t kChunk = 1 << 14;
+  const int64_t n = values.numel(), chunks = (n + kChunk - 1) / kChunk;
+  const float* in = values.data<float>();
   Tensor out = Tensor::empty(values.shape(), DType::bf16);
   uint16_t* o = out.data<uint16_t>();
-  // bf16 dot-product instructions treat subnormal inputs and results as zero: a non-zero value
-  // below 2^-63 (so a product of two could fall below f32's normal range) also declines.
-  uint32_t low = 0, tiny = 0;  // ORs over the values: zero when all are bf16 values / >= 2^-63
-#pragma omp parallel for reduction(| : low, tiny) if (n > (1 << 16))
-  for (int64_t i = 0; i < n; ++i) {
-    const uint32_t magnitude = in[i] & 0x7FFFFFFFu;
-    low |= in[i] & 0xFFFFu;
-    tiny |= uint32_t(magnitude != 0 && magnitude < (64u << 23));
-    o[i] = uint16_t(in[i] >> 16);
+  bool exact = true;
+#pragma omp parallel for reduction(&& : exact) if (n > (1 << 16))
+  for (int64_t c = 0; c < chunks; ++c) {
+    const int64_t begin = c * kChunk, len = std::min(kChunk, n - begin);
+    exact = truncate_to_bf16_exact(std::span(in + begin, size_t(len)), std::span(o + begin, size_t(len))) && exact;
   }
-  return low == 0 && tiny == 0 ? out : Tensor();
+  return exact ? out : Tensor();
 }
 
 Tensor byte_codes_as_bf16(const Tensor& codes) {
