@@ -341,6 +341,10 @@ TEST(Block, Bf16DequantizeEqualsTheF32OneWhereExactAndDeclinesElsewhere) {
   for (float& v : x) v = normal(rng);
   std::vector<uint16_t> h(x.size());
   EXPECT_FALSE(dequantize_blocks_bf16(quantize_blocks(x, 5, 130, Format::e4m3, {1, 128, BlockScaleRule::f32_amax}), h));
+  std::vector<float> big(300 * 200);  // rows on several threads: one inexact row declines the whole
+  for (float& v : big) v = normal(rng);
+  std::vector<uint16_t> hbig(big.size());
+  EXPECT_FALSE(dequantize_blocks_bf16(quantize_blocks(big, 300, 200, Format::e4m3, {128, 128, BlockScaleRule::f32_amax}), hbig));
   std::fill(x.begin(), x.end(), 1.0f);
   std::fill(x.begin() + 64, x.begin() + 96, 0.0f);
   x[77] = std::ldexp(1.0f, -64);  // alone in its block, so the block's scale does not round it away

@@ -152,30 +152,36 @@ TEST(KernelsVsReference, SoftmaxNormsAndReductions) {
 }
 
 // The one-pass norm backward (rstd applied inside the row loop) against the unfused composition
-// rstd * (g - mean(g) - xhat mean(g xhat)) in f64, above the parallel threshold, with a
-// transposed (non-contiguous) gradient.
+// it replaced, bit for bit: per row, double sums of g and g * xhat over D, then
+// float(g - mean(g) - xhat * mean(g xhat)) times rstd in f32. Above the parallel threshold, with a
+// transposed (non-contiguous) gradient; a wrong rstd count is refused.
 TEST(KernelsVsReference, NormBackwardMatchesTheUnfusedComposition) {
   const int64_t R = 300, D = 130;
   const Tensor x = Tensor::randn({R, D}, 21, 2.0);
   const Tensor g = Tensor::randn({D, R}, 22, 1.5).transpose(0, 1);
-  const std::vector<double> gv = g.to_vector();
+  const std::vector<float> gv = g.to_floats();
   for (bool center : {true, false}) {
     const ops::NormResult r = center ? ops::layer_norm(x, 1e-5) : ops::rms_norm(x, 1e-5);
-    const std::vector<double> xh = r.xhat.to_vector(), rs = r.rstd.to_vector();
-    const std::vector<double> dx = (center ? ops::layer_norm_backward(r, g) : ops::rms_norm_backward(r, g)).to_vector();
+    const std::vector<float> xh = r.xhat.to_floats(), rs = r.rstd.to_floats();
+    const std::vector<float> dx = (center ? ops::layer_norm_backward(r, g) : ops::rms_norm_backward(r, g)).to_floats();
     ASSERT_EQ(dx.size(), size_t(R * D));
     for (int64_t row = 0; row < R; ++row) {
       double mg = 0, mgx = 0;
       for (int64_t i = 0; i < D; ++i) {
-        mg += gv[size_t(row * D + i)] / double(D);
-        mgx += gv[size_t(row * D + i)] * xh[size_t(row * D + i)] / double(D);
+        mg += gv[size_t(row * D + i)];
+        mgx += double(gv[size_t(row * D + i)]) * xh[size_t(row * D + i)];
       }
+      mg /= double(D);
+      mgx /= double(D);
       for (int64_t i = 0; i < D; ++i) {
         const size_t k = size_t(row * D + i);
-        const double want = rs[size_t(row)] * (gv[k] - (center ? mg : 0.0) - xh[k] * mgx);
-        ASSERT_NEAR(dx[k], want, 1e-5 * (1 + std::fabs(want))) << (center ? "layer" : "rms") << " norm, row " << row;
+        const float want = float(gv[k] - (center ? mg : 0.0) - xh[k] * mgx) * rs[size_t(row)];
+        ASSERT_EQ(dx[k], want) << (center ? "layer" : "rms") << " norm, row " << row << ", column " << i;
       }
     }
+    ops::NormResult bad = r;
+    bad.rstd = r.rstd.slice(0, 0, R - 1);
+    EXPECT_THROW(ops::layer_norm_backward(bad, g), Error);
   }
 }
 

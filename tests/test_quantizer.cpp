@@ -6,6 +6,7 @@
 
 #include "expect_error.hpp"
 #include "scalify/error.hpp"
+#include "scalify/formats/bulk.hpp"
 #include "scalify/quant/quantizer.hpp"
 
 namespace scalify::quant {
@@ -51,6 +52,51 @@ TEST(Quantizer, StatisticsSwitchLeavesCodesAndScalesAlone) {
   EXPECT_EQ(b.last().underflow, 0.0) << "not counted while off";
   b.quantize(x);
   EXPECT_EQ(b.last().underflow, a.last().underflow);
+}
+
+// The quantiser encodes in chunks (f16 data decoded a chunk at a time, statistics counted per
+// chunk, in parallel): codes, amax and statistics must equal one whole-tensor quantize_amax of the
+// same values, for f32 and f16 inputs, nearest and stochastic rounding (each chunk draws its bits
+// at its global offset), on a size that ends in a partial chunk. A NaN into FP4 is an error.
+TEST(Quantizer, ChunkedEncodeEqualsOneWholeTensorCall) {
+  const int64_t n = 300007;
+  std::vector<float> v(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) v[size_t(i)] = std::ldexp(float((i * 7919) % 2001 - 1000) / 1000.0f, int(i % 36) - 24);
+  const Tensor x32 = Tensor::from_vector(v, {n});
+  for (const Tensor& x : {x32, x32.to(DType::f16)}) {
+    const std::vector<float> exact = x.to_floats();  // the values the quantiser sees
+    for (Rounding rounding : {Rounding::nearest_even, Rounding::stochastic}) {
+      QuantizerConfig c = cfg(Scaling::constant_bias);
+      c.bias = 3;
+      c.rounding = rounding;
+      Quantizer q(c);
+      const Quantized out = q.quantize(x);
+      std::vector<std::byte> want(static_cast<size_t>(n));
+      QuantizeOptions opt;
+      opt.rounding = rounding;
+      const float amax = quantize_amax(exact, Format::e4m3, 8.0f, want, opt);
+      const std::vector<float> got = out.per_tensor.data.to_floats();
+      std::vector<float> want_values(static_cast<size_t>(n));
+      dequantize(want, Format::e4m3, 1.0f, want_values);
+      ASSERT_EQ(got, want_values) << dtype_name(x.dtype()) << (rounding == Rounding::stochastic ? " stochastic" : "");
+      EXPECT_EQ(q.last().amax, amax);
+      int64_t nonzero = 0, under = 0, clip = 0;
+      for (float e : exact) {
+        const float a = std::fabs(e) * 8.0f;
+        nonzero += a != 0;
+        under += a != 0 && a <= 0.5f * std::ldexp(1.0f, -9);
+        clip += a > 448.0f;
+      }
+      ASSERT_GT(under, 0);
+      ASSERT_GT(clip, 0);
+      EXPECT_DOUBLE_EQ(q.last().underflow, double(under) / double(nonzero));
+      EXPECT_DOUBLE_EQ(q.last().clipped, double(clip) / double(n));
+    }
+  }
+  std::vector<float> with_nan = v;
+  with_nan[200000] = std::numeric_limits<float>::quiet_NaN();
+  Quantizer fp4(cfg(Scaling::none, Format::e2m1));
+  EXPECT_THROW(fp4.quantize(Tensor::from_vector(with_nan, {n})), Error);
 }
 
 TEST(Quantizer, ZeroOrNonFiniteAmaxKeepsThePreviousScale) {

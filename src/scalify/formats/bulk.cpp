@@ -100,13 +100,12 @@ float quantize_impl(std::span<const float> src, Format fmt, float scale,
 
 bool truncate_to_bf16_exact(std::span<const float> in, std::span<uint16_t> out) {
   if (out.size() != in.size()) throw Error("truncate_to_bf16_exact: output size differs from input size");
-  const uint32_t* bits = reinterpret_cast<const uint32_t*>(in.data());
   uint32_t low = 0, tiny = 0;  // ORs over the values: zero when all are bf16 values / >= 2^-63
   for (size_t i = 0; i < in.size(); ++i) {  // branch-free, so it vectorises
-    const uint32_t magnitude = bits[i] & 0x7FFFFFFFu;
-    low |= bits[i] & 0xFFFFu;
+    const uint32_t bits = std::bit_cast<uint32_t>(in[i]), magnitude = bits & 0x7FFFFFFFu;
+    low |= bits & 0xFFFFu;
     tiny |= uint32_t(magnitude != 0 && magnitude < (64u << 23));
-    out[i] = uint16_t(bits[i] >> 16);
+    out[i] = uint16_t(bits >> 16);
   }
   return low == 0 && tiny == 0;
 }

@@ -201,10 +201,10 @@ Var QLinear::operator()(const Var& x, const Var& w, const Var& b) const {
     const Tensor g2 = (g.is_scaled() ? g.value() : g.data).reshape({rows, N});
     const Quantized qg = s.gradient.quantize(g2);
     Tensor grad_x, grad_w;
-    if (forward_operands) {
-      const auto& [qx, qw] = *forward_operands;
-      grad_x = dequantized_gemm(false, true, rows, K, N, qg, qw, false);
-      grad_w = dequantized_gemm(true, false, K, N, rows, qx, qg, false);
+    if (forward_operands) {  // f32 products of the represented values, each decoded once
+      const Tensor gq = qg.dequantize().contiguous();
+      grad_x = gemm_codes(false, true, rows, K, N, gq, forward_operands->second.dequantize().contiguous(), 1.0f);
+      grad_w = gemm_codes(true, false, K, N, rows, forward_operands->first.dequantize().contiguous(), gq, 1.0f);
     } else {
       const Quantized wt = s.weight_t.quantize(w_src), xt = s.activation_t.quantize(x_src.reshape({rows, K})),
                       gt = s.gradient_t.quantize(g2);

@@ -45,7 +45,8 @@ Tensor encode(const Tensor& x, Format fmt, float encode_scale, const QuantizerCo
   uint32_t amax_bits = 0;  // max |x| as bits: a NaN orders above infinity
   int64_t under = 0, clip = 0, nonzero = 0;
   std::exception_ptr error;  // a NaN into a format without NaN throws; rethrown after the loop
-#pragma omp parallel for reduction(max : amax_bits) reduction(+ : under, clip, nonzero) if (n > (int64_t(1) << 16))
+#pragma omp parallel for num_threads(num_threads()) reduction(max : amax_bits) reduction(+ : under, clip, nonzero) \
+    if (n > (int64_t(1) << 16))
   for (int64_t ch = 0; ch < chunks; ++ch) {
     float buf[kChunk];
     const int64_t begin = ch * kChunk, len = std::min(kChunk, n - begin);
@@ -60,6 +61,7 @@ Tensor encode(const Tensor& x, Format fmt, float encode_scale, const QuantizerCo
     } catch (...) {
 #pragma omp critical(scalify_encode_error)
       if (!error) error = std::current_exception();
+      continue;
     }
     if (!stats) continue;
     for (int64_t i = 0; i < len; ++i) {  // branch-free, so it vectorises

@@ -148,6 +148,8 @@ NormResult normalise_rows(const Tensor& x, double eps, bool center, const char* 
 Tensor norm_backward(const NormResult& r, const Tensor& g, bool center, const char* op) {
   if (r.xhat.shape() != g.shape())
     throw Error(std::string(op) + ": shapes differ: " + shape_str(r.xhat.shape()) + " and " + shape_str(g.shape()));
+  if (g.dim() == 0 || (g.size(-1) && r.rstd.numel() != g.numel() / g.size(-1)))
+    throw Error(std::string(op) + ": needs one rstd per row of " + shape_str(g.shape()) + ", got " + shape_str(r.rstd.shape()));
   return dispatch_compute(computes_in_f64(r.xhat, g), [&]<class T>() {
     const Dense<T> xs(r.xhat), gs(g), rs(r.rstd);
     Tensor out = Tensor::empty(g.shape(), dtype_for<T>());
