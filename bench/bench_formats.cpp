@@ -8,8 +8,10 @@
 #include <chrono>
 #include <cstring>
 #include <random>
+#include <span>
 #include <vector>
 
+#include "scalify/formats/block.hpp"
 #include "scalify/formats/bulk.hpp"
 #include "scalify/formats/kernels.hpp"
 
@@ -154,6 +156,36 @@ void BM_QuantizeVsCopy(benchmark::State& st) {
   st.SetLabel(std::string(kernels::isa_name(kernels::active_isa())) + " x" + std::to_string(threads));
 }
 
+// Block quantisation of one [2048, 512] operand (the d = 128 model's MLP activations), alternating
+// in every iteration with per-tensor quantise + amax of the same values: `blocks_vs_tensor` is the
+// block quantiser's time over the per-tensor kernel's. Arguments: (isa, block kind): 0 MX along
+// rows (1 x 32), 1 MX down columns (32 x 1), 2 rows of 128 with f32 scales, 3 128 x 128 f32 scales.
+void BM_BlocksVsPerTensor(benchmark::State& st) {
+  kernels::set_isa(static_cast<kernels::Isa>(st.range(0)));
+  set_num_threads(0);
+  constexpr size_t rows = 2048, cols = 512;
+  const std::span<const float> x(input().data(), rows * cols);
+  const BlockSpec specs[] = {mx_blocks(1), mx_blocks(0), {1, 128, BlockScaleRule::f32_amax}, {128, 128, BlockScaleRule::f32_amax}};
+  const BlockSpec spec = specs[st.range(1)];
+  std::vector<std::byte> codes(rows * cols);
+  using clock = std::chrono::steady_clock;
+  double tensor_s = 0, block_s = 0;
+  for (auto _ : st) {
+    const auto t0 = clock::now();
+    benchmark::DoNotOptimize(quantize_amax(x, Format::e4m3, 0.25f, codes));
+    benchmark::ClobberMemory();
+    const auto t1 = clock::now();
+    benchmark::DoNotOptimize(quantize_blocks(x, rows, cols, Format::e4m3, spec));
+    const auto t2 = clock::now();
+    tensor_s += std::chrono::duration<double>(t1 - t0).count();
+    const double b = std::chrono::duration<double>(t2 - t1).count();
+    block_s += b;
+    st.SetIterationTime(b);
+  }
+  st.counters["blocks_vs_tensor"] = block_s / tensor_s;
+  st.SetLabel(std::string(kernels::isa_name(kernels::active_isa())) + " " + std::to_string(spec.rows) + "x" + std::to_string(spec.cols));
+}
+
 void IsaThreadArgs(benchmark::internal::Benchmark* b) {
   for (int threads : {1, 2})
     for (int isa : {0, 1, 2})
@@ -171,6 +203,7 @@ BENCHMARK(BM_QuantizeAmaxE4m3)->Apply(Args);
 BENCHMARK(BM_QuantizeE4m3Stochastic)->Apply(Args);
 BENCHMARK(BM_DequantizeE4m3)->Apply(Args);
 BENCHMARK(BM_Amax)->Apply(Args);
+BENCHMARK(BM_BlocksVsPerTensor)->ArgsProduct({{1, 2}, {0, 1, 2, 3}})->UseManualTime()->Unit(benchmark::kMicrosecond)->MinTime(0.3);
 
 }  // namespace
 

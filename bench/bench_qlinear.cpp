@@ -49,13 +49,16 @@ void BM_Fp8LinearVsF32(benchmark::State& st, const char* recipe) {
 }
 
 void Shapes(benchmark::internal::Benchmark* b) {
-  b->Args({2048, 768, 3072})->Args({2048, 3072, 768})->UseManualTime()->Unit(benchmark::kMillisecond)->MinTime(1.0);
+  // GPT-2's MLP; the d = 128 trainer model's QKV projection and MLP (2048 tokens per step).
+  b->Args({2048, 768, 3072})->Args({2048, 3072, 768})->Args({2048, 128, 384})->Args({2048, 128, 512})->Args({2048, 512, 128});
+  b->UseManualTime()->Unit(benchmark::kMillisecond)->MinTime(1.0);
 }
 
 BENCHMARK_CAPTURE(BM_Fp8LinearVsF32, current, "current")->Apply(Shapes);
 BENCHMARK_CAPTURE(BM_Fp8LinearVsF32, delayed, "delayed")->Apply(Shapes);
 BENCHMARK_CAPTURE(BM_Fp8LinearVsF32, scalify_e4m3, "scalify_e4m3")->Apply(Shapes);
 BENCHMARK_CAPTURE(BM_Fp8LinearVsF32, mxfp8, "mxfp8")->Apply(Shapes);
+BENCHMARK_CAPTURE(BM_Fp8LinearVsF32, blockwise, "blockwise")->Apply(Shapes);
 
 }  // namespace
 

@@ -65,6 +65,33 @@ std::vector<uint8_t> BlockQuantized::e8m0_scales() const {
 }
 
 namespace {
+// How one block is quantised, from its amax (as |x| bits).
+struct BlockPlan {
+  float scale = 1;  // the decode factor stored for the block
+  bool keep = true;   // false: a NaN/inf block, decoded as NaN; its codes stay 0
+  bool exact = true;  // the pre-scale (x * mul) * 2^shift is exact in f32: one call for the whole row
+  float mul = 1;
+  int shift = 0;
+  bool used() const { return keep && exact; }
+};
+[[gnu::always_inline]] inline BlockPlan plan_block(uint32_t block_amax, Format element, const BlockSpec& spec, int element_emax) {
+  BlockPlan p;
+  // MX floor rule on a normal amax (nearly every block): the scale's exponent straight from the
+  // amax's bits, as block_scale computes it; everything else through block_scale.
+  const int amax_exp = int(block_amax >> 23) - 127;
+  const bool fast = spec.rule == BlockScaleRule::mx_floor && block_amax >= 0x00800000u && block_amax < 0x7F800000u;
+  const int k = std::clamp(amax_exp - element_emax, -127, 127);
+  p.scale = fast ? pow2f(k) : block_scale(std::bit_cast<float>(block_amax), element, spec.rule);
+  p.keep = !std::isnan(p.scale);
+  if (p.keep) {
+    if (spec.rule == BlockScaleRule::f32_amax)
+      split_scale(1.0f / p.scale, p.mul, p.shift);
+    else  // power of two: divide by exponent arithmetic, exactly
+      p.shift = fast ? -k : -std::ilogb(p.scale);
+  }
+  p.exact = !p.keep || (p.shift >= -126 && p.shift <= 127);
+  return p;
+}
 // The block quantiser's row loops. The library's baseline is SSE2 (no unsigned 32-bit max), so
 // each is also built for AVX2 and used when the format kernels' ISA is AVX2 or better (not under
 // SCALIFY_ISA=scalar). Integer max, f32 multiplies and bit masks give the same results either way.
@@ -82,6 +109,31 @@ struct RowLoops {
   [[gnu::always_inline]] static inline void scale(float* __restrict row, const float* __restrict s, size_t n) {
     for (size_t c = 0; c < n; ++c) row[c] *= s[c];
   }
+  // One row of row blocks (1 x spec.cols): each block's plan from its amax, its scale stored, and
+  // its values pre-scaled into t ((x * mul) * 2^shift; +0 for NaN and inexact blocks). Returns
+  // whether every block was exact.
+  [[gnu::always_inline]] static inline bool row_blocks(const float* __restrict x, size_t cols, Format element, const BlockSpec& spec,
+                                                       int element_emax, BlockPlan* __restrict plans, float* __restrict scales,
+                                                       float* __restrict t) {
+    bool all_exact = true;
+    for (size_t c0 = 0, bc = 0; c0 < cols; c0 += spec.cols, ++bc) {
+      const size_t len = std::min(cols - c0, spec.cols);
+      const uint32_t* bits = reinterpret_cast<const uint32_t*>(x + c0);
+      uint32_t m = 0;
+      for (size_t c = 0; c < len; ++c) m = std::max(m, bits[c] & 0x7FFFFFFFu);
+      const BlockPlan p = plan_block(m, element, spec, element_emax);
+      plans[bc] = p;
+      scales[bc] = p.scale;
+      all_exact = all_exact && p.exact;
+      const float mul = p.used() ? p.mul : 0.0f, pow2 = p.used() ? pow2f(p.shift) : 0.0f;
+      if (p.used()) {
+        for (size_t c = 0; c < len; ++c) t[c0 + c] = (x[c0 + c] * mul) * pow2;
+      } else {
+        for (size_t c = 0; c < len; ++c) t[c0 + c] = 0.0f;
+      }
+    }
+    return all_exact;
+  }
 };
 
 #if SCALIFY_HAVE_X86_SIMD
@@ -94,6 +146,10 @@ SCALIFY_AVX2 void prescale_avx2(const float* x, const float* m, const float* p, 
   RowLoops::prescale(x, m, p, k, t, n);
 }
 SCALIFY_AVX2 void scale_avx2(float* row, const float* s, size_t n) { RowLoops::scale(row, s, n); }
+SCALIFY_AVX2 bool row_blocks_avx2(const float* x, size_t cols, Format element, const BlockSpec& spec, int emax, BlockPlan* plans,
+                                 float* scales, float* t) {
+  return RowLoops::row_blocks(x, cols, element, spec, emax, plans, scales, t);
+}
 #undef SCALIFY_AVX2
 
 bool row_loops_avx2() { return SCALIFY_HAVE_X86_SIMD && kernels::active_isa() != kernels::Isa::scalar; }
@@ -104,6 +160,20 @@ void prescale_row(const float* x, const float* m, const float* p, const uint32_t
   row_loops_avx2() ? prescale_avx2(x, m, p, k, t, n) : RowLoops::prescale(x, m, p, k, t, n);
 }
 void scale_row(float* row, const float* s, size_t n) { row_loops_avx2() ? scale_avx2(row, s, n) : RowLoops::scale(row, s, n); }
+bool row_blocks(const float* x, size_t cols, Format element, const BlockSpec& spec, int emax, BlockPlan* plans, float* scales, float* t) {
+  return row_loops_avx2() ? row_blocks_avx2(x, cols, element, spec, emax, plans, scales, t)
+                          : RowLoops::row_blocks(x, cols, element, spec, emax, plans, scales, t);
+}
+
+kernels::QuantizeArgs block_args(const FormatInfo& f, Rounding rounding, const BlockPlan& p) {
+  kernels::QuantizeArgs a{};
+  a.format = &f;
+  a.overflow = Overflow::saturate;
+  a.rounding = rounding;
+  a.mul = p.mul;
+  a.exp_shift = p.shift;
+  return a;
+}
 }  // namespace
 
 BlockQuantized quantize_blocks(std::span<const float> x, size_t rows, size_t cols, Format element,
@@ -126,22 +196,50 @@ BlockQuantized quantize_blocks(std::span<const float> x, size_t rows, size_t col
   const size_t scale_cols = q.scale_cols();
 
   // Whole rows per kernel call, for any block shape (a call per 32-element block spent most of
-  // its time setting up): a block row's amaxes come from one vectorised pass down its rows; each
-  // row is then scaled per column into f32 -- x * mul, then an exact power of two, the arithmetic
+  // its time setting up): each row is pre-scaled per block into f32 -- x * mul, then an exact power of two, the arithmetic
   // the kernel applies to one block -- and quantised in one call at scale 1. (Where the pre-scaled
   // value would be an f32 subnormal it lies some 2^120 below its block's amax, and every format
   // rounds it to zero either way.) Blocks whose power of two is outside f32's normal range take
   // the per-element call with their own arguments. Block rows run in parallel.
   const int64_t block_rows = int64_t(q.scale_rows());
-  const bool floor_rule = spec.rule == BlockScaleRule::mx_floor;
   const int element_emax = f.emax();
+  kernels::QuantizeArgs one = block_args(f, rounding, BlockPlan{});
+  if (spec.rows == 1) {
+    // Row blocks (MX along K): each block's amax, plan and pre-scale straight from its own 32 (or
+    // spec.cols) values, then the whole row quantised in one call.
+#pragma omp parallel if (rows * cols > (size_t(1) << 15))
+    {
+      std::vector<float> tmp(cols);
+      std::vector<BlockPlan> plans(scale_cols);
+#pragma omp for schedule(static)
+      for (int64_t ri = 0; ri < int64_t(rows); ++ri) {
+        const size_t r = size_t(ri);
+        const float* row = x.data() + r * cols;
+        const bool all_exact = row_blocks(row, cols, element, spec, element_emax, plans.data(), q.scales.data() + r * scale_cols, tmp.data());
+        std::byte* out = q.codes.data() + r * cols * cb;  // pointer arithmetic: a [4, 0] tensor has no codes
+        kernels::QuantizeArgs a = one;
+        a.offset = r * cols;
+        k.quantize(tmp.data(), cols, out, a);
+        if (all_exact) continue;
+        for (size_t bc = 0; bc < scale_cols; ++bc)
+          if (plans[bc].keep && !plans[bc].exact) {  // the per-element call, with the block's own arguments
+            const size_t c0 = bc * spec.cols, c1 = std::min(cols, c0 + spec.cols);
+            kernels::QuantizeArgs e = block_args(f, rounding, plans[bc]);
+            e.offset = r * cols + c0;
+            k.quantize(row + c0, c1 - c0, out + c0 * cb, e);
+          }
+      }
+    }
+    return q;
+  }
+  // Taller blocks: a block row's amaxes come from one vectorised pass down its rows; each row is
+  // then pre-scaled per column and quantised in one call.
 #pragma omp parallel if (rows * cols > (size_t(1) << 15))
   {
     std::vector<uint32_t> amax(cols);
     std::vector<float> mul(cols), pow2(cols), tmp(cols);
     std::vector<uint32_t> mask(cols);  // all ones where the pre-scaled value is used, else 0
-    std::vector<kernels::QuantizeArgs> args(scale_cols);
-    std::vector<uint8_t> keep(scale_cols), exact(scale_cols);
+    std::vector<BlockPlan> plans(scale_cols);
 #pragma omp for schedule(dynamic, 4)
     for (int64_t bri = 0; bri < block_rows; ++bri) {
       const size_t br = size_t(bri), r0 = br * spec.rows, r1 = std::min(rows, r0 + spec.rows);
@@ -150,62 +248,35 @@ BlockQuantized quantize_blocks(std::span<const float> x, size_t rows, size_t col
       bool all_exact = true;
       for (size_t bc = 0; bc < scale_cols; ++bc) {
         const size_t c0 = bc * spec.cols, c1 = std::min(cols, c0 + spec.cols);
-        uint32_t block_amax = amax[c0];
-        for (size_t c = c0 + 1; c < c1; ++c) block_amax = std::max(block_amax, amax[c]);
-        // MX floor rule on a normal amax (nearly every block): the scale's exponent straight from
-        // the amax's bits, as block_scale computes it; everything else through block_scale.
-        const int amax_exp = int(block_amax >> 23) - 127;
-        const bool fast = floor_rule && block_amax >= 0x00800000u && block_amax < 0x7F800000u;
-        const int k = std::clamp(amax_exp - element_emax, -127, 127);
-        const float scale = fast ? pow2f(k) : block_scale(std::bit_cast<float>(block_amax), element, spec.rule);
-        q.scales[br * scale_cols + bc] = scale;
-        keep[bc] = !std::isnan(scale);  // a NaN block decodes as NaN; its element codes stay 0
-        float m = 1.0f;
-        int shift = 0;
-        if (keep[bc]) {
-          if (spec.rule == BlockScaleRule::f32_amax)
-            split_scale(1.0f / scale, m, shift);
-          else  // power of two: divide by exponent arithmetic, exactly
-            shift = fast ? -k : -std::ilogb(scale);
-        }
-        exact[bc] = !keep[bc] || (shift >= -126 && shift <= 127);
-        all_exact = all_exact && exact[bc];
-        if (!exact[bc]) {  // the per-element call, with the block's own arguments
-          kernels::QuantizeArgs& a = args[bc];
-          a = kernels::QuantizeArgs{};
-          a.format = &f;
-          a.overflow = Overflow::saturate;
-          a.rounding = rounding;
-          a.mul = m;
-          a.exp_shift = shift;
-        }
-        const bool used = keep[bc] && exact[bc];
-        const float mul_b = used ? m : 0.0f, pow2_b = used ? pow2f(shift) : 0.0f;
-        const uint32_t mask_b = used ? 0xFFFFFFFFu : 0u;
+        uint32_t block_max = amax[c0];
+        for (size_t c = c0 + 1; c < c1; ++c) block_max = std::max(block_max, amax[c]);
+        const BlockPlan p = plan_block(block_max, element, spec, element_emax);
+        plans[bc] = p;
+        q.scales[br * scale_cols + bc] = p.scale;
+        all_exact = all_exact && p.exact;
+        const float mul_b = p.used() ? p.mul : 0.0f, pow2_b = p.used() ? pow2f(p.shift) : 0.0f;
+        const uint32_t mask_b = p.used() ? 0xFFFFFFFFu : 0u;
         for (size_t c = c0; c < c1; ++c) {
           mul[c] = mul_b;
           pow2[c] = pow2_b;
           mask[c] = mask_b;
         }
       }
-      kernels::QuantizeArgs one{};
-      one.format = &f;
-      one.mul = 1.0f;
-      one.overflow = Overflow::saturate;
-      one.rounding = rounding;
       for (size_t r = r0; r < r1; ++r) {
         const float* row = x.data() + r * cols;
         // NaN and inexact blocks are masked to +0 (x * 0 would be NaN for an inf or NaN x).
         prescale_row(row, mul.data(), pow2.data(), mask.data(), tmp.data(), cols);
         std::byte* out = q.codes.data() + r * cols * cb;  // pointer arithmetic: a [4, 0] tensor has no codes
-        one.offset = r * cols;
-        k.quantize(tmp.data(), cols, out, one);
+        kernels::QuantizeArgs a = one;
+        a.offset = r * cols;
+        k.quantize(tmp.data(), cols, out, a);
         if (all_exact) continue;
         for (size_t bc = 0; bc < scale_cols; ++bc)
-          if (keep[bc] && !exact[bc]) {
+          if (plans[bc].keep && !plans[bc].exact) {  // the per-element call, with the block's own arguments
             const size_t c0 = bc * spec.cols, c1 = std::min(cols, c0 + spec.cols);
-            args[bc].offset = r * cols + c0;
-            k.quantize(row + c0, c1 - c0, out + c0 * cb, args[bc]);
+            kernels::QuantizeArgs e = block_args(f, rounding, plans[bc]);
+            e.offset = r * cols + c0;
+            k.quantize(row + c0, c1 - c0, out + c0 * cb, e);
           }
       }
     }
