@@ -185,6 +185,37 @@ TEST(KernelsVsReference, NormBackwardMatchesTheUnfusedComposition) {
   }
 }
 
+// Elementwise ops read f16 (and bf16) data a chunk at a time instead of through a full f32 copy:
+// bit for bit the op on the f32 copy, above the parallel threshold with a partial last chunk, for
+// same-shape operands, a row operand cycling across chunk edges (period 130 does not divide the
+// 4096-element chunk), and mixed f16 / f32 operands.
+TEST(KernelsVsReference, ElementwiseOpsOnF16DataMatchTheirF32Copies) {
+  const Shape shape{300, 130};
+  for (DType low : {DType::f16, DType::bf16}) {
+    const Tensor a = Tensor::randn(shape, 31, 2.0).to(low), b = Tensor::randn(shape, 32, 1.0).to(low);
+    const Tensor bias = Tensor::randn({130}, 33, 1.0).to(low);
+    const Tensor a32 = a.to(DType::f32), b32 = b.to(DType::f32), bias32 = bias.to(DType::f32);
+    const char* name = low == DType::f16 ? "f16" : "bf16";
+    auto same = [&](const Tensor& got, const Tensor& want, const char* what) {
+      EXPECT_EQ(got.dtype(), DType::f32) << what;
+      EXPECT_EQ(got.to_floats(), want.to_floats()) << name << " " << what;
+    };
+    same(ops::unary(ops::Unary::gelu_tanh, a, 0.5, 2.0), ops::unary(ops::Unary::gelu_tanh, a32, 0.5, 2.0), "gelu");
+    same(ops::unary(ops::Unary::tanh, a, 0.5, 2.0), ops::unary(ops::Unary::tanh, a32, 0.5, 2.0), "tanh");
+    same(ops::unary(ops::Unary::square, a), ops::unary(ops::Unary::square, a32), "square");
+    const Tensor y = ops::unary(ops::Unary::tanh, a), y32 = y.to(DType::f32);
+    same(ops::unary_backward(ops::Unary::gelu_tanh, a, a, b, 0.5), ops::unary_backward(ops::Unary::gelu_tanh, a32, a32, b32, 0.5),
+         "gelu backward");
+    same(ops::unary_backward(ops::Unary::tanh, a, y, b), ops::unary_backward(ops::Unary::tanh, a32, y32, b32), "tanh backward");
+    same(ops::binary(ops::Binary::add, a, b), ops::binary(ops::Binary::add, a32, b32), "add");
+    same(ops::binary(ops::Binary::mul, a, b, 0.25, 4.0), ops::binary(ops::Binary::mul, a32, b32, 0.25, 4.0), "scaled mul");
+    same(ops::binary(ops::Binary::add, a, bias), ops::binary(ops::Binary::add, a32, bias32), "row add");
+    same(ops::binary(ops::Binary::div, a, bias32), ops::binary(ops::Binary::div, a32, bias32), "row div, mixed");
+    same(ops::binary(ops::Binary::sub, a32, b), ops::binary(ops::Binary::sub, a32, b32), "mixed sub");
+    same(ops::scale_shift(a, 3.0, -1.0), ops::scale_shift(a32, 3.0, -1.0), "scale_shift");
+  }
+}
+
 // The SLEEF-backed AVX2 GELU and exponential, and the libm loops, against f64 over a wide range
 // of inputs (the |x| > 30 limit, exact zeros) and every tail length. GELU's 1 + tanh cancels for
 // negative x in f32 whichever tanh is used, so its bound grows with |x| (both forms must meet it).

@@ -2,6 +2,11 @@
 // Dense compute buffers for kernels: a tensor's values, broadcast to a shape, row-major, in f32
 // or f64. Borrows the tensor's memory when it already is that buffer.
 
+#include <optional>
+#include <span>
+#include <type_traits>
+
+#include "scalify/formats/bulk.hpp"
 #include "scalify/tensor/buffer_pool.hpp"
 #include "scalify/tensor/convert.hpp"
 #include "scalify/tensor/tensor.hpp"
@@ -41,6 +46,39 @@ class Dense {
  private:
   Buffer own_;
   const T* ptr_ = nullptr;
+};
+
+// A tensor's values read a chunk at a time by elementwise loops: contiguous low-precision data
+// of the loop's shape (SCALIFY's f16 activations and gradients) is decoded per chunk into the
+// caller's buffer, so no full-size f32 copy is written and read back; anything else (f32 in
+// place, broadcast or strided views, f64 loops) comes from a Dense buffer.
+template <class T>
+class ChunkSource {
+ public:
+  ChunkSource(const Tensor& t, const Shape& shape) {
+    const std::optional<Format> f = dtype_format(t.dtype());
+    if (std::is_same_v<T, float> && f && t.dtype() != DType::f32 && info(*f).is_float() && t.shape() == shape && t.is_contiguous()) {
+      format_ = *f;
+      codes_ = t.raw_bytes();
+      code_bytes_ = dtype_size(t.dtype());
+    } else {
+      dense_.emplace(t, shape);
+    }
+  }
+  ChunkSource(Tensor&&, const Shape&) = delete;  // a temporary would die while it is read
+  // Elements [begin, begin + len) as T: in place, or decoded into buf (room for len values).
+  const T* read(int64_t begin, int64_t len, T* buf) const {
+    if (dense_) return dense_->data() + begin;
+    if constexpr (std::is_same_v<T, float>)
+      dequantize(std::span(codes_ + begin * code_bytes_, size_t(len * code_bytes_)), format_, 1.0f, std::span(buf, size_t(len)));
+    return buf;
+  }
+
+ private:
+  std::optional<Dense<T>> dense_;
+  Format format_ = Format::f32;
+  const std::byte* codes_ = nullptr;
+  int64_t code_bytes_ = 0;
 };
 
 // Calls f.template operator()<T>() with T = double if any input is f64, else float.

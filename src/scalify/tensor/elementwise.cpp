@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <optional>
 #include <type_traits>
 
 #include "scalify/error.hpp"
@@ -118,10 +119,12 @@ void with_binary(Binary op, F&& f) {
   with_op<Binary, add, sub, mul, div, maximum, minimum, max_picks_a, min_picks_a>(op, f);
 }
 
+// Elements per piece of for_chunks: the decode buffers of ChunkSource hold one piece.
+constexpr int64_t kChunk = 4096;
+
 // Runs chunk(begin, end) over [0, n) in pieces, in parallel above kParallelGrain elements.
 template <class F>
 void for_chunks(int64_t n, F&& chunk) {
-  constexpr int64_t kChunk = 4096;
   const int64_t chunks = (n + kChunk - 1) / kChunk;
 #pragma omp parallel for if (n > kParallelGrain)
   for (int64_t c = 0; c < chunks; ++c) chunk(c * kChunk, std::min(n, (c + 1) * kChunk));
@@ -131,27 +134,32 @@ void for_chunks(int64_t n, F&& chunk) {
 
 Tensor unary(Unary op, const Tensor& x, double in_mul, double out_mul) {
   return dispatch_compute(computes_in_f64(x), [&]<class T>() {
-    const Dense<T> in(x);
+    const ChunkSource<T> in(x, x.shape());
     Tensor out = Tensor::empty(x.shape(), dtype_for<T>());
     T* o = out.data<T>();
-    const T* p = in.data();
     const int64_t n = x.numel();
     const T a = T(in_mul), b = T(out_mul);
     if constexpr (std::is_same_v<T, float>) {
       if (op == Unary::gelu_tanh) {  // the step's costliest map: vectorised tanh
         const auto& vm = vecmath::active();
-        for_chunks(n, [&](int64_t i0, int64_t i1) { vm.gelu_tanh(p + i0, o + i0, i1 - i0, a, b); });
+        for_chunks(n, [&](int64_t i0, int64_t i1) {
+          T buf[kChunk];
+          vm.gelu_tanh(in.read(i0, i1 - i0, buf), o + i0, i1 - i0, a, b);
+        });
         return out;
       }
     }
     with_unary(op, [&]<Unary OP>() {
-      if (in_mul == 1.0 && out_mul == 1.0) {
-#pragma omp parallel for if (n > kParallelGrain)
-        for (int64_t i = 0; i < n; ++i) o[i] = apply(OP, p[i]);
-      } else {
-#pragma omp parallel for if (n > kParallelGrain)
-        for (int64_t i = 0; i < n; ++i) o[i] = b * apply(OP, a * p[i]);
-      }
+      for_chunks(n, [&](int64_t i0, int64_t i1) {
+        T buf[kChunk];
+        const T* p = in.read(i0, i1 - i0, buf);
+        T* oc = o + i0;
+        if (in_mul == 1.0 && out_mul == 1.0) {
+          for (int64_t i = 0; i < i1 - i0; ++i) oc[i] = apply(OP, p[i]);
+        } else {
+          for (int64_t i = 0; i < i1 - i0; ++i) oc[i] = b * apply(OP, a * p[i]);
+        }
+      });
     });
     return out;
   });
@@ -159,7 +167,7 @@ Tensor unary(Unary op, const Tensor& x, double in_mul, double out_mul) {
 
 Tensor unary_backward(Unary op, const Tensor& x, const Tensor& y, const Tensor& grad, double x_mul) {
   return dispatch_compute(computes_in_f64(x, grad), [&]<class T>() {
-    const Dense<T> xs(x), gs(grad, x.shape());
+    const ChunkSource<T> xs(x, x.shape()), gs(grad, x.shape());
     Tensor out = Tensor::empty(x.shape(), dtype_for<T>());
     T* o = out.data<T>();
     const int64_t n = x.numel();
@@ -167,15 +175,21 @@ Tensor unary_backward(Unary op, const Tensor& x, const Tensor& y, const Tensor& 
     if constexpr (std::is_same_v<T, float>) {
       if (op == Unary::gelu_tanh) {
         const auto& vm = vecmath::active();
-        const float *px = xs.data(), *pg = gs.data();
-        for_chunks(n, [&](int64_t i0, int64_t i1) { vm.gelu_tanh_backward(px + i0, pg + i0, o + i0, i1 - i0, k); });
+        for_chunks(n, [&](int64_t i0, int64_t i1) {
+          T xb[kChunk], gb[kChunk];
+          vm.gelu_tanh_backward(xs.read(i0, i1 - i0, xb), gs.read(i0, i1 - i0, gb), o + i0, i1 - i0, k);
+        });
         return out;
       }
     }
-    const Dense<T> ys(y);
+    const ChunkSource<T> ys(y, x.shape());
     with_unary(op, [&]<Unary OP>() {
-#pragma omp parallel for if (n > kParallelGrain)
-      for (int64_t i = 0; i < n; ++i) o[i] = gs[i] * derivative(OP, k * xs[i], ys[i]);
+      for_chunks(n, [&](int64_t i0, int64_t i1) {
+        T xb[kChunk], gb[kChunk], yb[kChunk];
+        const int64_t len = i1 - i0;
+        const T *px = xs.read(i0, len, xb), *pg = gs.read(i0, len, gb), *py = ys.read(i0, len, yb);
+        for (int64_t i = 0; i < len; ++i) o[i0 + i] = pg[i] * derivative(OP, k * px[i], py[i]);
+      });
     });
     return out;
   });
@@ -203,37 +217,44 @@ Tensor binary(Binary op, const Tensor& a, const Tensor& b, double a_mul, double 
   static const char* names[] = {"add", "sub", "mul", "div", "maximum", "minimum", "max_picks_a", "min_picks_a"};
   const Shape shape = broadcast_shapes(a.shape(), b.shape(), names[static_cast<int>(op)]);
   return dispatch_compute(computes_in_f64(a, b), [&]<class T>() {
-    const Dense<T> x(a, shape);
     // A row operand (bias, gain) is read in place, cycling, instead of being expanded; one held
     // in another dtype (an f16 master bias) is converted once, exactly, at its own size.
     const bool row = b.shape() != shape && is_trailing_row(b, shape);
     const Tensor b_row = row && b.dtype() != dtype_for<T>() ? b.to(dtype_for<T>()) : b;
     const int64_t n = numel_of(shape), period = row ? b.numel() : n;  // row: b's length
-    const Dense<T> y(b_row, row ? b.shape() : shape);
+    const ChunkSource<T> x(a, shape);
+    std::optional<Dense<T>> y_row;
+    std::optional<ChunkSource<T>> y;
+    if (row) y_row.emplace(b_row, b.shape());
+    else y.emplace(b, shape);
     Tensor out = Tensor::empty(shape, dtype_for<T>());
     T* o = out.data<T>();
-    const T *px = x.data(), *py = y.data();
     const T ma = T(a_mul), mb = T(b_mul);
     const bool plain = a_mul == 1.0 && b_mul == 1.0;
     if (n == 0) return out;
     with_binary(op, [&]<Binary OP>() {
-      // Elements [i0, i1) of the output; y's index cycles with the row's period.
-      auto run = [&](int64_t i0, int64_t i1) {
-        const T* yr = py + (row ? 0 : i0);
-        const int64_t len = i1 - i0;
+      // len elements of the output from px and py (vectorisable loops).
+      auto apply_n = [&](T* oc, const T* px, const T* py, int64_t len) {
         if (plain) {
-          for (int64_t i = 0; i < len; ++i) o[i0 + i] = apply(OP, px[i0 + i], yr[i]);
+          for (int64_t i = 0; i < len; ++i) oc[i] = apply(OP, px[i], py[i]);
         } else {
-          for (int64_t i = 0; i < len; ++i) o[i0 + i] = apply(OP, ma * px[i0 + i], mb * yr[i]);
+          for (int64_t i = 0; i < len; ++i) oc[i] = apply(OP, ma * px[i], mb * py[i]);
         }
       };
-      if (row) {
-        const int64_t rows = n / period;
-#pragma omp parallel for if (n > kParallelGrain)
-        for (int64_t r = 0; r < rows; ++r) run(r * period, (r + 1) * period);
-      } else {
-        for_chunks(n, run);
-      }
+      // Elements [i0, i1) of the output (at most kChunk); a row operand is read in segments that
+      // restart at each period.
+      auto run = [&](int64_t i0, int64_t i1) {
+        T xb[kChunk], yb[kChunk];
+        const int64_t len = i1 - i0;
+        const T* px = x.read(i0, len, xb);
+        if (!row) return apply_n(o + i0, px, y->read(i0, len, yb), len);
+        for (int64_t i = 0, j = i0 % period; i < len; j = 0) {
+          const int64_t seg = std::min(len - i, period - j);
+          apply_n(o + i0 + i, px + i, y_row->data() + j, seg);
+          i += seg;
+        }
+      };
+      for_chunks(n, run);
     });
     return out;
   });
@@ -241,13 +262,15 @@ Tensor binary(Binary op, const Tensor& a, const Tensor& b, double a_mul, double 
 
 Tensor scale_shift(const Tensor& x, double mul, double add) {
   return dispatch_compute(computes_in_f64(x), [&]<class T>() {
-    const Dense<T> in(x);
+    const ChunkSource<T> in(x, x.shape());
     Tensor out = Tensor::empty(x.shape(), dtype_for<T>());
     T* o = out.data<T>();
     const T m = T(mul), c = T(add);
-    const int64_t n = x.numel();
-#pragma omp parallel for if (n > kParallelGrain)
-    for (int64_t i = 0; i < n; ++i) o[i] = in[i] * m + c;
+    for_chunks(x.numel(), [&](int64_t i0, int64_t i1) {
+      T buf[kChunk];
+      const T* p = in.read(i0, i1 - i0, buf);
+      for (int64_t i = 0; i < i1 - i0; ++i) o[i0 + i] = p[i] * m + c;
+    });
     return out;
   });
 }
