@@ -190,7 +190,7 @@ BlockQuantized quantize_blocks(std::span<const float> x, size_t rows, size_t col
   q.block = spec;
   const FormatInfo& f = info(element);
   const size_t cb = size_t(f.storage_bytes());
-  q.codes.assign(rows * cols * cb, std::byte{0});
+  q.codes.resize(rows * cols * cb);  // not zeroed: every code is written below
   q.scales.resize(q.scale_rows() * q.scale_cols());
   const kernels::KernelTable& k = kernels::active_kernels();
   const size_t scale_cols = q.scale_cols();

@@ -4,7 +4,10 @@
 // (1 x K, K x K) carry an f32 scale. Elements always saturate.
 #include <cstddef>
 #include <cstdint>
+#include <memory>
+#include <new>
 #include <span>
+#include <utility>
 #include <vector>
 
 #include "scalify/formats/format.hpp"
@@ -28,11 +31,32 @@ struct BlockSpec {
 // MX blocks of `size` consecutive elements along `axis` (1: along a row, 0: down a column).
 BlockSpec mx_blocks(int axis, BlockScaleRule rule = BlockScaleRule::mx_floor, size_t size = 32);
 
+// Leaves new elements default-initialised (bytes: not zeroed): the quantiser writes every code,
+// so clearing the buffer first was a wasted pass.
+template <class T>
+struct DefaultInitAllocator : std::allocator<T> {
+  template <class U>
+  struct rebind {
+    using other = DefaultInitAllocator<U>;
+  };
+  DefaultInitAllocator() = default;
+  template <class U>
+  DefaultInitAllocator(const DefaultInitAllocator<U>&) noexcept {}
+  template <class U>
+  void construct(U* p) noexcept {
+    ::new (static_cast<void*>(p)) U;
+  }
+  template <class U, class... Args>
+  void construct(U* p, Args&&... args) {
+    ::new (static_cast<void*>(p)) U(std::forward<Args>(args)...);
+  }
+};
+
 struct BlockQuantized {
   Format element;
   size_t rows = 0, cols = 0;
   BlockSpec block;
-  std::vector<std::byte> codes;  // rows x cols element codes, row-major
+  std::vector<std::byte, DefaultInitAllocator<std::byte>> codes;  // rows x cols element codes, row-major
   std::vector<float> scales;     // ceil(rows/br) x ceil(cols/bc) decode factors, row-major;
                                  // NaN for a block holding NaN or inf (it decodes as NaN)
   size_t scale_rows() const { return (rows + block.rows - 1) / block.rows; }
