@@ -4,7 +4,9 @@
 
 #include <cmath>
 #include <cstdio>
+#include <limits>
 #include <map>
+#include <span>
 #include <cstdlib>
 #include <functional>
 
@@ -12,6 +14,8 @@
 #include "tiny_lm.hpp"
 #include "scalify/error.hpp"
 #include "scalify/optim/adamw.hpp"
+#include "scalify/formats/block.hpp"
+#include "scalify/quant/block_gemm.hpp"
 #include "scalify/quant/linear.hpp"
 #include "scalify/tensor/convert.hpp"
 #include "scalify/tensor/gemm.hpp"
@@ -156,6 +160,54 @@ TEST(QLinear, MxIsDecodeThenGemmOnEveryPath) {
     expect_close(xv.grad().reshape({16, 64}), q(r.gradient, true, g2), q(r.weight, true, w).transpose(0, 1), "dX");
     expect_close(wv.grad(), q(r.activation, false, x2).transpose(0, 1), q(r.gradient, false, g2), "dW");
   });
+}
+
+// The block-scaled GEMM on codes against its definition in f64: C = sum over K blocks of
+// (row block scale) (column block scale) sum_k code_a code_b. Every transposition, K with a
+// partial last block, 128 x 128 and 1 x 128 / 128 x 1 blocks with amax / 448 scales (not powers of
+// two), a NaN block reaching only its rows, and blocks of different lengths along K declining.
+TEST(QLinear, BlockScaledGemmOnCodesMatchesItsDefinition) {
+  if (!gemm::code_gemm_supported(gemm::CodeGemm::onednn_bf16)) GTEST_SKIP() << "no native bf16 GEMM on this CPU";
+  const int64_t M = 70, N = 40, K = 300;
+  const BlockSpec rows128{1, 128, BlockScaleRule::f32_amax}, cols128{128, 1, BlockScaleRule::f32_amax},
+      square{128, 128, BlockScaleRule::f32_amax};
+  auto quantise = [](const Tensor& t, const BlockSpec& spec) {
+    const Tensor c = t.contiguous();
+    return quantize_blocks(std::span(c.data<float>(), size_t(c.numel())), size_t(t.size(0)), size_t(t.size(1)), Format::e4m3, spec);
+  };
+  for (bool ta : {false, true})
+    for (bool tb : {false, true}) {
+      Tensor a = Tensor::randn(ta ? Shape{K, M} : Shape{M, K}, 41, 2.0), b = Tensor::randn(tb ? Shape{N, K} : Shape{K, N}, 42, 0.1);
+      std::vector<float> av = a.to_floats();
+      av[size_t(ta ? 5 * M + 3 : 3 * K + 5)] = std::numeric_limits<float>::quiet_NaN();  // row 3, first K block
+      a = Tensor::from_vector(av, a.shape());
+      const BlockQuantized qa = quantise(a, ta ? cols128 : rows128), qb = quantise(b, tb ? rows128 : square);
+      const Tensor c = block_scaled_gemm(ta, tb, M, N, K, qa, qb);
+      ASSERT_TRUE(c.defined());
+      std::vector<float> da(size_t(M * K)), db(size_t(K * N));
+      dequantize_blocks(qa, da);
+      dequantize_blocks(qb, db);
+      const std::vector<float> got = c.to_floats();
+      for (int64_t i = 0; i < M; ++i)
+        for (int64_t j = 0; j < N; ++j) {
+          double want = 0, bound = 0;
+          for (int64_t k = 0; k < K; ++k) {
+            const double x = da[size_t(ta ? k * M + i : i * K + k)], y = db[size_t(tb ? j * K + k : k * N + j)];
+            want += x * y;
+            bound += std::fabs(x * y);
+          }
+          const float g = got[size_t(i * N + j)];
+          if (i == 3) {
+            EXPECT_TRUE(std::isnan(g)) << "row 3 holds a NaN block";
+            continue;
+          }
+          ASSERT_NEAR(g, want, 1e-5 * bound + 1e-30) << "ta " << ta << " tb " << tb << " at " << i << "," << j;
+        }
+    }
+  const Tensor a = Tensor::randn({M, K}, 43), b = Tensor::randn({K, N}, 44);
+  EXPECT_FALSE(block_scaled_gemm(false, false, M, N, K, quantise(a, rows128), quantise(b, mx_blocks(0))).defined())
+      << "blocks of 128 and 32 along K do not share partial products";
+  EXPECT_THROW(block_scaled_gemm(false, false, M, N + 1, K, quantise(a, rows128), quantise(b, square)), Error);
 }
 
 TEST(QLinear, ExactBf16TakesOnlyBf16Values) {

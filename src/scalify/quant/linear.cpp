@@ -6,6 +6,7 @@
 
 #include "scalify/autograd/functions.hpp"
 #include "scalify/error.hpp"
+#include "scalify/quant/block_gemm.hpp"
 #include "scalify/scaled/scaled_ops.hpp"
 #include "scalify/tensor/convert.hpp"
 #include "scalify/tensor/gemm.hpp"
@@ -46,11 +47,17 @@ Tensor gemm_codes(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const Tenso
     gemm::sgemm(ta, tb, M, N, K, a.data<float>(), ta ? M : K, b.data<float>(), tb ? K : N, 0.0f, c.data<float>(), N, alpha);
   return c;
 }
-// GEMM of quantised operands' represented values (shapes as gemm_codes): through the bf16 code
-// GEMM when asked and every value of both is a bf16 value (codes times power-of-two block scales),
-// else in f32. Either way: exact products, f32 accumulation.
-Tensor dequantized_gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const Quantized& a, const Quantized& b, bool try_bf16) {
-  if (try_bf16) {
+// How a block-quantised product runs: f32 on the dequantized values; bf16 on them when every
+// value is a bf16 value (MX: FP8 codes times power-of-two scales); or bf16 on the codes per block
+// of the reduction, the block scales applied to each partial product (blockwise's amax / 448
+// scales, block_scaled_gemm). Products are exact and accumulate in f32 on every path.
+enum class BlockGemm { f32, bf16_values, bf16_codes };
+Tensor dequantized_gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const Quantized& a, const Quantized& b, BlockGemm how) {
+  if (how == BlockGemm::bf16_codes && a.blockwise && b.blockwise) {
+    const Tensor c = block_scaled_gemm(ta, tb, M, N, K, a.blocks, b.blocks);
+    if (c.defined()) return c;
+  }
+  if (how == BlockGemm::bf16_values) {
     const Tensor ha = a.dequantize_bf16();
     const Tensor hb = ha.defined() ? b.dequantize_bf16() : Tensor();
     if (hb.defined()) return gemm_codes(ta, tb, M, N, K, ha, hb, 1.0f);
@@ -187,15 +194,18 @@ Var QLinear::operator()(const Var& x, const Var& w, const Var& b) const {
     });
     return b.defined() ? out + b : out;
   }
-  const bool bf16 = block && gemm_dtype() == DType::bf16 && pow2_block_role(recipe_.weight) && pow2_block_role(recipe_.activation) &&
-                    pow2_block_role(recipe_.gradient);
-  const Tensor y = dequantized_gemm(false, false, rows, N, K, qx, qw, bf16).reshape(out_shape);
+  const bool values_bf16 = pow2_block_role(recipe_.weight) && pow2_block_role(recipe_.activation) && pow2_block_role(recipe_.gradient);
+  const BlockGemm how = !block || gemm_dtype() != DType::bf16 ? BlockGemm::f32
+                        : values_bf16                         ? BlockGemm::bf16_values
+                        : codes_fit_bf16                      ? BlockGemm::bf16_codes
+                                                              : BlockGemm::f32;
+  const Tensor y = dequantized_gemm(false, false, rows, N, K, qx, qw, how).reshape(out_shape);
   // Per-tensor: the forward's quantised operands serve the transposed products too. Block: the
   // backward re-quantises from the high-precision sources along each of its reductions.
   const std::optional<std::pair<Quantized, Quantized>> forward_operands =
       block ? std::nullopt : std::optional(std::pair(qx, qw));
   const Var out = Var::make("qlinear", ScaledTensor(y), {x, w},
-                            [state, forward_operands, bf16, x_src = block ? x.value() : Tensor(), w_src = block ? w.value() : Tensor(), rows, K, N,
+                            [state, forward_operands, how, x_src = block ? x.value() : Tensor(), w_src = block ? w.value() : Tensor(), rows, K, N,
                              xs = x.shape()](const ScaledTensor& g) {
     State& s = *state;
     const Tensor g2 = (g.is_scaled() ? g.value() : g.data).reshape({rows, N});
@@ -208,8 +218,8 @@ Var QLinear::operator()(const Var& x, const Var& w, const Var& b) const {
     } else {
       const Quantized wt = s.weight_t.quantize(w_src), xt = s.activation_t.quantize(x_src.reshape({rows, K})),
                       gt = s.gradient_t.quantize(g2);
-      grad_x = dequantized_gemm(false, true, rows, K, N, qg, wt, bf16);
-      grad_w = dequantized_gemm(true, false, K, N, rows, xt, gt, bf16);
+      grad_x = dequantized_gemm(false, true, rows, K, N, qg, wt, how);
+      grad_w = dequantized_gemm(true, false, K, N, rows, xt, gt, how);
     }
     return std::vector<ScaledTensor>{ScaledTensor(grad_x.reshape(xs)), ScaledTensor(grad_w)};
   });

@@ -1,0 +1,94 @@
+#include "scalify/quant/block_gemm.hpp"
+
+#include <algorithm>
+#include <bit>
+#include <cstring>
+#include <span>
+#include <vector>
+
+#include "scalify/error.hpp"
+#include "scalify/formats/bulk.hpp"
+#include "scalify/tensor/gemm.hpp"
+
+namespace scalify::quant {
+
+namespace {
+
+// The codes as bf16 bit patterns (their decoded values, unscaled); false unless the element
+// format's every value is a bf16 value (FP8, FP6 and FP4 codes are: at most 3 mantissa bits and
+// exponents within bf16's normal range), so the upper half of each decoded f32 is exact.
+bool codes_as_bf16(const BlockQuantized& q, std::vector<uint16_t>& out) {
+  const FormatInfo& f = info(q.element);
+  if (!(f.is_float() && f.man_bits <= 7 && f.exp_bits <= 5 && f.storage_bytes() == 1)) return false;
+  constexpr size_t kChunk = 4096;
+  const size_t n = q.rows * q.cols, chunks = (n + kChunk - 1) / kChunk;
+  out.resize(n);
+#pragma omp parallel for if (n > (size_t(1) << 16))
+  for (int64_t c = 0; c < int64_t(chunks); ++c) {
+    float buf[kChunk];
+    const size_t begin = size_t(c) * kChunk, len = std::min(kChunk, n - begin);
+    dequantize(std::span(q.codes.data() + begin, len), q.element, 1.0f, std::span(buf, len));
+    for (size_t i = 0; i < len; ++i) out[begin + i] = uint16_t(std::bit_cast<uint32_t>(buf[i]) >> 16);
+  }
+  return true;
+}
+
+// One operand's view along the reduction: its codes as bf16, stored [outer, K] (K along the
+// rows, "along_cols") or [K, outer], and its block scale for (outer index, K block).
+struct Operand {
+  const BlockQuantized& q;
+  bool k_along_cols;  // stored [outer, K]: the K block is a column slice, gathered per block
+  std::vector<uint16_t> bf16;
+  size_t block_k() const { return k_along_cols ? q.block.cols : q.block.rows; }
+  float scale(size_t outer, size_t kb) const {
+    return k_along_cols ? q.scales[(outer / q.block.rows) * q.scale_cols() + kb] : q.scales[kb * q.scale_cols() + outer / q.block.cols];
+  }
+  // The K block [k0, k0 + len) as a dense bf16 matrix in the stored orientation: a pointer into
+  // the codes when K runs down the rows (or the block is all of K), else gathered into `slice`.
+  const uint16_t* block(size_t k0, size_t len, std::vector<uint16_t>& slice) const {
+    if (!k_along_cols) return bf16.data() + k0 * q.cols;
+    if (len == q.cols) return bf16.data();
+    slice.resize(q.rows * len);
+    for (size_t r = 0; r < q.rows; ++r) std::memcpy(slice.data() + r * len, bf16.data() + r * q.cols + k0, len * sizeof(uint16_t));
+    return slice.data();
+  }
+};
+
+}  // namespace
+
+Tensor block_scaled_gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const BlockQuantized& a, const BlockQuantized& b) {
+  const bool a_fits = ta ? (a.rows == size_t(K) && a.cols == size_t(M)) : (a.rows == size_t(M) && a.cols == size_t(K));
+  const bool b_fits = tb ? (b.rows == size_t(N) && b.cols == size_t(K)) : (b.rows == size_t(K) && b.cols == size_t(N));
+  if (!a_fits || !b_fits) throw Error("block_scaled_gemm: operand shapes do not match the product's dimensions");
+  Operand A{a, !ta, {}}, B{b, tb, {}};
+  const size_t L = A.block_k();
+  if (L != B.block_k() || L == 0 || !codes_as_bf16(a, A.bf16) || !codes_as_bf16(b, B.bf16)) return Tensor();
+  if (K == 0) return Tensor::zeros({M, N});  // an empty sum
+  Tensor c = Tensor::empty({M, N});         // the first K block assigns, the others add
+  Tensor part = Tensor::empty({M, N});
+  float* pc = c.data<float>();
+  const float* pp = part.data<float>();
+  std::vector<uint16_t> slice_a, slice_b;
+  std::vector<float> col_scale(static_cast<size_t>(N));
+  for (size_t k0 = 0, kb = 0; k0 < size_t(K); k0 += L, ++kb) {
+    const size_t len = std::min(L, size_t(K) - k0);
+    gemm::gemm_bf16(ta, tb, M, N, int64_t(len), A.block(k0, len, slice_a), B.block(k0, len, slice_b), part.data<float>());
+    for (int64_t j = 0; j < N; ++j) col_scale[size_t(j)] = B.scale(size_t(j), kb);
+    // C += P * (row scale * column scale), in f32; a NaN block scale (a block holding NaN or inf)
+    // makes its products NaN, as decoding it would.
+#pragma omp parallel for if (M * N > (int64_t(1) << 15))
+    for (int64_t i = 0; i < M; ++i) {
+      const float sa = A.scale(size_t(i), kb);
+      float* ci = pc + i * N;
+      const float* pi = pp + i * N;
+      if (kb == 0) {
+        for (int64_t j = 0; j < N; ++j) ci[j] = pi[j] * (sa * col_scale[size_t(j)]);
+      } else {
+        for (int64_t j = 0; j < N; ++j) ci[j] += pi[j] * (sa * col_scale[size_t(j)]);
+      }
+    }
+  }
+  return c;
+}
+
+}  // namespace scalify::quant
