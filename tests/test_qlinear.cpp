@@ -1,5 +1,6 @@
-// The general linear layer under every recipe: exact decode-then-GEMM semantics, gradients close
-// to f32, MXFP8's transposes from the source, and a tiny transformer that trains under each preset.
+// The general linear layer under every recipe: exact decode-then-GEMM semantics (blockwise on bf16:
+// per-K-block partial products of the codes, then the block scales), gradients close to f32,
+// MXFP8's transposes from the source, and a tiny transformer that trains under each preset.
 #include <gtest/gtest.h>
 
 #include <cmath>
