@@ -6,6 +6,7 @@
 #include <cstring>
 #include <random>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "expect_error.hpp"
@@ -227,7 +228,8 @@ TEST(Block, DequantizeRejectsBlocksThatDoNotMatchTheirShape) {
 // rounding). Codes must agree bit for bit, for row, column and 2-D blocks, partial edges, every
 // scale rule and rounding mode, and blocks holding zeros only, a NaN, or values far below amax.
 TEST(Block, WholeRowQuantiserMatchesPerBlockReferenceCalls) {
-  const size_t R = 37, C = 70;
+  // 37 x 70 on one thread; 300 x 130 above the parallel threshold (rows on several threads).
+  for (auto [R, C] : {std::pair<size_t, size_t>{37, 70}, std::pair<size_t, size_t>{300, 130}}) {
   std::mt19937 rng(9);
   std::lognormal_distribution<float> d(0.0f, 4.0f);
   std::vector<float> x(R * C);
@@ -275,8 +277,9 @@ TEST(Block, WholeRowQuantiserMatchesPerBlockReferenceCalls) {
             }
           for (size_t i = 0; i < R * C; ++i)
             ASSERT_EQ(q.codes[i], want[i]) << format_name(f) << " block " << spec.rows << "x" << spec.cols << " rule "
-                                           << int(rule) << " rounding " << int(rounding) << " element " << i;
+                                           << int(rule) << " rounding " << int(rounding) << " element " << i << " of " << R << "x" << C;
         }
+  }
 }
 
 }  // namespace

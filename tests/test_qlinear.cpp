@@ -169,7 +169,7 @@ TEST(QLinear, MxIsDecodeThenGemmOnEveryPath) {
 // two), a NaN block reaching only its rows, and blocks of different lengths along K declining.
 TEST(QLinear, BlockScaledGemmOnCodesMatchesItsDefinition) {
   if (!gemm::code_gemm_supported(gemm::CodeGemm::onednn_bf16)) GTEST_SKIP() << "no native bf16 GEMM on this CPU";
-  const int64_t M = 70, N = 40, K = 300;
+  const int64_t M = 130, N = 260, K = 300;  // two and three 128-wide blocks across the outputs
   const BlockSpec rows128{1, 128, BlockScaleRule::f32_amax}, cols128{128, 1, BlockScaleRule::f32_amax},
       square{128, 128, BlockScaleRule::f32_amax};
   auto quantise = [](const Tensor& t, const BlockSpec& spec) {
@@ -209,6 +209,40 @@ TEST(QLinear, BlockScaledGemmOnCodesMatchesItsDefinition) {
   EXPECT_FALSE(block_scaled_gemm(false, false, M, N, K, quantise(a, rows128), quantise(b, mx_blocks(0))).defined())
       << "blocks of 128 and 32 along K do not share partial products";
   EXPECT_THROW(block_scaled_gemm(false, false, M, N + 1, K, quantise(a, rows128), quantise(b, square)), Error);
+  BlockQuantized bad = quantise(b, square);
+  bad.scales.pop_back();
+  EXPECT_THROW(block_scaled_gemm(false, false, M, N, K, quantise(a, rows128), bad), Error) << "inconsistent scales";
+  // Empty products: K = 0 sums nothing; M = 0 has no rows.
+  const Tensor none_k = block_scaled_gemm(false, false, 3, 4, 0, quantise(Tensor::zeros({3, 0}), rows128), quantise(Tensor::zeros({0, 4}), square));
+  ASSERT_TRUE(none_k.defined());
+  EXPECT_EQ(none_k.to_floats(), std::vector<float>(12, 0.0f));
+  EXPECT_EQ(block_scaled_gemm(false, false, 0, 4, 5, quantise(Tensor::zeros({0, 5}), rows128), quantise(Tensor::ones({5, 4}), square)).numel(), 0);
+}
+
+// QLinear's blockwise products on the bf16 path are block_scaled_gemm of the right operands, over
+// several K blocks in each of the three products: forward x (1 x 128) by w in 128 x 128 blocks
+// (SPEC §5; the same blocks serve W^T); dX from g (1 x 128) and w; dW from x and g re-quantised
+// down the rows (128 x 1).
+TEST(QLinear, BlockwiseProductsAreBlockScaledGemmsOfTheirOperands) {
+  if (!gemm::code_gemm_supported(gemm::CodeGemm::onednn_bf16)) GTEST_SKIP() << "no native bf16 GEMM on this CPU";
+  const gemm::CodeGemm saved = gemm::code_gemm();
+  gemm::set_code_gemm(gemm::CodeGemm::onednn_bf16);
+  const int64_t rows = 260, K = 300, N = 200;
+  const Tensor x = Tensor::randn({rows, K}, 51, 2.0), w = Tensor::randn({K, N}, 52, 0.05), g = Tensor::randn({rows, N}, 53, 1e-3);
+  const LinearRecipe r = recipe_blockwise();
+  Var xv(x, true), wv(w, true);
+  const Var y = QLinear(r)(xv, wv);
+  y.backward(g);
+  auto q = [](QuantizerConfig c, BlockSpec spec, const Tensor& t) {
+    c.block = spec;
+    return Quantizer(c).quantize(t).blocks;
+  };
+  const BlockSpec along_rows{1, 128, BlockScaleRule::f32_amax}, down_rows{128, 1, BlockScaleRule::f32_amax};
+  const BlockSpec square{128, 128, BlockScaleRule::f32_amax};
+  EXPECT_EQ(y.value().to_floats(), block_scaled_gemm(false, false, rows, N, K, q(r.activation, along_rows, x), q(r.weight, square, w)).to_floats());
+  EXPECT_EQ(xv.grad().to_floats(), block_scaled_gemm(false, true, rows, K, N, q(r.gradient, along_rows, g), q(r.weight, square, w)).to_floats());
+  EXPECT_EQ(wv.grad().to_floats(), block_scaled_gemm(true, false, K, N, rows, q(r.activation, down_rows, x), q(r.gradient, down_rows, g)).to_floats());
+  gemm::set_code_gemm(saved);
 }
 
 TEST(QLinear, ExactBf16TakesOnlyBf16Values) {

@@ -284,8 +284,6 @@ BlockQuantized quantize_blocks(std::span<const float> x, size_t rows, size_t col
   return q;
 }
 
-namespace {
-// The struct is plain data: checks it is consistent before codes and scales are indexed with it.
 void check_blocks(const BlockQuantized& q, size_t out_size, const char* op) {
   const std::string o(op);
   const size_t cb = size_t(info(q.element).storage_bytes());
@@ -304,6 +302,8 @@ void check_blocks(const BlockQuantized& q, size_t out_size, const char* op) {
   if (out_size != n)
     throw Error(o + ": output has " + std::to_string(out_size) + " elements, the tensor " + std::to_string(n));
 }
+
+namespace {
 
 // Decodes the rows in parallel with the SIMD codec and multiplies each by its blocks' scales (v *
 // scale in f32, as the kernels apply it): a kernel call per 32-element block spent most of its time

@@ -70,6 +70,9 @@ float block_scale(float amax, Format element, BlockScaleRule rule);
 
 BlockQuantized quantize_blocks(std::span<const float> x, size_t rows, size_t cols, Format element,
                                const BlockSpec& spec, Rounding rounding = Rounding::nearest_even);
+// BlockQuantized is plain data: throws naming `op` unless its codes and scales fit its shape and
+// block size, and `values` (the caller's buffer) is rows x cols.
+void check_blocks(const BlockQuantized& q, size_t values, const char* op);
 void dequantize_blocks(const BlockQuantized& q, std::span<float> out);
 // The dequantized values as bf16 bit patterns, without an f32 copy; false (out then unspecified)
 // unless every one is exactly a bf16 value that bf16 dot products keep (truncate_to_bf16_exact):

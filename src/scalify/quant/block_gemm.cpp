@@ -14,12 +14,16 @@ namespace scalify::quant {
 
 namespace {
 
-// The codes as bf16 bit patterns (their decoded values, unscaled); false unless the element
-// format's every value is a bf16 value (FP8, FP6 and FP4 codes are: at most 3 mantissa bits and
-// exponents within bf16's normal range), so the upper half of each decoded f32 is exact.
-bool codes_as_bf16(const BlockQuantized& q, std::vector<uint16_t>& out) {
-  const FormatInfo& f = info(q.element);
-  if (!(f.is_float() && f.man_bits <= 7 && f.exp_bits <= 5 && f.storage_bytes() == 1)) return false;
+// Whether every value of the element format is a bf16 value that bf16 dot products keep (FP8, FP6
+// and FP4: at most 3 mantissa bits, exponents well inside bf16's normal range).
+
+bool codes_fit_bf16(Format element) {
+  const FormatInfo& f = info(element);
+  return f.is_float() && f.man_bits <= 7 && f.exp_bits <= 5 && f.storage_bytes() == 1;
+}
+// The codes as bf16 bit patterns (their decoded values, unscaled): the upper half of each decoded
+// f32, exact for the formats codes_fit_bf16 accepts.
+void codes_as_bf16(const BlockQuantized& q, std::vector<uint16_t>& out) {
   constexpr size_t kChunk = 4096;
   const size_t n = q.rows * q.cols, chunks = (n + kChunk - 1) / kChunk;
   out.resize(n);
@@ -30,7 +34,6 @@ bool codes_as_bf16(const BlockQuantized& q, std::vector<uint16_t>& out) {
     dequantize(std::span(q.codes.data() + begin, len), q.element, 1.0f, std::span(buf, len));
     for (size_t i = 0; i < len; ++i) out[begin + i] = uint16_t(std::bit_cast<uint32_t>(buf[i]) >> 16);
   }
-  return true;
 }
 
 // One operand's view along the reduction: its codes as bf16, stored [outer, K] (K along the
@@ -60,9 +63,13 @@ Tensor block_scaled_gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, cons
   const bool a_fits = ta ? (a.rows == size_t(K) && a.cols == size_t(M)) : (a.rows == size_t(M) && a.cols == size_t(K));
   const bool b_fits = tb ? (b.rows == size_t(N) && b.cols == size_t(K)) : (b.rows == size_t(K) && b.cols == size_t(N));
   if (!a_fits || !b_fits) throw Error("block_scaled_gemm: operand shapes do not match the product's dimensions");
+  check_blocks(a, a.rows * a.cols, "block_scaled_gemm");
+  check_blocks(b, b.rows * b.cols, "block_scaled_gemm");
   Operand A{a, !ta, {}}, B{b, tb, {}};
   const size_t L = A.block_k();
-  if (L != B.block_k() || L == 0 || !codes_as_bf16(a, A.bf16) || !codes_as_bf16(b, B.bf16)) return Tensor();
+  if (L != B.block_k() || !codes_fit_bf16(a.element) || !codes_fit_bf16(b.element)) return Tensor();
+  codes_as_bf16(a, A.bf16);
+  codes_as_bf16(b, B.bf16);
   if (K == 0) return Tensor::zeros({M, N});  // an empty sum
   Tensor c = Tensor::empty({M, N});         // the first K block assigns, the others add
   Tensor part = Tensor::empty({M, N});
@@ -74,17 +81,18 @@ Tensor block_scaled_gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, cons
     const size_t len = std::min(L, size_t(K) - k0);
     gemm::gemm_bf16(ta, tb, M, N, int64_t(len), A.block(k0, len, slice_a), B.block(k0, len, slice_b), part.data<float>());
     for (int64_t j = 0; j < N; ++j) col_scale[size_t(j)] = B.scale(size_t(j), kb);
-    // C += P * (row scale * column scale), in f32; a NaN block scale (a block holding NaN or inf)
-    // makes its products NaN, as decoding it would.
+    // C += (P * row scale) * column scale, in f32: one scale at a time, as decoding applies them,
+    // so a product of two tiny scales cannot underflow first. A NaN block scale (a block holding
+    // NaN or inf) makes its products NaN, as decoding it would.
 #pragma omp parallel for if (M * N > (int64_t(1) << 15))
     for (int64_t i = 0; i < M; ++i) {
       const float sa = A.scale(size_t(i), kb);
       float* ci = pc + i * N;
       const float* pi = pp + i * N;
       if (kb == 0) {
-        for (int64_t j = 0; j < N; ++j) ci[j] = pi[j] * (sa * col_scale[size_t(j)]);
+        for (int64_t j = 0; j < N; ++j) ci[j] = (pi[j] * sa) * col_scale[size_t(j)];
       } else {
-        for (int64_t j = 0; j < N; ++j) ci[j] += pi[j] * (sa * col_scale[size_t(j)]);
+        for (int64_t j = 0; j < N; ++j) ci[j] += (pi[j] * sa) * col_scale[size_t(j)];
       }
     }
   }

@@ -69,8 +69,11 @@ Tensor dequantized_gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const
 bool pow2_block_role(const QuantizerConfig& c) {
   return bf16_exact(c.format) && (c.scaling == Scaling::mx || (c.scaling == Scaling::block && c.block.rule != BlockScaleRule::f32_amax));
 }
-// A block/MX config with blocks along the rows (1 x K) or down the columns (K x 1).
+// A block/MX config with blocks along the rows (1 x K) or down the columns (K x 1). Two-dimensional
+// blocks (blockwise weights: 128 x 128, SPEC §5) cover the reduction in either orientation and
+// stay as configured.
 QuantizerConfig along(QuantizerConfig c, bool rows) {
+  if (c.scaling == Scaling::block && c.block.rows > 1 && c.block.cols > 1) return c;
   const size_t k = c.scaling == Scaling::mx ? 32 : std::max(c.block.rows, c.block.cols);
   c.block.rows = rows ? 1 : k;
   c.block.cols = rows ? k : 1;
