@@ -204,6 +204,23 @@ BlockQuantized quantize_blocks(std::span<const float> x, size_t rows, size_t col
   const int64_t block_rows = int64_t(q.scale_rows());
   const int element_emax = f.emax();
   kernels::QuantizeArgs one = block_args(f, rounding, BlockPlan{});
+  // Row r's codes from its pre-scaled copy t, in one call; blocks whose pre-scale is not exact
+  // then take the per-element call with their own arguments.
+  auto emit_row = [&](size_t r, const float* t, const BlockPlan* plans, bool all_exact) {
+    const float* row = x.data() + r * cols;
+    std::byte* out = q.codes.data() + r * cols * cb;  // pointer arithmetic: a [4, 0] tensor has no codes
+    kernels::QuantizeArgs a = one;
+    a.offset = r * cols;
+    k.quantize(t, cols, out, a);
+    if (all_exact) return;
+    for (size_t bc = 0; bc < scale_cols; ++bc)
+      if (plans[bc].keep && !plans[bc].exact) {
+        const size_t c0 = bc * spec.cols, c1 = std::min(cols, c0 + spec.cols);
+        kernels::QuantizeArgs e = block_args(f, rounding, plans[bc]);
+        e.offset = r * cols + c0;
+        k.quantize(row + c0, c1 - c0, out + c0 * cb, e);
+      }
+  };
   if (spec.rows == 1) {
     // Row blocks (MX along K): each block's amax, plan and pre-scale straight from its own 32 (or
     // spec.cols) values, then the whole row quantised in one call.
@@ -214,20 +231,8 @@ BlockQuantized quantize_blocks(std::span<const float> x, size_t rows, size_t col
 #pragma omp for schedule(static)
       for (int64_t ri = 0; ri < int64_t(rows); ++ri) {
         const size_t r = size_t(ri);
-        const float* row = x.data() + r * cols;
-        const bool all_exact = row_blocks(row, cols, element, spec, element_emax, plans.data(), q.scales.data() + r * scale_cols, tmp.data());
-        std::byte* out = q.codes.data() + r * cols * cb;  // pointer arithmetic: a [4, 0] tensor has no codes
-        kernels::QuantizeArgs a = one;
-        a.offset = r * cols;
-        k.quantize(tmp.data(), cols, out, a);
-        if (all_exact) continue;
-        for (size_t bc = 0; bc < scale_cols; ++bc)
-          if (plans[bc].keep && !plans[bc].exact) {  // the per-element call, with the block's own arguments
-            const size_t c0 = bc * spec.cols, c1 = std::min(cols, c0 + spec.cols);
-            kernels::QuantizeArgs e = block_args(f, rounding, plans[bc]);
-            e.offset = r * cols + c0;
-            k.quantize(row + c0, c1 - c0, out + c0 * cb, e);
-          }
+        const bool all_exact = row_blocks(x.data() + r * cols, cols, element, spec, element_emax, plans.data(), q.scales.data() + r * scale_cols, tmp.data());
+        emit_row(r, tmp.data(), plans.data(), all_exact);
       }
     }
     return q;
@@ -263,21 +268,9 @@ BlockQuantized quantize_blocks(std::span<const float> x, size_t rows, size_t col
         }
       }
       for (size_t r = r0; r < r1; ++r) {
-        const float* row = x.data() + r * cols;
         // NaN and inexact blocks are masked to +0 (x * 0 would be NaN for an inf or NaN x).
-        prescale_row(row, mul.data(), pow2.data(), mask.data(), tmp.data(), cols);
-        std::byte* out = q.codes.data() + r * cols * cb;  // pointer arithmetic: a [4, 0] tensor has no codes
-        kernels::QuantizeArgs a = one;
-        a.offset = r * cols;
-        k.quantize(tmp.data(), cols, out, a);
-        if (all_exact) continue;
-        for (size_t bc = 0; bc < scale_cols; ++bc)
-          if (plans[bc].keep && !plans[bc].exact) {  // the per-element call, with the block's own arguments
-            const size_t c0 = bc * spec.cols, c1 = std::min(cols, c0 + spec.cols);
-            kernels::QuantizeArgs e = block_args(f, rounding, plans[bc]);
-            e.offset = r * cols + c0;
-            k.quantize(row + c0, c1 - c0, out + c0 * cb, e);
-          }
+        prescale_row(x.data() + r * cols, mul.data(), pow2.data(), mask.data(), tmp.data(), cols);
+        emit_row(r, tmp.data(), plans.data(), all_exact);
       }
     }
   }
