@@ -16,7 +16,6 @@ namespace {
 
 // Whether every value of the element format is a bf16 value that bf16 dot products keep (FP8, FP6
 // and FP4: at most 3 mantissa bits, exponents well inside bf16's normal range).
-
 bool codes_fit_bf16(Format element) {
   const FormatInfo& f = info(element);
   return f.is_float() && f.man_bits <= 7 && f.exp_bits <= 5 && f.storage_bytes() == 1;
@@ -36,8 +35,8 @@ void codes_as_bf16(const BlockQuantized& q, std::vector<uint16_t>& out) {
   }
 }
 
-// One operand's view along the reduction: its codes as bf16, stored [outer, K] (K along the
-// rows, "along_cols") or [K, outer], and its block scale for (outer index, K block).
+// One operand's view along the reduction: its codes as bf16, stored [outer, K] (K along each
+// row: k_along_cols) or [K, outer], and its block scale for (outer index, K block).
 struct Operand {
   const BlockQuantized& q;
   bool k_along_cols;  // stored [outer, K]: the K block is a column slice, gathered per block
