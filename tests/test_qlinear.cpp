@@ -168,7 +168,7 @@ TEST(QLinear, MxIsDecodeThenGemmOnEveryPath) {
 // partial last block, 128 x 128 and 1 x 128 / 128 x 1 blocks with amax / 448 scales (not powers of
 // two), a NaN block reaching only its rows, and blocks of different lengths along K declining.
 TEST(QLinear, BlockScaledGemmOnCodesMatchesItsDefinition) {
-  if (!gemm::code_gemm_supported(gemm::CodeGemm::onednn_bf16)) GTEST_SKIP() << "no native bf16 GEMM on this CPU";
+  on_every_gemm_path([] {
   const int64_t M = 130, N = 260, K = 300;  // two and three 128-wide blocks across the outputs
   const BlockSpec rows128{1, 128, BlockScaleRule::f32_amax}, cols128{128, 1, BlockScaleRule::f32_amax},
       square{128, 128, BlockScaleRule::f32_amax};
@@ -217,6 +217,7 @@ TEST(QLinear, BlockScaledGemmOnCodesMatchesItsDefinition) {
   ASSERT_TRUE(none_k.defined());
   EXPECT_EQ(none_k.to_floats(), std::vector<float>(12, 0.0f));
   EXPECT_EQ(block_scaled_gemm(false, false, 0, 4, 5, quantise(Tensor::zeros({0, 5}), rows128), quantise(Tensor::ones({5, 4}), square)).numel(), 0);
+  });
 }
 
 // QLinear's blockwise products on the bf16 path are block_scaled_gemm of the right operands, over
@@ -224,25 +225,33 @@ TEST(QLinear, BlockScaledGemmOnCodesMatchesItsDefinition) {
 // (SPEC §5; the same blocks serve W^T); dX from g (1 x 128) and w; dW from x and g re-quantised
 // down the rows (128 x 1).
 TEST(QLinear, BlockwiseProductsAreBlockScaledGemmsOfTheirOperands) {
-  if (!gemm::code_gemm_supported(gemm::CodeGemm::onednn_bf16)) GTEST_SKIP() << "no native bf16 GEMM on this CPU";
-  const gemm::CodeGemm saved = gemm::code_gemm();
-  gemm::set_code_gemm(gemm::CodeGemm::onednn_bf16);
-  const int64_t rows = 260, K = 300, N = 200;
-  const Tensor x = Tensor::randn({rows, K}, 51, 2.0), w = Tensor::randn({K, N}, 52, 0.05), g = Tensor::randn({rows, N}, 53, 1e-3);
-  const LinearRecipe r = recipe_blockwise();
-  Var xv(x, true), wv(w, true);
-  const Var y = QLinear(r)(xv, wv);
-  y.backward(g);
-  auto q = [](QuantizerConfig c, BlockSpec spec, const Tensor& t) {
-    c.block = spec;
-    return Quantizer(c).quantize(t).blocks;
-  };
-  const BlockSpec along_rows{1, 128, BlockScaleRule::f32_amax}, down_rows{128, 1, BlockScaleRule::f32_amax};
-  const BlockSpec square{128, 128, BlockScaleRule::f32_amax};
-  EXPECT_EQ(y.value().to_floats(), block_scaled_gemm(false, false, rows, N, K, q(r.activation, along_rows, x), q(r.weight, square, w)).to_floats());
-  EXPECT_EQ(xv.grad().to_floats(), block_scaled_gemm(false, true, rows, K, N, q(r.gradient, along_rows, g), q(r.weight, square, w)).to_floats());
-  EXPECT_EQ(wv.grad().to_floats(), block_scaled_gemm(true, false, K, N, rows, q(r.activation, down_rows, x), q(r.gradient, down_rows, g)).to_floats());
-  gemm::set_code_gemm(saved);
+  on_every_gemm_path([] {
+    const int64_t rows = 260, K = 300, N = 200;
+    const Tensor x = Tensor::randn({rows, K}, 51, 2.0), w = Tensor::randn({K, N}, 52, 0.05), g = Tensor::randn({rows, N}, 53, 1e-3);
+    const LinearRecipe r = recipe_blockwise();
+    Var xv(x, true), wv(w, true);
+    const Var y = QLinear(r)(xv, wv);
+    y.backward(g);
+    auto q = [](QuantizerConfig c, BlockSpec spec, const Tensor& t) {
+      c.block = spec;
+      return Quantizer(c).quantize(t).blocks;
+    };
+    // The path's product: per K block on the codes where bf16 is native, else one sgemm of the
+    // dequantized values (as gemm_codes calls it).
+    auto product = [](bool ta, bool tb, int64_t M, int64_t N, int64_t K, const BlockQuantized& a, const BlockQuantized& b) {
+      if (gemm::code_gemm() == gemm::CodeGemm::onednn_bf16) return block_scaled_gemm(ta, tb, M, N, K, a, b).to_floats();
+      std::vector<float> da(a.rows * a.cols), db(b.rows * b.cols), c(static_cast<size_t>(M * N));
+      dequantize_blocks(a, da);
+      dequantize_blocks(b, db);
+      gemm::sgemm(ta, tb, M, N, K, da.data(), ta ? M : K, db.data(), tb ? K : N, 0.0f, c.data(), N);
+      return c;
+    };
+    const BlockSpec along_rows{1, 128, BlockScaleRule::f32_amax}, down_rows{128, 1, BlockScaleRule::f32_amax};
+    const BlockSpec square{128, 128, BlockScaleRule::f32_amax};
+    EXPECT_EQ(y.value().to_floats(), product(false, false, rows, N, K, q(r.activation, along_rows, x), q(r.weight, square, w)));
+    EXPECT_EQ(xv.grad().to_floats(), product(false, true, rows, K, N, q(r.gradient, along_rows, g), q(r.weight, square, w)));
+    EXPECT_EQ(wv.grad().to_floats(), product(true, false, K, N, rows, q(r.activation, down_rows, x), q(r.gradient, down_rows, g)));
+  });
 }
 
 TEST(QLinear, ExactBf16TakesOnlyBf16Values) {

@@ -4,6 +4,7 @@
 #include <bit>
 #include <cstring>
 #include <span>
+#include <type_traits>
 #include <vector>
 
 #include "scalify/error.hpp"
@@ -20,65 +21,70 @@ bool codes_fit_bf16(Format element) {
   const FormatInfo& f = info(element);
   return f.is_float() && f.man_bits <= 7 && f.exp_bits <= 5 && f.storage_bytes() == 1;
 }
-// The codes as bf16 bit patterns (their decoded values, unscaled): the upper half of each decoded
-// f32, exact for the formats codes_fit_bf16 accepts.
-void codes_as_bf16(const BlockQuantized& q, std::vector<uint16_t>& out) {
+// The codes' decoded values, unscaled: as f32, or as bf16 bit patterns (the upper half of each
+// decoded f32, exact for the formats codes_fit_bf16 accepts).
+template <class T>
+std::vector<T> decoded_codes(const BlockQuantized& q) {
   constexpr size_t kChunk = 4096;
   const size_t n = q.rows * q.cols, chunks = (n + kChunk - 1) / kChunk;
-  out.resize(n);
+  std::vector<T> out(n);
 #pragma omp parallel for if (n > (size_t(1) << 16))
   for (int64_t c = 0; c < int64_t(chunks); ++c) {
     float buf[kChunk];
     const size_t begin = size_t(c) * kChunk, len = std::min(kChunk, n - begin);
     dequantize(std::span(q.codes.data() + begin, len), q.element, 1.0f, std::span(buf, len));
-    for (size_t i = 0; i < len; ++i) out[begin + i] = uint16_t(std::bit_cast<uint32_t>(buf[i]) >> 16);
+    for (size_t i = 0; i < len; ++i) {
+      if constexpr (std::is_same_v<T, float>) out[begin + i] = buf[i];
+      else out[begin + i] = uint16_t(std::bit_cast<uint32_t>(buf[i]) >> 16);
+    }
   }
+  return out;
 }
 
-// One operand's view along the reduction: its codes as bf16, stored [outer, K] (K along each
+// One operand's view along the reduction: its decoded codes, stored [outer, K] (K along each
 // row: k_along_cols) or [K, outer], and its block scale for (outer index, K block).
+template <class T>
 struct Operand {
   const BlockQuantized& q;
   bool k_along_cols;  // stored [outer, K]: the K block is a column slice, gathered per block
-  std::vector<uint16_t> bf16;
+  std::vector<T> codes;
   size_t block_k() const { return k_along_cols ? q.block.cols : q.block.rows; }
   float scale(size_t outer, size_t kb) const {
     return k_along_cols ? q.scales[(outer / q.block.rows) * q.scale_cols() + kb] : q.scales[kb * q.scale_cols() + outer / q.block.cols];
   }
-  // The K block [k0, k0 + len) as a dense bf16 matrix in the stored orientation: a pointer into
-  // the codes when K runs down the rows (or the block is all of K), else gathered into `slice`.
-  const uint16_t* block(size_t k0, size_t len, std::vector<uint16_t>& slice) const {
-    if (!k_along_cols) return bf16.data() + k0 * q.cols;
-    if (len == q.cols) return bf16.data();
+  // The K block [k0, k0 + len) as a dense matrix in the stored orientation: a pointer into the
+  // codes when K runs down the rows (or the block is all of K), else gathered into `slice`.
+  const T* block(size_t k0, size_t len, std::vector<T>& slice) const {
+    if (!k_along_cols) return codes.data() + k0 * q.cols;
+    if (len == q.cols) return codes.data();
     slice.resize(q.rows * len);
-    for (size_t r = 0; r < q.rows; ++r) std::memcpy(slice.data() + r * len, bf16.data() + r * q.cols + k0, len * sizeof(uint16_t));
+    for (size_t r = 0; r < q.rows; ++r) std::memcpy(slice.data() + r * len, codes.data() + r * q.cols + k0, len * sizeof(T));
     return slice.data();
   }
 };
 
-}  // namespace
+// One K block's product of dense operands, on the code GEMM path's arithmetic.
+void block_product(bool ta, bool tb, int64_t M, int64_t N, int64_t len, const uint16_t* a, const uint16_t* b, float* c) {
+  gemm::gemm_bf16(ta, tb, M, N, len, a, b, c);
+}
+void block_product(bool ta, bool tb, int64_t M, int64_t N, int64_t len, const float* a, const float* b, float* c) {
+  gemm::sgemm(ta, tb, M, N, len, a, ta ? M : len, b, tb ? len : N, 0.0f, c, N);
+}
 
-Tensor block_scaled_gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const BlockQuantized& a, const BlockQuantized& b) {
-  const bool a_fits = ta ? (a.rows == size_t(K) && a.cols == size_t(M)) : (a.rows == size_t(M) && a.cols == size_t(K));
-  const bool b_fits = tb ? (b.rows == size_t(N) && b.cols == size_t(K)) : (b.rows == size_t(K) && b.cols == size_t(N));
-  if (!a_fits || !b_fits) throw Error("block_scaled_gemm: operand shapes do not match the product's dimensions");
-  check_blocks(a, a.rows * a.cols, "block_scaled_gemm");
-  check_blocks(b, b.rows * b.cols, "block_scaled_gemm");
-  Operand A{a, !ta, {}}, B{b, tb, {}};
+template <class T>
+Tensor k_blocked_product(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const BlockQuantized& a, const BlockQuantized& b) {
+  Operand<T> A{a, !ta, decoded_codes<T>(a)}, B{b, tb, decoded_codes<T>(b)};
   const size_t L = A.block_k();
-  if (L != B.block_k() || !codes_fit_bf16(a.element) || !codes_fit_bf16(b.element)) return Tensor();
-  codes_as_bf16(a, A.bf16);
-  codes_as_bf16(b, B.bf16);
   if (K == 0) return Tensor::zeros({M, N});  // an empty sum
   Tensor c = Tensor::empty({M, N});         // the first K block assigns, the others add
   Tensor part = Tensor::empty({M, N});
   float* pc = c.data<float>();
   const float* pp = part.data<float>();
-  std::vector<uint16_t> slice_a, slice_b;
+  std::vector<T> slice_a, slice_b;
   std::vector<float> col_scale(static_cast<size_t>(N));
   for (size_t k0 = 0, kb = 0; k0 < size_t(K); k0 += L, ++kb) {
     const size_t len = std::min(L, size_t(K) - k0);
-    gemm::gemm_bf16(ta, tb, M, N, int64_t(len), A.block(k0, len, slice_a), B.block(k0, len, slice_b), part.data<float>());
+    block_product(ta, tb, M, N, int64_t(len), A.block(k0, len, slice_a), B.block(k0, len, slice_b), part.data<float>());
     for (int64_t j = 0; j < N; ++j) col_scale[size_t(j)] = B.scale(size_t(j), kb);
     // C += (P * row scale) * column scale, in f32: one scale at a time, as decoding applies them,
     // so a product of two tiny scales cannot underflow first. A NaN block scale (a block holding
@@ -96,6 +102,20 @@ Tensor block_scaled_gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, cons
     }
   }
   return c;
+}
+
+}  // namespace
+
+Tensor block_scaled_gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const BlockQuantized& a, const BlockQuantized& b) {
+  const bool a_fits = ta ? (a.rows == size_t(K) && a.cols == size_t(M)) : (a.rows == size_t(M) && a.cols == size_t(K));
+  const bool b_fits = tb ? (b.rows == size_t(N) && b.cols == size_t(K)) : (b.rows == size_t(K) && b.cols == size_t(N));
+  if (!a_fits || !b_fits) throw Error("block_scaled_gemm: operand shapes do not match the product's dimensions");
+  check_blocks(a, a.rows * a.cols, "block_scaled_gemm");
+  check_blocks(b, b.rows * b.cols, "block_scaled_gemm");
+  const size_t la = ta ? a.block.rows : a.block.cols, lb = tb ? b.block.cols : b.block.rows;  // block lengths along K
+  if (la != lb || !codes_fit_bf16(a.element) || !codes_fit_bf16(b.element)) return Tensor();
+  return gemm::code_gemm() == gemm::CodeGemm::onednn_bf16 ? k_blocked_product<uint16_t>(ta, tb, M, N, K, a, b)
+                                                          : k_blocked_product<float>(ta, tb, M, N, K, a, b);
 }
 
 }  // namespace scalify::quant
