@@ -110,6 +110,26 @@ bool truncate_to_bf16_exact(std::span<const float> in, std::span<uint16_t> out) 
   return low == 0 && tiny == 0;
 }
 
+bool codes_fit_bf16(Format fmt) {
+  const FormatInfo& f = info(fmt);
+  return f.is_float() && f.storage_bytes() == 1 && f.man_bits <= 7 && f.exp_bits <= 5;
+}
+
+void codes_to_bf16(std::span<const std::byte> codes, Format fmt, std::span<uint16_t> out) {
+  if (info(fmt).storage_bytes() != 1 || !info(fmt).is_float())
+    throw Error("codes_to_bf16: needs one-byte float codes, got " + std::string(format_name(fmt)));
+  if (out.size() != codes.size()) throw Error("codes_to_bf16: output size differs from the number of codes");
+  constexpr size_t kChunk = 4096;  // 16 KB of f32: stays in L1 between the decode and the truncation
+  const size_t n = codes.size(), chunks = (n + kChunk - 1) / kChunk;
+#pragma omp parallel for if (n > (size_t(1) << 16))
+  for (int64_t c = 0; c < int64_t(chunks); ++c) {
+    float buf[kChunk];
+    const size_t begin = size_t(c) * kChunk, len = std::min(kChunk, n - begin);
+    dequantize(codes.subspan(begin, len), fmt, 1.0f, std::span(buf, len));
+    for (size_t i = 0; i < len; ++i) out[begin + i] = uint16_t(std::bit_cast<uint32_t>(buf[i]) >> 16);
+  }
+}
+
 void split_scale(float scale, float& mantissa, int& exponent, const char* what) {
   if (!(scale > 0.0f) || !std::isfinite(scale))
     throw Error(std::string(what) + " must be a finite positive number, got " +

@@ -41,6 +41,14 @@ float amax(std::span<const float> src);
 // callers split large inputs.
 bool truncate_to_bf16_exact(std::span<const float> in, std::span<uint16_t> out);
 
+// Whether every value of `fmt` is a normal bf16 value whose pairwise products stay normal in f32,
+// so bf16 dot products (which flush subnormals) multiply them exactly: the one-byte float formats
+// (FP8, FP6, FP4) except E8M0, whose 2^-127 is a bf16 subnormal.
+bool codes_fit_bf16(Format fmt);
+// One-byte float codes as bf16 bit patterns of their values: decoded a cache-sized chunk at a
+// time, then truncated (exact for the codes_fit_bf16 formats). Parallel for large inputs.
+void codes_to_bf16(std::span<const std::byte> codes, Format fmt, std::span<uint16_t> out);
+
 // Threads used by bulk kernels on large inputs (default: OpenMP's default).
 void set_num_threads(int n);
 int num_threads();

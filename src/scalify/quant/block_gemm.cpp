@@ -1,7 +1,6 @@
 #include "scalify/quant/block_gemm.hpp"
 
 #include <algorithm>
-#include <bit>
 #include <cstring>
 #include <span>
 #include <type_traits>
@@ -15,29 +14,12 @@ namespace scalify::quant {
 
 namespace {
 
-// Whether every value of the element format is a bf16 value that bf16 dot products keep (FP8, FP6
-// and FP4: at most 3 mantissa bits, exponents well inside bf16's normal range).
-bool codes_fit_bf16(Format element) {
-  const FormatInfo& f = info(element);
-  return f.is_float() && f.man_bits <= 7 && f.exp_bits <= 5 && f.storage_bytes() == 1;
-}
-// The codes' decoded values, unscaled: as f32, or as bf16 bit patterns (the upper half of each
-// decoded f32, exact for the formats codes_fit_bf16 accepts).
+// The codes' decoded values, unscaled: as f32, or as bf16 bit patterns.
 template <class T>
 std::vector<T> decoded_codes(const BlockQuantized& q) {
-  constexpr size_t kChunk = 4096;
-  const size_t n = q.rows * q.cols, chunks = (n + kChunk - 1) / kChunk;
-  std::vector<T> out(n);
-#pragma omp parallel for if (n > (size_t(1) << 16))
-  for (int64_t c = 0; c < int64_t(chunks); ++c) {
-    float buf[kChunk];
-    const size_t begin = size_t(c) * kChunk, len = std::min(kChunk, n - begin);
-    dequantize(std::span(q.codes.data() + begin, len), q.element, 1.0f, std::span(buf, len));
-    for (size_t i = 0; i < len; ++i) {
-      if constexpr (std::is_same_v<T, float>) out[begin + i] = buf[i];
-      else out[begin + i] = uint16_t(std::bit_cast<uint32_t>(buf[i]) >> 16);
-    }
-  }
+  std::vector<T> out(q.rows * q.cols);
+  if constexpr (std::is_same_v<T, float>) dequantize(q.codes, q.element, 1.0f, out);
+  else codes_to_bf16(q.codes, q.element, out);
   return out;
 }
 

@@ -6,6 +6,7 @@
 
 #include "scalify/autograd/functions.hpp"
 #include "scalify/error.hpp"
+#include "scalify/formats/bulk.hpp"
 #include "scalify/quant/block_gemm.hpp"
 #include "scalify/scaled/scaled_ops.hpp"
 #include "scalify/tensor/convert.hpp"
@@ -24,9 +25,6 @@ LinearRecipe make(const std::string& name, QuantizerConfig w, QuantizerConfig a,
   return {name, true, w, a, g};
 }
 bool blockwise(const QuantizerConfig& c) { return c.scaling == Scaling::block || c.scaling == Scaling::mx; }
-// Formats whose every value is a bf16 value (at most 7 mantissa bits, bf16's exponent range) and
-// a normal one: bf16 dot products flush subnormals, so E8M0's 2^-127 is left out.
-bool bf16_exact(Format f) { return info(f).man_bits <= 7 && info(f).exp_bits <= 8 && f != Format::f32 && f != Format::e8m0; }
 
 // Per-tensor operands: the GEMM runs on the codes, decoded exactly to bf16 or f32 (gemm::code_gemm
 // decides by CPU), with the product of the decode scales as alpha. Shapes as gemm::gemm_bf16.
@@ -67,7 +65,7 @@ Tensor dequantized_gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const
 // Whether a role's dequantized values can be bf16 values: its format's are, and its scales are
 // powers of two (MX, or blocks with an MX scale rule).
 bool pow2_block_role(const QuantizerConfig& c) {
-  return bf16_exact(c.format) && (c.scaling == Scaling::mx || (c.scaling == Scaling::block && c.block.rule != BlockScaleRule::f32_amax));
+  return codes_fit_bf16(c.format) && (c.scaling == Scaling::mx || (c.scaling == Scaling::block && c.block.rule != BlockScaleRule::f32_amax));
 }
 // A block/MX config with blocks along the rows (1 x K) or down the columns (K x 1). Two-dimensional
 // blocks (blockwise weights: 128 x 128, SPEC §5) cover the reduction in either orientation and
@@ -169,15 +167,15 @@ Var QLinear::operator()(const Var& x, const Var& w, const Var& b) const {
   auto flat = [&](const ScaledTensor& s) { return scaled::reshape(s, {rows, K}); };
   const Quantized qx = st.activation.quantize(flat(x.scaled())), qw = st.weight.quantize(w.scaled());
   const std::shared_ptr<State> state = state_;
-  const bool codes_fit_bf16 = bf16_exact(recipe_.weight.format) && bf16_exact(recipe_.activation.format) &&
-                              bf16_exact(recipe_.gradient.format);
+  const bool codes_bf16 =
+      codes_fit_bf16(recipe_.weight.format) && codes_fit_bf16(recipe_.activation.format) && codes_fit_bf16(recipe_.gradient.format);
   // SCALIFY on scaled inputs: no statistics anywhere; the operands keep their propagated scales and
   // so do the output and both gradients, by the matmul rule (r = pow2_round(sqrt(reduced dim)) in
   // the scale, 1 / r in the GEMM's alpha).
   const bool propagate = recipe_.weight.scaling == Scaling::scalify && recipe_.activation.scaling == Scaling::scalify &&
                          recipe_.gradient.scaling == Scaling::scalify && (x.scaled().is_scaled() || w.scaled().is_scaled());
-  if (!block && (codes_fit_bf16 || propagate)) {
-    const DType t = codes_fit_bf16 ? gemm_dtype() : DType::f32;
+  if (!block && (codes_bf16 || propagate)) {
+    const DType t = codes_bf16 ? gemm_dtype() : DType::f32;
     const Tensor cx = gemm_operand(qx, t), cw = gemm_operand(qw, t);
     const float sx = scale_of(qx), sw = scale_of(qw);
     const float rk = propagate ? pow2_round(std::sqrt(double(K))) : 1.0f;
@@ -200,7 +198,7 @@ Var QLinear::operator()(const Var& x, const Var& w, const Var& b) const {
   const bool values_bf16 = pow2_block_role(recipe_.weight) && pow2_block_role(recipe_.activation) && pow2_block_role(recipe_.gradient);
   const BlockGemm how = !block || gemm_dtype() != DType::bf16 ? BlockGemm::f32
                         : values_bf16                         ? BlockGemm::bf16_values
-                        : codes_fit_bf16                      ? BlockGemm::bf16_codes
+                        : codes_bf16                          ? BlockGemm::bf16_codes
                                                               : BlockGemm::f32;
   const Tensor y = dequantized_gemm(false, false, rows, N, K, qx, qw, how).reshape(out_shape);
   // Per-tensor: the forward's quantised operands serve the transposed products too. Block: the

@@ -147,18 +147,9 @@ Tensor byte_codes_as_bf16(const Tensor& codes) {
   const std::optional<Format> f = dtype_format(codes.dtype());
   if (!f || info(*f).storage_bytes() != 1 || !info(*f).is_float() || !codes.is_contiguous())
     throw Error("byte_codes_as_bf16: needs contiguous one-byte float codes, got " + std::string(dtype_name(codes.dtype())));
-  constexpr int64_t kChunk = 4096;  // 16 KB of f32: stays in L1 between the decode and the truncation
-  const int64_t n = codes.numel(), chunks = (n + kChunk - 1) / kChunk;
   Tensor out = Tensor::empty(codes.shape(), DType::bf16);
-  const std::byte* in = codes.raw_bytes();
-  uint16_t* o = out.data<uint16_t>();
-#pragma omp parallel for if (n > (1 << 16))
-  for (int64_t c = 0; c < chunks; ++c) {
-    float buf[kChunk];
-    const int64_t begin = c * kChunk, len = std::min(kChunk, n - begin);
-    dequantize(std::span(in + begin, size_t(len)), *f, 1.0f, std::span(buf, size_t(len)));
-    for (int64_t i = 0; i < len; ++i) o[begin + i] = uint16_t(std::bit_cast<uint32_t>(buf[i]) >> 16);
-  }
+  const size_t n = size_t(codes.numel());
+  codes_to_bf16(std::span(codes.raw_bytes(), n), *f, std::span(out.data<uint16_t>(), n));
   return out;
 }
 
