@@ -308,10 +308,12 @@ TEST(KernelsVsReference, FusedCausalAttentionMatchesTheComposedOps) {
 }
 
 // The vectorised f32 AdamW against the textbook update in f64 over three steps: bias correction,
-// decoupled weight decay on one parameter only, a gradient multiplier (clipping).
+// decoupled weight decay on one parameter only, a gradient multiplier (clipping). The first
+// parameter spans several chunks of the all-parameter pass (optim/param_chunks), so it runs on
+// every thread.
 TEST(KernelsVsReference, AdamWMatchesTheF64Update) {
   const optim::AdamWConfig c{.lr = 1e-2, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1};
-  std::vector<Var> params = {Var(Tensor::randn({70, 33}, 41), true), Var(Tensor::randn({5}, 42), true)};
+  std::vector<Var> params = {Var(Tensor::randn({700, 33}, 41), true), Var(Tensor::randn({5}, 42), true)};
   optim::AdamW opt(params, c, {1.0, 0.5}, {true, false});
   std::vector<std::vector<double>> w, m, v;
   for (const Var& p : params) {
@@ -346,11 +348,12 @@ TEST(KernelsVsReference, AdamWMatchesTheF64Update) {
 // SCALIFY's AdamW: the fused one-pass step against the composed scaled ops it replaces, bit for
 // bit (data and scales of parameters and moments), with f32 and f16 storage, weight decay on one
 // parameter, gradient multipliers that are and are not powers of two, over four steps (the first
-// runs composed in both: the moments start as ANY-scale zeros).
+// runs composed in both: the moments start as ANY-scale zeros). The first parameter spans several
+// chunks of the all-parameter pass, and pieces within them.
 TEST(KernelsVsReference, FusedScaledAdamWIsBitIdentical) {
   for (DType storage : {DType::f32, DType::f16}) {
     auto make = [&] {
-      return std::vector<Var>{Var(ScaledTensor(Tensor::randn({33, 70}, 61).to(storage), 0.125f), true),
+      return std::vector<Var>{Var(ScaledTensor(Tensor::randn({330, 70}, 61).to(storage), 0.125f), true),
                               Var(ScaledTensor(Tensor::randn({70}, 62).to(storage), 4.0f), true)};
     };
     std::vector<Var> a = make(), b = make();

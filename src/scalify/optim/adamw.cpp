@@ -1,9 +1,13 @@
 #include "scalify/optim/adamw.hpp"
 
 #include <cmath>
+#include <cstring>
+#include <span>
+#include <deque>
 #include <string>
 
 #include "scalify/error.hpp"
+#include "scalify/optim/param_chunks.hpp"
 #include "scalify/scaled/scaled_ops.hpp"
 #include "scalify/tensor/dense.hpp"
 #include "scalify/tensor/ops.hpp"
@@ -11,15 +15,6 @@
 namespace scalify::optim {
 
 namespace {
-void check_finite(const Tensor& g, size_t k, const Shape& shape) {
-  const Dense<float> d(g);
-  const float* p = d.data();
-  const int64_t n = g.numel();
-  bool bad = false;
-#pragma omp parallel for reduction(|| : bad) if (n > (1 << 16))
-  for (int64_t i = 0; i < n; ++i) bad |= !std::isfinite(p[i]);
-  if (bad) throw Error("optimizer: non-finite gradient in parameter " + std::to_string(k) + " of shape " + shape_str(shape));
-}
 // A new represented value for a scaled parameter, stored against its current scale.
 ScaledTensor restore(const ScaledTensor& p, const Tensor& value) {
   ScaledTensor out = p;
@@ -70,43 +65,76 @@ void AdamW::set_lr(double lr) {
 }
 
 void AdamW::step(double gradient_multiplier) {
+  std::vector<size_t> plain, scaled;
+  for (size_t k = 0; k < params_.size(); ++k)
+    if (params_[k].scaled_grad().data.defined()) (params_[k].scaled().is_scaled() ? scaled : plain).push_back(k);
+  check_finite_gradients();  // before any parameter changes
   ++t_;
   const double bc1 = 1 - std::pow(c_.beta1, double(t_)), bc2 = 1 - std::pow(c_.beta2, double(t_));
-  for (size_t k = 0; k < params_.size(); ++k) {
-    if (!params_[k].scaled_grad().data.defined()) continue;
-    if (params_[k].scaled().is_scaled())
-      step_scaled(k, bc1, bc2, gradient_multiplier);
-    else
-      step_plain(k, bc1, bc2, gradient_multiplier);
-    params_[k].zero_grad();
-  }
+  step_plain(plain, bc1, bc2, gradient_multiplier);
+  for (size_t k : step_scaled_fused(scaled, bc1, bc2, gradient_multiplier)) step_scaled(k, bc1, bc2, gradient_multiplier);
+  for (size_t k : plain) params_[k].zero_grad();
+  for (size_t k : scaled) params_[k].zero_grad();
 }
 
-void AdamW::step_plain(size_t k, double bc1, double bc2, double gradient_multiplier) {
-  Var& p = params_[k];
-  const Tensor value = p.value(), grad = p.grad();
-  check_finite(grad, k, p.shape());
-  // One parallel, vectorised pass in f32 arithmetic (as PyTorch's): read the weight, gradient
-  // and moments, write the moments in place and the new weight into a fresh (pooled) buffer.
-  const Dense<float> w(value), g(grad);
-  Tensor next = Tensor::empty(p.shape(), DType::f32);
-  float* pw = next.data<float>();
-  float* m = m_[k].data.data<float>();
-  float* v = v_[k].data.data<float>();
-  const float* pg = g.data();
-  const float* pold = w.data();
-  const int64_t n = next.numel();
-  const float lr = float(c_.lr * lr_scale_[k]), wd = decay_[k] ? float(c_.weight_decay) : 0.0f;
+void AdamW::check_finite_gradients() const {
+  std::vector<size_t> with_grad;
+  std::vector<int64_t> sizes;
+  for (size_t k = 0; k < params_.size(); ++k)
+    if (params_[k].scaled_grad().data.defined()) {
+      with_grad.push_back(k);
+      sizes.push_back(params_[k].scaled_grad().data.numel());
+    }
+  std::vector<ChunkSource<float>> grads;
+  grads.reserve(with_grad.size());
+  for (size_t k : with_grad) grads.emplace_back(params_[k].scaled_grad().data, params_[k].shape());
+  const std::vector<ParamChunk> chunks = param_chunks(sizes);
+  std::vector<char> bad(with_grad.size(), 0);
+  for_each_chunk(chunks, [&](const ParamChunk& c, size_t) {
+    float buf[kParamChunk];
+    const float* g = grads[c.param].read(c.begin, c.end - c.begin, buf);
+    bool finite = true;
+    for (int64_t i = 0; i < c.end - c.begin; ++i) finite &= std::isfinite(g[i]);
+    if (!finite) bad[c.param] = 1;  // a byte per parameter: racing writers store the same value
+  });
+  for (size_t j = 0; j < with_grad.size(); ++j)
+    if (bad[j])
+      throw Error("optimizer: non-finite gradient in parameter " + std::to_string(with_grad[j]) + " of shape " +
+                  shape_str(params_[with_grad[j]].shape()));
+}
+
+void AdamW::step_plain(const std::vector<size_t>& ks, double bc1, double bc2, double gradient_multiplier) {
+  // One parallel, vectorised pass in f32 arithmetic (as PyTorch's) over every plain parameter at
+  // once: read the weight, gradient and moments, write the moments in place and the new weight
+  // into a fresh (pooled) buffer.
+  std::vector<Tensor> values, gradients, next;
+  std::vector<int64_t> sizes;
+  for (size_t k : ks) {
+    values.push_back(params_[k].value());
+    gradients.push_back(params_[k].grad());
+    next.push_back(Tensor::empty(params_[k].shape(), DType::f32));
+    sizes.push_back(next.back().numel());
+  }
+  const std::deque<Dense<float>> weights(values.begin(), values.end()), grads(gradients.begin(), gradients.end());
   const float b1 = float(c_.beta1), b2 = float(c_.beta2), c1 = float(1 - c_.beta1), c2 = float(1 - c_.beta2);
   const float ibc1 = float(1 / bc1), ibc2 = float(1 / bc2), eps = float(c_.eps), gm = float(gradient_multiplier);
-#pragma omp parallel for simd if (n > (1 << 15))
-  for (int64_t i = 0; i < n; ++i) {
-    const float gi = pg[i] * gm;
-    m[i] = b1 * m[i] + c1 * gi;
-    v[i] = b2 * v[i] + c2 * gi * gi;
-    pw[i] = pold[i] - lr * ((m[i] * ibc1) / (std::sqrt(v[i] * ibc2) + eps) + wd * pold[i]);
-  }
-  p.set_value(next.to(value.dtype()));
+  for_each_chunk(param_chunks(sizes), [&](const ParamChunk& c, size_t) {
+    const size_t k = ks[c.param];
+    const float lr = float(c_.lr * lr_scale_[k]), wd = decay_[k] ? float(c_.weight_decay) : 0.0f;
+    float* m = m_[k].data.data<float>();
+    float* v = v_[k].data.data<float>();
+    float* pw = next[c.param].data<float>();
+    const float* pg = grads[c.param].data();
+    const float* pold = weights[c.param].data();
+#pragma omp simd
+    for (int64_t i = c.begin; i < c.end; ++i) {
+      const float gi = pg[i] * gm;
+      m[i] = b1 * m[i] + c1 * gi;
+      v[i] = b2 * v[i] + c2 * gi * gi;
+      pw[i] = pold[i] - lr * ((m[i] * ibc1) / (std::sqrt(v[i] * ibc2) + eps) + wd * pold[i]);
+    }
+  });
+  for (size_t j = 0; j < ks.size(); ++j) params_[ks[j]].set_value(next[j].to(values[j].dtype()));
 }
 
 namespace {
@@ -124,72 +152,125 @@ Ema ema_scales(double m_scale, double x_scale, double beta) {
 }
 }  // namespace
 
-// The composed step below, fused: every op's f32 arithmetic in the same order, per element, in one
-// parallel pass (the composed form makes ~20 passes over each parameter). Returns false, doing
-// nothing, where it does not apply: ANY or per-block scales (the first step's zero moments),
-// scale products outside [2^-126, 2^127] (with_exact_scale would move them into the data), a
-// rescale step. KernelsVsReference.FusedScaledAdamWIsBitIdentical checks it.
-bool AdamW::step_scaled_fused(size_t k, double bc1, double bc2, double gradient_multiplier) {
-  Var& p = params_[k];
-  const ScaledTensor& g = p.scaled_grad();
-  if (!c_.fused || !single_scale(g) || !single_scale(m_[k]) || !single_scale(v_[k]) || !single_scale(p.scaled())) return false;
-  if (c_.rescale_every > 0 && t_ % c_.rescale_every == 0) return false;
-  // g * multiplier (scaled::mul_scalar): a power of two moves into the scale, the rest multiplies the data.
-  double gs = g.scalar_scale();
-  float gmul = 1.0f;
-  if (gradient_multiplier != 1.0) {
-    const ScaledTensor c = scaled_scalar(gradient_multiplier);
-    if (c.any_scale) return false;
-    gs *= c.scalar_scale();
-    const double m = c.data.item();
-    gmul = float(m);
-    if (m == 1.0) gmul = 1.0f;
+namespace {
+// One scaled parameter's fused update: scales and multipliers fixed before the pass, inputs read
+// through their storage, outputs in the state's and the parameter's dtypes.
+struct FusedUpdate {
+  size_t k;
+  Ema em, ev;
+  float gmul, ps, inv_ps, lr;
+  bool scale_g, decays;
+  Tensor m_out, v_out, p_out;
+};
+// Stores len f32 values at element begin of t, rounded as Tensor::to rounds, and leaves in y the
+// values as stored when read_back (the update reads the moments through their storage).
+void store_piece(float* y, Tensor& t, int64_t begin, int64_t len, bool read_back) {
+  if (t.dtype() == DType::f32) {
+    std::memcpy(t.data<float>() + begin, y, size_t(len) * sizeof(float));
+    return;
   }
-  const double sq_scale = gs * gs;  // square's power rule for a power-of-two scale: exact
-  int e;
-  if (!in_scale_range(gs) || !in_scale_range(sq_scale) || std::frexp(gs, &e) != 0.5) return false;
-  const Ema em = ema_scales(m_[k].scalar_scale(), gs, c_.beta1), ev = ema_scales(v_[k].scalar_scale(), sq_scale, c_.beta2);
-  const float ps = p.scaled().scalar_scale();
-  const bool scale_g = gradient_multiplier != 1.0 && gmul != 1.0f;
-  const float inv_bc2 = float(1.0 / bc2), inv_bc1 = float(1.0 / bc1), eps = float(c_.eps);
-  const bool decays = c_.weight_decay != 0 && decay_[k];
-  const float wd = float(c_.weight_decay), lr = float(c_.lr * lr_scale_[k]), inv_ps = float(1.0 / ps);
-  const Dense<float> gd(g.data), md(m_[k].data), vd(v_[k].data), pd(p.scaled().data);
-  const DType state = m_[k].data.dtype();
-  const int64_t n = g.data.numel();
-  Tensor m_new = Tensor::empty(p.shape()), v_new = Tensor::empty(p.shape()), p_new = Tensor::empty(p.shape());
-  float *mo = m_new.data<float>(), *vo = v_new.data<float>(), *po = p_new.data<float>();
-  const float *pg = gd.data(), *pm = md.data(), *pv = vd.data(), *pp = pd.data();
-#pragma omp parallel for if (n > (1 << 15))
-  for (int64_t i = 0; i < n; ++i) {  // the moments (ema)
-    const float gi = scale_g ? pg[i] * gmul + 0.0f : pg[i];
-    mo[i] = em.a * pm[i] + em.b * gi;
-    vo[i] = ev.a * pv[i] + ev.b * (gi * gi);
+  const Format f = *dtype_format(t.dtype());
+  const auto bytes = size_t(dtype_size(t.dtype()));
+  const std::span<std::byte> codes(t.raw_bytes() + size_t(begin) * bytes, size_t(len) * bytes);
+  quantize(std::span<const float>(y, size_t(len)), f, 1.0f, codes);
+  if (read_back) dequantize(std::span<const std::byte>(codes), f, 1.0f, std::span(y, size_t(len)));
+}
+}  // namespace
+
+// The composed step (step_scaled below), fused: every op's f32 arithmetic in the same order, per
+// element, in one parallel pass over all the parameters it applies to (the composed form makes ~20
+// passes over each parameter). Returns the parameters it does not apply to, untouched: ANY or
+// per-block scales (the first step's zero moments), scale products outside [2^-126, 2^127]
+// (with_exact_scale would move them into the data), a rescale step.
+// KernelsVsReference.FusedScaledAdamWIsBitIdentical checks it.
+std::vector<size_t> AdamW::step_scaled_fused(const std::vector<size_t>& ks, double bc1, double bc2, double gradient_multiplier) {
+  std::vector<size_t> rest;
+  std::vector<FusedUpdate> ups;
+  for (size_t k : ks) {
+    const Var& p = params_[k];
+    const ScaledTensor& g = p.scaled_grad();
+    if (!c_.fused || !single_scale(g) || !single_scale(m_[k]) || !single_scale(v_[k]) || !single_scale(p.scaled()) ||
+        (c_.rescale_every > 0 && t_ % c_.rescale_every == 0)) {
+      rest.push_back(k);
+      continue;
+    }
+    // g * multiplier (scaled::mul_scalar): a power of two moves into the scale, the rest multiplies the data.
+    double gs = g.scalar_scale();
+    float gmul = 1.0f;
+    if (gradient_multiplier != 1.0) {
+      const ScaledTensor c = scaled_scalar(gradient_multiplier);
+      if (c.any_scale) {
+        rest.push_back(k);
+        continue;
+      }
+      gs *= c.scalar_scale();
+      const double m = c.data.item();
+      gmul = float(m);
+      if (m == 1.0) gmul = 1.0f;
+    }
+    const double sq_scale = gs * gs;  // square's power rule for a power-of-two scale: exact
+    int e;
+    if (!in_scale_range(gs) || !in_scale_range(sq_scale) || std::frexp(gs, &e) != 0.5) {
+      rest.push_back(k);
+      continue;
+    }
+    const float ps = p.scaled().scalar_scale();
+    const DType state = m_[k].data.dtype();
+    ups.push_back({k, ema_scales(m_[k].scalar_scale(), gs, c_.beta1), ema_scales(v_[k].scalar_scale(), sq_scale, c_.beta2), gmul, ps,
+                   float(1.0 / ps), float(c_.lr * lr_scale_[k]), gradient_multiplier != 1.0 && gmul != 1.0f,
+                   c_.weight_decay != 0 && decay_[k], Tensor::empty(p.shape(), state), Tensor::empty(p.shape(), state),
+                   Tensor::empty(p.shape(), p.scaled().data.dtype())});
   }
-  // The update reads the moments through their storage (cast_data): an f16 state rounds first.
-  const Tensor m_state = m_new.to(state), v_state = v_new.to(state);
-  const Dense<float> ms(m_state), vs(v_state);
-  const float *pms = ms.data(), *pvs = vs.data();
-#pragma omp parallel for if (n > (1 << 15))
-  for (int64_t i = 0; i < n; ++i) {
-    const float denom = std::sqrt((pvs[i] * ev.zs) * inv_bc2 + 0.0f) * 1.0f + eps;
-    float update = ((pms[i] * em.zs) * inv_bc1 + 0.0f) / denom;
-    const float w = pp[i] * ps;
-    if (decays) update = update + (w * wd + 0.0f);
-    po[i] = (w - (update * lr + 0.0f)) * inv_ps + 0.0f;
+  if (ups.empty()) return rest;
+  std::vector<ChunkSource<float>> in;  // per update: g, m, v, p data, read a piece at a time
+  in.reserve(4 * ups.size());
+  std::vector<int64_t> sizes;
+  for (const FusedUpdate& u : ups) {
+    const Var& p = params_[u.k];
+    for (const Tensor* t : std::initializer_list<const Tensor*>{&p.scaled_grad().data, &m_[u.k].data, &v_[u.k].data, &p.scaled().data})
+      in.emplace_back(*t, p.shape());
+    sizes.push_back(numel_of(p.shape()));
   }
-  m_[k] = ScaledTensor(m_state, em.zs);
-  v_[k] = ScaledTensor(v_state, ev.zs);
-  ScaledTensor next = p.scaled();
-  next.data = p_new.to(p.scaled().data.dtype());
-  p.set_value(next);
-  return true;
+  const float inv_bc2 = float(1.0 / bc2), inv_bc1 = float(1.0 / bc1), eps = float(c_.eps), wd = float(c_.weight_decay);
+  for_each_chunk(param_chunks(sizes), [&](const ParamChunk& c, size_t) {
+    constexpr int64_t kPiece = 1024;  // seven buffers of it on the stack
+    FusedUpdate& u = ups[c.param];
+    const Ema em = u.em, ev = u.ev;
+    float gb[kPiece], mb[kPiece], vb[kPiece], pb[kPiece], mo[kPiece], vo[kPiece], po[kPiece];
+    for (int64_t b = c.begin; b < c.end; b += kPiece) {
+      const int64_t len = std::min(kPiece, c.end - b);
+      const float *pg = in[4 * c.param].read(b, len, gb), *pm = in[4 * c.param + 1].read(b, len, mb),
+                  *pv = in[4 * c.param + 2].read(b, len, vb), *pp = in[4 * c.param + 3].read(b, len, pb);
+      for (int64_t i = 0; i < len; ++i) {  // the moments (ema)
+        const float gi = u.scale_g ? pg[i] * u.gmul + 0.0f : pg[i];
+        mo[i] = em.a * pm[i] + em.b * gi;
+        vo[i] = ev.a * pv[i] + ev.b * (gi * gi);
+      }
+      store_piece(mo, u.m_out, b, len, true);
+      store_piece(vo, u.v_out, b, len, true);
+      for (int64_t i = 0; i < len; ++i) {
+        const float denom = std::sqrt((vo[i] * ev.zs) * inv_bc2 + 0.0f) * 1.0f + eps;
+        float update = ((mo[i] * em.zs) * inv_bc1 + 0.0f) / denom;
+        const float w = pp[i] * u.ps;
+        if (u.decays) update = update + (w * wd + 0.0f);
+        po[i] = (w - (update * u.lr + 0.0f)) * u.inv_ps + 0.0f;
+      }
+      store_piece(po, u.p_out, b, len, false);
+    }
+  });
+  for (FusedUpdate& u : ups) {
+    Var& p = params_[u.k];
+    m_[u.k] = ScaledTensor(u.m_out, u.em.zs);
+    v_[u.k] = ScaledTensor(u.v_out, u.ev.zs);
+    ScaledTensor next = p.scaled();
+    next.data = u.p_out;
+    p.set_value(next);
+  }
+  return rest;
 }
 
 void AdamW::step_scaled(size_t k, double bc1, double bc2, double gradient_multiplier) {
   Var& p = params_[k];
-  check_finite(p.scaled_grad().data, k, p.shape());
-  if (step_scaled_fused(k, bc1, bc2, gradient_multiplier)) return;
   const ScaledTensor g = gradient_multiplier == 1.0 ? p.scaled_grad() : scaled::mul_scalar(p.scaled_grad(), gradient_multiplier);
   // Moments in scaled form: the ema rule picks their scales; data stored in state_dtype.
   m_[k] = cast_data(scaled::ema(m_[k], g, c_.beta1), *dtype_format(c_.state_dtype));

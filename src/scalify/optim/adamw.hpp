@@ -36,7 +36,7 @@ class AdamW {
   // One update from the parameters' gradients times gradient_multiplier (gradient clipping:
   // applied as the gradients are read, so they stay in their low-precision storage), parameters
   // without one skipped, then clears the gradients. A non-finite gradient is an error naming the
-  // parameter.
+  // parameter, before any parameter changes.
   void step(double gradient_multiplier = 1.0);
   int64_t steps() const { return t_; }
   const ScaledTensor& first_moment(size_t i) const { return m_[i]; }
@@ -47,9 +47,10 @@ class AdamW {
   void load_state(int64_t steps, std::vector<ScaledTensor> m, std::vector<ScaledTensor> v);
 
  private:
-  void step_plain(size_t k, double bc1, double bc2, double gradient_multiplier);
+  void check_finite_gradients() const;  // throws naming the first parameter with one
+  void step_plain(const std::vector<size_t>& ks, double bc1, double bc2, double gradient_multiplier);
   void step_scaled(size_t k, double bc1, double bc2, double gradient_multiplier);
-  bool step_scaled_fused(size_t k, double bc1, double bc2, double gradient_multiplier);
+  std::vector<size_t> step_scaled_fused(const std::vector<size_t>& ks, double bc1, double bc2, double gradient_multiplier);
   std::vector<Var> params_;
   std::vector<ScaledTensor> m_, v_;
   std::vector<double> lr_scale_;

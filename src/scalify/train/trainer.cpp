@@ -17,6 +17,7 @@
 #include "scalify/formats/kernels.hpp"
 #include "scalify/io/atomic_file.hpp"
 #include "scalify/io/safetensors.hpp"
+#include "scalify/optim/grad_norm.hpp"
 #include "scalify/platform/memory.hpp"
 #include "scalify/quant/quantizer.hpp"
 #include "scalify/quant/recipe.hpp"
@@ -180,10 +181,7 @@ TrainResult train(const TrainConfig& config, bool resume, const Progress& progre
     double norm = 0;
     if (ok) {
       quant::cast_weight_gradients(s->params, s->recipe);
-      double sq = 0;
-      for (const Var& p : s->params)
-        if (p.scaled_grad().data.defined()) sq += ops::sum_squares(p.grad());
-      norm = std::sqrt(sq);
+      norm = std::sqrt(optim::gradient_sum_squares(s->params));
       if (!std::isfinite(norm))
         throw Diverged("training diverged: non-finite gradient norm at step " + std::to_string(step) + " (recipe " + cfg.recipe + ")", step);
       if (r.state_bytes_per_parameter == 0) r.state_bytes_per_parameter = state_bytes_per_parameter(*s);
