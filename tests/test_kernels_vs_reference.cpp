@@ -307,6 +307,49 @@ TEST(KernelsVsReference, FusedCausalAttentionMatchesTheComposedOps) {
   EXPECT_THROW(causal_self_attention(Var(Tensor::from_indices(std::vector<int64_t>(72, 1), {2, 3, 12})), 2), Error);
 }
 
+// LayerNorm / RMSNorm with the affine fused into the row loop, against the composition
+// layer_norm(x) * w + b. Unscaled f32: bit for bit, output and all three gradients, above the
+// parallel threshold and with rows wider than the backward's stack buffer. Scaled f16 data
+// (SCALIFY's activations and master weights): the composition's output and gradient scales
+// exactly, values within f16 rounding (the fused op does not round xhat * w into storage).
+TEST(KernelsVsReference, FusedNormAffineMatchesTheComposedOps) {
+  for (const bool center : {true, false})
+    for (const int64_t D : {int64_t(48), int64_t(1100)}) {
+      const int64_t R = 70;
+      for (const bool scaled : {false, true}) {
+        const DType dt = scaled ? DType::f16 : DType::f32;
+        auto make = [&](const Tensor& t, float scale) { return scaled ? ScaledTensor(t.to(dt), scale) : ScaledTensor(t); };
+        const ScaledTensor x0 = make(Tensor::randn({R, D}, 31, 2.0), 8.0f), w0 = make(Tensor::randn({D}, 32), 0.5f),
+                           b0 = make(Tensor::randn({D}, 33), 0.0625f), g0 = make(Tensor::randn({R, D}, 34), 0x1p-6f);
+        const Var xf(x0, true), wf(w0, true), bf(b0, true), xc(x0, true), wc(w0, true), bc(b0, true);
+        const Var fused = center ? layer_norm(xf, wf, bf) : rms_norm(xf, wf);
+        const Var composed = center ? layer_norm(xc) * wc + bc : rms_norm(xc) * wc;
+        fused.backward(g0);
+        composed.backward(g0);
+        const double tol = scaled ? 4e-3 : 0.0;  // f16: a few roundings of 2^-11 relative
+        // Gradients of w and b are sums over rows that cancel: their error is relative to the
+        // largest element, not to each (small) sum.
+        auto same = [&](const ScaledTensor& a, const ScaledTensor& b, const char* what, double floor = 1e-2) {
+          ASSERT_EQ(a.is_scaled(), b.is_scaled()) << what;
+          if (a.is_scaled()) ASSERT_EQ(a.scalar_scale(), b.scalar_scale()) << what;
+          const std::vector<double> av = a.value().to_vector(), bv = b.value().to_vector();
+          ASSERT_EQ(av.size(), bv.size()) << what;
+          double top = 0;
+          for (double v : bv) top = std::max(top, std::fabs(v));
+          for (size_t i = 0; i < av.size(); ++i)
+            if (tol == 0) ASSERT_EQ(av[i], bv[i]) << what << " element " << i;
+            else ASSERT_NEAR(av[i], bv[i], tol * (std::fabs(bv[i]) + floor * top)) << what << " element " << i << " largest " << top;
+        };
+        const std::string where = std::string(center ? "layer" : "rms") + " norm, D " + std::to_string(D) + (scaled ? ", scaled f16" : ", f32");
+        SCOPED_TRACE(where);
+        same(fused.scaled(), composed.scaled(), "output");
+        same(xf.scaled_grad(), xc.scaled_grad(), "dx");
+        same(wf.scaled_grad(), wc.scaled_grad(), "dw", 0.25);
+        if (center) same(bf.scaled_grad(), bc.scaled_grad(), "db", 0.25);
+      }
+    }
+}
+
 // The vectorised f32 AdamW against the textbook update in f64 over three steps: bias correction,
 // decoupled weight decay on one parameter only, a gradient multiplier (clipping). The first
 // parameter spans several chunks of the all-parameter pass (optim/param_chunks), so it runs on

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <limits>
 #include <numeric>
+#include <optional>
 
 #include "scalify/autograd/data_precision.hpp"
 #include "scalify/error.hpp"
@@ -191,14 +192,64 @@ Var norm(const char* name, const Var& x, double eps, bool center) {
 }
 }  // namespace
 
+namespace {
+bool one_scale(const ScaledTensor& t) {
+  return !t.any_scale && t.scale.defined() && t.scale.numel() == 1 && t.scalar_scale() >= 0x1p-126f && t.scalar_scale() <= 0x1p127f;
+}
+// The normalisation and its affine as one op (ops::norm_affine): one pass per row forward, and
+// g * w formed inside the normalisation's backward. The scales are the composition's: xhat has
+// scale 1, xhat * w takes W_s, + b rebases both onto Z_s = pow2_round(sqrt(W_s^2 + B_s^2)). Only
+// the intermediate roundings into storage are gone (xhat * w is not stored before + b). Applies
+// when x, weight and bias are all unscaled, or all carry one normal scale each; ANY-scale and
+// per-block scales compose the ops.
+std::optional<Var> fused_norm(const char* name, const Var& x, const Var& weight, const Var& bias, double eps, bool center) {
+  const ScaledTensor& xs = x.scaled();
+  const ScaledTensor& ws = weight.scaled();
+  const ScaledTensor* bs = bias.defined() ? &bias.scaled() : nullptr;
+  const bool plain = !xs.is_scaled() && !ws.is_scaled() && (!bs || !bs->is_scaled());
+  const bool scaled = one_scale(xs) && one_scale(ws) && (!bs || one_scale(*bs));
+  if (!plain && !scaled) return std::nullopt;
+  const double sx = scaled ? double(xs.scalar_scale()) : 1.0, w_s = scaled ? double(ws.scalar_scale()) : 1.0;
+  const double b_s = scaled && bs ? double(bs->scalar_scale()) : 0.0;
+  const float zs = scaled && bs ? pow2_round(std::sqrt(w_s * w_s + b_s * b_s)) : float(w_s);
+  ops::Affine a{ws.data, bs ? bs->data : Tensor(), w_s / zs, scaled ? b_s / zs : 1.0};
+  ops::NormResult r = ops::norm_affine(xs.data, eps / (sx * sx), center, a);  // eps as s::normalise rescales it
+  const ScaledTensor y = scaled ? ScaledTensor(r.y, zs) : ScaledTensor(r.y);
+  r.y = Tensor();  // the backward needs xhat and rstd only
+  std::vector<Var> inputs = {x, weight};
+  if (bias.defined()) inputs.push_back(bias);
+  return Var::make(name, y, inputs, [r, center, scaled, sx, w = ws, b_shape = bias.defined() ? bias.shape() : Shape()](const ScaledTensor& g) {
+    // d xhat = g * w (scale G_s W_s), then the normalisation's backward (scale / X_s).
+    ScaledTensor dx;
+    if (!g.is_scaled() || one_scale(g)) {
+      const Tensor d = ops::norm_affine_backward(r, g.data, center, w.data, 1.0);
+      const double gs = g.is_scaled() ? double(g.scalar_scale()) : 1.0, ws = scaled ? double(w.scalar_scale()) : 1.0;
+      dx = g.is_scaled() || scaled ? with_exact_scale(d, gs * ws / sx) : ScaledTensor(d);
+    } else {  // an ANY-scale gradient: the composition's mul and normalisation backward
+      const ScaledTensor gw = s::mul(g, w);
+      const Tensor d = center ? ops::layer_norm_backward(r, gw.data) : ops::rms_norm_backward(r, gw.data);
+      dx = gw.is_scaled() && !gw.any_scale ? with_exact_scale(d, gw.scalar_scale() / sx) : ScaledTensor(ops::scale_shift(d, 1.0 / sx, 0.0));
+    }
+    const ScaledTensor xhat = scaled ? ScaledTensor(r.xhat, 1.0f) : ScaledTensor(r.xhat);
+    Grads grads{dx, s::sum_to(s::mul(g, xhat), w.shape())};
+    if (!b_shape.empty()) grads.push_back(s::sum_to(g, b_shape));
+    return grads;
+  });
+}
+}  // namespace
+
 Var layer_norm(const Var& x, const Var& weight, const Var& bias, double eps) {
   check_affine("layer_norm", x, weight);
   check_affine("layer_norm", x, bias);
+  if (weight.defined())
+    if (std::optional<Var> y = fused_norm("layer_norm", x, weight, bias, eps, true)) return *y;
   return affine(norm("layer_norm", x, eps, true), weight, bias);
 }
 
 Var rms_norm(const Var& x, const Var& weight, double eps) {
   check_affine("rms_norm", x, weight);
+  if (weight.defined())
+    if (std::optional<Var> y = fused_norm("rms_norm", x, weight, {}, eps, false)) return *y;
   return affine(norm("rms_norm", x, eps, false), weight, {});
 }
 

@@ -2,6 +2,8 @@
 // dropout and causal masks. Rows are the last dimension; other dimensions are moved there first.
 #include <cmath>
 #include <limits>
+#include <optional>
+#include <vector>
 #include <type_traits>
 
 #include "scalify/error.hpp"
@@ -110,17 +112,33 @@ Tensor log_softmax_backward(const Tensor& y, const Tensor& grad, int dim) {
 }
 
 namespace {
-NormResult normalise_rows(const Tensor& x, double eps, bool center, const char* op) {
+void check_affine_row(const Tensor& p, int64_t D, const char* what, const char* op) {
+  if (p.defined() && (p.dim() != 1 || p.size(0) != D))
+    throw Error(std::string(op) + ": " + what + " of shape " + shape_str(p.shape()) + " does not match rows of " + std::to_string(D));
+}
+
+// Normalises the rows of x; with an affine (a defined weight), y = xhat * (w_mul w) + b_mul b in
+// the same row loop, else y is xhat.
+NormResult normalise_rows(const Tensor& x, double eps, bool center, const char* op, const Affine& a = {}) {
   NormResult r;
   const int64_t D = x.dim() ? x.size(-1) : 0;
+  check_affine_row(a.weight, D, "weight", op);
+  check_affine_row(a.bias, D, "bias", op);
   Shape stat_shape = x.shape();
   if (!stat_shape.empty()) stat_shape.back() = 1;
-  dispatch_compute(computes_in_f64(x), [&]<class T>() {
+  const bool affine = a.weight.defined();
+  dispatch_compute(computes_in_f64(x) || (affine && computes_in_f64(a.weight)), [&]<class T>() {
     const Dense<T> in(x);
     r.xhat = Tensor::empty(x.shape(), dtype_for<T>());
     r.rstd = Tensor::empty(stat_shape, dtype_for<T>());
+    r.y = affine ? Tensor::empty(x.shape(), dtype_for<T>()) : r.xhat;
+    std::optional<Dense<T>> w, b;  // rows of D: converted once
+    if (affine) w.emplace(a.weight);
+    if (a.bias.defined()) b.emplace(a.bias);
+    const T wm = T(a.weight_mul), bm = T(a.bias_mul);
     T* xh = r.xhat.data<T>();
     T* rs = r.rstd.data<T>();
+    T* py = r.y.data<T>();
     const int64_t rows = D == 0 ? 0 : x.numel() / D;
 #pragma omp parallel for if (x.numel() > (1 << 15))
     for (int64_t row = 0; row < rows; ++row) {
@@ -134,30 +152,48 @@ NormResult normalise_rows(const Tensor& x, double eps, bool center, const char* 
       var /= double(D);
       const double rstd = 1.0 / std::sqrt(var + eps);
       rs[row] = T(rstd);
-      for (int64_t i = 0; i < D; ++i) xh[row * D + i] = T((v[i] - mean) * rstd);
+      T* h = xh + row * D;
+      for (int64_t i = 0; i < D; ++i) h[i] = T((v[i] - mean) * rstd);
+      if (!affine) continue;
+      T* o = py + row * D;
+      for (int64_t i = 0; i < D; ++i) o[i] = h[i] * (*w)[i] * wm;
+      if (b)
+        for (int64_t i = 0; i < D; ++i) o[i] += (*b)[i] * bm;
     }
     return 0;
   });
   if (D == 0) throw Error(std::string(op) + ": last dimension of shape " + shape_str(x.shape()) + " is empty");
-  r.y = r.xhat;
   return r;
 }
 
 // dx = rstd * (g - mean(g) - xhat * mean(g * xhat)), one pass per row: rstd is applied in the
 // row loop, not broadcast over [rows, D] afterwards (a gather that ran on one thread).
-Tensor norm_backward(const NormResult& r, const Tensor& g, bool center, const char* op) {
+// With a weight w: the gradient reaching xhat is g * (w_mul w), formed per row in the same loop.
+Tensor norm_backward(const NormResult& r, const Tensor& g, bool center, const char* op, const Tensor& weight = {}, double weight_mul = 1) {
   if (r.xhat.shape() != g.shape())
     throw Error(std::string(op) + ": shapes differ: " + shape_str(r.xhat.shape()) + " and " + shape_str(g.shape()));
   if (g.dim() == 0 || (g.size(-1) && r.rstd.numel() != g.numel() / g.size(-1)))
     throw Error(std::string(op) + ": needs one rstd per row of " + shape_str(g.shape()) + ", got " + shape_str(r.rstd.shape()));
+  check_affine_row(weight, g.size(-1), "weight", op);
   return dispatch_compute(computes_in_f64(r.xhat, g), [&]<class T>() {
     const Dense<T> xs(r.xhat), gs(g), rs(r.rstd);
+    std::optional<Dense<T>> w;
+    if (weight.defined()) w.emplace(weight);
+    const T wm = T(weight_mul);
     Tensor out = Tensor::empty(g.shape(), dtype_for<T>());
     const int64_t D = g.dim() ? g.size(-1) : 0, rows = D == 0 ? 0 : g.numel() / D;
     T* po = out.data<T>();
 #pragma omp parallel for if (rows * D > (1 << 15))
     for (int64_t row = 0; row < rows; ++row) {
-      const T *xh = xs.data() + row * D, *gg = gs.data() + row * D;
+      const T* xh = xs.data() + row * D;
+      const T* gg = gs.data() + row * D;
+      T small[1024];  // g * w, with a weight: on the stack for rows up to 1024 wide
+      std::vector<T> large;
+      if (w) {
+        T* gw = D <= 1024 ? small : (large.resize(size_t(D)), large.data());
+        for (int64_t i = 0; i < D; ++i) gw[i] = gg[i] * (*w)[i] * wm;
+        gg = gw;
+      }
       double mg = 0, mgx = 0;
       for (int64_t i = 0; i < D; ++i) {
         mg += gg[i];
@@ -178,6 +214,14 @@ NormResult layer_norm(const Tensor& x, double eps) { return normalise_rows(x, ep
 NormResult rms_norm(const Tensor& x, double eps) { return normalise_rows(x, eps, false, "rms_norm"); }
 Tensor layer_norm_backward(const NormResult& r, const Tensor& g) { return norm_backward(r, g, true, "layer_norm_backward"); }
 Tensor rms_norm_backward(const NormResult& r, const Tensor& g) { return norm_backward(r, g, false, "rms_norm_backward"); }
+NormResult norm_affine(const Tensor& x, double eps, bool center, const Affine& a) {
+  if (!a.weight.defined()) throw Error("norm_affine: needs a weight");
+  return normalise_rows(x, eps, center, center ? "layer_norm" : "rms_norm", a);
+}
+Tensor norm_affine_backward(const NormResult& r, const Tensor& g, bool center, const Tensor& weight, double weight_mul) {
+  if (!weight.defined()) throw Error("norm_affine_backward: needs the weight");
+  return norm_backward(r, g, center, center ? "layer_norm_backward" : "rms_norm_backward", weight, weight_mul);
+}
 
 namespace {
 void check_ids(const Tensor& ids, int64_t vocab, const std::vector<int64_t>& v, const char* op) {

@@ -74,6 +74,16 @@ NormResult layer_norm(const Tensor& x, double eps);  // no affine
 NormResult rms_norm(const Tensor& x, double eps);    // no affine
 Tensor layer_norm_backward(const NormResult& r, const Tensor& grad_xhat);
 Tensor rms_norm_backward(const NormResult& r, const Tensor& grad_xhat);
+// Normalisation with its affine fused into the row loop: y = xhat * (weight_mul w) + bias_mul b
+// (bias optional), one pass per row instead of three elementwise ops. r.xhat stays available for
+// the weight's gradient.
+struct Affine {
+  Tensor weight, bias;  // [D]
+  double weight_mul = 1, bias_mul = 1;
+};
+NormResult norm_affine(const Tensor& x, double eps, bool center, const Affine& a);
+// dx from dy: the norm backward of dy * (weight_mul w), formed per row.
+Tensor norm_affine_backward(const NormResult& r, const Tensor& grad_y, bool center, const Tensor& weight, double weight_mul);
 
 Tensor embedding(const Tensor& weight, const Tensor& ids);  // weight [V, D], ids int: [..., D]
 Tensor embedding_backward(const Tensor& grad, const Tensor& ids, int64_t vocab);  // scatter-add
