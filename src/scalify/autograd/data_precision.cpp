@@ -51,35 +51,6 @@ void keep_infinities(const Tensor& in, Tensor& out, Format f) {
   v = _mm256_blendv_ps(_mm256_max_ps(bottom, _mm256_min_ps(top, v)), v, infinite);
   _mm_storeu_si128(reinterpret_cast<__m128i*>(dst), _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
 }
-// The same on 16 values with AVX-512 (the NaN and infinity tests in mask registers). GCC 12 warns
-// about the intrinsics' own undefined pass-through operands when they inline into a target
-// function, hence the pragma.
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-[[gnu::target("avx512f,f16c")]] void f16_storage_16(const float* in, uint16_t* dst) {
-  const __m512 top = _mm512_set1_ps(65504.0f), bottom = _mm512_set1_ps(-65504.0f);
-  const __m512i sign = _mm512_set1_epi32(int(0x80000000u)), quiet = _mm512_set1_epi32(0x7FC00000);
-  const __m512i magnitude = _mm512_set1_epi32(0x7FFFFFFF), inf = _mm512_set1_epi32(0x7F800000);
-  __m512 v = _mm512_loadu_ps(in);
-  const __m512i bits = _mm512_castps_si512(v);
-  v = _mm512_mask_mov_ps(v, _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), _mm512_castsi512_ps(_mm512_or_si512(_mm512_and_si512(bits, sign), quiet)));
-  const __mmask16 infinite = _mm512_cmpeq_epi32_mask(_mm512_and_si512(bits, magnitude), inf);
-  v = _mm512_mask_mov_ps(_mm512_max_ps(bottom, _mm512_min_ps(top, v)), infinite, v);
-  _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst), _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
-}
-[[gnu::target("avx512f,f16c")]] void f16_storage_avx512(const float* x, uint16_t* out, int64_t n) {
-#pragma omp parallel for if (n > (1 << 16))
-  for (int64_t i = 0; i < n / 16; ++i) f16_storage_16(x + 16 * i, out + 16 * i);
-  for (int64_t i = n / 16 * 16; i + 8 <= n; i += 8) f16_storage_8(x + i, out + i);
-  if (const int64_t done = n / 8 * 8; done < n) {
-    float tmp[8] = {};
-    uint16_t otmp[8];
-    std::memcpy(tmp, x + done, size_t(n - done) * sizeof(float));
-    f16_storage_8(tmp, otmp);
-    std::memcpy(out + done, otmp, size_t(n - done) * sizeof(uint16_t));
-  }
-}
-#pragma GCC diagnostic pop
 [[gnu::target("avx2,f16c")]] void f16_storage_f16c(const float* x, uint16_t* out, int64_t n) {
 #pragma omp parallel for if (n > (1 << 16))
   for (int64_t i = 0; i < n / 8; ++i) f16_storage_8(x + 8 * i, out + 8 * i);
@@ -93,17 +64,13 @@ void keep_infinities(const Tensor& in, Tensor& out, Format f) {
 }
 #endif
 
-// to_storage's f32 -> f16 cast: the one-pass F16C form (16 values at a time where the format
-// kernels run AVX-512) when the ISA allows, else the bulk encoder
+// to_storage's f32 -> f16 cast: the one-pass F16C form when the ISA allows, else the bulk encoder
 // followed by the infinity fix-up.
 Tensor to_f16_storage(const Tensor& data) {
 #if SCALIFY_HAVE_X86_SIMD
   if (data.dtype() == DType::f32 && data.is_contiguous() && kernels::active_isa() != kernels::Isa::scalar) {
     Tensor out = Tensor::empty(data.shape(), DType::f16);
-    if (kernels::active_isa() == kernels::Isa::avx512)
-      f16_storage_avx512(data.data<float>(), out.data<uint16_t>(), data.numel());
-    else
-      f16_storage_f16c(data.data<float>(), out.data<uint16_t>(), data.numel());
+    f16_storage_f16c(data.data<float>(), out.data<uint16_t>(), data.numel());
     return out;
   }
 #endif
