@@ -331,14 +331,20 @@ TEST(KernelsVsReference, FusedNormAffineMatchesTheComposedOps) {
         // largest element, not to each (small) sum.
         auto same = [&](const ScaledTensor& a, const ScaledTensor& b, const char* what, double floor = 1e-2) {
           ASSERT_EQ(a.is_scaled(), b.is_scaled()) << what;
-          if (a.is_scaled()) ASSERT_EQ(a.scalar_scale(), b.scalar_scale()) << what;
+          if (a.is_scaled()) {
+            ASSERT_EQ(a.scalar_scale(), b.scalar_scale()) << what;
+          }
           const std::vector<double> av = a.value().to_vector(), bv = b.value().to_vector();
           ASSERT_EQ(av.size(), bv.size()) << what;
           double top = 0;
           for (double v : bv) top = std::max(top, std::fabs(v));
-          for (size_t i = 0; i < av.size(); ++i)
-            if (tol == 0) ASSERT_EQ(av[i], bv[i]) << what << " element " << i;
-            else ASSERT_NEAR(av[i], bv[i], tol * (std::fabs(bv[i]) + floor * top)) << what << " element " << i << " largest " << top;
+          for (size_t i = 0; i < av.size(); ++i) {
+            if (tol == 0) {
+              ASSERT_EQ(av[i], bv[i]) << what << " element " << i;
+            } else {
+              ASSERT_NEAR(av[i], bv[i], tol * (std::fabs(bv[i]) + floor * top)) << what << " element " << i << " largest " << top;
+            }
+          }
         };
         const std::string where = std::string(center ? "layer" : "rms") + " norm, D " + std::to_string(D) + (scaled ? ", scaled f16" : ", f32");
         SCOPED_TRACE(where);

@@ -80,7 +80,9 @@ TEST(Tensor, ByteCodesAsBf16MatchTheGeneralConversion) {
       // The plain reference: the exact value's top half (its low half is zero). Finite values
       // also equal the general conversion, which saturates infinities.
       ASSERT_EQ(got[i], uint16_t(std::bit_cast<uint32_t>(v) >> 16)) << f.name << " code " << int(all[i]);
-      if (std::isfinite(v)) ASSERT_EQ(got[i], conv[i]) << f.name << " code " << int(all[i]);
+      if (std::isfinite(v)) {
+        ASSERT_EQ(got[i], conv[i]) << f.name << " code " << int(all[i]);
+      }
     }
   }
   EXPECT_THROW(byte_codes_as_bf16(Tensor::randn({4}, 1)), Error);
