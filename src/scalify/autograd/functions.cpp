@@ -223,8 +223,8 @@ std::optional<Var> fused_norm(const char* name, const Var& x, const Var& weight,
     ScaledTensor dx;
     if (!g.is_scaled() || one_scale(g)) {
       const Tensor d = ops::norm_affine_backward(r, g.data, center, w.data, 1.0);
-      const double gs = g.is_scaled() ? double(g.scalar_scale()) : 1.0, ws = scaled ? double(w.scalar_scale()) : 1.0;
-      dx = g.is_scaled() || scaled ? with_exact_scale(d, gs * ws / sx) : ScaledTensor(d);
+      const double g_scale = g.is_scaled() ? double(g.scalar_scale()) : 1.0, w_scale = scaled ? double(w.scalar_scale()) : 1.0;
+      dx = g.is_scaled() || scaled ? with_exact_scale(d, g_scale * w_scale / sx) : ScaledTensor(d);
     } else {  // an ANY-scale gradient: the composition's mul and normalisation backward
       const ScaledTensor gw = s::mul(g, w);
       const Tensor d = center ? ops::layer_norm_backward(r, gw.data) : ops::rms_norm_backward(r, gw.data);

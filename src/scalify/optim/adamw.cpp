@@ -2,8 +2,8 @@
 
 #include <cmath>
 #include <cstring>
-#include <span>
 #include <deque>
+#include <span>
 #include <string>
 
 #include "scalify/error.hpp"
@@ -89,18 +89,19 @@ void AdamW::check_finite_gradients() const {
   grads.reserve(with_grad.size());
   for (size_t k : with_grad) grads.emplace_back(params_[k].scaled_grad().data, params_[k].shape());
   const std::vector<ParamChunk> chunks = param_chunks(sizes);
-  std::vector<char> bad(with_grad.size(), 0);
-  for_each_chunk(chunks, [&](const ParamChunk& c, size_t) {
+  std::vector<char> bad(chunks.size(), 0);  // per chunk: each written by one thread
+  for_each_chunk(chunks, [&](const ParamChunk& c, size_t i) {
     float buf[kParamChunk];
     const float* g = grads[c.param].read(c.begin, c.end - c.begin, buf);
     bool finite = true;
-    for (int64_t i = 0; i < c.end - c.begin; ++i) finite &= std::isfinite(g[i]);
-    if (!finite) bad[c.param] = 1;  // a byte per parameter: racing writers store the same value
+    for (int64_t j = 0; j < c.end - c.begin; ++j) finite &= std::isfinite(g[j]);
+    bad[i] = !finite;
   });
-  for (size_t j = 0; j < with_grad.size(); ++j)
-    if (bad[j])
-      throw Error("optimizer: non-finite gradient in parameter " + std::to_string(with_grad[j]) + " of shape " +
-                  shape_str(params_[with_grad[j]].shape()));
+  for (size_t i = 0; i < chunks.size(); ++i)
+    if (bad[i]) {
+      const size_t k = with_grad[chunks[i].param];
+      throw Error("optimizer: non-finite gradient in parameter " + std::to_string(k) + " of shape " + shape_str(params_[k].shape()));
+    }
 }
 
 void AdamW::step_plain(const std::vector<size_t>& ks, double bc1, double bc2, double gradient_multiplier) {

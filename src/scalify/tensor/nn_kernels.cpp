@@ -3,8 +3,8 @@
 #include <cmath>
 #include <limits>
 #include <optional>
-#include <vector>
 #include <type_traits>
+#include <vector>
 
 #include "scalify/error.hpp"
 #include "scalify/formats/kernels.hpp"
