@@ -193,8 +193,8 @@ Var norm(const char* name, const Var& x, double eps, bool center) {
 }  // namespace
 
 namespace {
-bool one_scale(const ScaledTensor& t) {
-  return !t.any_scale && t.scale.defined() && t.scale.numel() == 1 && t.scalar_scale() >= 0x1p-126f && t.scalar_scale() <= 0x1p127f;
+bool one_normal_scale(const ScaledTensor& t) {
+  return t.has_single_scale() && t.scalar_scale() >= 0x1p-126f && t.scalar_scale() <= 0x1p127f;
 }
 // The normalisation and its affine as one op (ops::norm_affine): one pass per row forward, and
 // g * w formed inside the normalisation's backward. The scales are the composition's: xhat has
@@ -207,7 +207,7 @@ std::optional<Var> fused_norm(const char* name, const Var& x, const Var& weight,
   const ScaledTensor& ws = weight.scaled();
   const ScaledTensor* bs = bias.defined() ? &bias.scaled() : nullptr;
   const bool plain = !xs.is_scaled() && !ws.is_scaled() && (!bs || !bs->is_scaled());
-  const bool scaled = one_scale(xs) && one_scale(ws) && (!bs || one_scale(*bs));
+  const bool scaled = one_normal_scale(xs) && one_normal_scale(ws) && (!bs || one_normal_scale(*bs));
   if (!plain && !scaled) return std::nullopt;
   const double sx = scaled ? double(xs.scalar_scale()) : 1.0, w_s = scaled ? double(ws.scalar_scale()) : 1.0;
   const double b_s = scaled && bs ? double(bs->scalar_scale()) : 0.0;
@@ -221,7 +221,7 @@ std::optional<Var> fused_norm(const char* name, const Var& x, const Var& weight,
   return Var::make(name, y, inputs, [r, center, scaled, sx, w = ws, b_shape = bias.defined() ? bias.shape() : Shape()](const ScaledTensor& g) {
     // d xhat = g * w (scale G_s W_s), then the normalisation's backward (scale / X_s).
     ScaledTensor dx;
-    if (!g.is_scaled() || one_scale(g)) {
+    if (!g.is_scaled() || one_normal_scale(g)) {
       const Tensor d = ops::norm_affine_backward(r, g.data, center, w.data, 1.0);
       const double g_scale = g.is_scaled() ? double(g.scalar_scale()) : 1.0, w_scale = scaled ? double(w.scalar_scale()) : 1.0;
       dx = g.is_scaled() || scaled ? with_exact_scale(d, g_scale * w_scale / sx) : ScaledTensor(d);

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "scalify/error.hpp"
+#include "scalify/optim/grad_norm.hpp"
 #include "scalify/optim/param_chunks.hpp"
 #include "scalify/scaled/scaled_ops.hpp"
 #include "scalify/tensor/dense.hpp"
@@ -64,11 +65,11 @@ void AdamW::set_lr(double lr) {
   c_.lr = lr;
 }
 
-void AdamW::step(double gradient_multiplier) {
+void AdamW::step(double gradient_multiplier, Gradients gradients) {
   std::vector<size_t> plain, scaled;
   for (size_t k = 0; k < params_.size(); ++k)
     if (params_[k].scaled_grad().data.defined()) (params_[k].scaled().is_scaled() ? scaled : plain).push_back(k);
-  check_finite_gradients();  // before any parameter changes
+  if (gradients == Gradients::unchecked) check_finite_gradients();  // before any parameter changes
   ++t_;
   const double bc1 = 1 - std::pow(c_.beta1, double(t_)), bc2 = 1 - std::pow(c_.beta2, double(t_));
   step_plain(plain, bc1, bc2, gradient_multiplier);
@@ -77,31 +78,13 @@ void AdamW::step(double gradient_multiplier) {
   for (size_t k : scaled) params_[k].zero_grad();
 }
 
+// The sum of squares of all gradients is finite exactly when every gradient is: one pass over all
+// of them, and only on failure one per parameter to name it.
 void AdamW::check_finite_gradients() const {
-  std::vector<size_t> with_grad;
-  std::vector<int64_t> sizes;
+  if (std::isfinite(gradient_sum_squares(params_))) return;
   for (size_t k = 0; k < params_.size(); ++k)
-    if (params_[k].scaled_grad().data.defined()) {
-      with_grad.push_back(k);
-      sizes.push_back(params_[k].scaled_grad().data.numel());
-    }
-  std::vector<ChunkSource<float>> grads;
-  grads.reserve(with_grad.size());
-  for (size_t k : with_grad) grads.emplace_back(params_[k].scaled_grad().data, params_[k].shape());
-  const std::vector<ParamChunk> chunks = param_chunks(sizes);
-  std::vector<char> bad(chunks.size(), 0);  // per chunk: each written by one thread
-  for_each_chunk(chunks, [&](const ParamChunk& c, size_t i) {
-    float buf[kParamChunk];
-    const float* g = grads[c.param].read(c.begin, c.end - c.begin, buf);
-    bool finite = true;
-    for (int64_t j = 0; j < c.end - c.begin; ++j) finite &= std::isfinite(g[j]);
-    bad[i] = !finite;
-  });
-  for (size_t i = 0; i < chunks.size(); ++i)
-    if (bad[i]) {
-      const size_t k = with_grad[chunks[i].param];
+    if (!std::isfinite(gradient_sum_squares({params_[k]})))
       throw Error("optimizer: non-finite gradient in parameter " + std::to_string(k) + " of shape " + shape_str(params_[k].shape()));
-    }
 }
 
 void AdamW::step_plain(const std::vector<size_t>& ks, double bc1, double bc2, double gradient_multiplier) {
@@ -139,8 +122,6 @@ void AdamW::step_plain(const std::vector<size_t>& ks, double bc1, double bc2, do
 }
 
 namespace {
-// One scalar scale, not ANY, not per block.
-bool single_scale(const ScaledTensor& x) { return !x.any_scale && x.scale.defined() && x.scale.numel() == 1; }
 bool in_scale_range(double s) { return s >= 0x1p-126 && s <= 0x1p127; }
 // ema's scales: Z_s = pow2_round(sqrt(ms^2 + xs^2)) and the two data multipliers (scaled::ema).
 struct Ema {
@@ -190,7 +171,7 @@ std::vector<size_t> AdamW::step_scaled_fused(const std::vector<size_t>& ks, doub
   for (size_t k : ks) {
     const Var& p = params_[k];
     const ScaledTensor& g = p.scaled_grad();
-    if (!c_.fused || !single_scale(g) || !single_scale(m_[k]) || !single_scale(v_[k]) || !single_scale(p.scaled()) ||
+    if (!c_.fused || !g.has_single_scale() || !m_[k].has_single_scale() || !v_[k].has_single_scale() || !p.scaled().has_single_scale() ||
         (c_.rescale_every > 0 && t_ % c_.rescale_every == 0)) {
       rest.push_back(k);
       continue;

@@ -7,6 +7,7 @@
 // `state_dtype` (e.g. f16); the parameter keeps its scale and its data dtype. Optionally every
 // `rescale_every` steps the parameters and state are re-balanced to unit-RMS data
 // (dynamic_rescale_l2), the only statistics the scaled update ever gathers.
+#include <cstdint>
 #include <string>
 #include <utility>
 #include <vector>
@@ -14,6 +15,8 @@
 #include "scalify/autograd/var.hpp"
 
 namespace scalify::optim {
+
+enum class Gradients : uint8_t { unchecked, finite };
 
 struct AdamWConfig {
   double lr = 1e-3, beta1 = 0.9, beta2 = 0.999, eps = 1e-8, weight_decay = 0.0;
@@ -36,8 +39,9 @@ class AdamW {
   // One update from the parameters' gradients times gradient_multiplier (gradient clipping:
   // applied as the gradients are read, so they stay in their low-precision storage), parameters
   // without one skipped, then clears the gradients. A non-finite gradient is an error naming the
-  // parameter, before any parameter changes.
-  void step(double gradient_multiplier = 1.0);
+  // parameter, before any parameter changes; Gradients::finite skips that pass where the caller
+  // has already checked (a finite global gradient norm).
+  void step(double gradient_multiplier = 1.0, Gradients gradients = Gradients::unchecked);
   int64_t steps() const { return t_; }
   const ScaledTensor& first_moment(size_t i) const { return m_[i]; }
   const ScaledTensor& second_moment(size_t i) const { return v_[i]; }

@@ -14,7 +14,7 @@ double gradient_sum_squares(const std::vector<Var>& params) {
   for (const Var& p : params) {
     const ScaledTensor& g = p.scaled_grad();
     if (!g.data.defined()) continue;
-    const bool one_scale = !g.any_scale && g.scale.defined() && g.scale.numel() == 1;
+    const bool one_scale = g.has_single_scale();
     data.push_back(one_scale || !g.is_scaled() ? g.data : p.grad());
     const double s = one_scale ? double(g.scalar_scale()) : 1.0;
     factor.push_back(s * s);

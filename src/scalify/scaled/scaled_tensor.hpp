@@ -28,6 +28,8 @@ struct ScaledTensor {
   ScaledTensor(Tensor d, float s);
 
   bool is_scaled() const { return scale.defined() || any_scale; }
+  // One scalar scale: scaled, not ANY, not per block.
+  bool has_single_scale() const { return !any_scale && scale.defined() && scale.numel() == 1; }
   const Shape& shape() const { return data.shape(); }
   // The scalar scale (1 when unscaled or ANY); throws if the scale is a per-block tensor.
   float scalar_scale() const;

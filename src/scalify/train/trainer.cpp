@@ -185,7 +185,8 @@ TrainResult train(const TrainConfig& config, bool resume, const Progress& progre
       if (!std::isfinite(norm))
         throw Diverged("training diverged: non-finite gradient norm at step " + std::to_string(step) + " (recipe " + cfg.recipe + ")", step);
       if (r.state_bytes_per_parameter == 0) r.state_bytes_per_parameter = state_bytes_per_parameter(*s);
-      s->opt->step(cfg.grad_clip > 0 && norm > cfg.grad_clip ? cfg.grad_clip / norm : 1.0);  // clipping
+      // Clipping; the finite norm has already checked every gradient.
+      s->opt->step(cfg.grad_clip > 0 && norm > cfg.grad_clip ? cfg.grad_clip / norm : 1.0, optim::Gradients::finite);
     } else {
       ++skipped;
     }
