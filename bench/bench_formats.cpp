@@ -5,12 +5,12 @@
 #include <benchmark/benchmark.h>
 #include <omp.h>
 
-#include <chrono>
 #include <cstring>
 #include <random>
 #include <span>
 #include <vector>
 
+#include "alternating.hpp"
 #include "scalify/formats/block.hpp"
 #include "scalify/formats/bulk.hpp"
 #include "scalify/formats/kernels.hpp"
@@ -126,33 +126,26 @@ void BM_QuantizeVsCopy(benchmark::State& st) {
   std::vector<std::byte> codes(kN);
   std::vector<float> y(kN, 1.0f);
   const int threads = int(st.range(1));
-  double copy_s = 0, kernel_s = 0;
-  using clock = std::chrono::steady_clock;
-  for (auto _ : st) {
-    const auto t0 = clock::now();
+  const AlternatingSeconds s = time_alternately(
+      st,
+      [&] {
 #pragma omp parallel num_threads(threads)
-    {
-      const size_t t = size_t(omp_get_thread_num()), nt = size_t(omp_get_num_threads());
-      const size_t b = kN * t / nt, e = kN * (t + 1) / nt;
-      std::memcpy(y.data() + b, x.data() + b, (e - b) * sizeof(float));
-    }
-    benchmark::ClobberMemory();
-    const auto t1 = clock::now();
-    if constexpr (FUSED_AMAX)
-      benchmark::DoNotOptimize(quantize_amax(x, Format::e4m3, 0.25f, codes));
-    else
-      quantize(x, Format::e4m3, 0.25f, codes);
-    benchmark::ClobberMemory();
-    const auto t2 = clock::now();
-    const double k = std::chrono::duration<double>(t2 - t1).count();
-    copy_s += std::chrono::duration<double>(t1 - t0).count();
-    kernel_s += k;
-    st.SetIterationTime(k);
-  }
+        {
+          const size_t t = size_t(omp_get_thread_num()), nt = size_t(omp_get_num_threads());
+          const size_t b = kN * t / nt, e = kN * (t + 1) / nt;
+          std::memcpy(y.data() + b, x.data() + b, (e - b) * sizeof(float));
+        }
+      },
+      [&] {
+        if constexpr (FUSED_AMAX)
+          benchmark::DoNotOptimize(quantize_amax(x, Format::e4m3, 0.25f, codes));
+        else
+          quantize(x, Format::e4m3, 0.25f, codes);
+      });
   const double bytes = double(kN) * 4 * double(st.iterations());
-  st.counters["copy_GBps"] = bytes / copy_s / 1e9;
-  st.counters["kernel_GBps"] = bytes / kernel_s / 1e9;
-  st.counters["read_vs_copy"] = copy_s / kernel_s;
+  st.counters["copy_GBps"] = bytes / s.first / 1e9;
+  st.counters["kernel_GBps"] = bytes / s.second / 1e9;
+  st.counters["read_vs_copy"] = s.first / s.second;
   st.SetLabel(std::string(kernels::isa_name(kernels::active_isa())) + " x" + std::to_string(threads));
 }
 
@@ -168,21 +161,10 @@ void BM_BlocksVsPerTensor(benchmark::State& st) {
   const BlockSpec specs[] = {mx_blocks(1), mx_blocks(0), {1, 128, BlockScaleRule::f32_amax}, {128, 128, BlockScaleRule::f32_amax}};
   const BlockSpec spec = specs[st.range(1)];
   std::vector<std::byte> codes(rows * cols);
-  using clock = std::chrono::steady_clock;
-  double tensor_s = 0, block_s = 0;
-  for (auto _ : st) {
-    const auto t0 = clock::now();
-    benchmark::DoNotOptimize(quantize_amax(x, Format::e4m3, 0.25f, codes));
-    benchmark::ClobberMemory();
-    const auto t1 = clock::now();
-    benchmark::DoNotOptimize(quantize_blocks(x, rows, cols, Format::e4m3, spec));
-    const auto t2 = clock::now();
-    tensor_s += std::chrono::duration<double>(t1 - t0).count();
-    const double b = std::chrono::duration<double>(t2 - t1).count();
-    block_s += b;
-    st.SetIterationTime(b);
-  }
-  st.counters["blocks_vs_tensor"] = block_s / tensor_s;
+  const AlternatingSeconds s = time_alternately(
+      st, [&] { benchmark::DoNotOptimize(quantize_amax(x, Format::e4m3, 0.25f, codes)); },
+      [&] { benchmark::DoNotOptimize(quantize_blocks(x, rows, cols, Format::e4m3, spec)); });
+  st.counters["blocks_vs_tensor"] = s.second / s.first;
   st.SetLabel(std::string(kernels::isa_name(kernels::active_isa())) + " " + std::to_string(spec.rows) + "x" + std::to_string(spec.cols));
 }
 

@@ -5,13 +5,13 @@
 #include <oneapi/dnnl/dnnl.h>
 
 #include <oneapi/dnnl/dnnl.hpp>
-#include <chrono>
 #include <immintrin.h>
 #include <omp.h>
 
 #include <cstring>
 #include <vector>
 
+#include "alternating.hpp"
 #include "scalify/autograd/functions.hpp"
 #include "scalify/unit/layers.hpp"
 #include "scalify/platform/cpu.hpp"
@@ -84,20 +84,10 @@ void BM_EngineVsLibrary(benchmark::State& st) {
   const int64_t M = st.range(0), K = st.range(1), N = st.range(2);
   const Tensor a = Tensor::full({M, K}, 0.5), b = Tensor::full({K, N}, 0.25);
   std::vector<float> c(size_t(M * N));
-  double lib_s = 0, engine_s = 0;
-  using clock = std::chrono::steady_clock;
-  for (auto _ : st) {
-    const auto t0 = clock::now();
-    dnnl_sgemm('N', 'N', M, N, K, 1.0f, a.data<float>(), K, b.data<float>(), N, 0.0f, c.data(), N);
-    const auto t1 = clock::now();
-    benchmark::DoNotOptimize(ops::matmul(a, b));
-    const auto t2 = clock::now();
-    lib_s += std::chrono::duration<double>(t1 - t0).count();
-    const double e = std::chrono::duration<double>(t2 - t1).count();
-    engine_s += e;
-    st.SetIterationTime(e);
-  }
-  st.counters["engine_vs_library"] = lib_s / engine_s;
+  const AlternatingSeconds s = time_alternately(
+      st, [&] { dnnl_sgemm('N', 'N', M, N, K, 1.0f, a.data<float>(), K, b.data<float>(), N, 0.0f, c.data(), N); },
+      [&] { benchmark::DoNotOptimize(ops::matmul(a, b)); });
+  st.counters["engine_vs_library"] = s.first / s.second;
   flops(st);
 }
 
