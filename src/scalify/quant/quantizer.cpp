@@ -10,6 +10,7 @@
 #include "scalify/error.hpp"
 #include "scalify/formats/bulk.hpp"
 #include "scalify/tensor/convert.hpp"
+#include "scalify/tensor/dense.hpp"
 
 namespace scalify::quant {
 
@@ -27,11 +28,7 @@ std::atomic<bool> g_collect_statistics{true};
 // global offset, so stochastic rounding draws the same bits as one whole-tensor call.
 Tensor encode(const Tensor& x, Format fmt, float encode_scale, const QuantizerConfig& c, QuantStats& st) {
   constexpr int64_t kChunk = 4096;
-  const std::optional<Format> from = dtype_format(x.dtype());
-  const bool direct = x.is_contiguous() && from && info(*from).is_float();  // f32, f16, bf16, FP8 data
-  const Tensor xs = direct ? x : x.to(DType::f32).contiguous();
-  const bool decode = xs.dtype() != DType::f32;
-  const int64_t in_bytes = dtype_size(xs.dtype());
+  const ChunkSource<float> src(x, x.shape());
   Tensor codes = Tensor::empty(x.shape(), dtype_of(fmt));
   const int64_t out_bytes = dtype_size(codes.dtype());
   QuantizeOptions opt;
@@ -50,9 +47,9 @@ Tensor encode(const Tensor& x, Format fmt, float encode_scale, const QuantizerCo
   for (int64_t ch = 0; ch < chunks; ++ch) {
     float buf[kChunk];
     const int64_t begin = ch * kChunk, len = std::min(kChunk, n - begin);
-    const float* p = decode ? buf : xs.data<float>() + begin;
+    const float* p = nullptr;
     try {
-      if (decode) dequantize(std::span(xs.raw_bytes() + begin * in_bytes, size_t(len * in_bytes)), *from, 1.0f, std::span(buf, size_t(len)));
+      p = src.read(begin, len, buf);
       QuantizeOptions o = opt;
       o.offset = uint64_t(begin);
       const float a = quantize_amax(std::span(p, size_t(len)), fmt, encode_scale,
