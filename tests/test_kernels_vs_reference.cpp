@@ -80,6 +80,10 @@ TEST(KernelsVsReference, Fp8OperandsDecodeExactlyBeforeTheGemm) {
   const Tensor c = ops::matmul(a, b);
   const Tensor c32 = ops::matmul(a.to(DType::f32), b.to(DType::f32));
   EXPECT_EQ(c.to_vector(), c32.to_vector());
+  // A batched f16 left operand with a shared 2-D right one (SCALIFY's output head) is decoded and
+  // takes the one GEMM over all rows, as the f32 operand does.
+  const Tensor x = Tensor::randn({4, 9, 33}, 6).to(DType::f16), w = Tensor::randn({5, 33}, 7).transpose(0, 1);
+  EXPECT_EQ(ops::matmul(x, w).to_vector(), ops::matmul(x.to(DType::f32), w).to_vector());
 }
 
 // Large sums split into fixed tiles (column sums: a bias gradient, over two column blocks and

@@ -205,6 +205,8 @@ TEST(ScaleRules, BackwardKeepsGradientDataUnitScaled) {
       {"mul", {{64, 32}, {64, 32}}, [](auto& v) { return v[0] * v[1]; }, 0.5, 2},
       // dX = G W^T over N = 32: r = pow2(sqrt 32) = 4, 32/16 = 2; dW = X^T G over 64: 64/64 = 1.
       {"matmul", {{64, 48}, {48, 32}}, [](auto& v) { return matmul(v[0], v[1]); }, 0.5, 4},
+      // A weight shared by 4 x 16 rows: dW is one matmul over all 64 rows, as above.
+      {"batched matmul, shared weight", {{4, 16, 48}, {48, 32}}, [](auto& v) { return matmul(v[0], v[1]); }, 0.5, 4},
       {"relu (half the gradient passes)", {{64, 32}}, [](auto& v) { return relu(v[0]); }, 0.25, 1},
       {"gelu", {{64, 32}}, [](auto& v) { return gelu(v[0]); }, 0.25, 1.5},
       {"layer_norm (rstd of unit data ~1)", {{64, 32}}, [](auto& v) { return layer_norm(v[0]); }, 0.5, 2},
@@ -414,6 +416,19 @@ TEST(ScaleEdges, GradientsAtLargeScalesAreFiniteAndExact) {
     const std::vector<double> zv = z.to_vector(), gv = x.grad().to_vector();
     for (size_t i = 0; i < zv.size(); ++i) ASSERT_EQ(gv[i], zv[i] > 0 ? 1.0 : 0.0) << "gelu' at 2^" << e << " x " << zv[i];
   }
+}
+
+// A linear layer's weight gradient over batched rows is one scaled matmul reducing over all
+// B x T rows: it represents the unscaled gradient, with the matmul rule's scale over B x T.
+TEST(ScaleRules, SharedWeightGradientRepresentsTheUnscaledOne) {
+  const Tensor xd = Tensor::randn({4, 16, 48}, 41), wd = Tensor::randn({48, 32}, 42), gd = Tensor::randn({4, 16, 32}, 43);
+  Var xs(ScaledTensor(xd, 32.0f), true), ws(ScaledTensor(wd, 0.125f), true);
+  Var xu(ScaledTensor(xd, 32.0f).value(), true), wu(ScaledTensor(wd, 0.125f).value(), true);
+  matmul(xs, ws).backward(ScaledTensor(gd, 4.0f));
+  matmul(xu, wu).backward(ScaledTensor(gd, 4.0f).value());
+  EXPECT_EQ(ws.scaled_grad().scalar_scale(), 8.0f * 32.0f * 4.0f);  // r = pow2(sqrt 64) = 8
+  const std::vector<double> got = ws.grad().to_vector(), want = wu.grad().to_vector();
+  for (size_t i = 0; i < got.size(); ++i) ASSERT_NEAR(got[i], want[i], 1e-6 * (1 + std::fabs(want[i]))) << i;
 }
 
 // maximum / minimum keep a NaN from either operand (no silent NaN loss), and route the gradient.

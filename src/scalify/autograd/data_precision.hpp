@@ -25,6 +25,12 @@ DType promoted_storage(const std::vector<DType>& inputs);
 // statistics a StorageCastRecorder collects.
 Tensor to_storage(const Tensor& data, DType storage, const std::string& what);
 
+// The `store_as` to give an op's kernel so it writes its output straight into `storage` (f16,
+// bf16) instead of f32 that to_storage rounds afterwards: the same bits, one pass fewer. f32 while
+// a StorageCastRecorder is counting on this thread (counting needs the unrounded values) and for
+// other storages.
+DType kernel_store_as(DType storage);
+
 // How a cast into low-precision storage treated the values: underflowed = nonzero values that
 // became 0, saturated = finite values beyond the format's largest (clamped to it).
 struct StorageCastStats {

@@ -26,16 +26,19 @@ ScaledTensor stored(ScaledTensor y, const std::vector<Var>& inputs, const std::s
   y.data = to_storage(y.data, Var::storage_for(inputs, y.data.dtype()), name);
   return y;
 }
+// The storage an op's kernel writes its output in directly: the one the output takes (f16 for an
+// f16 graph), so Var::make finds it stored and rounds nothing; f32 where that is not possible.
+DType store_as(const std::vector<Var>& inputs) { return kernel_store_as(Var::storage_for(inputs, DType::f32)); }
 }  // namespace
 
 Var add(const Var& a, const Var& b) {
-  return Var::make("add", s::add(a.scaled(), b.scaled()), {a, b}, [sa = a.shape(), sb = b.shape()](const ScaledTensor& g) {
+  return Var::make("add", s::add(a.scaled(), b.scaled(), store_as({a, b})), {a, b}, [sa = a.shape(), sb = b.shape()](const ScaledTensor& g) {
     return Grads{s::sum_to(g, sa), s::sum_to(g, sb)};
   });
 }
 
 Var sub(const Var& a, const Var& b) {
-  return Var::make("sub", s::sub(a.scaled(), b.scaled()), {a, b}, [sa = a.shape(), sb = b.shape()](const ScaledTensor& g) {
+  return Var::make("sub", s::sub(a.scaled(), b.scaled(), store_as({a, b})), {a, b}, [sa = a.shape(), sb = b.shape()](const ScaledTensor& g) {
     return Grads{s::sum_to(g, sa), s::sum_to(s::mul_scalar(g, -1.0), sb)};
   });
 }
@@ -77,7 +80,7 @@ Var pow_scalar(const Var& x, double p) {
 }
 
 Var unary(ops::Unary op, const Var& x) {
-  const ScaledTensor y = stored(s::unary(op, x.scaled()), {x}, ops::unary_name(op));
+  const ScaledTensor y = stored(s::unary(op, x.scaled(), store_as({x})), {x}, ops::unary_name(op));
   using U = ops::Unary;
   if (x.scaled().is_scaled() && (op == U::sqrt || op == U::rsqrt || op == U::square)) {
     // Powers propagate their scale (Y_s = X_s^p), so their derivatives do too: sqrt' = 1 / (2 y),
@@ -91,9 +94,10 @@ Var unary(ops::Unary op, const Var& x) {
     });
   }
   return Var::make(ops::unary_name(op), y, {x}, [op, x = x.scaled(), y](const ScaledTensor& g) {
-    // grad * f'(x), linear in g: the gradient keeps g's scale; x's scale folds into the pass.
+    // grad * f'(x), linear in g: the gradient keeps g's scale; x's scale folds into the pass. It
+    // is written in x's storage, which the gradient takes.
     const double xs = x.is_scaled() && !x.any_scale ? x.scalar_scale() : 1.0;
-    return Grads{s::with_grad_scale(g, ops::unary_backward(op, x.data, plain(y), g.data, xs))};
+    return Grads{s::with_grad_scale(g, ops::unary_backward(op, x.data, plain(y), g.data, xs, kernel_store_as(x.data.dtype())))};
   });
 }
 
@@ -102,9 +106,10 @@ Var matmul(const Var& a, const Var& b) {
     // dA = G B^T, dB = A^T G (transposed views go to the GEMM without copies), summed over
     // broadcast batch dimensions; each a scaled matmul with its own reduction size.
     const ScaledTensor dx = s::sum_to(s::matmul(g, s::transpose(w, -1, -2)), x.shape());
-    if (w.shape().size() == 2 && x.shape().size() > 2 && !x.is_scaled() && !g.is_scaled()) {
+    if (w.shape().size() == 2 && x.shape().size() > 2 && (!x.is_scaled() || x.has_single_scale()) && (!g.is_scaled() || g.has_single_scale())) {
       // A weight shared by every batch row (a linear layer): one GEMM reducing over all rows,
-      // not one per batch index and then a sum over a [batch, K, N] temporary.
+      // not one per batch index and then a sum over a [batch, K, N] temporary. Scaled, that is
+      // the matmul rule over all rows' reduction.
       const int64_t K = x.shape().back(), N = g.shape().back(), rows = x.data.numel() / std::max<int64_t>(K, 1);
       const ScaledTensor x2 = s::reshape(x, {rows, K}), g2 = s::reshape(g, {rows, N});
       return Grads{dx, s::matmul(s::transpose(x2, 0, 1), g2)};
@@ -213,18 +218,23 @@ std::optional<Var> fused_norm(const char* name, const Var& x, const Var& weight,
   const double b_s = scaled && bs ? double(bs->scalar_scale()) : 0.0;
   const float zs = scaled && bs ? pow2_round(std::sqrt(w_s * w_s + b_s * b_s)) : float(w_s);
   ops::Affine a{ws.data, bs ? bs->data : Tensor(), w_s / zs, scaled ? b_s / zs : 1.0};
-  ops::NormResult r = ops::norm_affine(xs.data, eps / (sx * sx), center, a);  // eps as s::normalise rescales it
-  const ScaledTensor y = scaled ? ScaledTensor(r.y, zs) : ScaledTensor(r.y);
-  r.y = Tensor();  // the backward needs xhat and rstd only
   std::vector<Var> inputs = {x, weight};
   if (bias.defined()) inputs.push_back(bias);
-  return Var::make(name, y, inputs, [r, center, scaled, sx, w = ws, b_shape = bias.defined() ? bias.shape() : Shape()](const ScaledTensor& g) {
+  ops::NormResult r = ops::norm_affine(xs.data, eps / (sx * sx), center, a, store_as(inputs));  // eps as s::normalise rescales it
+  const ScaledTensor y = scaled ? ScaledTensor(r.y, zs) : ScaledTensor(r.y);
+  r.y = Tensor();  // the backward needs xhat and rstd only
+  return Var::make(name, y, inputs, [r, center, scaled, sx, w = ws, x_storage = xs.data.dtype(), b_shape = bias.defined() ? bias.shape() : Shape()](const ScaledTensor& g) {
     // d xhat = g * w (scale G_s W_s), then the normalisation's backward (scale / X_s).
     ScaledTensor dx;
     if (!g.is_scaled() || one_normal_scale(g)) {
-      const Tensor d = ops::norm_affine_backward(r, g.data, center, w.data, 1.0);
       const double g_scale = g.is_scaled() ? double(g.scalar_scale()) : 1.0, w_scale = scaled ? double(w.scalar_scale()) : 1.0;
-      dx = g.is_scaled() || scaled ? with_exact_scale(d, g_scale * w_scale / sx) : ScaledTensor(d);
+      const bool has_scale = g.is_scaled() || scaled;
+      // Written in x's storage, which the gradient takes, unless with_exact_scale must still
+      // rescale the data (a scale beyond f32's normal range).
+      const double dx_scale = g_scale * w_scale / sx;
+      const bool final_data = !has_scale || (dx_scale >= 0x1p-126 && dx_scale <= 0x1p127);
+      const Tensor d = ops::norm_affine_backward(r, g.data, center, w.data, 1.0, final_data ? kernel_store_as(x_storage) : DType::f32);
+      dx = has_scale ? with_exact_scale(d, dx_scale) : ScaledTensor(d);
     } else {  // an ANY-scale gradient: the composition's mul and normalisation backward
       const ScaledTensor gw = s::mul(g, w);
       const Tensor d = center ? ops::layer_norm_backward(r, gw.data) : ops::rms_norm_backward(r, gw.data);

@@ -138,7 +138,7 @@ void Var::backward(const ScaledTensor& grad_output) const {
     if (g == grads.end()) continue;
     if (!v->node) {  // a leaf: accumulate into .grad, in the leaf's storage
       if (v->grad.data.defined()) {
-        v->grad = scaled::add(v->grad, g->second);
+        v->grad = scaled::add(v->grad, g->second, kernel_store_as(v->value.data.dtype()));
         if (dtype_size(v->value.data.dtype()) >= 2) v->grad.data = to_storage(v->grad.data, v->value.data.dtype(), "grad accumulation");
       } else {
         v->grad = g->second;
@@ -161,7 +161,7 @@ void Var::backward(const ScaledTensor& grad_output) const {
       if (v->node->promoted && dtype_size(storage) >= 2) gi.data = to_storage(gi.data, storage, v->node->name + " grad");
       auto [slot, fresh] = grads.try_emplace(in, gi);
       if (!fresh) {  // a reused value: sum, in its storage
-        slot->second = scaled::add(slot->second, gi);
+        slot->second = scaled::add(slot->second, gi, kernel_store_as(storage));
         if (dtype_size(storage) >= 2) slot->second.data = to_storage(slot->second.data, storage, "grad accumulation");
       }
     }

@@ -2,6 +2,7 @@
 
 #include "scalify/optim/param_chunks.hpp"
 #include "scalify/tensor/dense.hpp"
+#include "scalify/tensor/ops.hpp"
 
 namespace scalify::optim {
 
@@ -28,9 +29,7 @@ double gradient_sum_squares(const std::vector<Var>& params) {
   for_each_chunk(chunks, [&](const ParamChunk& c, size_t i) {
     float buf[kParamChunk];
     const float* x = sources[c.param].read(c.begin, c.end - c.begin, buf);
-    double acc = 0;
-    for (int64_t j = 0; j < c.end - c.begin; ++j) acc += double(x[j]) * double(x[j]);
-    partial[i] = acc * factor[c.param];
+    partial[i] = ops::sum_squares(std::span(x, size_t(c.end - c.begin))) * factor[c.param];
   });
   double sum = 0;
   for (double v : partial) sum += v;

@@ -35,19 +35,19 @@ ScaledTensor uniform(const ScaledTensor& x) {
 // add/sub: Z_s = pow2_round(sqrt(X_s^2 + Y_s^2)); Z_d = (X_s/Z_s) X_d ± (Y_s/Z_s) Y_d.
 // An ANY operand takes the other's scale.
 namespace {
-ScaledTensor add_sub(const ScaledTensor& x_in, const ScaledTensor& y_in, ops::Binary op) {
+ScaledTensor add_sub(const ScaledTensor& x_in, const ScaledTensor& y_in, ops::Binary op, DType store_as) {
   const ScaledTensor x = uniform(x_in);
   const ScaledTensor y = uniform(y_in);
-  if (!any_scaled({&x, &y})) return ScaledTensor(ops::binary(op, x.data, y.data));
-  if (x.any_scale && y.any_scale) return any_scale_constant(ops::binary(op, x.data, y.data));
+  if (!any_scaled({&x, &y})) return ScaledTensor(ops::binary(op, x.data, y.data, 1.0, 1.0, store_as));
+  if (x.any_scale && y.any_scale) return any_scale_constant(ops::binary(op, x.data, y.data, 1.0, 1.0, store_as));
   const double xs = x.scalar_scale(), ys = y.scalar_scale();
   const float zs = x.any_scale ? float(ys) : y.any_scale ? float(xs) : pow2_round(std::sqrt(xs * xs + ys * ys));
   // The rebasing factors fold into the one elementwise pass.
-  return ScaledTensor(ops::binary(op, x.data, y.data, x.any_scale ? 1.0 : xs / zs, y.any_scale ? 1.0 : ys / zs), zs);
+  return ScaledTensor(ops::binary(op, x.data, y.data, x.any_scale ? 1.0 : xs / zs, y.any_scale ? 1.0 : ys / zs, store_as), zs);
 }
 }  // namespace
-ScaledTensor add(const ScaledTensor& x, const ScaledTensor& y) { return add_sub(x, y, ops::Binary::add); }
-ScaledTensor sub(const ScaledTensor& x, const ScaledTensor& y) { return add_sub(x, y, ops::Binary::sub); }
+ScaledTensor add(const ScaledTensor& x, const ScaledTensor& y, DType store_as) { return add_sub(x, y, ops::Binary::add, store_as); }
+ScaledTensor sub(const ScaledTensor& x, const ScaledTensor& y, DType store_as) { return add_sub(x, y, ops::Binary::sub, store_as); }
 
 ScaledTensor ema(const ScaledTensor& m_in, const ScaledTensor& x_in, double b) {
   if (!(b >= 0 && b <= 1)) throw Error("ema: decay must be in [0, 1], got " + std::to_string(b));
@@ -145,24 +145,25 @@ ScaledTensor power(const ScaledTensor& x, double p, const std::function<Tensor(c
 //   input scale the way data would: sigmoid and tanh are bounded by 1; log(x s) = log x + log s is
 //   shifted, not multiplied, and |log s| <= 88 for any f32 scale; exp is fed O(1) arguments
 //   (max-subtracted logits) in the models, where exp(x) is O(1) too.
-ScaledTensor unary(ops::Unary op, const ScaledTensor& x_in) {
+ScaledTensor unary(ops::Unary op, const ScaledTensor& x_in, DType store_as) {
   const ScaledTensor x = uniform(x_in);
-  if (!x.is_scaled()) return ScaledTensor(ops::unary(op, x.data));
+  if (!x.is_scaled()) return ScaledTensor(ops::unary(op, x.data, 1.0, 1.0, store_as));
   using U = ops::Unary;
-  if (x.any_scale) return any_scale_constant(ops::unary(op, x.data));
+  if (x.any_scale) return any_scale_constant(ops::unary(op, x.data, 1.0, 1.0, store_as));
   const float s = x.scalar_scale();
   const auto map = [op](const Tensor& d, double in_mul) { return ops::unary(op, d, in_mul); };
+  // Powers go through with_exact_scale, which may still rescale their data: f32 until then.
   switch (op) {
     case U::sqrt: return power(x, 0.5, map);
     case U::rsqrt: return power(x, -0.5, map);
     case U::neg:
-    case U::abs: return ScaledTensor(ops::unary(op, x.data), s);
+    case U::abs: return ScaledTensor(ops::unary(op, x.data, 1.0, 1.0, store_as), s);
     case U::relu:
     case U::gelu_tanh:
     case U::gelu_erf:
-    case U::silu: return ScaledTensor(ops::unary(op, x.data, s, 1.0 / s), s);
+    case U::silu: return ScaledTensor(ops::unary(op, x.data, s, 1.0 / s, store_as), s);
     case U::square: return power(x, 2, map);
-    default: return ScaledTensor(ops::unary(op, x.data, s, 1.0), 1.0f);
+    default: return ScaledTensor(ops::unary(op, x.data, s, 1.0, store_as), 1.0f);
   }
 }
 

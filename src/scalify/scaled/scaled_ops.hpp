@@ -13,15 +13,17 @@
 
 namespace scalify::scaled {
 
-ScaledTensor add(const ScaledTensor& x, const ScaledTensor& y);
-ScaledTensor sub(const ScaledTensor& x, const ScaledTensor& y);
+// `store_as` (add, sub, unary): the output data's storage, f16 or bf16 written by the kernel
+// directly (ops.hpp), else f32.
+ScaledTensor add(const ScaledTensor& x, const ScaledTensor& y, DType store_as = DType::f32);
+ScaledTensor sub(const ScaledTensor& x, const ScaledTensor& y, DType store_as = DType::f32);
 ScaledTensor mul(const ScaledTensor& x, const ScaledTensor& y);
 ScaledTensor div(const ScaledTensor& x, const ScaledTensor& y);
 ScaledTensor matmul(const ScaledTensor& x, const ScaledTensor& y);
 ScaledTensor sum(const ScaledTensor& x, const std::vector<int>& dims, bool keepdim = false);
 ScaledTensor mean(const ScaledTensor& x, const std::vector<int>& dims, bool keepdim = false);
 ScaledTensor max(const ScaledTensor& x, int dim, bool keepdim = false);
-ScaledTensor unary(ops::Unary op, const ScaledTensor& x);
+ScaledTensor unary(ops::Unary op, const ScaledTensor& x, DType store_as = DType::f32);
 ScaledTensor softmax(const ScaledTensor& x, int dim = -1);
 ScaledTensor log_softmax(const ScaledTensor& x, int dim = -1);
 ScaledTensor layer_norm(const ScaledTensor& x, double eps);  // no affine

@@ -96,10 +96,7 @@ ScaledTensor scaled_scalar(double c) {
 }
 
 namespace {
-double rms_of(const Tensor& x) {
-  const Tensor sq = ops::unary(ops::Unary::square, x);
-  return std::sqrt(ops::mean(sq, {}).item());
-}
+double rms_of(const Tensor& x) { return std::sqrt(ops::sum_squares(x) / double(std::max<int64_t>(x.numel(), 1))); }
 double amax_of(const Tensor& x) {
   return ops::max(ops::unary(ops::Unary::abs, x).reshape({-1}), 0).first.item();
 }
@@ -124,7 +121,7 @@ std::pair<Tensor, float> get_data_and_scale(const ScaledTensor& x) { return {x.d
 
 ScaledTensor rebalance(const ScaledTensor& x, float delta) {
   check_pow2_scale(delta, "rebalance: delta");
-  if (!x.scale.defined()) return x;
+  if (!x.scale.defined() || delta == 1.0f) return x;  // as set_scaling: nothing moves
   return ScaledTensor(ops::scale_shift(x.data, 1.0 / double(delta), 0.0).to(x.data.dtype()),
                       ops::scale_shift(x.scale, delta, 0.0));
 }

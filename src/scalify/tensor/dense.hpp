@@ -9,6 +9,7 @@
 #include "scalify/formats/bulk.hpp"
 #include "scalify/tensor/buffer_pool.hpp"
 #include "scalify/tensor/convert.hpp"
+#include "scalify/tensor/storage_rounding.hpp"
 #include "scalify/tensor/tensor.hpp"
 
 namespace scalify {
@@ -79,6 +80,28 @@ class ChunkSource {
   Format format_ = Format::f32;
   const std::byte* codes_ = nullptr;
   int64_t code_bytes_ = 0;
+};
+
+// An elementwise loop's output written a chunk at a time: in place when the output holds the
+// compute type, else (an op asked to store its output in f16 or bf16) computed into the caller's
+// buffer and rounded into the storage from there, so the output is written once, at 2 bytes.
+template <class T>
+class ChunkSink {
+ public:
+  explicit ChunkSink(Tensor& out)
+      : direct_(out.dtype() == dtype_for<T>() ? out.data<T>() : nullptr), storage_(out.dtype()), codes_(out.raw_bytes()) {}
+  // Where to compute elements [begin, begin + len): the output itself, or buf (room for len).
+  T* chunk(int64_t begin, T* buf) const { return direct_ ? direct_ + begin : buf; }
+  // Elements [begin, begin + len) have been computed in what chunk(begin, buf) returned.
+  void commit(int64_t begin, int64_t len, const T* buf) const {
+    if constexpr (std::is_same_v<T, float>)
+      if (!direct_) round_into_storage(buf, len, storage_, codes_ + begin * 2);
+  }
+
+ private:
+  T* direct_;
+  DType storage_;
+  std::byte* codes_;
 };
 
 // Calls f.template operator()<T>() with T = double if any input is f64, else float.

@@ -132,52 +132,57 @@ void for_chunks(int64_t n, F&& chunk) {
 
 }  // namespace
 
-Tensor unary(Unary op, const Tensor& x, double in_mul, double out_mul) {
+Tensor unary(Unary op, const Tensor& x, double in_mul, double out_mul, DType store_as) {
   return dispatch_compute(computes_in_f64(x), [&]<class T>() {
     const ChunkSource<T> in(x, x.shape());
-    Tensor out = Tensor::empty(x.shape(), dtype_for<T>());
-    T* o = out.data<T>();
+    Tensor out = Tensor::empty(x.shape(), kernel_output_dtype<T>(store_as));
+    const ChunkSink<T> sink(out);
     const int64_t n = x.numel();
     const T a = T(in_mul), b = T(out_mul);
     if constexpr (std::is_same_v<T, float>) {
       if (op == Unary::gelu_tanh) {  // the step's costliest map: vectorised tanh
         const auto& vm = vecmath::active();
         for_chunks(n, [&](int64_t i0, int64_t i1) {
-          T buf[kChunk];
-          vm.gelu_tanh(in.read(i0, i1 - i0, buf), o + i0, i1 - i0, a, b);
+          T buf[kChunk], ob[kChunk];
+          T* o = sink.chunk(i0, ob);
+          vm.gelu_tanh(in.read(i0, i1 - i0, buf), o, i1 - i0, a, b);
+          sink.commit(i0, i1 - i0, o);
         });
         return out;
       }
     }
     with_unary(op, [&]<Unary OP>() {
       for_chunks(n, [&](int64_t i0, int64_t i1) {
-        T buf[kChunk];
+        T buf[kChunk], ob[kChunk];
         const T* p = in.read(i0, i1 - i0, buf);
-        T* oc = o + i0;
+        T* oc = sink.chunk(i0, ob);
         if (in_mul == 1.0 && out_mul == 1.0) {
           for (int64_t i = 0; i < i1 - i0; ++i) oc[i] = apply(OP, p[i]);
         } else {
           for (int64_t i = 0; i < i1 - i0; ++i) oc[i] = b * apply(OP, a * p[i]);
         }
+        sink.commit(i0, i1 - i0, oc);
       });
     });
     return out;
   });
 }
 
-Tensor unary_backward(Unary op, const Tensor& x, const Tensor& y, const Tensor& grad, double x_mul) {
+Tensor unary_backward(Unary op, const Tensor& x, const Tensor& y, const Tensor& grad, double x_mul, DType store_as) {
   return dispatch_compute(computes_in_f64(x, grad), [&]<class T>() {
     const ChunkSource<T> xs(x, x.shape()), gs(grad, x.shape());
-    Tensor out = Tensor::empty(x.shape(), dtype_for<T>());
-    T* o = out.data<T>();
+    Tensor out = Tensor::empty(x.shape(), kernel_output_dtype<T>(store_as));
+    const ChunkSink<T> sink(out);
     const int64_t n = x.numel();
     const T k = T(x_mul);
     if constexpr (std::is_same_v<T, float>) {
       if (op == Unary::gelu_tanh) {
         const auto& vm = vecmath::active();
         for_chunks(n, [&](int64_t i0, int64_t i1) {
-          T xb[kChunk], gb[kChunk];
-          vm.gelu_tanh_backward(xs.read(i0, i1 - i0, xb), gs.read(i0, i1 - i0, gb), o + i0, i1 - i0, k);
+          T xb[kChunk], gb[kChunk], ob[kChunk];
+          T* o = sink.chunk(i0, ob);
+          vm.gelu_tanh_backward(xs.read(i0, i1 - i0, xb), gs.read(i0, i1 - i0, gb), o, i1 - i0, k);
+          sink.commit(i0, i1 - i0, o);
         });
         return out;
       }
@@ -185,10 +190,12 @@ Tensor unary_backward(Unary op, const Tensor& x, const Tensor& y, const Tensor& 
     const ChunkSource<T> ys(y, x.shape());
     with_unary(op, [&]<Unary OP>() {
       for_chunks(n, [&](int64_t i0, int64_t i1) {
-        T xb[kChunk], gb[kChunk], yb[kChunk];
+        T xb[kChunk], gb[kChunk], yb[kChunk], ob[kChunk];
         const int64_t len = i1 - i0;
         const T *px = xs.read(i0, len, xb), *pg = gs.read(i0, len, gb), *py = ys.read(i0, len, yb);
-        for (int64_t i = 0; i < len; ++i) o[i0 + i] = pg[i] * derivative(OP, k * px[i], py[i]);
+        T* o = sink.chunk(i0, ob);
+        for (int64_t i = 0; i < len; ++i) o[i] = pg[i] * derivative(OP, k * px[i], py[i]);
+        sink.commit(i0, len, o);
       });
     });
     return out;
@@ -213,7 +220,7 @@ bool is_trailing_row(const Tensor& b, const Shape& shape) {
 
 }  // namespace
 
-Tensor binary(Binary op, const Tensor& a, const Tensor& b, double a_mul, double b_mul) {
+Tensor binary(Binary op, const Tensor& a, const Tensor& b, double a_mul, double b_mul, DType store_as) {
   static const char* names[] = {"add", "sub", "mul", "div", "maximum", "minimum", "max_picks_a", "min_picks_a"};
   const Shape shape = broadcast_shapes(a.shape(), b.shape(), names[static_cast<int>(op)]);
   return dispatch_compute(computes_in_f64(a, b), [&]<class T>() {
@@ -227,8 +234,8 @@ Tensor binary(Binary op, const Tensor& a, const Tensor& b, double a_mul, double 
     std::optional<ChunkSource<T>> y;
     if (row) y_row.emplace(b_row, b.shape());
     else y.emplace(b, shape);
-    Tensor out = Tensor::empty(shape, dtype_for<T>());
-    T* o = out.data<T>();
+    Tensor out = Tensor::empty(shape, kernel_output_dtype<T>(store_as));
+    const ChunkSink<T> sink(out);
     const T ma = T(a_mul), mb = T(b_mul);
     const bool plain = a_mul == 1.0 && b_mul == 1.0;
     if (n == 0) return out;
@@ -244,15 +251,20 @@ Tensor binary(Binary op, const Tensor& a, const Tensor& b, double a_mul, double 
       // Elements [i0, i1) of the output (at most kChunk); a row operand is read in segments that
       // restart at each period.
       auto run = [&](int64_t i0, int64_t i1) {
-        T xb[kChunk], yb[kChunk];
+        T xb[kChunk], yb[kChunk], ob[kChunk];
         const int64_t len = i1 - i0;
         const T* px = x.read(i0, len, xb);
-        if (!row) return apply_n(o + i0, px, y->read(i0, len, yb), len);
-        for (int64_t i = 0, j = i0 % period; i < len; j = 0) {
-          const int64_t seg = std::min(len - i, period - j);
-          apply_n(o + i0 + i, px + i, y_row->data() + j, seg);
-          i += seg;
+        T* o = sink.chunk(i0, ob);
+        if (!row) {
+          apply_n(o, px, y->read(i0, len, yb), len);
+        } else {
+          for (int64_t i = 0, j = i0 % period; i < len; j = 0) {
+            const int64_t seg = std::min(len - i, period - j);
+            apply_n(o + i, px + i, y_row->data() + j, seg);
+            i += seg;
+          }
         }
+        sink.commit(i0, len, o);
       };
       for_chunks(n, run);
     });

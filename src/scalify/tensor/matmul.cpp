@@ -65,9 +65,11 @@ Tensor matmul(const Tensor& a, const Tensor& b, double alpha) {
   out_shape.push_back(N);
   return dispatch_compute(computes_in_f64(a, b), [&]<class T>() {
     Tensor out = Tensor::empty(out_shape, dtype_for<T>());
-    // A 2-D right operand with a row-major left operand: one GEMM over all batch rows.
-    if (batch_b.empty() && a.dtype() == dtype_for<T>() && a.is_contiguous()) {
-      const T* A = a.data<T>();
+    // A 2-D right operand with a row-major left operand (decoded first if it is stored in a
+    // number format): one GEMM over all batch rows.
+    if (batch_b.empty() && a.is_contiguous()) {
+      const Dense<T> a_rows(a);
+      const T* A = a_rows.data();
       const Operand<T> B = prepare<T>(b, {}, K, N);
       const int64_t rows = numel_of(batch) * M;
       if constexpr (sizeof(T) == 4)

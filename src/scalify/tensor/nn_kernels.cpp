@@ -119,7 +119,11 @@ void check_affine_row(const Tensor& p, int64_t D, const char* what, const char* 
 
 // Normalises the rows of x; with an affine (a defined weight), y = xhat * (w_mul w) + b_mul b in
 // the same row loop, else y is xhat.
-NormResult normalise_rows(const Tensor& x, double eps, bool center, const char* op, const Affine& a = {}) {
+// Rows of x are read through ChunkSource (f16 data decoded a row at a time, no f32 copy of the
+// whole tensor) and the affine output y, where there is one, is written through ChunkSink (in
+// store_as); each thread keeps its own row buffers.
+NormResult normalise_rows(const Tensor& x, double eps, bool center, const char* op, const Affine& a = {},
+                          DType store_as = DType::f32) {
   NormResult r;
   const int64_t D = x.dim() ? x.size(-1) : 0;
   check_affine_row(a.weight, D, "weight", op);
@@ -128,37 +132,42 @@ NormResult normalise_rows(const Tensor& x, double eps, bool center, const char* 
   if (!stat_shape.empty()) stat_shape.back() = 1;
   const bool affine = a.weight.defined();
   dispatch_compute(computes_in_f64(x) || (affine && computes_in_f64(a.weight)), [&]<class T>() {
-    const Dense<T> in(x);
+    const ChunkSource<T> in(x, x.shape());
     r.xhat = Tensor::empty(x.shape(), dtype_for<T>());
     r.rstd = Tensor::empty(stat_shape, dtype_for<T>());
-    r.y = affine ? Tensor::empty(x.shape(), dtype_for<T>()) : r.xhat;
+    r.y = affine ? Tensor::empty(x.shape(), kernel_output_dtype<T>(store_as)) : r.xhat;
+    const ChunkSink<T> out(r.y);
     std::optional<Dense<T>> w, b;  // rows of D: converted once
     if (affine) w.emplace(a.weight);
     if (a.bias.defined()) b.emplace(a.bias);
     const T wm = T(a.weight_mul), bm = T(a.bias_mul);
     T* xh = r.xhat.data<T>();
     T* rs = r.rstd.data<T>();
-    T* py = r.y.data<T>();
     const int64_t rows = D == 0 ? 0 : x.numel() / D;
-#pragma omp parallel for if (x.numel() > (1 << 15))
-    for (int64_t row = 0; row < rows; ++row) {
-      const T* v = in.data() + row * D;
-      double mean = 0, var = 0;
-      if (center) {
-        for (int64_t i = 0; i < D; ++i) mean += v[i];
-        mean /= double(D);
+#pragma omp parallel if (x.numel() > (1 << 15))
+    {
+      std::vector<T> row_in(static_cast<size_t>(D)), row_out(static_cast<size_t>(D));
+#pragma omp for
+      for (int64_t row = 0; row < rows; ++row) {
+        const T* v = in.read(row * D, D, row_in.data());
+        double mean = 0, var = 0;
+        if (center) {
+          for (int64_t i = 0; i < D; ++i) mean += v[i];
+          mean /= double(D);
+        }
+        for (int64_t i = 0; i < D; ++i) var += (v[i] - mean) * (v[i] - mean);
+        var /= double(D);
+        const double rstd = 1.0 / std::sqrt(var + eps);
+        rs[row] = T(rstd);
+        T* h = xh + row * D;
+        for (int64_t i = 0; i < D; ++i) h[i] = T((v[i] - mean) * rstd);
+        if (!affine) continue;
+        T* o = out.chunk(row * D, row_out.data());
+        for (int64_t i = 0; i < D; ++i) o[i] = h[i] * (*w)[i] * wm;
+        if (b)
+          for (int64_t i = 0; i < D; ++i) o[i] += (*b)[i] * bm;
+        out.commit(row * D, D, o);
       }
-      for (int64_t i = 0; i < D; ++i) var += (v[i] - mean) * (v[i] - mean);
-      var /= double(D);
-      const double rstd = 1.0 / std::sqrt(var + eps);
-      rs[row] = T(rstd);
-      T* h = xh + row * D;
-      for (int64_t i = 0; i < D; ++i) h[i] = T((v[i] - mean) * rstd);
-      if (!affine) continue;
-      T* o = py + row * D;
-      for (int64_t i = 0; i < D; ++i) o[i] = h[i] * (*w)[i] * wm;
-      if (b)
-        for (int64_t i = 0; i < D; ++i) o[i] += (*b)[i] * bm;
     }
     return 0;
   });
@@ -166,44 +175,45 @@ NormResult normalise_rows(const Tensor& x, double eps, bool center, const char* 
   return r;
 }
 
-// dx = rstd * (g - mean(g) - xhat * mean(g * xhat)), one pass per row: rstd is applied in the
-// row loop, not broadcast over [rows, D] afterwards (a gather that ran on one thread).
-// With a weight w: the gradient reaching xhat is g * (w_mul w), formed per row in the same loop.
-Tensor norm_backward(const NormResult& r, const Tensor& g, bool center, const char* op, const Tensor& weight = {}, double weight_mul = 1) {
+Tensor norm_backward(const NormResult& r, const Tensor& g, bool center, const char* op, const Tensor& weight = {}, double weight_mul = 1,
+                     DType store_as = DType::f32) {
   if (r.xhat.shape() != g.shape())
     throw Error(std::string(op) + ": shapes differ: " + shape_str(r.xhat.shape()) + " and " + shape_str(g.shape()));
   if (g.dim() == 0 || (g.size(-1) && r.rstd.numel() != g.numel() / g.size(-1)))
     throw Error(std::string(op) + ": needs one rstd per row of " + shape_str(g.shape()) + ", got " + shape_str(r.rstd.shape()));
   check_affine_row(weight, g.size(-1), "weight", op);
   return dispatch_compute(computes_in_f64(r.xhat, g), [&]<class T>() {
-    const Dense<T> xs(r.xhat), gs(g), rs(r.rstd);
+    const Dense<T> xs(r.xhat), rs(r.rstd);
+    const ChunkSource<T> gs(g, g.shape());
     std::optional<Dense<T>> w;
     if (weight.defined()) w.emplace(weight);
     const T wm = T(weight_mul);
-    Tensor out = Tensor::empty(g.shape(), dtype_for<T>());
+    Tensor out = Tensor::empty(g.shape(), kernel_output_dtype<T>(store_as));
+    const ChunkSink<T> sink(out);
     const int64_t D = g.dim() ? g.size(-1) : 0, rows = D == 0 ? 0 : g.numel() / D;
-    T* po = out.data<T>();
-#pragma omp parallel for if (rows * D > (1 << 15))
-    for (int64_t row = 0; row < rows; ++row) {
-      const T* xh = xs.data() + row * D;
-      const T* gg = gs.data() + row * D;
-      T small[1024];  // g * w, with a weight: on the stack for rows up to 1024 wide
-      std::vector<T> large;
-      if (w) {
-        T* gw = D <= 1024 ? small : (large.resize(size_t(D)), large.data());
-        for (int64_t i = 0; i < D; ++i) gw[i] = gg[i] * (*w)[i] * wm;
-        gg = gw;
+#pragma omp parallel if (rows * D > (1 << 15))
+    {
+      std::vector<T> g_row(static_cast<size_t>(D)), gw(w ? static_cast<size_t>(D) : 0), o_row(static_cast<size_t>(D));
+#pragma omp for
+      for (int64_t row = 0; row < rows; ++row) {
+        const T* xh = xs.data() + row * D;
+        const T* gg = gs.read(row * D, D, g_row.data());
+        if (w) {  // g * w
+          for (int64_t i = 0; i < D; ++i) gw[size_t(i)] = gg[i] * (*w)[i] * wm;
+          gg = gw.data();
+        }
+        double mg = 0, mgx = 0;
+        for (int64_t i = 0; i < D; ++i) {
+          mg += gg[i];
+          mgx += double(gg[i]) * xh[i];
+        }
+        mg /= double(D);
+        mgx /= double(D);
+        const T rstd = rs[row];
+        T* o = sink.chunk(row * D, o_row.data());
+        for (int64_t i = 0; i < D; ++i) o[i] = T(gg[i] - (center ? mg : 0.0) - xh[i] * mgx) * rstd;
+        sink.commit(row * D, D, o);
       }
-      double mg = 0, mgx = 0;
-      for (int64_t i = 0; i < D; ++i) {
-        mg += gg[i];
-        mgx += double(gg[i]) * xh[i];
-      }
-      mg /= double(D);
-      mgx /= double(D);
-      const T rstd = rs[row];
-      T* o = po + row * D;
-      for (int64_t i = 0; i < D; ++i) o[i] = T(gg[i] - (center ? mg : 0.0) - xh[i] * mgx) * rstd;
     }
     return out;
   });
@@ -214,13 +224,13 @@ NormResult layer_norm(const Tensor& x, double eps) { return normalise_rows(x, ep
 NormResult rms_norm(const Tensor& x, double eps) { return normalise_rows(x, eps, false, "rms_norm"); }
 Tensor layer_norm_backward(const NormResult& r, const Tensor& g) { return norm_backward(r, g, true, "layer_norm_backward"); }
 Tensor rms_norm_backward(const NormResult& r, const Tensor& g) { return norm_backward(r, g, false, "rms_norm_backward"); }
-NormResult norm_affine(const Tensor& x, double eps, bool center, const Affine& a) {
+NormResult norm_affine(const Tensor& x, double eps, bool center, const Affine& a, DType store_as) {
   if (!a.weight.defined()) throw Error("norm_affine: needs a weight");
-  return normalise_rows(x, eps, center, center ? "layer_norm" : "rms_norm", a);
+  return normalise_rows(x, eps, center, center ? "layer_norm" : "rms_norm", a, store_as);
 }
-Tensor norm_affine_backward(const NormResult& r, const Tensor& g, bool center, const Tensor& weight, double weight_mul) {
+Tensor norm_affine_backward(const NormResult& r, const Tensor& g, bool center, const Tensor& weight, double weight_mul, DType store_as) {
   if (!weight.defined()) throw Error("norm_affine_backward: needs the weight");
-  return norm_backward(r, g, center, center ? "layer_norm_backward" : "rms_norm_backward", weight, weight_mul);
+  return norm_backward(r, g, center, center ? "layer_norm_backward" : "rms_norm_backward", weight, weight_mul, store_as);
 }
 
 namespace {

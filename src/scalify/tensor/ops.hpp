@@ -1,8 +1,11 @@
 #pragma once
 // Tensor operations (no autograd): the kernels every model runs on. Inputs of any dtype and
-// layout; compute in f64 when any input is f64, else in f32; outputs are f64 or f32. Shape errors
+// layout; compute in f64 when any input is f64, else in f32; outputs are f64 or f32. Kernels with
+// a `store_as` parameter write an f32 result straight into f16 or bf16 storage when asked
+// (rounded as storage_rounding.hpp says, chunk by chunk: no f32 output is written). Shape errors
 // throw scalify::Error naming the op and the shapes.
 #include <cstdint>
+#include <span>
 #include <utility>
 #include <vector>
 
@@ -15,16 +18,17 @@ enum class Unary : uint8_t {
   neg, exp, log, sqrt, rsqrt, abs, relu, gelu_tanh, gelu_erf, silu, sigmoid, tanh, square,
 };
 // out = out_mul * op(in_mul * x): scalar factors fold into the one pass (scale propagation).
-Tensor unary(Unary op, const Tensor& x, double in_mul = 1.0, double out_mul = 1.0);
+Tensor unary(Unary op, const Tensor& x, double in_mul = 1.0, double out_mul = 1.0, DType store_as = DType::f32);
 // grad * d op(x)/dx at x = x_mul * x_data, given y = op(x) (whichever the formula needs).
-Tensor unary_backward(Unary op, const Tensor& x_data, const Tensor& y, const Tensor& grad, double x_mul = 1.0);
+Tensor unary_backward(Unary op, const Tensor& x_data, const Tensor& y, const Tensor& grad, double x_mul = 1.0,
+                      DType store_as = DType::f32);
 const char* unary_name(Unary op);
 
 // maximum/minimum: elementwise, NaN-propagating; max_picks_a / min_picks_a: 1 where that
 // extremum takes a (a >= b / a <= b, or a is NaN), else 0 (their gradients' routing).
 enum class Binary : uint8_t { add, sub, mul, div, maximum, minimum, max_picks_a, min_picks_a };
 // op(a_mul * a, b_mul * b) with numpy broadcasting.
-Tensor binary(Binary op, const Tensor& a, const Tensor& b, double a_mul = 1.0, double b_mul = 1.0);
+Tensor binary(Binary op, const Tensor& a, const Tensor& b, double a_mul = 1.0, double b_mul = 1.0, DType store_as = DType::f32);
 inline Tensor add(const Tensor& a, const Tensor& b) { return binary(Binary::add, a, b); }
 inline Tensor sub(const Tensor& a, const Tensor& b) { return binary(Binary::sub, a, b); }
 inline Tensor mul(const Tensor& a, const Tensor& b) { return binary(Binary::mul, a, b); }
@@ -42,7 +46,10 @@ std::vector<int> broadcast_dims(const Shape& from, const Shape& to);
 // ---- reductions ----
 Tensor sum(const Tensor& x, const std::vector<int>& dims, bool keepdim = false);  // {} = all
 Tensor mean(const Tensor& x, const std::vector<int>& dims, bool keepdim = false);
-double sum_squares(const Tensor& x);  // sum of x^2 over every element, in f64 (gradient norms)
+// Sum of x^2 over every element, in f64 (gradient norms, RMS statistics): the same result on
+// any thread count.
+double sum_squares(const Tensor& x);
+double sum_squares(std::span<const float> x);  // one span, on the calling thread
 // Max over one dimension: values and the index of the (first) maximum, as i64.
 std::pair<Tensor, Tensor> max(const Tensor& x, int dim, bool keepdim = false);
 
@@ -81,9 +88,10 @@ struct Affine {
   Tensor weight, bias;  // [D]
   double weight_mul = 1, bias_mul = 1;
 };
-NormResult norm_affine(const Tensor& x, double eps, bool center, const Affine& a);
+NormResult norm_affine(const Tensor& x, double eps, bool center, const Affine& a, DType store_as = DType::f32);  // y in store_as
 // dx from dy: the norm backward of dy * (weight_mul w), formed per row.
-Tensor norm_affine_backward(const NormResult& r, const Tensor& grad_y, bool center, const Tensor& weight, double weight_mul);
+Tensor norm_affine_backward(const NormResult& r, const Tensor& grad_y, bool center, const Tensor& weight, double weight_mul,
+                            DType store_as = DType::f32);
 
 Tensor embedding(const Tensor& weight, const Tensor& ids);  // weight [V, D], ids int: [..., D]
 Tensor embedding_backward(const Tensor& grad, const Tensor& ids, int64_t vocab);  // scatter-add

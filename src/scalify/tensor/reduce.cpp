@@ -1,6 +1,7 @@
 // Reductions: sum and mean over any set of dimensions, max over one dimension.
 #include <algorithm>
 #include <limits>
+#include <span>
 #include <vector>
 
 #include "scalify/error.hpp"
@@ -123,16 +124,39 @@ Tensor sum(const Tensor& x, const std::vector<int>& dims, bool keepdim) {
   });
 }
 
+double sum_squares(std::span<const float> x) {
+  // Eight running sums, so the f64 adds are not one dependency chain (and vectorise); added in a
+  // fixed order, so a given span always gives the same result.
+  double acc[8] = {};
+  const size_t n = x.size(), whole = n / 8 * 8;
+  for (size_t i = 0; i < whole; i += 8)
+    for (size_t k = 0; k < 8; ++k) acc[k] += double(x[i + k]) * double(x[i + k]);
+  for (size_t i = whole; i < n; ++i) acc[i - whole] += double(x[i]) * double(x[i]);
+  return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+}
+
 double sum_squares(const Tensor& x) {
-  return dispatch_compute(computes_in_f64(x), [&]<class T>() {
-    const Dense<T> in(x);
-    const T* p = in.data();
-    const int64_t n = x.numel();
+  if (x.dtype() == DType::f64) {
+    const Dense<double> in(x);
     double acc = 0;
-#pragma omp parallel for reduction(+ : acc) if (n > (1 << 16))
-    for (int64_t i = 0; i < n; ++i) acc += double(p[i]) * double(p[i]);
+    for (int64_t i = 0; i < x.numel(); ++i) acc += in[i] * in[i];
     return acc;
-  });
+  }
+  // f32 and low-precision data (decoded a chunk at a time): chunk sums in parallel, added in
+  // chunk order, so the result does not depend on the thread count.
+  constexpr int64_t kChunk = 4096;
+  const ChunkSource<float> in(x, x.shape());
+  const int64_t n = x.numel(), chunks = (n + kChunk - 1) / kChunk;
+  std::vector<double> partial(static_cast<size_t>(chunks));
+#pragma omp parallel for if (n > (1 << 16))
+  for (int64_t c = 0; c < chunks; ++c) {
+    float buf[kChunk];
+    const int64_t begin = c * kChunk, len = std::min(kChunk, n - begin);
+    partial[size_t(c)] = sum_squares(std::span(in.read(begin, len, buf), size_t(len)));
+  }
+  double acc = 0;
+  for (double v : partial) acc += v;
+  return acc;
 }
 
 Tensor mean(const Tensor& x, const std::vector<int>& dims, bool keepdim) {

@@ -1,0 +1,31 @@
+#pragma once
+// The one rounding of f32 values into 16-bit float storage (f16, bf16) that SPEC §2's data
+// precision applies to an op's output: round to nearest even, finite values saturating at the
+// format's largest, infinities kept (a mask's -inf fill), NaN kept. `to_storage` rounds whole
+// tensors with it; kernels asked to store their output so (`store_as`) round each chunk they
+// compute with it, so an f16 output is written once instead of as f32 and again as f16.
+#include <cstddef>
+#include <cstdint>
+
+#include "scalify/tensor/tensor.hpp"
+
+namespace scalify {
+
+// Whether `storage` is a dtype these functions round into (f16 or bf16).
+bool is_rounded_storage(DType storage);
+
+// in[0, n) rounded into `storage` at out (n codes of 2 bytes), on the calling thread.
+void round_into_storage(const float* in, int64_t n, DType storage, std::byte* out);
+
+// A contiguous f32 tensor rounded into `storage` (is_rounded_storage), in parallel for large ones.
+Tensor round_to_storage(const Tensor& values, DType storage);
+
+// The dtype a kernel computing in T writes for a `store_as` request: the request where it is a
+// rounded storage and the kernel computes in f32, else the compute dtype (f64 kernels stay f64;
+// other requests are left to to_storage).
+template <class T>
+DType kernel_output_dtype(DType store_as) {
+  return sizeof(T) == 4 && is_rounded_storage(store_as) ? store_as : sizeof(T) == 8 ? DType::f64 : DType::f32;
+}
+
+}  // namespace scalify
