@@ -1,6 +1,7 @@
 // Every scaling strategy against the formulas of SPEC §4-§5 on hand-built tensors.
 #include <gtest/gtest.h>
 
+#include <bit>
 #include <cmath>
 #include <limits>
 
@@ -97,6 +98,38 @@ TEST(Quantizer, ChunkedEncodeEqualsOneWholeTensorCall) {
   with_nan[200000] = std::numeric_limits<float>::quiet_NaN();
   Quantizer fp4(cfg(Scaling::none, Format::e2m1));
   EXPECT_THROW(fp4.quantize(Tensor::from_vector(with_nan, {n})), Error);
+}
+
+// as_values (an f32 GEMM's operands): the codes' values, bit for bit, with the same scales and
+// statistics, for every per-tensor strategy; overflow to inf (non-saturating e5m2) and NaN kept.
+TEST(Quantizer, ValuesEqualTheDecodedCodes) {
+  const int64_t n = 20011;
+  std::vector<float> v = Tensor::randn({n}, 3, 40.0).to_floats();
+  v[17] = std::numeric_limits<float>::quiet_NaN();
+  v[18] = 1e6f;
+  const Tensor x32 = Tensor::from_vector(v, {n});
+  for (const Tensor& x : {x32, x32.to(DType::f16)})
+    for (Scaling scaling : {Scaling::none, Scaling::scalify, Scaling::current, Scaling::delayed, Scaling::amax_bias, Scaling::constant_bias})
+      for (const bool saturate : {true, false})
+        for (Rounding rounding : {Rounding::nearest_even, Rounding::stochastic}) {
+          QuantizerConfig c = cfg(scaling, Format::e5m2);
+          c.saturate = saturate;
+          c.rounding = rounding;
+          Quantizer codes(c), values(c);
+          for (int step = 0; step < 2; ++step) {  // delayed: the second step uses the history
+            const ScaledTensor in(x, 0.5f);
+            const Quantized a = codes.quantize(in), b = values.quantize(in, true);
+            const std::string what = std::string(scaling_name(scaling)) + (saturate ? "" : ", not saturating") + ", " +
+                                     std::string(dtype_name(x.dtype())) + ", step " + std::to_string(step);
+            ASSERT_EQ(b.per_tensor.data.dtype(), DType::f32) << what;
+            ASSERT_EQ(a.per_tensor.scalar_scale(), b.per_tensor.scalar_scale()) << what;
+            const std::vector<float> want = a.per_tensor.data.to_floats(), got = b.per_tensor.data.to_floats();
+            for (size_t i = 0; i < want.size(); ++i)
+              ASSERT_EQ(std::bit_cast<uint32_t>(got[i]), std::bit_cast<uint32_t>(want[i])) << what << " element " << i;
+            EXPECT_EQ(std::bit_cast<uint32_t>(codes.last().amax), std::bit_cast<uint32_t>(values.last().amax)) << what;
+            EXPECT_EQ(codes.last().clipped, values.last().clipped) << what;
+          }
+        }
 }
 
 TEST(Quantizer, ZeroOrNonFiniteAmaxKeepsThePreviousScale) {

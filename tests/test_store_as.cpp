@@ -5,12 +5,14 @@
 #include <gtest/gtest.h>
 #include <omp.h>
 
+#include <bit>
 #include <cmath>
 #include <cstring>
 #include <limits>
 
 #include "scalify/autograd/data_precision.hpp"
 #include "scalify/autograd/functions.hpp"
+#include "scalify/formats/bulk.hpp"
 #include "scalify/scaled/scaled_ops.hpp"
 #include "scalify/tensor/ops.hpp"
 #include "scalify/tensor/storage_rounding.hpp"
@@ -63,6 +65,7 @@ TEST(StoreAs, ElementwiseKernelsEqualTheF32KernelThenToStorage) {
         const Tensor out = ops::unary(op, x);
         expect_same_bits(ops::unary_backward(op, x, out, g, 0.5, st), ops::unary_backward(op, x, out, g, 0.5), st, name + " backward");
       }
+      expect_same_bits(ops::scale_shift(x16, 0.25, 3.0, st), ops::scale_shift(x16, 0.25, 3.0), st, where + " scale_shift");
       for (ops::Binary op : {ops::Binary::add, ops::Binary::mul, ops::Binary::maximum}) {
         expect_same_bits(ops::binary(op, x, y, 0.25, 2.0, st), ops::binary(op, x, y, 0.25, 2.0), st, where + " binary");
         expect_same_bits(ops::binary(op, x16, row, 1.0, 1.0, st), ops::binary(op, x16, row), st, where + " binary, row operand");
@@ -108,6 +111,26 @@ TEST(StoreAs, F16GraphCountsItsCastsWhileRecording) {
   for (int64_t i = 0; i < y.scaled().data.numel(); ++i)
     ASSERT_EQ(reinterpret_cast<const uint16_t*>(y.scaled().data.raw_bytes())[i],
               reinterpret_cast<const uint16_t*>(z.scaled().data.raw_bytes())[i]);
+}
+
+// Reading 16-bit storage for computing: every code widens to its exact value (checked against
+// the format codec's decode); NaN codes to a NaN.
+TEST(StoreAs, WideningForComputeIsExactForEveryCode) {
+  for (DType st : kStorages) {
+    std::vector<uint16_t> codes(65536 + 5);
+    for (size_t i = 0; i < codes.size(); ++i) codes[i] = uint16_t(i);
+    std::vector<float> got(codes.size()), want(codes.size());
+    const auto* bytes = reinterpret_cast<const std::byte*>(codes.data());
+    widen_for_compute(bytes, int64_t(codes.size()), st, got.data());
+    dequantize(std::span(bytes, codes.size() * 2), *dtype_format(st), 1.0f, std::span(want));
+    for (size_t i = 0; i < codes.size(); ++i) {
+      if (std::isnan(want[i])) {
+        ASSERT_TRUE(std::isnan(got[i])) << dtype_name(st) << " code " << i;
+      } else {
+        ASSERT_EQ(std::bit_cast<uint32_t>(got[i]), std::bit_cast<uint32_t>(want[i])) << dtype_name(st) << " code " << i;
+      }
+    }
+  }
 }
 
 TEST(SumSquares, MatchesF64AndIsTheSameOnAnyThreadCount) {

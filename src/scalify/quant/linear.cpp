@@ -165,7 +165,6 @@ Var QLinear::operator()(const Var& x, const Var& w, const Var& b) const {
   State& st = *state_;
   const bool block = blockwise(recipe_.weight) || blockwise(recipe_.activation) || blockwise(recipe_.gradient);
   auto flat = [&](const ScaledTensor& s) { return scaled::reshape(s, {rows, K}); };
-  const Quantized qx = st.activation.quantize(flat(x.scaled())), qw = st.weight.quantize(w.scaled());
   const std::shared_ptr<State> state = state_;
   const bool codes_bf16 =
       codes_fit_bf16(recipe_.weight.format) && codes_fit_bf16(recipe_.activation.format) && codes_fit_bf16(recipe_.gradient.format);
@@ -174,16 +173,21 @@ Var QLinear::operator()(const Var& x, const Var& w, const Var& b) const {
   // the scale, 1 / r in the GEMM's alpha).
   const bool propagate = recipe_.weight.scaling == Scaling::scalify && recipe_.activation.scaling == Scaling::scalify &&
                          recipe_.gradient.scaling == Scaling::scalify && (x.scaled().is_scaled() || w.scaled().is_scaled());
-  if (!block && (codes_bf16 || propagate)) {
-    const DType t = codes_bf16 ? gemm_dtype() : DType::f32;
+  const bool on_codes = !block && (codes_bf16 || propagate);
+  const DType t = codes_bf16 ? gemm_dtype() : DType::f32;
+  // f32 GEMMs take the codes' values: the quantiser writes them instead of the codes.
+  const bool as_values = on_codes && t == DType::f32;
+  const Quantized qx = st.activation.quantize(flat(x.scaled()), as_values), qw = st.weight.quantize(w.scaled(), as_values);
+  if (on_codes) {
     const Tensor cx = gemm_operand(qx, t), cw = gemm_operand(qw, t);
     const float sx = scale_of(qx), sw = scale_of(qw);
     const float rk = propagate ? pow2_round(std::sqrt(double(K))) : 1.0f;
     const Tensor y = gemm_codes(false, false, rows, N, K, cx, cw, propagate ? 1.0f / rk : sx * sw).reshape(out_shape);
     const ScaledTensor out_value = propagate ? with_exact_scale(y, double(sx) * sw * rk) : ScaledTensor(y);
     const Var out = Var::make("qlinear", out_value, {x, w}, [state, cx, cw, sx, sw, rows, K, N, propagate, xs = x.shape()](const ScaledTensor& g) {
-      const Quantized qg = propagate ? state->gradient.quantize(scaled::reshape(g, {rows, N}))
-                                     : state->gradient.quantize((g.is_scaled() ? g.value() : g.data).reshape({rows, N}));
+      const bool values = cx.dtype() == DType::f32;
+      const Quantized qg = propagate ? state->gradient.quantize(scaled::reshape(g, {rows, N}), values)
+                                     : state->gradient.quantize((g.is_scaled() ? g.value() : g.data).reshape({rows, N}), values);
       const Tensor cg = gemm_operand(qg, cx.dtype());
       const float sg = scale_of(qg);
       if (!propagate)

@@ -9,6 +9,7 @@
 
 #include "scalify/error.hpp"
 #include "scalify/formats/bulk.hpp"
+#include "scalify/formats/kernels.hpp"
 #include "scalify/tensor/convert.hpp"
 #include "scalify/tensor/dense.hpp"
 
@@ -26,11 +27,12 @@ std::atomic<bool> g_collect_statistics{true};
 // f16) is decoded a chunk at a time instead of into a full f32 copy, and the statistics are
 // counted from the chunk just quantised, so the input is read once. Chunk c quantises with its
 // global offset, so stochastic rounding draws the same bits as one whole-tensor call.
-Tensor encode(const Tensor& x, Format fmt, float encode_scale, const QuantizerConfig& c, QuantStats& st) {
+Tensor encode(const Tensor& x, Format fmt, float encode_scale, const QuantizerConfig& c, QuantStats& st, bool as_values) {
   constexpr int64_t kChunk = 4096;
   const ChunkSource<float> src(x, x.shape());
-  Tensor codes = Tensor::empty(x.shape(), dtype_of(fmt));
-  const int64_t out_bytes = dtype_size(codes.dtype());
+  Tensor codes = Tensor::empty(x.shape(), as_values ? DType::f32 : dtype_of(fmt));
+  const int64_t out_bytes = info(fmt).storage_bytes();
+  const kernels::KernelTable& kernels = kernels::active_kernels();
   QuantizeOptions opt;
   opt.rounding = c.rounding;
   opt.overflow = c.saturate ? Overflow::saturate : Overflow::non_saturating;
@@ -52,8 +54,10 @@ Tensor encode(const Tensor& x, Format fmt, float encode_scale, const QuantizerCo
       p = src.read(begin, len, buf);
       QuantizeOptions o = opt;
       o.offset = uint64_t(begin);
-      const float a = quantize_amax(std::span(p, size_t(len)), fmt, encode_scale,
-                                    std::span(codes.raw_bytes() + begin * out_bytes, size_t(len * out_bytes)), o);
+      std::byte local[kChunk * 4];  // as_values: the chunk's codes, decoded straight away
+      std::byte* out = as_values ? local : codes.raw_bytes() + begin * out_bytes;
+      const float a = quantize_amax(std::span(p, size_t(len)), fmt, encode_scale, std::span(out, size_t(len * out_bytes)), o);
+      if (as_values) kernels.dequantize(local, size_t(len), codes.data<float>() + begin, info(fmt), 1.0f);
       amax_bits = std::max(amax_bits, std::bit_cast<uint32_t>(std::fabs(a)));
     } catch (...) {
 #pragma omp critical(scalify_encode_error)
@@ -132,19 +136,19 @@ float Quantizer::scale_from_amax(double amax, float previous) const {
   return float(std::clamp(s, 0x1p-126, 0x1p127));
 }
 
-Quantized Quantizer::quantize(const ScaledTensor& x) {
-  if (c_.scaling != Scaling::scalify) return quantize(x.is_scaled() ? x.value() : x.data);
+Quantized Quantizer::quantize(const ScaledTensor& x, bool as_values) {
+  if (c_.scaling != Scaling::scalify) return quantize(x.is_scaled() ? x.value() : x.data, as_values);
   ++steps_;
   Quantized q;
   q.per_tensor = x;
   const float s = x.any_scale ? 1.0f : x.scalar_scale();
-  q.per_tensor.data = encode(x.data, c_.format, 1.0f, c_, stats_);
+  q.per_tensor.data = encode(x.data, c_.format, 1.0f, c_, stats_, as_values);
   stats_.scale = s;
   stats_.amax = float(stats_.amax * s);
   return q;
 }
 
-Quantized Quantizer::quantize(const Tensor& x) {
+Quantized Quantizer::quantize(const Tensor& x, bool as_values) {
   ++steps_;
   if (c_.scaling != Scaling::none && c_.scaling != Scaling::scalify && c_.scaling != Scaling::constant_bias) count_scale_statistic();
   Quantized q;
@@ -152,20 +156,20 @@ Quantized Quantizer::quantize(const Tensor& x) {
   switch (c_.scaling) {
     case Scaling::none:
     case Scaling::scalify: {
-      q.per_tensor = ScaledTensor(encode(x, f, 1.0f, c_, stats_), 1.0f);
+      q.per_tensor = ScaledTensor(encode(x, f, 1.0f, c_, stats_, as_values), 1.0f);
       stats_.scale = 1;
       return q;
     }
     case Scaling::current: {
       const float s = scale_from_amax(amax_of(x), 1.0f);
-      q.per_tensor = ScaledTensor(encode(x, f, s, c_, stats_), 1.0f / s);
+      q.per_tensor = ScaledTensor(encode(x, f, s, c_, stats_, as_values), 1.0f / s);
       stats_.scale = 1.0f / s;
       return q;
     }
     case Scaling::delayed: {
       // Quantise with the scale from past steps; record this step's amax in the same pass.
       const float s = scale_;
-      q.per_tensor = ScaledTensor(encode(x, f, s, c_, stats_), 1.0f / s);
+      q.per_tensor = ScaledTensor(encode(x, f, s, c_, stats_, as_values), 1.0f / s);
       stats_.scale = 1.0f / s;
       history_.push_back(stats_.amax);
       if (int(history_.size()) > c_.history) history_.pop_front();
@@ -184,7 +188,7 @@ Quantized Quantizer::quantize(const Tensor& x) {
         b = std::clamp(b, -126, 127);  // 2^b and 2^-b stay finite and non-zero in f32 (tiny amax)
       }
       const float s = std::ldexp(1.0f, b);  // x * 2^b before the cast: exact
-      q.per_tensor = ScaledTensor(encode(x, f, s, c_, stats_), std::ldexp(1.0f, -b));
+      q.per_tensor = ScaledTensor(encode(x, f, s, c_, stats_, as_values), std::ldexp(1.0f, -b));
       stats_.scale = std::ldexp(1.0f, -b);
       stats_.bias = b;
       return q;

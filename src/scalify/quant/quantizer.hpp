@@ -50,7 +50,8 @@ struct QuantStats {
   double clipped = 0;     // fraction of inputs beyond the format's range after scaling
 };
 
-// A quantised tensor: codes in the format's dtype and the decode scale(s).
+// A quantised tensor: codes in the format's dtype (or their f32 values, Quantizer::quantize's
+// as_values) and the decode scale(s).
 struct Quantized {
   ScaledTensor per_tensor;  // codes + scalar decode scale (all strategies but block / mx)
   BlockQuantized blocks;    // block / mx
@@ -78,10 +79,12 @@ struct QuantizerState {
 class Quantizer {
  public:
   explicit Quantizer(QuantizerConfig config = {});
-  // Quantises x (2-D [rows, cols] for block / mx; any shape otherwise).
-  Quantized quantize(const Tensor& x);
+  // Quantises x (2-D [rows, cols] for block / mx; any shape otherwise). Per-tensor strategies
+  // give codes, or with `as_values` the codes' values as f32 (decoded as they are made, in the
+  // same pass): an f32 GEMM's operands, without the codes written and read back.
+  Quantized quantize(const Tensor& x, bool as_values = false);
   // SCALIFY: x's data is cast and its scale kept; other strategies quantise x's value.
-  Quantized quantize(const ScaledTensor& x);
+  Quantized quantize(const ScaledTensor& x, bool as_values = false);
   const QuantizerConfig& config() const { return c_; }
   const QuantStats& last() const { return stats_; }
   int64_t steps() const { return steps_; }

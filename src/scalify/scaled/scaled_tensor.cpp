@@ -9,6 +9,7 @@
 
 #include "scalify/error.hpp"
 #include "scalify/tensor/ops.hpp"
+#include "scalify/tensor/storage_rounding.hpp"
 
 namespace scalify {
 
@@ -122,8 +123,11 @@ std::pair<Tensor, float> get_data_and_scale(const ScaledTensor& x) { return {x.d
 ScaledTensor rebalance(const ScaledTensor& x, float delta) {
   check_pow2_scale(delta, "rebalance: delta");
   if (!x.scale.defined() || delta == 1.0f) return x;  // as set_scaling: nothing moves
-  return ScaledTensor(ops::scale_shift(x.data, 1.0 / double(delta), 0.0).to(x.data.dtype()),
-                      ops::scale_shift(x.scale, delta, 0.0));
+  // f16/bf16 data is written in its storage by the one pass (infinities stay infinite, as in
+  // every rounding into storage); other dtypes are converted after it.
+  const DType dt = x.data.dtype();
+  const Tensor data = ops::scale_shift(x.data, 1.0 / double(delta), 0.0, is_rounded_storage(dt) ? dt : DType::f32);
+  return ScaledTensor(data.dtype() == dt ? data : data.to(dt), ops::scale_shift(x.scale, delta, 0.0));
 }
 
 namespace {

@@ -70,8 +70,12 @@ class ChunkSource {
   // Elements [begin, begin + len) as T: in place, or decoded into buf (room for len values).
   const T* read(int64_t begin, int64_t len, T* buf) const {
     if (dense_) return dense_->data() + begin;
-    if constexpr (std::is_same_v<T, float>)
-      dequantize(std::span(codes_ + begin * code_bytes_, size_t(len * code_bytes_)), format_, 1.0f, std::span(buf, size_t(len)));
+    if constexpr (std::is_same_v<T, float>) {
+      if (format_ == Format::f16 || format_ == Format::bf16)
+        widen_for_compute(codes_ + begin * 2, len, dtype_of(format_), buf);
+      else
+        dequantize(std::span(codes_ + begin * code_bytes_, size_t(len * code_bytes_)), format_, 1.0f, std::span(buf, size_t(len)));
+    }
     return buf;
   }
 

@@ -272,16 +272,18 @@ Tensor binary(Binary op, const Tensor& a, const Tensor& b, double a_mul, double 
   });
 }
 
-Tensor scale_shift(const Tensor& x, double mul, double add) {
+Tensor scale_shift(const Tensor& x, double mul, double add, DType store_as) {
   return dispatch_compute(computes_in_f64(x), [&]<class T>() {
     const ChunkSource<T> in(x, x.shape());
-    Tensor out = Tensor::empty(x.shape(), dtype_for<T>());
-    T* o = out.data<T>();
+    Tensor out = Tensor::empty(x.shape(), kernel_output_dtype<T>(store_as));
+    const ChunkSink<T> sink(out);
     const T m = T(mul), c = T(add);
     for_chunks(x.numel(), [&](int64_t i0, int64_t i1) {
-      T buf[kChunk];
+      T buf[kChunk], ob[kChunk];
       const T* p = in.read(i0, i1 - i0, buf);
-      for (int64_t i = 0; i < i1 - i0; ++i) o[i0 + i] = p[i] * m + c;
+      T* o = sink.chunk(i0, ob);
+      for (int64_t i = 0; i < i1 - i0; ++i) o[i] = p[i] * m + c;
+      sink.commit(i0, i1 - i0, o);
     });
     return out;
   });

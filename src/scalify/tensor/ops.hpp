@@ -35,7 +35,7 @@ inline Tensor mul(const Tensor& a, const Tensor& b) { return binary(Binary::mul,
 inline Tensor div(const Tensor& a, const Tensor& b) { return binary(Binary::div, a, b); }
 inline Tensor maximum(const Tensor& a, const Tensor& b) { return binary(Binary::maximum, a, b); }
 inline Tensor minimum(const Tensor& a, const Tensor& b) { return binary(Binary::minimum, a, b); }
-Tensor scale_shift(const Tensor& x, double mul, double add);  // x * mul + add
+Tensor scale_shift(const Tensor& x, double mul, double add, DType store_as = DType::f32);  // x * mul + add
 Tensor pow_scalar(const Tensor& x, double p);
 Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b);  // cond != 0 ? a : b
 // Reduce a (broadcast) gradient back to `shape` by summing the broadcast dimensions.

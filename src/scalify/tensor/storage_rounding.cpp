@@ -3,6 +3,7 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstring>
 #include <span>
@@ -38,6 +39,11 @@ namespace {
     std::memcpy(out + done, otmp, size_t(n - done) * sizeof(uint16_t));
   }
 }
+[[gnu::target("avx2,f16c")]] void f16_widen_f16c(const uint16_t* in, int64_t n, float* out) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(out + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(in + i))));
+  for (; i < n; ++i) out[i] = _cvtsh_ss(in[i]);
+}
 #endif
 
 // The format codec's saturating encode turns infinities into the largest finite value; an
@@ -66,6 +72,19 @@ void round_into_storage(const float* in, int64_t n, DType storage, std::byte* ou
   const Format f = *dtype_format(storage);
   quantize(std::span(in, size_t(n)), f, 1.0f, std::span(out, size_t(n) * 2));
   restore_infinities(in, n, f, codes);
+}
+
+void widen_for_compute(const std::byte* codes, int64_t n, DType storage, float* out) {
+  if (!is_rounded_storage(storage)) throw Error("widen_for_compute: not a 16-bit float storage: " + std::string(dtype_name(storage)));
+  const uint16_t* in = reinterpret_cast<const uint16_t*>(codes);
+  if (storage == DType::bf16) {  // the top half of an f32
+    for (int64_t i = 0; i < n; ++i) out[i] = std::bit_cast<float>(uint32_t(in[i]) << 16);
+    return;
+  }
+#if SCALIFY_HAVE_X86_SIMD
+  if (kernels::active_isa() != kernels::Isa::scalar) return f16_widen_f16c(in, n, out);
+#endif
+  dequantize(std::span(codes, size_t(n) * 2), Format::f16, 1.0f, std::span(out, size_t(n)));
 }
 
 Tensor round_to_storage(const Tensor& values, DType storage) {

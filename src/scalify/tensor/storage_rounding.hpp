@@ -1,5 +1,5 @@
 #pragma once
-// The one rounding of f32 values into 16-bit float storage (f16, bf16) that SPEC §2's data
+// 16-bit float storage (f16, bf16) of an op's data. The one rounding of f32 values into it that SPEC §2's data
 // precision applies to an op's output: round to nearest even, finite values saturating at the
 // format's largest, infinities kept (a mask's -inf fill), NaN kept. `to_storage` rounds whole
 // tensors with it; kernels asked to store their output so (`store_as`) round each chunk they
@@ -16,6 +16,12 @@ bool is_rounded_storage(DType storage);
 
 // in[0, n) rounded into `storage` at out (n codes of 2 bytes), on the calling thread.
 void round_into_storage(const float* in, int64_t n, DType storage, std::byte* out);
+
+// n values of 16-bit float storage (is_rounded_storage) widened to f32 for computing: exact, a
+// NaN stays a NaN (its payload is not made canonical, as the format codec's decode does: no
+// computation can tell). Half the time of the checked `dequantize`, for the elementwise loops
+// that read f16 data a chunk at a time.
+void widen_for_compute(const std::byte* codes, int64_t n, DType storage, float* out);
 
 // A contiguous f32 tensor rounded into `storage` (is_rounded_storage), in parallel for large ones.
 Tensor round_to_storage(const Tensor& values, DType storage);
