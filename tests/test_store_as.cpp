@@ -12,6 +12,7 @@
 
 #include "scalify/autograd/data_precision.hpp"
 #include "scalify/autograd/functions.hpp"
+#include "scalify/error.hpp"
 #include "scalify/formats/bulk.hpp"
 #include "scalify/scaled/scaled_ops.hpp"
 #include "scalify/tensor/ops.hpp"
@@ -87,6 +88,19 @@ TEST(StoreAs, NormKernelsEqualTheF32KernelThenToStorage) {
         expect_same_bits(ops::norm_affine_backward(plain, g, center, a.weight, 0.5, st),
                          ops::norm_affine_backward(plain, g, center, a.weight, 0.5), st, where + " backward");
       }
+}
+
+// The backward keeps an op's output only where the derivative is written with it.
+TEST(StoreAs, UnaryBackwardReadsItsOutputOnlyWhereTheDerivativeUsesIt) {
+  const Tensor x = Tensor::randn({3, 5000}, 12), g = Tensor::randn({3, 5000}, 13);
+  for (ops::Unary op : {ops::Unary::gelu_tanh, ops::Unary::relu, ops::Unary::silu, ops::Unary::square, ops::Unary::exp, ops::Unary::tanh}) {
+    const Tensor y = ops::unary(op, x);
+    if (ops::derivative_uses_output(op)) {
+      EXPECT_THROW(ops::unary_backward(op, x, Tensor(), g), Error) << ops::unary_name(op);
+    } else {
+      EXPECT_EQ(ops::unary_backward(op, x, Tensor(), g).to_vector(), ops::unary_backward(op, x, y, g).to_vector()) << ops::unary_name(op);
+    }
+  }
 }
 
 // f32 requests, f64 kernels and storages these kernels do not round into give the plain output.

@@ -93,11 +93,14 @@ Var unary(ops::Unary op, const Var& x) {
       }
     });
   }
-  return Var::make(ops::unary_name(op), y, {x}, [op, x = x.scaled(), y](const ScaledTensor& g) {
+  // The backward keeps y only where the derivative is written with it (GELU's is not).
+  const ScaledTensor kept = ops::derivative_uses_output(op) ? y : ScaledTensor();
+  return Var::make(ops::unary_name(op), y, {x}, [op, x = x.scaled(), y = kept](const ScaledTensor& g) {
     // grad * f'(x), linear in g: the gradient keeps g's scale; x's scale folds into the pass. It
     // is written in x's storage, which the gradient takes.
     const double xs = x.is_scaled() && !x.any_scale ? x.scalar_scale() : 1.0;
-    return Grads{s::with_grad_scale(g, ops::unary_backward(op, x.data, plain(y), g.data, xs, kernel_store_as(x.data.dtype())))};
+    const Tensor y_value = y.data.defined() ? plain(y) : Tensor();
+    return Grads{s::with_grad_scale(g, ops::unary_backward(op, x.data, y_value, g.data, xs, kernel_store_as(x.data.dtype())))};
   });
 }
 

@@ -168,7 +168,13 @@ Tensor unary(Unary op, const Tensor& x, double in_mul, double out_mul, DType sto
   });
 }
 
+bool derivative_uses_output(Unary op) {
+  using enum Unary;
+  return op == exp || op == sqrt || op == rsqrt || op == sigmoid || op == tanh;
+}
+
 Tensor unary_backward(Unary op, const Tensor& x, const Tensor& y, const Tensor& grad, double x_mul, DType store_as) {
+  if (derivative_uses_output(op) && !y.defined()) throw Error(std::string("unary_backward: ") + unary_name(op) + " needs its output");
   return dispatch_compute(computes_in_f64(x, grad), [&]<class T>() {
     const ChunkSource<T> xs(x, x.shape()), gs(grad, x.shape());
     Tensor out = Tensor::empty(x.shape(), kernel_output_dtype<T>(store_as));
@@ -187,12 +193,13 @@ Tensor unary_backward(Unary op, const Tensor& x, const Tensor& y, const Tensor& 
         return out;
       }
     }
-    const ChunkSource<T> ys(y, x.shape());
+    std::optional<ChunkSource<T>> ys;
+    if (derivative_uses_output(op)) ys.emplace(y, x.shape());
     with_unary(op, [&]<Unary OP>() {
       for_chunks(n, [&](int64_t i0, int64_t i1) {
         T xb[kChunk], gb[kChunk], yb[kChunk], ob[kChunk];
         const int64_t len = i1 - i0;
-        const T *px = xs.read(i0, len, xb), *pg = gs.read(i0, len, gb), *py = ys.read(i0, len, yb);
+        const T *px = xs.read(i0, len, xb), *pg = gs.read(i0, len, gb), *py = ys ? ys->read(i0, len, yb) : px;
         T* o = sink.chunk(i0, ob);
         for (int64_t i = 0; i < len; ++i) o[i] = pg[i] * derivative(OP, k * px[i], py[i]);
         sink.commit(i0, len, o);

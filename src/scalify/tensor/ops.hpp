@@ -19,7 +19,9 @@ enum class Unary : uint8_t {
 };
 // out = out_mul * op(in_mul * x): scalar factors fold into the one pass (scale propagation).
 Tensor unary(Unary op, const Tensor& x, double in_mul = 1.0, double out_mul = 1.0, DType store_as = DType::f32);
-// grad * d op(x)/dx at x = x_mul * x_data, given y = op(x) (whichever the formula needs).
+// grad * d op(x)/dx at x = x_mul * x_data, given y = op(x) where the formula needs it
+// (derivative_uses_output; y may be undefined otherwise).
+bool derivative_uses_output(Unary op);
 Tensor unary_backward(Unary op, const Tensor& x_data, const Tensor& y, const Tensor& grad, double x_mul = 1.0,
                       DType store_as = DType::f32);
 const char* unary_name(Unary op);

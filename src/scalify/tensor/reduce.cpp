@@ -56,9 +56,10 @@ ReducePlan plan(const Tensor& x, std::vector<int> dims, bool keepdim, const char
 // (the bias gradient of every linear layer). Work is split into fixed tiles of rows x columns,
 // not per thread, and each tile's partial sums are added in row order, so the result does not
 // depend on the thread count; narrow tensors (d = 128: one column block) still use every thread.
+// Low-precision input (SCALIFY's f16 gradients) is widened a row segment at a time.
 template <class T>
 Tensor sum_leading(const Tensor& x, int64_t rows, int64_t cols, const Shape& out_shape) {
-  const Dense<T> in(x);
+  const ChunkSource<T> in(x, x.shape());
   Tensor out = Tensor::empty(out_shape, dtype_for<T>());
   T* o = out.data<T>();
   constexpr int64_t kBlock = 256, kRows = 256;
@@ -68,10 +69,11 @@ Tensor sum_leading(const Tensor& x, int64_t rows, int64_t cols, const Shape& out
   for (int64_t t = 0; t < row_tiles; ++t)
     for (int64_t b = 0; b < blocks; ++b) {
       const int64_t c0 = b * kBlock, c1 = std::min(cols, c0 + kBlock);
-      double* acc = partial.data() + t * cols;
+      double* acc = partial.data() + t * cols + c0;
+      T buf[kBlock];
       for (int64_t r = t * kRows; r < std::min(rows, (t + 1) * kRows); ++r) {
-        const T* row = in.data() + r * cols;
-        for (int64_t c = c0; c < c1; ++c) acc[c] += double(row[c]);
+        const T* seg = in.read(r * cols + c0, c1 - c0, buf);
+        for (int64_t c = 0; c < c1 - c0; ++c) acc[c] += double(seg[c]);
       }
     }
 #pragma omp parallel for if (rows * cols > (1 << 16))
