@@ -14,6 +14,7 @@
 #include "scalify/formats/block.hpp"
 #include "scalify/formats/bulk.hpp"
 #include "scalify/formats/kernels.hpp"
+#include "scalify/tensor/storage_rounding.hpp"
 
 namespace {
 
@@ -168,6 +169,23 @@ void BM_BlocksVsPerTensor(benchmark::State& st) {
   st.SetLabel(std::string(kernels::isa_name(kernels::active_isa())) + " " + std::to_string(spec.rows) + "x" + std::to_string(spec.cols));
 }
 
+// An elementwise loop's f16 input chunk (4096 values, in L1) widened for computing against the
+// checked dequantize it replaced (canonical NaNs, per-call checks), alternately.
+void BM_WidenVsDequantizeF16(benchmark::State& st) {
+  kernels::set_isa(static_cast<kernels::Isa>(st.range(0)));
+  set_num_threads(1);
+  constexpr size_t n = 4096, reps = 256;
+  std::vector<std::byte> codes(2 * n);
+  quantize(std::span(input().data(), n), Format::f16, 1.0f, codes);
+  std::vector<float> out(n);
+  const AlternatingSeconds s = time_alternately(
+      st, [&] { for (size_t r = 0; r < reps; ++r) dequantize(codes, Format::f16, 1.0f, out); },
+      [&] { for (size_t r = 0; r < reps; ++r) widen_for_compute(codes.data(), int64_t(n), DType::f16, out.data()); });
+  st.counters["dequantize_ns_per_value"] = s.first * 1e9 / double(st.iterations() * reps * n);
+  st.counters["widen_ns_per_value"] = s.second * 1e9 / double(st.iterations() * reps * n);
+  st.SetLabel(kernels::isa_name(kernels::active_isa()));
+}
+
 void IsaThreadArgs(benchmark::internal::Benchmark* b) {
   for (int threads : {1, 2})
     for (int isa : {0, 1, 2})
@@ -185,6 +203,12 @@ BENCHMARK(BM_QuantizeAmaxE4m3)->Apply(Args);
 BENCHMARK(BM_QuantizeE4m3Stochastic)->Apply(Args);
 BENCHMARK(BM_DequantizeE4m3)->Apply(Args);
 BENCHMARK(BM_Amax)->Apply(Args);
+BENCHMARK(BM_WidenVsDequantizeF16)
+    ->Apply([](benchmark::internal::Benchmark* b) {
+      for (int isa : {1, 2})
+        if (kernels::isa_supported(static_cast<kernels::Isa>(isa))) b->Arg(isa);
+    })
+    ->UseManualTime()->Unit(benchmark::kMicrosecond)->MinTime(0.3);
 BENCHMARK(BM_BlocksVsPerTensor)->ArgsProduct({{1, 2}, {0, 1, 2, 3}})->UseManualTime()->Unit(benchmark::kMicrosecond)->MinTime(0.3);
 
 }  // namespace
