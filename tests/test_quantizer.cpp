@@ -128,6 +128,7 @@ TEST(Quantizer, ValuesEqualTheDecodedCodes) {
               ASSERT_EQ(std::bit_cast<uint32_t>(got[i]), std::bit_cast<uint32_t>(want[i])) << what << " element " << i;
             EXPECT_EQ(std::bit_cast<uint32_t>(codes.last().amax), std::bit_cast<uint32_t>(values.last().amax)) << what;
             EXPECT_EQ(codes.last().clipped, values.last().clipped) << what;
+            EXPECT_EQ(codes.last().underflow, values.last().underflow) << what;
           }
         }
 }

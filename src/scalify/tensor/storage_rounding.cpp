@@ -1,6 +1,8 @@
 #include "scalify/tensor/storage_rounding.hpp"
 
+#if SCALIFY_HAVE_X86_SIMD
 #include <immintrin.h>
+#endif
 
 #include <algorithm>
 #include <bit>
