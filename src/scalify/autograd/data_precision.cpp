@@ -1,10 +1,9 @@
 #include "scalify/autograd/data_precision.hpp"
 
+#include <algorithm>
 #include <cmath>
-#include <cstring>
 
 #include "scalify/formats/format.hpp"
-#include "scalify/formats/scalar.hpp"
 #include "scalify/tensor/storage_rounding.hpp"
 
 namespace scalify {
@@ -18,23 +17,13 @@ bool is_float(DType t) { return !is_integer(t); }
 // exact in a format that has one and must stay infinite, or masked scores would become -65504
 // times their scale and leak attention at small scales.
 void keep_infinities(const Tensor& in, Tensor& out, Format f) {
-  const float* x = in.data<float>();
-  const int64_t n = in.numel();
-  // Counted on the bit patterns: an integer compare and add, which vectorises (isinf did not).
-  const uint32_t* bits = reinterpret_cast<const uint32_t*>(x);
-  int64_t infinities = 0;
-#pragma omp parallel for reduction(+ : infinities) if (n > (1 << 16))
-  for (int64_t i = 0; i < n; ++i) infinities += int64_t((bits[i] & 0x7fffffffu) == 0x7f800000u);
-  if (infinities == 0) return;
-  const int bytes = info(f).storage_bytes();
-  const uint32_t plus = encode(f, INFINITY, {Overflow::non_saturating}), minus = encode(f, -INFINITY, {Overflow::non_saturating});
-  std::byte* codes = out.raw_bytes();
+  constexpr int64_t kChunk = 1 << 14;
+  const int64_t n = in.numel(), chunks = (n + kChunk - 1) / kChunk, bytes = info(f).storage_bytes();
 #pragma omp parallel for if (n > (1 << 16))
-  for (int64_t i = 0; i < n; ++i)
-    if (std::fabs(x[i]) == INFINITY) {  // half of a masked score matrix
-      const uint32_t code = x[i] > 0 ? plus : minus;
-      std::memcpy(codes + i * bytes, &code, size_t(bytes));  // little-endian: the low bytes
-    }
+  for (int64_t c = 0; c < chunks; ++c) {
+    const int64_t begin = c * kChunk;
+    restore_infinities(in.data<float>() + begin, std::min(kChunk, n - begin), f, out.raw_bytes() + begin * bytes);
+  }
 }
 }  // namespace
 

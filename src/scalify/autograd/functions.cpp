@@ -202,7 +202,7 @@ Var norm(const char* name, const Var& x, double eps, bool center) {
 
 namespace {
 bool one_normal_scale(const ScaledTensor& t) {
-  return t.has_single_scale() && t.scalar_scale() >= 0x1p-126f && t.scalar_scale() <= 0x1p127f;
+  return t.has_single_scale() && scale_kept_exactly(t.scalar_scale());
 }
 // The normalisation and its affine as one op (ops::norm_affine): one pass per row forward, and
 // g * w formed inside the normalisation's backward. The scales are the composition's: xhat has
@@ -235,7 +235,7 @@ std::optional<Var> fused_norm(const char* name, const Var& x, const Var& weight,
       // Written in x's storage, which the gradient takes, unless with_exact_scale must still
       // rescale the data (a scale beyond f32's normal range).
       const double dx_scale = g_scale * w_scale / sx;
-      const bool final_data = !has_scale || (dx_scale >= 0x1p-126 && dx_scale <= 0x1p127);
+      const bool final_data = !has_scale || scale_kept_exactly(dx_scale);
       const Tensor d = ops::norm_affine_backward(r, g.data, center, w.data, 1.0, final_data ? kernel_store_as(x_storage) : DType::f32);
       dx = has_scale ? with_exact_scale(d, dx_scale) : ScaledTensor(d);
     } else {  // an ANY-scale gradient: the composition's mul and normalisation backward

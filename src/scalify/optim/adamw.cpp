@@ -122,7 +122,6 @@ void AdamW::step_plain(const std::vector<size_t>& ks, double bc1, double bc2, do
 }
 
 namespace {
-bool in_scale_range(double s) { return s >= 0x1p-126 && s <= 0x1p127; }
 // ema's scales: Z_s = pow2_round(sqrt(ms^2 + xs^2)) and the two data multipliers (scaled::ema).
 struct Ema {
   float zs, a, b;
@@ -192,7 +191,7 @@ std::vector<size_t> AdamW::step_scaled_fused(const std::vector<size_t>& ks, doub
     }
     const double sq_scale = gs * gs;  // square's power rule for a power-of-two scale: exact
     int e;
-    if (!in_scale_range(gs) || !in_scale_range(sq_scale) || std::frexp(gs, &e) != 0.5) {
+    if (!scale_kept_exactly(gs) || !scale_kept_exactly(sq_scale) || std::frexp(gs, &e) != 0.5) {
       rest.push_back(k);
       continue;
     }

@@ -77,8 +77,7 @@ Tensor ScaledTensor::value() const {
 ScaledTensor with_exact_scale(Tensor data, double scale) {
   if (!(scale > 0) || std::isinf(scale))
     throw Error("with_exact_scale: scale must be a finite positive number, got " + std::to_string(scale));
-  constexpr double lo = 0x1p-126, hi = 0x1p127;
-  const double kept = std::clamp(scale, lo, hi);
+  const double kept = std::clamp(scale, 0x1p-126, 0x1p127);  // the range of scale_kept_exactly
   if (kept != scale) data = ops::scale_shift(data, scale / kept, 0.0);  // exact for power-of-two ratios
   return ScaledTensor(std::move(data), float(kept));
 }

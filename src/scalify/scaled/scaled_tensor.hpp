@@ -50,6 +50,8 @@ ScaledTensor scaled_scalar(double c);
 // remaining power of two moves into the data (one exact rescale, as rebalance), so the represented
 // value is kept and no scale silently becomes inf or 0. A non-positive or NaN scale throws.
 ScaledTensor with_exact_scale(Tensor data, double scale);
+// Whether with_exact_scale keeps `scale` as is (its data untouched): inside [2^-126, 2^127].
+inline bool scale_kept_exactly(double scale) { return scale >= 0x1p-126 && scale <= 0x1p127; }
 
 // Quantising a full-precision tensor into scaled form: the scale is rms(x) rounded to a power of
 // two (down by default), so E[X_d^2] ~ 1; data is x / scale stored in `dtype`. An all-zero or

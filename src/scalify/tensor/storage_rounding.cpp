@@ -48,20 +48,21 @@ namespace {
 }
 #endif
 
-// The format codec's saturating encode turns infinities into the largest finite value; an
-// infinity is exact in these formats and must stay infinite (masked scores).
-void restore_infinities(const float* in, int64_t n, Format f, uint16_t* out) {
+}  // namespace
+
+void restore_infinities(const float* in, int64_t n, Format f, std::byte* codes) {
   const uint32_t* bits = reinterpret_cast<const uint32_t*>(in);
-  int64_t infinities = 0;  // counted on the bit patterns, which vectorises
+  int64_t infinities = 0;  // counted on the bit patterns, which vectorises (isinf did not)
   for (int64_t i = 0; i < n; ++i) infinities += int64_t((bits[i] & 0x7fffffffu) == 0x7f800000u);
   if (infinities == 0) return;
-  const auto plus = uint16_t(encode(f, INFINITY, {Overflow::non_saturating}));
-  const auto minus = uint16_t(encode(f, -INFINITY, {Overflow::non_saturating}));
+  const int bytes = info(f).storage_bytes();
+  const uint32_t plus = encode(f, INFINITY, {Overflow::non_saturating}), minus = encode(f, -INFINITY, {Overflow::non_saturating});
   for (int64_t i = 0; i < n; ++i)
-    if (std::fabs(in[i]) == INFINITY) out[i] = in[i] > 0 ? plus : minus;
+    if (std::fabs(in[i]) == INFINITY) {
+      const uint32_t code = in[i] > 0 ? plus : minus;
+      std::memcpy(codes + i * bytes, &code, size_t(bytes));  // little-endian: the low bytes
+    }
 }
-
-}  // namespace
 
 bool is_rounded_storage(DType storage) { return storage == DType::f16 || storage == DType::bf16; }
 
@@ -73,7 +74,7 @@ void round_into_storage(const float* in, int64_t n, DType storage, std::byte* ou
 #endif
   const Format f = *dtype_format(storage);
   quantize(std::span(in, size_t(n)), f, 1.0f, std::span(out, size_t(n) * 2));
-  restore_infinities(in, n, f, codes);
+  restore_infinities(in, n, f, out);
 }
 
 void widen_for_compute(const std::byte* codes, int64_t n, DType storage, float* out) {

@@ -7,6 +7,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "scalify/formats/format.hpp"
 #include "scalify/tensor/tensor.hpp"
 
 namespace scalify {
@@ -22,6 +23,11 @@ void round_into_storage(const float* in, int64_t n, DType storage, std::byte* ou
 // computation can tell). Half the time of the checked `dequantize`, for the elementwise loops
 // that read f16 data a chunk at a time.
 void widen_for_compute(const std::byte* codes, int64_t n, DType storage, float* out);
+
+// After the format codec's saturating encode of in[0, n) into codes (which turns infinities into
+// the largest finite value): infinities put back where the format has them, as storage needs
+// (a mask's -inf fill stays infinite). Any code width.
+void restore_infinities(const float* in, int64_t n, Format f, std::byte* codes);
 
 // A contiguous f32 tensor rounded into `storage` (is_rounded_storage), in parallel for large ones.
 Tensor round_to_storage(const Tensor& values, DType storage);
