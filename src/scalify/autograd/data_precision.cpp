@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "scalify/formats/format.hpp"
+#include "scalify/platform/parallel.hpp"
 #include "scalify/tensor/storage_rounding.hpp"
 
 namespace scalify {
@@ -19,7 +20,7 @@ bool is_float(DType t) { return !is_integer(t); }
 void keep_infinities(const Tensor& in, Tensor& out, Format f) {
   constexpr int64_t kChunk = 1 << 14;
   const int64_t n = in.numel(), chunks = (n + kChunk - 1) / kChunk, bytes = info(f).storage_bytes();
-#pragma omp parallel for if (n > (1 << 16))
+#pragma omp parallel for if (n > platform::kParallelGrain)
   for (int64_t c = 0; c < chunks; ++c) {
     const int64_t begin = c * kChunk;
     restore_infinities(in.data<float>() + begin, std::min(kChunk, n - begin), f, out.raw_bytes() + begin * bytes);

@@ -12,6 +12,7 @@
 #include "scalify/error.hpp"
 #include "scalify/formats/bulk.hpp"
 #include "scalify/formats/kernels.hpp"
+#include "scalify/platform/parallel.hpp"
 
 namespace scalify {
 
@@ -224,7 +225,7 @@ BlockQuantized quantize_blocks(std::span<const float> x, size_t rows, size_t col
   if (spec.rows == 1) {
     // Row blocks (MX along K): each block's amax, plan and pre-scale straight from its own 32 (or
     // spec.cols) values, then the whole row quantised in one call.
-#pragma omp parallel if (rows * cols > (size_t(1) << 15))
+#pragma omp parallel if (rows * cols > size_t(platform::kParallelGrain))
     {
       std::vector<float> tmp(cols);
       std::vector<BlockPlan> plans(scale_cols);
@@ -239,7 +240,7 @@ BlockQuantized quantize_blocks(std::span<const float> x, size_t rows, size_t col
   }
   // Taller blocks: a block row's amaxes come from one vectorised pass down its rows; each row is
   // then pre-scaled per column and quantised in one call.
-#pragma omp parallel if (rows * cols > (size_t(1) << 15))
+#pragma omp parallel if (rows * cols > size_t(platform::kParallelGrain))
   {
     std::vector<uint32_t> amax(cols);
     std::vector<float> mul(cols), pow2(cols), tmp(cols);
@@ -307,7 +308,7 @@ void for_decoded_rows(const BlockQuantized& q, float* out, RowFn row_fn) {
   const size_t cb = size_t(f.storage_bytes());
   const kernels::KernelTable& k = kernels::active_kernels();
   if (q.cols == 0) return;
-#pragma omp parallel if (q.rows * q.cols > (size_t(1) << 15))
+#pragma omp parallel if (q.rows * q.cols > size_t(platform::kParallelGrain))
   {
     std::vector<float> col_scale(q.cols), row(out ? 0 : q.cols);  // col_scale: the block row's scales, one per column
     size_t expanded = SIZE_MAX;

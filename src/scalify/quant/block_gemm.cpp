@@ -8,6 +8,7 @@
 
 #include "scalify/error.hpp"
 #include "scalify/formats/bulk.hpp"
+#include "scalify/platform/parallel.hpp"
 #include "scalify/tensor/gemm.hpp"
 
 namespace scalify::quant {
@@ -71,7 +72,7 @@ Tensor k_blocked_product(bool ta, bool tb, int64_t M, int64_t N, int64_t K, cons
     // C += (P * row scale) * column scale, in f32: one scale at a time, as decoding applies them,
     // so a product of two tiny scales cannot underflow first. A NaN block scale (a block holding
     // NaN or inf) makes its products NaN, as decoding it would.
-#pragma omp parallel for if (M * N > (int64_t(1) << 15))
+#pragma omp parallel for if (M * N > platform::kParallelGrain)
     for (int64_t i = 0; i < M; ++i) {
       const float sa = A.scale(size_t(i), kb);
       float* ci = pc + i * N;

@@ -10,6 +10,7 @@
 #include "scalify/error.hpp"
 #include "scalify/formats/bulk.hpp"
 #include "scalify/formats/kernels.hpp"
+#include "scalify/platform/parallel.hpp"
 #include "scalify/tensor/convert.hpp"
 #include "scalify/tensor/dense.hpp"
 
@@ -45,7 +46,7 @@ Tensor encode(const Tensor& x, Format fmt, float encode_scale, const QuantizerCo
   int64_t under = 0, clip = 0, nonzero = 0;
   std::exception_ptr error;  // a NaN into a format without NaN throws; rethrown after the loop
 #pragma omp parallel for num_threads(num_threads()) reduction(max : amax_bits) reduction(+ : under, clip, nonzero) \
-    if (n > (int64_t(1) << 16))
+    if (n > platform::kParallelGrain)
   for (int64_t ch = 0; ch < chunks; ++ch) {
     float buf[kChunk];
     const int64_t begin = ch * kChunk, len = std::min(kChunk, n - begin);

@@ -10,6 +10,7 @@
 #include "scalify/error.hpp"
 #include "scalify/formats/bulk.hpp"
 #include "scalify/formats/scalar.hpp"
+#include "scalify/platform/parallel.hpp"
 #include "scalify/tensor/dense.hpp"
 
 namespace scalify {
@@ -135,7 +136,7 @@ Tensor exact_bf16(const Tensor& values) {
   Tensor out = Tensor::empty(values.shape(), DType::bf16);
   uint16_t* o = out.data<uint16_t>();
   bool exact = true;
-#pragma omp parallel for reduction(&& : exact) if (n > (1 << 16))
+#pragma omp parallel for reduction(&& : exact) if (n > platform::kParallelGrain)
   for (int64_t c = 0; c < chunks; ++c) {
     const int64_t begin = c * kChunk, len = std::min(kChunk, n - begin);
     exact = truncate_to_bf16_exact(std::span(in + begin, size_t(len)), std::span(o + begin, size_t(len))) && exact;

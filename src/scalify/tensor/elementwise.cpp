@@ -7,6 +7,7 @@
 #include <type_traits>
 
 #include "scalify/error.hpp"
+#include "scalify/platform/parallel.hpp"
 #include "scalify/tensor/dense.hpp"
 #include "scalify/tensor/ops.hpp"
 #include "scalify/tensor/vector_math.hpp"
@@ -89,8 +90,7 @@ T apply(Binary op, T a, T b) {
   return a;
 }
 
-// Elements per OpenMP task: below this a loop runs on one thread.
-constexpr int64_t kParallelGrain = 1 << 15;
+using platform::kParallelGrain;
 
 }  // namespace
 

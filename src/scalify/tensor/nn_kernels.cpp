@@ -8,6 +8,7 @@
 
 #include "scalify/error.hpp"
 #include "scalify/formats/kernels.hpp"
+#include "scalify/platform/parallel.hpp"
 #include "scalify/tensor/dense.hpp"
 #include "scalify/tensor/ops.hpp"
 #include "scalify/tensor/vector_math.hpp"
@@ -29,7 +30,7 @@ Tensor map_rows(const Tensor& x, int dim, const char* op, RowFn row_fn) {
     Tensor o = Tensor::empty(moved.shape(), dtype_for<T>());
     const int64_t D = moved.size(-1), rows = D == 0 ? 0 : moved.numel() / D;
     T* po = o.data<T>();
-#pragma omp parallel for if (rows * D > (1 << 15))
+#pragma omp parallel for if (rows * D > platform::kParallelGrain)
     for (int64_t r = 0; r < rows; ++r) row_fn(in.data() + r * D, po + r * D, D);
     return o;
   });
@@ -49,7 +50,7 @@ Tensor map_rows2(const Tensor& x, const Tensor& g, int dim, const char* op, RowF
     Tensor o = Tensor::empty(mx.shape(), dtype_for<T>());
     const int64_t D = mx.size(-1), rows = D == 0 ? 0 : mx.numel() / D;
     T* po = o.data<T>();
-#pragma omp parallel for if (rows * D > (1 << 15))
+#pragma omp parallel for if (rows * D > platform::kParallelGrain)
     for (int64_t r = 0; r < rows; ++r) row_fn(a.data() + r * D, b.data() + r * D, po + r * D, D);
     return o;
   });
@@ -144,7 +145,7 @@ NormResult normalise_rows(const Tensor& x, double eps, bool center, const char* 
     T* xh = r.xhat.data<T>();
     T* rs = r.rstd.data<T>();
     const int64_t rows = D == 0 ? 0 : x.numel() / D;
-#pragma omp parallel if (x.numel() > (1 << 15))
+#pragma omp parallel if (x.numel() > platform::kParallelGrain)
     {
       std::vector<T> row_in(static_cast<size_t>(D)), row_out(static_cast<size_t>(D));
 #pragma omp for
@@ -191,7 +192,7 @@ Tensor norm_backward(const NormResult& r, const Tensor& g, bool center, const ch
     Tensor out = Tensor::empty(g.shape(), kernel_output_dtype<T>(store_as));
     const ChunkSink<T> sink(out);
     const int64_t D = g.dim() ? g.size(-1) : 0, rows = D == 0 ? 0 : g.numel() / D;
-#pragma omp parallel if (rows * D > (1 << 15))
+#pragma omp parallel if (rows * D > platform::kParallelGrain)
     {
       std::vector<T> g_row(static_cast<size_t>(D)), gw(w ? static_cast<size_t>(D) : 0), o_row(static_cast<size_t>(D));
 #pragma omp for

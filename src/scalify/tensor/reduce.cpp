@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "scalify/error.hpp"
+#include "scalify/platform/parallel.hpp"
 #include "scalify/tensor/dense.hpp"
 #include "scalify/tensor/ops.hpp"
 
@@ -65,7 +66,7 @@ Tensor sum_leading(const Tensor& x, int64_t rows, int64_t cols, const Shape& out
   constexpr int64_t kBlock = 256, kRows = 256;
   const int64_t blocks = (cols + kBlock - 1) / kBlock, row_tiles = (rows + kRows - 1) / kRows;
   std::vector<double> partial(size_t(row_tiles * cols));
-#pragma omp parallel for collapse(2) if (rows * cols > (1 << 16))
+#pragma omp parallel for collapse(2) if (rows * cols > platform::kParallelGrain)
   for (int64_t t = 0; t < row_tiles; ++t)
     for (int64_t b = 0; b < blocks; ++b) {
       const int64_t c0 = b * kBlock, c1 = std::min(cols, c0 + kBlock);
@@ -76,7 +77,7 @@ Tensor sum_leading(const Tensor& x, int64_t rows, int64_t cols, const Shape& out
         for (int64_t c = 0; c < c1 - c0; ++c) acc[c] += double(seg[c]);
       }
     }
-#pragma omp parallel for if (rows * cols > (1 << 16))
+#pragma omp parallel for if (rows * cols > platform::kParallelGrain)
   for (int64_t c = 0; c < cols; ++c) {
     double acc = 0;
     for (int64_t t = 0; t < row_tiles; ++t) acc += partial[size_t(t * cols + c)];
@@ -114,7 +115,7 @@ Tensor sum(const Tensor& x, const std::vector<int>& dims, bool keepdim) {
       }
       return out;
     }
-#pragma omp parallel for if (p.rows * p.cols > (1 << 16))
+#pragma omp parallel for if (p.rows * p.cols > platform::kParallelGrain)
     for (int64_t r = 0; r < p.rows; ++r) {
       // Accumulate in double: reductions are where f32 sums lose the most.
       double acc = 0;
@@ -150,7 +151,7 @@ double sum_squares(const Tensor& x) {
   const ChunkSource<float> in(x, x.shape());
   const int64_t n = x.numel(), chunks = (n + kChunk - 1) / kChunk;
   std::vector<double> partial(static_cast<size_t>(chunks));
-#pragma omp parallel for if (n > (1 << 16))
+#pragma omp parallel for if (n > platform::kParallelGrain)
   for (int64_t c = 0; c < chunks; ++c) {
     float buf[kChunk];
     const int64_t begin = c * kChunk, len = std::min(kChunk, n - begin);

@@ -14,6 +14,7 @@
 #include "scalify/formats/bulk.hpp"
 #include "scalify/formats/kernels.hpp"
 #include "scalify/formats/scalar.hpp"
+#include "scalify/platform/parallel.hpp"
 
 namespace scalify {
 
@@ -98,7 +99,7 @@ Tensor round_to_storage(const Tensor& values, DType storage) {
   const int64_t n = values.numel(), chunks = (n + kChunk - 1) / kChunk;
   const float* in = values.data<float>();
   std::byte* o = out.raw_bytes();
-#pragma omp parallel for if (n > (1 << 16))
+#pragma omp parallel for if (n > platform::kParallelGrain)
   for (int64_t c = 0; c < chunks; ++c) {
     const int64_t begin = c * kChunk;
     round_into_storage(in + begin, std::min(kChunk, n - begin), storage, o + begin * 2);
