@@ -11,6 +11,7 @@
 #include "scalify/formats/bulk.hpp"
 #include "scalify/formats/kernels.hpp"
 #include "scalify/formats/scalar.hpp"
+#include "scalify/platform/parallel.hpp"
 
 namespace scalify {
 namespace {
@@ -76,6 +77,19 @@ TEST(BulkApi, RoundTripWithScaleAndAmax) {
 }
 
 TEST(BulkApi, ResultsDoNotDependOnThreadsOrIsa) {
+  // Just past the parallel threshold with a ragged last chunk, then a large tensor.
+  for (const size_t n : {size_t(platform::kParallelGrain) + 4097, size_t(1) << 20}) {
+    const auto y = gaussian(n, 1.0f, 5);
+    QuantizeOptions sr;
+    sr.rounding = Rounding::stochastic;
+    sr.seed = 7;
+    auto serial = codes_for(n, Format::e4m3), parallel = serial;
+    set_num_threads(1);
+    quantize(y, Format::e4m3, 2.0f, serial, sr);
+    set_num_threads(2);
+    quantize(y, Format::e4m3, 2.0f, parallel, sr);
+    EXPECT_EQ(serial, parallel) << n << " elements";
+  }
   const auto x = gaussian(size_t(1) << 20, 1.0f, 3);
   QuantizeOptions opt;
   opt.rounding = Rounding::stochastic;
