@@ -11,7 +11,6 @@
 #include "scalify/formats/bulk.hpp"
 #include "scalify/formats/kernels.hpp"
 #include "scalify/formats/scalar.hpp"
-#include "scalify/platform/parallel.hpp"
 
 namespace scalify {
 namespace {
@@ -77,8 +76,8 @@ TEST(BulkApi, RoundTripWithScaleAndAmax) {
 }
 
 TEST(BulkApi, ResultsDoNotDependOnThreadsOrIsa) {
-  // Just past the parallel threshold with a ragged last chunk, then a large tensor.
-  for (const size_t n : {size_t(platform::kParallelGrain) + 4097, size_t(1) << 20}) {
+  // Just past the size where conversions split across threads (2^18), with a ragged last chunk.
+  for (const size_t n : {(size_t(1) << 18) + 4097, size_t(1) << 20}) {
     const auto y = gaussian(n, 1.0f, 5);
     QuantizeOptions sr;
     sr.rounding = Rounding::stochastic;

@@ -9,7 +9,6 @@
 
 #include "scalify/error.hpp"
 #include "scalify/formats/kernels.hpp"
-#include "scalify/platform/parallel.hpp"
 
 namespace scalify {
 
@@ -17,7 +16,9 @@ namespace {
 
 int g_threads = 0;  // 0: OpenMP default
 
-constexpr size_t kChunk = size_t(1) << 14;  // elements per piece of a parallel loop
+// Inputs below this size run on one thread: thread start-up would cost more than it saves.
+constexpr size_t kParallelMin = size_t(1) << 18;
+constexpr size_t kChunk = size_t(1) << 16;
 
 // Runs body(begin, end) over [0, n) in chunks, in parallel for large n; returns the max of the
 // bodies' results. Chunks never cross a 2^32 boundary of the global index (offset + i), which the
@@ -25,7 +26,7 @@ constexpr size_t kChunk = size_t(1) << 14;  // elements per piece of a parallel 
 template <class Body>
 uint32_t parallel_chunks(size_t n, uint64_t offset, Body body) {
   const int threads = g_threads > 0 ? g_threads : omp_get_max_threads();
-  if (n <= size_t(platform::kParallelGrain) || threads <= 1) {
+  if (n < kParallelMin || threads <= 1) {
     uint32_t m = 0;
     size_t i = 0;
     while (i < n) {
@@ -41,7 +42,7 @@ uint32_t parallel_chunks(size_t n, uint64_t offset, Body body) {
 #pragma omp parallel for schedule(static) num_threads(threads) reduction(max : m)
   for (size_t c = 0; c < chunks; ++c) {
     const size_t begin = c * kChunk, end = std::min(n, begin + kChunk);
-    // A chunk crosses a 2^32 index boundary only if offset is not chunk-aligned there.
+    // A chunk of 2^16 crosses a 2^32 index boundary only if offset is not chunk-aligned there.
     const uint64_t to_boundary = (uint64_t(1) << 32) - ((offset + begin) & 0xFFFFFFFFu);
     const size_t split = size_t(std::min<uint64_t>(end, begin + to_boundary));
     uint32_t r = body(begin, split);
@@ -120,7 +121,7 @@ void codes_to_bf16(std::span<const std::byte> codes, Format fmt, std::span<uint1
   if (out.size() != codes.size()) throw Error("codes_to_bf16: output size differs from the number of codes");
   constexpr size_t kChunk = 4096;  // 16 KB of f32: stays in L1 between the decode and the truncation
   const size_t n = codes.size(), chunks = (n + kChunk - 1) / kChunk;
-#pragma omp parallel for if (n > size_t(platform::kParallelGrain))
+#pragma omp parallel for if (n > (size_t(1) << 16))
   for (int64_t c = 0; c < int64_t(chunks); ++c) {
     float buf[kChunk];
     const size_t begin = size_t(c) * kChunk, len = std::min(kChunk, n - begin);
