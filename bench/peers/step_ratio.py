@@ -36,7 +36,8 @@ def run(cmd, env):
 
 def engine_step(scalify, size, recipe, env, warmup, shape=None):
     d, layers, heads, seq, batch, steps = SIZES[size]
-    if shape:  # (seq, batch) override: the scaling sweep
+    if shape:  # (seq, batch) override: the scaling sweep; smaller steps run more of them
+        steps = max(steps, steps * seq * batch // (shape[0] * shape[1]))
         seq, batch = shape
     with tempfile.TemporaryDirectory() as tmp:
         out = run([scalify, "train", "--out", os.path.join(tmp, "run"), "--steps", str(steps + warmup), "--recipe", recipe,
@@ -118,31 +119,33 @@ def main():
 
 
 def scaling(a):
-    """tokens/s of the small f32 model across batch shapes, alternating rounds."""
+    """tokens/s of the small f32 model across batch shapes, alternating rounds. The host's load
+    drifts from minute to minute, so each shape is also compared with the 2048-token run of its
+    own round (the per-round ratios' median and range)."""
     env = dict(os.environ, OMP_NUM_THREADS=str(a.threads))
     d, layers = SIZES["small"][0], SIZES["small"][1]
-    shapes = [(128, 4), (128, 8), (128, 16), (128, 32), (128, 64), (64, 128), (256, 32), (512, 16), (1024, 8)]
+    base_shape = (128, 16)
+    shapes = [(128, 4), (128, 8), base_shape, (128, 32), (128, 64), (64, 128), (256, 32), (512, 16), (1024, 8)]
     ms = {s: [] for s in shapes}
+    per_round = {s: [] for s in shapes}  # that round's median step ms
     for k in range(a.rounds):
         for shape in shapes:
             m, _, _ = engine_step(a.scalify, "small", "f32", env, a.warmup, shape)
             ms[shape] += m
+            per_round[shape].append(statistics.median(m))
             print(f"[scaling round {k + 1}/{a.rounds}] T={shape[0]} B={shape[1]}: {statistics.median(m):.1f} ms", file=sys.stderr)
-    base = None
-    print("\n| T | B | tokens/step | step ms | tokens/s | vs T=128 B=16 | attention share of FLOPs |")
-    print("|---|---|---|---|---|---|---|")
+    tps = lambda shape, step_ms: shape[0] * shape[1] / (step_ms / 1e3)
+    base = tps(base_shape, statistics.median(ms[base_shape]))
+    print("\n| T | B | tokens/step | step ms | tokens/s | vs T=128 B=16, pooled | per round: median (range) | attention share of FLOPs |")
+    print("|---|---|---|---|---|---|---|---|")
     for (t, b) in shapes:
-        tokens = t * b
-        tps = tokens / (statistics.median(ms[(t, b)]) / 1e3)
-        if (t, b) == (128, 16):
-            base = tps
-    for (t, b) in shapes:
-        tokens = t * b
-        tps = tokens / (statistics.median(ms[(t, b)]) / 1e3)
+        step = statistics.median(ms[(t, b)])
+        ratios = [tps((t, b), x) / tps(base_shape, y) for x, y in zip(per_round[(t, b)], per_round[base_shape])]
         # per token: 6 * params for the linear layers, 6 * layers * T * d for the causal scores and mix (half of T x T)
         linear = 6 * (12 * d * d * layers + 256 * d)
         attn = 6 * layers * t * d
-        print(f"| {t} | {b} | {tokens} | {statistics.median(ms[(t, b)]):.1f} | {tps:.0f} | {tps / base:.2f} | {attn / (attn + linear):.0%} |")
+        print(f"| {t} | {b} | {t * b} | {step:.1f} | {tps((t, b), step):.0f} | {tps((t, b), step) / base:.2f} | "
+              f"{statistics.median(ratios):.2f} ({min(ratios):.2f}–{max(ratios):.2f}) | {attn / (attn + linear):.0%} |")
 
 
 if __name__ == "__main__":
