@@ -186,6 +186,29 @@ void BM_WidenVsDequantizeF16(benchmark::State& st) {
   st.SetLabel(kernels::isa_name(kernels::active_isa()));
 }
 
+// FP8 GEMM operands as f32 values (the GEMM path without bf16 dot products): a 4096-value chunk,
+// in L1, encoded then decoded (the way before) against the fused values kernel, alternately.
+void BM_ValuesVsEncodeDecodeE4m3(benchmark::State& st) {
+  kernels::set_isa(static_cast<kernels::Isa>(st.range(0)));
+  set_num_threads(1);
+  constexpr size_t n = 4096, reps = 256;
+  const std::span<const float> in(input().data(), n);
+  std::vector<std::byte> codes(n);
+  std::vector<float> out(n);
+  const AlternatingSeconds s = time_alternately(
+      st,
+      [&] {
+        for (size_t r = 0; r < reps; ++r) {
+          quantize_amax(in, Format::e4m3, 8.0f, codes);
+          dequantize(codes, Format::e4m3, 1.0f, out);
+        }
+      },
+      [&] { for (size_t r = 0; r < reps; ++r) quantize_values_amax(in, Format::e4m3, 8.0f, out); });
+  st.counters["encode_decode_ns_per_value"] = s.first * 1e9 / double(st.iterations() * reps * n);
+  st.counters["fused_ns_per_value"] = s.second * 1e9 / double(st.iterations() * reps * n);
+  st.SetLabel(kernels::isa_name(kernels::active_isa()));
+}
+
 void IsaThreadArgs(benchmark::internal::Benchmark* b) {
   for (int threads : {1, 2})
     for (int isa : {0, 1, 2})
@@ -204,6 +227,12 @@ BENCHMARK(BM_QuantizeE4m3Stochastic)->Apply(Args);
 BENCHMARK(BM_DequantizeE4m3)->Apply(Args);
 BENCHMARK(BM_Amax)->Apply(Args);
 BENCHMARK(BM_WidenVsDequantizeF16)
+    ->Apply([](benchmark::internal::Benchmark* b) {
+      for (int isa : {1, 2})
+        if (kernels::isa_supported(static_cast<kernels::Isa>(isa))) b->Arg(isa);
+    })
+    ->UseManualTime()->Unit(benchmark::kMicrosecond)->MinTime(0.3);
+BENCHMARK(BM_ValuesVsEncodeDecodeE4m3)
     ->Apply([](benchmark::internal::Benchmark* b) {
       for (int isa : {1, 2})
         if (kernels::isa_supported(static_cast<kernels::Isa>(isa))) b->Arg(isa);

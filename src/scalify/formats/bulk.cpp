@@ -70,19 +70,22 @@ void check_sizes(size_t n, Format fmt, size_t code_bytes, const char* op) {
                 " bytes of codes, got " + std::to_string(code_bytes));
 }
 
+// Formats without NaN (FP6/FP4, int8) reject a NaN input before anything is written: a caller's
+// buffer is never left half-quantised by the error.
+void reject_nan_if_unrepresentable(std::span<const float> src, Format fmt, const kernels::KernelTable& k) {
+  if (info(fmt).has_nan()) return;
+  const uint32_t m = parallel_chunks(src.size(), 0, [&](size_t b, size_t e) { return k.amax_bits(src.data() + b, e - b); });
+  if (std::isnan(std::bit_cast<float>(m)))
+    throw Error("quantize: input contains NaN, which " + std::string(format_name(fmt)) +
+                " cannot represent (a NaN must not silently become a number)");
+}
+
 float quantize_impl(std::span<const float> src, Format fmt, float scale,
                     std::span<std::byte> codes, const QuantizeOptions& opt, bool want_amax) {
   check_sizes(src.size(), fmt, codes.size(), "quantize");
   kernels::QuantizeArgs args = make_args(fmt, scale, opt);
   const kernels::KernelTable& k = kernels::active_kernels();
-  // Formats without NaN (FP6/FP4, int8) reject a NaN input before a code is written: a caller's
-  // buffer is never left half-quantised by the error.
-  if (!info(fmt).has_nan()) {
-    const uint32_t m = parallel_chunks(src.size(), 0, [&](size_t b, size_t e) { return k.amax_bits(src.data() + b, e - b); });
-    if (std::isnan(std::bit_cast<float>(m)))
-      throw Error("quantize: input contains NaN, which " + std::string(format_name(fmt)) +
-                  " cannot represent (a NaN must not silently become a number)");
-  }
+  reject_nan_if_unrepresentable(src, fmt, k);
   const bool amax_needed = want_amax;
   const int cb = info(fmt).storage_bytes();
   const uint32_t m = parallel_chunks(src.size(), opt.offset, [&](size_t b, size_t e) -> uint32_t {
@@ -147,6 +150,32 @@ void quantize(std::span<const float> src, Format fmt, float scale, std::span<std
 float quantize_amax(std::span<const float> src, Format fmt, float scale,
                     std::span<std::byte> codes, const QuantizeOptions& opt) {
   return quantize_impl(src, fmt, scale, codes, opt, true);
+}
+
+float quantize_values_amax(std::span<const float> src, Format fmt, float scale, std::span<float> values,
+                           const QuantizeOptions& opt) {
+  if (values.size() != src.size())
+    throw Error("quantize_values_amax: " + std::to_string(src.size()) + " values in, room for " + std::to_string(values.size()));
+  const kernels::QuantizeArgs args = make_args(fmt, scale, opt);
+  const kernels::KernelTable& k = kernels::active_kernels();
+  reject_nan_if_unrepresentable(src, fmt, k);
+  const FormatInfo& f = info(fmt);
+  const uint32_t m = parallel_chunks(src.size(), opt.offset, [&](size_t b, size_t e) -> uint32_t {
+    kernels::QuantizeArgs a = args;
+    a.offset = opt.offset + b;
+    uint32_t bits = 0;
+    if (k.quantize_values_amax(src.data() + b, e - b, values.data() + b, a, &bits)) return bits;
+    constexpr size_t kPiece = 4096;  // codes of a piece stay in L1 between the encode and the decode
+    std::byte codes[kPiece * 4];
+    for (size_t i = b; i < e; i += kPiece) {
+      const size_t len = std::min(kPiece, e - i);
+      a.offset = opt.offset + i;
+      bits = std::max(bits, k.quantize_amax(src.data() + i, len, codes, a));
+      k.dequantize(codes, len, values.data() + i, f, 1.0f);
+    }
+    return bits;
+  });
+  return std::bit_cast<float>(m);
 }
 
 void dequantize(std::span<const std::byte> codes, Format fmt, float scale, std::span<float> out) {

@@ -32,6 +32,12 @@ void quantize(std::span<const float> src, Format fmt, float scale, std::span<std
 float quantize_amax(std::span<const float> src, Format fmt, float scale,
                     std::span<std::byte> codes, const QuantizeOptions& opt = {});
 void dequantize(std::span<const std::byte> codes, Format fmt, float scale, std::span<float> out);
+// The values quantize_amax's codes decode to (dequantize at scale 1), written as f32 without the
+// codes: one pass where the active kernels have a fused form (round to nearest even into the FP8,
+// FP6, FP4 and f16 formats), else encoded and decoded a chunk at a time. Returns max |src| as
+// quantize_amax does; values.size() must be src.size().
+float quantize_values_amax(std::span<const float> src, Format fmt, float scale, std::span<float> values,
+                           const QuantizeOptions& opt = {});
 // max |x|; NaN if any element is NaN; 0 for an empty span.
 float amax(std::span<const float> src);
 

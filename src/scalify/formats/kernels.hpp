@@ -47,6 +47,10 @@ struct KernelTable {
   // out = decode(code) * scale
   void (*dequantize)(const void* codes, size_t n, float* out, const FormatInfo& f, float scale);
   uint32_t (*amax_bits)(const float* src, size_t n);
+  // values = decode(encode(src)) (the codes' values, decode scale 1) and *amax the abs-max of src
+  // as f32 bits, in one pass without codes. Returns false, writing nothing, where this table has
+  // no fused form for the arguments; the caller then encodes and decodes.
+  bool (*quantize_values_amax)(const float* src, size_t n, float* values, const QuantizeArgs& args, uint32_t* amax);
 };
 
 const KernelTable& reference_kernels();

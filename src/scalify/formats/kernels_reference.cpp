@@ -3,6 +3,8 @@
 #include <bit>
 #include <cstring>
 
+#include <vector>
+
 #include "scalify/formats/kernels.hpp"
 
 namespace scalify::kernels {
@@ -54,8 +56,15 @@ uint32_t amax_ref(const float* src, size_t n) {
 
 }  // namespace
 
+bool quantize_values_ref(const float* src, size_t n, float* values, const QuantizeArgs& a, uint32_t* amax) {
+  std::vector<std::byte> codes(n * size_t(a.format->storage_bytes()));
+  *amax = quantize_amax_ref(src, n, codes.data(), a);
+  dequantize_ref(codes.data(), n, values, *a.format, 1.0f);
+  return true;
+}
+
 const KernelTable& reference_kernels() {
-  static const KernelTable t{"scalar", quantize_ref, quantize_amax_ref, dequantize_ref, amax_ref};
+  static const KernelTable t{"scalar", quantize_ref, quantize_amax_ref, dequantize_ref, amax_ref, quantize_values_ref};
   return t;
 }
 

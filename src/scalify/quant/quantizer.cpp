@@ -9,7 +9,6 @@
 
 #include "scalify/error.hpp"
 #include "scalify/formats/bulk.hpp"
-#include "scalify/formats/kernels.hpp"
 #include "scalify/platform/parallel.hpp"
 #include "scalify/tensor/convert.hpp"
 #include "scalify/tensor/dense.hpp"
@@ -33,7 +32,6 @@ Tensor encode(const Tensor& x, Format fmt, float encode_scale, const QuantizerCo
   const ChunkSource<float> src(x, x.shape());
   Tensor codes = Tensor::empty(x.shape(), as_values ? DType::f32 : dtype_of(fmt));
   const int64_t out_bytes = info(fmt).storage_bytes();
-  const kernels::KernelTable& kernels = kernels::active_kernels();
   QuantizeOptions opt;
   opt.rounding = c.rounding;
   opt.overflow = c.saturate ? Overflow::saturate : Overflow::non_saturating;
@@ -55,10 +53,9 @@ Tensor encode(const Tensor& x, Format fmt, float encode_scale, const QuantizerCo
       p = src.read(begin, len, buf);
       QuantizeOptions o = opt;
       o.offset = uint64_t(begin);
-      std::byte local[kChunk * 4];  // as_values: the chunk's codes, decoded straight away
-      std::byte* out = as_values ? local : codes.raw_bytes() + begin * out_bytes;
-      const float a = quantize_amax(std::span(p, size_t(len)), fmt, encode_scale, std::span(out, size_t(len * out_bytes)), o);
-      if (as_values) kernels.dequantize(local, size_t(len), codes.data<float>() + begin, info(fmt), 1.0f);
+      const std::span<const float> in(p, size_t(len));
+      const float a = as_values ? quantize_values_amax(in, fmt, encode_scale, std::span(codes.data<float>() + begin, size_t(len)), o)
+                                : quantize_amax(in, fmt, encode_scale, std::span(codes.raw_bytes() + begin * out_bytes, size_t(len * out_bytes)), o);
       amax_bits = std::max(amax_bits, std::bit_cast<uint32_t>(std::fabs(a)));
     } catch (...) {
 #pragma omp critical(scalify_encode_error)
