@@ -311,6 +311,23 @@ TEST(KernelsVsReference, FusedCausalAttentionMatchesTheComposedOps) {
   EXPECT_THROW(causal_self_attention(Var(Tensor::from_indices(std::vector<int64_t>(72, 1), {2, 3, 12})), 2), Error);
 }
 
+// f16 and bf16 qkv are widened one head at a time inside the attention kernels: the same result,
+// bit for bit, as attention on the f32 copy (forward and backward), with T past a row block.
+TEST(KernelsVsReference, AttentionOn16BitQkvEqualsItsF32Copy) {
+  const int64_t B = 2, T = 70, H = 3, D = 24;
+  for (const DType storage : {DType::f16, DType::bf16}) {
+    const Tensor qkv = Tensor::randn({B, T, 3 * D}, 31, 1.5).to(storage), wide = qkv.to(DType::f32);
+    const Tensor gy = Tensor::randn({B, T, D}, 32);
+    const ops::AttentionResult a = ops::causal_attention(qkv, H, 0.3), b = ops::causal_attention(wide, H, 0.3);
+    EXPECT_EQ(a.y.to_vector(), b.y.to_vector()) << dtype_name(storage);
+    EXPECT_EQ(a.probs.to_vector(), b.probs.to_vector()) << dtype_name(storage);
+    const Tensor da = ops::causal_attention_backward(qkv, a.probs, gy, H, 0.3);
+    const Tensor db = ops::causal_attention_backward(wide, b.probs, gy, H, 0.3);
+    EXPECT_EQ(da.dtype(), DType::f32);
+    EXPECT_EQ(da.to_vector(), db.to_vector()) << dtype_name(storage);
+  }
+}
+
 // LayerNorm / RMSNorm with the affine fused into the row loop, against the composition
 // layer_norm(x) * w + b. Unscaled f32: bit for bit, output and all three gradients, above the
 // parallel threshold and with rows wider than the backward's stack buffer. Scaled f16 data

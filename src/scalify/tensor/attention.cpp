@@ -14,6 +14,7 @@
 #include "scalify/tensor/dense.hpp"
 #include "scalify/tensor/gemm.hpp"
 #include "scalify/tensor/ops.hpp"
+#include "scalify/tensor/storage_rounding.hpp"
 #include "scalify/tensor/vector_math.hpp"
 
 namespace scalify::ops {
@@ -69,31 +70,60 @@ void causal_softmax_row(const T* s, T* p, int64_t i, int64_t T_) {
 // f64 stays f64; every other floating format computes in f32.
 Tensor compute_form(const Tensor& x) { return (x.dtype() == DType::f64 ? x : x.to(DType::f32)).contiguous(); }
 
+// 16-bit float storage (SCALIFY's f16 activations) is read in place and widened one head at a
+// time inside the parallel loop, instead of through an f32 copy of the whole qkv.
+bool widens_per_head(const Tensor& x) { return is_rounded_storage(x.dtype()) && x.is_contiguous(); }
+
+// One (batch, head)'s query, key and value rows: row t of q at q + t * ld, likewise k and v.
+template <class T>
+struct HeadRows {
+  const T *q, *k, *v;
+  int64_t ld;
+};
+
+// In place for a compute-form qkv; widened into `local` ([T, 3 hd]) for 16-bit storage.
+template <class T>
+HeadRows<T> head_rows(const Tensor& qkv, bool widen, const Dims& d, int64_t b, int64_t h, std::vector<T>& local) {
+  const int64_t ld = 3 * d.D;
+  if constexpr (std::is_same_v<T, float>) {
+    if (widen) {
+      const int64_t bytes = dtype_size(qkv.dtype());
+      for (int64_t t = 0; t < d.T; ++t)
+        for (int64_t part = 0; part < 3; ++part)
+          widen_for_compute(qkv.raw_bytes() + ((b * d.T + t) * ld + part * d.D + h * d.hd) * bytes, d.hd, qkv.dtype(),
+                            local.data() + t * 3 * d.hd + part * d.hd);
+      return {local.data(), local.data() + d.hd, local.data() + 2 * d.hd, 3 * d.hd};
+    }
+  }
+  const T* q = qkv.data<T>() + b * d.T * ld + h * d.hd;
+  return {q, q + d.D, q + 2 * d.D, ld};
+}
+
 }  // namespace
 
 AttentionResult causal_attention(const Tensor& qkv_in, int64_t heads, double score_mul) {
   const Dims d = check(qkv_in, heads, "causal_attention");
-  const Tensor qkv = compute_form(qkv_in);
-  AttentionResult r{Tensor::empty({d.B, d.T, d.D}, qkv.dtype()), Tensor::empty({d.B, d.H, d.T, d.T}, qkv.dtype())};
-  dispatch_compute(qkv.dtype() == DType::f64, [&]<class T>() {
-    const T* x = qkv.data<T>();
+  const bool widen = widens_per_head(qkv_in);
+  const Tensor qkv = widen ? qkv_in : compute_form(qkv_in);
+  const DType dt = widen ? DType::f32 : qkv.dtype();
+  AttentionResult r{Tensor::empty({d.B, d.T, d.D}, dt), Tensor::empty({d.B, d.H, d.T, d.T}, dt)};
+  dispatch_compute(dt == DType::f64, [&]<class T>() {
     T* y = r.y.data<T>();
     T* probs = r.probs.data<T>();
     const T alpha = T(score_mul);
-    const int64_t ld = 3 * d.D;
 #pragma omp parallel
     {
-      std::vector<T> scores(size_t(d.T * d.T));
+      std::vector<T> scores(size_t(d.T * d.T)), local(widen ? size_t(3 * d.T * d.hd) : 0);
 #pragma omp for
       for (int64_t bh = 0; bh < d.B * d.H; ++bh) {
         const int64_t b = bh / d.H, h = bh % d.H;
-        const T* q = x + b * d.T * ld + h * d.hd;
+        const HeadRows<T> x = head_rows<T>(qkv, widen, d, b, h, local);
         T* p = probs + bh * d.T * d.T;
         for (int64_t r0 = 0; r0 < d.T; r0 += kRowBlock) {
           const int64_t r1 = std::min(d.T, r0 + kRowBlock);  // rows [r0, r1) see keys [0, r1)
-          mm<T>(false, true, r1 - r0, r1, d.hd, q + r0 * ld, ld, q + d.D, ld, scores.data() + r0 * d.T, d.T, alpha);
+          mm<T>(false, true, r1 - r0, r1, d.hd, x.q + r0 * x.ld, x.ld, x.k, x.ld, scores.data() + r0 * d.T, d.T, alpha);
           for (int64_t i = r0; i < r1; ++i) causal_softmax_row(scores.data() + i * d.T, p + i * d.T, i, d.T);
-          mm<T>(false, false, r1 - r0, d.hd, r1, p + r0 * d.T, d.T, q + 2 * d.D, ld, y + (b * d.T + r0) * d.D + h * d.hd, d.D, T(1));
+          mm<T>(false, false, r1 - r0, d.hd, r1, p + r0 * d.T, d.T, x.v, x.ld, y + (b * d.T + r0) * d.D + h * d.hd, d.D, T(1));
         }
       }
     }
@@ -108,23 +138,23 @@ Tensor causal_attention_backward(const Tensor& qkv_in, const Tensor& probs_in, c
   if (probs_in.shape() != Shape{d.B, d.H, d.T, d.T} || grad_y_in.shape() != Shape{d.B, d.T, d.D})
     throw Error("causal_attention_backward: probs " + shape_str(probs_in.shape()) + " or gradient " +
                 shape_str(grad_y_in.shape()) + " do not match qkv " + shape_str(qkv_in.shape()));
-  const Tensor qkv = compute_form(qkv_in);
-  const DType dt = qkv.dtype();
+  const bool widen = widens_per_head(qkv_in);
+  const Tensor qkv = widen ? qkv_in : compute_form(qkv_in);
+  const DType dt = widen ? DType::f32 : qkv.dtype();
   const Tensor probs = probs_in.to(dt).contiguous(), gy = grad_y_in.to(dt).contiguous();
   Tensor dqkv = Tensor::empty(qkv.shape(), dt);
   dispatch_compute(dt == DType::f64, [&]<class T>() {
-    const T *x = qkv.data<T>(), *P = probs.data<T>(), *G = gy.data<T>();
+    const T *P = probs.data<T>(), *G = gy.data<T>();
     T* dx = dqkv.data<T>();
     const T alpha = T(score_mul);
     const int64_t ld = 3 * d.D;
 #pragma omp parallel
     {
-      std::vector<T> dp(size_t(d.T * d.T));
+      std::vector<T> dp(size_t(d.T * d.T)), local(widen ? size_t(3 * d.T * d.hd) : 0);
 #pragma omp for
       for (int64_t bh = 0; bh < d.B * d.H; ++bh) {
         const int64_t b = bh / d.H, h = bh % d.H;
-        const T* q = x + b * d.T * ld + h * d.hd;
-        const T *k = q + d.D, *v = q + 2 * d.D;
+        const HeadRows<T> x = head_rows<T>(qkv, widen, d, b, h, local);
         const T* p = P + bh * d.T * d.T;
         const T* g = G + b * d.T * d.D + h * d.hd;
         T* dq = dx + b * d.T * ld + h * d.hd;
@@ -137,7 +167,7 @@ Tensor causal_attention_backward(const Tensor& qkv_in, const Tensor& probs_in, c
           const T* pb = p + r0 * d.T;
           T* s = dp.data() + r0 * d.T;
           mm<T>(true, false, r1, d.hd, rb, pb, d.T, g + r0 * d.D, d.D, dq + 2 * d.D, ld, T(1), T(1));  // dv += P^T dy
-          mm<T>(false, true, rb, r1, d.hd, g + r0 * d.D, d.D, v, ld, s, d.T, T(1));                    // dP = dy v^T
+          mm<T>(false, true, rb, r1, d.hd, g + r0 * d.D, d.D, x.v, x.ld, s, d.T, T(1));                // dP = dy v^T
           for (int64_t i = r0; i < r1; ++i) {  // dS = P (dP - rowsum(P dP)) / sqrt(hd) on the causal prefix
             const T* pr = p + i * d.T;
             T* r = dp.data() + i * d.T;
@@ -146,8 +176,8 @@ Tensor causal_attention_backward(const Tensor& qkv_in, const Tensor& probs_in, c
             for (int64_t j = 0; j <= i; ++j) r[j] = alpha * pr[j] * (r[j] - T(dot));
             std::fill(r + i + 1, r + r1, T(0));
           }
-          mm<T>(false, false, rb, d.hd, r1, s, d.T, k, ld, dq + r0 * ld, ld, T(1));              // dq = dS k
-          mm<T>(true, false, r1, d.hd, rb, s, d.T, q + r0 * ld, ld, dq + d.D, ld, T(1), T(1));   // dk += dS^T q
+          mm<T>(false, false, rb, d.hd, r1, s, d.T, x.k, x.ld, dq + r0 * ld, ld, T(1));              // dq = dS k
+          mm<T>(true, false, r1, d.hd, rb, s, d.T, x.q + r0 * x.ld, x.ld, dq + d.D, ld, T(1), T(1));  // dk += dS^T q
         }
       }
     }
