@@ -2,7 +2,6 @@
 #include <algorithm>
 #include <bit>
 #include <cstring>
-
 #include <vector>
 
 #include "scalify/formats/kernels.hpp"
@@ -54,14 +53,14 @@ uint32_t amax_ref(const float* src, size_t n) {
   return m;
 }
 
-}  // namespace
-
 bool quantize_values_ref(const float* src, size_t n, float* values, const QuantizeArgs& a, uint32_t* amax) {
   std::vector<std::byte> codes(n * size_t(a.format->storage_bytes()));
   *amax = quantize_amax_ref(src, n, codes.data(), a);
   dequantize_ref(codes.data(), n, values, *a.format, 1.0f);
   return true;
 }
+
+}  // namespace
 
 const KernelTable& reference_kernels() {
   static const KernelTable t{"scalar", quantize_ref, quantize_amax_ref, dequantize_ref, amax_ref, quantize_values_ref};
