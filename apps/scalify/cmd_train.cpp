@@ -1,6 +1,7 @@
 // `scalify train`, `scalify eval`, `scalify sample`: the GPT trainer on real text (train/).
 #include <unistd.h>
 
+#include <cmath>
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -31,7 +32,7 @@ std::function<void(const std::string&)> status_printer() {
 void ConfigOptions::add_to(CLI::App* command) {
   command->add_option("--config", config, "TOML file with any of the train config keys");
   command->add_option("--data", data, "text file or folder of text files (default: Debian's fortunes)");
-  steps_option = command->add_option("--steps", steps, "optimizer steps (per recipe for compare)");
+  steps_option = command->add_option("--steps", steps, "optimizer steps (per recipe for compare)")->check(integer());
   command->add_option("--set", set, "KEY=VALUE override of any train config key (repeatable)");
 }
 
@@ -50,26 +51,32 @@ void add_train_commands(CLI::App& app) {
   auto o = std::make_shared<Opts>();
   auto* t = app.add_subcommand("train", "Train the GPT on text under a recipe; writes a run folder");
   o->config.add_to(t);
-  t->add_option("--out", o->out, "run folder (default runs/train)");
-  t->add_option("--recipe", o->recipe, "recipe preset (f32, scalify_fp8_3, delayed, mxfp8, ...) or recipe .json file");
-  t->add_option("--resume", o->resume, "continue the run in this folder from its checkpoint");
-  t->callback([o] {
+  auto* out = t->add_option("--out", o->out, "run folder (default runs/train)");
+  auto* recipe = t->add_option("--recipe", o->recipe, "recipe preset (f32, scalify_fp8_3, delayed, mxfp8, ...) or recipe .json file");
+  auto* resume = t->add_option("--resume", o->resume, "continue the run in this folder from its checkpoint (its config, --steps to extend)");
+  t->callback([o, out, recipe, resume] {
     train::TrainConfig c;
-    const bool resume = !o->resume.empty();
-    if (resume) {
+    if (resume->count() > 0) {
+      if (out->count() > 0) throw Error("train: --resume names the run folder to continue; --out has no place beside it");
+      if (o->resume.empty()) throw Error("train: --resume needs a run folder");
       c = train::run_config(o->resume);
       c.out = o->resume;
     }
-    o->config.apply(c, !resume);
-    if (!o->out.empty() && !resume) c.out = o->out;
-    if (!o->recipe.empty()) c.recipe = o->recipe;
-    const train::TrainResult r = train::train(c, resume, progress_printer());
+    o->config.apply(c, resume->count() == 0);
+    if (out->count() > 0) c.out = o->out;
+    if (recipe->count() > 0) {
+      if (o->recipe.empty()) throw Error("train: --recipe is empty; give a preset name or a recipe .json file");
+      c.recipe = o->recipe;
+    }
+    const train::TrainResult r = train::train(c, resume->count() > 0, progress_printer());
     std::fprintf(stderr, "\n");
-    std::printf("run folder: %s\nsteps: %lld (skipped %lld)\nfinal train loss: %.4f\nvalidation loss: %.4f nats, %.4f bits per byte\n"
-                "unigram entropy of the training bytes: %.4f bits per byte\n"
-                "median speed: %.0f tokens/s\ntraining state: %.2f bytes per parameter\npeak memory: %.0f MB\n",
-                r.run_dir.c_str(), (long long)r.steps, (long long)r.skipped, r.train_loss, r.val_loss, r.val_bpb, r.unigram_bits,
-                r.tokens_per_s, r.state_bytes_per_parameter, r.peak_memory_mb);
+    std::printf("run folder: %s\nsteps: %lld (skipped %lld)\n", r.run_dir.c_str(), (long long)r.steps, (long long)r.skipped);
+    if (std::isfinite(r.train_loss)) std::printf("final train loss: %.4f\n", r.train_loss);
+    std::printf("validation loss: %.4f nats, %.4f bits per byte\nunigram entropy of the training bytes: %.4f bits per byte\n", r.val_loss,
+                r.val_bpb, r.unigram_bits);
+    if (r.tokens_per_s > 0) std::printf("median speed: %.0f tokens/s\n", r.tokens_per_s);
+    if (r.state_bytes_per_parameter > 0) std::printf("training state: %.2f bytes per parameter\n", r.state_bytes_per_parameter);
+    std::printf("peak memory: %.0f MB\n", r.peak_memory_mb);
   });
 
   auto eval_data = std::make_shared<std::string>();
@@ -90,9 +97,9 @@ void add_train_commands(CLI::App& app) {
   auto* s = app.add_subcommand("sample", "Generate text from a checkpoint");
   s->add_option("checkpoint", sa->checkpoint, "checkpoint .safetensors or run folder")->required();
   s->add_option("--prompt", sa->prompt, "text to continue");
-  s->add_option("--tokens", sa->o.tokens, "bytes to generate (default 200)");
-  s->add_option("--temperature", sa->o.temperature, "0: greedy (default 0.8)");
-  s->add_option("--top-k", sa->o.top_k, "sample among the k most likely (0: all; default 40)");
+  s->add_option("--tokens", sa->o.tokens, "bytes to generate (default 200)")->check(integer());
+  s->add_option("--temperature", sa->o.temperature, "0: greedy (default 0.8)")->check(finite_number());
+  s->add_option("--top-k", sa->o.top_k, "sample among the k most likely (0: all; default 40)")->check(integer());
   s->add_option("--seed", sa->o.seed, "sampling seed (>= 0)")->check(non_negative_integer());
   s->callback([sa] { std::printf("%s%s\n", sa->prompt.c_str(), train::sample(sa->checkpoint, sa->prompt, sa->o).c_str()); });
 }

@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "scalify/io/number_text.hpp"
 #include "scalify/train/config.hpp"
 
 namespace scalify::cli {
@@ -18,12 +19,18 @@ void add_train_commands(CLI::App& app);
 void add_inspect_commands(CLI::App& app);
 void add_compare_command(CLI::App& app, const std::string& command_line);
 
-// For unsigned options: rejects a minus sign, which CLI11 would read into a uint64_t as 2^64 - 1.
-inline CLI::Validator non_negative_integer() {
+// Number options take plain decimal text only (io/number_text.hpp), checked before CLI11 converts
+// it: CLI11 alone reads "0x10" as 16, trims " 3", clamps values past 2^64 and wraps "-1" into a
+// uint64_t as 2^64 - 1.
+template <class T>
+CLI::Validator decimal(const char* what) {
   return CLI::Validator(
-      [](std::string& s) { return s.find('-') == std::string::npos ? std::string() : "must be a non-negative integer, got " + s; },
-      "", "non-negative integer");
+      [what](std::string& s) { return io::parse_number<T>(s) ? std::string() : std::string("must be ") + what + ", got '" + s + "'"; },
+      "", what);
 }
+inline CLI::Validator non_negative_integer() { return decimal<uint64_t>("a decimal integer in [0, 2^64)"); }
+inline CLI::Validator integer() { return decimal<int64_t>("a decimal integer within 64 bits"); }
+inline CLI::Validator finite_number() { return decimal<double>("a finite decimal number"); }
 
 // --config, --data, --steps, --set: the train config keys that `train` and `compare` both take.
 struct ConfigOptions {

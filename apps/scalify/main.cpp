@@ -1,6 +1,8 @@
 // scalify: the command-line tool. `scalify --help` lists the subcommands.
 #include <cstdio>
 #include <exception>
+#include <filesystem>
+#include <new>
 #include <string>
 
 #include "commands.hpp"
@@ -38,6 +40,12 @@ int main(int argc, char** argv) {
     return app.exit(e);
   } catch (const scalify::Error& e) {
     std::fprintf(stderr, "scalify: error: %s\n", e.what());
+    return 2;
+  } catch (const std::filesystem::filesystem_error& e) {  // the file system refused a path the user gave
+    std::fprintf(stderr, "scalify: error: '%s': %s\n", e.path1().c_str(), e.code().message().c_str());
+    return 2;
+  } catch (const std::bad_alloc&) {
+    std::fprintf(stderr, "scalify: error: out of memory (the work needs more memory than this process may use)\n");
     return 2;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "scalify: internal error: %s\n", e.what());

@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <signal.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -31,6 +32,22 @@ void write_all(int fd, const char* p, size_t n, const std::string& path) {
     n -= size_t(w);
   }
 }
+// Whether the process that named a temporary file (its last component, after ".tmp.") has ended:
+// only then is the file a leftover; a live writer's temporary is its own to remove.
+bool owner_ended(const std::string& name, const std::string& prefix) {
+  const std::string pid = name.substr(prefix.size());
+  if (pid.empty() || pid.size() > 9 || pid.find_first_not_of("0123456789") != std::string::npos) return false;
+  return ::kill(pid_t(std::stol(pid)), 0) != 0 && errno == ESRCH;
+}
+// An existing target must be a regular file (or a link to one): renaming over a device, FIFO or
+// socket would replace it for every other user of the machine (/dev/null), and over a folder fails.
+void check_target(const std::string& path) {
+  struct stat st{};
+  if (::stat(path.c_str(), &st) != 0) return;  // none yet (or a dangling link, which rename replaces)
+  if (S_ISDIR(st.st_mode)) throw Error("cannot write '" + path + "': it is a folder");
+  if (!S_ISREG(st.st_mode))
+    throw Error("cannot write '" + path + "': it exists and is not a regular file (a device, pipe or socket); give a file name");
+}
 bool die_during_write(const fs::path& target) {
   const char* env = std::getenv("SCALIFY_TEST_DIE_DURING_WRITE");
   return env && target.filename() == env;
@@ -40,12 +57,15 @@ bool die_during_write(const fs::path& target) {
 void write_file_atomically(const std::string& path, const std::function<void(const ByteSink&)>& write) {
   const fs::path target(path);
   const fs::path dir = target.has_parent_path() ? target.parent_path() : fs::path(".");
+  check_target(path);
   const std::string prefix = target.filename().string() + ".tmp.";
   std::error_code ec;
-  for (const auto& e : fs::directory_iterator(dir, ec))  // leftovers of writers that died
-    if (e.path().filename().string().rfind(prefix, 0) == 0) fs::remove(e.path(), ec);
+  for (const auto& e : fs::directory_iterator(dir, ec)) {  // leftovers of writers that died
+    const std::string name = e.path().filename().string();
+    if (name.rfind(prefix, 0) == 0 && owner_ended(name, prefix)) fs::remove(e.path(), ec);
+  }
   const std::string tmp = (dir / (prefix + std::to_string(::getpid()))).string();
-  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0644);
   if (fd < 0) fail("cannot create", tmp);
   try {
     // Buffer the content so the fault-injection hook can stop halfway; checkpoints of the

@@ -9,7 +9,9 @@ namespace scalify::io {
 
 // `write` appends the content through the given sink (called any number of times). Throws
 // scalify::Error naming the path on any failure, leaving the previous file untouched and no
-// temporary behind (unless the process itself dies; a later write removes such leftovers).
+// temporary behind (unless the process itself dies: a later write removes a temporary whose
+// writer has ended, never one of a live process). A target that exists and is not a regular
+// file (a device such as /dev/null, a FIFO, a socket, a folder) is refused before anything is written.
 using ByteSink = std::function<void(const void* data, size_t size)>;
 void write_file_atomically(const std::string& path, const std::function<void(const ByteSink&)>& write);
 // The same for a whole text (reports, CSV, plot scripts).

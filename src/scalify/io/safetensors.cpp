@@ -1,14 +1,17 @@
 #include "scalify/io/safetensors.hpp"
 
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
-#include <fstream>
 #include <limits>
 #include <nlohmann/json.hpp>
-#include <sstream>
 
 #include "scalify/error.hpp"
 #include "scalify/io/atomic_file.hpp"
+#include "scalify/io/crc32c.hpp"
+#include "scalify/io/input_file.hpp"
+#include "scalify/note.hpp"
+#include "scalify/platform/memory.hpp"
 
 namespace scalify::io {
 
@@ -17,6 +20,28 @@ using json = nlohmann::json;
 namespace {
 constexpr uint64_t kMaxHeader = uint64_t(100) << 20;  // the reference implementation's limit
 constexpr const char* kDtypesKey = "scalify.dtypes";
+constexpr const char* kChecksumsKey = "scalify.crc32c";
+constexpr const char* kMetadataEntry = "__metadata__";  // the checksums' entry for the other metadata
+
+std::string hex32(uint32_t v) {
+  char s[9];
+  std::snprintf(s, sizeof s, "%08x", v);
+  return s;
+}
+// The CRC-32C of the metadata (the checksums' own key aside), key and value of each in key order,
+// each followed by a NUL: a flipped digit in the stored config is caught like one in a tensor.
+uint32_t metadata_crc(const std::map<std::string, std::string>& meta) {
+  uint32_t c = 0;
+  for (const auto& [k, v] : meta) {
+    if (k == kChecksumsKey) continue;
+    c = crc32c(k.data(), k.size() + 1, c);  // the terminating NUL of the string included
+    c = crc32c(v.data(), v.size() + 1, c);
+  }
+  return c;
+}
+uint32_t tensor_crc(const Tensor& contiguous) {
+  return crc32c(contiguous.raw_bytes(), size_t(contiguous.numel()) * size_t(dtype_size(contiguous.dtype())));
+}
 
 // The standard dtype string of a scalify dtype, or "" when it has none (stored as U8).
 std::string standard_name(DType t) {
@@ -51,7 +76,7 @@ const Tensor& SafeTensors::at(const std::string& name) const {
 void write_safetensors(const std::string& path, const SafeTensors& content) {
   std::vector<std::pair<std::string, Tensor>> sorted = content.tensors;
   std::sort(sorted.begin(), sorted.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
-  json header = json::object(), custom = json::object();
+  json header = json::object(), custom = json::object(), checksums = json::object();
   uint64_t offset = 0;
   for (size_t i = 0; i < sorted.size(); ++i) {
     const auto& [name, t] = sorted[i];
@@ -64,12 +89,14 @@ void write_safetensors(const std::string& path, const SafeTensors& content) {
     }
     const uint64_t bytes = uint64_t(t.numel()) * uint64_t(dtype_size(t.dtype()));
     header[name] = {{"dtype", dt}, {"shape", t.shape()}, {"data_offsets", {offset, offset + bytes}}};
+    checksums[name] = hex32(tensor_crc(t.contiguous()));
     offset += bytes;
   }
-  json meta = json::object();
-  for (const auto& [k, v] : content.metadata) meta[k] = v;
+  std::map<std::string, std::string> meta = content.metadata;
   if (!custom.empty()) meta[kDtypesKey] = custom.dump();
-  if (!meta.empty()) header["__metadata__"] = meta;
+  checksums[kMetadataEntry] = hex32(metadata_crc(meta));
+  meta[kChecksumsKey] = checksums.dump();
+  header["__metadata__"] = meta;
   std::string text = header.dump();
   text.append((8 - text.size() % 8) % 8, ' ');  // align the data to 8 bytes, as the reference does
   write_file_atomically(path, [&](const ByteSink& out) {
@@ -116,7 +143,6 @@ SafeTensors parse_safetensors(const std::string& bytes, const std::string& what)
         throw bad(std::string(kDtypesKey) + " is not JSON");
       }
       if (!custom.is_object()) throw bad(std::string(kDtypesKey) + " is not an object");
-      out.metadata.erase(kDtypesKey);
     }
   }
   struct Entry {
@@ -170,21 +196,42 @@ SafeTensors parse_safetensors(const std::string& bytes, const std::string& what)
   std::sort(entries.begin(), entries.end(), [](const Entry& a, const Entry& b) { return a.begin < b.begin || (a.begin == b.begin && a.end < b.end); });
   for (size_t i = 1; i < entries.size(); ++i)
     if (entries[i].begin < entries[i - 1].end) throw bad("tensors '" + entries[i - 1].name + "' and '" + entries[i].name + "' overlap");
+  const auto stored = out.metadata.find(kChecksumsKey);
+  json checksums;
+  if (stored != out.metadata.end()) {
+    checksums = json::parse(stored->second, nullptr, false);
+    if (!checksums.is_object()) throw bad(std::string(kChecksumsKey) + " is not a JSON object");
+    if (!checksums.contains(kMetadataEntry) || checksums[kMetadataEntry] != hex32(metadata_crc(out.metadata)))
+      throw Error(what + ": the metadata fails its checksum (CRC-32C): the file is corrupt");
+  }
   for (const Entry& en : entries) {
     Tensor t = Tensor::empty(en.shape, en.dtype);
     if (en.end > en.begin) std::memcpy(t.raw_bytes(), data + en.begin, en.end - en.begin);
+    if (stored != out.metadata.end()) {
+      const std::string actual = hex32(tensor_crc(t));
+      if (!checksums.contains(en.name)) throw Error(what + ": tensor '" + en.name + "' has no checksum in " + kChecksumsKey);
+      if (checksums[en.name] != actual)
+        throw Error(what + ": tensor '" + en.name + "' fails its checksum (CRC-32C " + actual + ", stored " +
+                    checksums[en.name].dump() + "): the file is corrupt");
+    }
     out.tensors.emplace_back(en.name, std::move(t));
   }
+  if (stored != out.metadata.end()) {
+    if (checksums.size() != entries.size() + 1) throw bad(std::string(kChecksumsKey) + " names tensors the file does not hold");
+    out.metadata.erase(stored);
+    out.verified = true;
+  }
+  out.metadata.erase(kDtypesKey);
   return out;
 }
 
 SafeTensors read_safetensors(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw Error("cannot open '" + path + "'");
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  if (in.bad()) throw Error("cannot read '" + path + "'");
-  return parse_safetensors(ss.str(), path);
+  // The bytes and the tensors made from them are both in memory while the file is read.
+  const uint64_t limit = uint64_t(platform::memory_limit_bytes() / 2);
+  SafeTensors st = parse_safetensors(read_input_file(path, "checkpoint", limit), path);
+  if (!st.verified)
+    note("'" + path + "' carries no checksums (written by an older scalify or another tool): its tensors load unverified");
+  return st;
 }
 
 }  // namespace scalify::io

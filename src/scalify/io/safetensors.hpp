@@ -19,15 +19,23 @@ namespace scalify::io {
 struct SafeTensors {
   std::vector<std::pair<std::string, Tensor>> tensors;  // in file order (sorted by name on write)
   std::map<std::string, std::string> metadata;
+  bool verified = false;  // read: every tensor and the metadata matched their stored checksums
   bool has(const std::string& name) const;
   const Tensor& at(const std::string& name) const;  // throws naming the missing tensor
 };
 
+// Checksums: the metadata key "scalify.crc32c" holds a JSON object {tensor name: CRC-32C of its
+// bytes as 8 hex digits, "__metadata__": the CRC-32C of the other metadata} (io/crc32c.hpp says
+// why that checksum). Every write stores them; every read that finds them verifies them all and
+// names the first tensor that fails. A file without them (an older scalify's, another tool's)
+// loads with a note (scalify/note.hpp).
+//
 // Writes atomically (io/atomic_file.hpp): a crash leaves the previous file intact. Names must be
 // unique and non-empty and must not start with "__".
 void write_safetensors(const std::string& path, const SafeTensors& content);
-// Reads and validates everything (header size within the file, JSON well formed, known dtypes,
-// shapes, offsets in order, non-overlapping, inside the file and matching the byte counts);
+// Reads and validates everything (a regular file no larger than half the memory available,
+// header size within the file, JSON well formed, known dtypes, shapes, offsets in order,
+// non-overlapping, inside the file and matching the byte counts, checksums);
 // anything else is a scalify::Error naming the file and the problem.
 SafeTensors read_safetensors(const std::string& path);
 // The same on bytes in memory (`what` names them in errors); what the fuzz test drives.

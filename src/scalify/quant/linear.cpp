@@ -163,6 +163,9 @@ Var QLinear::operator()(const Var& x, const Var& w, const Var& b) const {
   Shape out_shape = x.shape();
   out_shape.back() = N;
   State& st = *state_;
+  // A forward pass that records no gradients (evaluation, sampling) is inference: it leaves the
+  // quantisers' state as training left it.
+  const QuantizeMode mode = grad_enabled() ? QuantizeMode::training : QuantizeMode::inference;
   const bool block = blockwise(recipe_.weight) || blockwise(recipe_.activation) || blockwise(recipe_.gradient);
   auto flat = [&](const ScaledTensor& s) { return scaled::reshape(s, {rows, K}); };
   const std::shared_ptr<State> state = state_;
@@ -177,17 +180,17 @@ Var QLinear::operator()(const Var& x, const Var& w, const Var& b) const {
   const DType t = codes_bf16 ? gemm_dtype() : DType::f32;
   // f32 GEMMs take the codes' values: the quantiser writes them instead of the codes.
   const bool as_values = on_codes && t == DType::f32;
-  const Quantized qx = st.activation.quantize(flat(x.scaled()), as_values), qw = st.weight.quantize(w.scaled(), as_values);
+  const Quantized qx = st.activation.quantize(flat(x.scaled()), as_values, mode), qw = st.weight.quantize(w.scaled(), as_values, mode);
   if (on_codes) {
     const Tensor cx = gemm_operand(qx, t), cw = gemm_operand(qw, t);
     const float sx = scale_of(qx), sw = scale_of(qw);
     const float rk = propagate ? pow2_round(std::sqrt(double(K))) : 1.0f;
     const Tensor y = gemm_codes(false, false, rows, N, K, cx, cw, propagate ? 1.0f / rk : sx * sw).reshape(out_shape);
     const ScaledTensor out_value = propagate ? with_exact_scale(y, double(sx) * sw * rk) : ScaledTensor(y);
-    const Var out = Var::make("qlinear", out_value, {x, w}, [state, cx, cw, sx, sw, rows, K, N, propagate, xs = x.shape()](const ScaledTensor& g) {
+    const Var out = Var::make("qlinear", out_value, {x, w}, [state, cx, cw, sx, sw, rows, K, N, propagate, mode, xs = x.shape()](const ScaledTensor& g) {
       const bool values = cx.dtype() == DType::f32;
-      const Quantized qg = propagate ? state->gradient.quantize(scaled::reshape(g, {rows, N}), values)
-                                     : state->gradient.quantize((g.is_scaled() ? g.value() : g.data).reshape({rows, N}), values);
+      const Quantized qg = propagate ? state->gradient.quantize(scaled::reshape(g, {rows, N}), values, mode)
+                                     : state->gradient.quantize((g.is_scaled() ? g.value() : g.data).reshape({rows, N}), values, mode);
       const Tensor cg = gemm_operand(qg, cx.dtype());
       const float sg = scale_of(qg);
       if (!propagate)
@@ -210,19 +213,19 @@ Var QLinear::operator()(const Var& x, const Var& w, const Var& b) const {
   const std::optional<std::pair<Quantized, Quantized>> forward_operands =
       block ? std::nullopt : std::optional(std::pair(qx, qw));
   const Var out = Var::make("qlinear", ScaledTensor(y), {x, w},
-                            [state, forward_operands, how, x_src = block ? x.value() : Tensor(), w_src = block ? w.value() : Tensor(), rows, K, N,
+                            [state, forward_operands, how, mode, x_src = block ? x.value() : Tensor(), w_src = block ? w.value() : Tensor(), rows, K, N,
                              xs = x.shape()](const ScaledTensor& g) {
     State& s = *state;
     const Tensor g2 = (g.is_scaled() ? g.value() : g.data).reshape({rows, N});
-    const Quantized qg = s.gradient.quantize(g2);
+    const Quantized qg = s.gradient.quantize(g2, false, mode);
     Tensor grad_x, grad_w;
     if (forward_operands) {  // f32 products of the represented values, each decoded once
       const Tensor gq = qg.dequantize().contiguous();
       grad_x = gemm_codes(false, true, rows, K, N, gq, forward_operands->second.dequantize().contiguous(), 1.0f);
       grad_w = gemm_codes(true, false, K, N, rows, forward_operands->first.dequantize().contiguous(), gq, 1.0f);
     } else {
-      const Quantized wt = s.weight_t.quantize(w_src), xt = s.activation_t.quantize(x_src.reshape({rows, K})),
-                      gt = s.gradient_t.quantize(g2);
+      const Quantized wt = s.weight_t.quantize(w_src, false, mode), xt = s.activation_t.quantize(x_src.reshape({rows, K}), false, mode),
+                      gt = s.gradient_t.quantize(g2, false, mode);
       grad_x = dequantized_gemm(false, true, rows, K, N, qg, wt, how);
       grad_w = dequantized_gemm(true, false, K, N, rows, xt, gt, how);
     }

@@ -134,47 +134,59 @@ float Quantizer::scale_from_amax(double amax, float previous) const {
   return float(std::clamp(s, 0x1p-126, 0x1p127));
 }
 
-Quantized Quantizer::quantize(const ScaledTensor& x, bool as_values) {
-  if (c_.scaling != Scaling::scalify) return quantize(x.is_scaled() ? x.value() : x.data, as_values);
-  ++steps_;
+Quantized Quantizer::quantize(const ScaledTensor& x, bool as_values, QuantizeMode mode) {
+  if (c_.scaling != Scaling::scalify) return quantize(x.is_scaled() ? x.value() : x.data, as_values, mode);
+  QuantStats scratch;
+  QuantStats& st = mode == QuantizeMode::training ? stats_ : scratch;
+  if (mode == QuantizeMode::training) ++steps_;
   Quantized q;
   q.per_tensor = x;
   const float s = x.any_scale ? 1.0f : x.scalar_scale();
-  q.per_tensor.data = encode(x.data, c_.format, 1.0f, c_, stats_, as_values);
-  stats_.scale = s;
-  stats_.amax = float(stats_.amax * s);
+  q.per_tensor.data = encode(x.data, c_.format, 1.0f, c_, st, as_values);
+  st.scale = s;
+  st.amax = float(st.amax * s);
   return q;
 }
 
-Quantized Quantizer::quantize(const Tensor& x, bool as_values) {
+Quantized Quantizer::quantize(const Tensor& x, bool as_values, QuantizeMode mode) {
+  if (mode == QuantizeMode::inference) {
+    QuantStats scratch = stats_;  // amax_bias falls back to the last bias when amax is 0
+    return quantize_with(x, as_values, scratch);
+  }
   ++steps_;
   if (c_.scaling != Scaling::none && c_.scaling != Scaling::scalify && c_.scaling != Scaling::constant_bias) count_scale_statistic();
+  Quantized q = quantize_with(x, as_values, stats_);
+  if (c_.scaling == Scaling::delayed) {  // record this step's amax (measured in the same pass)
+    history_.push_back(stats_.amax);
+    if (int(history_.size()) > c_.history) history_.pop_front();
+    if (steps_ % c_.update_interval == 0) {
+      const double h = c_.reduce == HistoryReduce::max ? *std::max_element(history_.begin(), history_.end()) : history_.back();
+      scale_ = scale_from_amax(h, scale_);
+    }
+  }
+  return q;
+}
+
+Quantized Quantizer::quantize_with(const Tensor& x, bool as_values, QuantStats& st) const {
   Quantized q;
   const Format f = c_.format;
   switch (c_.scaling) {
     case Scaling::none:
     case Scaling::scalify: {
-      q.per_tensor = ScaledTensor(encode(x, f, 1.0f, c_, stats_, as_values), 1.0f);
-      stats_.scale = 1;
+      q.per_tensor = ScaledTensor(encode(x, f, 1.0f, c_, st, as_values), 1.0f);
+      st.scale = 1;
       return q;
     }
     case Scaling::current: {
       const float s = scale_from_amax(amax_of(x), 1.0f);
-      q.per_tensor = ScaledTensor(encode(x, f, s, c_, stats_, as_values), 1.0f / s);
-      stats_.scale = 1.0f / s;
+      q.per_tensor = ScaledTensor(encode(x, f, s, c_, st, as_values), 1.0f / s);
+      st.scale = 1.0f / s;
       return q;
     }
-    case Scaling::delayed: {
-      // Quantise with the scale from past steps; record this step's amax in the same pass.
+    case Scaling::delayed: {  // the scale from past steps
       const float s = scale_;
-      q.per_tensor = ScaledTensor(encode(x, f, s, c_, stats_, as_values), 1.0f / s);
-      stats_.scale = 1.0f / s;
-      history_.push_back(stats_.amax);
-      if (int(history_.size()) > c_.history) history_.pop_front();
-      if (steps_ % c_.update_interval == 0) {
-        const double h = c_.reduce == HistoryReduce::max ? *std::max_element(history_.begin(), history_.end()) : history_.back();
-        scale_ = scale_from_amax(h, scale_);
-      }
+      q.per_tensor = ScaledTensor(encode(x, f, s, c_, st, as_values), 1.0f / s);
+      st.scale = 1.0f / s;
       return q;
     }
     case Scaling::amax_bias:
@@ -182,13 +194,13 @@ Quantized Quantizer::quantize(const Tensor& x, bool as_values) {
       int b = c_.bias;
       if (c_.scaling == Scaling::amax_bias) {
         const double amax = amax_of(x);
-        b = amax > 0 && std::isfinite(amax) ? int(std::floor(std::log2(max_value(f) / amax))) - c_.margin : stats_.bias;
+        b = amax > 0 && std::isfinite(amax) ? int(std::floor(std::log2(max_value(f) / amax))) - c_.margin : st.bias;
         b = std::clamp(b, -126, 127);  // 2^b and 2^-b stay finite and non-zero in f32 (tiny amax)
       }
       const float s = std::ldexp(1.0f, b);  // x * 2^b before the cast: exact
-      q.per_tensor = ScaledTensor(encode(x, f, s, c_, stats_, as_values), std::ldexp(1.0f, -b));
-      stats_.scale = std::ldexp(1.0f, -b);
-      stats_.bias = b;
+      q.per_tensor = ScaledTensor(encode(x, f, s, c_, st, as_values), std::ldexp(1.0f, -b));
+      st.scale = std::ldexp(1.0f, -b);
+      st.bias = b;
       return q;
     }
     case Scaling::block:
@@ -200,9 +212,9 @@ Quantized Quantizer::quantize(const Tensor& x, bool as_values) {
       q.blocks = quantize_blocks(std::span(xs.data<float>(), size_t(xs.numel())), size_t(x.size(0)), size_t(x.size(1)), f, spec,
                                  c_.rounding);
       q.blockwise = true;
-      if (collect_statistics()) stats_.amax = float(amax_of(xs));
+      if (collect_statistics()) st.amax = float(amax_of(xs));
       // An empty tensor ([0, n] or [n, 0]) has no blocks and no scales.
-      stats_.scale = q.blocks.scales.empty() ? 1.0f : *std::max_element(q.blocks.scales.begin(), q.blocks.scales.end());
+      st.scale = q.blocks.scales.empty() ? 1.0f : *std::max_element(q.blocks.scales.begin(), q.blocks.scales.end());
       return q;
     }
   }

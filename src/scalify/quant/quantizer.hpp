@@ -69,6 +69,11 @@ struct Quantized {
 void set_collect_statistics(bool on);
 bool collect_statistics();
 
+// Training quantises and advances the quantiser: its step count, the last() statistics and
+// delayed scaling's history and scale. Inference (evaluation, sampling) quantises with the state
+// as it stands and changes none of it, so evaluating never alters the training that follows.
+enum class QuantizeMode : uint8_t { training, inference };
+
 // What a quantiser carries from step to step (delayed scaling's history and scale), for checkpoints.
 struct QuantizerState {
   std::vector<float> history;
@@ -82,9 +87,9 @@ class Quantizer {
   // Quantises x (2-D [rows, cols] for block / mx; any shape otherwise). Per-tensor strategies
   // give codes, or with `as_values` the codes' values as f32 (decoded as they are made, in the
   // same pass): an f32 GEMM's operands, without the codes written and read back.
-  Quantized quantize(const Tensor& x, bool as_values = false);
+  Quantized quantize(const Tensor& x, bool as_values = false, QuantizeMode mode = QuantizeMode::training);
   // SCALIFY: x's data is cast and its scale kept; other strategies quantise x's value.
-  Quantized quantize(const ScaledTensor& x, bool as_values = false);
+  Quantized quantize(const ScaledTensor& x, bool as_values = false, QuantizeMode mode = QuantizeMode::training);
   const QuantizerConfig& config() const { return c_; }
   const QuantStats& last() const { return stats_; }
   int64_t steps() const { return steps_; }
@@ -94,6 +99,8 @@ class Quantizer {
 
  private:
   float scale_from_amax(double amax, float previous) const;
+  // The quantisation itself, from the current state; fills `stats` and changes nothing else.
+  Quantized quantize_with(const Tensor& x, bool as_values, QuantStats& stats) const;
   QuantizerConfig c_;
   QuantStats stats_;
   std::deque<float> history_;

@@ -2,11 +2,11 @@
 
 #include <algorithm>
 #include <cmath>
-#include <fstream>
 #include <nlohmann/json.hpp>
-#include <sstream>
+#include <set>
 
 #include "scalify/error.hpp"
+#include "scalify/io/input_file.hpp"
 #include "scalify/scaled/scaled_ops.hpp"
 
 namespace scalify::quant {
@@ -15,6 +15,7 @@ namespace {
 
 using json = nlohmann::json;
 constexpr int kCscaleBias = 4;
+constexpr uint64_t kMaxRecipeBytes = 1 << 20;  // a recipe is about 2 kB
 
 json role_json(const QuantizerConfig& c) {
   return {{"scaling", scaling_name(c.scaling)}, {"format", std::string(format_name(c.format))}, {"margin", c.margin},
@@ -47,7 +48,32 @@ int int_field(const json& j, const char* key, const char* where, int64_t lo, int
   return int(v.get<int64_t>());
 }
 
+// A misspelt field ("histroy") would otherwise be ignored and its default used in silence.
+void only_known_fields(const json& j, std::initializer_list<const char*> known, const std::string& where) {
+  if (!j.is_object()) throw Error("recipe: " + where + " must be a JSON object");
+  for (const auto& [key, value] : j.items()) {
+    if (std::any_of(known.begin(), known.end(), [&](const char* k) { return key == k; })) continue;
+    std::string valid;
+    for (const char* k : known) valid.append(valid.empty() ? "" : ", ").append(k);
+    throw Error("recipe: unknown field '" + key + "' in " + where + "; valid fields: " + valid);
+  }
+}
+
+// Parses JSON text, refusing an object that names a key twice (which JSON parsers settle by
+// keeping one of the values in silence).
+json parse_without_duplicate_keys(const std::string& text) {
+  std::vector<std::set<std::string>> open;  // the keys of each object being parsed, innermost last
+  return json::parse(text, [&](int, json::parse_event_t event, json& parsed) {
+    if (event == json::parse_event_t::object_start) open.emplace_back();
+    if (event == json::parse_event_t::object_end) open.pop_back();
+    if (event == json::parse_event_t::key && !open.back().insert(parsed.get<std::string>()).second)
+      throw Error("recipe: the field '" + parsed.get<std::string>() + "' appears twice in one object");
+    return true;
+  });
+}
+
 QuantizerConfig role_from(const json& j, const char* where) {
+  only_known_fields(j, {"scaling", "format", "margin", "history", "reduce", "update_interval", "bias", "block", "saturate"}, where);
   QuantizerConfig c;
   c.scaling = parse_scaling(field<std::string>(j, "scaling", where));
   c.format = parse_format(field<std::string>(j, "format", where));
@@ -100,7 +126,7 @@ Recipe from_parsed(const json& j);
 Recipe Recipe::from_json(const std::string& text) {
   json j;
   try {
-    j = json::parse(text);
+    j = parse_without_duplicate_keys(text);
   } catch (const json::exception& e) {  // parse_error, and out_of_range for numbers such as 1e400
     throw Error(std::string("recipe: not valid JSON: ") + e.what());
   }
@@ -113,9 +139,13 @@ Recipe Recipe::from_json(const std::string& text) {
 
 namespace {
 Recipe from_parsed(const json& j) {
+  only_known_fields(j, {"name", "linear", "master_weight", "scaled_state", "optimizer_state", "weight_gradient", "rescale_every",
+                        "rescale_norm_grad", "rescale_gradients", "unit_scaled", "data_storage", "loss_scaling"},
+                    "the recipe");
   Recipe r;
   r.name = field<std::string>(j, "name", "recipe");
   const json lin = field<json>(j, "linear", "recipe");
+  only_known_fields(lin, {"quantized", "weight", "activation", "gradient"}, "linear");
   r.linear.name = r.name;
   r.linear.quantized = field<bool>(lin, "quantized", "linear");
   r.linear.weight = role_from(field<json>(lin, "weight", "linear"), "linear.weight");
@@ -130,10 +160,13 @@ Recipe from_parsed(const json& j) {
   r.rescale_gradients = j.contains("rescale_gradients") && field<bool>(j, "rescale_gradients", "recipe");
   r.unit_scaled = j.contains("unit_scaled") && field<bool>(j, "unit_scaled", "recipe");
   r.data_storage = j.contains("data_storage") ? parse_dtype(field<std::string>(j, "data_storage", "recipe")) : DType::f32;
-  if (!dtype_format(r.data_storage))
-    throw Error("recipe: data_storage must be a floating-point format (f32, f16, bf16, ...), got " +
-                std::string(dtype_name(r.data_storage)));
+  // Every activation and gradient is rounded into the data storage after every op: below 16 bits
+  // (FP8, FP6, FP4) nothing survives that without a scale per op, and the model learns nothing.
+  if (!dtype_format(r.data_storage) || dtype_size(r.data_storage) < 2)
+    throw Error("recipe: data_storage must be f32, f16 or bf16 (every activation and gradient is held in it; for FP8 or FP4 "
+                "matmuls set the linear roles' formats), got " + std::string(dtype_name(r.data_storage)));
   const json ls = field<json>(j, "loss_scaling", "recipe");
+  only_known_fields(ls, {"kind", "scale", "growth_interval"}, "loss_scaling");
   const std::string kind = field<std::string>(ls, "kind", "loss_scaling");
   if (kind == "none") r.loss_scaling.kind = LossScalerConfig::Kind::none;
   else if (kind == "static") r.loss_scaling.kind = LossScalerConfig::Kind::fixed;
@@ -211,12 +244,9 @@ Recipe preset(const std::string& name) {
 
 Recipe load_recipe(const std::string& name_or_file) {
   if (!name_or_file.ends_with(".json")) return preset(name_or_file);
-  std::ifstream in(name_or_file, std::ios::binary);
-  if (!in) throw Error("recipe: cannot open '" + name_or_file + "'");
-  std::ostringstream text;
-  text << in.rdbuf();
+  const std::string text = io::read_input_file(name_or_file, "recipe", kMaxRecipeBytes);
   try {
-    return Recipe::from_json(text.str());
+    return Recipe::from_json(text);
   } catch (const Error& e) {
     throw Error(std::string(e.what()).append(" (in '").append(name_or_file).append("')"));
   }

@@ -13,6 +13,7 @@
 #include "scalify/error.hpp"
 #include "scalify/inspect/report_section.hpp"
 #include "scalify/io/atomic_file.hpp"
+#include "scalify/io/folder_lock.hpp"
 #include "scalify/platform/memory.hpp"
 #include "scalify/quant/recipe.hpp"
 #include "scalify/report/gnuplot.hpp"
@@ -467,12 +468,13 @@ CompareReport compare(const CompareConfig& given, bool resume, const CompareProg
     if (!names.insert(run_name(r)).second) throw Error("compare: two recipes would share the run folder '" + run_name(r) + "'");
 
   const fs::path dir(config.out);
+  if (!resume) io::make_folder((dir / "runs").string());
+  const io::FolderLock lock(dir.string(), resume ? "compare --resume" : "compare");  // one comparison writes here at a time
   if (!resume) {
     if (fs::exists(dir / "compare.json")) throw Error("compare: '" + config.out + "' already holds a comparison; use --resume to continue it or another --out");
     for (const std::string& name : names)  // never delete run folders this comparison did not make
       if (fs::exists(dir / "runs" / name))
         throw Error("compare: '" + (dir / "runs" / name).string() + "' already exists; choose another --out");
-    io::make_folder((dir / "runs").string());
     write_text(dir / "compare.json", json{{"recipes", config.recipes}, {"config", config.base.to_toml()}}.dump(2) + "\n");
   }
   CompareReport rep;

@@ -1,19 +1,23 @@
 #include "scalify/train/config.hpp"
 
 #include <cmath>
-#include <fstream>
 #include <functional>
 #include <map>
 #include <numbers>
+#include <optional>
 #include <sstream>
 #include <toml++/toml.h>
 
 #include "scalify/error.hpp"
+#include "scalify/io/input_file.hpp"
+#include "scalify/io/number_text.hpp"
 #include "scalify/quant/recipe.hpp"
 
 namespace scalify::train {
 
 namespace {
+constexpr uint64_t kMaxConfigBytes = 1 << 20;  // a config is a few hundred bytes
+
 // One entry per key: how to set it from text and how to print it.
 struct Key {
   std::function<void(TrainConfig&, const std::string&)> set;
@@ -22,26 +26,14 @@ struct Key {
 };
 
 int64_t to_int(const std::string& key, const std::string& v) {
-  size_t pos = 0;
-  long long x = 0;
-  try {
-    x = std::stoll(v, &pos);
-  } catch (const std::exception&) {
-    pos = 0;
-  }
-  if (pos == 0 || pos != v.size()) throw Error("config: '" + key + "' must be an integer, got '" + v + "'");
-  return x;
+  const std::optional<int64_t> x = io::parse_number<int64_t>(v);
+  if (!x) throw Error("config: '" + key + "' must be a decimal integer within 64 bits, got '" + v + "'");
+  return *x;
 }
 double to_double(const std::string& key, const std::string& v) {
-  size_t pos = 0;
-  double x = 0;
-  try {
-    x = std::stod(v, &pos);
-  } catch (const std::exception&) {
-    pos = 0;
-  }
-  if (pos == 0 || pos != v.size() || !std::isfinite(x)) throw Error("config: '" + key + "' must be a finite number, got '" + v + "'");
-  return x;
+  const std::optional<double> x = io::parse_number<double>(v);
+  if (!x) throw Error("config: '" + key + "' must be a finite decimal number, got '" + v + "'");
+  return *x;
 }
 // Keys held in narrower types: range-checked before the conversion (-1 would wrap to 2^64 - 1).
 uint64_t to_seed(const std::string& key, const std::string& v) {
@@ -203,11 +195,7 @@ TrainConfig parse_config(const std::string& text, const std::string& what) {
 }
 
 TrainConfig load_config_file(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) throw Error("config: cannot open '" + path + "'");
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  TrainConfig c = parse_config(ss.str(), path);
+  TrainConfig c = parse_config(io::read_input_file(path, "config", kMaxConfigBytes), path);
   c.validate();
   return c;
 }

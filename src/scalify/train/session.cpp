@@ -3,12 +3,14 @@
 #include <algorithm>
 #include <charconv>
 #include <cmath>
+#include <cstdio>
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
 #include "scalify/autograd/scaling.hpp"
 #include "scalify/error.hpp"
 #include "scalify/io/safetensors.hpp"
+#include "scalify/platform/memory.hpp"
 #include "scalify/quant/quantizer.hpp"
 #include "scalify/train/corpus.hpp"
 
@@ -33,9 +35,34 @@ ScaledTensor get(const io::SafeTensors& st, const json& any_scale, const std::st
   return s;
 }
 
+std::string gigabytes(double bytes) {
+  char s[32];
+  std::snprintf(s, sizeof s, "%.3g GB", bytes / 1e9);
+  return s;
+}
+
+// Refuses a model that cannot fit before any of it is allocated (std::bad_alloc minutes into the
+// allocation otherwise, or the machine's memory eaten). The estimate is a lower bound: training
+// holds f32 parameters, gradients and AdamW's two moments (16 bytes a parameter) and, per token of
+// a batch, at least 16 activations of d_model floats per layer and the logits with their softmax
+// and gradient; inference, the parameters and one batch's logits.
+void check_fits_in_memory(const TrainConfig& cfg, bool training) {
+  const nn::GptConfig& m = cfg.model;
+  const double params = double(m.parameter_count()), tokens = double(cfg.batch) * double(m.seq);
+  const double bytes = training ? 16 * params + tokens * (double(m.layers) * 16 * double(m.d_model) + 3 * double(m.vocab)) * 4
+                                : 4 * params + tokens * double(m.vocab) * 4;
+  const double limit = double(platform::memory_limit_bytes());
+  if (bytes > limit)
+    throw Error("model: " + std::string(training ? "training" : "running") + " d_model=" + std::to_string(m.d_model) + ", layers=" +
+                std::to_string(m.layers) + " (" + std::to_string(int64_t(params)) + " parameters) at batch " + std::to_string(cfg.batch) +
+                " x seq " + std::to_string(m.seq) + " needs at least " + gigabytes(bytes) + ", more than the " + gigabytes(limit) +
+                " of memory this process may use");
+}
+
 }  // namespace
 
 std::unique_ptr<Session> make_session(const TrainConfig& cfg, const io::SafeTensors* ckpt) {
+  check_fits_in_memory(cfg, true);
   auto s = std::make_unique<Session>(cfg);
   const json any_scale = ckpt ? json::parse(ckpt->metadata.at("scalify.any_scale")) : json::array();
   std::vector<Var> raw;
@@ -177,6 +204,7 @@ TrainConfig training_checkpoint_config(io::SafeTensors& st, const std::string& f
 }
 
 std::unique_ptr<Session> inference_session(const TrainConfig& cfg, quant::Recipe recipe, const std::map<std::string, Tensor>& values) {
+  check_fits_in_memory(cfg, false);
   auto s = std::make_unique<Session>(cfg, std::move(recipe));
   unit::NamedParams named = s->model.parameters();
   for (auto& [name, p] : named) {

@@ -16,6 +16,7 @@
 #include "scalify/error.hpp"
 #include "scalify/formats/kernels.hpp"
 #include "scalify/io/atomic_file.hpp"
+#include "scalify/io/folder_lock.hpp"
 #include "scalify/io/safetensors.hpp"
 #include "scalify/optim/grad_norm.hpp"
 #include "scalify/platform/memory.hpp"
@@ -91,7 +92,10 @@ std::string StepProgress::line() const {
   return out.str();
 }
 
-TrainConfig run_config(const std::string& run_dir) { return load_config_file((fs::path(run_dir) / "config.toml").string()); }
+TrainConfig run_config(const std::string& run_dir) {
+  if (!fs::is_directory(run_dir)) throw Error("'" + run_dir + "' is not a run folder");
+  return load_config_file((fs::path(run_dir) / "config.toml").string());
+}
 
 TrainResult train(const TrainConfig& config, bool resume, const Progress& progress, int64_t stop_after) {
   config.validate();
@@ -99,33 +103,60 @@ TrainResult train(const TrainConfig& config, bool resume, const Progress& progre
     ~RestoreStatistics() { quant::set_collect_statistics(true); }
   } restore_statistics;
   const fs::path dir(config.out);
-  const std::string ckpt_path = (dir / "checkpoint.safetensors").string(), metrics_path = (dir / "metrics.jsonl").string();
+  const std::string ckpt_path = (dir / "checkpoint.safetensors").string(), metrics_path = (dir / "metrics.jsonl").string(),
+                    model_path = (dir / "model.safetensors").string();
   std::unique_ptr<Session> s;
   int64_t start = 0, skipped = 0;
   const Corpus corpus = corpus_for(config);  // bad data fails here, before the run folder exists
+  // The run folder is this process's until it returns: a second writer is refused, by name.
+  std::optional<io::FolderLock> lock;
+  std::string started;
   if (resume) {
-    if (!fs::exists(ckpt_path)) throw Error("resume: '" + config.out + "' holds no checkpoint.safetensors");
+    if (!fs::is_directory(dir)) throw Error("resume: '" + config.out + "' is not a run folder");
+    lock.emplace(dir.string(), "train --resume");
+    if (!fs::exists(ckpt_path))
+      throw Error("resume: '" + config.out + "' holds no checkpoint.safetensors" +
+                  (fs::exists(metrics_path) ? ": its run stopped before its first checkpoint, so it cannot be continued; start it "
+                                              "again with `scalify train --out " + config.out + "` (the same config)"
+                                            : ""));
     // The given config (the run's config.toml, possibly with overrides such as more steps);
     // loading checks that the checkpoint's tensors fit its model.
     const io::SafeTensors st = read_checkpoint(ckpt_path).first;
+    // A run keeps its recipe: one given again (--recipe, or an edited JSON file) must be the same.
+    if (st.metadata.count("recipe") && st.metadata.at("recipe") != quant::load_recipe(config.recipe).to_json())
+      throw Error("resume: recipe '" + config.recipe + "' differs from the one '" + config.out + "' was trained with (its recipe.json); " +
+                  "a run keeps its recipe: start a new run to train under another");
     s = load_session(st, config, ckpt_path);
     const json state = json::parse(st.metadata.at("scalify.state"));
     start = state.at("step").get<int64_t>();
     skipped = state.at("skipped").get<int64_t>();
+    // Only a run killed between its last checkpoint and model.safetensors resumes at its last step.
+    if (config.steps < start || (config.steps == start && fs::exists(model_path)))
+      throw Error("resume: '" + config.out + "' is at step " + std::to_string(start) + " and --steps is " + std::to_string(config.steps) +
+                  "; a resume trains further: give --steps above " + std::to_string(start));
     truncate_metrics(metrics_path, start - 1);
+    started = "resume at step " + std::to_string(start);
   } else {
-    if (fs::exists(ckpt_path) || fs::exists(metrics_path))
-      throw Error("'" + config.out + "' already holds a run; use --resume to continue it or another --out");
     s = make_session(config, nullptr);
     io::make_folder(dir.string());
-    const std::string toml = config.to_toml(), recipe = s->recipe.to_json() + "\n";
-    io::write_file_atomically((dir / "config.toml").string(), [&](const io::ByteSink& o) { o(toml.data(), toml.size()); });
-    io::write_file_atomically((dir / "recipe.json").string(), [&](const io::ByteSink& o) { o(recipe.data(), recipe.size()); });
+    lock.emplace(dir.string(), "train");
+    if (fs::exists(ckpt_path) || fs::exists(model_path))
+      throw Error("'" + config.out + "' already holds a run; use --resume to continue it or another --out");
+    started = "new run";
+    if (fs::exists(metrics_path)) {  // a run that stopped before its first checkpoint: nothing to continue
+      fs::remove(metrics_path);
+      started += " (the folder's earlier run stopped before its first checkpoint; its metrics.jsonl was discarded)";
+    }
+    const std::string recipe = s->recipe.to_json() + "\n";
+    io::write_text_atomically((dir / "recipe.json").string(), recipe);
   }
+  for (const char* f : {"metrics.jsonl", "train.log"})  // appended to below: a pipe there would block
+    if (fs::exists(dir / f) && !fs::is_regular_file(dir / f)) throw Error("'" + (dir / f).string() + "' is not a regular file");
   const TrainConfig& cfg = s->cfg;
+  io::write_text_atomically((dir / "config.toml").string(), cfg.to_toml());  // what this run trains with, overrides included
   std::ofstream log((dir / "train.log").string(), std::ios::app), metrics(metrics_path, std::ios::app);
   if (!log || !metrics) throw Error("cannot write into the run folder '" + config.out + "'");
-  log << (resume ? "resume at step " + std::to_string(start) : "new run") << ": recipe " << cfg.recipe << " (quantised: "
+  log << started << ": recipe " << cfg.recipe << " (quantised: "
       << quant::quantized_layers(s->recipe) << (s->recipe.unit_scaled ? "; unit-scaled model" : "") << "), "
       << cfg.model.parameter_count() << " parameters, corpus " << corpus.source << " (" << corpus.files.size() << " text files, "
       << corpus.train.size() << " training / " << corpus.val.size() << " validation bytes)\n";
@@ -231,7 +262,7 @@ TrainResult train(const TrainConfig& config, bool resume, const Progress& progre
       progress(p);
     }
   }
-  if (end == start) last_loss = NAN;  // a resumed run that had no step left: no training loss here
+  if (end == start) last_loss = NAN;  // a run resumed only to write model.safetensors: no training loss here
   if (!evaluated && end == cfg.steps) {  // ... but its result is still the finished model's
     const EvalResult e = eval_session(*s, corpus.val);
     r.val_loss = e.loss;
@@ -244,7 +275,7 @@ TrainResult train(const TrainConfig& config, bool resume, const Progress& progre
   r.steps = end;
   r.skipped = skipped;
   r.train_loss = last_loss;
-  if (end == cfg.steps) save_checkpoint(*s, (dir / "model.safetensors").string(), end, skipped);
+  if (end == cfg.steps) save_checkpoint(*s, model_path, end, skipped);
   log << "stopped at step " << end << " of " << cfg.steps << "\n";
   return r;
 }

@@ -1,0 +1,14 @@
+#pragma once
+// Reading a file a user named (a config, a recipe, a checkpoint). Only a regular file is read: a
+// FIFO would block forever and a device (/dev/zero, /dev/urandom) never ends, so both are refused
+// before a byte is read; so is a file larger than the caller's limit, before it is loaded.
+#include <cstdint>
+#include <string>
+
+namespace scalify::io {
+
+// The whole content of `path`. `what` names the file's role in errors ("config", "recipe",
+// "checkpoint"); `max_bytes` is the largest size accepted.
+std::string read_input_file(const std::string& path, const std::string& what, uint64_t max_bytes);
+
+}  // namespace scalify::io

@@ -1,0 +1,360 @@
+// Run folders stay safe (issue 29): evaluation never changes training, one process owns a run
+// folder, corrupted checkpoints are caught by their checksums, writes never replace what is not a
+// regular file, and inputs that would hang or exhaust memory are refused first.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <nlohmann/json.hpp>
+#include <random>
+
+#include "expect_error.hpp"
+#include "scalify/io/atomic_file.hpp"
+#include "scalify/io/crc32c.hpp"
+#include "scalify/io/folder_lock.hpp"
+#include "scalify/io/input_file.hpp"
+#include "scalify/io/safetensors.hpp"
+#include "scalify/note.hpp"
+#include "scalify/quant/recipe.hpp"
+#include "scalify/train/config.hpp"
+#include "scalify/train/session.hpp"
+#include "scalify/train/trainer.hpp"
+#include "train_fixtures.hpp"
+
+namespace scalify {
+namespace {
+
+using testing::scratch;
+using testing::slurp;
+using testing::spit;
+using testing::text_corpus;
+using testing::tiny_run;
+namespace fs = std::filesystem;
+
+// ---- checksums -------------------------------------------------------------------------------
+
+TEST(Crc32c, MatchesThePublishedCheckValueAndTheReference) {
+  // The CRC catalogue's check value of CRC-32/ISCSI (CRC-32C) over "123456789".
+  EXPECT_EQ(io::crc32c("123456789", 9), 0xE3069283u);
+  EXPECT_EQ(io::crc32c_reference("123456789", 9), 0xE3069283u);
+  EXPECT_EQ(io::crc32c("", 0), 0u);
+  // The hardware path against the table, at every length and alignment around its 8-byte words,
+  // and continued across calls as the safetensors metadata checksum uses it.
+  std::mt19937 rng(3);
+  std::vector<uint8_t> bytes(4096 + 16);
+  for (auto& b : bytes) b = uint8_t(rng());
+  for (size_t offset = 0; offset < 9; ++offset)
+    for (size_t n : {size_t(0), size_t(1), size_t(7), size_t(8), size_t(9), size_t(63), size_t(4096)}) {
+      EXPECT_EQ(io::crc32c(bytes.data() + offset, n), io::crc32c_reference(bytes.data() + offset, n)) << offset << " " << n;
+      const uint32_t first = io::crc32c(bytes.data() + offset, n / 3);
+      EXPECT_EQ(io::crc32c(bytes.data() + offset + n / 3, n - n / 3, first), io::crc32c_reference(bytes.data() + offset, n));
+    }
+}
+
+io::SafeTensors two_tensors() {
+  io::SafeTensors st;
+  st.tensors = {{"a.weight", Tensor::randn({64, 32}, 1, 1.0)}, {"b.bias", Tensor::randn({32}, 2, 1.0).to(DType::f16)}};
+  st.metadata = {{"config", "steps = 300\nlr = 0.002\n"}, {"step", "20"}};
+  return st;
+}
+
+TEST(Checksums, EveryBitFlipInTheDataIsCaughtNamingTheTensor) {
+  const fs::path p = scratch("flips.safetensors");
+  io::write_safetensors(p.string(), two_tensors());
+  const io::SafeTensors clean = io::read_safetensors(p.string());
+  EXPECT_TRUE(clean.verified);
+  EXPECT_EQ(clean.metadata.count("scalify.crc32c"), 0u) << "the checksums are the reader's business, not the caller's metadata";
+  const std::string bytes = slurp(p);
+  uint64_t header = 0;
+  std::memcpy(&header, bytes.data(), 8);
+  const size_t data_begin = 8 + header, data_bytes = bytes.size() - data_begin;
+  ASSERT_EQ(data_bytes, 64u * 32 * 4 + 32 * 2);
+  std::mt19937_64 rng(29);
+  for (int trial = 0; trial < 200; ++trial) {
+    const size_t at = data_begin + rng() % data_bytes;
+    std::string flipped = bytes;
+    flipped[at] = char(uint8_t(flipped[at]) ^ uint8_t(1u << (rng() % 8)));
+    const std::string tensor = at - data_begin < 32 * 64 * 4 ? "a.weight" : "b.bias";  // sorted by name on write
+    spit(p, flipped);
+    EXPECT_ERROR(io::read_safetensors(p.string()), "tensor '" + tensor + "' fails its checksum");
+  }
+}
+
+TEST(Checksums, AFlippedDigitInTheMetadataIsCaught) {
+  const fs::path p = scratch("meta.safetensors");
+  io::write_safetensors(p.string(), two_tensors());
+  std::string bytes = slurp(p);
+  const size_t at = bytes.find("lr = 0.002");
+  ASSERT_NE(at, std::string::npos);
+  bytes[at + 9] = '3';  // lr 0.002 -> 0.003: still a valid config
+  spit(p, bytes);
+  EXPECT_ERROR(io::read_safetensors(p.string()), "the metadata fails its checksum");
+}
+
+TEST(Checksums, AFileWithoutChecksumsLoadsWithANote) {
+  // What another writer makes: the same file with the checksum key taken out of the header.
+  const fs::path p = scratch("plain.safetensors");
+  io::write_safetensors(p.string(), two_tensors());
+  const std::string bytes = slurp(p);
+  uint64_t n = 0;
+  std::memcpy(&n, bytes.data(), 8);
+  nlohmann::json header = nlohmann::json::parse(bytes.substr(8, n));
+  header["__metadata__"].erase("scalify.crc32c");
+  const std::string text = header.dump();
+  std::string plain(8, '\0');
+  for (int i = 0; i < 8; ++i) plain[size_t(i)] = char(uint8_t(uint64_t(text.size()) >> (8 * i)));
+  spit(p, plain + text + bytes.substr(8 + n));
+  std::vector<std::string> notes;
+  const auto previous = set_note_sink([&](const std::string& m) { notes.push_back(m); });
+  const io::SafeTensors st = io::read_safetensors(p.string());
+  set_note_sink(previous);
+  EXPECT_FALSE(st.verified);
+  EXPECT_EQ(st.at("a.weight").numel(), 64 * 32);
+  ASSERT_EQ(notes.size(), 1u);
+  EXPECT_NE(notes[0].find("carries no checksums"), std::string::npos) << notes[0];
+}
+
+// ---- writes and reads that must not touch what is not a regular file ----------------------------
+
+TEST(AtomicWrite, RefusesATargetThatIsNotARegularFile) {
+  const fs::path dir = scratch("targets");
+  fs::create_directories(dir / "folder");
+  ASSERT_EQ(::mkfifo((dir / "fifo").c_str(), 0644), 0);
+  const int sock = ::socket(AF_UNIX, SOCK_STREAM, 0);
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::snprintf(addr.sun_path, sizeof addr.sun_path, "%s", (dir / "sock").c_str());
+  ASSERT_EQ(::bind(sock, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+  fs::create_symlink(dir / "fifo", dir / "link_to_fifo");
+  for (const char* name : {"folder", "fifo", "sock", "link_to_fifo"}) {
+    EXPECT_ERROR(io::write_text_atomically((dir / name).string(), "x"), "cannot write '" + (dir / name).string() + "'");
+    const fs::file_status st = fs::symlink_status(dir / name);
+    EXPECT_FALSE(fs::is_regular_file(st)) << name << " was replaced by a regular file";
+  }
+  ::close(sock);
+  for (const auto& e : fs::directory_iterator(dir)) EXPECT_EQ(e.path().string().find(".tmp."), std::string::npos) << e.path();
+  // A regular file and a link to one are still replaced.
+  io::write_text_atomically((dir / "file").string(), "old");
+  io::write_text_atomically((dir / "file").string(), "new");
+  EXPECT_EQ(slurp(dir / "file"), "new");
+}
+
+TEST(AtomicWrite, RemovesOnlyTemporariesWhoseWriterHasEnded) {
+  const fs::path dir = scratch("temporaries");
+  fs::create_directories(dir);
+  const pid_t dead = ::fork();
+  ASSERT_GE(dead, 0);
+  if (dead == 0) ::_exit(0);
+  ::waitpid(dead, nullptr, 0);
+  const fs::path live_tmp = dir / ("out.txt.tmp." + std::to_string(::getppid())), dead_tmp = dir / ("out.txt.tmp." + std::to_string(dead));
+  spit(live_tmp, "another writer's half-written bytes");
+  spit(dead_tmp, "a dead writer's leftover");
+  io::write_text_atomically((dir / "out.txt").string(), "done");
+  EXPECT_TRUE(fs::exists(live_tmp)) << "a live process's temporary was removed";
+  EXPECT_FALSE(fs::exists(dead_tmp)) << "a dead writer's leftover stayed";
+}
+
+TEST(InputFile, PipesDevicesFoldersAndOversizedFilesAreRefusedBeforeReading) {
+  const fs::path dir = scratch("inputs");
+  fs::create_directories(dir);
+  ASSERT_EQ(::mkfifo((dir / "pipe.json").c_str(), 0644), 0);
+  ASSERT_EQ(::mkfifo((dir / "pipe.toml").c_str(), 0644), 0);
+  // Each of these waited forever on the FIFO, or read /dev/zero until memory ran out.
+  EXPECT_ERROR(quant::load_recipe((dir / "pipe.json").string()), "is not a regular file");
+  EXPECT_ERROR(train::load_config_file((dir / "pipe.toml").string()), "is not a regular file");
+  EXPECT_ERROR(io::read_safetensors((dir / "pipe.json").string()), "is not a regular file");
+  EXPECT_ERROR(io::read_safetensors("/dev/zero"), "is not a regular file");
+  EXPECT_ERROR(train::load_config_file(dir.string()), "is a folder");
+  spit(dir / "big.toml", std::string((1 << 20) + 1, '#'));
+  EXPECT_ERROR(train::load_config_file((dir / "big.toml").string()), "more than the 1 MiB");
+  EXPECT_ERROR(io::read_input_file((dir / "missing").string(), "config", 10), "cannot open");
+}
+
+// ---- training state ------------------------------------------------------------------------------
+
+// The names of what differs between two checkpoints: tensors (by their bytes) and "(state)", the
+// training state's metadata (step counts, quantiser scales, loss scaler).
+std::vector<std::string> differences(const fs::path& a, const fs::path& b) {
+  auto contents = [](const fs::path& file) {
+    const io::SafeTensors st = io::read_safetensors(file.string());
+    std::map<std::string, std::string> out;
+    for (const auto& [name, t] : st.tensors)
+      out[name] = std::string(reinterpret_cast<const char*>(t.raw_bytes()), size_t(t.numel()) * size_t(dtype_size(t.dtype())));
+    out["(state)"] = st.metadata.at("scalify.state");
+    return out;
+  };
+  const auto x = contents(a), y = contents(b);
+  std::vector<std::string> names;
+  for (const auto& [name, bytes] : x)
+    if (!y.count(name) || y.at(name) != bytes) names.push_back(name);
+  for (const auto& [name, bytes] : y)
+    if (!x.count(name)) names.push_back(name);
+  return names;
+}
+// The training records of metrics.jsonl: everything but the evaluations and the timing.
+std::vector<std::string> training_metrics(const fs::path& run) {
+  std::vector<std::string> lines;
+  std::ifstream in(run / "metrics.jsonl");
+  for (std::string l; std::getline(in, l);) {
+    auto j = nlohmann::json::parse(l);
+    if (j.contains("val_loss")) continue;
+    j.erase("tokens_per_s");
+    lines.push_back(j.dump());
+  }
+  return lines;
+}
+
+TEST(Trainer, EvaluatingEveryStepChangesNoTrainingStateOfAnyPreset) {
+  const fs::path data = text_corpus();
+  for (const std::string& recipe : quant::preset_names()) {
+    const fs::path every = scratch("eval_every_" + recipe), end = scratch("eval_end_" + recipe);
+    train::TrainConfig c = tiny_run(data, every, recipe);
+    c.steps = 6;
+    c.checkpoint_every = 6;
+    c.eval_every = 1;
+    const train::TrainResult a = train::train(c, false);
+    c.out = end.string();
+    c.eval_every = 1000;
+    const train::TrainResult b = train::train(c, false);
+    EXPECT_EQ(differences(every / "model.safetensors", end / "model.safetensors"), std::vector<std::string>{}) << recipe;
+    EXPECT_EQ(training_metrics(every), training_metrics(end)) << recipe;
+    EXPECT_EQ(a.val_loss, b.val_loss) << recipe;
+  }
+}
+
+TEST(Trainer, SampleAndEvalLeaveACheckpointsQuantiserStateAsItWas) {
+  // In memory: an evaluation of a delayed-scaling session leaves its amax histories unchanged.
+  const fs::path data = text_corpus(), run = scratch("frozen");
+  train::TrainConfig c = tiny_run(data, run, "delayed");
+  train::train(c, false);
+  auto [st, cfg] = train::read_checkpoint(run.string());
+  const auto s = train::load_session(st, cfg, run.string());
+  auto states = [&] {
+    std::vector<std::vector<float>> h;
+    for (const auto& [layer, q] : s->linears)
+      for (const auto& [role, quantizer] : q.quantizers()) {
+        h.push_back(quantizer->state().history);
+        h.back().push_back(quantizer->state().scale);
+        h.back().push_back(float(quantizer->state().steps));
+      }
+    return h;
+  };
+  const auto before = states();
+  train::eval_session(*s, train::corpus_for(cfg).val);
+  EXPECT_EQ(states(), before);
+}
+
+TEST(Trainer, AResumeMustTrainFurtherAndKeepItsRecipe) {
+  const fs::path data = text_corpus(), run = scratch("further");
+  train::TrainConfig c = tiny_run(data, run, "delayed");
+  train::train(c, false);  // 8 steps, finished
+  const std::string model = slurp(run / "model.safetensors");
+  train::TrainConfig r = train::run_config(run.string());
+  r.steps = 5;
+  EXPECT_ERROR(train::train(r, true), "is at step 8 and --steps is 5; a resume trains further");
+  r.steps = 8;
+  EXPECT_ERROR(train::train(r, true), "give --steps above 8");
+  EXPECT_EQ(slurp(run / "model.safetensors"), model) << "a refused resume rewrote the model";
+  r.steps = 12;
+  r.recipe = "current";
+  EXPECT_ERROR(train::train(r, true), "recipe 'current' differs from the one");
+  r.recipe = "delayed";
+  EXPECT_EQ(train::train(r, true).steps, 12);
+  // The run folder's config is the one the run now trains with.
+  EXPECT_EQ(train::run_config(run.string()).steps, 12);
+}
+
+TEST(Trainer, AFolderWhoseRunSavedNoCheckpointStartsOverOrSaysHow) {
+  const fs::path data = text_corpus(), run = scratch("no_checkpoint");
+  train::TrainConfig c = tiny_run(data, run, "f32");
+  c.checkpoint_every = 100;
+  train::train(c, false, {}, /*stop_after=*/2);  // stops with a checkpoint: remove it, as a kill before it would leave
+  fs::remove(run / "checkpoint.safetensors");
+  ASSERT_TRUE(fs::exists(run / "metrics.jsonl"));
+  EXPECT_ERROR(train::train(train::run_config(run.string()), true), "start it again with `scalify train --out");
+  const train::TrainResult r = train::train(c, false);
+  EXPECT_EQ(r.steps, 8);
+  int64_t loss_lines = 0;
+  for (const std::string& l : training_metrics(run)) loss_lines += l.find("\"loss\"") != std::string::npos;
+  EXPECT_EQ(loss_lines, 8) << "the discarded run's metrics stayed";
+  EXPECT_NE(slurp(run / "train.log").find("stopped before its first checkpoint"), std::string::npos);
+}
+
+TEST(FolderLock, ASecondWriterIsRefusedNamingTheHolder) {
+  const fs::path data = text_corpus(), run = scratch("locked");
+  train::TrainConfig c = tiny_run(data, run, "f32");
+  train::train(c, false, {}, /*stop_after=*/3);
+  const std::string checkpoint = slurp(run / "checkpoint.safetensors");
+  {
+    const io::FolderLock held(run.string(), "train");
+    const std::string holder = "PID " + std::to_string(::getpid()) + ", scalify train";
+    EXPECT_ERROR(io::FolderLock(run.string(), "compare"), holder);
+    EXPECT_ERROR(train::train(train::run_config(run.string()), true), "is in use by another scalify process (" + holder + ")");
+    EXPECT_EQ(slurp(run / "checkpoint.safetensors"), checkpoint);
+  }
+  // Released with its owner: the run continues.
+  EXPECT_EQ(train::train(train::run_config(run.string()), true).steps, 8);
+  // A lock held by another process (a child here) is released when that process is killed.
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    const io::FolderLock mine(run.string(), "train");
+    ::pause();
+    ::_exit(0);
+  }
+  for (int i = 0; i < 200 && slurp(run / ".lock").find(std::to_string(child)) == std::string::npos; ++i) ::usleep(10000);
+  EXPECT_ERROR(io::FolderLock(run.string(), "train"), "PID " + std::to_string(child));
+  ::kill(child, SIGKILL);
+  ::waitpid(child, nullptr, 0);
+  EXPECT_NO_THROW(io::FolderLock(run.string(), "train"));
+}
+
+// ---- configs, recipes and sizes --------------------------------------------------------------
+
+TEST(Config, NumbersArePlainDecimalText) {
+  train::TrainConfig c;
+  for (const char* bad : {" 3", "3 ", "+3", "0x10", "1e3", "", "99999999999999999999"}) EXPECT_ERROR(c.set("steps", bad), "'steps' must be");
+  for (const char* bad : {" 0.1", "0x1p-3", "inf", "nan", "1e400"}) EXPECT_ERROR(c.set("lr", bad), "'lr' must be");
+  c.set("steps", "-3");  // parsed, then judged by validate()
+  EXPECT_ERROR(c.validate(), "'steps' must be in");
+  c.set("lr", "1e-3");
+  EXPECT_EQ(c.lr, 1e-3);
+}
+
+std::string preset_json_with(const std::function<void(nlohmann::json&)>& edit) {
+  nlohmann::json j = nlohmann::json::parse(quant::preset("delayed").to_json());
+  edit(j);
+  return j.dump();
+}
+
+TEST(Recipe, UnknownDuplicateAndUnusableFieldsAreErrors) {
+  EXPECT_ERROR(quant::Recipe::from_json(preset_json_with([](auto& j) { j["linear"]["weight"]["histroy"] = 8; })),
+               "unknown field 'histroy' in linear.weight; valid fields: scaling, format, margin, history");
+  EXPECT_ERROR(quant::Recipe::from_json(preset_json_with([](auto& j) { j["scalling"] = true; })), "unknown field 'scalling' in the recipe");
+  EXPECT_ERROR(quant::Recipe::from_json(preset_json_with([](auto& j) { j["loss_scaling"]["grwoth"] = 1; })),
+               "unknown field 'grwoth' in loss_scaling");
+  EXPECT_ERROR(quant::Recipe::from_json(preset_json_with([](auto& j) { j["linear"]["bias"] = 1; })), "unknown field 'bias' in linear");
+  for (const char* storage : {"e2m1", "e4m3", "e5m2"})
+    EXPECT_ERROR(quant::Recipe::from_json(preset_json_with([&](auto& j) { j["data_storage"] = storage; })),
+                 "data_storage must be f32, f16 or bf16");
+  EXPECT_NO_THROW(quant::Recipe::from_json(preset_json_with([](auto& j) { j["data_storage"] = "bf16"; })));
+  // A key named twice: the text is edited, since a JSON object cannot hold it.
+  std::string twice = quant::preset("delayed").to_json();
+  twice.replace(twice.find("\"history\": 16"), 13, "\"history\": 16, \"history\": 1024");
+  EXPECT_ERROR(quant::Recipe::from_json(twice), "the field 'history' appears twice");
+}
+
+TEST(Session, AModelThatCannotFitIsRefusedBeforeAllocation) {
+  train::TrainConfig c;
+  c.model.d_model = 65536;
+  c.model.heads = 1;
+  EXPECT_ERROR(train::make_session(c, nullptr), "needs at least");
+}
+
+}  // namespace
+}  // namespace scalify
