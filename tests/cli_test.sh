@@ -62,16 +62,16 @@ expect_error() {  # expect_error TEXT ARGS...: scalify fails (not a crash) and s
   grep -qF -- "$text" "$out/err" || { echo "for '$*' expected '$text', got:"; cat "$out/err"; exit 1; }
   if grep -q "internal error" "$out/err"; then echo "internal error for $*"; exit 1; fi
 }
-expect_error "to (log2 sigma) must be a finite number" snr --out "$out/s" --to inf
-expect_error "from (log2 sigma) must be a finite number" snr --out "$out/s" --from -inf
-expect_error "from (log2 sigma) must be a finite number" snr --out "$out/s" --from 1e400
-expect_error "from (log2 sigma) must be a finite number" snr --out "$out/s" --from nan
+expect_error "--to: must be a finite decimal number, got 'inf'" snr --out "$out/s" --to inf
+expect_error "--from: must be a finite decimal number, got '-inf'" snr --out "$out/s" --from -inf
+expect_error "--from: must be a finite decimal number, got '1e400'" snr --out "$out/s" --from 1e400
+expect_error "--from: must be a finite decimal number, got 'nan'" snr --out "$out/s" --from nan
 expect_error "exceeds 10000 points" snr --out "$out/s" --step 1e-9
 expect_error "in [-149, 127]" snr --out "$out/s" --from 1e17 --to 1.00000000000001e17 --step 1
 expect_error "samples must be in [1, 16777216]" snr --out "$out/s" --samples 268435456
 expect_error "step must be a finite number > 0, got 0" snr --out "$out/s" --step 0
 if grep -q "1797693" "$out/err"; then echo "--step 0 printed DBL_MAX"; exit 1; fi
-expect_error "--seed: must be a non-negative integer, got -1" snr --out "$out/s" --seed -1
+expect_error "--seed: must be a decimal integer in [0, 2^64), got '-1'" snr --out "$out/s" --seed -1
 touch "$out/plain_file"
 expect_error "--out '$out/plain_file' exists and is not a folder" snr --out "$out/plain_file" --from 0 --to 1 --samples 64
 expect_error "unknown subcommand 'foo'" foo
@@ -110,6 +110,32 @@ test ! -e "$out/q2.safetensors" && test ! -e "$out/q3.safetensors" || { echo "a 
 cp -r "$out/cmp/runs/current" "$out/badrun" && rm -rf "$out/badrun/inspect" && echo '{broken' >> "$out/badrun/metrics.jsonl"
 expect_error "is not a metrics record" inspect "$out/badrun"
 test ! -e "$out/badrun/inspect" || { echo "inspect wrote output before failing on its input"; exit 1; }
+# Run folders (issue 29). Writes never replace what is not a regular file; inputs that would block
+# (a FIFO) are refused, not waited on.
+mkfifo "$out/fifo"
+expect_error "cannot write '$out/fifo': it exists and is not a regular file" quantize "$out/cmp/runs/f32" --out "$out/fifo"
+test -p "$out/fifo" || { echo "quantize replaced a FIFO with a file"; exit 1; }
+expect_error "is not a regular file" train --config "$out/fifo" --out "$out/r29"
+expect_error "is not a regular file" eval "$out/fifo"
+expect_error "config: '$out' is a folder, not a file" train --config "$out" --out "$out/r29"
+expect_error "--recipe is empty" train --recipe "" --out "$out/r29" --steps 1
+expect_error "--out has no place beside it" train --resume "$out/cmp/runs/f32" --out "$out/r29"
+expect_error "--seed: must be a decimal integer in [0, 2^64), got '99999999999999999999999'" sample "$out/cmp/runs/f32" --seed 99999999999999999999999
+expect_error "--top-k: must be a decimal integer within 64 bits, got '0x10'" sample "$out/cmp/runs/f32" --top-k 0x10
+expect_error "'steps' must be a decimal integer within 64 bits, got ' 3'" train --set "steps= 3" --out "$out/r29"
+expect_error "needs at least" train --set d_model=65536 --set heads=1 --out "$out/r29"
+expect_error "File name too long" train --out "$out/$(printf 'a%.0s' {1..300})" --steps 1
+# A resume must train further, and keep its recipe; a refused one leaves the run as it was.
+cp "$out/cmp/runs/current/model.safetensors" "$out/model_before"
+expect_error "is at step 3 and --steps is 2; a resume trains further" train --resume "$out/cmp/runs/current" --steps 2
+expect_error "recipe 'delayed' differs from the one" train --resume "$out/cmp/runs/current" --recipe delayed --steps 5
+cmp -s "$out/model_before" "$out/cmp/runs/current/model.safetensors" || { echo "a refused resume changed the model"; exit 1; }
+test ! -e "$out/r29" || { echo "a refused train created its run folder"; exit 1; }
+# A flipped bit in a checkpoint's tensor data is caught by its checksum, naming the tensor.
+cp "$out/cmp/runs/f32/model.safetensors" "$out/flipped.safetensors"
+size=$(stat -c %s "$out/flipped.safetensors")
+printf '\x55' | dd of="$out/flipped.safetensors" bs=1 seek=$((size - 100)) conv=notrunc status=none
+expect_error "fails its checksum (CRC-32C" eval "$out/flipped.safetensors"
 # A format named twice (or by an alias) appears once.
 "$cli" snr --out "$out/dup" --from 0 --to 1 --samples 64 --formats e4m3,e4m3,fp8_e4m3 > /dev/null 2>&1
 test "$(grep -c ',e4m3,' "$out/dup/snr.csv")" -eq 5
