@@ -94,7 +94,7 @@ expect_error "is a quantised checkpoint" inspect "$out/q.safetensors"
 expect_error "--out '$out/plain_file' exists and is not a folder" inspect "$out/cmp/runs/f32" --out "$out/plain_file"
 expect_error "--out '$out/plain_file' exists and is not a folder" quantize "$out/cmp/runs/f32" --sweep 0:1 --out "$out/plain_file"
 expect_error "'$out/plain_file' exists and is not a folder" train --out "$out/plain_file" --steps 1
-expect_error "cannot create the folder '$out/plain_file/runs'" compare --out "$out/plain_file" --recipes f32 --steps 1
+expect_error "'$out/plain_file' exists and is not a folder" compare --out "$out/plain_file" --recipes f32 --steps 1
 expect_error "--sweep HI takes a whole number in [-64, 64], got '99999999999'" quantize "$out/cmp/runs/f32" --sweep 0:99999999999
 expect_error "--sweep LO takes a whole number in [-64, 64], got ''" quantize "$out/cmp/runs/f32" --sweep :3
 expect_error "--bias takes a whole number in [-64, 64], got ''" quantize "$out/cmp/runs/f32" --out "$out/q2.safetensors" --method cscale --bias ""
@@ -123,6 +123,11 @@ expect_error "--out has no place beside it" train --resume "$out/cmp/runs/f32" -
 expect_error "--seed: must be a decimal integer in [0, 2^64), got '99999999999999999999999'" sample "$out/cmp/runs/f32" --seed 99999999999999999999999
 expect_error "--top-k: must be a decimal integer within 64 bits, got '0x10'" sample "$out/cmp/runs/f32" --top-k 0x10
 expect_error "'steps' must be a decimal integer within 64 bits, got ' 3'" train --set "steps= 3" --out "$out/r29"
+# "010" is ten, not CLI11's octal eight.
+"$cli" train --steps 010 --out "$out/r10" --set d_model=16 --set layers=1 --set heads=1 --set seq=16 --set batch=2 \
+  --set eval_windows=2 2> /dev/null | grep -q "^steps: 10 (skipped 0)$" || { echo "--steps 010 was not 10 steps"; exit 1; }
+expect_error "--config has no place beside it" train --resume "$out/r10" --config "$out/r10/config.toml"
+expect_error "compare: --resume needs a comparison folder" compare --resume ""
 expect_error "needs at least" train --set d_model=65536 --set heads=1 --out "$out/r29"
 expect_error "File name too long" train --out "$out/$(printf 'a%.0s' {1..300})" --steps 1
 # A resume must train further, and keep its recipe; a refused one leaves the run as it was.
@@ -134,7 +139,9 @@ test ! -e "$out/r29" || { echo "a refused train created its run folder"; exit 1;
 # A flipped bit in a checkpoint's tensor data is caught by its checksum, naming the tensor.
 cp "$out/cmp/runs/f32/model.safetensors" "$out/flipped.safetensors"
 size=$(stat -c %s "$out/flipped.safetensors")
-printf '\x55' | dd of="$out/flipped.safetensors" bs=1 seek=$((size - 100)) conv=notrunc status=none
+byte=$(od -An -tu1 -j $((size - 100)) -N1 "$out/flipped.safetensors" | tr -d ' ')
+printf "$(printf '\\%03o' $((byte ^ 4)))" | dd of="$out/flipped.safetensors" bs=1 seek=$((size - 100)) conv=notrunc status=none
+cmp -s "$out/flipped.safetensors" "$out/cmp/runs/f32/model.safetensors" && { echo "the bit flip changed nothing"; exit 1; }
 expect_error "fails its checksum (CRC-32C" eval "$out/flipped.safetensors"
 # A format named twice (or by an alias) appears once.
 "$cli" snr --out "$out/dup" --from 0 --to 1 --samples 64 --formats e4m3,e4m3,fp8_e4m3 > /dev/null 2>&1

@@ -96,10 +96,8 @@ TEST(Checksums, AFlippedDigitInTheMetadataIsCaught) {
   EXPECT_ERROR(io::read_safetensors(p.string()), "the metadata fails its checksum");
 }
 
-TEST(Checksums, AFileWithoutChecksumsLoadsWithANote) {
-  // What another writer makes: the same file with the checksum key taken out of the header.
-  const fs::path p = scratch("plain.safetensors");
-  io::write_safetensors(p.string(), two_tensors());
+// The same file without its checksum key: the header rewritten as another writer would make it.
+void strip_checksums(const fs::path& p) {
   const std::string bytes = slurp(p);
   uint64_t n = 0;
   std::memcpy(&n, bytes.data(), 8);
@@ -109,6 +107,23 @@ TEST(Checksums, AFileWithoutChecksumsLoadsWithANote) {
   std::string plain(8, '\0');
   for (int i = 0; i < 8; ++i) plain[size_t(i)] = char(uint8_t(uint64_t(text.size()) >> (8 * i)));
   spit(p, plain + text + bytes.substr(8 + n));
+}
+
+TEST(Checksums, ACheckpointOfThisFormatWithoutChecksumsIsRefused) {
+  // A damaged checksum key must not turn verification off: this build's checkpoints carry them.
+  const fs::path data = text_corpus(), run = scratch("stripped");
+  train::train(tiny_run(data, run, "f32"), false);
+  strip_checksums(run / "checkpoint.safetensors");
+  const auto quiet = set_note_sink({});
+  EXPECT_ERROR(train::read_checkpoint(run.string()), "lacks the checksums its format version carries");
+  set_note_sink(quiet);
+}
+
+TEST(Checksums, AFileWithoutChecksumsLoadsWithANote) {
+  // What another writer makes: the same file with no checksums.
+  const fs::path p = scratch("plain.safetensors");
+  io::write_safetensors(p.string(), two_tensors());
+  strip_checksums(p);
   std::vector<std::string> notes;
   const auto previous = set_note_sink([&](const std::string& m) { notes.push_back(m); });
   const io::SafeTensors st = io::read_safetensors(p.string());
@@ -227,7 +242,7 @@ TEST(Trainer, EvaluatingEveryStepChangesNoTrainingStateOfAnyPreset) {
   }
 }
 
-TEST(Trainer, SampleAndEvalLeaveACheckpointsQuantiserStateAsItWas) {
+TEST(Trainer, EvaluationLeavesALoadedSessionsQuantiserStateAsItWas) {
   // In memory: an evaluation of a delayed-scaling session leaves its amax histories unchanged.
   const fs::path data = text_corpus(), run = scratch("frozen");
   train::TrainConfig c = tiny_run(data, run, "delayed");
@@ -264,7 +279,11 @@ TEST(Trainer, AResumeMustTrainFurtherAndKeepItsRecipe) {
   r.recipe = "current";
   EXPECT_ERROR(train::train(r, true), "recipe 'current' differs from the one");
   r.recipe = "delayed";
-  EXPECT_EQ(train::train(r, true).steps, 12);
+  // Trained further but stopped short: the step-8 model is no longer the run's final model.
+  train::train(r, true, {}, /*stop_after=*/10);
+  EXPECT_FALSE(fs::exists(run / "model.safetensors")) << "a stale final model stayed beside a newer checkpoint";
+  EXPECT_EQ(train::train(train::run_config(run.string()), true).steps, 12);
+  EXPECT_EQ(train::checkpoint_step(io::read_safetensors((run / "model.safetensors").string()), "model"), 12);
   // The run folder's config is the one the run now trains with.
   EXPECT_EQ(train::run_config(run.string()).steps, 12);
 }
@@ -276,7 +295,7 @@ TEST(Trainer, AFolderWhoseRunSavedNoCheckpointStartsOverOrSaysHow) {
   train::train(c, false, {}, /*stop_after=*/2);  // stops with a checkpoint: remove it, as a kill before it would leave
   fs::remove(run / "checkpoint.safetensors");
   ASSERT_TRUE(fs::exists(run / "metrics.jsonl"));
-  EXPECT_ERROR(train::train(train::run_config(run.string()), true), "start it again with `scalify train --out");
+  EXPECT_ERROR(train::train(train::run_config(run.string()), true), "start it again with `scalify train --config " + (run / "config.toml").string() + "`");
   const train::TrainResult r = train::train(c, false);
   EXPECT_EQ(r.steps, 8);
   int64_t loss_lines = 0;
@@ -312,6 +331,10 @@ TEST(FolderLock, ASecondWriterIsRefusedNamingTheHolder) {
   ::kill(child, SIGKILL);
   ::waitpid(child, nullptr, 0);
   EXPECT_NO_THROW(io::FolderLock(run.string(), "train"));
+  // The lock is the folder's own: deleting the note file does not open it to a second writer.
+  const io::FolderLock held(run.string(), "train");
+  fs::remove(run / ".lock");
+  EXPECT_ERROR(io::FolderLock(run.string(), "train"), "is in use by another scalify process (PID unknown)");
 }
 
 // ---- configs, recipes and sizes --------------------------------------------------------------

@@ -27,8 +27,9 @@ void add_compare_command(CLI::App& app, const std::string& command_line) {
   c->add_option("--resume", o->resume, "continue the comparison in this folder (finished recipes are not rerun)");
   c->callback([o, c, command_line] {
     train::CompareConfig cc;
-    const bool resume = !o->resume.empty();
+    const bool resume = c->count("--resume") > 0;
     if (resume) {
+      if (o->resume.empty()) throw Error("compare: --resume needs a comparison folder");
       for (const char* opt : {"--recipes", "--config", "--data", "--steps", "--set", "--out"})
         if (c->count(opt) > 0)
           throw Error(std::string("compare: --resume continues the comparison as it was started; drop ") + opt);

@@ -91,7 +91,7 @@ void add_inspect_commands(CLI::App& app) {
   i->add_option("--out", ia->out, "output folder (default: <run>/inspect, or ./inspect for a file)");
   i->add_option("--format", ia->format, "format whose range the histograms are drawn against (default e4m3)");
   i->add_flag("--initial", ia->o.initial, "the run's model at initialisation instead of the checkpoint's");
-  i->add_option("--batch", ia->o.batch, "which training batch (default 0)")->check(non_negative_integer());
+  i->add_option("--batch", ia->o.batch, "which training batch (default 0)")->transform(non_negative_integer());
   i->add_option("--data", ia->o.data, "corpus (default: the run's)");
   i->callback([ia] { run_inspect(ia->target, ia->out, ia->format, ia->o); });
 

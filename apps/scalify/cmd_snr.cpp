@@ -123,12 +123,12 @@ void add_snr_command(CLI::App& app) {
   cmd->add_option("--formats", o->formats, "Formats to sweep (names or aliases)")
       ->delimiter(',')
       ->capture_default_str();
-  cmd->add_option("--from", o->lo, "Smallest log2(sigma)")->capture_default_str()->check(finite_number());
-  cmd->add_option("--to", o->hi, "Largest log2(sigma)")->capture_default_str()->check(finite_number());
+  cmd->add_option("--from", o->lo, "Smallest log2(sigma)")->capture_default_str()->transform(finite_number());
+  cmd->add_option("--to", o->hi, "Largest log2(sigma)")->capture_default_str()->transform(finite_number());
   // --from/--to/--step/--samples are checked by check_snr_sweep (finite, ordered, bounded points).
-  cmd->add_option("--step", o->step, "Step in log2(sigma)")->capture_default_str()->check(finite_number());
-  cmd->add_option("--samples", o->samples, "Samples per point (at most 2^24)")->capture_default_str()->check(integer());
-  cmd->add_option("--seed", o->seed, "Random seed (>= 0)")->capture_default_str()->check(non_negative_integer());
+  cmd->add_option("--step", o->step, "Step in log2(sigma)")->capture_default_str()->transform(finite_number());
+  cmd->add_option("--samples", o->samples, "Samples per point (at most 2^24)")->capture_default_str()->transform(non_negative_integer());
+  cmd->add_option("--seed", o->seed, "Random seed (>= 0)")->capture_default_str()->transform(non_negative_integer());
   cmd->callback([o] { run(*o); });
 }
 

@@ -32,7 +32,7 @@ std::function<void(const std::string&)> status_printer() {
 void ConfigOptions::add_to(CLI::App* command) {
   command->add_option("--config", config, "TOML file with any of the train config keys");
   command->add_option("--data", data, "text file or folder of text files (default: Debian's fortunes)");
-  steps_option = command->add_option("--steps", steps, "optimizer steps (per recipe for compare)")->check(integer());
+  steps_option = command->add_option("--steps", steps, "optimizer steps (per recipe for compare)")->transform(integer());
   command->add_option("--set", set, "KEY=VALUE override of any train config key (repeatable)");
 }
 
@@ -58,11 +58,13 @@ void add_train_commands(CLI::App& app) {
     train::TrainConfig c;
     if (resume->count() > 0) {
       if (out->count() > 0) throw Error("train: --resume names the run folder to continue; --out has no place beside it");
+      if (!o->config.config.empty())
+        throw Error("train: --resume continues the run under its own config.toml; --config has no place beside it (--steps and --set override keys)");
       if (o->resume.empty()) throw Error("train: --resume needs a run folder");
       c = train::run_config(o->resume);
-      c.out = o->resume;
     }
     o->config.apply(c, resume->count() == 0);
+    if (resume->count() > 0) c.out = o->resume;  // the run's folder, whatever --set out says
     if (out->count() > 0) c.out = o->out;
     if (recipe->count() > 0) {
       if (o->recipe.empty()) throw Error("train: --recipe is empty; give a preset name or a recipe .json file");
@@ -97,10 +99,10 @@ void add_train_commands(CLI::App& app) {
   auto* s = app.add_subcommand("sample", "Generate text from a checkpoint");
   s->add_option("checkpoint", sa->checkpoint, "checkpoint .safetensors or run folder")->required();
   s->add_option("--prompt", sa->prompt, "text to continue");
-  s->add_option("--tokens", sa->o.tokens, "bytes to generate (default 200)")->check(integer());
-  s->add_option("--temperature", sa->o.temperature, "0: greedy (default 0.8)")->check(finite_number());
-  s->add_option("--top-k", sa->o.top_k, "sample among the k most likely (0: all; default 40)")->check(integer());
-  s->add_option("--seed", sa->o.seed, "sampling seed (>= 0)")->check(non_negative_integer());
+  s->add_option("--tokens", sa->o.tokens, "bytes to generate (default 200)")->transform(integer());
+  s->add_option("--temperature", sa->o.temperature, "0: greedy (default 0.8)")->transform(finite_number());
+  s->add_option("--top-k", sa->o.top_k, "sample among the k most likely (0: all; default 40)")->transform(integer());
+  s->add_option("--seed", sa->o.seed, "sampling seed (>= 0)")->transform(non_negative_integer());
   s->callback([sa] { std::printf("%s%s\n", sa->prompt.c_str(), train::sample(sa->checkpoint, sa->prompt, sa->o).c_str()); });
 }
 

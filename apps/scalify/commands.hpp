@@ -2,7 +2,9 @@
 // Subcommands of the scalify CLI: each registers its options and its run function.
 #include <CLI/CLI.hpp>
 #include <functional>
+#include <optional>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "scalify/io/number_text.hpp"
@@ -19,13 +21,18 @@ void add_train_commands(CLI::App& app);
 void add_inspect_commands(CLI::App& app);
 void add_compare_command(CLI::App& app, const std::string& command_line);
 
-// Number options take plain decimal text only (io/number_text.hpp), checked before CLI11 converts
-// it: CLI11 alone reads "0x10" as 16, trims " 3", clamps values past 2^64 and wraps "-1" into a
-// uint64_t as 2^64 - 1.
+// Number options take plain decimal text only (io/number_text.hpp), parsed here and handed to
+// CLI11 rewritten as the number it is (use with ->transform): CLI11 alone reads "0x10" as 16 and
+// "010" as 8, trims " 3", clamps values past 2^64 and wraps "-1" into a uint64_t as 2^64 - 1.
 template <class T>
 CLI::Validator decimal(const char* what) {
   return CLI::Validator(
-      [what](std::string& s) { return io::parse_number<T>(s) ? std::string() : std::string("must be ") + what + ", got '" + s + "'"; },
+      [what](std::string& s) {
+        const std::optional<T> v = io::parse_number<T>(s);
+        if (!v) return std::string("must be ") + what + ", got '" + s + "'";
+        if constexpr (std::is_integral_v<T>) s = std::to_string(*v);
+        return std::string();
+      },
       "", what);
 }
 inline CLI::Validator non_negative_integer() { return decimal<uint64_t>("a decimal integer in [0, 2^64)"); }

@@ -19,12 +19,14 @@ using json = nlohmann::json;
 
 std::vector<ScaleSeries> read_scale_history(const std::string& run_dir) {
   const fs::path file = fs::path(run_dir) / "metrics.jsonl";
+  if (fs::exists(file) && !fs::is_regular_file(file)) throw Error("'" + file.string() + "' is not a regular file");  // a pipe would block
   std::ifstream in(file);
   if (!in) throw Error("cannot read '" + file.string() + "' (not a run folder?)");
   std::vector<ScaleSeries> series;
   std::map<std::string, size_t> index;
   std::string line;
-  for (int64_t n = 1; std::getline(in, line); ++n) {
+  // A last line without its newline is one a running trainer is still writing: left out.
+  for (int64_t n = 1; std::getline(in, line) && !in.eof(); ++n) {
     const json j = json::parse(line, nullptr, false);
     if (j.is_discarded() || !j.is_object() || !j.contains("step"))
       throw Error("'" + file.string() + "' line " + std::to_string(n) + " is not a metrics record");

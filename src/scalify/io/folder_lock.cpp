@@ -4,34 +4,54 @@
 #include <sys/file.h>
 #include <unistd.h>
 
-#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <thread>
 
 #include "scalify/error.hpp"
 
 namespace scalify::io {
 
+namespace {
+// The holder's note ("PID 123, scalify train"); a holder that has just locked may not have written
+// it yet, so an empty note is read again a few times.
+std::string holder_of(const std::string& note_path) {
+  for (int attempt = 0; attempt < 20; ++attempt) {
+    std::ifstream in(note_path);
+    std::string line;
+    if (std::getline(in, line) && !line.empty()) return line;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  return "PID unknown";
+}
+}  // namespace
+
 FolderLock::FolderLock(const std::string& folder, const std::string& command) {
-  const std::string path = (std::filesystem::path(folder) / ".lock").string();
-  fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK, 0644);
-  if (fd_ < 0) throw Error("cannot lock the folder '" + folder + "': cannot open '" + path + "': " + std::strerror(errno));
+  // The lock is on the folder itself, not on a file in it that could be deleted and made anew
+  // while its lock is held; .lock only carries the note for other processes.
+  fd_ = ::open(folder.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd_ < 0) throw Error("cannot lock the folder '" + folder + "': " + std::strerror(errno));
+  const std::string note = (std::filesystem::path(folder) / ".lock").string();
   while (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
     if (errno == EINTR) continue;
     const int err = errno;
-    char holder[128] = {};
-    const ssize_t n = ::pread(fd_, holder, sizeof holder - 1, 0);
     ::close(fd_);
     if (err != EWOULDBLOCK) throw Error("cannot lock the folder '" + folder + "': " + std::strerror(err));
-    std::string who(holder, size_t(std::max<ssize_t>(n, 0)));
-    while (!who.empty() && (who.back() == '\n' || who.back() == ' ')) who.pop_back();
-    throw Error("'" + folder + "' is in use by another scalify process (" + (who.empty() ? "PID unknown" : who) +
-                "); wait for it to finish, or write elsewhere");
+    throw Error("'" + folder + "' is in use by another scalify process (" + holder_of(note) + "); wait for it to finish, or write elsewhere");
   }
-  const std::string me = "PID " + std::to_string(::getpid()) + ", scalify " + command + "\n";
-  if (::ftruncate(fd_, 0) != 0 || ::pwrite(fd_, me.data(), me.size(), 0) != ssize_t(me.size())) {
-    // The lock itself holds; only the note for other processes is missing.
+  // Best effort: without the note the lock still holds; other processes then say "PID unknown".
+  const int nfd = ::open(note.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK, 0644);
+  if (nfd >= 0) {
+    std::ostringstream me;
+    me << "PID " << ::getpid() << ", scalify " << command << "\n";
+    const std::string text = me.str();
+    if (::write(nfd, text.data(), text.size()) != ssize_t(text.size())) {
+      // a short note is still a note
+    }
+    ::close(nfd);
   }
 }
 

@@ -1,8 +1,9 @@
 #pragma once
 // One process owns a folder it writes into (a run folder, a comparison): an advisory lock (flock)
-// on the folder's `.lock` file, held until the FolderLock is destroyed or the process ends. The
-// kernel releases it however the process ends, SIGKILL included, so a dead owner never blocks
-// the next one. The file holds the owner's PID and command, which a second writer's error names.
+// on the folder itself, held until the FolderLock is destroyed or the process ends. The kernel
+// releases it however the process ends, SIGKILL included, so a dead owner never blocks the next
+// one. The folder's `.lock` file holds the owner's PID and command, which a second writer's error
+// names.
 #include <string>
 
 namespace scalify::io {

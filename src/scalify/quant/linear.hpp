@@ -35,7 +35,8 @@ std::vector<std::string> recipe_names();
 class QLinear {
  public:
   explicit QLinear(LinearRecipe recipe);
-  // y = x @ w (+ b), x [..., K], w [K, N], b [N].
+  // y = x @ w (+ b), x [..., K], w [K, N], b [N]. Without gradient recording (NoGrad: evaluation,
+  // sampling) the quantisers run in inference mode and keep their state as training left it.
   Var operator()(const Var& x, const Var& w, const Var& b = {}) const;
   const LinearRecipe& recipe() const { return recipe_; }
   // Statistics of the last quantisation of each role.

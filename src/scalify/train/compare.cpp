@@ -14,6 +14,7 @@
 #include "scalify/inspect/report_section.hpp"
 #include "scalify/io/atomic_file.hpp"
 #include "scalify/io/folder_lock.hpp"
+#include "scalify/io/input_file.hpp"
 #include "scalify/platform/memory.hpp"
 #include "scalify/quant/recipe.hpp"
 #include "scalify/report/gnuplot.hpp"
@@ -43,13 +44,7 @@ const std::map<std::string, std::vector<std::string>>& named_lists() {
 
 void write_text(const fs::path& path, const std::string& text) { io::write_text_atomically(path.string(), text); }
 
-std::string read_text(const fs::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw Error("compare: cannot read '" + path.string() + "'");
-  std::ostringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
+std::string read_text(const fs::path& path) { return io::read_input_file(path.string(), "compare", uint64_t(16) << 20); }
 
 // The run folder's name: the preset name, or a JSON file's stem (not empty, not hidden, no
 // "." or ".." that would point outside runs/).
@@ -155,7 +150,10 @@ RecipeOutcome run_recipe(const CompareConfig& config, const std::string& recipe,
   // finished but whose outcome was never written) starts over.
   const fs::path run(c.out);
   const bool resume_run = resume && fs::exists(run / "checkpoint.safetensors") && !fs::exists(run / "model.safetensors");
-  if (!resume_run) fs::remove_all(run);  // only ever a folder of this comparison
+  if (!resume_run && fs::exists(run)) {  // only ever a folder of this comparison, and not while a process trains in it
+    const io::FolderLock owned(run.string(), "compare");
+    fs::remove_all(run);
+  }
   platform::reset_peak_memory();
   const auto t0 = std::chrono::steady_clock::now();
   try {
@@ -199,7 +197,8 @@ struct Curves {
 };
 Curves read_curves(const fs::path& run_dir) {
   Curves c;
-  std::ifstream in(run_dir / "metrics.jsonl");
+  std::ifstream in;
+  if (fs::is_regular_file(run_dir / "metrics.jsonl")) in.open(run_dir / "metrics.jsonl");  // a pipe there would block
   std::string line;
   const int64_t window = 10;  // training loss as the mean of each 10-step bucket
   double sum = 0;
@@ -468,13 +467,14 @@ CompareReport compare(const CompareConfig& given, bool resume, const CompareProg
     if (!names.insert(run_name(r)).second) throw Error("compare: two recipes would share the run folder '" + run_name(r) + "'");
 
   const fs::path dir(config.out);
-  if (!resume) io::make_folder((dir / "runs").string());
+  if (!resume) io::make_folder(dir.string());
   const io::FolderLock lock(dir.string(), resume ? "compare --resume" : "compare");  // one comparison writes here at a time
   if (!resume) {
     if (fs::exists(dir / "compare.json")) throw Error("compare: '" + config.out + "' already holds a comparison; use --resume to continue it or another --out");
     for (const std::string& name : names)  // never delete run folders this comparison did not make
       if (fs::exists(dir / "runs" / name))
         throw Error("compare: '" + (dir / "runs" / name).string() + "' already exists; choose another --out");
+    io::make_folder((dir / "runs").string());
     write_text(dir / "compare.json", json{{"recipes", config.recipes}, {"config", config.base.to_toml()}}.dump(2) + "\n");
   }
   CompareReport rep;

@@ -38,7 +38,7 @@ PtqMethod parse_ptq_method(const std::string& name) {
 namespace {
 
 constexpr Format kElement = Format::e4m3;
-constexpr int kPtqVersion = 1;
+constexpr int kPtqVersion = 2;  // 2: with checksums (io/safetensors.hpp); 1 (before them) still loads
 
 void check(const PtqOptions& o) {
   if (o.bias < -64 || o.bias > 64) throw Error("quantize: the scaling bias must be in [-64, 64], got " + std::to_string(o.bias));
@@ -195,9 +195,11 @@ EvalResult evaluate_quantized(const io::SafeTensors& st, const std::string& file
   TrainConfig cfg = checkpoint_config(st, file);
   if (!data.empty()) cfg.data = data;
   PtqOptions o;
+  int version = 0;
   try {
     const json ptq = json::parse(st.metadata.at("scalify.ptq"));
-    if (ptq.at("version").get<int>() != kPtqVersion) throw Error("version " + ptq.at("version").dump() + ", this build reads 1");
+    version = ptq.at("version").get<int>();
+    if (version != 1 && version != kPtqVersion) throw Error("version " + ptq.at("version").dump() + ", this build reads 1 and 2");
     if (ptq.at("element").get<std::string>() != format_name(kElement)) throw Error("element format " + ptq.at("element").dump());
     o.method = parse_ptq_method(ptq.at("method").get<std::string>());
     o.bias = ptq.at("bias").get<int>();
@@ -205,6 +207,7 @@ EvalResult evaluate_quantized(const io::SafeTensors& st, const std::string& file
   } catch (const std::exception& e) {
     throw Error("quantised checkpoint '" + file + "': bad 'scalify.ptq' metadata (" + e.what() + ")");
   }
+  if (version == kPtqVersion) require_checksums(st, file);
   // Parameters: f32 tensors as they are, weights decoded; nothing non-finite.
   std::map<std::string, Tensor> values;
   for (const auto& [key, t] : st.tensors) {

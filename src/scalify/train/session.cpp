@@ -21,7 +21,8 @@ using json = nlohmann::json;
 
 namespace {
 
-constexpr const char* kFormatVersion = "1";
+// 2: every tensor and the metadata carry a CRC-32C (io/safetensors.hpp); 1 (before them) still loads.
+constexpr const char* kFormatVersion = "2";
 
 void put(io::SafeTensors& st, json& any_scale, const std::string& name, const ScaledTensor& s) {
   st.tensors.emplace_back(name, s.data);
@@ -42,28 +43,32 @@ std::string gigabytes(double bytes) {
 }
 
 // Refuses a model that cannot fit before any of it is allocated (std::bad_alloc minutes into the
-// allocation otherwise, or the machine's memory eaten). The estimate is a lower bound: training
-// holds f32 parameters, gradients and AdamW's two moments (16 bytes a parameter) and, per token of
-// a batch, at least 16 activations of d_model floats per layer and the logits with their softmax
-// and gradient; inference, the parameters and one batch's logits.
-void check_fits_in_memory(const TrainConfig& cfg, bool training) {
+// allocation otherwise, or the machine's memory eaten). The estimate is a lower bound: a session
+// with an optimizer (training, and checkpoints loaded with their state) holds the parameters and
+// their gradients in the master-weight storage and AdamW's two moments in the recipe's state
+// storage, and per token of a batch at least 16 activations of d_model values per layer (in the
+// data storage) and the f32 logits with their softmax and gradient; an inference session, the
+// f32 parameter values and one batch's logits.
+void check_fits_in_memory(const TrainConfig& cfg, const quant::Recipe& r, bool with_optimizer) {
   const nn::GptConfig& m = cfg.model;
   const double params = double(m.parameter_count()), tokens = double(cfg.batch) * double(m.seq);
-  const double bytes = training ? 16 * params + tokens * (double(m.layers) * 16 * double(m.d_model) + 3 * double(m.vocab)) * 4
-                                : 4 * params + tokens * double(m.vocab) * 4;
+  const double state = 2.0 * dtype_size(r.master_weight) + 2.0 * dtype_size(r.optimizer_state);
+  const double activations = double(m.layers) * 16 * double(m.d_model) * dtype_size(r.data_storage) + 3.0 * 4 * double(m.vocab);
+  const double bytes = with_optimizer ? state * params + tokens * activations : 4 * params + tokens * double(m.vocab) * 4;
   const double limit = double(platform::memory_limit_bytes());
   if (bytes > limit)
-    throw Error("model: " + std::string(training ? "training" : "running") + " d_model=" + std::to_string(m.d_model) + ", layers=" +
-                std::to_string(m.layers) + " (" + std::to_string(int64_t(params)) + " parameters) at batch " + std::to_string(cfg.batch) +
-                " x seq " + std::to_string(m.seq) + " needs at least " + gigabytes(bytes) + ", more than the " + gigabytes(limit) +
+    throw Error("model: d_model=" + std::to_string(m.d_model) + ", layers=" + std::to_string(m.layers) + " (" +
+                std::to_string(int64_t(params)) + " parameters) at batch " + std::to_string(cfg.batch) + " x seq " + std::to_string(m.seq) +
+                " under recipe " + r.name + " needs at least " + gigabytes(bytes) + ", more than the " + gigabytes(limit) +
                 " of memory this process may use");
 }
 
 }  // namespace
 
 std::unique_ptr<Session> make_session(const TrainConfig& cfg, const io::SafeTensors* ckpt) {
-  check_fits_in_memory(cfg, true);
-  auto s = std::make_unique<Session>(cfg);
+  quant::Recipe recipe = quant::load_recipe(cfg.recipe);
+  check_fits_in_memory(cfg, recipe, true);
+  auto s = std::make_unique<Session>(cfg, std::move(recipe));
   const json any_scale = ckpt ? json::parse(ckpt->metadata.at("scalify.any_scale")) : json::array();
   std::vector<Var> raw;
   for (const auto& [name, v] : s->model.parameters()) {
@@ -158,6 +163,11 @@ std::string checkpoint_file(const std::string& path) {
   return file.string();
 }
 
+void require_checksums(const io::SafeTensors& st, const std::string& file) {
+  if (!st.verified)
+    throw Error("checkpoint '" + file + "' lacks the checksums its format version carries (metadata 'scalify.crc32c'): the file is corrupt");
+}
+
 TrainConfig checkpoint_config(const io::SafeTensors& st, const std::string& file) {
   if (!st.metadata.count("config")) throw Error("'" + file + "' lacks metadata 'config' (not a scalify checkpoint?)");
   TrainConfig cfg = parse_config(st.metadata.at("config"), file + " (config)");
@@ -187,8 +197,10 @@ TrainConfig training_checkpoint_config(io::SafeTensors& st, const std::string& f
     throw Error("'" + file + "' is a quantised checkpoint (from scalify quantize), which only eval reads; give the training checkpoint or run folder");
   for (const char* k : {"format_version", "config", "scalify.state", "scalify.any_scale"})
     if (!st.metadata.count(k)) throw Error("checkpoint '" + file + "' lacks metadata '" + k + "' (not a scalify checkpoint?)");
-  if (st.metadata["format_version"] != kFormatVersion)
-    throw Error("checkpoint '" + file + "' has format version " + st.metadata["format_version"] + ", this build reads " + kFormatVersion);
+  const std::string version = st.metadata["format_version"];
+  if (version != "1" && version != kFormatVersion)
+    throw Error("checkpoint '" + file + "' has format version " + version + ", this build reads 1 and " + kFormatVersion);
+  if (version == kFormatVersion) require_checksums(st, file);
   TrainConfig cfg = checkpoint_config(st, file);
   const int64_t step = checkpoint_step(st, file);
   for (const char* k : {"scalify.state", "scalify.any_scale"})
@@ -204,7 +216,7 @@ TrainConfig training_checkpoint_config(io::SafeTensors& st, const std::string& f
 }
 
 std::unique_ptr<Session> inference_session(const TrainConfig& cfg, quant::Recipe recipe, const std::map<std::string, Tensor>& values) {
-  check_fits_in_memory(cfg, false);
+  check_fits_in_memory(cfg, recipe, false);
   auto s = std::make_unique<Session>(cfg, std::move(recipe));
   unit::NamedParams named = s->model.parameters();
   for (auto& [name, p] : named) {

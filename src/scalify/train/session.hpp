@@ -32,7 +32,6 @@ struct Session {
   std::unique_ptr<optim::AdamW> opt;
   std::unique_ptr<quant::LossScaler> scaler;
 
-  explicit Session(const TrainConfig& c) : Session(c, quant::load_recipe(c.recipe)) {}
   Session(const TrainConfig& c, quant::Recipe r) : cfg(c), recipe(std::move(r)), model(model_config(c, recipe), c.seed) {}
   // A unit-scaling recipe trains the unit-scaled variant of the configured model.
   static nn::GptConfig model_config(const TrainConfig& c, const quant::Recipe& r) {
@@ -82,6 +81,9 @@ std::pair<io::SafeTensors, TrainConfig> read_checkpoint(const std::string& path)
 TrainConfig training_checkpoint_config(io::SafeTensors& st, const std::string& file);
 // A checkpoint's metadata 'step' (the steps it has trained), checked to be a whole number >= 0.
 int64_t checkpoint_step(const io::SafeTensors& st, const std::string& file);
+// Files of this build's format versions carry checksums: one read without them (its checksum key
+// damaged, or stripped) is refused. Older versions load unverified, with io/safetensors' note.
+void require_checksums(const io::SafeTensors& st, const std::string& file);
 // The config a checkpoint (training or quantised) carries in its metadata, validated.
 TrainConfig checkpoint_config(const io::SafeTensors& st, const std::string& file);
 // A session for inference: the recipe's model with the given parameter values (every parameter,

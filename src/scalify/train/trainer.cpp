@@ -111,20 +111,25 @@ TrainResult train(const TrainConfig& config, bool resume, const Progress& progre
   // The run folder is this process's until it returns: a second writer is refused, by name.
   std::optional<io::FolderLock> lock;
   std::string started;
+  auto check_appended_files = [&] {  // appended to (and read on resume): a pipe there would block
+    for (const char* f : {"metrics.jsonl", "train.log"})
+      if (fs::exists(dir / f) && !fs::is_regular_file(dir / f)) throw Error("'" + (dir / f).string() + "' is not a regular file");
+  };
   if (resume) {
     if (!fs::is_directory(dir)) throw Error("resume: '" + config.out + "' is not a run folder");
     lock.emplace(dir.string(), "train --resume");
+    check_appended_files();
     if (!fs::exists(ckpt_path))
       throw Error("resume: '" + config.out + "' holds no checkpoint.safetensors" +
                   (fs::exists(metrics_path) ? ": its run stopped before its first checkpoint, so it cannot be continued; start it "
-                                              "again with `scalify train --out " + config.out + "` (the same config)"
+                                              "again with `scalify train --config " + (dir / "config.toml").string() + "`"
                                             : ""));
     // The given config (the run's config.toml, possibly with overrides such as more steps);
     // loading checks that the checkpoint's tensors fit its model.
     const io::SafeTensors st = read_checkpoint(ckpt_path).first;
     // A run keeps its recipe: one given again (--recipe, or an edited JSON file) must be the same.
     if (st.metadata.count("recipe") && st.metadata.at("recipe") != quant::load_recipe(config.recipe).to_json())
-      throw Error("resume: recipe '" + config.recipe + "' differs from the one '" + config.out + "' was trained with (its recipe.json); " +
+      throw Error("resume: recipe '" + config.recipe + "' differs from the one '" + config.out + "' was trained with (recorded in its checkpoint); " +
                   "a run keeps its recipe: start a new run to train under another");
     s = load_session(st, config, ckpt_path);
     const json state = json::parse(st.metadata.at("scalify.state"));
@@ -136,10 +141,15 @@ TrainResult train(const TrainConfig& config, bool resume, const Progress& progre
                   "; a resume trains further: give --steps above " + std::to_string(start));
     truncate_metrics(metrics_path, start - 1);
     started = "resume at step " + std::to_string(start);
+    if (start < config.steps && fs::exists(model_path)) {  // a finished run trained further: no longer its final model
+      fs::remove(model_path);
+      started += " (model.safetensors of step " + std::to_string(start) + " removed until the run finishes)";
+    }
   } else {
     s = make_session(config, nullptr);
     io::make_folder(dir.string());
     lock.emplace(dir.string(), "train");
+    check_appended_files();
     if (fs::exists(ckpt_path) || fs::exists(model_path))
       throw Error("'" + config.out + "' already holds a run; use --resume to continue it or another --out");
     started = "new run";
@@ -150,8 +160,6 @@ TrainResult train(const TrainConfig& config, bool resume, const Progress& progre
     const std::string recipe = s->recipe.to_json() + "\n";
     io::write_text_atomically((dir / "recipe.json").string(), recipe);
   }
-  for (const char* f : {"metrics.jsonl", "train.log"})  // appended to below: a pipe there would block
-    if (fs::exists(dir / f) && !fs::is_regular_file(dir / f)) throw Error("'" + (dir / f).string() + "' is not a regular file");
   const TrainConfig& cfg = s->cfg;
   io::write_text_atomically((dir / "config.toml").string(), cfg.to_toml());  // what this run trains with, overrides included
   std::ofstream log((dir / "train.log").string(), std::ios::app), metrics(metrics_path, std::ios::app);

@@ -4,7 +4,8 @@
 // evaluation, metrics (JSON lines), atomic safetensors checkpoints and bit-exact resume.
 //
 // Run folder: config.toml (effective config), recipe.json, metrics.jsonl, train.log,
-// checkpoint.safetensors (latest), and model.safetensors (final weights, written at the end).
+// checkpoint.safetensors (latest), model.safetensors (final weights, written at the end), and
+// .lock (io/folder_lock.hpp: the folder is one training process's while it runs).
 // metrics.jsonl: one line per step {"step", "loss", "lr", "grad_norm", "skipped", "loss_scale",
 // "scale_statistics" (RMS / amax reductions that set a scale: dynamic rescales and amax-based
 // quantisers, see scaled_tensor.hpp), "tokens_per_s"}, every stats_every steps {"step", "quant": {"h0.attn.qkv.weight": {"scale",
@@ -48,9 +49,11 @@ struct StepProgress {
 };
 using Progress = std::function<void(const StepProgress&)>;
 
-// Trains from scratch into config.out (which must not hold a finished run), or with resume
-// continues the run in config.out from its checkpoint. stop_after (> 0) ends the process's
-// training early after that step, writing a checkpoint (what tests and Ctrl-C-like stops use).
+// Trains from scratch into config.out (which must not hold a run with a checkpoint; a run that
+// stopped before its first one is started over), or with resume continues the run in config.out
+// from its checkpoint: config.steps must lie beyond the checkpoint's step and the recipe must be
+// the run's. stop_after (> 0) ends the process's training early after that step, writing a
+// checkpoint (what tests and Ctrl-C-like stops use).
 TrainResult train(const TrainConfig& config, bool resume, const Progress& progress = {}, int64_t stop_after = 0);
 
 // Loads a run's config from its folder (config.toml).
