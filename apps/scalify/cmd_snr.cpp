@@ -6,7 +6,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
-#include <fstream>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -14,6 +13,7 @@
 #include "commands.hpp"
 #include "scalify/error.hpp"
 #include "scalify/formats/snr.hpp"
+#include "scalify/io/atomic_file.hpp"
 #include "scalify/report/gnuplot.hpp"
 
 namespace scalify::cli {
@@ -33,7 +33,7 @@ double db(double snr) { return 10.0 * std::log10(snr); }
 void write_plot(const SnrOptions& o, const std::vector<Format>& formats) {
   namespace fs = std::filesystem;
   const fs::path gp = fs::path(o.out_dir) / "snr.gp";
-  std::ofstream s(gp);
+  std::ostringstream s;
   s << "set terminal pngcairo size 1000,600\n"
     << "set output " << report::gnuplot_quote((fs::path(o.out_dir) / "snr.png").string()) << "\n"
     << "set datafile separator ','\n"
@@ -48,7 +48,7 @@ void write_plot(const SnrOptions& o, const std::vector<Format>& formats) {
       << "' dt " << 1 + i / 10 << " title '"
       << format_name(formats[i]) << "'";
   s << "\n";
-  s.close();
+  io::write_text_atomically(gp.string(), s.str());
   if (const std::string why = report::run_gnuplot(gp.string()); !why.empty())
     std::fprintf(stderr, "warning: no plot: %s; the CSV is still at %s\n", why.c_str(), (fs::path(o.out_dir) / "snr.csv").c_str());
   else
@@ -74,14 +74,14 @@ void run(const SnrOptions& o) {
   const auto points = snr_sweep(formats, o.lo, o.hi, o.step, o.samples, o.seed);
   const std::string csv = (std::filesystem::path(o.out_dir) / "snr.csv").string();
   {
-    std::ofstream f(csv);
-    if (!f) throw Error("cannot write " + csv);
+    std::ostringstream f;
     f << "log2_sigma,format,snr,snr_db\n";
     // Grouped by format, so each format's rows are consecutive (gnuplot draws them as a line).
     for (Format fmt : formats)
       for (const SnrPoint& p : points)
         if (p.format == fmt)
           f << p.log2_sigma << "," << format_name(p.format) << "," << p.snr << "," << db(p.snr) << "\n";
+    io::write_text_atomically(csv, f.str());
   }
   std::printf("csv: %s\n", csv.c_str());
   write_plot(o, formats);

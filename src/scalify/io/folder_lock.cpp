@@ -7,11 +7,11 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <sstream>
 #include <thread>
 
 #include "scalify/error.hpp"
+#include "scalify/io/input_file.hpp"
 
 namespace scalify::io {
 
@@ -20,9 +20,12 @@ namespace {
 // it yet, so an empty note is read again a few times.
 std::string holder_of(const std::string& note_path) {
   for (int attempt = 0; attempt < 20; ++attempt) {
-    std::ifstream in(note_path);
-    std::string line;
-    if (std::getline(in, line) && !line.empty()) return line;
+    try {
+      const std::string text = read_input_file(note_path, "lock", 4096);
+      const std::string line = text.substr(0, text.find('\n'));
+      if (!line.empty()) return line;
+    } catch (const Error&) {  // no note (yet), or not a regular file
+    }
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
   return "PID unknown";
