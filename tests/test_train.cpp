@@ -23,6 +23,7 @@
 #include "scalify/inspect/inspect.hpp"
 #include "scalify/io/safetensors.hpp"
 #include "scalify/nn/gpt.hpp"
+#include "scalify/quant/recipe.hpp"
 #include "scalify/train/corpus.hpp"
 #include "scalify/train/trainer.hpp"
 
@@ -188,8 +189,9 @@ std::vector<std::string> metrics_without_timing(const fs::path& run) {
 
 TEST(Trainer, ResumeIsBitIdenticalToAnUninterruptedRun) {
   const fs::path data = text_corpus();
-  // f32; delayed scaling (amax histories in the checkpoint); dynamic loss scaling.
-  for (const std::string recipe : {"f32", "delayed", "f16_loss_scaled"}) {
+  // Every preset: scaled master weights and moments (SCALIFY), f16 state, amax histories,
+  // block and MX quantisers, dynamic loss scaling, the unit-scaled model.
+  for (const std::string& recipe : quant::preset_names()) {
     const fs::path a = scratch("whole_" + recipe), b = scratch("split_" + recipe);
     train::train(tiny_run(data, a, recipe), false);
     train::train(tiny_run(data, b, recipe), false, {}, /*stop_after=*/4);
