@@ -9,7 +9,7 @@
 
 #include "scalify/error.hpp"
 #include "scalify/quant/recipe.hpp"
-#include "scalify/train/compare.hpp"
+#include "scalify/compare/compare.hpp"
 #include "train_fixtures.hpp"
 
 namespace scalify {
@@ -31,14 +31,14 @@ std::vector<std::string> csv_header(const fs::path& p) {
 
 // A comparison with a recipe that cannot train: f16 matmuls under a static loss scale of 1e38,
 // so every step's gradients overflow and the step is skipped.
-train::CompareConfig overflowing_comparison(const fs::path& out) {
+compare::CompareConfig overflowing_comparison(const fs::path& out) {
   quant::Recipe r = quant::preset("f16_loss_scaled");
   r.name = "overflow";
   r.loss_scaling.kind = quant::LossScalerConfig::Kind::fixed;
   r.loss_scaling.scale = 1e38;
   const fs::path recipe = out.parent_path() / "overflow.json";
   spit(recipe, r.to_json());
-  train::CompareConfig c{tiny_run(text_corpus(), "", "f32"), {"current", recipe.string()}, out.string()};
+  compare::CompareConfig c{tiny_run(text_corpus(), "", "f32"), {"current", recipe.string()}, out.string()};
   c.base.steps = 12;
   return c;
 }
@@ -46,7 +46,7 @@ train::CompareConfig overflowing_comparison(const fs::path& out) {
 TEST(Compare, WritesTheReportAndReportsADivergingRecipeWhileTheOthersComplete) {
   const fs::path out = scratch("compare");
   std::vector<std::string> progress;
-  const train::CompareReport rep = train::compare(overflowing_comparison(out), false, [&](const std::string& l) { progress.push_back(l); });
+  const compare::CompareReport rep = compare::compare(overflowing_comparison(out), false, [&](const std::string& l) { progress.push_back(l); });
   ASSERT_EQ(rep.rows.size(), 3u);
   EXPECT_EQ(rep.rows[0].recipe, "f32");  // the baseline, added first
   EXPECT_EQ(rep.rows[0].status, "ok");
@@ -94,20 +94,20 @@ TEST(Compare, WritesTheReportAndReportsADivergingRecipeWhileTheOthersComplete) {
 TEST(Compare, ResumeRerunsOnlyTheUnfinishedRecipes) {
   const train::TrainConfig base = tiny_run(text_corpus(), "", "f32");
   const fs::path whole = scratch("compare_whole"), cut = scratch("compare_cut");
-  const train::CompareReport reference = train::compare({base, {"f32", "current"}, whole.string()}, false);
+  const compare::CompareReport reference = compare::compare({base, {"f32", "current"}, whole.string()}, false);
   // The same comparison, stopped during the second recipe (after its checkpoint at step 3).
   struct Stop {};
-  EXPECT_THROW(train::compare({base, {"f32", "current"}, cut.string()}, false,
+  EXPECT_THROW(compare::compare({base, {"f32", "current"}, cut.string()}, false,
                               [](const std::string& line) {
                                 if (line.find("[2/2] current  step 5/") != std::string::npos) throw Stop{};
                               }),
                Stop);
   EXPECT_FALSE(fs::exists(cut / "runs/current/outcome.json"));
   // Without --resume the folder is refused; with it, f32 is read back and current resumes.
-  EXPECT_THROW(train::compare({base, {"f32", "current"}, cut.string()}, false), Error);
+  EXPECT_THROW(compare::compare({base, {"f32", "current"}, cut.string()}, false), Error);
   const auto f32_written = fs::last_write_time(cut / "runs/f32/metrics.jsonl");
   std::string first_line;
-  const train::CompareReport resumed = train::compare(train::comparison_config(cut.string()), true, [&](const std::string& line) {
+  const compare::CompareReport resumed = compare::compare(compare::comparison_config(cut.string()), true, [&](const std::string& line) {
     if (first_line.empty()) first_line = line;
   });
   EXPECT_EQ(fs::last_write_time(cut / "runs/f32/metrics.jsonl"), f32_written) << "a finished recipe was rerun";
@@ -123,39 +123,39 @@ TEST(Compare, ResumeRerunsOnlyTheUnfinishedRecipes) {
 TEST(Compare, CorruptStateAndForeignFoldersAreClearErrors) {
   const train::TrainConfig base = tiny_run(text_corpus(), "", "f32");
   const fs::path out = scratch("compare_corrupt");
-  train::CompareConfig c{base, {"f32"}, out.string()};
+  compare::CompareConfig c{base, {"f32"}, out.string()};
   c.base.steps = 2;
-  train::compare(c, false);
+  compare::compare(c, false);
   spit(out / "runs/f32/outcome.json", "{\"recipe\": 3}");
   try {
-    train::compare(train::comparison_config(out.string()), true);
+    compare::compare(compare::comparison_config(out.string()), true);
     FAIL() << "a corrupt outcome.json was accepted";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("runs/f32/outcome.json"), std::string::npos) << e.what();
   }
   spit(out / "compare.json", "[1, 2]");
-  EXPECT_THROW(train::comparison_config(out.string()), Error);
+  EXPECT_THROW(compare::comparison_config(out.string()), Error);
   // A folder that holds someone else's runs/f32 (no compare.json) is not overwritten.
   const fs::path foreign = scratch("compare_foreign");
   fs::create_directories(foreign / "runs/f32");
   spit(foreign / "runs/f32/mine.txt", "keep");
-  EXPECT_THROW(train::compare({base, {"f32"}, foreign.string()}, false), Error);
+  EXPECT_THROW(compare::compare({base, {"f32"}, foreign.string()}, false), Error);
   EXPECT_EQ(slurp(foreign / "runs/f32/mine.txt"), "keep");
 }
 
 TEST(Compare, RecipeListsExpandNamesAndRejectUnknownOnes) {
-  EXPECT_EQ(train::recipe_list("seeds"), quant::preset_names());
-  EXPECT_EQ(train::recipe_list("f32, scalify, scalify_fp8_3"),
+  EXPECT_EQ(compare::recipe_list("seeds"), quant::preset_names());
+  EXPECT_EQ(compare::recipe_list("f32, scalify, scalify_fp8_3"),
             (std::vector<std::string>{"f32", "scalify_fp16_1", "scalify_fp16_2", "scalify_fp8_3", "scalify_fp8_4"}));
   try {
-    train::recipe_list("f32,fp9");
+    compare::recipe_list("f32,fp9");
     FAIL();
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("fp9"), std::string::npos) << e.what();
     EXPECT_NE(std::string(e.what()).find("per_tensor"), std::string::npos) << e.what();
   }
-  EXPECT_THROW(train::recipe_list(" , "), Error);
-  EXPECT_THROW(train::recipe_list("missing.json"), Error);
+  EXPECT_THROW(compare::recipe_list(" , "), Error);
+  EXPECT_THROW(compare::recipe_list("missing.json"), Error);
 }
 
 TEST(Compare, ARecipeJsonFileRunsUnderItsStem) {
@@ -164,9 +164,9 @@ TEST(Compare, ARecipeJsonFileRunsUnderItsStem) {
   quant::Recipe r = quant::preset("current");
   r.name = "my_current";
   spit(dir / "my_current.json", r.to_json());
-  train::CompareConfig c{tiny_run(text_corpus(), "", "f32"), {(dir / "my_current.json").string()}, (dir / "out").string()};
+  compare::CompareConfig c{tiny_run(text_corpus(), "", "f32"), {(dir / "my_current.json").string()}, (dir / "out").string()};
   c.base.steps = 3;
-  const train::CompareReport rep = train::compare(c, false);
+  const compare::CompareReport rep = compare::compare(c, false);
   ASSERT_EQ(rep.rows.size(), 2u);
   EXPECT_EQ(rep.rows[1].name, "my_current");
   EXPECT_EQ(rep.rows[1].status, "ok") << rep.rows[1].note;

@@ -7,14 +7,14 @@
 
 #include <cstdio>
 
-#include "scalify/train/compare.hpp"
+#include "scalify/compare/compare.hpp"
 #include "train_fixtures.hpp"
 
 namespace scalify {
 namespace {
 
 TEST(Convergence, EverySeededRecipeReachesItsBaselineOnTheDefaultCorpus) {
-  train::CompareConfig c;
+  compare::CompareConfig c;
   c.base.model.d_model = 128;
   c.base.model.layers = 5;
   c.base.model.heads = 4;
@@ -29,17 +29,17 @@ TEST(Convergence, EverySeededRecipeReachesItsBaselineOnTheDefaultCorpus) {
                "f16_loss_scaled"};
   c.out = testing::scratch("convergence").string();
   ASSERT_GE(c.base.model.parameter_count(), 1000000);
-  const train::CompareReport rep = train::compare(c, false, {}, "tests/test_compare_convergence");
+  const compare::CompareReport rep = compare::compare(c, false, {}, "tests/test_compare_convergence");
   std::printf("%lld parameters, %lld steps of %lld x %lld bytes\n%s", (long long)c.base.model.parameter_count(),
               (long long)c.base.steps, (long long)c.base.batch, (long long)c.base.model.seq, rep.table.c_str());
   ASSERT_EQ(rep.rows.size(), c.recipes.size());
-  for (const train::RecipeOutcome& o : rep.rows) {
+  for (const compare::RecipeOutcome& o : rep.rows) {
     EXPECT_EQ(o.status, "ok") << o.name << ": " << o.note;
     if (o.recipe != "f16_loss_scaled") {
       EXPECT_EQ(o.result.skipped, 0) << o.name;  // only dynamic loss scaling may skip (its first steps)
     }
     if (o.recipe != o.baseline) {
-      EXPECT_LE(o.val_delta, train::kParityNats) << o.name << " vs " << o.baseline;
+      EXPECT_LE(o.val_delta, compare::kParityNats) << o.name << " vs " << o.baseline;
     }
   }
 }

@@ -11,6 +11,7 @@
 #include "expect_error.hpp"
 #include "scalify/io/safetensors.hpp"
 #include "scalify/train/ptq.hpp"
+#include "scalify/train/evaluate.hpp"
 #include "scalify/train/trainer.hpp"
 #include "train_fixtures.hpp"
 

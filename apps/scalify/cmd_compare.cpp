@@ -6,7 +6,7 @@
 
 #include "commands.hpp"
 #include "scalify/error.hpp"
-#include "scalify/train/compare.hpp"
+#include "scalify/compare/compare.hpp"
 
 namespace scalify::cli {
 
@@ -17,7 +17,7 @@ void add_compare_command(CLI::App& app, const std::string& command_line) {
   };
   auto o = std::make_shared<Opts>();
   std::string lists;
-  for (const std::string& n : train::recipe_list_names()) lists.append(lists.empty() ? "" : ", ").append(n);
+  for (const std::string& n : compare::recipe_list_names()) lists.append(lists.empty() ? "" : ", ").append(n);
   auto* c = app.add_subcommand("compare", "Train one model under each recipe in turn and write a report (table, plots) against FP32");
   c->add_option("--recipes", o->recipes,
                 "comma-separated presets, recipe .json files or named lists (" + lists + "); default: seeds (every preset). "
@@ -26,20 +26,20 @@ void add_compare_command(CLI::App& app, const std::string& command_line) {
   c->add_option("--out", o->out, "report folder (default runs/compare)");
   c->add_option("--resume", o->resume, "continue the comparison in this folder (finished recipes are not rerun)");
   c->callback([o, c, command_line] {
-    train::CompareConfig cc;
+    compare::CompareConfig cc;
     const bool resume = c->count("--resume") > 0;
     if (resume) {
       if (o->resume.empty()) throw Error("compare: --resume needs a comparison folder");
       for (const char* opt : {"--recipes", "--config", "--data", "--steps", "--set", "--out"})
         if (c->count(opt) > 0)
           throw Error(std::string("compare: --resume continues the comparison as it was started; drop ") + opt);
-      cc = train::comparison_config(o->resume);
+      cc = compare::comparison_config(o->resume);
     } else {
       o->config.apply(cc.base);
-      cc.recipes = train::recipe_list(o->recipes);
+      cc.recipes = compare::recipe_list(o->recipes);
       if (!o->out.empty()) cc.out = o->out;
     }
-    const train::CompareReport r = train::compare(cc, resume, status_printer(), command_line);
+    const compare::CompareReport r = compare::compare(cc, resume, status_printer(), command_line);
     std::fprintf(stderr, "\n");
     std::printf("%s\nreport: %s/report.md\n", r.table.c_str(), r.dir.c_str());
     if (!r.plot_error.empty()) std::fprintf(stderr, "warning: no plots: %s\n", r.plot_error.c_str());

@@ -8,6 +8,7 @@
 
 #include "commands.hpp"
 #include "scalify/error.hpp"
+#include "scalify/train/evaluate.hpp"
 #include "scalify/train/trainer.hpp"
 
 namespace scalify::cli {

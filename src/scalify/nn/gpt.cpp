@@ -23,7 +23,7 @@ void GptConfig::validate() const {
 }
 
 int64_t GptConfig::parameter_count() const {
-  const int64_t D = d_model, hidden = swiglu ? (8 * D / 3 + 7) / 8 * 8 : 4 * D;
+  const int64_t D = d_model, hidden = unit::Mlp::hidden_width(D, swiglu);
   const int64_t norm = rms_norm ? D : 2 * D;
   const int64_t block = 2 * norm + D * 3 * D + 3 * D + D * D + D + D * (swiglu ? 2 : 1) * hidden +
                         (swiglu ? 2 : 1) * hidden + hidden * D + D;

@@ -1,6 +1,7 @@
 #include "scalify/train/config.hpp"
 
 #include <cmath>
+#include <filesystem>
 #include <functional>
 #include <map>
 #include <numbers>
@@ -198,6 +199,11 @@ TrainConfig load_config_file(const std::string& path) {
   TrainConfig c = parse_config(io::read_input_file(path, "config", kMaxConfigBytes), path);
   c.validate();
   return c;
+}
+
+TrainConfig run_config(const std::string& run_dir) {
+  if (!std::filesystem::is_directory(run_dir)) throw Error("'" + run_dir + "' is not a run folder");
+  return load_config_file((std::filesystem::path(run_dir) / "config.toml").string());
 }
 
 double learning_rate(const TrainConfig& c, int64_t step) {

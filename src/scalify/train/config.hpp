@@ -30,6 +30,7 @@ struct TrainConfig {
 };
 
 TrainConfig load_config_file(const std::string& path);    // validates
+TrainConfig run_config(const std::string& run_dir);       // a run folder's config.toml, validated
 TrainConfig parse_config(const std::string& toml_text, const std::string& what);
 
 // Learning rate at `step` (0-based): linear warmup to lr over `warmup` steps, then cosine to min_lr.

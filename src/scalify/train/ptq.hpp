@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "scalify/io/safetensors.hpp"
-#include "scalify/train/trainer.hpp"
+#include "scalify/train/evaluate.hpp"
 
 namespace scalify::train {
 

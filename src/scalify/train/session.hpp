@@ -17,7 +17,7 @@
 #include "scalify/quant/recipe.hpp"
 #include "scalify/train/config.hpp"
 #include "scalify/train/corpus.hpp"
-#include "scalify/train/trainer.hpp"
+#include "scalify/train/evaluate.hpp"
 
 namespace scalify::train {
 

@@ -56,23 +56,4 @@ using Progress = std::function<void(const StepProgress&)>;
 // checkpoint (what tests and Ctrl-C-like stops use).
 TrainResult train(const TrainConfig& config, bool resume, const Progress& progress = {}, int64_t stop_after = 0);
 
-// Loads a run's config from its folder (config.toml).
-TrainConfig run_config(const std::string& run_dir);
-
-struct EvalResult {
-  double loss = 0, bits_per_byte = 0;
-  size_t windows = 0;
-};
-// Validation loss of a checkpoint (a checkpoint file, a run folder, or a quantised checkpoint
-// of train/ptq.hpp) on `data` ("" = the run's).
-EvalResult evaluate(const std::string& checkpoint, const std::string& data = "");
-
-struct SampleOptions {
-  int64_t tokens = 200;
-  double temperature = 0.8;
-  int64_t top_k = 40;  // 0: all
-  uint64_t seed = 1;
-};
-std::string sample(const std::string& checkpoint, const std::string& prompt, const SampleOptions& options);
-
 }  // namespace scalify::train

@@ -52,11 +52,6 @@ Var Linear::operator()(const Var& x_in, const LayerOptions& o, const char* name)
   return unit::matmul(x, wl, Constrain::x, product) + scaled(b, 1.0, 1.0 / std::sqrt(double(rows_of(x))));
 }
 
-void Linear::add_to(NamedParams& p, const std::string& name) const {
-  p.push_back({std::string(name).append(".w"), w});
-  p.push_back({std::string(name).append(".b"), b});
-}
-
 LayerNorm LayerNorm::make(int64_t d, const Init& init, bool rms) {
   return {init.constant({d}, 1.0), rms ? Var() : init.constant({d}, 0.0)};
 }
@@ -68,11 +63,6 @@ Var LayerNorm::operator()(const Var& x_in, const LayerOptions& o) const {
     return scalify::rms_norm(x, w);
   }
   return o.unit_scaled ? unit::layer_norm(x, w, b) : scalify::layer_norm(x, w, b);
-}
-
-void LayerNorm::add_to(NamedParams& p, const std::string& name) const {
-  p.push_back({std::string(name).append(".w"), w});
-  if (b.defined()) p.push_back({std::string(name).append(".b"), b});
 }
 
 CausalSelfAttention CausalSelfAttention::make(int64_t d, int heads, Init& init) {
@@ -102,8 +92,10 @@ Var CausalSelfAttention::operator()(const Var& x, const LayerOptions& o) const {
   return o.tap(proj(o.tap(mix, "attn.mix"), o, "attn.proj"), "attn.out");
 }
 
+int64_t Mlp::hidden_width(int64_t d, bool swiglu) { return swiglu ? (8 * d / 3 + 7) / 8 * 8 : 4 * d; }
+
 Mlp Mlp::make(int64_t d, Init& init, bool swiglu) {
-  const int64_t hidden = swiglu ? (8 * d / 3 + 7) / 8 * 8 : 4 * d;
+  const int64_t hidden = hidden_width(d, swiglu);
   return {Linear::make(d, swiglu ? 2 * hidden : hidden, init), Linear::make(hidden, d, init, true), swiglu};
 }
 
@@ -133,15 +125,6 @@ Var GptBlock::operator()(const Var& x, Residual r, const LayerOptions& o) const 
   const Var h = o.tap(residual(x, [&](const Var& v) { return attn(o.tap(ln1(v, o), "ln1"), o); }, r), "resid.attn");
   r.layer += 1;
   return o.tap(residual(h, [&](const Var& v) { return mlp(o.tap(ln2(v, o), "ln2"), o); }, r), "resid.mlp");
-}
-
-void GptBlock::add_to(NamedParams& p, const std::string& prefix) const {
-  ln1.add_to(p, std::string(prefix).append("ln1"));
-  attn.qkv.add_to(p, std::string(prefix).append("attn.qkv"));
-  attn.proj.add_to(p, std::string(prefix).append("attn.proj"));
-  ln2.add_to(p, std::string(prefix).append("ln2"));
-  mlp.fc.add_to(p, std::string(prefix).append("mlp.fc"));
-  mlp.out.add_to(p, std::string(prefix).append("mlp.out"));
 }
 
 }  // namespace scalify::unit

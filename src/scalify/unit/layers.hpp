@@ -62,14 +62,12 @@ struct Linear {
   Var w, b;
   static Linear make(int64_t in, int64_t out, Init& init, bool output_projection = false);
   Var operator()(const Var& x, const LayerOptions& o, const char* name) const;
-  void add_to(NamedParams& p, const std::string& name) const;
 };
 
 struct LayerNorm {
   Var w, b;  // b undefined for RMSNorm
   static LayerNorm make(int64_t d, const Init& init, bool rms = false);
   Var operator()(const Var& x, const LayerOptions& o) const;
-  void add_to(NamedParams& p, const std::string& name) const;
 };
 
 struct CausalSelfAttention {
@@ -84,6 +82,8 @@ struct CausalSelfAttention {
 struct Mlp {
   Linear fc, out;
   bool swiglu = false;
+  // The hidden width: 4 d, or for SwiGLU 8 d / 3 rounded up to a multiple of 8 (LLaMA's rule).
+  static int64_t hidden_width(int64_t d, bool swiglu);
   static Mlp make(int64_t d, Init& init, bool swiglu = false);
   Var operator()(const Var& x, const LayerOptions& o) const;
 };
@@ -96,7 +96,6 @@ struct GptBlock {
   Mlp mlp;
   static GptBlock make(int64_t d, int heads, Init& init, bool rms_norm = false, bool swiglu = false);
   Var operator()(const Var& x, Residual residual, const LayerOptions& o) const;
-  void add_to(NamedParams& p, const std::string& prefix) const;
 };
 
 }  // namespace scalify::unit

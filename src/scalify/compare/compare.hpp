@@ -15,13 +15,13 @@
 #include "scalify/train/config.hpp"
 #include "scalify/train/trainer.hpp"
 
-namespace scalify::train {
+namespace scalify::compare {
 
 // Validation loss within this many nats of the baseline counts as parity (seed 000's claim).
 constexpr double kParityNats = 0.05;
 
 struct CompareConfig {
-  TrainConfig base;                  // model, data, steps, seed, ... (recipe and out are set per recipe)
+  train::TrainConfig base;                  // model, data, steps, seed, ... (recipe and out are set per recipe)
   std::vector<std::string> recipes;  // preset names or recipe JSON files, in order
   std::string out = "runs/compare";
 };
@@ -38,7 +38,7 @@ struct RecipeOutcome {
   std::string status = "ok";  // ok | diverged | failed
   std::string note;        // why it diverged or failed
   int64_t diverged_step = -1;
-  TrainResult result;
+  train::TrainResult result;
   std::string baseline;    // the recipe its delta is taken against: unit_f32 for unit scaling, else f32
   double val_delta = 0;    // validation loss minus the baseline's (NaN when there is none)
   double seconds = 0, peak_memory_mb = 0;
@@ -63,4 +63,4 @@ CompareReport compare(const CompareConfig& config, bool resume, const ComparePro
 // The configuration a comparison folder was started with.
 CompareConfig comparison_config(const std::string& out);
 
-}  // namespace scalify::train
+}  // namespace scalify::compare

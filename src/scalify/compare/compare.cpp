@@ -1,4 +1,4 @@
-#include "scalify/train/compare.hpp"
+#include "scalify/compare/compare.hpp"
 
 #include <algorithm>
 #include <chrono>
@@ -20,7 +20,7 @@
 #include "scalify/report/gnuplot.hpp"
 #include "scalify/report/system_info.hpp"
 
-namespace scalify::train {
+namespace scalify::compare {
 
 namespace fs = std::filesystem;
 using json = nlohmann::json;
@@ -68,7 +68,7 @@ double number_or_nan(const json& j) { return j.is_number() ? j.get<double>() : N
 json num(double v) { return std::isfinite(v) ? json(v) : json(nullptr); }  // JSON has no NaN
 
 json outcome_json(const RecipeOutcome& o) {
-  const TrainResult& r = o.result;
+  const train::TrainResult& r = o.result;
   return {{"recipe", o.recipe}, {"name", o.name}, {"status", o.status}, {"note", o.note}, {"diverged_step", o.diverged_step},
           {"baseline", o.baseline}, {"val_delta", num(o.val_delta)}, {"seconds", num(o.seconds)},
           {"peak_memory_mb", num(o.peak_memory_mb)}, {"quantized_layers", o.quantized}, {"unit_scaled", o.unit_scaled},
@@ -101,7 +101,7 @@ RecipeOutcome outcome_from(const json& j) {
   o.peak_memory_mb = number_or_nan(j.at("peak_memory_mb"));
   o.quantized = j.at("quantized_layers");
   o.unit_scaled = j.at("unit_scaled");
-  TrainResult& r = o.result;
+  train::TrainResult& r = o.result;
   r.steps = j.at("steps");
   r.skipped = j.at("skipped_steps");
   r.nonfinite_steps = j.at("nonfinite_steps");
@@ -143,7 +143,7 @@ RecipeOutcome run_recipe(const CompareConfig& config, const std::string& recipe,
   const quant::Recipe r = quant::load_recipe(recipe);
   o.quantized = quant::quantized_layers(r);
   o.unit_scaled = r.unit_scaled;
-  TrainConfig c = config.base;
+  train::TrainConfig c = config.base;
   c.recipe = recipe;
   c.out = (fs::path(config.out) / "runs" / o.name).string();
   // An interrupted run continues from its checkpoint; one with nothing to resume from (or one that
@@ -157,7 +157,7 @@ RecipeOutcome run_recipe(const CompareConfig& config, const std::string& recipe,
   platform::reset_peak_memory();
   const auto t0 = std::chrono::steady_clock::now();
   try {
-    o.result = train(c, resume_run, progress);
+    o.result = train::train(c, resume_run, progress);
     if (o.result.skipped * 2 > o.result.steps) {
       o.status = "diverged";
       o.note = "skipped " + std::to_string(o.result.skipped) + " of " + std::to_string(o.result.steps) + " steps (non-finite gradients)";
@@ -166,7 +166,7 @@ RecipeOutcome run_recipe(const CompareConfig& config, const std::string& recipe,
       o.status = "diverged";
       o.note = "the validation loss is not finite";
     }
-  } catch (const Diverged& e) {
+  } catch (const train::Diverged& e) {
     o.status = "diverged";
     o.diverged_step = e.step + 1;  // 1-based, as the progress line and the plots count steps
     o.note = e.what();
@@ -291,7 +291,7 @@ std::string markdown_table(const std::vector<RecipeOutcome>& rows, double f32_sp
        "scale stats/step | tok/s | speed ×f32 | state B/param | peak MB |\n"
     << "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
   for (const RecipeOutcome& o : rows) {
-    const TrainResult& r = o.result;
+    const train::TrainResult& r = o.result;
     const std::string status = o.status == "diverged" && o.diverged_step >= 0 ? "diverged at step " + std::to_string(o.diverged_step) : o.status;
     t << "| " << o.name << " | " << status << " | " << fixed(r.val_loss, 3) << " | "
       << (o.recipe == o.baseline ? "(baseline)" : signed_fixed(o.val_delta, 3) + (o.baseline != "f32" ? " vs " + o.baseline : ""))
@@ -365,7 +365,7 @@ void write_report(const CompareConfig& config, CompareReport& rep, const std::st
          "peak_memory_mb,seconds,quantized_layers\n";
   json rows = json::array();
   for (const RecipeOutcome& o : rep.rows) {
-    const TrainResult& r = o.result;
+    const train::TrainResult& r = o.result;
     csv << csv_field(o.name) << "," << o.status << "," << o.baseline << "," << csv_number(r.val_loss, 5) << ","
         << csv_number(o.val_delta, 5) << "," << csv_number(r.val_bpb, 5) << "," << csv_number(r.train_loss, 5) << "," << r.steps << "," << r.skipped << "," << r.nonfinite_steps << ","
         << o.diverged_step << "," << fixed(r.mean_underflow, 6) << "," << fixed(r.max_underflow, 6) << "," << fixed(r.mean_clipped, 6)
@@ -379,7 +379,7 @@ void write_report(const CompareConfig& config, CompareReport& rep, const std::st
                         {"parity_nats", kParityNats}, {"recipes", rows}};
   write_text(dir / "summary.json", summary.dump(2) + "\n");
 
-  const TrainConfig& b = config.base;
+  const train::TrainConfig& b = config.base;
   std::ostringstream md;
   md << "# Scalify comparison\n\n"
      << "One model, one corpus, one seed, trained under each recipe in turn. Command:\n\n```\n" << (command.empty() ? "(library call)" : command)
@@ -441,7 +441,7 @@ CompareConfig comparison_config(const std::string& out) {
   if (!fs::exists(file)) throw Error("compare: '" + out + "' holds no comparison (no compare.json)");
   CompareConfig c = read_json_file(file, "", [&](const json& j) {
     CompareConfig r;
-    r.base = parse_config(j.at("config").get<std::string>(), file.string());
+    r.base = train::parse_config(j.at("config").get<std::string>(), file.string());
     r.recipes = j.at("recipes").get<std::vector<std::string>>();
     return r;
   });
@@ -495,7 +495,7 @@ CompareReport compare(const CompareConfig& given, bool resume, const CompareProg
     const size_t left = config.recipes.size() - i - 1;
     train::Progress step_progress;
     if (progress)
-      step_progress = [&, i, left](const StepProgress& p) {
+      step_progress = [&, i, left](const train::StepProgress& p) {
         // Overall ETA: this recipe's, plus the mean time of the recipes finished so far (or this
         // one's projected total) for each recipe still to come.
         const double per_recipe = finished_here ? finished_seconds / finished_here : p.elapsed_s + p.eta_s;
@@ -515,4 +515,4 @@ CompareReport compare(const CompareConfig& given, bool resume, const CompareProg
   return rep;
 }
 
-}  // namespace scalify::train
+}  // namespace scalify::compare
