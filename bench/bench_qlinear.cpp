@@ -7,6 +7,7 @@
 
 #include "scalify/autograd/functions.hpp"
 #include "scalify/quant/linear.hpp"
+#include "scalify/quant/recipe.hpp"
 
 namespace {
 
@@ -18,7 +19,7 @@ double seconds(clock_type::time_point a, clock_type::time_point b) { return std:
 void BM_Fp8LinearVsF32(benchmark::State& st, const char* recipe) {
   const int64_t M = st.range(0), K = st.range(1), N = st.range(2);
   const Tensor x = Tensor::randn({M, K}, 1), w = Tensor::randn({K, N}, 2, 0.02), g = Tensor::randn({M, N}, 3, 1e-3);
-  const quant::QLinear f32(quant::recipe_f32()), fp8(quant::recipe_by_name(recipe));
+  const quant::QLinear f32(quant::recipe_f32()), fp8(quant::preset(recipe).linear);
   quant::Quantizer qx(fp8.recipe().activation), qw(fp8.recipe().weight), qg(fp8.recipe().gradient);
   double t_f32 = 0, t_fp8 = 0, t_quant = 0;
   auto step = [&](const quant::QLinear& layer) {
@@ -56,7 +57,7 @@ void Shapes(benchmark::internal::Benchmark* b) {
 
 BENCHMARK_CAPTURE(BM_Fp8LinearVsF32, current, "current")->Apply(Shapes);
 BENCHMARK_CAPTURE(BM_Fp8LinearVsF32, delayed, "delayed")->Apply(Shapes);
-BENCHMARK_CAPTURE(BM_Fp8LinearVsF32, scalify_e4m3, "scalify_e4m3")->Apply(Shapes);
+BENCHMARK_CAPTURE(BM_Fp8LinearVsF32, scalify_fp8_3, "scalify_fp8_3")->Apply(Shapes);
 BENCHMARK_CAPTURE(BM_Fp8LinearVsF32, mxfp8, "mxfp8")->Apply(Shapes);
 BENCHMARK_CAPTURE(BM_Fp8LinearVsF32, blockwise, "blockwise")->Apply(Shapes);
 

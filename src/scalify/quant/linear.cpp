@@ -122,25 +122,6 @@ LinearRecipe recipe_blockwise() {
   return make("blockwise", w, a, g);
 }
 
-std::vector<std::string> recipe_names() {
-  return {"f32", "scalify_f16", "scalify_e4m3", "current", "delayed", "fp8_amax", "fp8_cscale", "mxfp8", "blockwise"};
-}
-
-LinearRecipe recipe_by_name(const std::string& name) {
-  if (name == "f32") return recipe_f32();
-  if (name == "scalify_f16") return recipe_scalify(Format::f16, Format::f16);
-  if (name == "scalify_e4m3" || name == "scalify_fp8") return recipe_scalify(Format::e4m3, Format::e5m2);
-  if (name == "current") return recipe_current();
-  if (name == "delayed") return recipe_delayed();
-  if (name == "fp8_amax") return recipe_fp8_amax();
-  if (name == "fp8_cscale") return recipe_fp8_cscale(0);
-  if (name == "mxfp8") return recipe_mxfp8();
-  if (name == "blockwise") return recipe_blockwise();
-  std::string valid;
-  for (const std::string& n : recipe_names()) valid += (valid.empty() ? "" : ", ") + n;
-  throw Error("unknown recipe '" + name + "'; valid recipes: " + valid);
-}
-
 QLinear::QLinear(LinearRecipe recipe) : recipe_(std::move(recipe)) {
   const LinearRecipe& r = recipe_;
   // Forward: x [rows, K] and w [K, N] both blocked along K. Backward: dX = G W^T reduces over N

@@ -29,8 +29,7 @@ LinearRecipe recipe_fp8_amax(int gradient_margin = 3);         // seed 003 FP8-A
 LinearRecipe recipe_fp8_cscale(int bias);                      // seed 003 FP8-CSCALE(b)
 LinearRecipe recipe_mxfp8();                                   // seed 004 MXFP8
 LinearRecipe recipe_blockwise();                               // 1x128 activations/gradients, 128x128 weights
-LinearRecipe recipe_by_name(const std::string& name);          // throws listing the valid names
-std::vector<std::string> recipe_names();
+// The named recipes a user picks are the presets of quant/recipe.hpp, which are built from these.
 
 class QLinear {
  public:
