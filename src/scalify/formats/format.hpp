@@ -110,6 +110,14 @@ inline constexpr std::array<FormatInfo, 13> kFormats{{
     {Format::int8, "int8", "i8", 8, 0, 7, 0, Specials::integer, "symmetric integer ±127"},
 }};
 
+// info() indexes the table by the enum: every format has its row, in the enum's order.
+constexpr bool formats_in_enum_order() {
+  for (size_t i = 0; i < kFormats.size(); ++i)
+    if (static_cast<size_t>(kFormats[i].id) != i) return false;
+  return kFormats.size() == static_cast<size_t>(Format::int8) + 1;
+}
+static_assert(formats_in_enum_order(), "kFormats must hold one row per Format, in the enum's order");
+
 constexpr const FormatInfo& info(Format f) { return kFormats[static_cast<size_t>(f)]; }
 
 // Value of the largest finite number, the smallest normal and the smallest subnormal (0 if none).

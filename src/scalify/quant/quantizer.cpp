@@ -1,6 +1,7 @@
 #include "scalify/quant/quantizer.hpp"
 
 #include <algorithm>
+#include <iterator>
 #include <atomic>
 #include <bit>
 #include <cmath>
@@ -19,6 +20,7 @@ namespace {
 constexpr int kMaxShift = 64;
 constexpr size_t kMaxBlock = 4096;
 constexpr const char* kNames[] = {"none", "scalify", "current", "delayed", "amax_bias", "constant_bias", "block", "mx"};
+static_assert(std::size(kNames) == size_t(Scaling::mx) + 1, "a name for every Scaling, in the enum's order");
 
 std::atomic<bool> g_collect_statistics{true};
 
@@ -90,7 +92,7 @@ bool collect_statistics() { return g_collect_statistics; }
 const char* scaling_name(Scaling s) { return kNames[static_cast<int>(s)]; }
 
 Scaling parse_scaling(const std::string& name) {
-  for (int i = 0; i < 8; ++i)
+  for (size_t i = 0; i < std::size(kNames); ++i)
     if (name == kNames[i]) return static_cast<Scaling>(i);
   std::string valid;
   for (const char* n : kNames) valid += (valid.empty() ? "" : ", ") + std::string(n);

@@ -30,6 +30,13 @@ constexpr std::array<DTypeRow, 15> kDTypes{{
     {DType::i32, "i32", 4, std::nullopt},
     {DType::i64, "i64", 8, std::nullopt},
 }};
+// row() indexes the table by the enum: every dtype has its row, in the enum's order.
+constexpr bool dtypes_in_enum_order() {
+  for (size_t i = 0; i < kDTypes.size(); ++i)
+    if (static_cast<size_t>(kDTypes[i].dtype) != i) return false;
+  return kDTypes.size() == static_cast<size_t>(DType::i64) + 1;
+}
+static_assert(dtypes_in_enum_order(), "kDTypes must hold one row per DType, in the enum's order");
 const DTypeRow& row(DType t) { return kDTypes[static_cast<size_t>(t)]; }
 }  // namespace
 

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <iterator>
 #include <optional>
 #include <type_traits>
 
@@ -95,8 +96,9 @@ using platform::kParallelGrain;
 }  // namespace
 
 const char* unary_name(Unary op) {
-  static const char* names[] = {"neg", "exp", "log", "sqrt", "rsqrt", "abs", "relu", "gelu_tanh",
-                                "gelu_erf", "silu", "sigmoid", "tanh", "square"};
+  static constexpr const char* names[] = {"neg", "exp", "log", "sqrt", "rsqrt", "abs", "relu", "gelu_tanh",
+                                          "gelu_erf", "silu", "sigmoid", "tanh", "square"};
+  static_assert(std::size(names) == size_t(Unary::square) + 1, "a name for every Unary op, in the enum's order");
   return names[static_cast<int>(op)];
 }
 
@@ -228,7 +230,8 @@ bool is_trailing_row(const Tensor& b, const Shape& shape) {
 }  // namespace
 
 Tensor binary(Binary op, const Tensor& a, const Tensor& b, double a_mul, double b_mul, DType store_as) {
-  static const char* names[] = {"add", "sub", "mul", "div", "maximum", "minimum", "max_picks_a", "min_picks_a"};
+  static constexpr const char* names[] = {"add", "sub", "mul", "div", "maximum", "minimum", "max_picks_a", "min_picks_a"};
+  static_assert(std::size(names) == size_t(Binary::min_picks_a) + 1, "a name for every Binary op, in the enum's order");
   const Shape shape = broadcast_shapes(a.shape(), b.shape(), names[static_cast<int>(op)]);
   return dispatch_compute(computes_in_f64(a, b), [&]<class T>() {
     // A row operand (bias, gain) is read in place, cycling, instead of being expanded; one held
