@@ -418,6 +418,29 @@ TEST(ScaleEdges, GradientsAtLargeScalesAreFiniteAndExact) {
   }
 }
 
+// relu, gelu and silu are x g(x) with g(+inf) = 1, g(-inf) = 0: Y_d = X_d g(X_d X_s) is finite for
+// every finite input, whatever the scale. At 2^100 and 2^127, X_d X_s overflowed to inf inside the
+// map and gave inf (positive inputs) or NaN (inf * 0, negative ones); the gate saturates at these
+// scales for data of order 1, so the exact results are X_d or 0, and the gradient's G_d or 0.
+TEST(ScaleEdges, GatedActivationsStayFiniteAtTheF32Edge) {
+  const Tensor z = Tensor::randn({4096}, 8);  // |z| >= 2^-20 here, so |z| 2^64 saturates every gate
+  const std::vector<double> zv = z.to_vector();
+  for (ops::Unary op : {ops::Unary::relu, ops::Unary::gelu_tanh, ops::Unary::gelu_erf, ops::Unary::silu})
+    for (int e : {64, 100, 127}) {
+      Var x(ScaledTensor(z, std::ldexp(1.0f, e)), true);
+      const Var y = unary(op, x);
+      EXPECT_EQ(y.scaled().scalar_scale(), std::ldexp(1.0f, e)) << ops::unary_name(op);
+      const std::vector<double> yd = y.scaled().data.to_vector();
+      y.backward(ScaledTensor(Tensor::ones({4096}), 1.0f));
+      const std::vector<double> gd = x.scaled_grad().data.to_vector();
+      for (size_t i = 0; i < zv.size(); ++i) {
+        ASSERT_GE(std::fabs(zv[i]), 0x1p-20);
+        ASSERT_EQ(yd[i], zv[i] > 0 ? zv[i] : 0.0) << ops::unary_name(op) << " at 2^" << e << ", x_d " << zv[i];
+        ASSERT_EQ(gd[i], zv[i] > 0 ? 1.0 : 0.0) << ops::unary_name(op) << "' at 2^" << e << ", x_d " << zv[i];
+      }
+    }
+}
+
 // A linear layer's weight gradient over batched rows is one scaled matmul reducing over all
 // B x T rows: it represents the unscaled gradient, with the matmul rule's scale over B x T.
 TEST(ScaleRules, SharedWeightGradientRepresentsTheUnscaledOne) {

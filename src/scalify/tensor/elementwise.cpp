@@ -4,10 +4,12 @@
 #include <algorithm>
 #include <cmath>
 #include <iterator>
+#include <limits>
 #include <optional>
 #include <type_traits>
 
 #include "scalify/error.hpp"
+#include "scalify/formats/format.hpp"
 #include "scalify/platform/parallel.hpp"
 #include "scalify/tensor/dense.hpp"
 #include "scalify/tensor/ops.hpp"
@@ -132,6 +134,35 @@ void for_chunks(int64_t n, F&& chunk) {
   for (int64_t c = 0; c < chunks; ++c) chunk(c * kChunk, std::min(n, (c + 1) * kChunk));
 }
 
+// f(z) = z g(z) with g bounded, g(+inf) = 1 and g(-inf) = 0: relu, gelu, silu.
+constexpr bool times_bounded_gate(Unary op) { return op == Unary::relu || op == Unary::gelu_tanh || op == Unary::gelu_erf || op == Unary::silu; }
+
+// Where in_mul x overflows to +-inf (a scaled tensor's data times a scale near 2^127), the
+// kernels give inf or NaN (inf * 0 inside the formula), but out_mul f(in_mul x) = out_mul in_mul
+// x g(in_mul x) is finite: out_mul in_mul x above, 0 below. Its derivative's limit is 1 above and
+// 0 below, so the gradient is grad or 0. One vectorised check per chunk; the fix-up only where a
+// value came out non-finite from finite inputs, so every other result stays as the kernel made it.
+// Whether in_mul x can overflow T for some finite x of x's dtype: never for f16 data below a
+// multiplier of 2^111, nor for unscaled inputs, so the usual calls skip the check altogether.
+template <class T>
+bool may_overflow(const Tensor& x, double in_mul) {
+  const std::optional<Format> f = dtype_format(x.dtype());
+  const double largest = f ? max_value(*f) : double(std::numeric_limits<T>::max());
+  return std::fabs(in_mul) * largest > double(std::numeric_limits<T>::max());
+}
+
+template <class T>
+void gate_limits(const T* x, const T* grad, T* out, int64_t n, T in_mul, double out_in_mul) {
+  int nonfinite = 0;  // o - o is NaN exactly for inf and NaN; written so that it vectorises
+  for (int64_t i = 0; i < n; ++i) nonfinite |= int(!(out[i] - out[i] == T(0)));
+  if (!nonfinite) return;
+  for (int64_t i = 0; i < n; ++i) {
+    const T z = in_mul * x[i];
+    if (std::isfinite(out[i]) || !std::isfinite(x[i]) || !std::isinf(z) || (grad && !std::isfinite(grad[i]))) continue;
+    out[i] = z < 0 ? T(0) : grad ? grad[i] : T(out_in_mul * double(x[i]));
+  }
+}
+
 }  // namespace
 
 Tensor unary(Unary op, const Tensor& x, double in_mul, double out_mul, DType store_as) {
@@ -141,13 +172,16 @@ Tensor unary(Unary op, const Tensor& x, double in_mul, double out_mul, DType sto
     const ChunkSink<T> sink(out);
     const int64_t n = x.numel();
     const T a = T(in_mul), b = T(out_mul);
+    const bool limits = times_bounded_gate(op) && may_overflow<T>(x, in_mul);
     if constexpr (std::is_same_v<T, float>) {
       if (op == Unary::gelu_tanh) {  // the step's costliest map: vectorised tanh
         const auto& vm = vecmath::active();
         for_chunks(n, [&](int64_t i0, int64_t i1) {
           T buf[kChunk], ob[kChunk];
           T* o = sink.chunk(i0, ob);
-          vm.gelu_tanh(in.read(i0, i1 - i0, buf), o, i1 - i0, a, b);
+          const T* p = in.read(i0, i1 - i0, buf);
+          vm.gelu_tanh(p, o, i1 - i0, a, b);
+          if (limits) gate_limits<T>(p, nullptr, o, i1 - i0, a, in_mul * out_mul);
           sink.commit(i0, i1 - i0, o);
         });
         return out;
@@ -162,6 +196,8 @@ Tensor unary(Unary op, const Tensor& x, double in_mul, double out_mul, DType sto
           for (int64_t i = 0; i < i1 - i0; ++i) oc[i] = apply(OP, p[i]);
         } else {
           for (int64_t i = 0; i < i1 - i0; ++i) oc[i] = b * apply(OP, a * p[i]);
+          if constexpr (times_bounded_gate(OP))
+            if (limits) gate_limits<T>(p, nullptr, oc, i1 - i0, a, in_mul * out_mul);
         }
         sink.commit(i0, i1 - i0, oc);
       });
@@ -183,13 +219,16 @@ Tensor unary_backward(Unary op, const Tensor& x, const Tensor& y, const Tensor& 
     const ChunkSink<T> sink(out);
     const int64_t n = x.numel();
     const T k = T(x_mul);
+    const bool limits = times_bounded_gate(op) && may_overflow<T>(x, x_mul);
     if constexpr (std::is_same_v<T, float>) {
       if (op == Unary::gelu_tanh) {
         const auto& vm = vecmath::active();
         for_chunks(n, [&](int64_t i0, int64_t i1) {
           T xb[kChunk], gb[kChunk], ob[kChunk];
           T* o = sink.chunk(i0, ob);
-          vm.gelu_tanh_backward(xs.read(i0, i1 - i0, xb), gs.read(i0, i1 - i0, gb), o, i1 - i0, k);
+          const T *px = xs.read(i0, i1 - i0, xb), *pg = gs.read(i0, i1 - i0, gb);
+          vm.gelu_tanh_backward(px, pg, o, i1 - i0, k);
+          if (limits) gate_limits<T>(px, pg, o, i1 - i0, k, 1.0);
           sink.commit(i0, i1 - i0, o);
         });
         return out;
@@ -204,6 +243,8 @@ Tensor unary_backward(Unary op, const Tensor& x, const Tensor& y, const Tensor& 
         const T *px = xs.read(i0, len, xb), *pg = gs.read(i0, len, gb), *py = ys ? ys->read(i0, len, yb) : px;
         T* o = sink.chunk(i0, ob);
         for (int64_t i = 0; i < len; ++i) o[i] = pg[i] * derivative(OP, k * px[i], py[i]);
+        if constexpr (times_bounded_gate(OP))
+          if (limits) gate_limits<T>(px, pg, o, len, k, 1.0);
         sink.commit(i0, len, o);
       });
     });
