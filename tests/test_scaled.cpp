@@ -15,6 +15,9 @@
 #include "scalify/autograd/functions.hpp"
 #include "scalify/autograd/scaling.hpp"
 #include "scalify/scaled/scaled_ops.hpp"
+#include "scalify/scaled/scale_rules.hpp"
+#include "scalify/quant/linear.hpp"
+#include "scalify/quant/recipe.hpp"
 
 namespace scalify {
 namespace {
@@ -439,6 +442,37 @@ TEST(ScaleEdges, GatedActivationsStayFiniteAtTheF32Edge) {
         ASSERT_EQ(gd[i], zv[i] > 0 ? 1.0 : 0.0) << ops::unary_name(op) << "' at 2^" << e << ", x_d " << zv[i];
       }
     }
+}
+
+// Every op that claims a rule of scaled/scale_rules.hpp gives the scale the rule computes: the
+// scaled ops, the SCALIFY linear layer forward and backward, the fused norm's affine.
+TEST(ScaleRules, EveryRuleIsTheOneItsOpsApply) {
+  namespace r = scaled::rules;
+  const float sx = std::ldexp(1.0f, 5), sy = std::ldexp(1.0f, -3);
+  const ScaledTensor x(Tensor::randn({12, 48}, 21), sx), y(Tensor::randn({48, 20}, 22), sy), x2(Tensor::randn({12, 48}, 23), sy);
+  EXPECT_EQ(r::reduction(48), 4.0f);  // sqrt 48 = 6.9, rounded down to a power of two
+  EXPECT_EQ(r::reduction(64), 8.0f);
+  EXPECT_EQ(r::reduction(0), 1.0f);
+  EXPECT_EQ(r::weighted_sum(1.0, 1.0).scale, 1.0f);  // sqrt 2 rounded down
+  EXPECT_EQ(r::ema(1.0, 1.0, 0.9).scale, 1.0f);        // sqrt(0.82) = 0.91 to the nearest power of two (down: 0.5)
+  EXPECT_EQ(scaled::matmul(x, y).scalar_scale(), r::reduction(48) * sx * sy);
+  EXPECT_EQ(scaled::sum(x, {1}).scalar_scale(), r::reduction(48) * sx);
+  EXPECT_EQ(scaled::mean(x, {1}).scalar_scale(), sx / r::reduction(48));
+  EXPECT_EQ(scaled::add(x, x2).scalar_scale(), r::weighted_sum(sx, sy).scale);
+  EXPECT_EQ(scaled::ema(x, x2, 0.9).scalar_scale(), r::ema(sx, sy, 0.9).scale);
+  // SCALIFY's linear layer: the matmul rule over K forward, over N and over the rows backward.
+  const quant::QLinear layer(quant::preset("scalify_fp8_3").linear);
+  Var xv(x, true), wv(ScaledTensor(Tensor::randn({48, 20}, 24), sy), true);
+  const Var out = layer(xv, wv);
+  EXPECT_EQ(out.scaled().scalar_scale(), r::reduction(48) * sx * sy);
+  const float sg = std::ldexp(1.0f, 2);
+  out.backward(ScaledTensor(Tensor::randn({12, 20}, 25), sg));
+  EXPECT_EQ(xv.scaled_grad().scalar_scale(), r::reduction(20) * sg * sy);
+  EXPECT_EQ(wv.scaled_grad().scalar_scale(), r::reduction(12) * sx * sg);
+  // The fused norm's affine w xhat + b: a weighted sum of W_s and B_s.
+  const float sw = std::ldexp(1.0f, 1), sb = std::ldexp(1.0f, -4);
+  const Var ln = layer_norm(Var(x, true), Var(ScaledTensor(Tensor::randn({48}, 26), sw), true), Var(ScaledTensor(Tensor::randn({48}, 27), sb), true));
+  EXPECT_EQ(ln.scaled().scalar_scale(), r::weighted_sum(sw, sb).scale);
 }
 
 // A linear layer's weight gradient over batched rows is one scaled matmul reducing over all

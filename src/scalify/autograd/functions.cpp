@@ -10,6 +10,7 @@
 
 #include "scalify/autograd/data_precision.hpp"
 #include "scalify/error.hpp"
+#include "scalify/scaled/scale_rules.hpp"
 #include "scalify/scaled/scaled_ops.hpp"
 
 namespace scalify {
@@ -219,8 +220,10 @@ std::optional<Var> fused_norm(const char* name, const Var& x, const Var& weight,
   if (!plain && !scaled) return std::nullopt;
   const double sx = scaled ? double(xs.scalar_scale()) : 1.0, w_s = scaled ? double(ws.scalar_scale()) : 1.0;
   const double b_s = scaled && bs ? double(bs->scalar_scale()) : 0.0;
-  const float zs = scaled && bs ? pow2_round(std::sqrt(w_s * w_s + b_s * b_s)) : float(w_s);
-  ops::Affine a{ws.data, bs ? bs->data : Tensor(), w_s / zs, scaled ? b_s / zs : 1.0};
+  // With a scaled bias, w xhat + b is a sum of two terms (the add rule); otherwise it keeps W_s.
+  const scaled::rules::WeightedSum z = scaled && bs ? scaled::rules::weighted_sum(w_s, b_s) : scaled::rules::WeightedSum{float(w_s), 1.0, 0.0};
+  const float zs = z.scale;
+  ops::Affine a{ws.data, bs ? bs->data : Tensor(), z.x_mul, scaled ? z.y_mul : 1.0};
   std::vector<Var> inputs = {x, weight};
   if (bias.defined()) inputs.push_back(bias);
   ops::NormResult r = ops::norm_affine(xs.data, eps / (sx * sx), center, a, store_as(inputs));  // eps as s::normalise rescales it

@@ -9,6 +9,7 @@
 #include "scalify/error.hpp"
 #include "scalify/optim/grad_norm.hpp"
 #include "scalify/optim/param_chunks.hpp"
+#include "scalify/scaled/scale_rules.hpp"
 #include "scalify/scaled/scaled_ops.hpp"
 #include "scalify/tensor/dense.hpp"
 #include "scalify/tensor/ops.hpp"
@@ -122,14 +123,13 @@ void AdamW::step_plain(const std::vector<size_t>& ks, double bc1, double bc2, do
 }
 
 namespace {
-// ema's scales: Z_s = pow2_round(sqrt(ms^2 + xs^2)) and the two data multipliers (scaled::ema).
+// ema's scales and the two data multipliers (scaled::rules::ema, as scaled::ema).
 struct Ema {
   float zs, a, b;
 };
 Ema ema_scales(double m_scale, double x_scale, double beta) {
-  const double ms = beta * m_scale, xs = (1 - beta) * x_scale;
-  const float zs = pow2_round(std::sqrt(ms * ms + xs * xs), Pow2Rounding::nearest);
-  return {zs, float(ms / zs), float(xs / zs)};
+  const scaled::rules::WeightedSum z = scaled::rules::ema(m_scale, x_scale, beta);
+  return {z.scale, float(z.x_mul), float(z.y_mul)};
 }
 }  // namespace
 

@@ -8,6 +8,7 @@
 #include "scalify/error.hpp"
 #include "scalify/formats/bulk.hpp"
 #include "scalify/quant/block_gemm.hpp"
+#include "scalify/scaled/scale_rules.hpp"
 #include "scalify/scaled/scaled_ops.hpp"
 #include "scalify/tensor/convert.hpp"
 #include "scalify/tensor/gemm.hpp"
@@ -165,7 +166,7 @@ Var QLinear::operator()(const Var& x, const Var& w, const Var& b) const {
   if (on_codes) {
     const Tensor cx = gemm_operand(qx, t), cw = gemm_operand(qw, t);
     const float sx = scale_of(qx), sw = scale_of(qw);
-    const float rk = propagate ? pow2_round(std::sqrt(double(K))) : 1.0f;
+    const float rk = propagate ? scaled::rules::reduction(double(K)) : 1.0f;
     const Tensor y = gemm_codes(false, false, rows, N, K, cx, cw, propagate ? 1.0f / rk : sx * sw).reshape(out_shape);
     const ScaledTensor out_value = propagate ? with_exact_scale(y, double(sx) * sw * rk) : ScaledTensor(y);
     const Var out = Var::make("qlinear", out_value, {x, w}, [state, cx, cw, sx, sw, rows, K, N, propagate, mode, xs = x.shape()](const ScaledTensor& g) {
@@ -177,7 +178,7 @@ Var QLinear::operator()(const Var& x, const Var& w, const Var& b) const {
       if (!propagate)
         return std::vector<ScaledTensor>{ScaledTensor(gemm_codes(false, true, rows, K, N, cg, cw, sg * sw).reshape(xs)),
                                          ScaledTensor(gemm_codes(true, false, K, N, rows, cx, cg, sx * sg))};
-      const float rn = pow2_round(std::sqrt(double(N))), rr = pow2_round(std::sqrt(double(rows)));
+      const float rn = scaled::rules::reduction(double(N)), rr = scaled::rules::reduction(double(rows));
       return std::vector<ScaledTensor>{with_exact_scale(gemm_codes(false, true, rows, K, N, cg, cw, 1.0f / rn).reshape(xs), double(sg) * sw * rn),
                                        with_exact_scale(gemm_codes(true, false, K, N, rows, cx, cg, 1.0f / rr), double(sx) * sg * rr)};
     });

@@ -1,5 +1,7 @@
 #include "scalify/scaled/scaled_ops.hpp"
 
+#include "scalify/scaled/scale_rules.hpp"
+
 #include <algorithm>
 #include <cmath>
 #include <functional>
@@ -18,7 +20,6 @@ bool any_scaled(std::initializer_list<const ScaledTensor*> xs) {
 }
 // A tensor times a power of two: exact (unless it leaves the f32 range).
 Tensor times(const Tensor& t, double s) { return s == 1.0 ? t : ops::scale_shift(t, s, 0.0); }
-float pow2_sqrt(double n) { return pow2_round(std::sqrt(std::max(n, 1.0))); }
 // The represented value (data * scale) for rules that fold the scale in.
 Tensor folded(const ScaledTensor& x) { return x.any_scale ? x.data : times(x.data, x.scalar_scale()); }
 
@@ -41,9 +42,11 @@ ScaledTensor add_sub(const ScaledTensor& x_in, const ScaledTensor& y_in, ops::Bi
   if (!any_scaled({&x, &y})) return ScaledTensor(ops::binary(op, x.data, y.data, 1.0, 1.0, store_as));
   if (x.any_scale && y.any_scale) return any_scale_constant(ops::binary(op, x.data, y.data, 1.0, 1.0, store_as));
   const double xs = x.scalar_scale(), ys = y.scalar_scale();
-  const float zs = x.any_scale ? float(ys) : y.any_scale ? float(xs) : pow2_round(std::sqrt(xs * xs + ys * ys));
+  if (x.any_scale || y.any_scale)  // an ANY operand takes the other's scale
+    return ScaledTensor(ops::binary(op, x.data, y.data, 1.0, 1.0, store_as), float(x.any_scale ? ys : xs));
   // The rebasing factors fold into the one elementwise pass.
-  return ScaledTensor(ops::binary(op, x.data, y.data, x.any_scale ? 1.0 : xs / zs, y.any_scale ? 1.0 : ys / zs, store_as), zs);
+  const rules::WeightedSum z = rules::weighted_sum(xs, ys);
+  return ScaledTensor(ops::binary(op, x.data, y.data, z.x_mul, z.y_mul, store_as), z.scale);
 }
 }  // namespace
 ScaledTensor add(const ScaledTensor& x, const ScaledTensor& y, DType store_as) { return add_sub(x, y, ops::Binary::add, store_as); }
@@ -56,9 +59,8 @@ ScaledTensor ema(const ScaledTensor& m_in, const ScaledTensor& x_in, double b) {
   const Tensor plain = ops::binary(ops::Binary::add, m.data, x.data, b, 1 - b);
   if (!any_scaled({&m, &x})) return ScaledTensor(plain);
   if (m.any_scale && x.any_scale) return any_scale_constant(plain);
-  const double ms = m.any_scale ? 0 : b * m.scalar_scale(), xs = x.any_scale ? 0 : (1 - b) * x.scalar_scale();
-  const float zs = pow2_round(std::sqrt(ms * ms + xs * xs), Pow2Rounding::nearest);
-  return ScaledTensor(ops::binary(ops::Binary::add, m.data, x.data, m.any_scale ? b : ms / zs, x.any_scale ? 1 - b : xs / zs), zs);
+  const rules::WeightedSum z = rules::ema(m.any_scale ? 0 : m.scalar_scale(), x.any_scale ? 0 : x.scalar_scale(), b);
+  return ScaledTensor(ops::binary(ops::Binary::add, m.data, x.data, m.any_scale ? b : z.x_mul, x.any_scale ? 1 - b : z.y_mul), z.scale);
 }
 
 // mul: Z_s = X_s Y_s, Z_d = X_d Y_d. div: Z_s = X_s / Y_s, Z_d = X_d / Y_d.
@@ -83,7 +85,7 @@ ScaledTensor matmul(const ScaledTensor& x_in, const ScaledTensor& y_in) {
   const ScaledTensor x = uniform(x_in);
   const ScaledTensor y = uniform(y_in);
   if (!any_scaled({&x, &y})) return ScaledTensor(ops::matmul(x.data, y.data));
-  const float r = pow2_sqrt(double(x.data.size(-1)));
+  const float r = rules::reduction(double(x.data.size(-1)));
   // 1/r in the GEMM's alpha; the scale product by exponent arithmetic (2^127 * 2^-126 is 2, not inf).
   return with_exact_scale(ops::matmul(x.data, y.data, 1.0 / r), double(r) * x.scalar_scale() * y.scalar_scale());
 }
@@ -101,7 +103,7 @@ double reduced_count(const Tensor& x, const std::vector<int>& dims) {
 ScaledTensor sum(const ScaledTensor& x_in, const std::vector<int>& dims, bool keepdim) {
   const ScaledTensor x = uniform(x_in);
   if (!x.is_scaled()) return ScaledTensor(ops::sum(x.data, dims, keepdim));
-  const float r = pow2_sqrt(reduced_count(x.data, dims));
+  const float r = rules::reduction(reduced_count(x.data, dims));
   return with_exact_scale(times(ops::sum(x.data, dims, keepdim), 1.0 / r), double(r) * x.scalar_scale());
 }
 
@@ -110,7 +112,7 @@ ScaledTensor mean(const ScaledTensor& x_in, const std::vector<int>& dims, bool k
   const ScaledTensor x = uniform(x_in);
   if (!x.is_scaled()) return ScaledTensor(ops::mean(x.data, dims, keepdim));
   const double n = reduced_count(x.data, dims);
-  const float r = pow2_sqrt(n);
+  const float r = rules::reduction(n);
   return with_exact_scale(ops::scale_shift(ops::sum(x.data, dims, keepdim), double(r) / n, 0.0), double(x.scalar_scale()) / r);
 }
 
