@@ -444,6 +444,45 @@ TEST(ScaleEdges, GatedActivationsStayFiniteAtTheF32Edge) {
     }
 }
 
+// Ops that fold the scale into their input (log, softmax, log_softmax, cross-entropy) stay finite
+// at the f32 edge wherever the true result is: data in [2, 2.5] at scale 2^127 overflows
+// X_d X_s to inf, which gave inf (log) or NaN (inf - inf in the max-shifted exponentials).
+TEST(ScaleEdges, FoldingOpsStayFiniteAtTheF32Edge) {
+  std::vector<float> v(4 * 16);
+  for (size_t i = 0; i < v.size(); ++i) v[i] = 2.0f + 0.5f * float((i * 7) % 16) / 15.0f;
+  const Tensor d = Tensor::from_vector(v, {4, 16}), targets = Tensor::from_indices({3, 0, 15, 7}, {4});
+  const double s = std::ldexp(1.0, 127);
+  const ScaledTensor x(d, float(s));
+  // References in double, where X_d X_s does not overflow.
+  std::vector<double> lsm(v.size()), sm(v.size());
+  double loss = 0;
+  for (int r = 0; r < 4; ++r) {
+    double top = -INFINITY, sum = 0;
+    for (int j = 0; j < 16; ++j) top = std::max(top, s * v[size_t(r * 16 + j)]);
+    for (int j = 0; j < 16; ++j) sum += std::exp(s * v[size_t(r * 16 + j)] - top);
+    for (int j = 0; j < 16; ++j) {
+      const size_t i = size_t(r * 16 + j);
+      lsm[i] = s * v[i] - top - std::log(sum);
+      sm[i] = std::exp(lsm[i]);
+    }
+    loss -= lsm[size_t(r * 16 + (r == 0 ? 3 : r == 1 ? 0 : r == 2 ? 15 : 7))] / 4;
+  }
+  const std::vector<double> got_lsm = value_f64(scaled::log_softmax(x, -1)), got_sm = value_f64(scaled::softmax(x, -1)),
+                            got_log = value_f64(scaled::unary(ops::Unary::log, x));
+  for (size_t i = 0; i < v.size(); ++i) {
+    ASSERT_TRUE(std::isfinite(got_lsm[i]) && std::isfinite(got_sm[i]) && std::isfinite(got_log[i])) << i;
+    ASSERT_NEAR(got_lsm[i], lsm[i], std::fabs(lsm[i]) * 1e-6 + 1e-6) << "log_softmax " << i;
+    ASSERT_NEAR(got_sm[i], sm[i], 1e-6) << "softmax " << i;
+    ASSERT_NEAR(got_log[i], std::log(double(v[i])) + 127 * std::log(2.0), 1e-5) << "log " << i;
+  }
+  Var logits(x, true);
+  const Var l = cross_entropy(logits, targets);
+  EXPECT_NEAR(l.value().item(), loss, loss * 1e-6);
+  l.backward();
+  const std::vector<double> g = value_f64(logits.scaled_grad());
+  for (size_t i = 0; i < v.size(); ++i) ASSERT_TRUE(std::isfinite(g[i])) << "cross_entropy gradient " << i;
+}
+
 // Every op that claims a rule of scaled/scale_rules.hpp gives the scale the rule computes: the
 // scaled ops, the SCALIFY linear layer forward and backward, the fused norm's affine.
 TEST(ScaleRules, EveryRuleIsTheOneItsOpsApply) {

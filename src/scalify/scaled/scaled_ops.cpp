@@ -260,7 +260,7 @@ ScaledTensor embedding(const ScaledTensor& weight_in, const Tensor& ids) {
 ScaledTensor cross_entropy(const ScaledTensor& logits_in, const Tensor& targets) {
   const ScaledTensor logits = uniform(logits_in);
   if (!logits.is_scaled()) return ScaledTensor(ops::cross_entropy(logits.data, targets));
-  return ScaledTensor(ops::cross_entropy(folded(logits), targets), 1.0f);
+  return ScaledTensor(ops::cross_entropy(logits.data, targets, logits.any_scale ? 1.0 : logits.scalar_scale()), 1.0f);
 }
 
 // Shape ops keep the scale.
@@ -343,6 +343,7 @@ const std::vector<ScaleRule>& scale_rules() {
       {"gradients linear in g (activations, log_softmax, gather)", "dX_s = g_s; dX_d = f'(X) g_d", "the local derivative is O(1)"},
       {"power backward", "dX = p X^(p-1) g through the power and mul rules", "the local derivative's scale X_s^(p-1) stays in the scale"},
       {"scale products (mul, div, matmul, sum, mean, powers)", "by exponent arithmetic; beyond [2^-126, 2^127] the scale is clamped and the rest moves into the data", "2^127 * 2^-126 is 2, not inf; the value is kept, never a silent inf or 0"},
+      {"X_d X_s beyond f32 (scales near 2^127)", "relu, gelu, silu: X_d g(+-inf) = X_d or 0, gradient G_d or 0; log: log X_d + log X_s; softmax, log_softmax, cross_entropy: such rows in double", "the true result is finite: never inf or NaN from a finite input; every other value as the fast path computes it"},
       {"softmax backward", "dX_s = g_s / N; dX_d = N p (g_d - sum p g_d)", "the local derivative is O(1 / n)"},
       {"fused causal attention (qkv with one scale s)", "Y_s = s; Y_d = softmax(mask(s^2 q_d k_d^T / sqrt(hd))) v_d; dQKV_s = g_s, dq_d and dk_d carry s^2", "a convex combination of value rows: |Y_d| <= max |v_d|, never an overflow; exact represented values"},
       {"norm backward", "dX_s = g_s / X_s; dX_d = rstd(X_d) (g_d - ...)", "d norm / dx scales as 1 / sigma(x)"},

@@ -163,6 +163,17 @@ void gate_limits(const T* x, const T* grad, T* out, int64_t n, T in_mul, double 
   }
 }
 
+// log(in_mul x) where in_mul x left T's range (inf, or 0 from underflow) is still finite for a
+// finite x > 0: log x + log in_mul, taken in double there only.
+template <class T>
+void log_limits(const T* x, T* out, int64_t n, T in_mul, double in_mul_d, double out_mul) {
+  for (int64_t i = 0; i < n; ++i) {
+    const T z = in_mul * x[i];
+    if (std::isfinite(out[i]) || !(x[i] > 0) || !std::isfinite(x[i]) || (std::isfinite(z) && z != 0)) continue;
+    out[i] = T(out_mul * (std::log(double(x[i])) + std::log(in_mul_d)));
+  }
+}
+
 }  // namespace
 
 Tensor unary(Unary op, const Tensor& x, double in_mul, double out_mul, DType store_as) {
@@ -198,6 +209,7 @@ Tensor unary(Unary op, const Tensor& x, double in_mul, double out_mul, DType sto
           for (int64_t i = 0; i < i1 - i0; ++i) oc[i] = b * apply(OP, a * p[i]);
           if constexpr (times_bounded_gate(OP))
             if (limits) gate_limits<T>(p, nullptr, oc, i1 - i0, a, in_mul * out_mul);
+          if constexpr (OP == Unary::log) log_limits<T>(p, oc, i1 - i0, a, in_mul, out_mul);
         }
         sink.commit(i0, i1 - i0, oc);
       });

@@ -64,12 +64,30 @@ T row_max(const T* x, int64_t D) {
   return m;
 }
 
+// A row whose largest in_mul x overflows T (a scaled tensor's data times a scale near 2^127):
+// in_mul x - max would be inf - inf. Its softmax and log-softmax are finite all the same;
+// computed in double, where in_mul x cannot overflow, and only for such rows, so every other
+// row's result stays as the fast path makes it.
+template <class T>
+bool shift_overflows(const T* x, int64_t D, T k) {
+  const T top = row_max(x, D);
+  return std::isfinite(top) && !std::isfinite(k * top);
+}
+template <class T>
+void softmax_in_double(const T* x, T* out, int64_t D, double k, bool log) {
+  double top = -std::numeric_limits<double>::infinity(), s = 0;
+  for (int64_t i = 0; i < D; ++i) top = std::max(top, k * double(x[i]));
+  for (int64_t i = 0; i < D; ++i) s += std::exp(k * double(x[i]) - top);
+  for (int64_t i = 0; i < D; ++i) out[i] = T(log ? k * double(x[i]) - top - std::log(s) : std::exp(k * double(x[i]) - top) / s);
+}
+
 }  // namespace
 
 Tensor softmax(const Tensor& x, int dim, double in_mul) {
   return map_rows(x, dim, "softmax", [in_mul](const auto* in, auto* out, int64_t D) {
     using T = std::remove_cvref_t<decltype(*in)>;
     const T k = T(in_mul);
+    if (shift_overflows(in, D, k)) return softmax_in_double(in, out, D, in_mul, false);
     const T m = k * row_max(in, D);  // k > 0: a scale
     double s = 0;
     if constexpr (std::is_same_v<T, float>) {
@@ -86,6 +104,7 @@ Tensor log_softmax(const Tensor& x, int dim, double in_mul) {
   return map_rows(x, dim, "log_softmax", [in_mul](const auto* in, auto* out, int64_t D) {
     using T = std::remove_cvref_t<decltype(*in)>;
     const T k = T(in_mul);
+    if (shift_overflows(in, D, k)) return softmax_in_double(in, out, D, in_mul, true);
     const T m = k * row_max(in, D);
     double s = 0;
     for (int64_t i = 0; i < D; ++i) s += std::exp(double(k * in[i] - m));
@@ -288,10 +307,10 @@ void check_xent(const Tensor& logits, const Tensor& targets, const std::vector<i
 }
 }  // namespace
 
-Tensor cross_entropy(const Tensor& logits, const Tensor& targets) {
+Tensor cross_entropy(const Tensor& logits, const Tensor& targets, double in_mul) {
   const std::vector<int64_t> t = ids_of(targets);
   check_xent(logits, targets, t);
-  const Tensor lsm = log_softmax(logits, -1);
+  const Tensor lsm = log_softmax(logits, -1, in_mul);
   return dispatch_compute(computes_in_f64(logits), [&]<class T>() {
     const Dense<T> l(lsm);
     const int64_t N = logits.size(0), C = logits.size(1);
@@ -301,10 +320,10 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& targets) {
   });
 }
 
-Tensor cross_entropy_backward(const Tensor& logits, const Tensor& targets, double grad) {
+Tensor cross_entropy_backward(const Tensor& logits, const Tensor& targets, double grad, double in_mul) {
   const std::vector<int64_t> t = ids_of(targets);
   check_xent(logits, targets, t);
-  Tensor p = softmax(logits, -1);
+  Tensor p = softmax(logits, -1, in_mul);
   const int64_t N = logits.size(0), C = logits.size(1);
   return dispatch_compute(computes_in_f64(logits), [&]<class T>() {
     T* g = p.data<T>();

@@ -98,8 +98,9 @@ Tensor norm_affine_backward(const NormResult& r, const Tensor& grad_y, bool cent
 Tensor embedding(const Tensor& weight, const Tensor& ids);  // weight [V, D], ids int: [..., D]
 Tensor embedding_backward(const Tensor& grad, const Tensor& ids, int64_t vocab);  // scatter-add
 // Mean cross-entropy of logits [N, C] against integer targets [N].
-Tensor cross_entropy(const Tensor& logits, const Tensor& targets);
-Tensor cross_entropy_backward(const Tensor& logits, const Tensor& targets, double grad);
+// Of in_mul * logits (a scaled tensor's data and scale, which need not be folded into an f32 first).
+Tensor cross_entropy(const Tensor& logits, const Tensor& targets, double in_mul = 1.0);
+Tensor cross_entropy_backward(const Tensor& logits, const Tensor& targets, double grad, double in_mul = 1.0);
 
 Tensor concat(const std::vector<Tensor>& xs, int dim);
 std::vector<Tensor> split(const Tensor& x, const std::vector<int64_t>& sizes, int dim);
