@@ -22,7 +22,9 @@
 #include "scalify/note.hpp"
 #include "scalify/quant/recipe.hpp"
 #include "scalify/train/config.hpp"
+#include "scalify/train/corpus.hpp"
 #include "scalify/train/session.hpp"
+#include "scalify/unit/layers.hpp"
 #include "scalify/train/trainer.hpp"
 #include "train_fixtures.hpp"
 
@@ -335,6 +337,32 @@ TEST(FolderLock, ASecondWriterIsRefusedNamingTheHolder) {
   const io::FolderLock held(run.string(), "train");
   fs::remove(run / ".lock");
   EXPECT_ERROR(io::FolderLock(run.string(), "train"), "is in use by another scalify process (PID unknown)");
+}
+
+// Through the trainer's own session, for every SCALIFY preset: every activation the model taps
+// and every gradient flowing back through it is held in f16 data (SPEC data precision: no f32
+// copy, no loss scaling), and so is every parameter gradient, f32 masters' (#1) included.
+TEST(Trainer, ScalifyPresetsHoldEveryActivationAndGradientInF16) {
+  const fs::path data = text_corpus();
+  for (const std::string& recipe : quant::preset_names()) {
+    if (!recipe.starts_with("scalify_")) continue;
+    const train::TrainConfig c = tiny_run(data, scratch("f16_" + recipe), recipe);
+    const auto s = train::make_session(c, nullptr);
+    const train::Corpus corpus = train::corpus_for(c);
+    const train::Batch b = train::make_batch(corpus.train, train::train_starts(corpus.train.size(), c.batch, c.model.seq, c.seed, 0), c.model.seq);
+    unit::ScaleProbe probe;
+    nn::GptOptions options = s->options();
+    options.probe = &probe;
+    s->forward_model().loss(b.ids, b.targets, options).backward();
+    ASSERT_GE(probe.entries.size(), 20u) << recipe;  // 2 layers: ln, attention, mlp and residual taps
+    for (const unit::ScaleProbe::Entry& e : probe.entries) {
+      EXPECT_EQ(e.forward_storage, DType::f16) << recipe << ": activation " << e.name;
+      EXPECT_NE(e.backward_rms, -1) << recipe << ": no gradient reached " << e.name;
+      EXPECT_EQ(e.backward_storage, DType::f16) << recipe << ": gradient of " << e.name;
+    }
+    for (size_t i = 0; i < s->params.size(); ++i)
+      EXPECT_EQ(s->params[i].scaled_grad().data.dtype(), DType::f16) << recipe << ": gradient of " << s->names[i];
+  }
 }
 
 // ---- configs, recipes and sizes --------------------------------------------------------------

@@ -40,7 +40,8 @@ struct Session {
     return m;
   }
   // The model the forward pass runs: the recipe's data storage narrower than a parameter's means
-  // the parameter is cast to it at use (its gradient returns to the parameter's storage).
+  // the parameter is cast to it at use; its gradient comes back in that storage too (f16 data for
+  // an f32 master under SCALIFY #1), and the optimizer reads it from there.
   nn::Gpt forward_model() const {
     const std::optional<Format> f = dtype_format(recipe.data_storage);
     if (!f || recipe.data_storage == DType::f32) return model;
