@@ -35,6 +35,29 @@ TEST(Recipe, EveryPresetRoundTripsThroughJson) {
   EXPECT_EQ(r.linear.gradient.format, Format::e5m2);
 }
 
+// Parts that cannot be meant together are refused by the recipe's name and what clashes, whether
+// they come from JSON or from code; every preset passes.
+TEST(Recipe, PartsThatCannotBeMeantTogetherAreRefusedByName) {
+  for (const std::string& name : preset_names()) EXPECT_NO_THROW(preset(name).validate()) << name;
+  Recipe mx_f16 = preset("mxfp8");
+  mx_f16.linear.activation.format = Format::f16;
+  EXPECT_ERROR(mx_f16.validate(), "recipe 'mxfp8': linear.activation: MX scaling needs an MX element format");
+  Recipe scalify_plain = preset("scalify_fp8_3");
+  scalify_plain.scaled_state = false;
+  EXPECT_ERROR(scalify_plain.validate(), "SCALIFY scaling propagates the parameters' scales, so it needs scaled_state");
+  Recipe rescale = preset("current");
+  rescale.rescale_every = 100;
+  EXPECT_ERROR(rescale.validate(), "they need scaled_state");
+  Recipe both = preset("scalify_fp16_2");
+  both.unit_scaled = true;
+  EXPECT_ERROR(both.validate(), "choose one");
+  Recipe fp8_data = preset("scalify_fp8_3");
+  fp8_data.data_storage = DType::e4m3;
+  EXPECT_ERROR(fp8_data.validate(), "data_storage must be f32, f16 or bf16");
+  // The same refusal reaches a JSON recipe.
+  EXPECT_ERROR(Recipe::from_json(mx_f16.to_json()), "MX scaling needs an MX element format");
+}
+
 TEST(Recipe, BadInputNamesWhatWasWrong) {
   auto message = [](const std::string& text) {
     try {

@@ -160,11 +160,6 @@ Recipe from_parsed(const json& j) {
   r.rescale_gradients = j.contains("rescale_gradients") && field<bool>(j, "rescale_gradients", "recipe");
   r.unit_scaled = j.contains("unit_scaled") && field<bool>(j, "unit_scaled", "recipe");
   r.data_storage = j.contains("data_storage") ? parse_dtype(field<std::string>(j, "data_storage", "recipe")) : DType::f32;
-  // Every activation and gradient is rounded into the data storage after every op: below 16 bits
-  // (FP8, FP6, FP4) nothing survives that without a scale per op, and the model learns nothing.
-  if (!dtype_format(r.data_storage) || dtype_size(r.data_storage) < 2)
-    throw Error("recipe: data_storage must be f32, f16 or bf16 (every activation and gradient is held in it; for FP8 or FP4 "
-                "matmuls set the linear roles' formats), got " + std::string(dtype_name(r.data_storage)));
   const json ls = field<json>(j, "loss_scaling", "recipe");
   only_known_fields(ls, {"kind", "scale", "growth_interval"}, "loss_scaling");
   const std::string kind = field<std::string>(ls, "kind", "loss_scaling");
@@ -176,75 +171,131 @@ Recipe from_parsed(const json& j) {
   if (!(r.loss_scaling.scale > 0) || !std::isfinite(r.loss_scaling.scale))
     throw Error("recipe: field 'scale' in loss_scaling must be finite and > 0, got " + ls.at("scale").dump());
   r.loss_scaling.growth_interval = int_field(ls, "growth_interval", "loss_scaling", 1, 1 << 30);
+  r.validate();
   return r;
 }
 }  // namespace
 
+void Recipe::validate() const {
+  auto refuse = [&](const std::string& why) { throw Error("recipe '" + name + "': " + why); };
+  // Every activation and gradient is rounded into the data storage after every op: below 16 bits
+  // (FP8, FP6, FP4) nothing survives that without a scale per op, and the model learns nothing.
+  if (!dtype_format(data_storage) || dtype_size(data_storage) < 2)
+    refuse("data_storage must be f32, f16 or bf16 (every activation and gradient is held in it; for FP8 or FP4 matmuls set the "
+           "linear roles' formats), got " + std::string(dtype_name(data_storage)));
+  for (const auto& [role, c] : {std::pair<const char*, const QuantizerConfig&>{"weight", linear.weight},
+                                {"activation", linear.activation}, {"gradient", linear.gradient}}) {
+    if (!linear.quantized) break;
+    const std::string where = std::string("linear.") + role;
+    // MX blocks scale elements of the OCP MX formats by E8M0 powers of two (OCP MX v1.0).
+    const bool mx_element = c.format == Format::e4m3 || c.format == Format::e5m2 || c.format == Format::e2m3 ||
+                            c.format == Format::e3m2 || c.format == Format::e2m1 || c.format == Format::int8;
+    if (c.scaling == Scaling::mx && !mx_element)
+      refuse(where + ": MX scaling needs an MX element format (e4m3, e5m2, e2m3, e3m2, e2m1, int8), got " + std::string(format_name(c.format)));
+    if (c.scaling == Scaling::scalify && !scaled_state)
+      refuse(where + ": SCALIFY scaling propagates the parameters' scales, so it needs scaled_state");
+  }
+  if ((rescale_every > 0 || rescale_gradients) && !scaled_state)
+    refuse("rescale_every and rescale_gradients rescale scaled tensors: they need scaled_state");
+  if (unit_scaled && scaled_state) refuse("unit scaling and SCALIFY's scaled state are two models of scaling: choose one");
+}
+
+namespace {
+
+// The presets, each defined once, in the order they are listed. A preset starts from f32 with its
+// name; its function sets what differs. Adding a recipe is one entry here.
+struct PresetDef {
+  const char* name;
+  void (*define)(Recipe& r);
+};
+
+// Seed 000 Table 3: #1 FP16 matmuls with propagated scales; #2 + FP16 master weights (scaled) with
+// the LayerNorm backward rescale; #3 FP8 matmuls (e4m3 / e5m2), FP8 weight gradients; #4 + FP16
+// optimizer state, gradients rescaled. Every row holds its parameters as scaled tensors (Table 3's
+// note) and its activations and gradients in f16 data end to end, as jax-scalify's f16
+// ScaledArrays: with no loss scaling, only the propagated scales keep them in f16's range.
+void scalify_row(Recipe& r, Format forward, Format backward) {
+  r.linear = recipe_scalify(forward, backward);
+  r.linear.name = r.name;
+  r.scaled_state = true;
+  r.data_storage = DType::f16;
+}
+void scalify_fp16_2(Recipe& r) {
+  scalify_row(r, Format::f16, Format::f16);
+  r.master_weight = DType::f16;
+  r.rescale_norm_grad = true;
+}
+void scalify_fp8_3(Recipe& r) {
+  scalify_row(r, Format::e4m3, Format::e5m2);
+  r.master_weight = DType::f16;
+  r.rescale_norm_grad = true;
+  r.weight_gradient = Format::e5m2;
+}
+
+// Plain casts with no scale: in the unit-scaled model (seeds 001/002), which keeps every tensor
+// near unit scale by construction; or in the standard model, the baselines that show what
+// scaling is for.
+void casts(Recipe& r, Format forward, Format backward, bool unit_scaled) {
+  r.unit_scaled = unit_scaled;
+  r.linear = recipe_cast(forward, backward);
+  r.linear.name = r.name;
+}
+
+const PresetDef kPresets[] = {
+    {"f32", [](Recipe&) {}},
+    {"scalify_fp16_1", [](Recipe& r) { scalify_row(r, Format::f16, Format::f16); }},
+    {"scalify_fp16_2", scalify_fp16_2},
+    {"scalify_fp8_3", scalify_fp8_3},
+    {"scalify_fp8_4",
+     [](Recipe& r) {
+       scalify_fp8_3(r);
+       r.optimizer_state = DType::f16;
+       r.rescale_every = 100;
+       r.rescale_gradients = true;
+     }},
+    {"unit_f32", [](Recipe& r) { r.unit_scaled = true; }},
+    {"unit_fp16", [](Recipe& r) { casts(r, Format::f16, Format::f16, true); }},
+    {"unit_fp8", [](Recipe& r) { casts(r, Format::e4m3, Format::e5m2, true); }},
+    {"current", [](Recipe& r) { r.linear = recipe_current(); }},
+    {"delayed", [](Recipe& r) { r.linear = recipe_delayed(); }},
+    {"fp8_amax", [](Recipe& r) { r.linear = recipe_fp8_amax(); }},
+    // FP8-CSCALE's one constant bias comes from a sweep, as seed 003 prescribes: on the default
+    // corpus b = 2..8 reach FP32 parity and b = 0 / 10 do not (docs/RESULTS.md); the preset takes 4.
+    {"fp8_cscale", [](Recipe& r) { r.linear = recipe_fp8_cscale(kCscaleBias); }},
+    {"mxfp8", [](Recipe& r) { r.linear = recipe_mxfp8(); }},
+    {"blockwise", [](Recipe& r) { r.linear = recipe_blockwise(); }},
+    // The baseline SCALIFY replaces: f16 matmuls with dynamic loss scaling; an overflowing gradient
+    // is inf (no saturation), which the loss scaler must see to skip the step.
+    {"f16_loss_scaled",
+     [](Recipe& r) {
+       casts(r, Format::f16, Format::f16, false);
+       r.linear.gradient.saturate = false;
+       r.loss_scaling = LossScalerConfig{};
+     }},
+    {"fp16_unscaled", [](Recipe& r) { casts(r, Format::f16, Format::f16, false); }},
+    {"fp8_unscaled", [](Recipe& r) { casts(r, Format::e4m3, Format::e5m2, false); }},
+};
+
+}  // namespace
+
 std::vector<std::string> preset_names() {
-  return {"f32",     "scalify_fp16_1", "scalify_fp16_2", "scalify_fp8_3", "scalify_fp8_4", "unit_f32",
-          "unit_fp16", "unit_fp8",      "current",        "delayed",       "fp8_amax",      "fp8_cscale",
-          "mxfp8",   "blockwise",      "f16_loss_scaled", "fp16_unscaled", "fp8_unscaled"};
+  std::vector<std::string> names;
+  for (const PresetDef& p : kPresets) names.emplace_back(p.name);
+  return names;
 }
 
 Recipe preset(const std::string& name) {
-  const std::vector<std::string> names = preset_names();
-  if (std::find(names.begin(), names.end(), name) == names.end()) {
-    std::string valid;
-    for (const std::string& n : names) valid.append(valid.empty() ? "" : ", ").append(n);
-    throw Error("unknown recipe preset '" + name + "'; valid presets: " + valid);
-  }
-  Recipe r;
-  r.name = name;
-  if (name == "f32") return r;
-  if (name.rfind("scalify_", 0) == 0) {
-    // Seed 000 Table 3: #1 FP16 matmuls; #2 + FP16 master weights (scaled) with the LayerNorm
-    // backward rescale; #3 FP8 matmuls (e4m3 / e5m2), FP16 master, FP8 state gradients;
-    // #4 + FP16 optimizer state, gradients rescaled.
-    const bool fp8 = name == "scalify_fp8_3" || name == "scalify_fp8_4";
-    r.linear = fp8 ? recipe_scalify(Format::e4m3, Format::e5m2) : recipe_scalify(Format::f16, Format::f16);
-    r.linear.name = name;
-    r.scaled_state = true;  // every row propagates scales from scaled parameters (Table 3's note)
-    // Activations and gradients held in f16 data end to end, as jax-scalify's f16 ScaledArrays:
-    // with no loss scaling, only the propagated scales keep them in f16's range.
-    r.data_storage = DType::f16;
-    if (name != "scalify_fp16_1") {
-      r.master_weight = DType::f16;
-      r.rescale_norm_grad = true;
+  for (const PresetDef& p : kPresets)
+    if (name == p.name) {
+      Recipe r;
+      r.name = name;
+      p.define(r);
+      r.validate();
+      return r;
     }
-    if (fp8) r.weight_gradient = Format::e5m2;
-    if (name == "scalify_fp8_4") {
-      r.optimizer_state = DType::f16;
-      r.rescale_every = 100;
-      r.rescale_gradients = true;
-    }
-    return r;
-  }
-  if (name == "f16_loss_scaled") {  // the baseline SCALIFY replaces: f16 matmuls + dynamic loss scaling
-    r.linear = recipe_cast(Format::f16, Format::f16);
-    r.linear.gradient.saturate = false;  // an overflowing gradient is inf, which the loss scaler sees
-    r.linear.name = name;
-    r.loss_scaling = LossScalerConfig{};
-    return r;
-  }
-  if (name.rfind("unit_", 0) == 0 || name == "fp16_unscaled" || name == "fp8_unscaled") {
-    // Unit scaling keeps every tensor near unit scale by construction, so its casts carry no scale;
-    // the *_unscaled baselines make the same casts in the standard model (what scaling is for).
-    r.unit_scaled = name.rfind("unit_", 0) == 0;
-    const bool fp8 = name == "unit_fp8" || name == "fp8_unscaled";
-    if (name == "unit_f32") return r;
-    r.linear = fp8 ? recipe_cast(Format::e4m3, Format::e5m2) : recipe_cast(Format::f16, Format::f16);
-    r.linear.name = name;
-    return r;
-  }
-  // FP8-CSCALE's one constant bias comes from a sweep, as seed 003 prescribes: on the default corpus
-  // b = 2..8 reach FP32 parity and b = 0 / 10 do not (docs/RESULTS.md); the preset takes 4.
-  if (name == "current") r.linear = recipe_current();
-  if (name == "delayed") r.linear = recipe_delayed();
-  if (name == "fp8_amax") r.linear = recipe_fp8_amax();
-  if (name == "fp8_cscale") r.linear = recipe_fp8_cscale(kCscaleBias);
-  if (name == "mxfp8") r.linear = recipe_mxfp8();
-  if (name == "blockwise") r.linear = recipe_blockwise();
-  return r;
+  std::string valid;
+  for (const PresetDef& p : kPresets) valid.append(valid.empty() ? "" : ", ").append(p.name);
+  throw Error("unknown recipe preset '" + name + "'; valid presets: " + valid);
 }
 
 Recipe load_recipe(const std::string& name_or_file) {

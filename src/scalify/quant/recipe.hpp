@@ -29,7 +29,10 @@ struct Recipe {
   LossScalerConfig loss_scaling{LossScalerConfig::Kind::none};
 
   std::string to_json() const;
-  static Recipe from_json(const std::string& json);  // throws naming the bad field
+  static Recipe from_json(const std::string& json);  // throws naming the bad field (and validates)
+  // Refuses, by name, a recipe whose parts cannot be meant together (a format MX cannot scale,
+  // state rescaling without scaled state, a data storage too narrow to hold an activation, ...).
+  void validate() const;
 };
 
 // Presets:
