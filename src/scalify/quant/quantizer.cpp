@@ -29,7 +29,7 @@ std::atomic<bool> g_collect_statistics{true};
 // f16) is decoded a chunk at a time instead of into a full f32 copy, and the statistics are
 // counted from the chunk just quantised, so the input is read once. Chunk c quantises with its
 // global offset, so stochastic rounding draws the same bits as one whole-tensor call.
-Tensor encode(const Tensor& x, Format fmt, float encode_scale, const QuantizerConfig& c, QuantStats& st, bool as_values) {
+Tensor encode(const Tensor& x, Format fmt, float encode_scale, const QuantizerConfig& c, QuantStats& st, bool as_values, uint64_t seed) {
   constexpr int64_t kChunk = 4096;
   const ChunkSource<float> src(x, x.shape());
   Tensor codes = Tensor::empty(x.shape(), as_values ? DType::f32 : dtype_of(fmt));
@@ -37,6 +37,7 @@ Tensor encode(const Tensor& x, Format fmt, float encode_scale, const QuantizerCo
   QuantizeOptions opt;
   opt.rounding = c.rounding;
   opt.overflow = c.saturate ? Overflow::saturate : Overflow::non_saturating;
+  opt.seed = seed;  // stochastic rounding: fresh bits for every quantisation step of the quantiser
   const int64_t n = x.numel(), chunks = (n + kChunk - 1) / kChunk;
   // Statistics from the input alone: a non-zero input underflows when |x| s is at most half the
   // smallest subnormal (round-to-nearest-even makes that tie zero), and clips beyond max.
@@ -144,7 +145,7 @@ Quantized Quantizer::quantize(const ScaledTensor& x, bool as_values, QuantizeMod
   Quantized q;
   q.per_tensor = x;
   const float s = x.any_scale ? 1.0f : x.scalar_scale();
-  q.per_tensor.data = encode(x.data, c_.format, 1.0f, c_, st, as_values);
+  q.per_tensor.data = encode(x.data, c_.format, 1.0f, c_, st, as_values, uint64_t(steps_));
   st.scale = s;
   st.amax = float(st.amax * s);
   return q;
@@ -175,19 +176,19 @@ Quantized Quantizer::quantize_with(const Tensor& x, bool as_values, QuantStats& 
   switch (c_.scaling) {
     case Scaling::none:
     case Scaling::scalify: {
-      q.per_tensor = ScaledTensor(encode(x, f, 1.0f, c_, st, as_values), 1.0f);
+      q.per_tensor = ScaledTensor(encode(x, f, 1.0f, c_, st, as_values, uint64_t(steps_)), 1.0f);
       st.scale = 1;
       return q;
     }
     case Scaling::current: {
       const float s = scale_from_amax(amax_of(x), 1.0f);
-      q.per_tensor = ScaledTensor(encode(x, f, s, c_, st, as_values), 1.0f / s);
+      q.per_tensor = ScaledTensor(encode(x, f, s, c_, st, as_values, uint64_t(steps_)), 1.0f / s);
       st.scale = 1.0f / s;
       return q;
     }
     case Scaling::delayed: {  // the scale from past steps
       const float s = scale_;
-      q.per_tensor = ScaledTensor(encode(x, f, s, c_, st, as_values), 1.0f / s);
+      q.per_tensor = ScaledTensor(encode(x, f, s, c_, st, as_values, uint64_t(steps_)), 1.0f / s);
       st.scale = 1.0f / s;
       return q;
     }
@@ -200,7 +201,7 @@ Quantized Quantizer::quantize_with(const Tensor& x, bool as_values, QuantStats& 
         b = std::clamp(b, -126, 127);  // 2^b and 2^-b stay finite and non-zero in f32 (tiny amax)
       }
       const float s = std::ldexp(1.0f, b);  // x * 2^b before the cast: exact
-      q.per_tensor = ScaledTensor(encode(x, f, s, c_, st, as_values), std::ldexp(1.0f, -b));
+      q.per_tensor = ScaledTensor(encode(x, f, s, c_, st, as_values, uint64_t(steps_)), std::ldexp(1.0f, -b));
       st.scale = std::ldexp(1.0f, -b);
       st.bias = b;
       return q;

@@ -2,8 +2,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <iterator>
 #include <nlohmann/json.hpp>
 #include <set>
+#include <utility>
 
 #include "scalify/error.hpp"
 #include "scalify/io/input_file.hpp"
@@ -17,11 +19,19 @@ using json = nlohmann::json;
 constexpr int kCscaleBias = 4;
 constexpr uint64_t kMaxRecipeBytes = 1 << 20;  // a recipe is about 2 kB
 
+constexpr std::pair<Rounding, const char*> kRoundings[] = {
+    {Rounding::nearest_even, "nearest_even"}, {Rounding::stochastic, "stochastic"}, {Rounding::toward_zero, "toward_zero"}};
+
 json role_json(const QuantizerConfig& c) {
-  return {{"scaling", scaling_name(c.scaling)}, {"format", std::string(format_name(c.format))}, {"margin", c.margin},
-          {"history", c.history}, {"reduce", c.reduce == HistoryReduce::max ? "max" : "most_recent"},
-          {"update_interval", c.update_interval}, {"bias", c.bias},
-          {"block", {int(c.block.rows), int(c.block.cols)}}, {"saturate", c.saturate}};
+  json j = {{"scaling", scaling_name(c.scaling)}, {"format", std::string(format_name(c.format))}, {"margin", c.margin},
+            {"history", c.history}, {"reduce", c.reduce == HistoryReduce::max ? "max" : "most_recent"},
+            {"update_interval", c.update_interval}, {"bias", c.bias},
+            {"block", {int(c.block.rows), int(c.block.cols)}}, {"saturate", c.saturate}};
+  // Written only when not the default, so the JSON of every recipe that rounds to nearest (and the
+  // recipe recorded in every checkpoint before the field existed) is unchanged.
+  for (const auto& [r, name] : kRoundings)
+    if (r == c.rounding && r != Rounding::nearest_even) j["rounding"] = name;
+  return j;
 }
 
 template <class T>
@@ -73,7 +83,8 @@ json parse_without_duplicate_keys(const std::string& text) {
 }
 
 QuantizerConfig role_from(const json& j, const char* where) {
-  only_known_fields(j, {"scaling", "format", "margin", "history", "reduce", "update_interval", "bias", "block", "saturate"}, where);
+  only_known_fields(j, {"scaling", "format", "margin", "history", "reduce", "update_interval", "bias", "block", "saturate", "rounding"},
+                    where);
   QuantizerConfig c;
   c.scaling = parse_scaling(field<std::string>(j, "scaling", where));
   c.format = parse_format(field<std::string>(j, "format", where));
@@ -92,6 +103,13 @@ QuantizerConfig role_from(const json& j, const char* where) {
   c.block.cols = size_t(int_field(dims, "cols", in_block.c_str(), 1, 4096));
   if (c.scaling == Scaling::block) c.block.rule = BlockScaleRule::f32_amax;
   c.saturate = !j.contains("saturate") || field<bool>(j, "saturate", where);
+  if (j.contains("rounding")) {
+    const std::string rounding = field<std::string>(j, "rounding", where);
+    const auto* known = std::find_if(std::begin(kRoundings), std::end(kRoundings), [&](const auto& e) { return rounding == e.second; });
+    if (known == std::end(kRoundings))
+      throw Error(std::string("recipe: rounding must be nearest_even, stochastic or toward_zero in ") + where + ", got '" + rounding + "'");
+    c.rounding = known->first;
+  }
   return c;
 }
 
