@@ -59,6 +59,22 @@ TEST(Quantizer, StatisticsSwitchLeavesCodesAndScalesAlone) {
 // chunk, in parallel): codes, amax and statistics must equal one whole-tensor quantize_amax of the
 // same values, for f32 and f16 inputs, nearest and stochastic rounding (each chunk draws its bits
 // at its global offset), on a size that ends in a partial chunk. A NaN into FP4 is an error.
+// Stochastic rounding draws fresh bits at every quantisation step (its seed is the quantiser's
+// step count), and a quantiser restored from a checkpoint's state draws the same bits again.
+TEST(Quantizer, StochasticRoundingDrawsFreshBitsPerStepAndRepeatsThemOnResume) {
+  const Tensor x = Tensor::randn({4096}, 31, 0.1);
+  QuantizerConfig c = cfg(Scaling::current);
+  c.rounding = Rounding::stochastic;
+  Quantizer q(c);
+  const std::vector<float> first = q.quantize(x).per_tensor.data.to_floats();
+  const QuantizerState after_one = q.state();
+  const std::vector<float> second = q.quantize(x).per_tensor.data.to_floats();
+  EXPECT_NE(first, second) << "the same bits twice: stochastic rounding's noise would not average out over steps";
+  Quantizer resumed(c);
+  resumed.load_state(after_one);
+  EXPECT_EQ(resumed.quantize(x).per_tensor.data.to_floats(), second);
+}
+
 TEST(Quantizer, ChunkedEncodeEqualsOneWholeTensorCall) {
   const int64_t n = 300007;
   std::vector<float> v(static_cast<size_t>(n));
@@ -75,6 +91,7 @@ TEST(Quantizer, ChunkedEncodeEqualsOneWholeTensorCall) {
       std::vector<std::byte> want(static_cast<size_t>(n));
       QuantizeOptions opt;
       opt.rounding = rounding;
+      opt.seed = uint64_t(q.steps());  // stochastic rounding draws its bits from the quantiser's step count
       const float amax = quantize_amax(exact, Format::e4m3, 8.0f, want, opt);
       const std::vector<float> got = out.per_tensor.data.to_floats();
       std::vector<float> want_values(static_cast<size_t>(n));
