@@ -137,11 +137,6 @@ void for_chunks(int64_t n, F&& chunk) {
 // f(z) = z g(z) with g bounded, g(+inf) = 1 and g(-inf) = 0: relu, gelu, silu.
 constexpr bool times_bounded_gate(Unary op) { return op == Unary::relu || op == Unary::gelu_tanh || op == Unary::gelu_erf || op == Unary::silu; }
 
-// Where in_mul x overflows to +-inf (a scaled tensor's data times a scale near 2^127), the
-// kernels give inf or NaN (inf * 0 inside the formula), but out_mul f(in_mul x) = out_mul in_mul
-// x g(in_mul x) is finite: out_mul in_mul x above, 0 below. Its derivative's limit is 1 above and
-// 0 below, so the gradient is grad or 0. One vectorised check per chunk; the fix-up only where a
-// value came out non-finite from finite inputs, so every other result stays as the kernel made it.
 // Whether in_mul x can overflow T for some finite x of x's dtype: never for f16 data below a
 // multiplier of 2^111, nor for unscaled inputs, so the usual calls skip the check altogether.
 template <class T>
@@ -151,6 +146,11 @@ bool may_overflow(const Tensor& x, double in_mul) {
   return std::fabs(in_mul) * largest > double(std::numeric_limits<T>::max());
 }
 
+// Where in_mul x overflows to +-inf (a scaled tensor's data times a scale near 2^127), the
+// kernels give inf or NaN (inf * 0 inside the formula), but out_mul f(in_mul x) = out_mul in_mul
+// x g(in_mul x) is finite: out_mul in_mul x above, 0 below. Its derivative's limit is 1 above and
+// 0 below, so the gradient is grad or 0. One vectorised check per chunk; the fix-up only where a
+// value came out non-finite from finite inputs, so every other result stays as the kernel made it.
 template <class T>
 void gate_limits(const T* x, const T* grad, T* out, int64_t n, T in_mul, double out_in_mul) {
   int nonfinite = 0;  // o - o is NaN exactly for inf and NaN; written so that it vectorises
