@@ -54,8 +54,18 @@ TEST(Recipe, PartsThatCannotBeMeantTogetherAreRefusedByName) {
   Recipe fp8_data = preset("scalify_fp8_3");
   fp8_data.data_storage = DType::e4m3;
   EXPECT_ERROR(fp8_data.validate(), "data_storage must be f32, f16 or bf16");
-  // The same refusal reaches a JSON recipe.
-  EXPECT_ERROR(Recipe::from_json(mx_f16.to_json()), "MX scaling needs an MX element format");
+  Recipe sr_blocks = preset("mxfp8");
+  sr_blocks.linear.gradient.rounding = Rounding::stochastic;
+  EXPECT_ERROR(sr_blocks.validate(), "stochastic rounding is implemented for per-tensor scaling only");
+  // Reading one is no refusal: a run folder trained under it still loads (a new run checks it).
+  EXPECT_NO_THROW(Recipe::from_json(mx_f16.to_json()));
+  // Rounding round-trips through JSON, and a bad name is an error naming the field's place.
+  Recipe toward = preset("current");
+  toward.linear.weight.rounding = Rounding::toward_zero;
+  EXPECT_EQ(Recipe::from_json(toward.to_json()).linear.weight.rounding, Rounding::toward_zero);
+  std::string bad_rounding = toward.to_json();
+  bad_rounding.replace(bad_rounding.find("\"toward_zero\""), 13, "\"upward\"");
+  EXPECT_ERROR(Recipe::from_json(bad_rounding), "rounding must be nearest_even, stochastic or toward_zero in linear.weight, got 'upward'");
 }
 
 TEST(Recipe, BadInputNamesWhatWasWrong) {

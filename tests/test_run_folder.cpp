@@ -426,9 +426,15 @@ TEST(Recipe, UnknownDuplicateAndUnusableFieldsAreErrors) {
                "unknown field 'grwoth' in loss_scaling");
   EXPECT_ERROR(quant::Recipe::from_json(preset_json_with([](auto& j) { j["linear"]["bias"] = 1; })), "unknown field 'bias' in linear");
   for (const char* storage : {"e2m1", "e4m3", "e5m2"})
-    EXPECT_ERROR(quant::Recipe::from_json(preset_json_with([&](auto& j) { j["data_storage"] = storage; })),
+    EXPECT_ERROR(quant::Recipe::from_json(preset_json_with([&](auto& j) { j["data_storage"] = storage; })).validate(),
                  "data_storage must be f32, f16 or bf16");
-  EXPECT_NO_THROW(quant::Recipe::from_json(preset_json_with([](auto& j) { j["data_storage"] = "bf16"; })));
+  EXPECT_NO_THROW(quant::Recipe::from_json(preset_json_with([](auto& j) { j["data_storage"] = "bf16"; })).validate());
+  // A new run refuses it before its folder exists.
+  const fs::path dir = scratch("e2m1_storage");
+  fs::create_directories(dir);
+  spit(dir / "e2m1.json", preset_json_with([](auto& j) { j["data_storage"] = "e2m1"; }));
+  EXPECT_ERROR(train::train(tiny_run(text_corpus(), dir / "run", (dir / "e2m1.json").string()), false), "data_storage must be f32, f16 or bf16");
+  EXPECT_FALSE(fs::exists(dir / "run"));
   // A key named twice: the text is edited, since a JSON object cannot hold it.
   std::string twice = quant::preset("delayed").to_json();
   twice.replace(twice.find("\"history\": 16"), 13, "\"history\": 16, \"history\": 1024");

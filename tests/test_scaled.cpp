@@ -475,6 +475,9 @@ TEST(ScaleEdges, FoldingOpsStayFiniteAtTheF32Edge) {
     ASSERT_NEAR(got_sm[i], sm[i], 1e-6) << "softmax " << i;
     ASSERT_NEAR(got_log[i], std::log(double(v[i])) + 127 * std::log(2.0), 1e-5) << "log " << i;
   }
+  // log's other edge: X_d X_s underflows to 0 (2^-30 at 2^-126), log X_d + log X_s = -156 ln 2.
+  const std::vector<double> tiny_log = value_f64(scaled::unary(ops::Unary::log, ScaledTensor(Tensor::full({4}, std::ldexp(1.0, -30)), std::ldexp(1.0f, -126))));
+  for (double t : tiny_log) EXPECT_NEAR(t, -156 * std::log(2.0), 1e-4);
   Var logits(x, true);
   const Var l = cross_entropy(logits, targets);
   EXPECT_NEAR(l.value().item(), loss, loss * 1e-6);
@@ -488,7 +491,10 @@ TEST(ScaleEdges, FoldingOpsStayFiniteAtTheF32Edge) {
 TEST(ScaleRules, EveryRuleIsTheOneItsOpsApply) {
   namespace r = scaled::rules;
   const float sx = std::ldexp(1.0f, 5), sy = std::ldexp(1.0f, -3);
-  const ScaledTensor x(Tensor::randn({12, 48}, 21), sx), y(Tensor::randn({48, 20}, 22), sy), x2(Tensor::randn({12, 48}, 23), sy);
+  // The second operand of add and ema at a larger scale than the first: a rule that kept the first
+  // operand's scale would fail.
+  const float sx2 = std::ldexp(1.0f, 7);
+  const ScaledTensor x(Tensor::randn({12, 48}, 21), sx), y(Tensor::randn({48, 20}, 22), sy), x2(Tensor::randn({12, 48}, 23), sx2);
   EXPECT_EQ(r::reduction(48), 4.0f);  // sqrt 48 = 6.9, rounded down to a power of two
   EXPECT_EQ(r::reduction(64), 8.0f);
   EXPECT_EQ(r::reduction(0), 1.0f);
@@ -497,8 +503,10 @@ TEST(ScaleRules, EveryRuleIsTheOneItsOpsApply) {
   EXPECT_EQ(scaled::matmul(x, y).scalar_scale(), r::reduction(48) * sx * sy);
   EXPECT_EQ(scaled::sum(x, {1}).scalar_scale(), r::reduction(48) * sx);
   EXPECT_EQ(scaled::mean(x, {1}).scalar_scale(), sx / r::reduction(48));
-  EXPECT_EQ(scaled::add(x, x2).scalar_scale(), r::weighted_sum(sx, sy).scale);
-  EXPECT_EQ(scaled::ema(x, x2, 0.9).scalar_scale(), r::ema(sx, sy, 0.9).scale);
+  EXPECT_EQ(scaled::add(x, x2).scalar_scale(), r::weighted_sum(sx, sx2).scale);
+  EXPECT_EQ(r::weighted_sum(sx, sx2).scale, sx2);
+  EXPECT_EQ(scaled::ema(x, x2, 0.5).scalar_scale(), r::ema(sx, sx2, 0.5).scale);
+  EXPECT_EQ(r::ema(sx, sx2, 0.5).scale, std::ldexp(1.0f, 6));  // sqrt(16^2 + 64^2) = 66 to the nearest: neither input's
   // SCALIFY's linear layer: the matmul rule over K forward, over N and over the rows backward.
   const quant::QLinear layer(quant::preset("scalify_fp8_3").linear);
   Var xv(x, true), wv(ScaledTensor(Tensor::randn({48, 20}, 24), sy), true);
@@ -509,7 +517,7 @@ TEST(ScaleRules, EveryRuleIsTheOneItsOpsApply) {
   EXPECT_EQ(xv.scaled_grad().scalar_scale(), r::reduction(20) * sg * sy);
   EXPECT_EQ(wv.scaled_grad().scalar_scale(), r::reduction(12) * sx * sg);
   // The fused norm's affine w xhat + b: a weighted sum of W_s and B_s.
-  const float sw = std::ldexp(1.0f, 1), sb = std::ldexp(1.0f, -4);
+  const float sw = std::ldexp(1.0f, 1), sb = std::ldexp(1.0f, 4);  // the bias's scale wins: W_s kept would fail
   const Var ln = layer_norm(Var(x, true), Var(ScaledTensor(Tensor::randn({48}, 26), sw), true), Var(ScaledTensor(Tensor::randn({48}, 27), sb), true));
   EXPECT_EQ(ln.scaled().scalar_scale(), r::weighted_sum(sw, sb).scale);
 }

@@ -1,4 +1,4 @@
-// `scalify compare`: every recipe on one model, one corpus, one seed, side by side (train/compare.hpp).
+// `scalify compare`: every recipe on one model, one corpus, one seed, side by side (compare/compare.hpp).
 #include <cstdio>
 #include <memory>
 #include <string>

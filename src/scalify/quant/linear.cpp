@@ -123,15 +123,17 @@ LinearRecipe recipe_blockwise() {
   return make("blockwise", w, a, g);
 }
 
-QLinear::QLinear(LinearRecipe recipe) : recipe_(std::move(recipe)) {
+QLinear::QLinear(LinearRecipe recipe, uint64_t stream) : recipe_(std::move(recipe)) {
   const LinearRecipe& r = recipe_;
   // Forward: x [rows, K] and w [K, N] both blocked along K. Backward: dX = G W^T reduces over N
   // (G and W blocked along N), dW = X^T G reduces over rows (X and G blocked down the rows).
-  state_ = std::make_shared<State>(State{Quantizer(blockwise(r.weight) ? along(r.weight, false) : r.weight),
-                                         Quantizer(blockwise(r.activation) ? along(r.activation, true) : r.activation),
-                                         Quantizer(blockwise(r.gradient) ? along(r.gradient, true) : r.gradient),
-                                         Quantizer(along(r.weight, true)), Quantizer(along(r.activation, false)),
-                                         Quantizer(along(r.gradient, false))});
+  // Each role draws its own stochastic-rounding bits.
+  const uint64_t s = stream * 8;
+  state_ = std::make_shared<State>(State{Quantizer(blockwise(r.weight) ? along(r.weight, false) : r.weight, s),
+                                         Quantizer(blockwise(r.activation) ? along(r.activation, true) : r.activation, s + 1),
+                                         Quantizer(blockwise(r.gradient) ? along(r.gradient, true) : r.gradient, s + 2),
+                                         Quantizer(along(r.weight, true), s + 3), Quantizer(along(r.activation, false), s + 4),
+                                         Quantizer(along(r.gradient, false), s + 5)});
 }
 
 Var QLinear::operator()(const Var& x, const Var& w, const Var& b) const {

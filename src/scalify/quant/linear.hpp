@@ -33,7 +33,9 @@ LinearRecipe recipe_blockwise();                               // 1x128 activati
 
 class QLinear {
  public:
-  explicit QLinear(LinearRecipe recipe);
+  // `stream` sets the layer's stochastic-rounding bits apart from other layers' (a model gives
+  // each of its layers its own).
+  explicit QLinear(LinearRecipe recipe, uint64_t stream = 0);
   // y = x @ w (+ b), x [..., K], w [K, N], b [N]. Without gradient recording (NoGrad: evaluation,
   // sampling) the quantisers run in inference mode and keep their state as training left it.
   Var operator()(const Var& x, const Var& w, const Var& b = {}) const;

@@ -115,7 +115,7 @@ Tensor Quantized::dequantize_bf16() const {
   return dequantize_blocks_bf16(blocks, std::span(out.data<uint16_t>(), size_t(out.numel()))) ? out : Tensor();
 }
 
-Quantizer::Quantizer(QuantizerConfig config) : c_(config) {
+Quantizer::Quantizer(QuantizerConfig config, uint64_t stream) : c_(config), stream_(stream) {
   if (c_.history < 1) throw Error("quantizer: amax history length must be at least 1");
   if (c_.update_interval < 1) throw Error("quantizer: update interval must be at least 1");
   // 2^±64 is far beyond any format's range; the limits keep 2^margin, 2^bias and -bias exact.
@@ -145,7 +145,7 @@ Quantized Quantizer::quantize(const ScaledTensor& x, bool as_values, QuantizeMod
   Quantized q;
   q.per_tensor = x;
   const float s = x.any_scale ? 1.0f : x.scalar_scale();
-  q.per_tensor.data = encode(x.data, c_.format, 1.0f, c_, st, as_values, uint64_t(steps_));
+  q.per_tensor.data = encode(x.data, c_.format, 1.0f, c_, st, as_values, rounding_seed());
   st.scale = s;
   st.amax = float(st.amax * s);
   return q;
@@ -176,19 +176,19 @@ Quantized Quantizer::quantize_with(const Tensor& x, bool as_values, QuantStats& 
   switch (c_.scaling) {
     case Scaling::none:
     case Scaling::scalify: {
-      q.per_tensor = ScaledTensor(encode(x, f, 1.0f, c_, st, as_values, uint64_t(steps_)), 1.0f);
+      q.per_tensor = ScaledTensor(encode(x, f, 1.0f, c_, st, as_values, rounding_seed()), 1.0f);
       st.scale = 1;
       return q;
     }
     case Scaling::current: {
       const float s = scale_from_amax(amax_of(x), 1.0f);
-      q.per_tensor = ScaledTensor(encode(x, f, s, c_, st, as_values, uint64_t(steps_)), 1.0f / s);
+      q.per_tensor = ScaledTensor(encode(x, f, s, c_, st, as_values, rounding_seed()), 1.0f / s);
       st.scale = 1.0f / s;
       return q;
     }
     case Scaling::delayed: {  // the scale from past steps
       const float s = scale_;
-      q.per_tensor = ScaledTensor(encode(x, f, s, c_, st, as_values, uint64_t(steps_)), 1.0f / s);
+      q.per_tensor = ScaledTensor(encode(x, f, s, c_, st, as_values, rounding_seed()), 1.0f / s);
       st.scale = 1.0f / s;
       return q;
     }
@@ -201,7 +201,7 @@ Quantized Quantizer::quantize_with(const Tensor& x, bool as_values, QuantStats& 
         b = std::clamp(b, -126, 127);  // 2^b and 2^-b stay finite and non-zero in f32 (tiny amax)
       }
       const float s = std::ldexp(1.0f, b);  // x * 2^b before the cast: exact
-      q.per_tensor = ScaledTensor(encode(x, f, s, c_, st, as_values, uint64_t(steps_)), std::ldexp(1.0f, -b));
+      q.per_tensor = ScaledTensor(encode(x, f, s, c_, st, as_values, rounding_seed()), std::ldexp(1.0f, -b));
       st.scale = std::ldexp(1.0f, -b);
       st.bias = b;
       return q;
@@ -223,6 +223,8 @@ Quantized Quantizer::quantize_with(const Tensor& x, bool as_values, QuantStats& 
   }
   return q;
 }
+
+uint64_t Quantizer::rounding_seed() const { return stream_ * 0x9E3779B97F4A7C15ull + uint64_t(steps_); }
 
 QuantizerState Quantizer::state() const { return {std::vector<float>(history_.begin(), history_.end()), scale_, steps_}; }
 

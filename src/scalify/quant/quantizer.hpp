@@ -83,7 +83,9 @@ struct QuantizerState {
 
 class Quantizer {
  public:
-  explicit Quantizer(QuantizerConfig config = {});
+  // `stream` tells this quantiser's stochastic-rounding bits apart from every other's (a layer's
+  // roles, the layers of a model): the bits are a function of (stream, step count, element).
+  explicit Quantizer(QuantizerConfig config = {}, uint64_t stream = 0);
   // Quantises x (2-D [rows, cols] for block / mx; any shape otherwise). Per-tensor strategies
   // give codes, or with `as_values` the codes' values as f32 (decoded as they are made, in the
   // same pass): an f32 GEMM's operands, without the codes written and read back.
@@ -101,7 +103,9 @@ class Quantizer {
   float scale_from_amax(double amax, float previous) const;
   // The quantisation itself, from the current state; fills `stats` and changes nothing else.
   Quantized quantize_with(const Tensor& x, bool as_values, QuantStats& stats) const;
+  uint64_t rounding_seed() const;  // stochastic rounding's seed for the current step
   QuantizerConfig c_;
+  uint64_t stream_ = 0;
   QuantStats stats_;
   std::deque<float> history_;
   float scale_ = 1;  // encode factor (x * scale before the cast), delayed scaling's state

@@ -21,6 +21,7 @@ constexpr uint64_t kMaxRecipeBytes = 1 << 20;  // a recipe is about 2 kB
 
 constexpr std::pair<Rounding, const char*> kRoundings[] = {
     {Rounding::nearest_even, "nearest_even"}, {Rounding::stochastic, "stochastic"}, {Rounding::toward_zero, "toward_zero"}};
+static_assert(std::size(kRoundings) == size_t(Rounding::toward_zero) + 1, "a JSON name for every Rounding");
 
 json role_json(const QuantizerConfig& c) {
   json j = {{"scaling", scaling_name(c.scaling)}, {"format", std::string(format_name(c.format))}, {"margin", c.margin},
@@ -189,7 +190,6 @@ Recipe from_parsed(const json& j) {
   if (!(r.loss_scaling.scale > 0) || !std::isfinite(r.loss_scaling.scale))
     throw Error("recipe: field 'scale' in loss_scaling must be finite and > 0, got " + ls.at("scale").dump());
   r.loss_scaling.growth_interval = int_field(ls, "growth_interval", "loss_scaling", 1, 1 << 30);
-  r.validate();
   return r;
 }
 }  // namespace
@@ -213,6 +213,9 @@ void Recipe::validate() const {
     if (c.scaling == Scaling::scalify && !scaled_state)
       refuse(where + ": SCALIFY scaling propagates the parameters' scales, so it needs scaled_state");
   }
+  for (const QuantizerConfig* c : {&linear.weight, &linear.activation, &linear.gradient})
+    if (linear.quantized && c->rounding == Rounding::stochastic && (c->scaling == Scaling::block || c->scaling == Scaling::mx))
+      refuse("stochastic rounding is implemented for per-tensor scaling only, not block or MX scaling");
   if ((rescale_every > 0 || rescale_gradients) && !scaled_state)
     refuse("rescale_every and rescale_gradients rescale scaled tensors: they need scaled_state");
   if (unit_scaled && scaled_state) refuse("unit scaling and SCALIFY's scaled state are two models of scaling: choose one");

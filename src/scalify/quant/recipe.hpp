@@ -29,9 +29,11 @@ struct Recipe {
   LossScalerConfig loss_scaling{LossScalerConfig::Kind::none};
 
   std::string to_json() const;
-  static Recipe from_json(const std::string& json);  // throws naming the bad field (and validates)
+  static Recipe from_json(const std::string& json);  // throws naming the bad field
   // Refuses, by name, a recipe whose parts cannot be meant together (a format MX cannot scale,
   // state rescaling without scaled state, a data storage too narrow to hold an activation, ...).
+  // Every preset passes; a new training run checks its recipe (a run folder trained before a
+  // check existed still loads, evaluates and resumes).
   void validate() const;
 };
 

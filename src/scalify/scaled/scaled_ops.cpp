@@ -256,7 +256,8 @@ ScaledTensor embedding(const ScaledTensor& weight_in, const Tensor& ids) {
   return out;
 }
 
-// cross_entropy: a loss value: fold the logits' scale in, output scale 1.
+// cross_entropy: a loss value of the logits' values, output scale 1 (the scale enters the kernel as
+// its input multiplier, so no folded f32 copy can overflow).
 ScaledTensor cross_entropy(const ScaledTensor& logits_in, const Tensor& targets) {
   const ScaledTensor logits = uniform(logits_in);
   if (!logits.is_scaled()) return ScaledTensor(ops::cross_entropy(logits.data, targets));

@@ -138,7 +138,7 @@ void for_chunks(int64_t n, F&& chunk) {
 constexpr bool times_bounded_gate(Unary op) { return op == Unary::relu || op == Unary::gelu_tanh || op == Unary::gelu_erf || op == Unary::silu; }
 
 // Whether in_mul x can overflow T for some finite x of x's dtype: never for f16 data below a
-// multiplier of 2^111, nor for unscaled inputs, so the usual calls skip the check altogether.
+// multiplier of 2^113, nor for unscaled inputs, so the usual calls skip the check altogether.
 template <class T>
 bool may_overflow(const Tensor& x, double in_mul) {
   const std::optional<Format> f = dtype_format(x.dtype());

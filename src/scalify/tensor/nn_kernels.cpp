@@ -69,8 +69,7 @@ T row_max(const T* x, int64_t D) {
 // computed in double, where in_mul x cannot overflow, and only for such rows, so every other
 // row's result stays as the fast path makes it.
 template <class T>
-bool shift_overflows(const T* x, int64_t D, T k) {
-  const T top = row_max(x, D);
+bool shift_overflows(T top, T k) {
   return std::isfinite(top) && !std::isfinite(k * top);
 }
 template <class T>
@@ -86,9 +85,9 @@ void softmax_in_double(const T* x, T* out, int64_t D, double k, bool log) {
 Tensor softmax(const Tensor& x, int dim, double in_mul) {
   return map_rows(x, dim, "softmax", [in_mul](const auto* in, auto* out, int64_t D) {
     using T = std::remove_cvref_t<decltype(*in)>;
-    const T k = T(in_mul);
-    if (shift_overflows(in, D, k)) return softmax_in_double(in, out, D, in_mul, false);
-    const T m = k * row_max(in, D);  // k > 0: a scale
+    const T k = T(in_mul), top = row_max(in, D);
+    if (shift_overflows(top, k)) return softmax_in_double(in, out, D, in_mul, false);
+    const T m = k * top;  // k > 0: a scale
     double s = 0;
     if constexpr (std::is_same_v<T, float>) {
       s = vecmath::active().exp_shifted_sum(in, out, D, k, m);
@@ -103,9 +102,9 @@ Tensor softmax(const Tensor& x, int dim, double in_mul) {
 Tensor log_softmax(const Tensor& x, int dim, double in_mul) {
   return map_rows(x, dim, "log_softmax", [in_mul](const auto* in, auto* out, int64_t D) {
     using T = std::remove_cvref_t<decltype(*in)>;
-    const T k = T(in_mul);
-    if (shift_overflows(in, D, k)) return softmax_in_double(in, out, D, in_mul, true);
-    const T m = k * row_max(in, D);
+    const T k = T(in_mul), top = row_max(in, D);
+    if (shift_overflows(top, k)) return softmax_in_double(in, out, D, in_mul, true);
+    const T m = k * top;
     double s = 0;
     for (int64_t i = 0; i < D; ++i) s += std::exp(double(k * in[i] - m));
     const T lse = m + T(std::log(s));

@@ -36,6 +36,13 @@ ScaledTensor get(const io::SafeTensors& st, const json& any_scale, const std::st
   return s;
 }
 
+// A layer's stochastic-rounding stream: FNV-1a of its name, the same on every machine and run.
+uint64_t layer_stream(const std::string& name) {
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (unsigned char c : name) h = (h ^ c) * 0x100000001b3ull;
+  return h;
+}
+
 std::string gigabytes(double bytes) {
   char s[32];
   std::snprintf(s, sizeof s, "%.3g GB", bytes / 1e9);
@@ -90,7 +97,7 @@ std::unique_ptr<Session> make_session(const TrainConfig& cfg, const io::SafeTens
   for (size_t i = 0; i < raw.size(); ++i) named.push_back({s->names[i], s->params[i]});
   s->model.set_parameters(named);
   if (s->recipe.linear.quantized)
-    for (const std::string& n : s->model.linear_names()) s->linears.emplace(n, quant::QLinear(s->recipe.linear));
+    for (const std::string& n : s->model.linear_names()) s->linears.emplace(n, quant::QLinear(s->recipe.linear, layer_stream(n)));
   optim::AdamWConfig base;
   base.lr = cfg.lr;
   base.beta1 = cfg.beta1;
@@ -230,7 +237,7 @@ std::unique_ptr<Session> inference_session(const TrainConfig& cfg, quant::Recipe
   }
   s->model.set_parameters(named);
   if (s->recipe.linear.quantized)
-    for (const std::string& n : s->model.linear_names()) s->linears.emplace(n, quant::QLinear(s->recipe.linear));
+    for (const std::string& n : s->model.linear_names()) s->linears.emplace(n, quant::QLinear(s->recipe.linear, layer_stream(n)));
   return s;
 }
 

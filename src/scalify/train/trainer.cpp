@@ -111,6 +111,7 @@ void check_appended_files(const fs::path& dir) {
 OpenRun open_new_run(const TrainConfig& config, const fs::path& dir) {
   OpenRun run;
   run.session = make_session(config, nullptr);
+  run.session->recipe.validate();  // before the folder exists
   io::make_folder(dir.string());
   run.lock = std::make_unique<io::FolderLock>(dir.string(), "train");
   check_appended_files(dir);
@@ -167,10 +168,8 @@ struct StepOutcome {
   double state_bytes = 0;  // with measure_state: state_bytes_per_parameter before the update
 };
 
-// One optimizer step: the batches' forward and backward (accumulated), the loss scaler, the
-// weight-gradient cast, clipping and the update. Throws Diverged on a non-finite loss or
-// gradient norm that no loss scaler can skip.
-StepOutcome train_step(Session& s, const Corpus& corpus, int64_t step, bool measure_state) {
+// A step's forward and backward over its batches (gradients accumulated); its mean loss.
+double forward_backward(Session& s, const Corpus& corpus, int64_t step) {
   const TrainConfig& cfg = s.cfg;
   const int64_t T = cfg.model.seq;
   double loss_sum = 0;
@@ -182,8 +181,15 @@ StepOutcome train_step(Session& s, const Corpus& corpus, int64_t step, bool meas
     if (s.scaler) loss = s.scaler->scale_loss(loss);
     loss.backward();
   }
+  return loss_sum / double(cfg.accum);
+}
+
+// The update after forward_backward: the loss scaler, the weight-gradient cast, clipping and
+// AdamW. Throws Diverged on a non-finite loss or gradient norm that no loss scaler can skip.
+StepOutcome update(Session& s, double loss, int64_t step, bool measure_state) {
+  const TrainConfig& cfg = s.cfg;
   StepOutcome o;
-  o.loss = loss_sum / double(cfg.accum);
+  o.loss = loss;
   o.applied = !s.scaler || s.scaler->unscale(s.params);
   if (!s.scaler && !std::isfinite(o.loss))
     throw Diverged("training diverged: the loss is " + std::to_string(o.loss) + " at step " + std::to_string(step) + " (recipe " + cfg.recipe + ")", step);
@@ -277,12 +283,13 @@ TrainResult train(const TrainConfig& config, bool resume, const Progress& progre
     quant::set_collect_statistics(stats_step);  // the quantisers' underflow/clip counts: only when recorded
     std::optional<StorageCastRecorder> casts;
     if (stats_step && s.recipe.data_storage != DType::f32) casts.emplace();
-    const StepOutcome o = train_step(s, corpus, step, r.state_bytes_per_parameter == 0);
-    last_loss = o.loss;
-    if (casts) {
+    const double loss = forward_backward(s, corpus, step);
+    if (casts) {  // recorded before the update, which a divergence stops
       metrics << json{{"step", step}, {"data_storage", data_storage_record(*casts, r)}}.dump() << "\n";
       casts.reset();
     }
+    const StepOutcome o = update(s, loss, step, r.state_bytes_per_parameter == 0);
+    last_loss = o.loss;
     if (!std::isfinite(o.loss)) ++r.nonfinite_steps;
     if (o.applied && r.state_bytes_per_parameter == 0) r.state_bytes_per_parameter = o.state_bytes;
     if (!o.applied) ++skipped;
