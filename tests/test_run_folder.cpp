@@ -213,19 +213,6 @@ std::vector<std::string> differences(const fs::path& a, const fs::path& b) {
     if (!x.count(name)) names.push_back(name);
   return names;
 }
-// The training records of metrics.jsonl: everything but the evaluations and the timing.
-std::vector<std::string> training_metrics(const fs::path& run) {
-  std::vector<std::string> lines;
-  std::ifstream in(run / "metrics.jsonl");
-  for (std::string l; std::getline(in, l);) {
-    auto j = nlohmann::json::parse(l);
-    if (j.contains("val_loss")) continue;
-    j.erase("tokens_per_s");
-    lines.push_back(j.dump());
-  }
-  return lines;
-}
-
 TEST(Trainer, EvaluatingEveryStepChangesNoTrainingStateOfAnyPreset) {
   const fs::path data = text_corpus();
   for (const std::string& recipe : quant::preset_names()) {
@@ -239,7 +226,7 @@ TEST(Trainer, EvaluatingEveryStepChangesNoTrainingStateOfAnyPreset) {
     c.eval_every = 1000;
     const train::TrainResult b = train::train(c, false);
     EXPECT_EQ(differences(every / "model.safetensors", end / "model.safetensors"), std::vector<std::string>{}) << recipe;
-    EXPECT_EQ(training_metrics(every), training_metrics(end)) << recipe;
+    EXPECT_EQ(testing::metrics_records(every, false), testing::metrics_records(end, false)) << recipe;
     EXPECT_EQ(a.val_loss, b.val_loss) << recipe;
   }
 }
@@ -301,7 +288,7 @@ TEST(Trainer, AFolderWhoseRunSavedNoCheckpointStartsOverOrSaysHow) {
   const train::TrainResult r = train::train(c, false);
   EXPECT_EQ(r.steps, 8);
   int64_t loss_lines = 0;
-  for (const std::string& l : training_metrics(run)) loss_lines += l.find("\"loss\"") != std::string::npos;
+  for (const std::string& l : testing::metrics_records(run, false)) loss_lines += l.find("\"loss\"") != std::string::npos;
   EXPECT_EQ(loss_lines, 8) << "the discarded run's metrics stayed";
   EXPECT_NE(slurp(run / "train.log").find("stopped before its first checkpoint"), std::string::npos);
 }

@@ -175,18 +175,6 @@ TEST(Checkpoint, AKilledWriteLeavesThePreviousFileReadable) {
   for (const auto& e : fs::directory_iterator(p.parent_path())) EXPECT_EQ(e.path().string().find(".tmp."), std::string::npos) << e.path();
 }
 
-// Metrics lines without the timing field (the only field that depends on the machine's load).
-std::vector<std::string> metrics_without_timing(const fs::path& run) {
-  std::vector<std::string> lines;
-  std::ifstream in(run / "metrics.jsonl");
-  for (std::string l; std::getline(in, l);) {
-    auto j = nlohmann::json::parse(l);
-    j.erase("tokens_per_s");
-    lines.push_back(j.dump());
-  }
-  return lines;
-}
-
 TEST(Trainer, ResumeIsBitIdenticalToAnUninterruptedRun) {
   const fs::path data = text_corpus();
   // Every preset: scaled master weights and moments (SCALIFY), f16 state, amax histories,
@@ -209,7 +197,7 @@ TEST(Trainer, ResumeIsBitIdenticalToAnUninterruptedRun) {
           << recipe << " " << wa.tensors[i].first;
     }
     EXPECT_EQ(wa.metadata.at("scalify.state"), wb.metadata.at("scalify.state")) << recipe;
-    EXPECT_EQ(metrics_without_timing(a), metrics_without_timing(b)) << recipe;
+    EXPECT_EQ(testing::metrics_records(a), testing::metrics_records(b)) << recipe;
   }
 }
 

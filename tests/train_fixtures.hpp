@@ -6,8 +6,10 @@
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
+#include <vector>
 
 #include "scalify/train/config.hpp"
 
@@ -54,6 +56,20 @@ inline fs::path text_corpus() {
   }
   spit(p, t);
   return p;
+}
+
+// A run's metrics.jsonl records without tokens_per_s (the one field the machine's load changes);
+// with evaluations false, without the validation records as well.
+inline std::vector<std::string> metrics_records(const fs::path& run, bool evaluations = true) {
+  std::vector<std::string> lines;
+  std::ifstream in(run / "metrics.jsonl");
+  for (std::string l; std::getline(in, l);) {
+    nlohmann::json j = nlohmann::json::parse(l);
+    if (!evaluations && j.contains("val_loss")) continue;
+    j.erase("tokens_per_s");
+    lines.push_back(j.dump());
+  }
+  return lines;
 }
 
 inline train::TrainConfig tiny_run(const fs::path& data, const fs::path& out, const std::string& recipe) {

@@ -281,8 +281,8 @@ Var cross_entropy(const Var& logits, const Tensor& targets) {
                      const double c = plain(g).item() / double(std::max<int64_t>(l.shape()[0], 1));
                      // One scale: data and scale go in separately (no folded f32 to overflow); per-block
                      // scales: their represented values.
-                     const bool single = l.is_scaled() && !l.any_scale && l.has_single_scale();
-                     const Tensor p = ops::cross_entropy_backward(single || !l.is_scaled() ? l.data : plain(l), targets, double(l.shape()[0]),
+                     const bool single = l.has_single_scale();
+                     const Tensor p = ops::cross_entropy_backward(single ? l.data : plain(l), targets, double(l.shape()[0]),
                                                                   single ? double(l.scalar_scale()) : 1.0);
                      if (!g.is_scaled()) return Grads{ScaledTensor(ops::scale_shift(p, c, 0.0))};
                      // softmax - onehot is O(1) per row: keep it as data, c as a power-of-two scale.

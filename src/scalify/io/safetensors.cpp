@@ -75,6 +75,7 @@ const Tensor& SafeTensors::at(const std::string& name) const {
 
 void write_safetensors(const std::string& path, const SafeTensors& content) {
   std::vector<std::pair<std::string, Tensor>> sorted = content.tensors;
+  for (auto& entry : sorted) entry.second = entry.second.contiguous();  // once: checksummed, then written
   std::sort(sorted.begin(), sorted.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
   json header = json::object(), custom = json::object(), checksums = json::object();
   uint64_t offset = 0;
@@ -89,7 +90,7 @@ void write_safetensors(const std::string& path, const SafeTensors& content) {
     }
     const uint64_t bytes = uint64_t(t.numel()) * uint64_t(dtype_size(t.dtype()));
     header[name] = {{"dtype", dt}, {"shape", t.shape()}, {"data_offsets", {offset, offset + bytes}}};
-    checksums[name] = hex32(tensor_crc(t.contiguous()));
+    checksums[name] = hex32(tensor_crc(t));
     offset += bytes;
   }
   std::map<std::string, std::string> meta = content.metadata;
@@ -104,10 +105,7 @@ void write_safetensors(const std::string& path, const SafeTensors& content) {
     for (int i = 0; i < 8; ++i) n[i] = uint8_t(uint64_t(text.size()) >> (8 * i));
     out(n, 8);
     out(text.data(), text.size());
-    for (const auto& entry : sorted) {
-      const Tensor c = entry.second.contiguous();
-      out(c.raw_bytes(), size_t(c.numel()) * size_t(dtype_size(c.dtype())));
-    }
+    for (const auto& [name, t] : sorted) out(t.raw_bytes(), size_t(t.numel()) * size_t(dtype_size(t.dtype())));
   });
 }
 

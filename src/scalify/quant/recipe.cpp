@@ -201,9 +201,11 @@ void Recipe::validate() const {
   if (!dtype_format(data_storage) || dtype_size(data_storage) < 2)
     refuse("data_storage must be f32, f16 or bf16 (every activation and gradient is held in it; for FP8 or FP4 matmuls set the "
            "linear roles' formats), got " + std::string(dtype_name(data_storage)));
-  for (const auto& [role, c] : {std::pair<const char*, const QuantizerConfig&>{"weight", linear.weight},
-                                {"activation", linear.activation}, {"gradient", linear.gradient}}) {
-    if (!linear.quantized) break;
+  const std::pair<const char*, const QuantizerConfig*> roles[] = {
+      {"weight", &linear.weight}, {"activation", &linear.activation}, {"gradient", &linear.gradient}};
+  for (const auto& [role, config] : roles) {
+    if (!linear.quantized) continue;  // an f32 linear layer uses none of its roles
+    const QuantizerConfig& c = *config;
     const std::string where = std::string("linear.") + role;
     // MX blocks scale elements of the OCP MX formats by E8M0 powers of two (OCP MX v1.0).
     const bool mx_element = c.format == Format::e4m3 || c.format == Format::e5m2 || c.format == Format::e2m3 ||
@@ -212,10 +214,9 @@ void Recipe::validate() const {
       refuse(where + ": MX scaling needs an MX element format (e4m3, e5m2, e2m3, e3m2, e2m1, int8), got " + std::string(format_name(c.format)));
     if (c.scaling == Scaling::scalify && !scaled_state)
       refuse(where + ": SCALIFY scaling propagates the parameters' scales, so it needs scaled_state");
+    if (c.rounding == Rounding::stochastic && (c.scaling == Scaling::block || c.scaling == Scaling::mx))
+      refuse(where + ": stochastic rounding is implemented for per-tensor scaling only, not block or MX scaling");
   }
-  for (const QuantizerConfig* c : {&linear.weight, &linear.activation, &linear.gradient})
-    if (linear.quantized && c->rounding == Rounding::stochastic && (c->scaling == Scaling::block || c->scaling == Scaling::mx))
-      refuse("stochastic rounding is implemented for per-tensor scaling only, not block or MX scaling");
   if ((rescale_every > 0 || rescale_gradients) && !scaled_state)
     refuse("rescale_every and rescale_gradients rescale scaled tensors: they need scaled_state");
   if (unit_scaled && scaled_state) refuse("unit scaling and SCALIFY's scaled state are two models of scaling: choose one");
