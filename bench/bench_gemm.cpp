@@ -13,7 +13,7 @@
 
 #include "alternating.hpp"
 #include "scalify/autograd/functions.hpp"
-#include "scalify/unit/layers.hpp"
+#include "scalify/nn/block.hpp"
 #include "scalify/platform/cpu.hpp"
 #include "scalify/tensor/gemm.hpp"
 #include "scalify/tensor/ops.hpp"
@@ -154,9 +154,9 @@ BENCHMARK_TEMPLATE(BM_OneDnnMatmul, dnnl::memory::data_type::bf16)->Apply(Shapes
 // One pre-LN transformer block, forward + backward (d=256, T=128, B=16, 4 heads).
 void BM_TransformerBlockStep(benchmark::State& st) {
   const int64_t B = 16, T = 128, D = 256;
-  unit::Init init{false, 1, 1};
-  const unit::GptBlock block = unit::GptBlock::make(D, 4, init);
-  unit::LayerOptions o;
+  nn::Init init{false, 1, 1};
+  const nn::GptBlock block = nn::GptBlock::make(D, 4, init);
+  nn::LayerOptions o;
   o.unit_scaled = false;
   const Tensor x = Tensor::randn({B, T, D}, 2);
   for (auto _ : st) {

@@ -19,8 +19,8 @@ double seconds(clock_type::time_point a, clock_type::time_point b) { return std:
 void BM_Fp8LinearVsF32(benchmark::State& st, const char* recipe) {
   const int64_t M = st.range(0), K = st.range(1), N = st.range(2);
   const Tensor x = Tensor::randn({M, K}, 1), w = Tensor::randn({K, N}, 2, 0.02), g = Tensor::randn({M, N}, 3, 1e-3);
-  const quant::QLinear f32(quant::recipe_f32()), fp8(quant::preset(recipe).linear);
-  quant::Quantizer qx(fp8.recipe().activation), qw(fp8.recipe().weight), qg(fp8.recipe().gradient);
+  const quant::QLinear f32, fp8(quant::preset(recipe).linear);
+  quant::Quantizer qx(fp8.recipe().forward.activation), qw(fp8.recipe().forward.weight), qg(fp8.recipe().input_grad.gradient);
   double t_f32 = 0, t_fp8 = 0, t_quant = 0;
   auto step = [&](const quant::QLinear& layer) {
     Var xv(x, true), wv(w, true);

@@ -5,29 +5,29 @@
 #include <chrono>
 
 #include "scalify/autograd/functions.hpp"
-#include "scalify/unit/layers.hpp"
+#include "scalify/nn/block.hpp"
 
 namespace {
 
 using namespace scalify;
 
 // One standard pre-LN GPT block (the trainer's, at GPT-2 initialisation).
-unit::GptBlock make_block(int64_t d, int heads) {
-  unit::Init init{false, 1, 1};
-  return unit::GptBlock::make(d, heads, init);
+nn::GptBlock make_block(int64_t d, int heads) {
+  nn::Init init{false, 1, 1};
+  return nn::GptBlock::make(d, heads, init);
 }
 
-unit::GptBlock scaled_params(const unit::GptBlock& p) {
-  unit::GptBlock s = p;
+nn::GptBlock scaled_params(const nn::GptBlock& p) {
+  nn::GptBlock s = p;
   for (Var* f : {&s.ln1.w, &s.ln1.b, &s.attn.qkv.w, &s.attn.qkv.b, &s.attn.proj.w, &s.attn.proj.b, &s.ln2.w, &s.ln2.b,
                  &s.mlp.fc.w, &s.mlp.fc.b, &s.mlp.out.w, &s.mlp.out.b})
     *f = Var(as_scaled(f->value()), true);
   return s;
 }
 
-double step(const unit::GptBlock& p, const Var& x) {
+double step(const nn::GptBlock& p, const Var& x) {
   const auto t0 = std::chrono::steady_clock::now();
-  unit::LayerOptions o;
+  nn::LayerOptions o;
   o.unit_scaled = false;
   Var y = p(x, unit::Residual{unit::Residual::Kind::plain, 0.0, 1, false}, o);
   sum(y).backward();
@@ -36,7 +36,7 @@ double step(const unit::GptBlock& p, const Var& x) {
 
 void BM_ScaledVsUnscaledBlockStep(benchmark::State& st) {
   const int64_t B = 16, T = 128, D = 256;
-  const unit::GptBlock plain = make_block(D, 4), scaled = scaled_params(plain);
+  const nn::GptBlock plain = make_block(D, 4), scaled = scaled_params(plain);
   const Tensor x = Tensor::randn({B, T, D}, 2);
   double t_plain = 0, t_scaled = 0;
   for (auto _ : st) {

@@ -34,7 +34,7 @@ double rel_error(const Tensor& a, const Tensor& b) {
 TEST(QLinear, F32RecipeIsBitIdenticalToThePlainEngine) {
   const Tensor x = Tensor::randn({6, 16}, 1), w = Tensor::randn({16, 8}, 2), b = Tensor::randn({8}, 3), g = Tensor::randn({6, 8}, 4);
   Var x1(x, true), w1(w, true), b1(b, true), x2(x, true), w2(w, true), b2(b, true);
-  const Var y1 = QLinear(recipe_f32())(x1, w1, b1), y2 = matmul(x2, w2) + b2;
+  const Var y1 = QLinear()(x1, w1, b1), y2 = matmul(x2, w2) + b2;
   EXPECT_EQ(y1.value().to_vector(), y2.value().to_vector());
   y1.backward(g);
   y2.backward(g);
@@ -97,11 +97,11 @@ TEST(QLinear, ForwardAndBackwardAreDecodeThenGemmOnEveryPath) {
     const Tensor x = Tensor::randn({2, 5, 32}, 5, 3.0), w = Tensor::randn({32, 12}, 6, 0.1),
                  g = Tensor::randn({2, 5, 12}, 7, 1e-3);
     Var xv(x, true), wv(w, true);
-    const QLinear layer(recipe_current());
+    const QLinear layer(preset("current").linear);
     const Var y = layer(xv, wv);
     y.backward(g);
-    const LinearRecipe r = recipe_current();
-    Quantizer qa(r.activation), qw(r.weight), qg(r.gradient);
+    const LinearRecipe r = preset("current").linear;
+    Quantizer qa(r.forward.activation), qw(r.forward.weight), qg(r.input_grad.gradient);
     const Tensor dx = qa.quantize(x.reshape({10, 32})).dequantize(), dw = qw.quantize(w).dequantize();
     const Tensor dg = qg.quantize(g.reshape({10, 12})).dequantize();
     expect_close(y.value(), dx, dw, "forward");
@@ -116,8 +116,8 @@ TEST(QLinear, AnOverflowingNonSaturatingGradientIsNonFiniteOnEveryPath) {
   // A plain e5m2 cast without saturation makes 1e6 an infinity (a loss scaler must see it): the
   // bf16 path keeps it infinite as the f32 path does, so dX's row that holds it is non-finite
   // and every other row finite.
-  LinearRecipe r = recipe_cast(Format::e4m3, Format::e5m2);
-  r.gradient.saturate = false;
+  LinearRecipe r = preset("fp8_unscaled").linear;
+  r.input_grad.gradient.saturate = r.weight_grad.gradient.saturate = false;
   const Tensor x = Tensor::randn({4, 32}, 31), w = Tensor::randn({32, 8}, 32, 0.1);
   std::vector<float> gv = Tensor::randn({4, 8}, 33).to_floats();
   gv[10] = 1e6f;  // row 1
@@ -139,7 +139,7 @@ TEST(QLinear, MxIsDecodeThenGemmOnEveryPath) {
     // value, so the bf16 GEMM takes them where it runs.
     const Tensor x = Tensor::randn({2, 8, 64}, 15, 3.0), w = Tensor::randn({64, 32}, 16, 0.1), g = Tensor::randn({2, 8, 32}, 17, 1e-3);
     Var xv(x, true), wv(w, true);
-    const LinearRecipe r = recipe_mxfp8();
+    const LinearRecipe r = preset("mxfp8").linear;
     const Var y = QLinear(r)(xv, wv);
     y.backward(g);
     auto q = [](QuantizerConfig c, bool rows, const Tensor& t) {
@@ -147,7 +147,7 @@ TEST(QLinear, MxIsDecodeThenGemmOnEveryPath) {
       return Quantizer(c).quantize(t).dequantize();
     };
     const Tensor x2 = x.reshape({16, 64}), g2 = g.reshape({16, 32});
-    const Tensor qx = q(r.activation, true, x2), qw = q(r.weight, false, w);
+    const Tensor qx = q(r.forward.activation, true, x2), qw = q(r.forward.weight, false, w);
     expect_close(y.value().reshape({16, 32}), qx, qw, "forward");
     // Bit for bit the GEMM of the path: the bf16 one on the exactly converted operands, or sgemm.
     Tensor want = Tensor::empty({16, 32});
@@ -159,8 +159,8 @@ TEST(QLinear, MxIsDecodeThenGemmOnEveryPath) {
       gemm::sgemm(false, false, 16, 32, 64, qx.data<float>(), 64, qw.data<float>(), 32, 0.0f, want.data<float>(), 32);
     }
     EXPECT_EQ(y.value().reshape({16, 32}).to_vector(), want.to_vector());
-    expect_close(xv.grad().reshape({16, 64}), q(r.gradient, true, g2), q(r.weight, true, w).transpose(0, 1), "dX");
-    expect_close(wv.grad(), q(r.activation, false, x2).transpose(0, 1), q(r.gradient, false, g2), "dW");
+    expect_close(xv.grad().reshape({16, 64}), q(r.input_grad.gradient, true, g2), q(r.forward.weight, true, w).transpose(0, 1), "dX");
+    expect_close(wv.grad(), q(r.forward.activation, false, x2).transpose(0, 1), q(r.input_grad.gradient, false, g2), "dW");
   });
 }
 
@@ -229,7 +229,7 @@ TEST(QLinear, BlockwiseProductsAreBlockScaledGemmsOfTheirOperands) {
   on_every_gemm_path([] {
     const int64_t rows = 260, K = 300, N = 200;
     const Tensor x = Tensor::randn({rows, K}, 51, 2.0), w = Tensor::randn({K, N}, 52, 0.05), g = Tensor::randn({rows, N}, 53, 1e-3);
-    const LinearRecipe r = recipe_blockwise();
+    const LinearRecipe r = preset("blockwise").linear;
     Var xv(x, true), wv(w, true);
     const Var y = QLinear(r)(xv, wv);
     y.backward(g);
@@ -249,16 +249,16 @@ TEST(QLinear, BlockwiseProductsAreBlockScaledGemmsOfTheirOperands) {
     };
     const BlockSpec along_rows{1, 128, BlockScaleRule::f32_amax}, down_rows{128, 1, BlockScaleRule::f32_amax};
     const BlockSpec square{128, 128, BlockScaleRule::f32_amax};
-    EXPECT_EQ(y.value().to_floats(), product(false, false, rows, N, K, q(r.activation, along_rows, x), q(r.weight, square, w)));
-    EXPECT_EQ(xv.grad().to_floats(), product(false, true, rows, K, N, q(r.gradient, along_rows, g), q(r.weight, square, w)));
-    EXPECT_EQ(wv.grad().to_floats(), product(true, false, K, N, rows, q(r.activation, down_rows, x), q(r.gradient, down_rows, g)));
+    EXPECT_EQ(y.value().to_floats(), product(false, false, rows, N, K, q(r.forward.activation, along_rows, x), q(r.forward.weight, square, w)));
+    EXPECT_EQ(xv.grad().to_floats(), product(false, true, rows, K, N, q(r.input_grad.gradient, along_rows, g), q(r.forward.weight, square, w)));
+    EXPECT_EQ(wv.grad().to_floats(), product(true, false, K, N, rows, q(r.forward.activation, down_rows, x), q(r.input_grad.gradient, down_rows, g)));
   });
 }
 
 TEST(QLinear, ExactBf16TakesOnlyBf16Values) {
   // MX values (e4m3 codes times 2^k) convert exactly, as the plain RNE conversion does; one value
   // with a bit below bf16's mantissa makes the whole conversion decline.
-  QuantizerConfig c = recipe_mxfp8().weight;
+  QuantizerConfig c = preset("mxfp8").linear.forward.weight;
   c.block = {1, 32, BlockScaleRule::mx_floor};
   const Tensor v = Quantizer(c).quantize(Tensor::randn({70, 96}, 18, 50.0)).dequantize();
   const Tensor h = exact_bf16(v);
@@ -309,8 +309,8 @@ TEST(QLinear, MxTransposeIsQuantisedFromTheSource) {
   for (size_t i = 0; i < wv.size(); ++i) wv[i] = 0.01f * float((i * 37) % 17) - 0.08f;
   wv[5 * 32 + 7] = 9.0e4f;
   const Tensor w = Tensor::from_vector(wv, {64, 32});
-  const LinearRecipe r = recipe_mxfp8();
-  QuantizerConfig down = r.weight, across = r.weight;
+  const LinearRecipe r = preset("mxfp8").linear;
+  QuantizerConfig down = r.forward.weight, across = r.forward.weight;
   down.block = {32, 1, BlockScaleRule::mx_floor};
   across.block = {1, 32, BlockScaleRule::mx_floor};
   const Tensor forward_copy = Quantizer(down).quantize(w).dequantize();
@@ -320,7 +320,7 @@ TEST(QLinear, MxTransposeIsQuantisedFromTheSource) {
   Var xv(x, true), wvv(w, true);
   const QLinear layer(r);
   layer(xv, wvv).backward(g);
-  Quantizer qg(r.gradient);  // rows blocked along N = 32
+  Quantizer qg(r.input_grad.gradient);  // rows blocked along N = 32
   const Tensor gq = qg.quantize(g).dequantize();
   EXPECT_EQ(first_far_from_product(xv.grad(), gq, from_source.transpose(0, 1)), -1);
   EXPECT_NE(first_far_from_product(xv.grad(), gq, forward_copy.transpose(0, 1)), -1);
@@ -330,31 +330,30 @@ TEST(QLinear, TinyTransformerTrainsUnderEveryPreset) {
   const int64_t V = 12, T = 8, B = 8, D = 32;
   double f32_final = 0;
   for (const std::string& name : kLinearPresets) {
-    const nn::Gpt model = testing::tiny_gpt(V, T, D, 23);
+    const nn::Gpt model = testing::tiny_gpt(V, T, D, 23, false, preset(name));
     const std::vector<Var> params = testing::parameters_of(model);
-    const LinearRecipe recipe = preset(name).linear;
-    std::map<std::string, QLinear> layers;
-    const nn::GptOptions options = testing::quantised(model, recipe, layers);
     optim::AdamW opt(params, {.lr = 3e-3});
     double first = 0, last = 0;
     for (int step = 0; step < 60; ++step) {
       const testing::TokenBatch batch = testing::token_batch(uint64_t(step % 4), B, T, V);
-      Var loss = model.loss(batch.inputs, batch.targets.reshape({B, T}), options);
+      Var loss = model.loss(batch.inputs, batch.targets.reshape({B, T}));
       const double l = loss.value().item();
       ASSERT_TRUE(std::isfinite(l)) << name << " step " << step;
       (step == 0 ? first : last) = l;
       loss.backward();
       opt.step();
     }
-    std::printf("%-14s loss %.3f -> %.3f\n", recipe.name.c_str(), first, last);
-    EXPECT_LT(last, 0.8 * first) << name;
+    std::printf("%-14s loss %.3f -> %.3f\n", name.c_str(), first, last);
+    // Measured: f32 1.593; the others 1.567 (delayed) to 1.665 (mxfp8). A layer that stops
+    // learning ends near 2.5; the bound is the spread's edge, 0.07, plus room for the limited
+    // pass's f32 GEMMs.
     if (name == "f32") f32_final = last;
-    else EXPECT_NEAR(last, f32_final, 0.25 * f32_final) << name;
+    else EXPECT_NEAR(last, f32_final, 0.1) << name;
   }
 }
 
 TEST(QLinear, BadInputIsAClearError) {
-  const QLinear l(recipe_current());
+  const QLinear l(preset("current").linear);
   EXPECT_THROW(l(Var(Tensor::zeros({2, 3})), Var(Tensor::zeros({4, 5}))), Error);
 }
 

@@ -15,6 +15,7 @@
 #include "scalify/autograd/functions.hpp"
 #include "tiny_lm.hpp"
 #include "scalify/error.hpp"
+#include "scalify/optim/adamw.hpp"
 #include "scalify/quant/recipe.hpp"
 
 namespace scalify::quant {
@@ -31,8 +32,8 @@ TEST(Recipe, EveryPresetRoundTripsThroughJson) {
   EXPECT_TRUE(r.scaled_state);
   EXPECT_EQ(r.optimizer_state, DType::f16);
   EXPECT_EQ(r.weight_gradient, Format::e5m2);
-  EXPECT_EQ(r.linear.activation.format, Format::e4m3);
-  EXPECT_EQ(r.linear.gradient.format, Format::e5m2);
+  EXPECT_EQ(r.linear.forward.activation.format, Format::e4m3);
+  EXPECT_EQ(r.linear.input_grad.gradient.format, Format::e5m2);
 }
 
 // Parts that cannot be meant together are refused by the recipe's name and what clashes, whether
@@ -40,8 +41,8 @@ TEST(Recipe, EveryPresetRoundTripsThroughJson) {
 TEST(Recipe, PartsThatCannotBeMeantTogetherAreRefusedByName) {
   for (const std::string& name : preset_names()) EXPECT_NO_THROW(preset(name).validate()) << name;
   Recipe mx_f16 = preset("mxfp8");
-  mx_f16.linear.activation.format = Format::f16;
-  EXPECT_ERROR(mx_f16.validate(), "recipe 'mxfp8': linear.activation: MX scaling needs an MX element format");
+  mx_f16.linear.forward.activation.format = Format::f16;
+  EXPECT_ERROR(mx_f16.validate(), "recipe 'mxfp8': linear.forward.activation: MX scaling needs an MX element format");
   Recipe scalify_plain = preset("scalify_fp8_3");
   scalify_plain.scaled_state = false;
   EXPECT_ERROR(scalify_plain.validate(), "SCALIFY scaling propagates the parameters' scales, so it needs scaled_state");
@@ -55,14 +56,14 @@ TEST(Recipe, PartsThatCannotBeMeantTogetherAreRefusedByName) {
   fp8_data.data_storage = DType::e4m3;
   EXPECT_ERROR(fp8_data.validate(), "data_storage must be f32, f16 or bf16");
   Recipe sr_blocks = preset("mxfp8");
-  sr_blocks.linear.gradient.rounding = Rounding::stochastic;
+  sr_blocks.linear.weight_grad.gradient.rounding = Rounding::stochastic;
   EXPECT_ERROR(sr_blocks.validate(), "stochastic rounding is implemented for per-tensor scaling only");
   // Reading one is no refusal: a run folder trained under it still loads (a new run checks it).
   EXPECT_NO_THROW(Recipe::from_json(mx_f16.to_json()));
   // Rounding round-trips through JSON, and a bad name is an error naming the field's place.
   Recipe toward = preset("current");
-  toward.linear.weight.rounding = Rounding::toward_zero;
-  EXPECT_EQ(Recipe::from_json(toward.to_json()).linear.weight.rounding, Rounding::toward_zero);
+  toward.linear.forward.weight.rounding = toward.linear.input_grad.weight.rounding = Rounding::toward_zero;
+  EXPECT_EQ(Recipe::from_json(toward.to_json()).linear, toward.linear);
   std::string bad_rounding = toward.to_json();
   bad_rounding.replace(bad_rounding.find("\"toward_zero\""), 13, "\"upward\"");
   EXPECT_ERROR(Recipe::from_json(bad_rounding), "rounding must be nearest_even, stochastic or toward_zero in linear.weight, got 'upward'");
@@ -96,17 +97,15 @@ TEST(Recipe, BadInputNamesWhatWasWrong) {
 
 TEST(Recipe, TinyTransformerTrainsUnderEveryFullPreset) {
   const int64_t V = 12, T = 8, B = 8, D = 32;
+  double f32_last = 0, unit_last = 0;
   for (const std::string& name : preset_names()) {
     const Recipe recipe = preset(name);
-    nn::Gpt model = testing::tiny_gpt(V, T, D, 33, recipe.unit_scaled);
+    nn::Gpt model = testing::tiny_gpt(V, T, D, 33, recipe.unit_scaled, recipe);
     const std::vector<Var> params = prepare_parameters(testing::parameters_of(model), recipe);
-    unit::NamedParams named = model.parameters();
+    nn::NamedParams named = model.parameters();
     for (size_t i = 0; i < named.size(); ++i) named[i].second = params[i];
     model.set_parameters(named);
     ASSERT_EQ(named[4].first, "h0.attn.qkv.w");
-    std::map<std::string, QLinear> layers;
-    nn::GptOptions options = testing::quantised(model, recipe.linear, layers);
-    options.rescale_norm_grad = recipe.rescale_norm_grad;
     std::vector<double> lr_scale;
     for (const auto& [name, p] : model.parameters()) lr_scale.push_back(model.lr_multiplier(name));
     optim::AdamW opt(params, optimizer_config(recipe, {.lr = 3e-3}), lr_scale);
@@ -114,7 +113,7 @@ TEST(Recipe, TinyTransformerTrainsUnderEveryFullPreset) {
     double first = 0, last = 0;
     for (int step = 0; step < 60; ++step) {
       const testing::TokenBatch batch = testing::token_batch(uint64_t(step % 4), B, T, V);
-      Var loss = model.loss(batch.inputs, batch.targets.reshape({B, T}), options);
+      Var loss = model.loss(batch.inputs, batch.targets.reshape({B, T}));
       const double l = loss.value().item();
       ASSERT_TRUE(std::isfinite(l)) << name << " step " << step;
       (step == 0 ? first : last) = l;
@@ -126,7 +125,13 @@ TEST(Recipe, TinyTransformerTrainsUnderEveryFullPreset) {
     std::printf("%-16s loss %.3f -> %.3f  (master %s%s, state %s, skipped %lld)\n", name.c_str(), first, last,
                 std::string(dtype_name(params[4].scaled().data.dtype())).c_str(), recipe.scaled_state ? " scaled" : "",
                 std::string(dtype_name(recipe.optimizer_state)).c_str(), (long long)scaler.skipped_steps());
-    EXPECT_LT(last, 0.8 * first) << name;
+    // Each preset ends near its model's f32 run (f32, unit_f32 come first): measured, the
+    // standard presets 1.513-1.573 against f32's 1.553 (scalify_fp8_4, with f16 optimizer state,
+    // 1.662), the unit-scaled ones 0.399 / 0.485 against 0.378. The bound is that spread's edge,
+    // 0.11, plus room for the limited pass's f32 GEMMs; a recipe that stops learning ends near 2.5.
+    if (name == "f32") f32_last = last;
+    if (name == "unit_f32") unit_last = last;
+    EXPECT_NEAR(last, recipe.unit_scaled ? unit_last : f32_last, 0.15) << name;
     if (recipe.loss_scaling.kind == LossScalerConfig::Kind::none) {
       EXPECT_EQ(scaler.skipped_steps(), 0) << name << ": finite gradients throughout";
     }
@@ -134,6 +139,107 @@ TEST(Recipe, TinyTransformerTrainsUnderEveryFullPreset) {
       EXPECT_TRUE(params[4].scaled().is_scaled()) << name;
     }
   }
+}
+
+// A recipe whose three GEMMs quantise differently (FP8 forward, e5m2 input gradient, the weight
+// gradient on f16 casts, stochastic rounding on its gradient) is written in the per-GEMM form and
+// read back equal; the linear layer quantises each GEMM's operands with their own configs (the
+// weight-gradient GEMM's quantisers run; a uniform recipe reuses the forward's instead); and the
+// tiny transformer trains under it.
+TEST(Recipe, PerGemmRecipesRoundTripAndTrain) {
+  QuantizerConfig e4m3, e5m2, f16;
+  e4m3.scaling = e5m2.scaling = Scaling::current;
+  e4m3.format = Format::e4m3;
+  e5m2.format = Format::e5m2;
+  f16.scaling = Scaling::none;
+  f16.format = Format::f16;
+  Recipe r;
+  r.name = "per_gemm";
+  r.linear.quantized = true;
+  r.linear.forward = {e4m3, e4m3};
+  r.linear.input_grad = {e5m2, e4m3};
+  QuantizerConfig f16_sr = f16;
+  f16_sr.rounding = Rounding::stochastic;
+  r.linear.weight_grad = {f16, f16_sr};
+  r.validate();
+  EXPECT_FALSE(r.linear.roles());
+  const std::string text = r.to_json();
+  EXPECT_NE(text.find("\"weight_grad\""), std::string::npos);
+  EXPECT_EQ(Recipe::from_json(text).linear, r.linear);
+  EXPECT_EQ(Recipe::from_json(text).to_json(), text);
+
+  const int64_t V = 12, T = 8, B = 8, D = 32;
+  auto train = [&](const Recipe& recipe, std::vector<int64_t>* weight_grad_steps) {
+    nn::Gpt model = testing::tiny_gpt(V, T, D, 33, false, recipe);
+    const std::vector<Var> params = testing::parameters_of(model);
+    optim::AdamW opt(params, {.lr = 3e-3});
+    double first = 0, last = 0;
+    for (int step = 0; step < 60; ++step) {
+      const testing::TokenBatch batch = testing::token_batch(uint64_t(step % 4), B, T, V);
+      Var loss = model.loss(batch.inputs, batch.targets.reshape({B, T}));
+      (step == 0 ? first : last) = loss.value().item();
+      loss.backward();
+      opt.step();
+    }
+    for (const auto& [layer, q] : model.quantized_linears())
+      for (const auto& [operand, quantizer] : q->quantizers())
+        if (operand == "activation_t" || operand == "gradient_t") weight_grad_steps->push_back(quantizer->state().steps);
+    return std::pair(first, last);
+  };
+  std::vector<int64_t> steps, uniform_steps;
+  const auto [first, last] = train(r, &steps);
+  const auto [f32_first, f32_last] = train(preset("f32"), &uniform_steps);
+  ASSERT_EQ(steps.size(), 8u);  // 4 linear layers, 2 weight-gradient operands each
+  for (int64_t n : steps) EXPECT_EQ(n, 60);
+  const double current_last = train(preset("current"), &uniform_steps).second;
+  for (int64_t n : uniform_steps) EXPECT_EQ(n, 0);  // per-tensor and uniform: the forward's quantisation serves
+  std::printf("per-GEMM recipe: loss %.3f -> %.3f (f32 %.3f -> %.3f, current %.3f)\n", first, last, f32_first, f32_last, current_last);
+  // FP8 presets end within -0.04..+0.07 of f32 on this task (TinyTransformerTrainsUnderEveryFullPreset).
+  EXPECT_NEAR(last, f32_last, 0.1);
+}
+
+// A recipe's high-precision layers (first / last blocks, name patterns) are built as plain
+// matmuls: they have no quantisers, and the others keep theirs.
+TEST(Recipe, HighPrecisionLayersAreLeftUnquantised) {
+  nn::GptConfig c;
+  c.vocab = 16;
+  c.seq = 8;
+  c.d_model = 16;
+  c.layers = 3;
+  c.heads = 2;
+  auto quantised = [&](const HighPrecisionLayers& hp) {
+    Recipe r = preset("current");
+    r.high_precision = hp;
+    r.validate();
+    std::string names;
+    for (const auto& [layer, q] : nn::Gpt(c, 1, r).quantized_linears()) names.append(names.empty() ? "" : " ").append(layer);
+    return names;
+  };
+  EXPECT_EQ(quantised({}), "h0.attn.qkv h0.attn.proj h0.mlp.fc h0.mlp.out h1.attn.qkv h1.attn.proj h1.mlp.fc h1.mlp.out "
+                           "h2.attn.qkv h2.attn.proj h2.mlp.fc h2.mlp.out");
+  EXPECT_EQ(quantised({.first_blocks = 1, .last_blocks = 1}), "h1.attn.qkv h1.attn.proj h1.mlp.fc h1.mlp.out");
+  EXPECT_EQ(quantised({.layers = {"*.attn.*", "h2.mlp.out"}}), "h0.mlp.fc h0.mlp.out h1.mlp.fc h1.mlp.out h2.mlp.fc");
+  EXPECT_EQ(quantised({.first_blocks = 3}), "");
+  Recipe r = preset("current");
+  r.high_precision.last_blocks = 2;
+  EXPECT_EQ(Recipe::from_json(r.to_json()).high_precision, r.high_precision);
+  EXPECT_NE(quantized_layers(r).find("the last 2 block(s)"), std::string::npos);
+  // Every earlier recipe's JSON is unchanged: the field is written only when set.
+  EXPECT_EQ(preset("current").to_json().find("high_precision"), std::string::npos);
+}
+
+// SCALIFY propagates scales through a GEMM only when every operand carries them; a pattern that
+// names nothing is a mistake.
+TEST(Recipe, PerGemmPartsThatCannotBeMeantTogetherAreRefusedByName) {
+  Recipe half = preset("scalify_fp8_3");
+  half.linear.weight_grad.gradient.scaling = Scaling::current;
+  EXPECT_ERROR(half.validate(), "recipe 'scalify_fp8_3': linear.forward.activation: SCALIFY scaling applies to every operand of every GEMM or to none");
+  Recipe empty = preset("current");
+  empty.high_precision.layers = {""};
+  EXPECT_ERROR(empty.validate(), "high_precision.layers: an empty pattern");
+  std::string text = preset("current").to_json();
+  text.replace(text.find("\"weight\""), 8, "\"wieght\"");
+  EXPECT_ERROR(Recipe::from_json(text), "unknown field 'wieght' in linear");
 }
 
 // The recipe JSON with `key`'s first value (in `role`'s object, or anywhere when role is empty)
@@ -178,8 +284,8 @@ TEST(Recipe, NumbersAreRangeCheckedIntegersNamingTheField) {
   expect("loss_scaling", "scale", "0", "field 'scale' in loss_scaling");
   expect("loss_scaling", "scale", "1e999", "not valid JSON");  // nlohmann rejects overflowing numbers
   // In range: accepted.
-  EXPECT_EQ(Recipe::from_json(with_field(text, "weight", "margin", "-64")).linear.weight.margin, -64);
-  EXPECT_EQ(Recipe::from_json(with_field(text, "weight", "block", "[4096, 1]")).linear.weight.block.rows, 4096u);
+  EXPECT_EQ(Recipe::from_json(with_field(text, "weight", "margin", "-64")).linear.forward.weight.margin, -64);
+  EXPECT_EQ(Recipe::from_json(with_field(text, "weight", "block", "[4096, 1]")).linear.input_grad.weight.block.rows, 4096u);
 }
 
 TEST(Recipe, OptimizerHyperparametersAreCheckedNamingTheField) {
@@ -218,7 +324,7 @@ TEST(Recipe, FuzzedJsonGivesOnlyScalifyErrors) {
   auto check = [&](const std::string& text) {
     try {
       const Recipe r = Recipe::from_json(text);
-      for (const QuantizerConfig& c : {r.linear.weight, r.linear.activation, r.linear.gradient}) Quantizer q(c);
+      for (const auto& [operand, c] : r.linear.operands()) Quantizer q(*c);
       LossScaler s(r.loss_scaling);
       ++accepted;
     } catch (const Error&) {

@@ -24,7 +24,7 @@
 #include "scalify/train/config.hpp"
 #include "scalify/train/corpus.hpp"
 #include "scalify/train/session.hpp"
-#include "scalify/unit/layers.hpp"
+#include "scalify/nn/layer_context.hpp"
 #include "scalify/train/trainer.hpp"
 #include "train_fixtures.hpp"
 
@@ -240,8 +240,8 @@ TEST(Trainer, EvaluationLeavesALoadedSessionsQuantiserStateAsItWas) {
   const auto s = train::load_session(st, cfg, run.string());
   auto states = [&] {
     std::vector<std::vector<float>> h;
-    for (const auto& [layer, q] : s->linears)
-      for (const auto& [role, quantizer] : q.quantizers()) {
+    for (const auto& [layer, q] : s->model.quantized_linears())
+      for (const auto& [role, quantizer] : q->quantizers()) {
         h.push_back(quantizer->state().history);
         h.back().push_back(quantizer->state().scale);
         h.back().push_back(float(quantizer->state().steps));
@@ -337,12 +337,10 @@ TEST(Trainer, ScalifyPresetsHoldEveryActivationAndGradientInF16) {
     const auto s = train::make_session(c, nullptr);
     const train::Corpus corpus = train::corpus_for(c);
     const train::Batch b = train::make_batch(corpus.train, train::train_starts(corpus.train.size(), c.batch, c.model.seq, c.seed, 0), c.model.seq);
-    unit::ScaleProbe probe;
-    nn::GptOptions options = s->options();
-    options.probe = &probe;
-    s->forward_model().loss(b.ids, b.targets, options).backward();
+    nn::ScaleProbe probe;
+    s->forward_model().loss(b.ids, b.targets, &probe).backward();
     ASSERT_GE(probe.entries.size(), 20u) << recipe;  // 2 layers: ln, attention, mlp and residual taps
-    for (const unit::ScaleProbe::Entry& e : probe.entries) {
+    for (const nn::ScaleProbe::Entry& e : probe.entries) {
       EXPECT_EQ(e.forward_storage, DType::f16) << recipe << ": activation " << e.name;
       EXPECT_NE(e.backward_rms, -1) << recipe << ": no gradient reached " << e.name;
       EXPECT_EQ(e.backward_storage, DType::f16) << recipe << ": gradient of " << e.name;
@@ -359,9 +357,12 @@ TEST(Trainer, ScalifyPresetsHoldEveryActivationAndGradientInF16) {
 TEST(Trainer, ARecipeDefinedOnlyInATestTrainsTheGpt) {
   quant::Recipe r;
   r.name = "e5m2_everywhere_sr";
-  r.linear = quant::recipe_current();
-  for (quant::QuantizerConfig* c : {&r.linear.weight, &r.linear.activation, &r.linear.gradient}) c->format = Format::e5m2;
-  r.linear.gradient.rounding = Rounding::stochastic;
+  quant::QuantizerConfig e5m2;
+  e5m2.scaling = quant::Scaling::current;
+  e5m2.format = Format::e5m2;
+  quant::QuantizerConfig gradient = e5m2;
+  gradient.rounding = Rounding::stochastic;
+  r.linear = quant::LinearRecipe::uniform(e5m2, e5m2, gradient);
   r.validate();
   const fs::path data = text_corpus(), dir = scratch("own_recipe");
   fs::create_directories(dir);
@@ -373,12 +374,12 @@ TEST(Trainer, ARecipeDefinedOnlyInATestTrainsTheGpt) {
   };
   const train::TrainResult sr = run(r, "sr");
   quant::Recipe nearest = r;
-  nearest.linear.gradient.rounding = Rounding::nearest_even;
+  nearest.linear.input_grad.gradient.rounding = nearest.linear.weight_grad.gradient.rounding = Rounding::nearest_even;
   const train::TrainResult rn = run(nearest, "nearest");
   train::TrainConfig f32 = tiny_run(data, dir / "f32", "f32");
   f32.steps = 30;
   const train::TrainResult base = train::train(f32, false);
-  EXPECT_EQ(quant::load_recipe((dir / "sr" / "recipe.json").string()).linear.gradient.rounding, Rounding::stochastic);
+  EXPECT_EQ(quant::load_recipe((dir / "sr" / "recipe.json").string()).linear.input_grad.gradient.rounding, Rounding::stochastic);
   // 30 steps of the tiny model take f32 from ln 256 = 5.55 to 3.263 nats; e5m2 with either rounding
   // ended within 0.001 of it when measured (3.2634, 3.2633): the bound leaves 5 times that.
   EXPECT_LT(sr.val_loss, 3.5);

@@ -25,7 +25,12 @@ struct Model {
 
 constexpr int64_t V = 11, T = 8, B = 4, D = 16;
 
-Model make_model(uint64_t seed) { return {testing::tiny_gpt(V, T, D, seed)}; }
+// rescale_norm_grad: SCALIFY's dynamic rescale of the gradient before every norm (#2-#4).
+Model make_model(uint64_t seed, bool rescale_norm_grad = false) {
+  quant::Recipe r;
+  r.rescale_norm_grad = rescale_norm_grad;
+  return {testing::tiny_gpt(V, T, D, seed, false, r)};
+}
 
 // The same parameters as scaled tensors: data = value / 2^k for a random k per parameter (or
 // as_scaled's unit-RMS choice).
@@ -36,7 +41,7 @@ Var rescaled(const Var& p, int which, bool unit) {
   return Var(ScaledTensor(ops::scale_shift(v, 1.0 / s, 0.0), s), true);
 }
 
-Var loss_of(const Model& m, uint64_t seed, bool rescale_norm_grad = false, unit::ScaleProbe* probe = nullptr) {
+Var loss_of(const Model& m, uint64_t seed, nn::ScaleProbe* probe = nullptr) {
   std::vector<int64_t> in, tg;
   const std::vector<double> r = Tensor::rand({B * (T + 1)}, seed, 0, double(V)).to_vector();
   for (int64_t b = 0; b < B; ++b)
@@ -44,17 +49,14 @@ Var loss_of(const Model& m, uint64_t seed, bool rescale_norm_grad = false, unit:
       in.push_back(int64_t(r[size_t(b * (T + 1) + t)]));
       tg.push_back(int64_t(r[size_t(b * (T + 1) + t + 1)]));
     }
-  nn::GptOptions o;
-  o.rescale_norm_grad = rescale_norm_grad;
-  o.probe = probe;
-  return m.gpt.loss(Tensor::from_indices(in, {B, T}), Tensor::from_indices(tg, {B, T}), o);
+  return m.gpt.loss(Tensor::from_indices(in, {B, T}), Tensor::from_indices(tg, {B, T}), probe);
 }
 
 // A copy whose parameters are given by `convert` (fresh leaves; the original is untouched).
 template <class F>
 Model converted(const Model& m, F convert) {
   Model s = m;
-  unit::NamedParams params = m.gpt.parameters();
+  nn::NamedParams params = m.gpt.parameters();
   int k = 0;
   for (auto& [name, v] : params) v = convert(v, k++);
   s.gpt.set_parameters(params);
@@ -119,8 +121,8 @@ TEST(ScaledTraining, GradientDataStaysNearUnitScale) {
   // every parameter gradient's data has an RMS within a factor 2^5 of 1, while the represented
   // gradients span a factor of ~300. Without the rescales LayerNorm's backward multiplies the
   // gradient data by 1 / sigma of its input's data (~50 at GPT-2's init) and the data reach ~50.
-  const Model scaled = scaled_copy(make_model(6), true);
-  const Var loss = loss_of(scaled, 7, /*rescale_norm_grad=*/true);
+  const Model scaled = scaled_copy(make_model(6, /*rescale_norm_grad=*/true), true);
+  const Var loss = loss_of(scaled, 7);
   loss.backward();
   double min_value = 1e30, max_value = 0;
   for (const auto& [name, p] : scaled.gpt.parameters()) {
@@ -187,7 +189,7 @@ TEST(ScalingPrimitives, CastOnForwardAndOnBackward) {
 // input's data (about 50 for GPT-2's N(0, 0.02) embeddings).
 TEST(ScaledTraining, F16ScaledTransformerTracksF32) {
   auto train = [](bool scaled_f16) {
-    Model m = make_model(21);
+    Model m = make_model(21, /*rescale_norm_grad=*/scaled_f16);
     if (scaled_f16) m = converted(m, [](const Var& v, int) { return Var(as_scaled(v.value(), DType::f16), true); });
     optim::AdamWConfig cfg;
     cfg.lr = 1e-2;
@@ -198,17 +200,17 @@ TEST(ScaledTraining, F16ScaledTransformerTracksF32) {
       // The last step is inspected: every activation and gradient the probe sees, and how many
       // values each op lost rounding into f16 (SPEC §2 data precision: no loss scaling anywhere).
       const bool inspect = scaled_f16 && step == 119;
-      unit::ScaleProbe probe;
+      nn::ScaleProbe probe;
       std::optional<StorageCastRecorder> casts;
       if (inspect) casts.emplace();
       // f16 runs as seed 000's #2-#4: one dynamic rescale of the gradient before every norm. Without
       // it the gradient data drifts and 0.1-2 % of some gradients (norm, matmul, bias) saturate at
       // f16's 65504 by step 120: the report below is how that shows.
-      Var loss = loss_of(m, uint64_t(step % 6), scaled_f16, inspect ? &probe : nullptr);  // a small fixed data set: the loss must fall
+      Var loss = loss_of(m, uint64_t(step % 6), inspect ? &probe : nullptr);  // a small fixed data set: the loss must fall
       losses.push_back(loss.value().item());
       loss.backward();
       if (inspect) {
-        for (const unit::ScaleProbe::Entry& e : probe.entries) {
+        for (const nn::ScaleProbe::Entry& e : probe.entries) {
           EXPECT_EQ(e.forward_storage, DType::f16) << e.name << " activation";
           EXPECT_EQ(e.backward_storage, DType::f16) << e.name << " gradient";
         }

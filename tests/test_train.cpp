@@ -65,7 +65,7 @@ TEST(Gpt, GradientsMatchFiniteDifferencesInEveryVariant) {
       values.push_back(ops::add(p.value(), Tensor::randn(p.shape(), values.size() + 11, 0.3)));
     }
     testing::gradcheck(v.name, [&](const std::vector<Var>& ps) {
-      unit::NamedParams np;
+      nn::NamedParams np;
       for (size_t i = 0; i < ps.size(); ++i) np.push_back({names[i], ps[i]});
       model.set_parameters(np);
       return model.loss(ids, targets);

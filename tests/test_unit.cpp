@@ -10,6 +10,7 @@
 #include "scalify/optim/adamw.hpp"
 #include "scalify/unit/factors.hpp"
 #include "scalify/nn/gpt.hpp"
+#include "scalify/quant/recipe.hpp"
 #include "scalify/unit/unit_ops.hpp"
 
 namespace scalify {
@@ -233,7 +234,7 @@ Table scale_table(bool unit_scaled, uint64_t seed, unit::Residual::Kind residual
   const nn::Gpt model(c, seed);
   const Tensor ids = Tensor::rand({8, 32}, 5 + seed, -0.49, 63.49).to(DType::i64);
   const Tensor tg = Tensor::rand({8, 32}, 50 + seed, -0.49, 63.49).to(DType::i64);
-  unit::ScaleProbe probe;
+  nn::ScaleProbe probe;
   model.loss(ids, tg, &probe).backward();
   Table t;
   if (print)
@@ -282,19 +283,18 @@ TEST(UnitGpt, ScalesAtInitialisationUnitScaledVsStandard) {
   }
 }
 
-// A unit-scaled GPT trains in f16 (weights, matmul inputs and their gradients cast to f16, no
-// loss scaling) and its loss tracks the f32 run; the standard model in f16 loses its small
-// gradients to underflow.
-std::vector<double> train(bool unit_scaled, Format cast, int steps, uint64_t seed = 2) {
+// A GPT trained under a preset: unit_fp16 casts the weights, matmul inputs and their gradients to
+// f16 (no loss scaling) in the unit-scaled model.
+std::vector<double> train(const std::string& preset, int steps, uint64_t seed = 2) {
+  const quant::Recipe recipe = quant::preset(preset);
   nn::GptConfig c = unit_test_config();
   c.vocab = 16;
   c.seq = 16;
   c.d_model = 32;
   c.layers = 2;
   c.heads = 2;
-  c.unit_scaled = unit_scaled;
-  c.cast = cast;
-  const nn::Gpt model(c, seed);
+  c.unit_scaled = recipe.unit_scaled;
+  const nn::Gpt model(c, seed, recipe);
   std::vector<Var> params;
   std::vector<double> lr_scale;  // Appendix J.1: 1/sqrt(d) for non-projection parameters
   for (auto& [name, p] : model.parameters()) {
@@ -358,7 +358,7 @@ TEST(UnitGpt, TrainsInF16WithoutLossScalingTrackingF32) {
   // the runs are compared as means over three initialisations.
   double f32_mean = 0, f16_mean = 0;
   for (uint64_t seed : {2, 3, 4}) {
-    const std::vector<double> f32 = train(true, Format::f32, 120, seed), f16 = train(true, Format::f16, 120, seed);
+    const std::vector<double> f32 = train("unit_f32", 120, seed), f16 = train("unit_fp16", 120, seed);
     std::printf("unit-scaled, seed %d: f32 %.3f -> %.3f, f16 %.3f -> %.3f\n", int(seed), f32.front(), tail(f32), f16.front(), tail(f16));
     EXPECT_LT(tail(f32), 0.75 * f32.front());
     f32_mean += tail(f32) / 3;

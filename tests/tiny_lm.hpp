@@ -5,11 +5,8 @@
 #include <cstdint>
 #include <vector>
 
-#include <map>
-#include <string>
-
 #include "scalify/nn/gpt.hpp"
-#include "scalify/quant/linear.hpp"
+#include "scalify/quant/recipe.hpp"
 #include "scalify/tensor/tensor.hpp"
 
 namespace scalify::testing {
@@ -30,8 +27,8 @@ inline TokenBatch token_batch(uint64_t seed, int64_t B, int64_t T, int64_t V) {
   return {Tensor::from_indices(in, {B, T}), Tensor::from_indices(tg, {B * T}), Tensor::from_indices(pos, {B, T})};
 }
 
-// A one-block GPT (2 heads, untied head) for the tiny task.
-inline nn::Gpt tiny_gpt(int64_t V, int64_t T, int64_t D, uint64_t seed, bool unit_scaled = false) {
+// A one-block GPT (2 heads, untied head) for the tiny task, its linear layers built for `recipe`.
+inline nn::Gpt tiny_gpt(int64_t V, int64_t T, int64_t D, uint64_t seed, bool unit_scaled = false, const quant::Recipe& recipe = {}) {
   nn::GptConfig c;
   c.unit_scaled = unit_scaled;
   c.vocab = V;
@@ -40,23 +37,13 @@ inline nn::Gpt tiny_gpt(int64_t V, int64_t T, int64_t D, uint64_t seed, bool uni
   c.layers = 1;
   c.heads = 2;
   c.tied_head = false;
-  return nn::Gpt(c, seed);
+  return nn::Gpt(c, seed, recipe);
 }
 
 inline std::vector<Var> parameters_of(const nn::Gpt& model) {
   std::vector<Var> p;
   for (const auto& [name, v] : model.parameters()) p.push_back(v);
   return p;
-}
-
-// The model's block linear layers through `layers` (one QLinear of `recipe` each, keeping its own
-// quantiser state); the head and embeddings stay f32, as in the trainer.
-inline nn::GptOptions quantised(const nn::Gpt& model, const quant::LinearRecipe& recipe,
-                                std::map<std::string, quant::QLinear>& layers) {
-  for (const std::string& n : model.linear_names()) layers.emplace(n, quant::QLinear(recipe));
-  nn::GptOptions options;
-  options.matmul = [&layers](const std::string& n, const Var& x, const Var& w) { return layers.at(n)(x, w); };
-  return options;
 }
 
 }  // namespace scalify::testing

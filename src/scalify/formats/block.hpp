@@ -26,6 +26,7 @@ struct BlockSpec {
   size_t rows = 1;  // block height
   size_t cols = 32;  // block width
   BlockScaleRule rule = BlockScaleRule::mx_floor;
+  bool operator==(const BlockSpec&) const = default;
 };
 
 // MX blocks of `size` consecutive elements along `axis` (1: along a row, 0: down a column).

@@ -66,7 +66,7 @@ Inspection inspect_checkpoint(const std::string& checkpoint, const InspectOption
   // activation's row.
   std::vector<InspectedTensor> activations;
   std::map<std::string, InspectedTensor> gradients;
-  unit::ScaleProbe probe;
+  nn::ScaleProbe probe;
   probe.observe = [&](const std::string& name, bool gradient, const ScaledTensor& t) {
     if (!t.data.defined()) return;
     if (gradient)
@@ -74,9 +74,7 @@ Inspection inspect_checkpoint(const std::string& checkpoint, const InspectOption
     else
       activations.push_back(describe(name, TensorKind::activation, t, o.format));
   };
-  nn::GptOptions options = s->options();
-  options.probe = &probe;
-  Var loss = s->forward_model().loss(b.ids, b.targets, options);
+  Var loss = s->forward_model().loss(b.ids, b.targets, &probe);
   if (s->scaler) loss = s->scaler->scale_loss(loss);  // gradients as the recipe stores them
   loss.backward();
 

@@ -23,14 +23,14 @@ void GptConfig::validate() const {
 }
 
 int64_t GptConfig::parameter_count() const {
-  const int64_t D = d_model, hidden = unit::Mlp::hidden_width(D, swiglu);
+  const int64_t D = d_model, hidden = Mlp::hidden_width(D, swiglu);
   const int64_t norm = rms_norm ? D : 2 * D;
   const int64_t block = 2 * norm + D * 3 * D + 3 * D + D * D + D + D * (swiglu ? 2 : 1) * hidden +
                         (swiglu ? 2 : 1) * hidden + hidden * D + D;
   return vocab * D + seq * D + layers * block + (final_norm ? norm : 0) + (tied_head ? 0 : D * vocab);
 }
 
-Gpt::Gpt(const GptConfig& c, uint64_t seed) : c_(c) {
+Gpt::Gpt(const GptConfig& c, uint64_t seed, const quant::Recipe& recipe) : c_(c), rescale_norm_grad_(recipe.rescale_norm_grad) {
   c.validate();
   Init init{c.unit_scaled, c.layers, seed * 1000};
   const int64_t D = c.d_model;
@@ -39,6 +39,24 @@ Gpt::Gpt(const GptConfig& c, uint64_t seed) : c_(c) {
   for (int l = 0; l < c.layers; ++l) blocks_.push_back(GptBlock::make(D, c.heads, init, c.rms_norm, c.swiglu));
   if (c.final_norm) lnf_ = LayerNorm::make(D, init, c.rms_norm);
   if (!c.tied_head) head_ = init.weight({D, c.vocab}, false);
+  // Each layer draws its stochastic-rounding bits from a stream of its own name.
+  for (auto& [name, linear] : linears()) {
+    const int block = std::stoi(name.substr(1));
+    linear->gemms = quant::QLinear(recipe.linear_for(name, block, c.layers), quant::layer_stream(name));
+  }
+}
+
+std::vector<std::pair<std::string, Linear*>> Gpt::linears() {
+  std::vector<std::pair<std::string, Linear*>> r;
+  for (size_t l = 0; l < blocks_.size(); ++l) {
+    GptBlock& b = blocks_[l];
+    const std::string p = std::string("h").append(std::to_string(l)).append(".");  // GCC 12: no operator+ (-Wrestrict)
+    r.push_back({p + "attn.qkv", &b.attn.qkv});
+    r.push_back({p + "attn.proj", &b.attn.proj});
+    r.push_back({p + "mlp.fc", &b.mlp.fc});
+    r.push_back({p + "mlp.out", &b.mlp.out});
+  }
+  return r;
 }
 
 std::vector<std::pair<std::string, Var*>> Gpt::refs() {
@@ -47,19 +65,20 @@ std::vector<std::pair<std::string, Var*>> Gpt::refs() {
     r.push_back({name + ".w", &n.w});
     if (n.b.defined()) r.push_back({name + ".b", &n.b});
   };
-  auto linear = [&](Linear& l, const std::string& name) {
-    r.push_back({name + ".w", &l.w});
-    r.push_back({name + ".b", &l.b});
+  const std::vector<std::pair<std::string, Linear*>> lin = linears();
+  auto linear = [&](size_t i) {
+    r.push_back({lin[i].first + ".w", &lin[i].second->w});
+    r.push_back({lin[i].first + ".b", &lin[i].second->b});
   };
   for (size_t l = 0; l < blocks_.size(); ++l) {
     GptBlock& b = blocks_[l];
     const std::string p = std::string("h").append(std::to_string(l)).append(".");  // GCC 12: no operator+ (-Wrestrict)
     norm(b.ln1, p + "ln1");
-    linear(b.attn.qkv, p + "attn.qkv");
-    linear(b.attn.proj, p + "attn.proj");
+    linear(4 * l);      // attn.qkv
+    linear(4 * l + 1);  // attn.proj
     norm(b.ln2, p + "ln2");
-    linear(b.mlp.fc, p + "mlp.fc");
-    linear(b.mlp.out, p + "mlp.out");
+    linear(4 * l + 2);  // mlp.fc
+    linear(4 * l + 3);  // mlp.out
   }
   if (c_.final_norm) norm(lnf_, "lnf");
   if (!c_.tied_head) r.push_back({"head", &head_});
@@ -89,10 +108,15 @@ void Gpt::set_parameters(const NamedParams& params) {
 
 std::vector<std::string> Gpt::linear_names() const {
   std::vector<std::string> n;
-  for (int l = 0; l < c_.layers; ++l)
-    for (const char* s : {"attn.qkv", "attn.proj", "mlp.fc", "mlp.out"})
-      n.push_back(std::string("h").append(std::to_string(l)).append(".").append(s));
+  for (const auto& [name, l] : const_cast<Gpt*>(this)->linears()) n.push_back(name);
   return n;
+}
+
+std::vector<std::pair<std::string, const quant::QLinear*>> Gpt::quantized_linears() const {
+  std::vector<std::pair<std::string, const quant::QLinear*>> q;
+  for (const auto& [name, l] : const_cast<Gpt*>(this)->linears())
+    if (l->gemms.recipe().quantized) q.emplace_back(name, &l->gemms);
+  return q;
 }
 
 double Gpt::lr_multiplier(const std::string& name) const {
@@ -113,7 +137,7 @@ bool Gpt::decays(const std::string& name) {
          (weight && (name.find(".attn.") != std::string::npos || name.find(".mlp.") != std::string::npos));
 }
 
-Var Gpt::logits(const Tensor& ids, const GptOptions& opt) const {
+Var Gpt::logits(const Tensor& ids, ScaleProbe* probe) const {
   if (ids.dim() != 2 || ids.size(1) > c_.seq || ids.size(1) < 1)
     throw Error("gpt: ids must be [B, T] with 1 <= T <= " + std::to_string(c_.seq) + ", got " + shape_str(ids.shape()));
   const int64_t B = ids.size(0), T = ids.size(1);
@@ -121,7 +145,7 @@ Var Gpt::logits(const Tensor& ids, const GptOptions& opt) const {
   std::vector<int64_t> pos(static_cast<size_t>(B * T));
   for (int64_t i = 0; i < B * T; ++i) pos[size_t(i)] = i % T;
   const Tensor positions = Tensor::from_indices(pos, {B, T});
-  LayerOptions o{c_.unit_scaled, c_.cast, opt.probe, "", opt.matmul, c_.rms_norm, c_.swiglu, opt.rescale_norm_grad};
+  LayerOptions o{c_.unit_scaled, probe, "", c_.rms_norm, c_.swiglu, rescale_norm_grad_};
   const bool u = c_.unit_scaled;
   Var x = u ? weighted_add({unit::embedding(wte_, ids), unit::embedding(wpe_, positions)}, {1.0, 1.0})
             : scalify::embedding(wte_, ids) + scalify::embedding(wpe_, positions);
@@ -139,15 +163,14 @@ Var Gpt::logits(const Tensor& ids, const GptOptions& opt) const {
   }
   const Var xf = c_.final_norm ? o.tap(lnf_(x, o), "lnf") : x;
   const Var head = c_.tied_head ? transpose(wte_, 0, 1) : head_;
-  const Var xl = o.lowp(xf), hl = o.lowp(head);
-  return o.tap(u ? unit::matmul(xl, hl, Constrain::x) : scalify::matmul(xl, hl), "logits");
+  return o.tap(u ? unit::matmul(xf, head, Constrain::x) : scalify::matmul(xf, head), "logits");
 }
 
-Var Gpt::loss(const Tensor& ids, const Tensor& targets, const GptOptions& opt) const {
+Var Gpt::loss(const Tensor& ids, const Tensor& targets, ScaleProbe* probe) const {
   if (targets.shape() != ids.shape())
     throw Error("gpt: targets " + shape_str(targets.shape()) + " do not match ids " + shape_str(ids.shape()));
   const int64_t BT = ids.numel();
-  const Var logits2 = reshape(logits(ids, opt), {BT, c_.vocab});
+  const Var logits2 = reshape(logits(ids, probe), {BT, c_.vocab});
   const Tensor flat_targets = targets.reshape({BT});
   return c_.unit_scaled ? unit::softmax_cross_entropy(logits2, flat_targets) : cross_entropy(logits2, flat_targets);
 }

@@ -4,19 +4,20 @@
 // against the autograd ops; every training method applies to it without changing this code:
 //   - standard or unit-scaled variant (unit scaling: Table A.2 ops, weighted residuals with the
 //     branch rewrite, unit-variance init, the 1/sqrt(d) learning-rate rule via lr_multiplier);
-//   - a recipe's quantised linear layers through GptOptions::matmul (the head and embeddings stay
-//     in high precision);
+//   - a recipe's quantised linear layers, given to the layers when the model is built (the head,
+//     embeddings, norms and attention's batched matmuls stay in high precision);
 //   - SCALIFY's scaled parameters through set_parameters, and its LayerNorm-gradient rescale.
 // Shapes: ids [B, T] (T <= seq); weights [in, out] (y = x W + b).
 #include <cstdint>
 #include <string>
 #include <vector>
 
-#include "scalify/unit/layers.hpp"
+#include "scalify/nn/block.hpp"
+#include "scalify/nn/layer_context.hpp"
+#include "scalify/nn/norm.hpp"
+#include "scalify/quant/recipe.hpp"
 
 namespace scalify::nn {
-
-using unit::NamedParams;
 
 struct GptConfig {
   int64_t vocab = 256, seq = 64, d_model = 128;
@@ -31,34 +32,28 @@ struct GptConfig {
   // running-mean reaches the edges of [0.5, 2] in the deeper attention layers (docs/RESULTS.md).
   unit::Residual::Kind residual = unit::Residual::Kind::fixed;
   double tau = 0.1;            // for Residual::Kind::fixed
-  Format cast = Format::f32;   // low-precision emulation of every matmul's operands (f32: none)
   void validate() const;       // throws scalify::Error naming the bad field
   int64_t parameter_count() const;
 };
 
-// What a forward pass may be given besides the tokens.
-struct GptOptions {
-  unit::ScaleProbe* probe = nullptr;
-  std::function<Var(const std::string& name, const Var& x, const Var& w)> matmul;  // recipe hook
-  bool rescale_norm_grad = false;  // SCALIFY: dynamic_rescale_l2_grad before every norm (2 per block + the final one)
-};
-
 class Gpt {
  public:
-  Gpt(const GptConfig& config, uint64_t seed);
-  // Logits [B, T, vocab] for ids [B, T].
-  Var logits(const Tensor& ids, const GptOptions& options = {}) const;
+  // The recipe's linear layers (recipe.linear_for each of them) and its LayerNorm-gradient
+  // rescale are built into the model; its other roles (storage, optimizer) are the trainer's.
+  Gpt(const GptConfig& config, uint64_t seed, const quant::Recipe& recipe = {});
+  // Logits [B, T, vocab] for ids [B, T]; `probe` records every activation and gradient.
+  Var logits(const Tensor& ids, ScaleProbe* probe = nullptr) const;
   // Mean next-token cross-entropy of ids [B, T] against targets [B, T].
-  Var loss(const Tensor& ids, const Tensor& targets, const GptOptions& options = {}) const;
-  Var loss(const Tensor& ids, const Tensor& targets, unit::ScaleProbe* probe) const {
-    return loss(ids, targets, GptOptions{probe, {}, false});
-  }
+  Var loss(const Tensor& ids, const Tensor& targets, ScaleProbe* probe = nullptr) const;
   // Names and handles of every parameter, in a fixed order: wte, wpe, h{l}.ln1.w, ... lnf.w, head.
   NamedParams parameters() const;
   // Replaces parameters by name (e.g. by their scaled or low-precision forms); shapes must match.
   void set_parameters(const NamedParams& params);
   // Names of the linear layers a recipe quantises: h{l}.attn.qkv, h{l}.attn.proj, h{l}.mlp.fc, h{l}.mlp.out.
   std::vector<std::string> linear_names() const;
+  // The quantised ones (a recipe's high-precision layers and an f32 recipe's have none), by name,
+  // for their quantisers' statistics and checkpointed state.
+  std::vector<std::pair<std::string, const quant::QLinear*>> quantized_linears() const;
   const GptConfig& config() const { return c_; }
   // Learning-rate multiplier per parameter: 1 in the standard model; with unit scaling 32 (Adam's
   // larger steps for O(1) parameters), times 1/sqrt(d_model) for non-projection parameters
@@ -69,10 +64,13 @@ class Gpt {
 
  private:
   std::vector<std::pair<std::string, Var*>> refs();
+  // Every linear layer of the blocks with its name, in model order.
+  std::vector<std::pair<std::string, Linear*>> linears();
   GptConfig c_;
   Var wte_, wpe_, head_;
-  std::vector<unit::GptBlock> blocks_;
-  unit::LayerNorm lnf_;
+  std::vector<GptBlock> blocks_;
+  LayerNorm lnf_;
+  bool rescale_norm_grad_ = false;
 };
 
 }  // namespace scalify::nn

@@ -1,6 +1,6 @@
 #include "scalify/quant/linear.hpp"
 
-#include <cmath>
+#include <algorithm>
 #include <optional>
 #include <utility>
 
@@ -16,29 +16,74 @@
 namespace scalify::quant {
 
 namespace {
-QuantizerConfig role(Scaling s, Format f) {
-  QuantizerConfig c;
-  c.scaling = s;
-  c.format = f;
+
+// The six operands, in the order (and under the names) checkpoints store their quantisers' state;
+// the order also sets each one's stochastic-rounding stream.
+enum Slot : size_t { fwd_w, fwd_x, dgrad_g, dgrad_w, wgrad_x, wgrad_g, kSlots };
+constexpr const char* kSlotNames[] = {"weight", "activation", "gradient", "weight_t", "activation_t", "gradient_t"};
+static_assert(std::size(kSlotNames) == kSlots, "a checkpoint name for every operand");
+// Whether the slot's GEMM reduces along the rows of its tensor as stored (x [rows, K] forward,
+// g [rows, N] and w [K, N] in dx = g w^T), or down its columns (w forward, x and g in dw = x^T g).
+constexpr bool kReducesAlongRows[] = {false, true, true, true, false, false};
+static_assert(std::size(kReducesAlongRows) == kSlots, "an orientation for every operand");
+
+const QuantizerConfig& config_of(const LinearRecipe& r, Slot s) {
+  switch (s) {
+    case fwd_w: return r.forward.weight;
+    case fwd_x: return r.forward.activation;
+    case dgrad_g: return r.input_grad.gradient;
+    case dgrad_w: return r.input_grad.weight;
+    case wgrad_x: return r.weight_grad.activation;
+    default: return r.weight_grad.gradient;
+  }
+}
+
+// A block / MX config with its blocks along the GEMM's reduction: along the rows (1 x k) or down
+// the columns (k x 1). Two-dimensional blocks (blockwise weights: 128 x 128, SPEC §5) cover the
+// reduction in either orientation and stay as configured. Per-tensor configs have no blocks.
+QuantizerConfig oriented(QuantizerConfig c, bool along_rows) {
+  if (!c.blockwise() || (c.scaling == Scaling::block && c.block.rows > 1 && c.block.cols > 1)) return c;
+  const size_t k = c.scaling == Scaling::mx ? 32 : std::max(c.block.rows, c.block.cols);
+  c.block.rows = along_rows ? 1 : k;
+  c.block.cols = along_rows ? k : 1;
   return c;
 }
-LinearRecipe make(const std::string& name, QuantizerConfig w, QuantizerConfig a, QuantizerConfig g) {
-  return {name, true, w, a, g};
-}
-bool blockwise(const QuantizerConfig& c) { return c.scaling == Scaling::block || c.scaling == Scaling::mx; }
 
-// Per-tensor operands: the GEMM runs on the codes, decoded exactly to bf16 or f32 (gemm::code_gemm
-// decides by CPU), with the product of the decode scales as alpha. Shapes as gemm::gemm_bf16.
+// GEMMs on codes run in bf16 where the CPU has bf16 dot products (gemm::code_gemm), else in f32.
 DType gemm_dtype() { return gemm::code_gemm() == gemm::CodeGemm::onednn_bf16 ? DType::bf16 : DType::f32; }
-Tensor gemm_operand(const Quantized& q, DType t) {
-  const Tensor& d = q.per_tensor.data;
-  // FP8/FP6/FP4 codes as their exact values; an infinity (a non-saturating e5m2 gradient) stays
-  // one, as on the f32 path.
-  if (t == DType::bf16 && dtype_size(d.dtype()) == 1 && d.is_contiguous()) return byte_codes_as_bf16(d);
-  return d.to(t).contiguous();
+
+// How one GEMM runs, decided by its two operands' configs:
+//   on codes: per-tensor operands whose codes are bf16 values (FP8, FP6, FP4), or SCALIFY's
+//     propagated scales: the codes in bf16 (or their f32 values), the decode scales in alpha;
+//   on dequantised values, f32; or for block operands bf16 on the values when every value is a
+//     bf16 value (MX: FP8 codes times power-of-two scales), or bf16 on the codes per block of the
+//     reduction with the block scales applied to each partial product (block_scaled_gemm).
+// Products are exact and accumulate in f32 on every path.
+enum class GemmPath { codes, values_f32, values_bf16, block_codes_bf16 };
+struct GemmPlan {
+  GemmPath path = GemmPath::values_f32;
+  DType codes = DType::f32;  // GemmPath::codes: the type the GEMM reads the codes in
+};
+
+// Whether a block role's dequantised values are bf16 values: its format's are, and its scales are
+// powers of two (MX, or blocks with an MX scale rule).
+bool pow2_block_role(const QuantizerConfig& c) {
+  return codes_fit_bf16(c.format) && (c.scaling == Scaling::mx || (c.scaling == Scaling::block && c.block.rule != BlockScaleRule::f32_amax));
 }
-float scale_of(const Quantized& q) { return q.per_tensor.any_scale ? 1.0f : q.per_tensor.scalar_scale(); }
-Tensor gemm_codes(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const Tensor& a, const Tensor& b, float alpha) {
+
+GemmPlan plan_gemm(const QuantizerConfig& a, const QuantizerConfig& b, bool propagate) {
+  const bool codes_bf16 = codes_fit_bf16(a.format) && codes_fit_bf16(b.format);
+  if (!a.blockwise() && !b.blockwise()) {
+    if (codes_bf16 || propagate) return {GemmPath::codes, codes_bf16 ? gemm_dtype() : DType::f32};
+    return {};
+  }
+  if (gemm_dtype() != DType::bf16) return {};
+  if (pow2_block_role(a) && pow2_block_role(b)) return {GemmPath::values_bf16};
+  if (codes_bf16) return {GemmPath::block_codes_bf16};
+  return {};
+}
+
+Tensor gemm_f32_or_bf16(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const Tensor& a, const Tensor& b, float alpha) {
   Tensor c = Tensor::empty({M, N});
   if (a.dtype() == DType::bf16)
     gemm::gemm_bf16(ta, tb, M, N, K, a.data<uint16_t>(), b.data<uint16_t>(), c.data<float>(), alpha);
@@ -46,95 +91,72 @@ Tensor gemm_codes(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const Tenso
     gemm::sgemm(ta, tb, M, N, K, a.data<float>(), ta ? M : K, b.data<float>(), tb ? K : N, 0.0f, c.data<float>(), N, alpha);
   return c;
 }
-// How a block-quantised product runs: f32 on the dequantized values; bf16 on them when every
-// value is a bf16 value (MX: FP8 codes times power-of-two scales); or bf16 on the codes per block
-// of the reduction, the block scales applied to each partial product (blockwise's amax / 448
-// scales, block_scaled_gemm). Products are exact and accumulate in f32 on every path.
-enum class BlockGemm { f32, bf16_values, bf16_codes };
-Tensor dequantized_gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const Quantized& a, const Quantized& b, BlockGemm how) {
-  if (how == BlockGemm::bf16_codes && a.blockwise && b.blockwise) {
-    const Tensor c = block_scaled_gemm(ta, tb, M, N, K, a.blocks, b.blocks);
-    if (c.defined()) return c;
+
+// A per-tensor operand as a codes GEMM reads it: FP8/FP6/FP4 codes as their exact bf16 values (an
+// infinity, a non-saturating e5m2 gradient, stays one as on the f32 path), else the codes' values.
+Tensor codes_operand(const Quantized& q, DType t) {
+  const Tensor& d = q.per_tensor.data;
+  if (t == DType::bf16 && dtype_size(d.dtype()) == 1 && d.is_contiguous()) return byte_codes_as_bf16(d);
+  return d.to(t).contiguous();
+}
+float decode_scale(const Quantized& q) { return q.per_tensor.any_scale ? 1.0f : q.per_tensor.scalar_scale(); }
+
+// C [M, N] = op(A) op(B) (op: transpose when ta / tb; layouts as gemm::gemm_bf16) of two quantised
+// operands. With `propagate` (SCALIFY) the output keeps the operands' scales times the matmul rule's
+// r = pow2_round(sqrt(K)), and the GEMM takes 1 / r (scaled/scale_rules.hpp).
+ScaledTensor gemm(const GemmPlan& p, bool propagate, bool ta, bool tb, int64_t M, int64_t N, int64_t K, const Quantized& a,
+                  const Quantized& b) {
+  switch (p.path) {
+    case GemmPath::codes: {
+      const Tensor ca = codes_operand(a, p.codes), cb = codes_operand(b, p.codes);
+      const float sa = decode_scale(a), sb = decode_scale(b);
+      if (!propagate) return ScaledTensor(gemm_f32_or_bf16(ta, tb, M, N, K, ca, cb, sa * sb));
+      const float r = scaled::rules::reduction(double(K));
+      return with_exact_scale(gemm_f32_or_bf16(ta, tb, M, N, K, ca, cb, 1.0f / r), double(sa) * sb * r);
+    }
+    case GemmPath::block_codes_bf16:
+      if (a.blockwise && b.blockwise) {
+        const Tensor c = block_scaled_gemm(ta, tb, M, N, K, a.blocks, b.blocks);
+        if (c.defined()) return ScaledTensor(c);
+      }
+      break;
+    case GemmPath::values_bf16: {
+      const Tensor ha = a.dequantize_bf16();
+      const Tensor hb = ha.defined() ? b.dequantize_bf16() : Tensor();
+      if (hb.defined()) return ScaledTensor(gemm_f32_or_bf16(ta, tb, M, N, K, ha, hb, 1.0f));
+      break;
+    }
+    case GemmPath::values_f32:
+      break;
   }
-  if (how == BlockGemm::bf16_values) {
-    const Tensor ha = a.dequantize_bf16();
-    const Tensor hb = ha.defined() ? b.dequantize_bf16() : Tensor();
-    if (hb.defined()) return gemm_codes(ta, tb, M, N, K, ha, hb, 1.0f);
-  }
-  return gemm_codes(ta, tb, M, N, K, a.dequantize().contiguous(), b.dequantize().contiguous(), 1.0f);
+  return ScaledTensor(gemm_f32_or_bf16(ta, tb, M, N, K, a.dequantize().contiguous(), b.dequantize().contiguous(), 1.0f));
 }
-// Whether a role's dequantized values can be bf16 values: its format's are, and its scales are
-// powers of two (MX, or blocks with an MX scale rule).
-bool pow2_block_role(const QuantizerConfig& c) {
-  return codes_fit_bf16(c.format) && (c.scaling == Scaling::mx || (c.scaling == Scaling::block && c.block.rule != BlockScaleRule::f32_amax));
+
+// Whether operand `later` reuses the quantisation of the same tensor as operand `earlier`: the same
+// configuration, per-tensor (block scales depend on the orientation).
+bool reuses(const LinearRecipe& r, Slot later, Slot earlier) {
+  const QuantizerConfig& a = config_of(r, later);
+  return a == config_of(r, earlier) && !a.blockwise();
 }
-// A block/MX config with blocks along the rows (1 x K) or down the columns (K x 1). Two-dimensional
-// blocks (blockwise weights: 128 x 128, SPEC §5) cover the reduction in either orientation and
-// stay as configured.
-QuantizerConfig along(QuantizerConfig c, bool rows) {
-  if (c.scaling == Scaling::block && c.block.rows > 1 && c.block.cols > 1) return c;
-  const size_t k = c.scaling == Scaling::mx ? 32 : std::max(c.block.rows, c.block.cols);
-  c.block.rows = rows ? 1 : k;
-  c.block.cols = rows ? k : 1;
-  return c;
-}
+
 }  // namespace
 
-LinearRecipe recipe_f32() { return {}; }
-LinearRecipe recipe_scalify(Format fwd, Format bwd) {
-  return make(std::string("scalify_").append(format_name(fwd)), role(Scaling::scalify, fwd), role(Scaling::scalify, fwd),
-              role(Scaling::scalify, bwd));
-}
-LinearRecipe recipe_cast(Format fwd, Format bwd) {
-  return make(std::string("cast_").append(format_name(fwd)), role(Scaling::none, fwd), role(Scaling::none, fwd),
-              role(Scaling::none, bwd));
-}
-LinearRecipe recipe_current(int margin) {
-  QuantizerConfig g = role(Scaling::current, Format::e5m2);
-  g.margin = margin;
-  return make("current", role(Scaling::current, Format::e4m3), role(Scaling::current, Format::e4m3), g);
-}
-LinearRecipe recipe_delayed(int history, HistoryReduce reduce) {
-  QuantizerConfig c = role(Scaling::delayed, Format::e4m3);
-  c.history = history;
-  c.reduce = reduce;
-  QuantizerConfig g = c;
-  g.format = Format::e5m2;
-  return make("delayed", c, c, g);
-}
-LinearRecipe recipe_fp8_amax(int margin) {
-  QuantizerConfig g = role(Scaling::amax_bias, Format::e5m2);
-  g.margin = margin;
-  return make("fp8_amax", role(Scaling::amax_bias, Format::e4m3), role(Scaling::amax_bias, Format::e4m3), g);
-}
-LinearRecipe recipe_fp8_cscale(int bias) {
-  QuantizerConfig c = role(Scaling::constant_bias, Format::e4m3);
-  c.bias = bias;
-  QuantizerConfig g = c;
-  g.format = Format::e5m2;
-  return make("fp8_cscale(" + std::to_string(bias) + ")", c, c, g);
-}
-LinearRecipe recipe_mxfp8() {
-  return make("mxfp8", role(Scaling::mx, Format::e4m3), role(Scaling::mx, Format::e4m3), role(Scaling::mx, Format::e5m2));
-}
-LinearRecipe recipe_blockwise() {
-  QuantizerConfig w = role(Scaling::block, Format::e4m3), a = w, g = role(Scaling::block, Format::e5m2);
-  w.block = {128, 128, BlockScaleRule::f32_amax};
-  return make("blockwise", w, a, g);
+uint64_t layer_stream(std::string_view name) {
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (unsigned char c : name) h = (h ^ c) * 0x100000001b3ull;
+  return h;
 }
 
-QLinear::QLinear(LinearRecipe recipe, uint64_t stream) : recipe_(std::move(recipe)) {
-  const LinearRecipe& r = recipe_;
-  // Forward: x [rows, K] and w [K, N] both blocked along K. Backward: dX = G W^T reduces over N
-  // (G and W blocked along N), dW = X^T G reduces over rows (X and G blocked down the rows).
-  // Each role draws its own stochastic-rounding bits.
-  const uint64_t s = stream * 8;
-  state_ = std::make_shared<State>(State{Quantizer(blockwise(r.weight) ? along(r.weight, false) : r.weight, s),
-                                         Quantizer(blockwise(r.activation) ? along(r.activation, true) : r.activation, s + 1),
-                                         Quantizer(blockwise(r.gradient) ? along(r.gradient, true) : r.gradient, s + 2),
-                                         Quantizer(along(r.weight, true), s + 3), Quantizer(along(r.activation, false), s + 4),
-                                         Quantizer(along(r.gradient, false), s + 5)});
+QLinear::QLinear(LinearRecipe recipe, uint64_t stream)
+    : recipe_(std::move(recipe)), quantizers_(std::make_shared<std::vector<Quantizer>>()) {
+  // Each operand draws its own stochastic-rounding bits.
+  for (size_t i = 0; i < kSlots; ++i)
+    quantizers_->emplace_back(oriented(config_of(recipe_, Slot(i)), kReducesAlongRows[i]), stream * 8 + i);
 }
+
+const QuantStats& QLinear::weight_stats() const { return (*quantizers_)[fwd_w].last(); }
+const QuantStats& QLinear::activation_stats() const { return (*quantizers_)[fwd_x].last(); }
+const QuantStats& QLinear::gradient_stats() const { return (*quantizers_)[dgrad_g].last(); }
 
 Var QLinear::operator()(const Var& x, const Var& w, const Var& b) const {
   if (w.shape().size() != 2 || x.shape().empty() || x.shape().back() != w.shape()[0])
@@ -146,82 +168,46 @@ Var QLinear::operator()(const Var& x, const Var& w, const Var& b) const {
   const int64_t K = w.shape()[0], N = w.shape()[1], rows = numel_of(x.shape()) / K;
   Shape out_shape = x.shape();
   out_shape.back() = N;
-  State& st = *state_;
+  const LinearRecipe& r = recipe_;
+  // SCALIFY on scaled inputs: no statistics anywhere; the operands keep their propagated scales,
+  // and so do the output and both gradients, by the matmul rule.
+  const bool propagate = r.all_scalify() && (x.scaled().is_scaled() || w.scaled().is_scaled());
+  const GemmPlan fwd = plan_gemm(r.forward.activation, r.forward.weight, propagate),
+                 dgrad = plan_gemm(r.input_grad.gradient, r.input_grad.weight, propagate),
+                 wgrad = plan_gemm(r.weight_grad.activation, r.weight_grad.gradient, propagate);
   // A forward pass that records no gradients (evaluation, sampling) is inference: it leaves the
   // quantisers' state as training left it.
   const QuantizeMode mode = grad_enabled() ? QuantizeMode::training : QuantizeMode::inference;
-  const bool block = blockwise(recipe_.weight) || blockwise(recipe_.activation) || blockwise(recipe_.gradient);
-  auto flat = [&](const ScaledTensor& s) { return scaled::reshape(s, {rows, K}); };
-  const std::shared_ptr<State> state = state_;
-  const bool codes_bf16 =
-      codes_fit_bf16(recipe_.weight.format) && codes_fit_bf16(recipe_.activation.format) && codes_fit_bf16(recipe_.gradient.format);
-  // SCALIFY on scaled inputs: no statistics anywhere; the operands keep their propagated scales and
-  // so do the output and both gradients, by the matmul rule (r = pow2_round(sqrt(reduced dim)) in
-  // the scale, 1 / r in the GEMM's alpha).
-  const bool propagate = recipe_.weight.scaling == Scaling::scalify && recipe_.activation.scaling == Scaling::scalify &&
-                         recipe_.gradient.scaling == Scaling::scalify && (x.scaled().is_scaled() || w.scaled().is_scaled());
-  const bool on_codes = !block && (codes_bf16 || propagate);
-  const DType t = codes_bf16 ? gemm_dtype() : DType::f32;
-  // f32 GEMMs take the codes' values: the quantiser writes them instead of the codes.
-  const bool as_values = on_codes && t == DType::f32;
-  const Quantized qx = st.activation.quantize(flat(x.scaled()), as_values, mode), qw = st.weight.quantize(w.scaled(), as_values, mode);
-  if (on_codes) {
-    const Tensor cx = gemm_operand(qx, t), cw = gemm_operand(qw, t);
-    const float sx = scale_of(qx), sw = scale_of(qw);
-    const float rk = propagate ? scaled::rules::reduction(double(K)) : 1.0f;
-    const Tensor y = gemm_codes(false, false, rows, N, K, cx, cw, propagate ? 1.0f / rk : sx * sw).reshape(out_shape);
-    const ScaledTensor out_value = propagate ? with_exact_scale(y, double(sx) * sw * rk) : ScaledTensor(y);
-    const Var out = Var::make("qlinear", out_value, {x, w}, [state, cx, cw, sx, sw, rows, K, N, propagate, mode, xs = x.shape()](const ScaledTensor& g) {
-      const bool values = cx.dtype() == DType::f32;
-      const Quantized qg = propagate ? state->gradient.quantize(scaled::reshape(g, {rows, N}), values, mode)
-                                     : state->gradient.quantize((g.is_scaled() ? g.value() : g.data).reshape({rows, N}), values, mode);
-      const Tensor cg = gemm_operand(qg, cx.dtype());
-      const float sg = scale_of(qg);
-      if (!propagate)
-        return std::vector<ScaledTensor>{ScaledTensor(gemm_codes(false, true, rows, K, N, cg, cw, sg * sw).reshape(xs)),
-                                         ScaledTensor(gemm_codes(true, false, K, N, rows, cx, cg, sx * sg))};
-      const float rn = scaled::rules::reduction(double(N)), rr = scaled::rules::reduction(double(rows));
-      return std::vector<ScaledTensor>{with_exact_scale(gemm_codes(false, true, rows, K, N, cg, cw, 1.0f / rn).reshape(xs), double(sg) * sw * rn),
-                                       with_exact_scale(gemm_codes(true, false, K, N, rows, cx, cg, 1.0f / rr), double(sx) * sg * rr)};
-    });
-    return b.defined() ? out + b : out;
-  }
-  const bool values_bf16 = pow2_block_role(recipe_.weight) && pow2_block_role(recipe_.activation) && pow2_block_role(recipe_.gradient);
-  const BlockGemm how = !block || gemm_dtype() != DType::bf16 ? BlockGemm::f32
-                        : values_bf16                         ? BlockGemm::bf16_values
-                        : codes_bf16                          ? BlockGemm::bf16_codes
-                                                              : BlockGemm::f32;
-  const Tensor y = dequantized_gemm(false, false, rows, N, K, qx, qw, how).reshape(out_shape);
-  // Per-tensor: the forward's quantised operands serve the transposed products too. Block: the
-  // backward re-quantises from the high-precision sources along each of its reductions.
-  const std::optional<std::pair<Quantized, Quantized>> forward_operands =
-      block ? std::nullopt : std::optional(std::pair(qx, qw));
-  const Var out = Var::make("qlinear", ScaledTensor(y), {x, w},
-                            [state, forward_operands, how, mode, x_src = block ? x.value() : Tensor(), w_src = block ? w.value() : Tensor(), rows, K, N,
-                             xs = x.shape()](const ScaledTensor& g) {
-    State& s = *state;
-    const Tensor g2 = (g.is_scaled() ? g.value() : g.data).reshape({rows, N});
-    const Quantized qg = s.gradient.quantize(g2, false, mode);
-    Tensor grad_x, grad_w;
-    if (forward_operands) {  // f32 products of the represented values, each decoded once
-      const Tensor gq = qg.dequantize().contiguous();
-      grad_x = gemm_codes(false, true, rows, K, N, gq, forward_operands->second.dequantize().contiguous(), 1.0f);
-      grad_w = gemm_codes(true, false, K, N, rows, forward_operands->first.dequantize().contiguous(), gq, 1.0f);
-    } else {
-      const Quantized wt = s.weight_t.quantize(w_src, false, mode), xt = s.activation_t.quantize(x_src.reshape({rows, K}), false, mode),
-                      gt = s.gradient_t.quantize(g2, false, mode);
-      grad_x = dequantized_gemm(false, true, rows, K, N, qg, wt, how);
-      grad_w = dequantized_gemm(true, false, K, N, rows, xt, gt, how);
-    }
-    return std::vector<ScaledTensor>{ScaledTensor(grad_x.reshape(xs)), ScaledTensor(grad_w)};
-  });
+  const std::shared_ptr<std::vector<Quantizer>> q = quantizers_;
+  // Codes GEMMs in f32 take the codes' values: the quantiser writes them instead of the codes.
+  auto quantize = [q, mode](Slot s, const ScaledTensor& t, const GemmPlan& p) {
+    return (*q)[s].quantize(t, p.path == GemmPath::codes && p.codes == DType::f32, mode);
+  };
+  const ScaledTensor xs = scaled::reshape(x.scaled(), {rows, K}), &ws = w.scaled();
+  const Quantized qx = quantize(fwd_x, xs, fwd), qw = quantize(fwd_w, ws, fwd);
+  const ScaledTensor y = scaled::reshape(gemm(fwd, propagate, false, false, rows, N, K, qx, qw), out_shape);
+  // The backward keeps the forward's quantised operands it reuses, else the sources to quantise.
+  const bool reuse_w = reuses(r, dgrad_w, fwd_w), reuse_x = reuses(r, wgrad_x, fwd_x), reuse_g = reuses(r, wgrad_g, dgrad_g);
+  const Var out = Var::make(
+      "qlinear", y, {x, w},
+      [quantize, dgrad, wgrad, propagate, rows, K, N, reuse_g, qw = reuse_w ? qw : Quantized(), qx = reuse_x ? qx : Quantized(),
+       w_src = reuse_w ? ScaledTensor() : ws, x_src = reuse_x ? ScaledTensor() : xs, x_shape = x.shape()](const ScaledTensor& g_in) {
+        const ScaledTensor g = scaled::reshape(g_in, {rows, N});
+        const Quantized qg = quantize(dgrad_g, g, dgrad);
+        const Quantized qwt = w_src.data.defined() ? quantize(dgrad_w, w_src, dgrad) : qw;
+        const ScaledTensor dx = gemm(dgrad, propagate, false, true, rows, K, N, qg, qwt);
+        const Quantized qxt = x_src.data.defined() ? quantize(wgrad_x, x_src, wgrad) : qx;
+        const Quantized qgt = reuse_g ? qg : quantize(wgrad_g, g, wgrad);
+        const ScaledTensor dw = gemm(wgrad, propagate, true, false, K, N, rows, qxt, qgt);
+        return std::vector<ScaledTensor>{scaled::reshape(dx, x_shape), dw};
+      });
   return b.defined() ? out + b : out;
 }
 
 std::vector<std::pair<std::string, Quantizer*>> QLinear::quantizers() const {
-  State& s = *state_;
-  return {{"weight", &s.weight}, {"activation", &s.activation}, {"gradient", &s.gradient},
-          {"weight_t", &s.weight_t}, {"activation_t", &s.activation_t}, {"gradient_t", &s.gradient_t}};
+  std::vector<std::pair<std::string, Quantizer*>> out;
+  for (size_t i = 0; i < kSlots; ++i) out.emplace_back(kSlotNames[i], &(*quantizers_)[i]);
+  return out;
 }
 
 }  // namespace scalify::quant

@@ -1,62 +1,48 @@
 #pragma once
-// The general linear layer of seed 000 (Algorithm 6): the weight and the input are quantised in
-// the forward pass, the matmul runs on the exactly decoded operands with f32 accumulation and
-// output, the output gradient is quantised in the backward pass, then the bias is added. Each
-// role has its own quantiser (format + scaling strategy + state), so every recipe of the seeds
-// runs through this one layer.
+// The general linear layer of seed 000 (Algorithm 6): each of its three GEMMs (forward, input
+// gradient, weight gradient; quant/linear_recipe.hpp) quantises its two operands as the recipe
+// says and runs on the exactly decoded operands with f32 accumulation and output; then the bias is
+// added. Every operand has its own quantiser (format + scaling strategy + state), so every recipe
+// of the seeds runs through this one layer.
+#include <cstdint>
 #include <memory>
 #include <string>
+#include <string_view>
+#include <utility>
 #include <vector>
 
 #include "scalify/autograd/var.hpp"
+#include "scalify/quant/linear_recipe.hpp"
 #include "scalify/quant/quantizer.hpp"
 
 namespace scalify::quant {
 
-struct LinearRecipe {
-  std::string name = "f32";
-  bool quantized = false;  // false: a plain f32 matmul (bit-identical to the engine)
-  QuantizerConfig weight, activation, gradient;
-};
-
-// Presets matching the seeds' experiment rows.
-LinearRecipe recipe_f32();
-LinearRecipe recipe_scalify(Format forward, Format backward);  // SCALIFY FP16 / FP8 matmuls
-LinearRecipe recipe_cast(Format forward, Format backward);     // plain casts, no scale (unit scaling, baselines)
-LinearRecipe recipe_current(int gradient_margin = 0);          // per-tensor current, e4m3 / e5m2
-LinearRecipe recipe_delayed(int history = 16, HistoryReduce reduce = HistoryReduce::max);
-LinearRecipe recipe_fp8_amax(int gradient_margin = 3);         // seed 003 FP8-AMAX
-LinearRecipe recipe_fp8_cscale(int bias);                      // seed 003 FP8-CSCALE(b)
-LinearRecipe recipe_mxfp8();                                   // seed 004 MXFP8
-LinearRecipe recipe_blockwise();                               // 1x128 activations/gradients, 128x128 weights
-// The named recipes a user picks are the presets of quant/recipe.hpp, which are built from these.
+// A layer's stochastic-rounding stream: FNV-1a of its name, the same on every machine and run.
+uint64_t layer_stream(std::string_view layer_name);
 
 class QLinear {
  public:
   // `stream` sets the layer's stochastic-rounding bits apart from other layers' (a model gives
-  // each of its layers its own).
-  explicit QLinear(LinearRecipe recipe, uint64_t stream = 0);
+  // each of its layers its own, layer_stream(name)).
+  explicit QLinear(LinearRecipe recipe = {}, uint64_t stream = 0);
   // y = x @ w (+ b), x [..., K], w [K, N], b [N]. Without gradient recording (NoGrad: evaluation,
   // sampling) the quantisers run in inference mode and keep their state as training left it.
   Var operator()(const Var& x, const Var& w, const Var& b = {}) const;
   const LinearRecipe& recipe() const { return recipe_; }
-  // Statistics of the last quantisation of each role.
-  const QuantStats& weight_stats() const { return state_->weight.last(); }
-  const QuantStats& activation_stats() const { return state_->activation.last(); }
-  const QuantStats& gradient_stats() const { return state_->gradient.last(); }
-  // Every quantiser of the layer by role name (weight, activation, gradient and the transposed
-  // copies' weight_t, activation_t, gradient_t), for statistics and checkpoints.
+  // Statistics of the last quantisation of the forward GEMM's operands and the input-gradient
+  // GEMM's output gradient.
+  const QuantStats& weight_stats() const;
+  const QuantStats& activation_stats() const;
+  const QuantStats& gradient_stats() const;
+  // Every quantiser of the layer by its checkpoint name: the forward GEMM's activation and weight,
+  // the input-gradient GEMM's gradient and weight_t, the weight-gradient GEMM's activation_t and
+  // gradient_t. An operand configured as the same tensor's operand in an earlier GEMM, per-tensor
+  // scaled, reuses that quantisation; its own quantiser then stays unused.
   std::vector<std::pair<std::string, Quantizer*>> quantizers() const;
 
  private:
-  struct State {
-    Quantizer weight, activation, gradient;
-    // Block / MX backward operands are re-quantised from the high-precision source along the
-    // backward reduction dimension (never from the forward copy): their own quantisers.
-    Quantizer weight_t, activation_t, gradient_t;
-  };
   LinearRecipe recipe_;
-  std::shared_ptr<State> state_;
+  std::shared_ptr<std::vector<Quantizer>> quantizers_;  // one per operand, in quantizers() order
 };
 
 }  // namespace scalify::quant

@@ -39,6 +39,8 @@ struct QuantizerConfig {
   Rounding rounding = Rounding::nearest_even;
   bool saturate = true;  // false: overflow gives inf (f16, e5m2) or NaN, as a plain cast on hardware
                          // does: what a loss scaler must see to skip a step
+  bool operator==(const QuantizerConfig&) const = default;
+  bool blockwise() const { return scaling == Scaling::block || scaling == Scaling::mx; }
 };
 
 // What a quantiser reports for each tensor it quantises (cheap enough to leave on).

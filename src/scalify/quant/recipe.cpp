@@ -5,6 +5,8 @@
 #include <iterator>
 #include <nlohmann/json.hpp>
 #include <set>
+#include <string_view>
+#include <tuple>
 #include <utility>
 
 #include "scalify/error.hpp"
@@ -118,12 +120,27 @@ const char* loss_kind(LossScalerConfig::Kind k) {
   return k == LossScalerConfig::Kind::none ? "none" : k == LossScalerConfig::Kind::fixed ? "static" : "dynamic";
 }
 
+json linear_json(const LinearRecipe& l) {
+  json j = {{"quantized", l.quantized}};
+  // Every seeded recipe configures each tensor the same in every GEMM: its three roles, as
+  // recorded in every checkpoint before per-GEMM recipes existed. Others: each GEMM's operands.
+  if (const std::optional<LinearRecipe::Roles> roles = l.roles()) {
+    j["weight"] = role_json(roles->weight);
+    j["activation"] = role_json(roles->activation);
+    j["gradient"] = role_json(roles->gradient);
+    return j;
+  }
+  j["forward"] = {{"activation", role_json(l.forward.activation)}, {"weight", role_json(l.forward.weight)}};
+  j["input_grad"] = {{"gradient", role_json(l.input_grad.gradient)}, {"weight", role_json(l.input_grad.weight)}};
+  j["weight_grad"] = {{"activation", role_json(l.weight_grad.activation)}, {"gradient", role_json(l.weight_grad.gradient)}};
+  return j;
+}
+
 }  // namespace
 
 std::string Recipe::to_json() const {
   json j = {{"name", name},
-            {"linear", {{"quantized", linear.quantized}, {"weight", role_json(linear.weight)},
-                        {"activation", role_json(linear.activation)}, {"gradient", role_json(linear.gradient)}}},
+            {"linear", linear_json(linear)},
             {"master_weight", std::string(dtype_name(master_weight))},
             {"scaled_state", scaled_state},
             {"optimizer_state", std::string(dtype_name(optimizer_state))},
@@ -135,6 +152,9 @@ std::string Recipe::to_json() const {
             {"data_storage", std::string(dtype_name(data_storage))},
             {"loss_scaling", {{"kind", loss_kind(loss_scaling.kind)}, {"scale", loss_scaling.scale},
                               {"growth_interval", loss_scaling.growth_interval}}}};
+  if (high_precision != HighPrecisionLayers{})  // written only when set: every earlier recipe's JSON is unchanged
+    j["high_precision"] = {{"first_blocks", high_precision.first_blocks}, {"last_blocks", high_precision.last_blocks},
+                           {"layers", high_precision.layers}};
   return j.dump(2);
 }
 
@@ -157,19 +177,39 @@ Recipe Recipe::from_json(const std::string& text) {
 }
 
 namespace {
+// Either form linear_json writes: three roles, or each GEMM's two operands.
+LinearRecipe linear_from(const json& lin) {
+  if (lin.is_object() && lin.contains("forward")) {
+    only_known_fields(lin, {"quantized", "forward", "input_grad", "weight_grad"}, "linear");
+    LinearRecipe l;
+    l.quantized = field<bool>(lin, "quantized", "linear");
+    auto gemm = [&](const char* name, const char* a, const char* b) {
+      const json g = field<json>(lin, name, "linear");
+      const std::string where = std::string("linear.") + name;
+      only_known_fields(g, {a, b}, where);
+      return std::pair(role_from(field<json>(g, a, where.c_str()), (where + "." + a).c_str()),
+                       role_from(field<json>(g, b, where.c_str()), (where + "." + b).c_str()));
+    };
+    std::tie(l.forward.activation, l.forward.weight) = gemm("forward", "activation", "weight");
+    std::tie(l.input_grad.gradient, l.input_grad.weight) = gemm("input_grad", "gradient", "weight");
+    std::tie(l.weight_grad.activation, l.weight_grad.gradient) = gemm("weight_grad", "activation", "gradient");
+    return l;
+  }
+  only_known_fields(lin, {"quantized", "weight", "activation", "gradient"}, "linear");
+  LinearRecipe l = LinearRecipe::uniform(role_from(field<json>(lin, "weight", "linear"), "linear.weight"),
+                                         role_from(field<json>(lin, "activation", "linear"), "linear.activation"),
+                                         role_from(field<json>(lin, "gradient", "linear"), "linear.gradient"));
+  l.quantized = field<bool>(lin, "quantized", "linear");
+  return l;
+}
+
 Recipe from_parsed(const json& j) {
   only_known_fields(j, {"name", "linear", "master_weight", "scaled_state", "optimizer_state", "weight_gradient", "rescale_every",
-                        "rescale_norm_grad", "rescale_gradients", "unit_scaled", "data_storage", "loss_scaling"},
+                        "rescale_norm_grad", "rescale_gradients", "unit_scaled", "data_storage", "loss_scaling", "high_precision"},
                     "the recipe");
   Recipe r;
   r.name = field<std::string>(j, "name", "recipe");
-  const json lin = field<json>(j, "linear", "recipe");
-  only_known_fields(lin, {"quantized", "weight", "activation", "gradient"}, "linear");
-  r.linear.name = r.name;
-  r.linear.quantized = field<bool>(lin, "quantized", "linear");
-  r.linear.weight = role_from(field<json>(lin, "weight", "linear"), "linear.weight");
-  r.linear.activation = role_from(field<json>(lin, "activation", "linear"), "linear.activation");
-  r.linear.gradient = role_from(field<json>(lin, "gradient", "linear"), "linear.gradient");
+  r.linear = linear_from(field<json>(j, "linear", "recipe"));
   r.master_weight = parse_dtype(field<std::string>(j, "master_weight", "recipe"));
   r.scaled_state = field<bool>(j, "scaled_state", "recipe");
   r.optimizer_state = parse_dtype(field<std::string>(j, "optimizer_state", "recipe"));
@@ -190,6 +230,13 @@ Recipe from_parsed(const json& j) {
   if (!(r.loss_scaling.scale > 0) || !std::isfinite(r.loss_scaling.scale))
     throw Error("recipe: field 'scale' in loss_scaling must be finite and > 0, got " + ls.at("scale").dump());
   r.loss_scaling.growth_interval = int_field(ls, "growth_interval", "loss_scaling", 1, 1 << 30);
+  if (j.contains("high_precision")) {
+    const json hp = field<json>(j, "high_precision", "recipe");
+    only_known_fields(hp, {"first_blocks", "last_blocks", "layers"}, "high_precision");
+    r.high_precision.first_blocks = int_field(hp, "first_blocks", "high_precision", 0, 1 << 20);
+    r.high_precision.last_blocks = int_field(hp, "last_blocks", "high_precision", 0, 1 << 20);
+    r.high_precision.layers = field<std::vector<std::string>>(hp, "layers", "high_precision");
+  }
   return r;
 }
 }  // namespace
@@ -201,12 +248,10 @@ void Recipe::validate() const {
   if (!dtype_format(data_storage) || dtype_size(data_storage) < 2)
     refuse("data_storage must be f32, f16 or bf16 (every activation and gradient is held in it; for FP8 or FP4 matmuls set the "
            "linear roles' formats), got " + std::string(dtype_name(data_storage)));
-  const std::pair<const char*, const QuantizerConfig*> roles[] = {
-      {"weight", &linear.weight}, {"activation", &linear.activation}, {"gradient", &linear.gradient}};
-  for (const auto& [role, config] : roles) {
-    if (!linear.quantized) continue;  // an f32 linear layer uses none of its roles
+  for (const auto& [operand, config] : linear.operands()) {
+    if (!linear.quantized) break;  // an unquantised linear layer uses none of its operands
     const QuantizerConfig& c = *config;
-    const std::string where = std::string("linear.") + role;
+    const std::string where = std::string("linear.") + operand;
     // MX blocks scale elements of the OCP MX formats by E8M0 powers of two (OCP MX v1.0).
     const bool mx_element = c.format == Format::e4m3 || c.format == Format::e5m2 || c.format == Format::e2m3 ||
                             c.format == Format::e3m2 || c.format == Format::e2m1 || c.format == Format::int8;
@@ -214,9 +259,16 @@ void Recipe::validate() const {
       refuse(where + ": MX scaling needs an MX element format (e4m3, e5m2, e2m3, e3m2, e2m1, int8), got " + std::string(format_name(c.format)));
     if (c.scaling == Scaling::scalify && !scaled_state)
       refuse(where + ": SCALIFY scaling propagates the parameters' scales, so it needs scaled_state");
-    if (c.rounding == Rounding::stochastic && (c.scaling == Scaling::block || c.scaling == Scaling::mx))
+    if (c.rounding == Rounding::stochastic && c.blockwise())
       refuse(where + ": stochastic rounding is implemented for per-tensor scaling only, not block or MX scaling");
   }
+  // Scale propagation runs through a GEMM only when both its operands carry their scales.
+  if (linear.quantized && !linear.all_scalify())
+    for (const auto& [operand, config] : linear.operands())
+      if (config->scaling == Scaling::scalify)
+        refuse(std::string("linear.") + operand + ": SCALIFY scaling applies to every operand of every GEMM or to none");
+  for (const std::string& pattern : high_precision.layers)
+    if (pattern.empty()) refuse("high_precision.layers: an empty pattern");
   if ((rescale_every > 0 || rescale_gradients) && !scaled_state)
     refuse("rescale_every and rescale_gradients rescale scaled tensors: they need scaled_state");
   if (unit_scaled && scaled_state) refuse("unit scaling and SCALIFY's scaled state are two models of scaling: choose one");
@@ -231,14 +283,37 @@ struct PresetDef {
   void (*define)(Recipe& r);
 };
 
+// One tensor role: the strategy and format, the rest as QuantizerConfig's defaults.
+QuantizerConfig role(Scaling s, Format f) {
+  QuantizerConfig c;
+  c.scaling = s;
+  c.format = f;
+  return c;
+}
+// The same strategy for the weight and activation in `forward`, the gradient in `backward`.
+LinearRecipe roles(Scaling s, Format forward, Format backward) {
+  return LinearRecipe::uniform(role(s, forward), role(s, forward), role(s, backward));
+}
+// Sets a field of every operand of a uniform recipe's gradient role.
+template <class F>
+void gradients(LinearRecipe& l, F set) {
+  set(l.input_grad.gradient);
+  set(l.weight_grad.gradient);
+}
+template <class F>
+void every_operand(LinearRecipe& l, F set) {
+  for (QuantizerConfig* c : {&l.forward.activation, &l.forward.weight, &l.input_grad.gradient, &l.input_grad.weight,
+                             &l.weight_grad.activation, &l.weight_grad.gradient})
+    set(*c);
+}
+
 // Seed 000 Table 3: #1 FP16 matmuls with propagated scales; #2 + FP16 master weights (scaled) with
 // the LayerNorm backward rescale; #3 FP8 matmuls (e4m3 / e5m2), FP8 weight gradients; #4 + FP16
 // optimizer state, gradients rescaled. Every row holds its parameters as scaled tensors (Table 3's
 // note) and its activations and gradients in f16 data end to end, as jax-scalify's f16
 // ScaledArrays: with no loss scaling, only the propagated scales keep them in f16's range.
 void scalify_row(Recipe& r, Format forward, Format backward) {
-  r.linear = recipe_scalify(forward, backward);
-  r.linear.name = r.name;
+  r.linear = roles(Scaling::scalify, forward, backward);
   r.scaled_state = true;
   r.data_storage = DType::f16;
 }
@@ -259,9 +334,11 @@ void scalify_fp8_3(Recipe& r) {
 // scaling is for.
 void casts(Recipe& r, Format forward, Format backward, bool unit_scaled) {
   r.unit_scaled = unit_scaled;
-  r.linear = recipe_cast(forward, backward);
-  r.linear.name = r.name;
+  r.linear = roles(Scaling::none, forward, backward);
 }
+
+// Per-tensor FP8 (seed 003, TransformerEngine): e4m3 forward, e5m2 gradients.
+void fp8(Recipe& r, Scaling s) { r.linear = roles(s, Format::e4m3, Format::e5m2); }
 
 const PresetDef kPresets[] = {
     {"f32", [](Recipe&) {}},
@@ -278,20 +355,37 @@ const PresetDef kPresets[] = {
     {"unit_f32", [](Recipe& r) { r.unit_scaled = true; }},
     {"unit_fp16", [](Recipe& r) { casts(r, Format::f16, Format::f16, true); }},
     {"unit_fp8", [](Recipe& r) { casts(r, Format::e4m3, Format::e5m2, true); }},
-    {"current", [](Recipe& r) { r.linear = recipe_current(); }},
-    {"delayed", [](Recipe& r) { r.linear = recipe_delayed(); }},
-    {"fp8_amax", [](Recipe& r) { r.linear = recipe_fp8_amax(); }},
+    {"current", [](Recipe& r) { fp8(r, Scaling::current); }},
+    // An amax history of 16 steps, reduced by max (TransformerEngine's defaults are 1024 / max).
+    {"delayed", [](Recipe& r) { fp8(r, Scaling::delayed); }},
+    // FP8-AMAX (seed 003): the bias from this tensor's amax, the gradients with 3 powers of two of headroom.
+    {"fp8_amax",
+     [](Recipe& r) {
+       fp8(r, Scaling::amax_bias);
+       gradients(r.linear, [](QuantizerConfig& c) { c.margin = 3; });
+     }},
     // FP8-CSCALE's one constant bias comes from a sweep, as seed 003 prescribes: on the default
     // corpus b = 2..8 reach FP32 parity and b = 0 / 10 do not (docs/RESULTS.md); the preset takes 4.
-    {"fp8_cscale", [](Recipe& r) { r.linear = recipe_fp8_cscale(kCscaleBias); }},
-    {"mxfp8", [](Recipe& r) { r.linear = recipe_mxfp8(); }},
-    {"blockwise", [](Recipe& r) { r.linear = recipe_blockwise(); }},
+    {"fp8_cscale",
+     [](Recipe& r) {
+       fp8(r, Scaling::constant_bias);
+       every_operand(r.linear, [](QuantizerConfig& c) { c.bias = kCscaleBias; });
+     }},
+    // MXFP8 (seed 004): 32-element blocks along each GEMM's reduction, E8M0 scales.
+    {"mxfp8", [](Recipe& r) { fp8(r, Scaling::mx); }},
+    // Blockwise FP8 (DeepSeek-V3): 1 x 128 activation and gradient blocks, 128 x 128 weight blocks, f32 scales.
+    {"blockwise",
+     [](Recipe& r) {
+       QuantizerConfig w = role(Scaling::block, Format::e4m3), a = w, g = role(Scaling::block, Format::e5m2);  // 1 x 128 by default
+       w.block = {128, 128, BlockScaleRule::f32_amax};
+       r.linear = LinearRecipe::uniform(w, a, g);
+     }},
     // The baseline SCALIFY replaces: f16 matmuls with dynamic loss scaling; an overflowing gradient
     // is inf (no saturation), which the loss scaler must see to skip the step.
     {"f16_loss_scaled",
      [](Recipe& r) {
        casts(r, Format::f16, Format::f16, false);
-       r.linear.gradient.saturate = false;
+       gradients(r.linear, [](QuantizerConfig& c) { c.saturate = false; });
        r.loss_scaling = LossScalerConfig{};
      }},
     {"fp16_unscaled", [](Recipe& r) { casts(r, Format::f16, Format::f16, false); }},
@@ -332,11 +426,36 @@ Recipe load_recipe(const std::string& name_or_file) {
 
 std::string quantized_layers(const Recipe& r) {
   if (!r.linear.quantized) return "none (all f32)";
+  std::string kept;
+  const HighPrecisionLayers& hp = r.high_precision;
+  if (hp.first_blocks > 0) kept.append(", the first ").append(std::to_string(hp.first_blocks)).append(" block(s)");
+  if (hp.last_blocks > 0) kept.append(", the last ").append(std::to_string(hp.last_blocks)).append(" block(s)");
+  for (const std::string& p : hp.layers) kept.append(", ").append(p);
   return std::string("block linears (qkv, proj, fc, out) in ")
-      .append(format_name(r.linear.activation.format))
+      .append(format_name(r.linear.forward.activation.format))
       .append("/")
-      .append(format_name(r.linear.gradient.format))
-      .append("; embeddings, head, norms, attention in f32");
+      .append(format_name(r.linear.input_grad.gradient.format))
+      .append("; embeddings, head, norms, attention")
+      .append(kept)
+      .append(" in f32");
+}
+
+namespace {
+// '*' matches any run of characters, everything else itself.
+bool glob_match(std::string_view pattern, std::string_view name) {
+  if (pattern.empty()) return name.empty();
+  if (pattern[0] == '*') return glob_match(pattern.substr(1), name) || (!name.empty() && glob_match(pattern, name.substr(1)));
+  return !name.empty() && pattern[0] == name[0] && glob_match(pattern.substr(1), name.substr(1));
+}
+}  // namespace
+
+bool HighPrecisionLayers::keeps(const std::string& layer, int block, int blocks) const {
+  if (block < first_blocks || block >= blocks - last_blocks) return true;
+  return std::any_of(layers.begin(), layers.end(), [&](const std::string& p) { return glob_match(p, layer); });
+}
+
+LinearRecipe Recipe::linear_for(const std::string& layer, int block, int blocks) const {
+  return high_precision.keeps(layer, block, blocks) ? LinearRecipe{} : linear;
 }
 
 std::vector<Var> prepare_parameters(const std::vector<Var>& params, const Recipe& r) {

@@ -6,14 +6,26 @@
 
 #include "scalify/autograd/var.hpp"
 #include "scalify/optim/adamw.hpp"
-#include "scalify/quant/linear.hpp"
+#include "scalify/quant/linear_recipe.hpp"
 #include "scalify/quant/loss_scaler.hpp"
 
 namespace scalify::quant {
 
+// Which of a model's quantisable linear layers (the four of every decoder block: h{l}.attn.qkv,
+// h{l}.attn.proj, h{l}.mlp.fc, h{l}.mlp.out) stay in high precision: the first and last blocks,
+// and layers whose name matches a pattern ('*' matches any run of characters: "*.attn.qkv").
+// The embeddings, norms, attention's batched matmuls and the output head always do.
+struct HighPrecisionLayers {
+  int first_blocks = 0, last_blocks = 0;
+  std::vector<std::string> layers;
+  bool operator==(const HighPrecisionLayers&) const = default;
+  bool keeps(const std::string& layer, int block, int blocks) const;
+};
+
 struct Recipe {
   std::string name = "f32";
-  LinearRecipe linear;                 // weight, activation and output-gradient roles of every linear layer
+  LinearRecipe linear;                 // the operands of every quantised linear layer's three GEMMs
+  HighPrecisionLayers high_precision;  // linear layers left out of `linear`
   DType master_weight = DType::f32;    // storage of the master weights
   bool scaled_state = false;           // SCALIFY: master weights and optimizer state as scaled tensors
   DType optimizer_state = DType::f32;  // storage of AdamW's m and v
@@ -27,6 +39,10 @@ struct Recipe {
   // back to the parameters' storage. f32: activations f32 unless the parameters are narrower.
   DType data_storage = DType::f32;
   LossScalerConfig loss_scaling{LossScalerConfig::Kind::none};
+
+  // The linear layer `layer` of decoder block `block` (of `blocks`): `linear`, or a plain matmul
+  // where the layer stays in high precision.
+  LinearRecipe linear_for(const std::string& layer, int block, int blocks) const;
 
   std::string to_json() const;
   static Recipe from_json(const std::string& json);  // throws naming the bad field
@@ -49,7 +65,7 @@ Recipe load_recipe(const std::string& name_or_file);
 
 // Which layers the recipe quantises, in words (for run logs and the compare report). Only the
 // four linear layers of each decoder block are ever quantised (seed 003's choice): embeddings,
-// norms, attention's two batched matmuls and the output head stay in f32.
+// norms, attention's two batched matmuls and the output head stay in high precision.
 std::string quantized_layers(const Recipe& r);
 
 // Puts parameters into the recipe's master-weight storage (scaled f16 for SCALIFY state, ...),

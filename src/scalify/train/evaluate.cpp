@@ -42,7 +42,7 @@ std::string sample(const std::string& checkpoint, const std::string& prompt, con
   for (int64_t i = 0; i < o.tokens; ++i) {
     const int64_t T = std::min<int64_t>(int64_t(ctx.size()), cfg.model.seq);
     const std::vector<int64_t> window(ctx.end() - T, ctx.end());
-    const Tensor logits = s->forward_model().logits(Tensor::from_indices(window, {1, T}), s->options()).value();
+    const Tensor logits = s->forward_model().logits(Tensor::from_indices(window, {1, T})).value();
     std::vector<double> l(size_t(cfg.model.vocab));
     for (int64_t v = 0; v < cfg.model.vocab; ++v) l[size_t(v)] = logits.at({0, T - 1, v});
     if (!std::all_of(l.begin(), l.end(), [](double x) { return std::isfinite(x); }))

@@ -69,13 +69,10 @@ quant::QuantizerConfig role(const PtqOptions& o, bool weight) {
 quant::Recipe inference_recipe(const PtqOptions& o) {
   quant::Recipe r;
   r.name = std::string("ptq_") + ptq_method_name(o.method);
-  r.linear.name = r.name;
-  r.linear.quantized = true;
-  r.linear.weight = {};
-  r.linear.weight.scaling = quant::Scaling::none;
-  r.linear.weight.format = Format::f32;
-  r.linear.activation = role(o, false);
-  r.linear.gradient = r.linear.weight;
+  quant::QuantizerConfig as_given;
+  as_given.scaling = quant::Scaling::none;
+  as_given.format = Format::f32;
+  r.linear = quant::LinearRecipe::uniform(as_given, role(o, false), as_given);
   return r;
 }
 

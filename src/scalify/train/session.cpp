@@ -36,13 +36,6 @@ ScaledTensor get(const io::SafeTensors& st, const json& any_scale, const std::st
   return s;
 }
 
-// A layer's stochastic-rounding stream: FNV-1a of its name, the same on every machine and run.
-uint64_t layer_stream(const std::string& name) {
-  uint64_t h = 0xcbf29ce484222325ull;
-  for (unsigned char c : name) h = (h ^ c) * 0x100000001b3ull;
-  return h;
-}
-
 std::string gigabytes(double bytes) {
   char s[32];
   std::snprintf(s, sizeof s, "%.3g GB", bytes / 1e9);
@@ -93,11 +86,9 @@ std::unique_ptr<Session> make_session(const TrainConfig& cfg, const io::SafeTens
   } else {
     s->params = quant::prepare_parameters(raw, s->recipe);
   }
-  unit::NamedParams named;
+  nn::NamedParams named;
   for (size_t i = 0; i < raw.size(); ++i) named.push_back({s->names[i], s->params[i]});
   s->model.set_parameters(named);
-  if (s->recipe.linear.quantized)
-    for (const std::string& n : s->model.linear_names()) s->linears.emplace(n, quant::QLinear(s->recipe.linear, layer_stream(n)));
   optim::AdamWConfig base;
   base.lr = cfg.lr;
   base.beta1 = cfg.beta1;
@@ -126,8 +117,8 @@ std::unique_ptr<Session> make_session(const TrainConfig& cfg, const io::SafeTens
       s->scaler->load_state({l.at("scale").get<double>(), l.at("skipped").get<int64_t>(), l.at("steps").get<int64_t>(),
                              l.at("clean").get<int64_t>()});
     }
-    for (auto& [layer, q] : s->linears)
-      for (auto& [role, quantizer] : q.quantizers()) {
+    for (const auto& [layer, q] : s->model.quantized_linears())
+      for (auto& [role, quantizer] : q->quantizers()) {
         const std::string key = "quant." + layer + "." + role;
         const json& qs = meta.at("quantizers").at(key);
         const Tensor h = ckpt->at(key + ".history");
@@ -146,8 +137,8 @@ void save_checkpoint(const Session& s, const std::string& path, int64_t step, in
     put(st, any_scale, "optim.m." + s.names[i], s.opt->first_moment(i));
     put(st, any_scale, "optim.v." + s.names[i], s.opt->second_moment(i));
   }
-  for (const auto& [layer, q] : s.linears)
-    for (const auto& [role, quantizer] : q.quantizers()) {
+  for (const auto& [layer, q] : s.model.quantized_linears())
+    for (const auto& [role, quantizer] : q->quantizers()) {
       const std::string key = "quant." + layer + "." + role;
       const quant::QuantizerState qs = quantizer->state();
       st.tensors.emplace_back(key + ".history", Tensor::from_vector(qs.history, {int64_t(qs.history.size())}));
@@ -225,7 +216,7 @@ TrainConfig training_checkpoint_config(io::SafeTensors& st, const std::string& f
 std::unique_ptr<Session> inference_session(const TrainConfig& cfg, quant::Recipe recipe, const std::map<std::string, Tensor>& values) {
   check_fits_in_memory(cfg, recipe, false);
   auto s = std::make_unique<Session>(cfg, std::move(recipe));
-  unit::NamedParams named = s->model.parameters();
+  nn::NamedParams named = s->model.parameters();
   for (auto& [name, p] : named) {
     const auto v = values.find(name);
     if (v == values.end()) throw Error("model: no value for parameter '" + name + "'");
@@ -236,8 +227,6 @@ std::unique_ptr<Session> inference_session(const TrainConfig& cfg, quant::Recipe
     s->params.push_back(p);
   }
   s->model.set_parameters(named);
-  if (s->recipe.linear.quantized)
-    for (const std::string& n : s->model.linear_names()) s->linears.emplace(n, quant::QLinear(s->recipe.linear, layer_stream(n)));
   return s;
 }
 
@@ -288,7 +277,7 @@ std::unique_ptr<Session> load_session(const io::SafeTensors& st, const TrainConf
 
 double batch_loss(const Session& s, const std::vector<uint8_t>& bytes, const std::vector<size_t>& starts) {
   const Batch b = make_batch(bytes, starts, s.cfg.model.seq);
-  return s.forward_model().loss(b.ids, b.targets, s.options()).value().item();
+  return s.forward_model().loss(b.ids, b.targets).value().item();
 }
 
 EvalResult eval_session(const Session& s, const std::vector<uint8_t>& val) {

@@ -1,5 +1,5 @@
 #pragma once
-// A run in memory (model, recipe, quantised layers, optimizer, loss scaler) and its checkpoints:
+// A run in memory (model with its quantised layers, recipe, optimizer, loss scaler) and its checkpoints:
 // what the trainer, evaluation, inspection and post-training quantisation share.
 #include <map>
 #include <memory>
@@ -12,7 +12,6 @@
 #include "scalify/io/safetensors.hpp"
 #include "scalify/nn/gpt.hpp"
 #include "scalify/optim/adamw.hpp"
-#include "scalify/quant/linear.hpp"
 #include "scalify/quant/loss_scaler.hpp"
 #include "scalify/quant/recipe.hpp"
 #include "scalify/train/config.hpp"
@@ -28,11 +27,10 @@ struct Session {
   nn::Gpt model;
   std::vector<std::string> names;
   std::vector<Var> params;
-  std::map<std::string, quant::QLinear> linears;
   std::unique_ptr<optim::AdamW> opt;
   std::unique_ptr<quant::LossScaler> scaler;
 
-  Session(const TrainConfig& c, quant::Recipe r) : cfg(c), recipe(std::move(r)), model(model_config(c, recipe), c.seed) {}
+  Session(const TrainConfig& c, quant::Recipe r) : cfg(c), recipe(std::move(r)), model(model_config(c, recipe), c.seed, recipe) {}
   // A unit-scaling recipe trains the unit-scaled variant of the configured model.
   static nn::GptConfig model_config(const TrainConfig& c, const quant::Recipe& r) {
     nn::GptConfig m = c.model;
@@ -46,18 +44,11 @@ struct Session {
     const std::optional<Format> f = dtype_format(recipe.data_storage);
     if (!f || recipe.data_storage == DType::f32) return model;
     nn::Gpt m = model;
-    unit::NamedParams cast = model.parameters();
+    nn::NamedParams cast = model.parameters();
     for (auto& [name, p] : cast)
       if (p.scaled().data.dtype() == DType::f32) p = cast_on_forward(p, *f);
     m.set_parameters(cast);
     return m;
-  }
-  nn::GptOptions options() const {
-    nn::GptOptions o;
-    o.rescale_norm_grad = recipe.rescale_norm_grad;
-    if (!linears.empty())
-      o.matmul = [this](const std::string& name, const Var& x, const Var& w) { return linears.at(name)(x, w); };
-    return o;
   }
 };
 

@@ -175,7 +175,7 @@ double forward_backward(Session& s, const Corpus& corpus, int64_t step) {
   double loss_sum = 0;
   for (int64_t micro = 0; micro < cfg.accum; ++micro) {
     const Batch b = make_batch(corpus.train, train_starts(corpus.train.size(), cfg.batch, T, cfg.seed, uint64_t(step * cfg.accum + micro)), T);
-    Var loss = s.forward_model().loss(b.ids, b.targets, s.options());
+    Var loss = s.forward_model().loss(b.ids, b.targets);
     loss_sum += loss.value().item();
     if (cfg.accum > 1) loss = loss * (1.0 / double(cfg.accum));
     if (s.scaler) loss = s.scaler->scale_loss(loss);
@@ -225,8 +225,8 @@ json data_storage_record(const StorageCastRecorder& casts, TrainResult& r) {
 // metrics.jsonl's "quant" record: every quantised operand's last scale, amax, underflow, clipping.
 json quant_record(const Session& s, TrainResult& r, RunTotals& totals) {
   json q = json::object();
-  for (const auto& [layer, ql] : s.linears)
-    for (const auto& [role, quantizer] : ql.quantizers()) {
+  for (const auto& [layer, ql] : s.model.quantized_linears())
+    for (const auto& [role, quantizer] : ql->quantizers()) {
       if (role.ends_with("_t")) continue;  // the transposed copies, used by block recipes only
       const quant::QuantStats& qs = quantizer->last();
       q[layer + "." + role] = {{"scale", qs.scale}, {"amax", qs.amax}, {"underflow", qs.underflow}, {"clipped", qs.clipped}};
@@ -303,7 +303,7 @@ TrainResult train(const TrainConfig& config, bool resume, const Progress& progre
                     {"loss_scale", s.scaler ? s.scaler->scale() : 1.0}, {"scale_statistics", statistics}, {"tokens_per_s", std::round(tps)}}
                    .dump()
             << "\n";
-    if (!s.linears.empty() && stats_step) metrics << json{{"step", step}, {"quant", quant_record(s, r, totals)}}.dump() << "\n";
+    if (!s.model.quantized_linears().empty() && stats_step) metrics << json{{"step", step}, {"quant", quant_record(s, r, totals)}}.dump() << "\n";
     if ((step + 1) % cfg.eval_every == 0 || step + 1 == cfg.steps) {
       const EvalResult e = eval_session(s, corpus.val);
       metrics << json{{"step", step}, {"val_loss", e.loss}, {"val_bpb", e.bits_per_byte}}.dump() << "\n";

@@ -1,0 +1,22 @@
+#pragma once
+// The pre-norm decoder block: x + attn(ln1(x)), then + mlp(ln2(.)), with the residual scheme
+// deciding how each add is weighted (its `layer` counts residual adds; a block uses layer and
+// layer + 1).
+#include <cstdint>
+
+#include "scalify/nn/attention.hpp"
+#include "scalify/nn/mlp.hpp"
+#include "scalify/nn/norm.hpp"
+#include "scalify/unit/unit_ops.hpp"
+
+namespace scalify::nn {
+
+struct GptBlock {
+  LayerNorm ln1, ln2;
+  CausalSelfAttention attn;
+  Mlp mlp;
+  static GptBlock make(int64_t d, int heads, Init& init, bool rms_norm = false, bool swiglu = false);
+  Var operator()(const Var& x, unit::Residual residual, const LayerOptions& o) const;
+};
+
+}  // namespace scalify::nn

@@ -1,0 +1,29 @@
+#include "scalify/nn/mlp.hpp"
+
+#include "scalify/error.hpp"
+#include "scalify/unit/unit_ops.hpp"
+
+namespace scalify::nn {
+
+int64_t Mlp::hidden_width(int64_t d, bool swiglu) { return swiglu ? (8 * d / 3 + 7) / 8 * 8 : 4 * d; }
+
+Mlp Mlp::make(int64_t d, Init& init, bool swiglu) {
+  const int64_t hidden = hidden_width(d, swiglu);
+  return {Linear::make(d, swiglu ? 2 * hidden : hidden, init), Linear::make(hidden, d, init, true), swiglu};
+}
+
+Var Mlp::operator()(const Var& x, const LayerOptions& o) const {
+  const Var h = o.tap(fc(x, o), "mlp.fc");
+  Var a;
+  if (swiglu) {
+    if (o.unit_scaled) throw Error("SwiGLU has no unit-scaled form here; use the GELU MLP with unit scaling");
+    const int64_t hidden = h.shape().back() / 2;
+    const int last = int(h.shape().size()) - 1;
+    a = o.tap(silu(slice(h, last, 0, hidden)) * slice(h, last, hidden, 2 * hidden), "mlp.swiglu");
+  } else {
+    a = o.tap(o.unit_scaled ? unit::gelu(h, /*constrained=*/true) : gelu(h), "mlp.gelu");
+  }
+  return o.tap(out(a, o), "mlp.out");
+}
+
+}  // namespace scalify::nn
