@@ -217,9 +217,9 @@ TEST(Recipe, HighPrecisionLayersAreLeftUnquantised) {
   };
   EXPECT_EQ(quantised({}), "h0.attn.qkv h0.attn.proj h0.mlp.fc h0.mlp.out h1.attn.qkv h1.attn.proj h1.mlp.fc h1.mlp.out "
                            "h2.attn.qkv h2.attn.proj h2.mlp.fc h2.mlp.out");
-  EXPECT_EQ(quantised({.first_blocks = 1, .last_blocks = 1}), "h1.attn.qkv h1.attn.proj h1.mlp.fc h1.mlp.out");
+  EXPECT_EQ(quantised({.first_blocks = 1, .last_blocks = 1, .layers = {}}), "h1.attn.qkv h1.attn.proj h1.mlp.fc h1.mlp.out");
   EXPECT_EQ(quantised({.layers = {"*.attn.*", "h2.mlp.out"}}), "h0.mlp.fc h0.mlp.out h1.mlp.fc h1.mlp.out h2.mlp.fc");
-  EXPECT_EQ(quantised({.first_blocks = 3}), "");
+  EXPECT_EQ(quantised({.first_blocks = 3, .last_blocks = 0, .layers = {}}), "");
   Recipe r = preset("current");
   r.high_precision.last_blocks = 2;
   EXPECT_EQ(Recipe::from_json(r.to_json()).high_precision, r.high_precision);

@@ -215,10 +215,10 @@ TEST(ScaledTraining, F16ScaledTransformerTracksF32) {
           EXPECT_EQ(e.backward_storage, DType::f16) << e.name << " gradient";
         }
         EXPECT_GE(probe.entries.size(), 10u);
-        std::printf("%-22s %9s %10s %10s\n", "f16 data of", "values", "underflow", "saturated");
+        std::printf("%-22s %9s %10s %10s %10s\n", "f16 data of", "values", "underflow", "subnormal", "saturated");
         for (const auto& [name, st] : casts->stats()) {
-          std::printf("%-22s %9lld %9.4f%% %9.4f%%\n", name.c_str(), (long long)st.values, 100 * st.underflow_fraction(),
-                      100 * st.saturated_fraction());
+          std::printf("%-22s %9lld %9.4f%% %9.4f%% %9.4f%%\n", name.c_str(), (long long)st.values, 100 * st.underflow_fraction(),
+                      100 * st.subnormal_fraction(), 100 * st.saturated_fraction());
           EXPECT_EQ(st.saturated, 0) << name;  // the propagated scales keep every tensor below f16's max
           EXPECT_LT(st.underflow_fraction(), 1e-3) << name;  // ... and above its subnormals
         }

@@ -138,6 +138,22 @@ TEST(StoreAs, F16GraphCountsItsCastsWhileRecording) {
               reinterpret_cast<const uint16_t*>(z.scaled().data.raw_bytes())[i]);
 }
 
+// The recorder's counts for f16: 1e-9 underflows to 0, 1e-6 becomes a subnormal (below 2^-14),
+// 1e6 saturates at 65504, 1 and 0 are neither; the counts add up across casts of one name.
+TEST(StoreAs, RecorderCountsUnderflowSubnormalsAndSaturation) {
+  StorageCastRecorder recorder;
+  const Tensor x = Tensor::from_vector(std::vector<float>{1e-9f, 1e-6f, -1e-6f, 1.0f, 0.0f, 1e6f}, {6});
+  to_storage(x, DType::f16, "x");
+  to_storage(x, DType::f16, "x");
+  const StorageCastStats& st = recorder.stats().at("x");
+  EXPECT_EQ(st.values, 12);
+  EXPECT_EQ(st.underflowed, 2);
+  EXPECT_EQ(st.subnormal, 4);
+  EXPECT_EQ(st.saturated, 2);
+  EXPECT_DOUBLE_EQ(st.subnormal_fraction(), 4.0 / 12);
+  EXPECT_EQ(recorder.total().subnormal, 4);
+}
+
 // Reading 16-bit storage for computing: every code widens to its exact value (checked against
 // the format codec's decode); NaN codes to a NaN.
 TEST(StoreAs, WideningForComputeIsExactForEveryCode) {

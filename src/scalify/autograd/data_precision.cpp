@@ -55,12 +55,13 @@ Tensor to_storage(const Tensor& data, DType storage, const std::string& what) {
       keep_infinities(data, out, *f);
   }
   if (g_recorder && f && storage != DType::f32) {
-    const double top = max_value(*f);
+    const double top = max_value(*f), normal = min_normal(*f);
     const std::vector<float> in = data.to_floats(), rounded = out.to_floats();
     StorageCastStats& s = g_recorder->stats_[what];
     s.values += int64_t(in.size());
     for (size_t i = 0; i < in.size(); ++i) {
       s.underflowed += in[i] != 0 && rounded[i] == 0 && !std::isnan(in[i]);
+      s.subnormal += rounded[i] != 0 && std::fabs(double(rounded[i])) < normal;
       s.saturated += std::isfinite(in[i]) && std::fabs(double(in[i])) > top;
     }
   }
@@ -77,6 +78,7 @@ StorageCastStats StorageCastRecorder::total() const {
   for (const auto& [name, s] : stats_) {
     t.values += s.values;
     t.underflowed += s.underflowed;
+    t.subnormal += s.subnormal;
     t.saturated += s.saturated;
   }
   return t;

@@ -32,11 +32,17 @@ Tensor to_storage(const Tensor& data, DType storage, const std::string& what);
 DType kernel_store_as(DType storage);
 
 // How a cast into low-precision storage treated the values: underflowed = nonzero values that
-// became 0, saturated = finite values beyond the format's largest (clamped to it).
+// became 0, subnormal = values that became subnormals (nonzero, below the format's smallest
+// normal: fewer significant bits, a precision loss the other counts do not show), saturated =
+// finite values beyond the format's largest (clamped to it).
 struct StorageCastStats {
-  int64_t values = 0, underflowed = 0, saturated = 0;
-  double underflow_fraction() const { return values ? double(underflowed) / double(values) : 0.0; }
-  double saturated_fraction() const { return values ? double(saturated) / double(values) : 0.0; }
+  int64_t values = 0, underflowed = 0, subnormal = 0, saturated = 0;
+  double underflow_fraction() const { return fraction(underflowed); }
+  double subnormal_fraction() const { return fraction(subnormal); }
+  double saturated_fraction() const { return fraction(saturated); }
+
+ private:
+  double fraction(int64_t n) const { return values ? double(n) / double(values) : 0.0; }
 };
 
 // While one is alive, every to_storage into a low-precision dtype on this thread is counted, per

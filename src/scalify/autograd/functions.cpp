@@ -336,14 +336,19 @@ Var causal_self_attention(const Var& qkv, int64_t heads) {
                 ", got " + shape_str(qkv.shape()));
   // Represented values s * X_d: scores s^2 (q_d k_d^T) / sqrt(hd). The output is a convex
   // combination of value rows, so it keeps their scale (Y_s = s, |Y_d| <= max |v_d|: it cannot
-  // overflow); the gradient keeps g's scale, dq and dk carrying the s^2 of the scores.
+  // overflow). Backward, dq and dk are s^2 times smaller than dv (they pass through the scores),
+  // and one scale holds all three: the rule in scale_rules() puts it between them.
   const double scale = x.scale.defined() ? double(x.scalar_scale()) : 1.0;
   const double score_mul = scale * scale / std::sqrt(double(qkv.shape()[2] / (3 * heads)));
   ops::AttentionResult r = ops::causal_attention(x.data, heads, score_mul);
   const Tensor xd = x.data, probs = std::move(r.probs);
   ScaledTensor y = x.scale.defined() ? ScaledTensor(std::move(r.y), float(scale)) : ScaledTensor(std::move(r.y));
-  return Var::make("causal_attention", std::move(y), {qkv}, [xd, probs, heads, score_mul](const ScaledTensor& g) {
-    return Grads{s::with_grad_scale(g, ops::causal_attention_backward(xd, probs, g.data, heads, score_mul))};
+  return Var::make("causal_attention", std::move(y), {qkv}, [xd, probs, heads, score_mul, scale](const ScaledTensor& g) {
+    if (!g.has_single_scale() || scale == 1.0)
+      return Grads{s::with_grad_scale(g, ops::causal_attention_backward(xd, probs, g.data, heads, score_mul))};
+    const s::rules::AttentionGrad rule = s::rules::attention_grad(g.scalar_scale(), scale);
+    const Tensor data = ops::causal_attention_backward(xd, probs, g.data, heads, score_mul * rule.qk_mul, rule.v_mul);
+    return Grads{with_exact_scale(data, rule.scale)};
   });
 }
 

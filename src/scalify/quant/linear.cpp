@@ -101,14 +101,30 @@ Tensor codes_operand(const Quantized& q, DType t) {
 }
 float decode_scale(const Quantized& q) { return q.per_tensor.any_scale ? 1.0f : q.per_tensor.scalar_scale(); }
 
+// A quantised operand with, for a codes GEMM, the tensor the GEMM reads (codes_operand): made once,
+// and read again by a later GEMM that reuses the quantisation on the same path.
+struct Operand {
+  Quantized q;
+  Tensor codes;
+};
+Operand operand(Quantized q, const GemmPlan& p) {
+  Operand o{std::move(q), {}};
+  if (p.path == GemmPath::codes) o.codes = codes_operand(o.q, p.codes);
+  return o;
+}
+Tensor codes_for(const Operand& o, const GemmPlan& p) {
+  return o.codes.defined() && o.codes.dtype() == p.codes ? o.codes : codes_operand(o.q, p.codes);
+}
+
 // C [M, N] = op(A) op(B) (op: transpose when ta / tb; layouts as gemm::gemm_bf16) of two quantised
 // operands. With `propagate` (SCALIFY) the output keeps the operands' scales times the matmul rule's
 // r = pow2_round(sqrt(K)), and the GEMM takes 1 / r (scaled/scale_rules.hpp).
-ScaledTensor gemm(const GemmPlan& p, bool propagate, bool ta, bool tb, int64_t M, int64_t N, int64_t K, const Quantized& a,
-                  const Quantized& b) {
+ScaledTensor gemm(const GemmPlan& p, bool propagate, bool ta, bool tb, int64_t M, int64_t N, int64_t K, const Operand& oa,
+                  const Operand& ob) {
+  const Quantized &a = oa.q, &b = ob.q;
   switch (p.path) {
     case GemmPath::codes: {
-      const Tensor ca = codes_operand(a, p.codes), cb = codes_operand(b, p.codes);
+      const Tensor ca = codes_for(oa, p), cb = codes_for(ob, p);
       const float sa = decode_scale(a), sb = decode_scale(b);
       if (!propagate) return ScaledTensor(gemm_f32_or_bf16(ta, tb, M, N, K, ca, cb, sa * sb));
       const float r = scaled::rules::reduction(double(K));
@@ -181,23 +197,23 @@ Var QLinear::operator()(const Var& x, const Var& w, const Var& b) const {
   const std::shared_ptr<std::vector<Quantizer>> q = quantizers_;
   // Codes GEMMs in f32 take the codes' values: the quantiser writes them instead of the codes.
   auto quantize = [q, mode](Slot s, const ScaledTensor& t, const GemmPlan& p) {
-    return (*q)[s].quantize(t, p.path == GemmPath::codes && p.codes == DType::f32, mode);
+    return operand((*q)[s].quantize(t, p.path == GemmPath::codes && p.codes == DType::f32, mode), p);
   };
   const ScaledTensor xs = scaled::reshape(x.scaled(), {rows, K}), &ws = w.scaled();
-  const Quantized qx = quantize(fwd_x, xs, fwd), qw = quantize(fwd_w, ws, fwd);
+  const Operand qx = quantize(fwd_x, xs, fwd), qw = quantize(fwd_w, ws, fwd);
   const ScaledTensor y = scaled::reshape(gemm(fwd, propagate, false, false, rows, N, K, qx, qw), out_shape);
   // The backward keeps the forward's quantised operands it reuses, else the sources to quantise.
   const bool reuse_w = reuses(r, dgrad_w, fwd_w), reuse_x = reuses(r, wgrad_x, fwd_x), reuse_g = reuses(r, wgrad_g, dgrad_g);
   const Var out = Var::make(
       "qlinear", y, {x, w},
-      [quantize, dgrad, wgrad, propagate, rows, K, N, reuse_g, qw = reuse_w ? qw : Quantized(), qx = reuse_x ? qx : Quantized(),
+      [quantize, dgrad, wgrad, propagate, rows, K, N, reuse_g, qw = reuse_w ? qw : Operand(), qx = reuse_x ? qx : Operand(),
        w_src = reuse_w ? ScaledTensor() : ws, x_src = reuse_x ? ScaledTensor() : xs, x_shape = x.shape()](const ScaledTensor& g_in) {
         const ScaledTensor g = scaled::reshape(g_in, {rows, N});
-        const Quantized qg = quantize(dgrad_g, g, dgrad);
-        const Quantized qwt = w_src.data.defined() ? quantize(dgrad_w, w_src, dgrad) : qw;
+        const Operand qg = quantize(dgrad_g, g, dgrad);
+        const Operand qwt = w_src.data.defined() ? quantize(dgrad_w, w_src, dgrad) : qw;
         const ScaledTensor dx = gemm(dgrad, propagate, false, true, rows, K, N, qg, qwt);
-        const Quantized qxt = x_src.data.defined() ? quantize(wgrad_x, x_src, wgrad) : qx;
-        const Quantized qgt = reuse_g ? qg : quantize(wgrad_g, g, wgrad);
+        const Operand qxt = x_src.data.defined() ? quantize(wgrad_x, x_src, wgrad) : qx;
+        const Operand qgt = reuse_g ? qg : quantize(wgrad_g, g, wgrad);
         const ScaledTensor dw = gemm(wgrad, propagate, true, false, K, N, rows, qxt, qgt);
         return std::vector<ScaledTensor>{scaled::reshape(dx, x_shape), dw};
       });

@@ -25,4 +25,15 @@ WeightedSum weighted_sum(double x_scale, double y_scale, double a = 1, double b 
 // The moments' rule: weighted_sum(m_scale, x_scale, beta, 1 - beta, nearest).
 WeightedSum ema(double m_scale, double x_scale, double beta);
 
+// Fused causal attention's backward on qkv of scale s with an incoming gradient of scale g_s: dq
+// and dk are s^2 times smaller than dv (they pass through the scores, s^2 q_d k_d^T), and one scale
+// holds all three. The rule takes the geometric middle, dQKV_s = g_s s: dq_d and dk_d carry s
+// (the kernel's score multiplier times qk_mul = 1 / s) and dv_d carries 1 / s (v_mul), each
+// |log2 s| binades from unit, where g_s alone left dq_d and dk_d 2 |log2 s| away (at s = 2^-8, in
+// f16's subnormals).
+struct AttentionGrad {
+  double scale, qk_mul, v_mul;
+};
+AttentionGrad attention_grad(double g_scale, double qkv_scale);
+
 }  // namespace scalify::scaled::rules

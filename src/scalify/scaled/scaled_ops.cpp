@@ -346,7 +346,7 @@ const std::vector<ScaleRule>& scale_rules() {
       {"scale products (mul, div, matmul, sum, mean, powers)", "by exponent arithmetic; beyond [2^-126, 2^127] the scale is clamped and the rest moves into the data", "2^127 * 2^-126 is 2, not inf; the value is kept, never a silent inf or 0"},
       {"X_d X_s beyond f32 (scales near 2^127)", "relu, gelu, silu: X_d g(+-inf) = X_d or 0, gradient G_d or 0; log: log X_d + log X_s; softmax, log_softmax, cross_entropy: such rows in double", "the true result is finite: never inf or NaN from a finite input; every other value as the fast path computes it"},
       {"softmax backward", "dX_s = g_s / N; dX_d = N p (g_d - sum p g_d)", "the local derivative is O(1 / n)"},
-      {"fused causal attention (qkv with one scale s)", "Y_s = s; Y_d = softmax(mask(s^2 q_d k_d^T / sqrt(hd))) v_d; dQKV_s = g_s, dq_d and dk_d carry s^2", "a convex combination of value rows: |Y_d| <= max |v_d|, never an overflow; exact represented values"},
+      {"fused causal attention (qkv with one scale s)", "Y_s = s; Y_d = softmax(mask(s^2 q_d k_d^T / sqrt(hd))) v_d; dQKV_s = g_s s, dq_d and dk_d carry s, dv_d 1 / s", "a convex combination of value rows: |Y_d| <= max |v_d|, never an overflow; dq and dk are s^2 smaller than dv, and one scale sits between them"},
       {"norm backward", "dX_s = g_s / X_s; dX_d = rstd(X_d) (g_d - ...)", "d norm / dx scales as 1 / sigma(x)"},
       {"cross_entropy backward", "dX_d = (softmax - onehot) c / pow2(c); dX_s = pow2(c), c = g / N", "rows of softmax - onehot are O(1)"},
   };

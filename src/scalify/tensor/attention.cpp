@@ -133,7 +133,7 @@ AttentionResult causal_attention(const Tensor& qkv_in, int64_t heads, double sco
 }
 
 Tensor causal_attention_backward(const Tensor& qkv_in, const Tensor& probs_in, const Tensor& grad_y_in, int64_t heads,
-                                 double score_mul) {
+                                 double score_mul, double dv_mul) {
   const Dims d = check(qkv_in, heads, "causal_attention_backward");
   if (probs_in.shape() != Shape{d.B, d.H, d.T, d.T} || grad_y_in.shape() != Shape{d.B, d.T, d.D})
     throw Error("causal_attention_backward: probs " + shape_str(probs_in.shape()) + " or gradient " +
@@ -146,7 +146,7 @@ Tensor causal_attention_backward(const Tensor& qkv_in, const Tensor& probs_in, c
   dispatch_compute(dt == DType::f64, [&]<class T>() {
     const T *P = probs.data<T>(), *G = gy.data<T>();
     T* dx = dqkv.data<T>();
-    const T alpha = T(score_mul);
+    const T alpha = T(score_mul), alpha_v = T(dv_mul);
     const int64_t ld = 3 * d.D;
 #pragma omp parallel
     {
@@ -166,7 +166,7 @@ Tensor causal_attention_backward(const Tensor& qkv_in, const Tensor& probs_in, c
           const int64_t r1 = std::min(d.T, r0 + kRowBlock), rb = r1 - r0;
           const T* pb = p + r0 * d.T;
           T* s = dp.data() + r0 * d.T;
-          mm<T>(true, false, r1, d.hd, rb, pb, d.T, g + r0 * d.D, d.D, dq + 2 * d.D, ld, T(1), T(1));  // dv += P^T dy
+          mm<T>(true, false, r1, d.hd, rb, pb, d.T, g + r0 * d.D, d.D, dq + 2 * d.D, ld, alpha_v, T(1));  // dv += P^T dy
           mm<T>(false, true, rb, r1, d.hd, g + r0 * d.D, d.D, x.v, x.ld, s, d.T, T(1));                // dP = dy v^T
           for (int64_t i = r0; i < r1; ++i) {  // dS = P (dP - rowsum(P dP)) / sqrt(hd) on the causal prefix
             const T* pr = p + i * d.T;

@@ -73,8 +73,10 @@ struct AttentionResult {
   Tensor y, probs;
 };
 AttentionResult causal_attention(const Tensor& qkv, int64_t heads, double score_mul);
-// d qkv from dy: dv = P^T dy, and dq, dk through the softmax with the same score_mul.
-Tensor causal_attention_backward(const Tensor& qkv, const Tensor& probs, const Tensor& grad_y, int64_t heads, double score_mul);
+// d qkv from dy: dv = dv_mul P^T dy, and dq, dk through the softmax with `score_mul` in place of
+// the forward's (a scaled caller moves powers of two between the parts and the gradient's scale).
+Tensor causal_attention_backward(const Tensor& qkv, const Tensor& probs, const Tensor& grad_y, int64_t heads, double score_mul,
+                                 double dv_mul = 1.0);
 
 struct NormResult {
   Tensor y, xhat, rstd;  // rstd: 1 / sqrt(var + eps) per row

@@ -212,13 +212,11 @@ struct RunTotals {
 };
 
 // metrics.jsonl's "data_storage" record: each op's values lost rounding into the data storage.
-json data_storage_record(const StorageCastRecorder& casts, TrainResult& r) {
+json data_storage_record(const StorageCastRecorder& casts) {
   json d = json::object();
-  for (const auto& [name, st] : casts.stats()) {
-    d[name] = {{"values", st.values}, {"underflow", st.underflow_fraction()}, {"saturated", st.saturated_fraction()}};
-    r.max_data_underflow = std::max(r.max_data_underflow, st.underflow_fraction());
-    r.max_data_saturated = std::max(r.max_data_saturated, st.saturated_fraction());
-  }
+  for (const auto& [name, st] : casts.stats())
+    d[name] = {{"values", st.values}, {"underflow", st.underflow_fraction()}, {"subnormal", st.subnormal_fraction()},
+               {"saturated", st.saturated_fraction()}};
   return d;
 }
 
@@ -285,7 +283,7 @@ TrainResult train(const TrainConfig& config, bool resume, const Progress& progre
     if (stats_step && s.recipe.data_storage != DType::f32) casts.emplace();
     const double loss = forward_backward(s, corpus, step);
     if (casts) {  // recorded before the update, which a divergence stops
-      metrics << json{{"step", step}, {"data_storage", data_storage_record(*casts, r)}}.dump() << "\n";
+      metrics << json{{"step", step}, {"data_storage", data_storage_record(*casts)}}.dump() << "\n";
       casts.reset();
     }
     const StepOutcome o = update(s, loss, step, r.state_bytes_per_parameter == 0);

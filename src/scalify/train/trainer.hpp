@@ -10,7 +10,7 @@
 // "scale_statistics" (RMS / amax reductions that set a scale: dynamic rescales and amax-based
 // quantisers, see scaled_tensor.hpp), "tokens_per_s"}, every stats_every steps {"step", "quant": {"h0.attn.qkv.weight": {"scale",
 // "amax", "underflow", "clipped"}, ...}}, with a low-precision data storage also every stats_every
-// steps {"step", "data_storage": {"<op>" or "<op> grad": {"values", "underflow", "saturated"}}}
+// steps {"step", "data_storage": {"<op>" or "<op> grad": {"values", "underflow", "subnormal", "saturated"}}}
 // (fractions of the values rounded into the storage), at each evaluation {"step", "val_loss", "val_bpb"}.
 // Everything but tokens_per_s is a pure function of the config and the thread count.
 #include <functional>
@@ -28,7 +28,6 @@ struct TrainResult {
   double tokens_per_s = 0;               // median over this process's steps
   double scale_statistics_per_step = 0;  // mean count of amax / RMS reductions that set a scale
   double mean_underflow = 0, max_underflow = 0, mean_clipped = 0;  // over every quantised operand's statistics
-  double max_data_underflow = 0, max_data_saturated = 0;  // largest per-op fraction lost rounding into the data storage
   double state_bytes_per_parameter = 0;  // master weights + gradients + optimizer state (+ scales), measured
   double peak_memory_mb = 0;  // the process's peak resident memory up to the last step's update (earlier evaluations included)
   std::string run_dir;
