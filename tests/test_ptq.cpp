@@ -9,6 +9,7 @@
 #include <limits>
 
 #include "expect_error.hpp"
+#include "scalify/formats/scalar.hpp"
 #include "scalify/io/safetensors.hpp"
 #include "scalify/train/ptq.hpp"
 #include "scalify/train/evaluate.hpp"
@@ -83,6 +84,26 @@ TEST(Ptq, QuantisedCheckpointHoldsE4m3CodesAndEvaluatesAsTheSweep) {
     EXPECT_EQ(st.at("param.wte").dtype(), DType::f32) << "embeddings stay f32";
     if (k.o.method == train::PtqMethod::cscale) {
       EXPECT_EQ(st.at("param.h0.attn.qkv.w.scale").item(), 0.25) << "decode scale 2^-bias";
+    }
+    if (k.o.method == train::PtqMethod::amax) {
+      // Checked without the quantiser: the bias from the source weight's amax (seed 003:
+      // b = floor(log2(448 / amax))) and every code the e4m3 value nearest to w 2^b, found by
+      // searching all 256 codes (the decoder is checked against testvectors/ elsewhere).
+      const Tensor source = io::read_safetensors(src + "/model.safetensors").at("param.h0.attn.qkv.w");
+      const std::vector<float> wv = source.to_floats();
+      float amax = 0;
+      for (float v : wv) amax = std::max(amax, std::fabs(v));
+      const int b = int(std::floor(std::log2(448.0 / amax)));
+      EXPECT_EQ(st.at("param.h0.attn.qkv.w.scale").item(), std::ldexp(1.0, -b));
+      const std::vector<uint8_t> code_bytes(reinterpret_cast<const uint8_t*>(codes.raw_bytes()),
+                                            reinterpret_cast<const uint8_t*>(codes.raw_bytes()) + codes.numel());
+      for (size_t i = 0; i < wv.size(); ++i) {
+        const double x = std::ldexp(double(wv[i]), b), got = decode(Format::e4m3, code_bytes[i]);
+        double best = std::numeric_limits<double>::infinity();
+        for (uint32_t c = 0; c < 256; ++c)
+          if (std::isfinite(decode(Format::e4m3, c))) best = std::min(best, std::fabs(decode(Format::e4m3, c) - x));
+        ASSERT_EQ(std::fabs(got - x), best) << "element " << i;
+      }
     }
     for (const train::PtqWeight& x : w) {
       if (k.o.method == train::PtqMethod::amax) {

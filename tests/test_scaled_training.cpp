@@ -118,8 +118,8 @@ TEST(ScaledTraining, AdamWUpdateIsModelInvariant) {
 
 TEST(ScaledTraining, GradientDataStaysNearUnitScale) {
   // Parameters as_scaled (unit-RMS data) and SCALIFY's gradient rescale before every norm:
-  // every parameter gradient's data has an RMS within a factor 2^5 of 1, while the represented
-  // gradients span a factor of ~300. Without the rescales LayerNorm's backward multiplies the
+  // every parameter gradient's data has an RMS in [1/16, 8] (measured 0.105-3.52), while the
+  // represented gradients span a factor of ~300. Without the rescales LayerNorm's backward multiplies the
   // gradient data by 1 / sigma of its input's data (~50 at GPT-2's init) and the data reach ~50.
   const Model scaled = scaled_copy(make_model(6, /*rescale_norm_grad=*/true), true);
   const Var loss = loss_of(scaled, 7);
@@ -134,8 +134,8 @@ TEST(ScaledTraining, GradientDataStaysNearUnitScale) {
     max_value = std::max(max_value, rms_value);
     std::printf("%-14s gradient RMS %.2e, data RMS %.3g, scale %.3g\n", name.c_str(), rms_value, rms_data,
                 p.scaled_grad().scalar_scale());
-    EXPECT_GT(rms_data, 1.0 / 32) << name << ": gradient data too small";
-    EXPECT_LT(rms_data, 32.0) << name << ": gradient data too large";
+    EXPECT_GT(rms_data, 1.0 / 16) << name << ": gradient data too small";
+    EXPECT_LT(rms_data, 8.0) << name << ": gradient data too large";
   }
   std::printf("represented gradient RMS spans %.2e .. %.2e\n", min_value, max_value);
 }
@@ -248,9 +248,8 @@ TEST(ScaledTraining, F16ScaledTransformerTracksF32) {
   EXPECT_LT(tail_mean(f32), 0.6 * f32.front());
   // f16 data has a relative precision of 2^-11 (and the f16 run rescales norm gradients): after
   // 120 steps on this small memorisation set the runs differ in detail, so the check is that f16
-  // data costs nothing: its last-12-step mean loss is no worse than f32's by 5 %.
-  EXPECT_LT(tail_mean(f16), 1.05 * tail_mean(f32));
-  EXPECT_GT(tail_mean(f16), 0.5 * tail_mean(f32));
+  // data costs nothing: its last-12-step mean loss is within 5 % of f32's (measured +2.9 %).
+  EXPECT_NEAR(tail_mean(f16), tail_mean(f32), 0.05 * tail_mean(f32));
 }
 
 }  // namespace

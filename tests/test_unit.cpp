@@ -364,11 +364,10 @@ TEST(UnitGpt, TrainsInF16WithoutLossScalingTrackingF32) {
     f32_mean += tail(f32) / 3;
     f16_mean += tail(f16) / 3;
   }
-  // Matmul outputs of f16 operands are f16 too (SPEC §2 data precision). Measured: the f16 mean
-  // 1.07x the f32 mean (per seed 0.95-1.16x; with an f64-arithmetic AdamW seed 2 gave 0.87x), so
-  // the bound is 15 %: a tracking run, not a different regime (an underflowing one is 2x and more).
-  EXPECT_LT(f16_mean, 1.15 * f32_mean);
-  EXPECT_GT(f16_mean, 0.5 * f32_mean);
+  // unit_fp16's linear layers cast their operands to f16 and accumulate in f32. Measured: the f16
+  // mean 1.05x the f32 mean (per seed 0.89-1.34x), so the bound is 15 % either way: a tracking
+  // run, not a different regime (an underflowing one is 2x and more).
+  EXPECT_NEAR(f16_mean, f32_mean, 0.15 * f32_mean);
 }
 
 TEST(UnitGpt, GradientsFitF16OnlyWithUnitScaling) {
