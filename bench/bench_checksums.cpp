@@ -19,7 +19,8 @@ struct Checkpoint {
   std::string path = (std::filesystem::temp_directory_path() / ("scalify_bench_" + std::to_string(::getpid()) + ".safetensors")).string();
   io::SafeTensors content;
   Checkpoint() {
-    for (int i = 0; i < 4; ++i) content.tensors.emplace_back(std::string("t").append(std::to_string(i)), Tensor::randn({1024, 1024}, uint64_t(i), 1.0));
+    for (int i = 0; i < 4; ++i)
+      content.tensors.emplace_back(std::string("t").append(std::to_string(i)), Tensor::randn({1024, 1024}, uint64_t(i), 1.0));
     io::write_safetensors(path, content);
   }
   ~Checkpoint() { std::filesystem::remove(path); }

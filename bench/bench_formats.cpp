@@ -41,8 +41,7 @@ void setup(const benchmark::State& st) {
 void finish(benchmark::State& st, size_t f32_bytes_per_elem) {
   st.SetBytesProcessed(int64_t(st.iterations()) * int64_t(kN * f32_bytes_per_elem));
   st.SetItemsProcessed(int64_t(st.iterations()) * int64_t(kN));
-  st.SetLabel(std::string(kernels::isa_name(kernels::active_isa())) + " x" +
-              std::to_string(st.range(1)));
+  st.SetLabel(std::string(kernels::isa_name(kernels::active_isa())) + " x" + std::to_string(st.range(1)));
 }
 
 void BM_CopyF32(benchmark::State& st) {
@@ -179,8 +178,13 @@ void BM_WidenVsDequantizeF16(benchmark::State& st) {
   quantize(std::span(input().data(), n), Format::f16, 1.0f, codes);
   std::vector<float> out(n);
   const AlternatingSeconds s = time_alternately(
-      st, [&] { for (size_t r = 0; r < reps; ++r) dequantize(codes, Format::f16, 1.0f, out); },
-      [&] { for (size_t r = 0; r < reps; ++r) widen_for_compute(codes.data(), int64_t(n), DType::f16, out.data()); });
+      st,
+      [&] {
+        for (size_t r = 0; r < reps; ++r) dequantize(codes, Format::f16, 1.0f, out);
+      },
+      [&] {
+        for (size_t r = 0; r < reps; ++r) widen_for_compute(codes.data(), int64_t(n), DType::f16, out.data());
+      });
   st.counters["dequantize_ns_per_value"] = s.first * 1e9 / double(st.iterations() * reps * n);
   st.counters["widen_ns_per_value"] = s.second * 1e9 / double(st.iterations() * reps * n);
   st.SetLabel(kernels::isa_name(kernels::active_isa()));
@@ -203,7 +207,9 @@ void BM_ValuesVsEncodeDecodeE4m3(benchmark::State& st) {
           dequantize(codes, Format::e4m3, 1.0f, out);
         }
       },
-      [&] { for (size_t r = 0; r < reps; ++r) quantize_values_amax(in, Format::e4m3, 8.0f, out); });
+      [&] {
+        for (size_t r = 0; r < reps; ++r) quantize_values_amax(in, Format::e4m3, 8.0f, out);
+      });
   st.counters["encode_decode_ns_per_value"] = s.first * 1e9 / double(st.iterations() * reps * n);
   st.counters["fused_ns_per_value"] = s.second * 1e9 / double(st.iterations() * reps * n);
   st.SetLabel(kernels::isa_name(kernels::active_isa()));
@@ -212,8 +218,7 @@ void BM_ValuesVsEncodeDecodeE4m3(benchmark::State& st) {
 void IsaThreadArgs(benchmark::internal::Benchmark* b) {
   for (int threads : {1, 2})
     for (int isa : {0, 1, 2})
-      if (kernels::isa_supported(static_cast<kernels::Isa>(isa)) && !(isa == 0 && threads == 2))
-        b->Args({isa, threads});
+      if (kernels::isa_supported(static_cast<kernels::Isa>(isa)) && !(isa == 0 && threads == 2)) b->Args({isa, threads});
   b->Unit(benchmark::kMillisecond)->MinTime(0.5);
 }
 void Args(benchmark::internal::Benchmark* b) { IsaThreadArgs(b->UseRealTime()); }
@@ -231,13 +236,17 @@ BENCHMARK(BM_WidenVsDequantizeF16)
       for (int isa : {1, 2})
         if (kernels::isa_supported(static_cast<kernels::Isa>(isa))) b->Arg(isa);
     })
-    ->UseManualTime()->Unit(benchmark::kMicrosecond)->MinTime(0.3);
+    ->UseManualTime()
+    ->Unit(benchmark::kMicrosecond)
+    ->MinTime(0.3);
 BENCHMARK(BM_ValuesVsEncodeDecodeE4m3)
     ->Apply([](benchmark::internal::Benchmark* b) {
       for (int isa : {1, 2})
         if (kernels::isa_supported(static_cast<kernels::Isa>(isa))) b->Arg(isa);
     })
-    ->UseManualTime()->Unit(benchmark::kMicrosecond)->MinTime(0.3);
+    ->UseManualTime()
+    ->Unit(benchmark::kMicrosecond)
+    ->MinTime(0.3);
 BENCHMARK(BM_BlocksVsPerTensor)->ArgsProduct({{1, 2}, {0, 1, 2, 3}})->UseManualTime()->Unit(benchmark::kMicrosecond)->MinTime(0.3);
 
 }  // namespace

@@ -37,8 +37,7 @@ void BM_OneDnnSgemm(benchmark::State& st) {
 void BM_OpenBlasSgemm(benchmark::State& st) {
   const int M = int(st.range(0)), K = int(st.range(1)), N = int(st.range(2));
   std::vector<float> a(size_t(M) * K, 0.5f), b(size_t(K) * N, 0.25f), c(size_t(M) * N);
-  for (auto _ : st)
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, M, N, K, 1.0f, a.data(), K, b.data(), N, 0.0f, c.data(), N);
+  for (auto _ : st) cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, M, N, K, 1.0f, a.data(), K, b.data(), N, 0.0f, c.data(), N);
   st.SetLabel(openblas_get_corename());
   flops(st);
 }
@@ -94,18 +93,18 @@ void BM_EngineVsLibrary(benchmark::State& st) {
 // The machine's f32 FMA peak in the same run: 12 independent FMA chains per thread, in the
 // widest vectors the CPU has (AVX-512 or AVX2; skipped with a message on a CPU with neither).
 // One body per ISA (a function's target attribute does not reach lambdas or templates).
-#define SCALIFY_FMA_CHAINS(V, LANES, SET1, FMADD, ADD, STOREU)             \
-  V acc[12];                                                              \
-  for (int i = 0; i < 12; ++i) acc[i] = SET1(float(i));                   \
-  const V a = SET1(0.999f), b = SET1(0.001f);                             \
-  for (int64_t it = 0; it < iterations; ++it)                             \
-    for (int i = 0; i < 12; ++i) acc[i] = FMADD(acc[i], a, b);            \
-  V s = acc[0];                                                           \
-  for (int i = 1; i < 12; ++i) s = ADD(s, acc[i]);                        \
-  float lanes[LANES];                                                     \
-  STOREU(lanes, s);                                                       \
-  double total = 0;                                                       \
-  for (float l : lanes) total += l;                                       \
+#define SCALIFY_FMA_CHAINS(V, LANES, SET1, FMADD, ADD, STOREU) \
+  V acc[12];                                                   \
+  for (int i = 0; i < 12; ++i) acc[i] = SET1(float(i));        \
+  const V a = SET1(0.999f), b = SET1(0.001f);                  \
+  for (int64_t it = 0; it < iterations; ++it)                  \
+    for (int i = 0; i < 12; ++i) acc[i] = FMADD(acc[i], a, b); \
+  V s = acc[0];                                                \
+  for (int i = 1; i < 12; ++i) s = ADD(s, acc[i]);             \
+  float lanes[LANES];                                          \
+  STOREU(lanes, s);                                            \
+  double total = 0;                                            \
+  for (float l : lanes) total += l;                            \
   return total;
 __attribute__((target("avx512f"))) double fma_chains_avx512(int64_t iterations) {
   SCALIFY_FMA_CHAINS(__m512, 16, _mm512_set1_ps, _mm512_fmadd_ps, _mm512_add_ps, _mm512_storeu_ps)
@@ -132,8 +131,8 @@ void BM_FmaPeak(benchmark::State& st) {
     }
   }
   st.SetLabel(wide ? "avx512" : "avx2");
-  st.counters["FLOPS"] = benchmark::Counter(double(st.iterations()) * threads * iterations * 12 * (wide ? 16 : 8) * 2,
-                                            benchmark::Counter::kIsRate);
+  st.counters["FLOPS"] =
+      benchmark::Counter(double(st.iterations()) * threads * iterations * 12 * (wide ? 16 : 8) * 2, benchmark::Counter::kIsRate);
 }
 BENCHMARK(BM_FmaPeak)->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(0.5);
 

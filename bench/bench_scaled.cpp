@@ -19,8 +19,8 @@ nn::GptBlock make_block(int64_t d, int heads) {
 
 nn::GptBlock scaled_params(const nn::GptBlock& p) {
   nn::GptBlock s = p;
-  for (Var* f : {&s.ln1.w, &s.ln1.b, &s.attn.qkv.w, &s.attn.qkv.b, &s.attn.proj.w, &s.attn.proj.b, &s.ln2.w, &s.ln2.b,
-                 &s.mlp.fc.w, &s.mlp.fc.b, &s.mlp.out.w, &s.mlp.out.b})
+  for (Var* f : {&s.ln1.w, &s.ln1.b, &s.attn.qkv.w, &s.attn.qkv.b, &s.attn.proj.w, &s.attn.proj.b, &s.ln2.w, &s.ln2.b, &s.mlp.fc.w,
+                 &s.mlp.fc.b, &s.mlp.out.w, &s.mlp.out.b})
     *f = Var(as_scaled(f->value()), true);
   return s;
 }

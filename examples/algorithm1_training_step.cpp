@@ -17,8 +17,8 @@ Var model(const std::vector<Var>& p, const Var& x, const Var& y) {
 
 int main() {
   // Model + optimizer state, initialised as usual.
-  std::vector<Var> state = {Var(Tensor::randn({16, 64}, 1, 0.25)), Var(Tensor::zeros({64})),
-                            Var(Tensor::randn({64, 4}, 2, 0.125)), Var(Tensor::zeros({4}))};
+  std::vector<Var> state = {Var(Tensor::randn({16, 64}, 1, 0.25)), Var(Tensor::zeros({64})), Var(Tensor::randn({64, 4}, 2, 0.125)),
+                            Var(Tensor::zeros({4}))};
   // Transform the state to scaled arrays: f16 data, power-of-two f32 scales.
   for (Var& p : state) p = Var(as_scaled(p.value(), DType::f16), true);
   // Scaled optimizer state in f16; optional dynamic rescaling of the state every 50 steps.
@@ -29,10 +29,10 @@ int main() {
   for (int step = 0; step < 200; ++step) {
     const Tensor inputs = Tensor::randn({128, 16}, 100 + step);
     const Tensor labels = ops::unary(ops::Unary::tanh, ops::matmul(inputs, teacher));
-    const Var data(as_scaled(inputs));                  // if necessary, scale input data
-    const Var loss = model(state, data, Var(labels));   // forward: scales propagate
-    loss.backward();                                     // backward: scaled gradients
-    optimizer.step();                                    // update of the scaled state
+    const Var data(as_scaled(inputs));                 // if necessary, scale input data
+    const Var loss = model(state, data, Var(labels));  // forward: scales propagate
+    loss.backward();                                   // backward: scaled gradients
+    optimizer.step();                                  // update of the scaled state
     (step == 0 ? first : last) = loss.value().item();
     if (step % 50 == 0) std::printf("step %3d  loss %.4f\n", step, loss.value().item());
   }

@@ -4,6 +4,7 @@
 set -euo pipefail
 packages=(
   cmake g++ make pkg-config
+  clang-format               # the format check (scripts/check_format.sh)
   zlib1g-dev                 # gzip-compressed reference vectors in tests/data
   libgtest-dev libgmock-dev libbenchmark-dev
   libcli11-dev               # the CLI's argument parser

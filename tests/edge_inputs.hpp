@@ -30,17 +30,20 @@ inline std::vector<float> edge_inputs(Format fmt, size_t n_random = 20000, uint3
     add_with_neighbours(values[i]);
     if (i + 1 < values.size()) add_with_neighbours(0.5f * (values[i] + values[i + 1]));
   }
-  const float specials[] = {0.0f, -0.0f, std::numeric_limits<float>::infinity(),
+  const float specials[] = {0.0f,
+                            -0.0f,
+                            std::numeric_limits<float>::infinity(),
                             -std::numeric_limits<float>::infinity(),
                             std::numeric_limits<float>::denorm_min(),
                             -std::numeric_limits<float>::denorm_min(),
                             std::numeric_limits<float>::min(),
-                            std::numeric_limits<float>::max(), -std::numeric_limits<float>::max(),
-                            std::bit_cast<float>(0x007FFFFFu), std::bit_cast<float>(0x00400001u)};
+                            std::numeric_limits<float>::max(),
+                            -std::numeric_limits<float>::max(),
+                            std::bit_cast<float>(0x007FFFFFu),
+                            std::bit_cast<float>(0x00400001u)};
   for (float s : specials) v.push_back(s);
   if (f.has_nan()) {
-    for (uint32_t nan : {0x7FC00000u, 0xFFC00000u, 0x7F800001u, 0xFFBFFFFFu, 0x7FFFFFFFu})
-      v.push_back(std::bit_cast<float>(nan));
+    for (uint32_t nan : {0x7FC00000u, 0xFFC00000u, 0x7F800001u, 0xFFBFFFFFu, 0x7FFFFFFFu}) v.push_back(std::bit_cast<float>(nan));
   }
   const double mx = max_value(fmt);
   for (double k : {1.0, 1.0 + 1.0 / 64, 2.0, 4.0, 1e4}) add_with_neighbours(float(mx * k));

@@ -22,9 +22,8 @@ std::string error_of(F&& f) {
 
 }  // namespace scalify::testing
 
-#define EXPECT_ERROR(statement, text)                                                              \
-  do {                                                                                             \
-    const std::string expect_error_message = ::scalify::testing::error_of([&] { (void)(statement); }); \
-    EXPECT_NE(expect_error_message.find(text), std::string::npos)                                  \
-        << #statement << " gave: " << expect_error_message;                                        \
+#define EXPECT_ERROR(statement, text)                                                                                 \
+  do {                                                                                                                \
+    const std::string expect_error_message = ::scalify::testing::error_of([&] { (void)(statement); });                \
+    EXPECT_NE(expect_error_message.find(text), std::string::npos) << #statement << " gave: " << expect_error_message; \
   } while (0)

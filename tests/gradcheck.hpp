@@ -34,8 +34,7 @@ inline double eval(const LossFn& f, const std::vector<Tensor>& xs, const Tensor&
 
 // Checks the gradient of sum(f(xs) * R) w.r.t. every element of every input (all f64), for a
 // fixed random R, against finite differences.
-inline void gradcheck(const std::string& name, const LossFn& f, const std::vector<Tensor>& inputs,
-                      uint64_t seed = 99) {
+inline void gradcheck(const std::string& name, const LossFn& f, const std::vector<Tensor>& inputs, uint64_t seed = 99) {
   std::vector<Var> vars;
   for (const Tensor& x : inputs) vars.emplace_back(x.to(DType::f64).clone(), true);
   const Var out = f(vars);

@@ -44,9 +44,8 @@ TEST(Autograd, DetachStopsTheGradient) {
 TEST(Autograd, CustomFunctionWithItsOwnBackward) {
   // A scaled identity: forward x, backward 4 g (the shape of unit scaling's id*(x, 1, 4)).
   const Var a = leaf({1, -1, 2});
-  const Var y = Var::make("scaled_identity", a.value(), {a}, [](const Tensor& g) {
-    return std::vector<Tensor>{ops::scale_shift(g, 4.0, 0.0)};
-  });
+  const Var y =
+      Var::make("scaled_identity", a.value(), {a}, [](const Tensor& g) { return std::vector<Tensor>{ops::scale_shift(g, 4.0, 0.0)}; });
   EXPECT_EQ(y.op_name(), "scaled_identity");
   sum(y * 3.0).backward();
   EXPECT_EQ(a.grad().to_vector(), (std::vector<double>{12, 12, 12}));
@@ -72,7 +71,7 @@ TEST(Autograd, GraphIsFreedAfterBackward) {
   EXPECT_EQ(y.graph_inputs(), 1u);
   EXPECT_EQ(hidden.graph_inputs(), 1u);
   y.backward();
-  EXPECT_EQ(y.graph_inputs(), 0u);       // nodes and their captured tensors are released
+  EXPECT_EQ(y.graph_inputs(), 0u);  // nodes and their captured tensors are released
   EXPECT_EQ(hidden.graph_inputs(), 0u);
   EXPECT_TRUE(a.grad().defined());
 }

@@ -72,17 +72,14 @@ TEST(MxBlocks, FloorRuleClipsTheTopBinadeRoundUpRuleDoesNot) {
   EXPECT_EQ(floor_q.scales[0], 1.0f);
   EXPECT_EQ(dequant(floor_q)[0], 448.0f);
   // Round-up: the smallest 2^k with 500 / 2^k <= 448 is k = 1; 250 rounds to 256 in e4m3.
-  const BlockQuantized ceil_q =
-      quantize_blocks(x, 1, 32, Format::e4m3, mx_blocks(1, BlockScaleRule::mx_ceil));
+  const BlockQuantized ceil_q = quantize_blocks(x, 1, 32, Format::e4m3, mx_blocks(1, BlockScaleRule::mx_ceil));
   EXPECT_EQ(ceil_q.scales[0], 2.0f);
   EXPECT_EQ(dequant(ceil_q)[0], 512.0f);  // no clipping
   // e2m1 amax 7: floor gives X = 1 and 7 -> 6; round-up gives X = 2 and 3.5 -> 4 (RNE) -> 8.
   std::vector<float> y(32, 0.0f);
   y[0] = 7.0f;
   EXPECT_EQ(dequant(quantize_blocks(y, 1, 32, Format::e2m1, mx_blocks(1)))[0], 6.0f);
-  EXPECT_EQ(dequant(quantize_blocks(y, 1, 32, Format::e2m1,
-                                    mx_blocks(1, BlockScaleRule::mx_ceil)))[0],
-            8.0f);
+  EXPECT_EQ(dequant(quantize_blocks(y, 1, 32, Format::e2m1, mx_blocks(1, BlockScaleRule::mx_ceil)))[0], 8.0f);
 }
 
 TEST(MxBlocks, ScaleExponentClampsToE8m0Range) {
@@ -103,8 +100,8 @@ TEST(MxBlocks, ColumnWiseEqualsRowWiseOfTheTranspose) {
   std::vector<float> x(R * C), xt(R * C);
   for (size_t i = 0; i < R * C; ++i) x[i] = d(rng) * ((rng() & 1) ? 1.0f : -1.0f);
   for (size_t r = 0; r < R; ++r) {
-    x[r * C + 3] = 0.0f;                                 // an all-zero column
-    x[r * C + 5] = r == 40 ? 1e30f : 1e-10f * d(rng);   // tiny values under one huge amax
+    x[r * C + 3] = 0.0f;                               // an all-zero column
+    x[r * C + 5] = r == 40 ? 1e30f : 1e-10f * d(rng);  // tiny values under one huge amax
     x[r * C + 7] = r % 9 == 0 ? -3e38f : 2e38f * float(r % 2);
   }
   x[10 * C + 9] = std::numeric_limits<float>::quiet_NaN();  // one NaN block in column 9
@@ -136,14 +133,11 @@ TEST(MxBlocks, EveryElementIsWithinHalfAQuantumOfItsBlockScale) {
   std::vector<float> x(128 * 96);
   for (float& v : x) v = d(rng) * std::exp2(float(int(rng() % 20) - 10));
   for (Format f : {Format::e4m3, Format::e5m2, Format::e3m2, Format::e2m3}) {
-    const BlockQuantized q =
-        quantize_blocks(x, 128, 96, f, mx_blocks(1, BlockScaleRule::mx_ceil));
+    const BlockQuantized q = quantize_blocks(x, 128, 96, f, mx_blocks(1, BlockScaleRule::mx_ceil));
     const auto back = dequant(q);
     for (size_t i = 0; i < x.size(); ++i) {
       const float s = q.scales[(i / 96) * q.scale_cols() + (i % 96) / 32];
-      const double quantum =
-          std::max(std::ldexp(1.0, std::ilogb(std::fabs(x[i])) - info(f).man_bits),
-                   min_subnormal(f) * s);
+      const double quantum = std::max(std::ldexp(1.0, std::ilogb(std::fabs(x[i])) - info(f).man_bits), min_subnormal(f) * s);
       ASSERT_LE(std::fabs(double(back[i]) - x[i]), 0.5 * quantum) << format_name(f) << " " << i;
     }
   }
@@ -155,8 +149,7 @@ TEST(GenericBlocks, F32ScaleMapsBlockAmaxOntoTheElementMax) {
   std::normal_distribution<float> d(0.0f, 1.0f);
   std::vector<float> x(R * C);
   for (size_t i = 0; i < x.size(); ++i) x[i] = d(rng) * (1.0f + float(i % C) / 8.0f);
-  for (BlockSpec spec : {BlockSpec{1, 128, BlockScaleRule::f32_amax},
-                         BlockSpec{128, 128, BlockScaleRule::f32_amax}}) {
+  for (BlockSpec spec : {BlockSpec{1, 128, BlockScaleRule::f32_amax}, BlockSpec{128, 128, BlockScaleRule::f32_amax}}) {
     const BlockQuantized q = quantize_blocks(x, R, C, Format::e4m3, spec);
     EXPECT_EQ(q.scales.size(), (R / spec.rows) * (C / spec.cols));
     const auto back = dequant(q);
@@ -187,8 +180,8 @@ TEST(GenericBlocks, BadInputIsAClearError) {
 
 TEST(Block, EmptyTensorsQuantizeToNothing) {
   const std::vector<float> none;
-  for (const BlockSpec& spec : {mx_blocks(1), mx_blocks(0), BlockSpec{1, 128, BlockScaleRule::f32_amax},
-                                BlockSpec{128, 128, BlockScaleRule::f32_amax}})
+  for (const BlockSpec& spec :
+       {mx_blocks(1), mx_blocks(0), BlockSpec{1, 128, BlockScaleRule::f32_amax}, BlockSpec{128, 128, BlockScaleRule::f32_amax}})
     for (auto [rows, cols] : {std::pair<size_t, size_t>{0, 32}, {4, 0}, {0, 0}}) {
       const BlockQuantized q = quantize_blocks(none, rows, cols, Format::e4m3, spec);
       EXPECT_TRUE(q.codes.empty());
@@ -230,55 +223,55 @@ TEST(Block, DequantizeRejectsBlocksThatDoNotMatchTheirShape) {
 TEST(Block, WholeRowQuantiserMatchesPerBlockReferenceCalls) {
   // 37 x 70 on one thread; 300 x 130 above the parallel threshold (rows on several threads).
   for (auto [R, C] : {std::pair<size_t, size_t>{37, 70}, std::pair<size_t, size_t>{300, 130}}) {
-  std::mt19937 rng(9);
-  std::lognormal_distribution<float> d(0.0f, 4.0f);
-  std::vector<float> x(R * C);
-  for (size_t i = 0; i < R * C; ++i) x[i] = d(rng) * ((rng() & 1) ? 1.0f : -1.0f);
-  for (size_t c = 0; c < 8; ++c) x[c] = 0.0f;  // a zero block in the first row
-  x[5 * C + 40] = std::numeric_limits<float>::quiet_NaN();
-  x[9 * C + 13] = 1e30f;
-  x[9 * C + 14] = -1e-12f;
-  const kernels::KernelTable& ref = kernels::kernels_for(kernels::Isa::scalar);
-  for (const BlockSpec& shape : {BlockSpec{1, 32}, BlockSpec{32, 1}, BlockSpec{4, 8}, BlockSpec{16, 16}})
-    for (BlockScaleRule rule : {BlockScaleRule::mx_floor, BlockScaleRule::mx_ceil, BlockScaleRule::f32_amax})
-      for (Rounding rounding : {Rounding::nearest_even, Rounding::stochastic})
-        for (Format f : {Format::e4m3, Format::e5m2, Format::e2m1}) {
-          const BlockSpec spec{shape.rows, shape.cols, rule};
-          const BlockQuantized q = quantize_blocks(x, R, C, f, spec, rounding);
-          std::vector<std::byte> want(R * C, std::byte{0});
-          for (size_t br = 0; br < q.scale_rows(); ++br)
-            for (size_t bc = 0; bc < q.scale_cols(); ++bc) {
-              const size_t r0 = br * spec.rows, r1 = std::min(R, r0 + spec.rows);
-              const size_t c0 = bc * spec.cols, c1 = std::min(C, c0 + spec.cols);
-              float amax = 0;
-              bool nan = false;
-              for (size_t r = r0; r < r1; ++r)
-                for (size_t c = c0; c < c1; ++c) {
-                  nan = nan || std::isnan(x[r * C + c]);
-                  amax = std::max(amax, std::fabs(x[r * C + c]));
+    std::mt19937 rng(9);
+    std::lognormal_distribution<float> d(0.0f, 4.0f);
+    std::vector<float> x(R * C);
+    for (size_t i = 0; i < R * C; ++i) x[i] = d(rng) * ((rng() & 1) ? 1.0f : -1.0f);
+    for (size_t c = 0; c < 8; ++c) x[c] = 0.0f;  // a zero block in the first row
+    x[5 * C + 40] = std::numeric_limits<float>::quiet_NaN();
+    x[9 * C + 13] = 1e30f;
+    x[9 * C + 14] = -1e-12f;
+    const kernels::KernelTable& ref = kernels::kernels_for(kernels::Isa::scalar);
+    for (const BlockSpec& shape : {BlockSpec{1, 32}, BlockSpec{32, 1}, BlockSpec{4, 8}, BlockSpec{16, 16}})
+      for (BlockScaleRule rule : {BlockScaleRule::mx_floor, BlockScaleRule::mx_ceil, BlockScaleRule::f32_amax})
+        for (Rounding rounding : {Rounding::nearest_even, Rounding::stochastic})
+          for (Format f : {Format::e4m3, Format::e5m2, Format::e2m1}) {
+            const BlockSpec spec{shape.rows, shape.cols, rule};
+            const BlockQuantized q = quantize_blocks(x, R, C, f, spec, rounding);
+            std::vector<std::byte> want(R * C, std::byte{0});
+            for (size_t br = 0; br < q.scale_rows(); ++br)
+              for (size_t bc = 0; bc < q.scale_cols(); ++bc) {
+                const size_t r0 = br * spec.rows, r1 = std::min(R, r0 + spec.rows);
+                const size_t c0 = bc * spec.cols, c1 = std::min(C, c0 + spec.cols);
+                float amax = 0;
+                bool nan = false;
+                for (size_t r = r0; r < r1; ++r)
+                  for (size_t c = c0; c < c1; ++c) {
+                    nan = nan || std::isnan(x[r * C + c]);
+                    amax = std::max(amax, std::fabs(x[r * C + c]));
+                  }
+                const float scale = block_scale(nan ? std::numeric_limits<float>::quiet_NaN() : amax, f, rule);
+                ASSERT_TRUE(q.scales[br * q.scale_cols() + bc] == scale || (nan && std::isnan(q.scales[br * q.scale_cols() + bc])));
+                if (nan) continue;
+                kernels::QuantizeArgs a{};
+                a.format = &info(f);
+                if (rule == BlockScaleRule::f32_amax) {
+                  split_scale(1.0f / scale, a.mul, a.exp_shift);
+                } else {
+                  a.mul = 1.0f;
+                  a.exp_shift = -std::ilogb(scale);
                 }
-              const float scale = block_scale(nan ? std::numeric_limits<float>::quiet_NaN() : amax, f, rule);
-              ASSERT_TRUE(q.scales[br * q.scale_cols() + bc] == scale || (nan && std::isnan(q.scales[br * q.scale_cols() + bc])));
-              if (nan) continue;
-              kernels::QuantizeArgs a{};
-              a.format = &info(f);
-              if (rule == BlockScaleRule::f32_amax) {
-                split_scale(1.0f / scale, a.mul, a.exp_shift);
-              } else {
-                a.mul = 1.0f;
-                a.exp_shift = -std::ilogb(scale);
+                a.overflow = Overflow::saturate;
+                a.rounding = rounding;
+                for (size_t r = r0; r < r1; ++r) {
+                  a.offset = r * C + c0;
+                  ref.quantize(&x[r * C + c0], c1 - c0, &want[r * C + c0], a);
+                }
               }
-              a.overflow = Overflow::saturate;
-              a.rounding = rounding;
-              for (size_t r = r0; r < r1; ++r) {
-                a.offset = r * C + c0;
-                ref.quantize(&x[r * C + c0], c1 - c0, &want[r * C + c0], a);
-              }
-            }
-          for (size_t i = 0; i < R * C; ++i)
-            ASSERT_EQ(q.codes[i], want[i]) << format_name(f) << " block " << spec.rows << "x" << spec.cols << " rule "
-                                           << int(rule) << " rounding " << int(rounding) << " element " << i << " of " << R << "x" << C;
-        }
+            for (size_t i = 0; i < R * C; ++i)
+              ASSERT_EQ(q.codes[i], want[i]) << format_name(f) << " block " << spec.rows << "x" << spec.cols << " rule " << int(rule)
+                                             << " rounding " << int(rounding) << " element " << i << " of " << R << "x" << C;
+          }
   }
 }
 
@@ -298,8 +291,10 @@ TEST(Block, DequantizeMatchesElementwiseDecodeTimesTheBlockScale) {
     Format element;
     BlockSpec spec;
   };
-  const Case cases[] = {{3, 70, Format::e4m3, mx_blocks(1)},    {64, 5, Format::e5m2, mx_blocks(0)},
-                        {4, 100, Format::e2m1, mx_blocks(1)},   {5, 130, Format::e4m3, {1, 128, BlockScaleRule::f32_amax}},
+  const Case cases[] = {{3, 70, Format::e4m3, mx_blocks(1)},
+                        {64, 5, Format::e5m2, mx_blocks(0)},
+                        {4, 100, Format::e2m1, mx_blocks(1)},
+                        {5, 130, Format::e4m3, {1, 128, BlockScaleRule::f32_amax}},
                         {130, 9, Format::e5m2, {128, 128, BlockScaleRule::f32_amax}}};
   for (const Case& c : cases) {
     std::vector<float> x(c.rows * c.cols);

@@ -23,9 +23,7 @@ std::vector<float> gaussian(size_t n, float sigma, uint32_t seed) {
   return v;
 }
 
-std::vector<std::byte> codes_for(size_t n, Format f) {
-  return std::vector<std::byte>(n * size_t(info(f).storage_bytes()));
-}
+std::vector<std::byte> codes_for(size_t n, Format f) { return std::vector<std::byte>(n * size_t(info(f).storage_bytes())); }
 
 TEST(BulkApi, PowerOfTwoScaleEqualsEncodingTheExactProduct) {
   const auto x = gaussian(10000, 3.0f, 1);
@@ -38,8 +36,7 @@ TEST(BulkApi, PowerOfTwoScaleEqualsEncodingTheExactProduct) {
       for (size_t i = 0; i < x.size(); ++i) {
         uint32_t got = c[i * info(f).storage_bytes()];
         if (info(f).storage_bytes() == 2) got |= uint32_t(c[i * 2 + 1]) << 8;
-        ASSERT_EQ(got, encode(f, x[i] * scale, {Overflow::saturate}))
-            << format_name(f) << " x=" << x[i] << " scale=2^" << k;
+        ASSERT_EQ(got, encode(f, x[i] * scale, {Overflow::saturate})) << format_name(f) << " x=" << x[i] << " scale=2^" << k;
       }
     }
   }
@@ -52,7 +49,7 @@ TEST(BulkApi, PowerOfTwoScaleIsExactBeyondTheF32Range) {
   quantize(std::span(in, 1), Format::e4m3, std::ldexp(1.0f, -100), codes);
   EXPECT_EQ(decode(Format::e4m3, uint32_t(codes[0])), 3.0f);
   quantize(std::span(in + 1, 1), Format::e4m3, std::ldexp(1.0f, 127), codes);  // 2^-13
-  EXPECT_EQ(decode(Format::e4m3, uint32_t(codes[0])), 0.0f);  // below e4m3's 2^-9 / 2
+  EXPECT_EQ(decode(Format::e4m3, uint32_t(codes[0])), 0.0f);                   // below e4m3's 2^-9 / 2
 }
 
 TEST(BulkApi, RoundTripWithScaleAndAmax) {

@@ -38,8 +38,7 @@ struct ScaleCase {
 };
 
 TEST(BulkKernels, QuantizeMatchesReference) {
-  const ScaleCase scales[] = {{1.0f, 0}, {1.0f, -5}, {1.0f, 20}, {1.0f, -140}, {1.0f, 140},
-                              {1.3f, 0}, {1.7f, -3}};
+  const ScaleCase scales[] = {{1.0f, 0}, {1.0f, -5}, {1.0f, 20}, {1.0f, -140}, {1.0f, 140}, {1.3f, 0}, {1.7f, -3}};
   for (const KernelTable* simd : simd_tables()) {
     for (const FormatInfo& f : kFormats) {
       const std::vector<float> in = edge_inputs(f.id);
@@ -56,9 +55,8 @@ TEST(BulkKernels, QuantizeMatchesReference) {
             ASSERT_EQ(amax_ref, amax_simd) << simd->name << " " << f.name;
             for (size_t i = 0; i < n; ++i)
               ASSERT_EQ(std::memcmp(&want[i * cb], &got[i * cb], cb), 0)
-                  << simd->name << " " << f.name << " rounding " << int(rm) << " overflow "
-                  << int(ov) << " mul " << s.mul << " 2^" << s.exp_shift << " input "
-                  << hex(std::bit_cast<uint32_t>(in[i])) << " (" << in[i] << ")";
+                  << simd->name << " " << f.name << " rounding " << int(rm) << " overflow " << int(ov) << " mul " << s.mul << " 2^"
+                  << s.exp_shift << " input " << hex(std::bit_cast<uint32_t>(in[i])) << " (" << in[i] << ")";
             std::fill(got.begin(), got.end(), 0xCD);
             simd->quantize(in.data(), n, got.data(), a);
             ASSERT_EQ(want, got) << simd->name << " " << f.name << " (quantize without amax)";
@@ -82,7 +80,8 @@ TEST(BulkKernels, RoundToNearestMatchesReferenceOnADenseSweep) {
       if (!f.is_float() || f.bits == 32) continue;
       std::vector<float> in = all;
       if (!f.has_nan())  // the checked API rejects NaN into NaN-less formats: keep it out
-        std::replace_if(in.begin(), in.end(), [](float v) { return std::isnan(v); }, 0.0f);
+        std::replace_if(
+            in.begin(), in.end(), [](float v) { return std::isnan(v); }, 0.0f);
       const size_t cb = size_t(f.storage_bytes());
       std::vector<uint8_t> want(in.size() * cb), got(in.size() * cb);
       for (Overflow ov : {Overflow::saturate, Overflow::non_saturating})
@@ -92,8 +91,8 @@ TEST(BulkKernels, RoundToNearestMatchesReferenceOnADenseSweep) {
           simd->quantize(in.data(), in.size(), got.data(), a);
           for (size_t i = 0; i < in.size(); ++i)
             ASSERT_EQ(std::memcmp(&want[i * cb], &got[i * cb], cb), 0)
-                << simd->name << " " << f.name << " overflow " << int(ov) << " mul " << s.mul << " 2^"
-                << s.exp_shift << " input " << hex(std::bit_cast<uint32_t>(in[i]));
+                << simd->name << " " << f.name << " overflow " << int(ov) << " mul " << s.mul << " 2^" << s.exp_shift << " input "
+                << hex(std::bit_cast<uint32_t>(in[i]));
         }
     }
 }
@@ -110,7 +109,9 @@ TEST(BulkKernels, QuantizedValuesEqualTheDecodedCodes) {
     for (const FormatInfo& f : kFormats) {
       if (f.bits == 32) continue;
       std::vector<float> in = all;
-      if (!f.has_nan()) std::replace_if(in.begin(), in.end(), [](float v) { return std::isnan(v); }, 0.0f);
+      if (!f.has_nan())
+        std::replace_if(
+            in.begin(), in.end(), [](float v) { return std::isnan(v); }, 0.0f);
       const size_t n = in.size() - 5;  // a tail
       std::vector<uint8_t> codes(n * size_t(f.storage_bytes()));
       std::vector<float> want(n), got(n);
@@ -124,15 +125,15 @@ TEST(BulkKernels, QuantizedValuesEqualTheDecodedCodes) {
             if (!simd->quantize_values_amax(in.data(), n, got.data(), a, &amax_got)) {
               // The fused form must cover round-to-nearest FP8 at ordinary scales, or this test
               // would pass without running it.
-              EXPECT_FALSE(rm == Rounding::nearest_even && f.bits == 8 && f.is_float() && f.specials != Specials::e8m0 &&
-                           s.exp_shift == 0) << simd->name << " " << f.name;
+              EXPECT_FALSE(rm == Rounding::nearest_even && f.bits == 8 && f.is_float() && f.specials != Specials::e8m0 && s.exp_shift == 0)
+                  << simd->name << " " << f.name;
               continue;
             }
             ASSERT_EQ(amax_want, amax_got) << simd->name << " " << f.name;
             for (size_t i = 0; i < n; ++i)
               ASSERT_EQ(std::bit_cast<uint32_t>(want[i]), std::bit_cast<uint32_t>(got[i]))
-                  << simd->name << " " << f.name << " overflow " << int(ov) << " mul " << s.mul << " 2^" << s.exp_shift
-                  << " input " << hex(std::bit_cast<uint32_t>(in[i]));
+                  << simd->name << " " << f.name << " overflow " << int(ov) << " mul " << s.mul << " 2^" << s.exp_shift << " input "
+                  << hex(std::bit_cast<uint32_t>(in[i]));
           }
     }
 }
@@ -162,8 +163,7 @@ TEST(BulkKernels, AmaxMatchesReference) {
     std::vector<float> in = edge_inputs(Format::e4m3, 5000);
     in.erase(std::remove_if(in.begin(), in.end(), [](float x) { return std::isnan(x); }), in.end());
     for (size_t n : {size_t(0), size_t(1), size_t(15), size_t(64), size_t(1000), in.size()}) {
-      EXPECT_EQ(reference_kernels().amax_bits(in.data(), n), simd->amax_bits(in.data(), n))
-          << simd->name << " n=" << n;
+      EXPECT_EQ(reference_kernels().amax_bits(in.data(), n), simd->amax_bits(in.data(), n)) << simd->name << " n=" << n;
     }
     std::vector<float> with_nan(333, 1.0f);
     with_nan[300] = std::nanf("");

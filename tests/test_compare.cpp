@@ -46,7 +46,8 @@ compare::CompareConfig overflowing_comparison(const fs::path& out) {
 TEST(Compare, WritesTheReportAndReportsADivergingRecipeWhileTheOthersComplete) {
   const fs::path out = scratch("compare");
   std::vector<std::string> progress;
-  const compare::CompareReport rep = compare::compare(overflowing_comparison(out), false, [&](const std::string& l) { progress.push_back(l); });
+  const compare::CompareReport rep =
+      compare::compare(overflowing_comparison(out), false, [&](const std::string& l) { progress.push_back(l); });
   ASSERT_EQ(rep.rows.size(), 3u);
   EXPECT_EQ(rep.rows[0].recipe, "f32");  // the baseline, added first
   EXPECT_EQ(rep.rows[0].status, "ok");
@@ -57,26 +58,28 @@ TEST(Compare, WritesTheReportAndReportsADivergingRecipeWhileTheOthersComplete) {
   EXPECT_TRUE(std::isfinite(rep.rows[1].val_delta));
   std::printf("%s", rep.table.c_str());
 
-  for (const char* f : {"report.md", "summary.csv", "summary.json", "compare.json", "runs/f32/outcome.json",
-                        "runs/current/metrics.jsonl", "runs/overflow/outcome.json"})
+  for (const char* f : {"report.md", "summary.csv", "summary.json", "compare.json", "runs/f32/outcome.json", "runs/current/metrics.jsonl",
+                        "runs/overflow/outcome.json"})
     EXPECT_TRUE(fs::exists(out / f)) << f;
   const std::vector<std::string> cols = csv_header(out / "summary.csv");
-  for (const char* c : {"recipe", "status", "val_loss", "val_delta", "val_bpb", "train_loss", "skipped_steps", "nonfinite_steps",
-                        "mean_underflow", "mean_clipped", "scale_statistics_per_step", "tokens_per_s", "peak_memory_mb",
-                        "state_bytes_per_parameter"})
+  for (const char* c :
+       {"recipe", "status", "val_loss", "val_delta", "val_bpb", "train_loss", "skipped_steps", "nonfinite_steps", "mean_underflow",
+        "mean_clipped", "scale_statistics_per_step", "tokens_per_s", "peak_memory_mb", "state_bytes_per_parameter"})
     EXPECT_NE(std::find(cols.begin(), cols.end(), c), cols.end()) << c;
   const json summary = json::parse(slurp(out / "summary.json"));
   ASSERT_EQ(summary["recipes"].size(), 3u);
   EXPECT_EQ(summary["recipes"][2]["status"], "diverged");
 
   const std::string md = slurp(out / "report.md");
-  for (const char* s : {"| recipe | status |", "| overflow | diverged |", "**Parity**", "**Diverged**: overflow (skipped 12 of 12", "cpu:",
-                        "State B/param", "## Numerics", "[histograms](runs/current/inspect/histograms.png)",
-                        "[scales](runs/current/inspect/scales.png)", "| fp8_amax | ", "| fp8_cscale | 12 | ", "FP8-CSCALE is within 1% of f32"})
+  for (const char* s :
+       {"| recipe | status |", "| overflow | diverged |", "**Parity**", "**Diverged**: overflow (skipped 12 of 12", "cpu:", "State B/param",
+        "## Numerics", "[histograms](runs/current/inspect/histograms.png)", "[scales](runs/current/inspect/scales.png)", "| fp8_amax | ",
+        "| fp8_cscale | 12 | ", "FP8-CSCALE is within 1% of f32"})
     EXPECT_NE(md.find(s), std::string::npos) << s;
   EXPECT_EQ(md.find("[histograms](runs/overflow/"), std::string::npos) << "a diverged recipe has no final model to inspect";
   ASSERT_EQ(rep.plot_error, "") << "gnuplot is part of scripts/setup.sh";
-  for (const char* png : {"runs/f32/inspect/histograms.png", "runs/current/inspect/scales.png", "runs/current/inspect/quant_fractions.png"}) {
+  for (const char* png :
+       {"runs/f32/inspect/histograms.png", "runs/current/inspect/scales.png", "runs/current/inspect/quant_fractions.png"}) {
     uint32_t w = 0, h = 0;
     EXPECT_TRUE(valid_png(out / png, &w, &h)) << png;
   }
@@ -98,9 +101,9 @@ TEST(Compare, ResumeRerunsOnlyTheUnfinishedRecipes) {
   // The same comparison, stopped during the second recipe (after its checkpoint at step 3).
   struct Stop {};
   EXPECT_THROW(compare::compare({base, {"f32", "current"}, cut.string()}, false,
-                              [](const std::string& line) {
-                                if (line.find("[2/2] current  step 5/") != std::string::npos) throw Stop{};
-                              }),
+                                [](const std::string& line) {
+                                  if (line.find("[2/2] current  step 5/") != std::string::npos) throw Stop{};
+                                }),
                Stop);
   EXPECT_FALSE(fs::exists(cut / "runs/current/outcome.json"));
   // Without --resume the folder is refused; with it, f32 is read back and current resumes.

@@ -24,14 +24,13 @@ TEST(Convergence, EverySeededRecipeReachesItsBaselineOnTheDefaultCorpus) {
   c.base.warmup = 20;
   c.base.eval_every = 100;
   c.base.eval_windows = 256;
-  c.recipes = {"f32",     "scalify_fp16_1", "scalify_fp16_2", "scalify_fp8_3", "scalify_fp8_4", "unit_f32", "unit_fp16",
-               "unit_fp8", "current",       "delayed",        "fp8_amax",      "fp8_cscale",    "mxfp8",    "blockwise",
-               "f16_loss_scaled"};
+  c.recipes = {"f32",     "scalify_fp16_1", "scalify_fp16_2", "scalify_fp8_3", "scalify_fp8_4", "unit_f32",  "unit_fp16",      "unit_fp8",
+               "current", "delayed",        "fp8_amax",       "fp8_cscale",    "mxfp8",         "blockwise", "f16_loss_scaled"};
   c.out = testing::scratch("convergence").string();
   ASSERT_GE(c.base.model.parameter_count(), 1000000);
   const compare::CompareReport rep = compare::compare(c, false, {}, "tests/test_compare_convergence");
-  std::printf("%lld parameters, %lld steps of %lld x %lld bytes\n%s", (long long)c.base.model.parameter_count(),
-              (long long)c.base.steps, (long long)c.base.batch, (long long)c.base.model.seq, rep.table.c_str());
+  std::printf("%lld parameters, %lld steps of %lld x %lld bytes\n%s", (long long)c.base.model.parameter_count(), (long long)c.base.steps,
+              (long long)c.base.batch, (long long)c.base.model.seq, rep.table.c_str());
   ASSERT_EQ(rep.rows.size(), c.recipes.size());
   for (const compare::RecipeOutcome& o : rep.rows) {
     EXPECT_EQ(o.status, "ok") << o.name << ": " << o.note;

@@ -32,9 +32,24 @@ TEST(GradCheck, ArithmeticWithBroadcasting) {
   gradcheck("maximum", [](auto& v) { return maximum(v[0], v[1]); }, {rnd({4, 5}, 13), rnd({5}, 14)});
   gradcheck("minimum", [](auto& v) { return minimum(v[0], v[1]); }, {rnd({4, 5}, 15), rnd({4, 1}, 16)});
   // Unit-scaled ops with beta = alpha (ExactGradients) give true gradients: the wiring of mult and dim.
-  gradcheck("unit silu mult 2", [](auto& v) { unit::ExactGradients e; return unit::silu(v[0], 2.0); }, {rnd({6}, 17)});
-  gradcheck("unit gelu_erf mult 0.5", [](auto& v) { unit::ExactGradients e; return unit::gelu_erf(v[0], 0.5); }, {rnd({6}, 18)});
-  gradcheck("unit softmax dim 0", [](auto& v) { unit::ExactGradients e; return unit::softmax(v[0], 0, 3.0); }, {rnd({4, 3}, 19)});
+  gradcheck("unit silu mult 2",
+            [](auto& v) {
+              unit::ExactGradients e;
+              return unit::silu(v[0], 2.0);
+            },
+            {rnd({6}, 17)});
+  gradcheck("unit gelu_erf mult 0.5",
+            [](auto& v) {
+              unit::ExactGradients e;
+              return unit::gelu_erf(v[0], 0.5);
+            },
+            {rnd({6}, 18)});
+  gradcheck("unit softmax dim 0",
+            [](auto& v) {
+              unit::ExactGradients e;
+              return unit::softmax(v[0], 0, 3.0);
+            },
+            {rnd({4, 3}, 19)});
 }
 
 TEST(GradCheck, UnaryMaps) {
@@ -80,8 +95,7 @@ TEST(GradCheck, SoftmaxAndNorms) {
   gradcheck("softmax dim 0", [](auto& v) { return softmax(v[0], 0); }, {x});
   gradcheck("log_softmax", [](auto& v) { return log_softmax(v[0]); }, {x});
   gradcheck("layer_norm", [](auto& v) { return layer_norm(v[0]); }, {rnd({3, 6}, 51)});
-  gradcheck("layer_norm affine", [](auto& v) { return layer_norm(v[0], v[1], v[2]); },
-            {rnd({2, 3, 6}, 52), rnd({6}, 53), rnd({6}, 54)});
+  gradcheck("layer_norm affine", [](auto& v) { return layer_norm(v[0], v[1], v[2]); }, {rnd({2, 3, 6}, 52), rnd({6}, 53), rnd({6}, 54)});
   gradcheck("rms_norm", [](auto& v) { return rms_norm(v[0]); }, {rnd({3, 6}, 55)});
   gradcheck("rms_norm weight", [](auto& v) { return rms_norm(v[0], v[1]); }, {rnd({3, 6}, 56), rnd({6}, 57)});
 }
@@ -106,13 +120,22 @@ TEST(GradCheck, ShapeOps) {
   gradcheck("slice", [](auto& v) { return slice(v[0], 2, 1, 3); }, {x});
   gradcheck("expand", [](auto& v) { return expand(v[0], {5, 3, 4}); }, {rnd({3, 1}, 71)});
   gradcheck("concat", [](auto& v) { return concat({v[0], v[1]}, 1); }, {rnd({2, 3}, 72), rnd({2, 2}, 73)});
-  gradcheck("split", [](auto& v) { auto p = split(v[0], {1, 3}, 1); return p[1] * p[1] + p[0]; },
+  gradcheck("split",
+            [](auto& v) {
+              auto p = split(v[0], {1, 3}, 1);
+              return p[1] * p[1] + p[0];
+            },
             {rnd({2, 4}, 74)});
 }
 
 // A composite: gradient accumulation through a reused value.
 TEST(GradCheck, ReusedValuesAccumulate) {
-  gradcheck("reuse", [](auto& v) { Var y = tanh(v[0]); return y * y + y; }, {rnd({7}, 80)});
+  gradcheck("reuse",
+            [](auto& v) {
+              Var y = tanh(v[0]);
+              return y * y + y;
+            },
+            {rnd({7}, 80)});
 }
 
 }  // namespace

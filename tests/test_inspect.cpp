@@ -38,10 +38,23 @@ TEST(ExponentHistogram, FormatRangesAreTheFormatsOwn) {
 
 TEST(ExponentHistogram, HandBuiltTensorHasKnownCountsPerBinAndClass) {
   const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
-  const std::vector<float> v = {0.0f, -0.0f, 1.0f, -1.5f, 2.0f, 3.9f, 0.25f,
-                                std::ldexp(1.0f, -10),              // e4m3: rounds to zero (half the smallest subnormal, ties to even)
-                                std::ldexp(1.0f, -10) * 1.0001f,    // ... just above: rounds to the smallest subnormal
-                                std::ldexp(1.0f, -9), std::ldexp(1.0f, -7), std::ldexp(1.0f, -6), 448.0f, -449.0f, 1e30f, inf, nan};
+  const std::vector<float> v = {0.0f,
+                                -0.0f,
+                                1.0f,
+                                -1.5f,
+                                2.0f,
+                                3.9f,
+                                0.25f,
+                                std::ldexp(1.0f, -10),            // e4m3: rounds to zero (half the smallest subnormal, ties to even)
+                                std::ldexp(1.0f, -10) * 1.0001f,  // ... just above: rounds to the smallest subnormal
+                                std::ldexp(1.0f, -9),
+                                std::ldexp(1.0f, -7),
+                                std::ldexp(1.0f, -6),
+                                448.0f,
+                                -449.0f,
+                                1e30f,
+                                inf,
+                                nan};
   const ExponentHistogram h = inspect::exponent_histogram(Tensor::from_vector(v, {int64_t(v.size())}), Format::e4m3);
   EXPECT_EQ(h.count, 17);
   EXPECT_EQ(h.zeros, 2);

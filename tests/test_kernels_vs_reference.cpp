@@ -65,8 +65,7 @@ TEST(KernelsVsReference, BatchedMatmulEqualsPerBatch2d) {
   for (int64_t i = 0; i < 3; ++i) {
     const Tensor ai = a.slice(0, i, i + 1).squeeze(0);
     EXPECT_EQ(c1.slice(0, i, i + 1).squeeze(0).to_vector(), ops::matmul(ai, b).to_vector());
-    EXPECT_EQ(c2.slice(0, i, i + 1).squeeze(0).to_vector(),
-              ops::matmul(ai, bb.slice(0, i, i + 1).squeeze(0)).to_vector());
+    EXPECT_EQ(c2.slice(0, i, i + 1).squeeze(0).to_vector(), ops::matmul(ai, bb.slice(0, i, i + 1).squeeze(0)).to_vector());
   }
   // The transposed-operand path sums in another order: equal within 2 gamma_K sum |a||b|.
   const std::vector<double> v2 = c2.to_vector(), v3 = c3.to_vector(),
@@ -116,11 +115,10 @@ TEST(KernelsVsReference, TiledSumsMatchThePlainLoopOnAnyThreadCount) {
 }
 
 TEST(KernelsVsReference, BroadcastingBinaryOpsOnStridedViews) {
-  const Tensor a = Tensor::randn({5, 8, 3}, 7).permute({1, 0, 2});   // [8, 5, 3], not contiguous
+  const Tensor a = Tensor::randn({5, 8, 3}, 7).permute({1, 0, 2});         // [8, 5, 3], not contiguous
   const Tensor b = Tensor::randn({3, 5}, 8).transpose(0, 1).unsqueeze(0);  // [1, 5, 3]
   const std::vector<double> av = a.to_vector(), bv = b.to_vector();
-  const std::vector<double> sum = ops::add(a, b).to_vector(), prod = ops::mul(a, b).to_vector(),
-                            quot = ops::div(a, b).to_vector();
+  const std::vector<double> sum = ops::add(a, b).to_vector(), prod = ops::mul(a, b).to_vector(), quot = ops::div(a, b).to_vector();
   for (int64_t i = 0; i < 8; ++i)
     for (int64_t j = 0; j < 15; ++j) {
       const size_t k = size_t(i * 15 + j);
@@ -271,13 +269,13 @@ TEST(KernelsVsReference, RowAndColumnBroadcastsMatchExpandedOperands) {
     const Tensor b = Tensor::randn(bs, 12);
     const Tensor be = b.expand(x.shape()).contiguous();
     for (auto op : {ops::Binary::add, ops::Binary::mul, ops::Binary::maximum}) {
-      const std::vector<double> got = ops::binary(op, x, b, 2.0, 0.5).to_vector(),
-                                want = ops::binary(op, x, be, 2.0, 0.5).to_vector();
+      const std::vector<double> got = ops::binary(op, x, b, 2.0, 0.5).to_vector(), want = ops::binary(op, x, be, 2.0, 0.5).to_vector();
       EXPECT_EQ(got, want) << "b " << shape_str(bs);
       // A row in another dtype than the computation (an f16 master bias under f32; f32 under
       // f64): converted at its own size, the same values.
       for (const auto& [xt, bt] : {std::pair{x, b.to(DType::f16)}, std::pair{x.to(DType::f64), b}}) {
-        EXPECT_EQ(ops::binary(op, xt, bt, 2.0, 0.5).to_vector(), ops::binary(op, xt, bt.expand(x.shape()).contiguous(), 2.0, 0.5).to_vector())
+        EXPECT_EQ(ops::binary(op, xt, bt, 2.0, 0.5).to_vector(),
+                  ops::binary(op, xt, bt.expand(x.shape()).contiguous(), 2.0, 0.5).to_vector())
             << "b " << shape_str(bs) << " " << dtype_name(bt.dtype());
       }
     }
@@ -293,9 +291,7 @@ TEST(KernelsVsReference, FusedCausalAttentionMatchesTheComposedOps) {
     const Tensor x = Tensor::randn({B, T, 3 * D}, 21, 1.5), gy = Tensor::randn({B, T, D}, 22);
     const Var a(x, true), c(x, true);
     const Var fused = causal_self_attention(a, H);
-    auto heads = [&](int64_t part) {
-      return permute(reshape(slice(c, 2, part * D, (part + 1) * D), {B, T, H, hd}), {0, 2, 1, 3});
-    };
+    auto heads = [&](int64_t part) { return permute(reshape(slice(c, 2, part * D, (part + 1) * D), {B, T, H, hd}), {0, 2, 1, 3}); };
     const Var scores = mul_scalar(matmul(heads(0), transpose(heads(1), -1, -2)), 1 / std::sqrt(double(hd)));
     const Var composed = reshape(permute(matmul(softmax(causal_mask(scores)), heads(2)), {0, 2, 1, 3}), {B, T, D});
     fused.backward(gy);
@@ -367,7 +363,8 @@ TEST(KernelsVsReference, FusedNormAffineMatchesTheComposedOps) {
             }
           }
         };
-        const std::string where = std::string(center ? "layer" : "rms") + " norm, D " + std::to_string(D) + (scaled ? ", scaled f16" : ", f32");
+        const std::string where =
+            std::string(center ? "layer" : "rms") + " norm, D " + std::to_string(D) + (scaled ? ", scaled f16" : ", f32");
         SCOPED_TRACE(where);
         same(fused.scaled(), composed.scaled(), "output");
         same(xf.scaled_grad(), xc.scaled_grad(), "dx");
@@ -462,12 +459,31 @@ TEST(KernelsVsReference, FusedScaledAdamWIsBitIdentical) {
 TEST(KernelsVsReference, F16StorageCastMatchesTheEncoderPlusInfinityFixUp) {
   if (!kernels::isa_supported(kernels::Isa::avx2)) GTEST_SKIP() << "no AVX2 on this CPU";
   const float inf = std::numeric_limits<float>::infinity();
-  std::vector<float> v = {0.0f, -0.0f, 1.0f, -1.0f, 65504.0f, 65519.99f, 65520.0f, -65520.0f, 1e10f, -1e10f, inf, -inf,
-                          std::bit_cast<float>(0x7FC00001u), std::bit_cast<float>(0xFF812345u), 2.98e-8f, 5.96e-8f,
-                          -8.9e-8f, 1e-45f, 6.1e-5f, 1.0009765625f, 1.00048828125f};
+  std::vector<float> v = {0.0f,
+                          -0.0f,
+                          1.0f,
+                          -1.0f,
+                          65504.0f,
+                          65519.99f,
+                          65520.0f,
+                          -65520.0f,
+                          1e10f,
+                          -1e10f,
+                          inf,
+                          -inf,
+                          std::bit_cast<float>(0x7FC00001u),
+                          std::bit_cast<float>(0xFF812345u),
+                          2.98e-8f,
+                          5.96e-8f,
+                          -8.9e-8f,
+                          1e-45f,
+                          6.1e-5f,
+                          1.0009765625f,
+                          1.00048828125f};
   std::mt19937 rng(8);
   std::uniform_real_distribution<float> exponent(-30.0f, 20.0f);
-  for (int i = 0; i < 4000; ++i) v.push_back(std::ldexp(1.0f + float(rng() % 4096) / 4096.0f, int(exponent(rng))) * ((rng() & 1) ? 1.0f : -1.0f));
+  for (int i = 0; i < 4000; ++i)
+    v.push_back(std::ldexp(1.0f + float(rng() % 4096) / 4096.0f, int(exponent(rng))) * ((rng() & 1) ? 1.0f : -1.0f));
   const Tensor x = Tensor::from_vector(v, {int64_t(v.size())});
   const kernels::Isa native = kernels::active_isa();
   kernels::set_isa(kernels::Isa::avx2);

@@ -42,8 +42,10 @@ TEST(LossScaler, DynamicSkipsExactlyTheOverflowStepsAndRecovers) {
     s.scale_loss(sum(w * x)).backward();
     applied.push_back(s.unscale({w}));
     scales.push_back(s.scale());
-    if (applied.back()) EXPECT_EQ(w.grad().to_vector(), (std::vector<double>{1, 2, 3, 4}));
-    else EXPECT_FALSE(w.grad().defined());
+    if (applied.back())
+      EXPECT_EQ(w.grad().to_vector(), (std::vector<double>{1, 2, 3, 4}));
+    else
+      EXPECT_FALSE(w.grad().defined());
     w.zero_grad();
   }
   EXPECT_EQ(applied, (std::vector<bool>{true, true, false, false, true, true, true, true}));

@@ -36,7 +36,7 @@ TEST(OptimizerPass, GradientSumSquaresIsThePerParameterSumOnAnyThreadCount) {
   const double one_thread = optim::gradient_sum_squares(p);
   omp_set_num_threads(threads);
   EXPECT_NEAR(got, expected, 1e-12 * expected);
-  EXPECT_EQ(got, one_thread);  // partial sums added in a fixed order
+  EXPECT_EQ(got, one_thread);         // partial sums added in a fixed order
   EXPECT_GT(got, 9.0 * 21000 * 0.9);  // the first gradient's share alone: a test that sees it
 }
 

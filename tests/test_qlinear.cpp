@@ -27,8 +27,7 @@ namespace {
 
 double rel_error(const Tensor& a, const Tensor& b) {
   const Tensor d = ops::sub(a, b);
-  return std::sqrt(ops::sum(ops::unary(ops::Unary::square, d), {}).item() /
-                   ops::sum(ops::unary(ops::Unary::square, b), {}).item());
+  return std::sqrt(ops::sum(ops::unary(ops::Unary::square, d), {}).item() / ops::sum(ops::unary(ops::Unary::square, b), {}).item());
 }
 
 TEST(QLinear, F32RecipeIsBitIdenticalToThePlainEngine) {
@@ -94,8 +93,7 @@ TEST(QLinear, ForwardAndBackwardAreDecodeThenGemmOnEveryPath) {
   on_every_gemm_path([] {
     // Per-tensor current scaling: y = Q(x) Q(w), dX = Q(g) Q(w)^T, dW = Q(x)^T Q(g), with
     // independently built quantisers giving the same operands.
-    const Tensor x = Tensor::randn({2, 5, 32}, 5, 3.0), w = Tensor::randn({32, 12}, 6, 0.1),
-                 g = Tensor::randn({2, 5, 12}, 7, 1e-3);
+    const Tensor x = Tensor::randn({2, 5, 32}, 5, 3.0), w = Tensor::randn({32, 12}, 6, 0.1), g = Tensor::randn({2, 5, 12}, 7, 1e-3);
     Var xv(x, true), wv(w, true);
     const QLinear layer(preset("current").linear);
     const Var y = layer(xv, wv);
@@ -170,54 +168,57 @@ TEST(QLinear, MxIsDecodeThenGemmOnEveryPath) {
 // two), a NaN block reaching only its rows, and blocks of different lengths along K declining.
 TEST(QLinear, BlockScaledGemmOnCodesMatchesItsDefinition) {
   on_every_gemm_path([] {
-  const int64_t M = 130, N = 260, K = 300;  // two and three 128-wide blocks across the outputs
-  const BlockSpec rows128{1, 128, BlockScaleRule::f32_amax}, cols128{128, 1, BlockScaleRule::f32_amax},
-      square{128, 128, BlockScaleRule::f32_amax};
-  auto quantise = [](const Tensor& t, const BlockSpec& spec) {
-    const Tensor c = t.contiguous();
-    return quantize_blocks(std::span(c.data<float>(), size_t(c.numel())), size_t(t.size(0)), size_t(t.size(1)), Format::e4m3, spec);
-  };
-  for (bool ta : {false, true})
-    for (bool tb : {false, true}) {
-      Tensor a = Tensor::randn(ta ? Shape{K, M} : Shape{M, K}, 41, 2.0), b = Tensor::randn(tb ? Shape{N, K} : Shape{K, N}, 42, 0.1);
-      std::vector<float> av = a.to_floats();
-      av[size_t(ta ? 5 * M + 3 : 3 * K + 5)] = std::numeric_limits<float>::quiet_NaN();  // row 3, first K block
-      a = Tensor::from_vector(av, a.shape());
-      const BlockQuantized qa = quantise(a, ta ? cols128 : rows128), qb = quantise(b, tb ? rows128 : square);
-      const Tensor c = block_scaled_gemm(ta, tb, M, N, K, qa, qb);
-      ASSERT_TRUE(c.defined());
-      std::vector<float> da(size_t(M * K)), db(size_t(K * N));
-      dequantize_blocks(qa, da);
-      dequantize_blocks(qb, db);
-      const std::vector<float> got = c.to_floats();
-      for (int64_t i = 0; i < M; ++i)
-        for (int64_t j = 0; j < N; ++j) {
-          double want = 0, bound = 0;
-          for (int64_t k = 0; k < K; ++k) {
-            const double x = da[size_t(ta ? k * M + i : i * K + k)], y = db[size_t(tb ? j * K + k : k * N + j)];
-            want += x * y;
-            bound += std::fabs(x * y);
+    const int64_t M = 130, N = 260, K = 300;  // two and three 128-wide blocks across the outputs
+    const BlockSpec rows128{1, 128, BlockScaleRule::f32_amax}, cols128{128, 1, BlockScaleRule::f32_amax},
+        square{128, 128, BlockScaleRule::f32_amax};
+    auto quantise = [](const Tensor& t, const BlockSpec& spec) {
+      const Tensor c = t.contiguous();
+      return quantize_blocks(std::span(c.data<float>(), size_t(c.numel())), size_t(t.size(0)), size_t(t.size(1)), Format::e4m3, spec);
+    };
+    for (bool ta : {false, true})
+      for (bool tb : {false, true}) {
+        Tensor a = Tensor::randn(ta ? Shape{K, M} : Shape{M, K}, 41, 2.0), b = Tensor::randn(tb ? Shape{N, K} : Shape{K, N}, 42, 0.1);
+        std::vector<float> av = a.to_floats();
+        av[size_t(ta ? 5 * M + 3 : 3 * K + 5)] = std::numeric_limits<float>::quiet_NaN();  // row 3, first K block
+        a = Tensor::from_vector(av, a.shape());
+        const BlockQuantized qa = quantise(a, ta ? cols128 : rows128), qb = quantise(b, tb ? rows128 : square);
+        const Tensor c = block_scaled_gemm(ta, tb, M, N, K, qa, qb);
+        ASSERT_TRUE(c.defined());
+        std::vector<float> da(size_t(M * K)), db(size_t(K * N));
+        dequantize_blocks(qa, da);
+        dequantize_blocks(qb, db);
+        const std::vector<float> got = c.to_floats();
+        for (int64_t i = 0; i < M; ++i)
+          for (int64_t j = 0; j < N; ++j) {
+            double want = 0, bound = 0;
+            for (int64_t k = 0; k < K; ++k) {
+              const double x = da[size_t(ta ? k * M + i : i * K + k)], y = db[size_t(tb ? j * K + k : k * N + j)];
+              want += x * y;
+              bound += std::fabs(x * y);
+            }
+            const float g = got[size_t(i * N + j)];
+            if (i == 3) {
+              EXPECT_TRUE(std::isnan(g)) << "row 3 holds a NaN block";
+              continue;
+            }
+            ASSERT_NEAR(g, want, 1e-5 * bound + 1e-30) << "ta " << ta << " tb " << tb << " at " << i << "," << j;
           }
-          const float g = got[size_t(i * N + j)];
-          if (i == 3) {
-            EXPECT_TRUE(std::isnan(g)) << "row 3 holds a NaN block";
-            continue;
-          }
-          ASSERT_NEAR(g, want, 1e-5 * bound + 1e-30) << "ta " << ta << " tb " << tb << " at " << i << "," << j;
-        }
-    }
-  const Tensor a = Tensor::randn({M, K}, 43), b = Tensor::randn({K, N}, 44);
-  EXPECT_FALSE(block_scaled_gemm(false, false, M, N, K, quantise(a, rows128), quantise(b, mx_blocks(0))).defined())
-      << "blocks of 128 and 32 along K do not share partial products";
-  EXPECT_THROW(block_scaled_gemm(false, false, M, N + 1, K, quantise(a, rows128), quantise(b, square)), Error);
-  BlockQuantized bad = quantise(b, square);
-  bad.scales.pop_back();
-  EXPECT_THROW(block_scaled_gemm(false, false, M, N, K, quantise(a, rows128), bad), Error) << "inconsistent scales";
-  // Empty products: K = 0 sums nothing; M = 0 has no rows.
-  const Tensor none_k = block_scaled_gemm(false, false, 3, 4, 0, quantise(Tensor::zeros({3, 0}), rows128), quantise(Tensor::zeros({0, 4}), square));
-  ASSERT_TRUE(none_k.defined());
-  EXPECT_EQ(none_k.to_floats(), std::vector<float>(12, 0.0f));
-  EXPECT_EQ(block_scaled_gemm(false, false, 0, 4, 5, quantise(Tensor::zeros({0, 5}), rows128), quantise(Tensor::ones({5, 4}), square)).numel(), 0);
+      }
+    const Tensor a = Tensor::randn({M, K}, 43), b = Tensor::randn({K, N}, 44);
+    EXPECT_FALSE(block_scaled_gemm(false, false, M, N, K, quantise(a, rows128), quantise(b, mx_blocks(0))).defined())
+        << "blocks of 128 and 32 along K do not share partial products";
+    EXPECT_THROW(block_scaled_gemm(false, false, M, N + 1, K, quantise(a, rows128), quantise(b, square)), Error);
+    BlockQuantized bad = quantise(b, square);
+    bad.scales.pop_back();
+    EXPECT_THROW(block_scaled_gemm(false, false, M, N, K, quantise(a, rows128), bad), Error) << "inconsistent scales";
+    // Empty products: K = 0 sums nothing; M = 0 has no rows.
+    const Tensor none_k =
+        block_scaled_gemm(false, false, 3, 4, 0, quantise(Tensor::zeros({3, 0}), rows128), quantise(Tensor::zeros({0, 4}), square));
+    ASSERT_TRUE(none_k.defined());
+    EXPECT_EQ(none_k.to_floats(), std::vector<float>(12, 0.0f));
+    EXPECT_EQ(
+        block_scaled_gemm(false, false, 0, 4, 5, quantise(Tensor::zeros({0, 5}), rows128), quantise(Tensor::ones({5, 4}), square)).numel(),
+        0);
   });
 }
 
@@ -249,9 +250,12 @@ TEST(QLinear, BlockwiseProductsAreBlockScaledGemmsOfTheirOperands) {
     };
     const BlockSpec along_rows{1, 128, BlockScaleRule::f32_amax}, down_rows{128, 1, BlockScaleRule::f32_amax};
     const BlockSpec square{128, 128, BlockScaleRule::f32_amax};
-    EXPECT_EQ(y.value().to_floats(), product(false, false, rows, N, K, q(r.forward.activation, along_rows, x), q(r.forward.weight, square, w)));
-    EXPECT_EQ(xv.grad().to_floats(), product(false, true, rows, K, N, q(r.input_grad.gradient, along_rows, g), q(r.forward.weight, square, w)));
-    EXPECT_EQ(wv.grad().to_floats(), product(true, false, K, N, rows, q(r.forward.activation, down_rows, x), q(r.input_grad.gradient, down_rows, g)));
+    EXPECT_EQ(y.value().to_floats(),
+              product(false, false, rows, N, K, q(r.forward.activation, along_rows, x), q(r.forward.weight, square, w)));
+    EXPECT_EQ(xv.grad().to_floats(),
+              product(false, true, rows, K, N, q(r.input_grad.gradient, along_rows, g), q(r.forward.weight, square, w)));
+    EXPECT_EQ(wv.grad().to_floats(),
+              product(true, false, K, N, rows, q(r.forward.activation, down_rows, x), q(r.input_grad.gradient, down_rows, g)));
   });
 }
 
@@ -347,8 +351,10 @@ TEST(QLinear, TinyTransformerTrainsUnderEveryPreset) {
     // Measured: f32 1.593; the others 1.567 (delayed) to 1.665 (mxfp8). A layer that stops
     // learning ends near 2.5; the bound is the spread's edge, 0.07, plus room for the limited
     // pass's f32 GEMMs.
-    if (name == "f32") f32_final = last;
-    else EXPECT_NEAR(last, f32_final, 0.1) << name;
+    if (name == "f32")
+      f32_final = last;
+    else
+      EXPECT_NEAR(last, f32_final, 0.1) << name;
   }
 }
 

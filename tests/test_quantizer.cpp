@@ -126,7 +126,8 @@ TEST(Quantizer, ValuesEqualTheDecodedCodes) {
   v[18] = 1e6f;
   const Tensor x32 = Tensor::from_vector(v, {n});
   for (const Tensor& x : {x32, x32.to(DType::f16)})
-    for (Scaling scaling : {Scaling::none, Scaling::scalify, Scaling::current, Scaling::delayed, Scaling::amax_bias, Scaling::constant_bias})
+    for (Scaling scaling :
+         {Scaling::none, Scaling::scalify, Scaling::current, Scaling::delayed, Scaling::amax_bias, Scaling::constant_bias})
       for (const bool saturate : {true, false})
         for (Rounding rounding : {Rounding::nearest_even, Rounding::stochastic}) {
           QuantizerConfig c = cfg(scaling, Format::e5m2);
@@ -174,13 +175,13 @@ TEST(Quantizer, DelayedScalingUsesTheHistoryOfPastSteps) {
   q.quantize(vec({8.0f, 0.5f}));
   EXPECT_EQ(q.last().scale, 1.0f / F);
   EXPECT_EQ(q.last().clipped, 0.5);
-  EXPECT_EQ(q.delayed_scale(), F / 8);       // max of {1, 8}
+  EXPECT_EQ(q.delayed_scale(), F / 8);  // max of {1, 8}
   q.quantize(vec({2.0f}));
-  EXPECT_EQ(q.delayed_scale(), F / 8);       // max of {8, 2}: the window holds 8 still
+  EXPECT_EQ(q.delayed_scale(), F / 8);  // max of {8, 2}: the window holds 8 still
   q.quantize(vec({4.0f}));
-  EXPECT_EQ(q.delayed_scale(), F / 4);       // {2, 4}: 8 has rolled out
+  EXPECT_EQ(q.delayed_scale(), F / 4);  // {2, 4}: 8 has rolled out
   q.quantize(vec({0.0f}));
-  EXPECT_EQ(q.delayed_scale(), F / 4);       // {4, 0}: max 4
+  EXPECT_EQ(q.delayed_scale(), F / 4);  // {4, 0}: max 4
 
   QuantizerConfig r = c;
   r.reduce = HistoryReduce::most_recent;
@@ -188,15 +189,15 @@ TEST(Quantizer, DelayedScalingUsesTheHistoryOfPastSteps) {
   for (float a : {1.0f, 8.0f, 2.0f}) qr.quantize(vec({a}));
   EXPECT_EQ(qr.delayed_scale(), F / 2);
   qr.quantize(vec({0.0f}));
-  EXPECT_EQ(qr.delayed_scale(), F / 2);      // most recent amax 0: keep the previous scale
+  EXPECT_EQ(qr.delayed_scale(), F / 2);  // most recent amax 0: keep the previous scale
   qr.quantize(vec({std::nanf("")}));
-  EXPECT_EQ(qr.delayed_scale(), F / 2);      // not finite: keep
+  EXPECT_EQ(qr.delayed_scale(), F / 2);  // not finite: keep
 
   QuantizerConfig u = c;
   u.update_interval = 2;
   Quantizer qu(u);
   qu.quantize(vec({1.0f}));
-  EXPECT_EQ(qu.delayed_scale(), 1.0f);       // not yet: every second step
+  EXPECT_EQ(qu.delayed_scale(), 1.0f);  // not yet: every second step
   qu.quantize(vec({2.0f}));
   EXPECT_EQ(qu.delayed_scale(), F / 2);
 }

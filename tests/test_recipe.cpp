@@ -215,8 +215,9 @@ TEST(Recipe, HighPrecisionLayersAreLeftUnquantised) {
     for (const auto& [layer, q] : nn::Gpt(c, 1, r).quantized_linears()) names.append(names.empty() ? "" : " ").append(layer);
     return names;
   };
-  EXPECT_EQ(quantised({}), "h0.attn.qkv h0.attn.proj h0.mlp.fc h0.mlp.out h1.attn.qkv h1.attn.proj h1.mlp.fc h1.mlp.out "
-                           "h2.attn.qkv h2.attn.proj h2.mlp.fc h2.mlp.out");
+  EXPECT_EQ(quantised({}),
+            "h0.attn.qkv h0.attn.proj h0.mlp.fc h0.mlp.out h1.attn.qkv h1.attn.proj h1.mlp.fc h1.mlp.out "
+            "h2.attn.qkv h2.attn.proj h2.mlp.fc h2.mlp.out");
   EXPECT_EQ(quantised({.first_blocks = 1, .last_blocks = 1, .layers = {}}), "h1.attn.qkv h1.attn.proj h1.mlp.fc h1.mlp.out");
   EXPECT_EQ(quantised({.layers = {"*.attn.*", "h2.mlp.out"}}), "h0.mlp.fc h0.mlp.out h1.mlp.fc h1.mlp.out h2.mlp.fc");
   EXPECT_EQ(quantised({.first_blocks = 3, .last_blocks = 0, .layers = {}}), "");
@@ -233,7 +234,8 @@ TEST(Recipe, HighPrecisionLayersAreLeftUnquantised) {
 TEST(Recipe, PerGemmPartsThatCannotBeMeantTogetherAreRefusedByName) {
   Recipe half = preset("scalify_fp8_3");
   half.linear.weight_grad.gradient.scaling = Scaling::current;
-  EXPECT_ERROR(half.validate(), "recipe 'scalify_fp8_3': linear.forward.activation: SCALIFY scaling applies to every operand of every GEMM or to none");
+  EXPECT_ERROR(half.validate(),
+               "recipe 'scalify_fp8_3': linear.forward.activation: SCALIFY scaling applies to every operand of every GEMM or to none");
   Recipe empty = preset("current");
   empty.high_precision.layers = {""};
   EXPECT_ERROR(empty.validate(), "high_precision.layers: an empty pattern");
@@ -315,9 +317,27 @@ TEST(Recipe, OptimizerHyperparametersAreCheckedNamingTheField) {
 // quantisers and loss scaler it configures: scalify::Error is the only exception allowed.
 TEST(Recipe, FuzzedJsonGivesOnlyScalifyErrors) {
   std::mt19937_64 rng(13);
-  const std::vector<std::string> numbers = {"1e20", "-1e20", "3e9", "-3000000000", "18446744073709551616", "NaN", "nan",
-                                            "Infinity", "-0", "0.5", "1e-400", "1e400", "-1", "0", "2147483648",
-                                            "9223372036854775808", "-9223372036854775809", "\"7\"", "null", "[]", "{}"};
+  const std::vector<std::string> numbers = {"1e20",
+                                            "-1e20",
+                                            "3e9",
+                                            "-3000000000",
+                                            "18446744073709551616",
+                                            "NaN",
+                                            "nan",
+                                            "Infinity",
+                                            "-0",
+                                            "0.5",
+                                            "1e-400",
+                                            "1e400",
+                                            "-1",
+                                            "0",
+                                            "2147483648",
+                                            "9223372036854775808",
+                                            "-9223372036854775809",
+                                            "\"7\"",
+                                            "null",
+                                            "[]",
+                                            "{}"};
   std::vector<std::string> seeds;
   for (const std::string& name : preset_names()) seeds.push_back(preset(name).to_json());
   int accepted = 0, rejected = 0;
@@ -346,7 +366,7 @@ TEST(Recipe, FuzzedJsonGivesOnlyScalifyErrors) {
         const size_t at = rng() % text.size();
         switch (rng() % 4) {
           case 0: text[at] = char(text[at] ^ (1 << (rng() % 8))); break;  // bit flip
-          case 1: text.resize(at); break;                                  // truncation
+          case 1: text.resize(at); break;                                 // truncation
           case 2: text[at] = "{}[]\",:0123456789-.eE tfn\\"[rng() % 26]; break;
           default: {  // a number (or a whole value) replaced by a hostile one
             size_t p = text.find_first_of("-0123456789", at);

@@ -284,7 +284,8 @@ TEST(Trainer, AFolderWhoseRunSavedNoCheckpointStartsOverOrSaysHow) {
   train::train(c, false, {}, /*stop_after=*/2);  // stops with a checkpoint: remove it, as a kill before it would leave
   fs::remove(run / "checkpoint.safetensors");
   ASSERT_TRUE(fs::exists(run / "metrics.jsonl"));
-  EXPECT_ERROR(train::train(train::run_config(run.string()), true), "start it again with `scalify train --config " + (run / "config.toml").string() + "`");
+  EXPECT_ERROR(train::train(train::run_config(run.string()), true),
+               "start it again with `scalify train --config " + (run / "config.toml").string() + "`");
   const train::TrainResult r = train::train(c, false);
   EXPECT_EQ(r.steps, 8);
   int64_t loss_lines = 0;
@@ -336,7 +337,8 @@ TEST(Trainer, ScalifyPresetsHoldEveryActivationAndGradientInF16) {
     const train::TrainConfig c = tiny_run(data, scratch("f16_" + recipe), recipe);
     const auto s = train::make_session(c, nullptr);
     const train::Corpus corpus = train::corpus_for(c);
-    const train::Batch b = train::make_batch(corpus.train, train::train_starts(corpus.train.size(), c.batch, c.model.seq, c.seed, 0), c.model.seq);
+    const train::Batch b =
+        train::make_batch(corpus.train, train::train_starts(corpus.train.size(), c.batch, c.model.seq, c.seed, 0), c.model.seq);
     nn::ScaleProbe probe;
     s->forward_model().loss(b.ids, b.targets, &probe).backward();
     ASSERT_GE(probe.entries.size(), 20u) << recipe;  // 2 layers: ln, attention, mlp and residual taps
@@ -392,7 +394,8 @@ TEST(Trainer, ARecipeDefinedOnlyInATestTrainsTheGpt) {
 
 TEST(Config, NumbersArePlainDecimalText) {
   train::TrainConfig c;
-  for (const char* bad : {" 3", "3 ", "+3", "0x10", "1e3", "", "99999999999999999999"}) EXPECT_ERROR(c.set("steps", bad), "'steps' must be");
+  for (const char* bad : {" 3", "3 ", "+3", "0x10", "1e3", "", "99999999999999999999"})
+    EXPECT_ERROR(c.set("steps", bad), "'steps' must be");
   for (const char* bad : {" 0.1", "0x1p-3", "inf", "nan", "1e400"}) EXPECT_ERROR(c.set("lr", bad), "'lr' must be");
   c.set("steps", "-3");  // parsed, then judged by validate()
   EXPECT_ERROR(c.validate(), "'steps' must be in");
@@ -421,7 +424,8 @@ TEST(Recipe, UnknownDuplicateAndUnusableFieldsAreErrors) {
   const fs::path dir = scratch("e2m1_storage");
   fs::create_directories(dir);
   spit(dir / "e2m1.json", preset_json_with([](auto& j) { j["data_storage"] = "e2m1"; }));
-  EXPECT_ERROR(train::train(tiny_run(text_corpus(), dir / "run", (dir / "e2m1.json").string()), false), "data_storage must be f32, f16 or bf16");
+  EXPECT_ERROR(train::train(tiny_run(text_corpus(), dir / "run", (dir / "e2m1.json").string()), false),
+               "data_storage must be f32, f16 or bf16");
   EXPECT_FALSE(fs::exists(dir / "run"));
   // A key named twice: the text is edited, since a JSON object cannot hold it.
   std::string twice = quant::preset("delayed").to_json();

@@ -62,8 +62,8 @@ TEST(ScaledTensor, AsScaledGivesUnitDataAndExactValue) {
 TEST(ScaledTensor, BundlingPrimitivesAreNoOpsOnTheValue) {
   const Tensor x = Tensor::randn({300}, 4, 5.0);
   const ScaledTensor s = as_scaled(x);
-  for (const ScaledTensor& t : {set_scaling(s, 0.125f), rebalance(s, 8.0f), dynamic_rescale_l2(s),
-                                dynamic_rescale_max(s), set_scaling(ScaledTensor(x), 4.0f)})
+  for (const ScaledTensor& t :
+       {set_scaling(s, 0.125f), rebalance(s, 8.0f), dynamic_rescale_l2(s), dynamic_rescale_max(s), set_scaling(ScaledTensor(x), 4.0f)})
     EXPECT_EQ(t.value().to_vector(), x.to_vector());
   EXPECT_EQ(set_scaling(s, 0.125f).scalar_scale(), 0.125f);
   // dynamic_rescale_max multiplies the scale by pow2_round(amax(data)) and divides the data by it.
@@ -84,7 +84,7 @@ struct OpCase {
   std::vector<Shape> shapes;
   SOp scaled;
   TOp plain;
-  double lo, hi;  // bound on E[Y_d^2] for unit-variance data at any scale (derived in comments)
+  double lo, hi;           // bound on E[Y_d^2] for unit-variance data at any scale (derived in comments)
   bool scale_free = true;  // false: the output magnitude depends on the represented value
 };
 
@@ -108,27 +108,81 @@ std::vector<OpCase> cases() {
       {"max", {{64, 48}}, [](auto& v) { return max(v[0], 1); }, [](auto& v) { return ops::max(v[0], 1).first; }, 1, 8},
       // relu: E[relu(z)^2] = 1/2; gelu ~0.43; silu ~0.36.
       {"relu", {{64, 32}}, [](auto& v) { return unary(U::relu, v[0]); }, [](auto& v) { return ops::unary(U::relu, v[0]); }, 0.4, 0.6},
-      {"gelu", {{64, 32}}, [](auto& v) { return unary(U::gelu_tanh, v[0]); }, [](auto& v) { return ops::unary(U::gelu_tanh, v[0]); }, 0.3, 1, false},
+      {"gelu",
+       {{64, 32}},
+       [](auto& v) { return unary(U::gelu_tanh, v[0]); },
+       [](auto& v) { return ops::unary(U::gelu_tanh, v[0]); },
+       0.3,
+       1,
+       false},
       {"silu", {{64, 32}}, [](auto& v) { return unary(U::silu, v[0]); }, [](auto& v) { return ops::unary(U::silu, v[0]); }, 0.25, 1, false},
       {"abs", {{64, 32}}, [](auto& v) { return unary(U::abs, v[0]); }, [](auto& v) { return ops::unary(U::abs, v[0]); }, r2, 2},
-      {"square", {{64, 32}}, [](auto& v) { return unary(U::square, v[0]); }, [](auto& v) { return ops::unary(U::square, v[0]); }, 2, 4},  // E[z^4] = 3
+      {"square",
+       {{64, 32}},
+       [](auto& v) { return unary(U::square, v[0]); },
+       [](auto& v) { return ops::unary(U::square, v[0]); },
+       2,
+       4},  // E[z^4] = 3
       {"tanh", {{64, 32}}, [](auto& v) { return unary(U::tanh, v[0]); }, [](auto& v) { return ops::unary(U::tanh, v[0]); }, 0.3, 1, false},
       {"exp", {{64, 32}}, [](auto& v) { return unary(U::exp, v[0]); }, [](auto& v) { return ops::unary(U::exp, v[0]); }, 1, 10, false},
       // softmax over n = 32 (N = 32): E[(N p)^2] ~ E[e^(2z)] / E[e^z]^2 = e for unit Gaussian logits.
       {"softmax", {{64, 32}}, [](auto& v) { return softmax(v[0]); }, [](auto& v) { return ops::softmax(v[0]); }, 1.5, 4, false},
-      {"layer_norm", {{64, 32}}, [](auto& v) { return layer_norm(v[0], 1e-5); }, [](auto& v) { return ops::layer_norm(v[0], 1e-5).y; }, 0.9, 1.01},
-      {"rms_norm", {{64, 32}}, [](auto& v) { return rms_norm(v[0], 1e-6); }, [](auto& v) { return ops::rms_norm(v[0], 1e-6).y; }, 0.9, 1.01},
-      {"where", {{64, 32}, {64, 32}}, [cond](auto& v) { return where(cond, v[0], v[1]); }, [cond](auto& v) { return ops::where(cond, v[0], v[1]); }, 0.25, 1},
-      {"concat", {{64, 32}, {64, 16}}, [](auto& v) { return concat({v[0], v[1]}, 1); }, [](auto& v) { return ops::concat({v[0], v[1]}, 1); }, 0.25, 1},
-      {"embedding", {{10, 32}}, [ids](auto& v) { return embedding(v[0], ids); }, [ids](auto& v) { return ops::embedding(v[0], ids); }, r2, 2},
+      {"layer_norm",
+       {{64, 32}},
+       [](auto& v) { return layer_norm(v[0], 1e-5); },
+       [](auto& v) { return ops::layer_norm(v[0], 1e-5).y; },
+       0.9,
+       1.01},
+      {"rms_norm",
+       {{64, 32}},
+       [](auto& v) { return rms_norm(v[0], 1e-6); },
+       [](auto& v) { return ops::rms_norm(v[0], 1e-6).y; },
+       0.9,
+       1.01},
+      {"where",
+       {{64, 32}, {64, 32}},
+       [cond](auto& v) { return where(cond, v[0], v[1]); },
+       [cond](auto& v) { return ops::where(cond, v[0], v[1]); },
+       0.25,
+       1},
+      {"concat",
+       {{64, 32}, {64, 16}},
+       [](auto& v) {
+         return concat({v[0], v[1]}, 1);
+       },
+       [](auto& v) {
+         return ops::concat({v[0], v[1]}, 1);
+       },
+       0.25,
+       1},
+      {"embedding",
+       {{10, 32}},
+       [ids](auto& v) { return embedding(v[0], ids); },
+       [ids](auto& v) { return ops::embedding(v[0], ids); },
+       r2,
+       2},
       // ema (b = 0.9): Z_s rounds sqrt(b^2 M_s^2 + (1-b)^2 X_s^2) to the nearest power of two: [1/2, 2].
-      {"ema", {{64, 32}, {64, 32}}, [](auto& v) { return ema(v[0], v[1], 0.9); },
-       [](auto& v) { return ops::binary(ops::Binary::add, v[0], v[1], 0.9, 1 - 0.9); }, r2, 2},
+      {"ema",
+       {{64, 32}, {64, 32}},
+       [](auto& v) { return ema(v[0], v[1], 0.9); },
+       [](auto& v) { return ops::binary(ops::Binary::add, v[0], v[1], 0.9, 1 - 0.9); },
+       r2,
+       2},
       {"transpose", {{64, 32}}, [](auto& v) { return transpose(v[0], 0, 1); }, [](auto& v) { return v[0].transpose(0, 1); }, r2, 2},
       // maximum / minimum of two unit Gaussians: E[max^2] = E[min^2] = 1; rebasing the smaller-scale
       // operand onto the larger scale shrinks it: [1/4, 1].
-      {"maximum", {{64, 32}, {64, 32}}, [](auto& v) { return maximum(v[0], v[1]); }, [](auto& v) { return ops::maximum(v[0], v[1]); }, 0.25, 1.2},
-      {"minimum", {{64, 32}, {32}}, [](auto& v) { return minimum(v[0], v[1]); }, [](auto& v) { return ops::minimum(v[0], v[1]); }, 0.25, 1.2},
+      {"maximum",
+       {{64, 32}, {64, 32}},
+       [](auto& v) { return maximum(v[0], v[1]); },
+       [](auto& v) { return ops::maximum(v[0], v[1]); },
+       0.25,
+       1.2},
+      {"minimum",
+       {{64, 32}, {32}},
+       [](auto& v) { return minimum(v[0], v[1]); },
+       [](auto& v) { return ops::minimum(v[0], v[1]); },
+       0.25,
+       1.2},
   };
 }
 
@@ -174,8 +228,7 @@ TEST(ScaleRules, UnscaledInputsGiveBitIdenticalUnscaledResults) {
     const ScaledTensor out = c.scaled(in);
     EXPECT_FALSE(out.is_scaled()) << c.name;
     const std::vector<double> a = out.data.to_vector(), b = c.plain(values).to_vector();
-    for (size_t i = 0; i < a.size(); ++i)
-      ASSERT_EQ(std::bit_cast<uint64_t>(a[i]), std::bit_cast<uint64_t>(b[i])) << c.name << " " << i;
+    for (size_t i = 0; i < a.size(); ++i) ASSERT_EQ(std::bit_cast<uint64_t>(a[i]), std::bit_cast<uint64_t>(b[i])) << c.name << " " << i;
   }
 }
 
@@ -214,7 +267,13 @@ TEST(ScaleRules, BackwardKeepsGradientDataUnitScaled) {
       {"gelu", {{64, 32}}, [](auto& v) { return gelu(v[0]); }, 0.25, 1.5},
       {"layer_norm (rstd of unit data ~1)", {{64, 32}}, [](auto& v) { return layer_norm(v[0]); }, 0.5, 2},
       {"sum over rows (gradient broadcast)", {{64, 32}}, [](auto& v) { return sum(v[0], {1}); }, 0.5, 2},
-      {"reshape/transpose", {{64, 32}}, [](auto& v) { return transpose(reshape(v[0], {32, 64}), 0, 1); }, 0.5, 2},
+      {"reshape/transpose",
+       {{64, 32}},
+       [](auto& v) {
+         return transpose(reshape(v[0], {32, 64}), 0, 1);
+       },
+       0.5,
+       2},
   };
   for (const Case& c : cases)
     for (int trial = 0; trial < 3; ++trial) {
@@ -476,7 +535,8 @@ TEST(ScaleEdges, FoldingOpsStayFiniteAtTheF32Edge) {
     ASSERT_NEAR(got_log[i], std::log(double(v[i])) + 127 * std::log(2.0), 1e-5) << "log " << i;
   }
   // log's other edge: X_d X_s underflows to 0 (2^-30 at 2^-126), log X_d + log X_s = -156 ln 2.
-  const std::vector<double> tiny_log = value_f64(scaled::unary(ops::Unary::log, ScaledTensor(Tensor::full({4}, std::ldexp(1.0, -30)), std::ldexp(1.0f, -126))));
+  const std::vector<double> tiny_log =
+      value_f64(scaled::unary(ops::Unary::log, ScaledTensor(Tensor::full({4}, std::ldexp(1.0, -30)), std::ldexp(1.0f, -126))));
   for (double t : tiny_log) EXPECT_NEAR(t, -156 * std::log(2.0), 1e-4);
   Var logits(x, true);
   const Var l = cross_entropy(logits, targets);
@@ -499,7 +559,7 @@ TEST(ScaleRules, EveryRuleIsTheOneItsOpsApply) {
   EXPECT_EQ(r::reduction(64), 8.0f);
   EXPECT_EQ(r::reduction(0), 1.0f);
   EXPECT_EQ(r::weighted_sum(1.0, 1.0).scale, 1.0f);  // sqrt 2 rounded down
-  EXPECT_EQ(r::ema(1.0, 1.0, 0.9).scale, 1.0f);        // sqrt(0.82) = 0.91 to the nearest power of two (down: 0.5)
+  EXPECT_EQ(r::ema(1.0, 1.0, 0.9).scale, 1.0f);      // sqrt(0.82) = 0.91 to the nearest power of two (down: 0.5)
   EXPECT_EQ(scaled::matmul(x, y).scalar_scale(), r::reduction(48) * sx * sy);
   EXPECT_EQ(scaled::sum(x, {1}).scalar_scale(), r::reduction(48) * sx);
   EXPECT_EQ(scaled::mean(x, {1}).scalar_scale(), sx / r::reduction(48));
@@ -518,7 +578,8 @@ TEST(ScaleRules, EveryRuleIsTheOneItsOpsApply) {
   EXPECT_EQ(wv.scaled_grad().scalar_scale(), r::reduction(12) * sx * sg);
   // The fused norm's affine w xhat + b: a weighted sum of W_s and B_s.
   const float sw = std::ldexp(1.0f, 1), sb = std::ldexp(1.0f, 4);  // the bias's scale wins: W_s kept would fail
-  const Var ln = layer_norm(Var(x, true), Var(ScaledTensor(Tensor::randn({48}, 26), sw), true), Var(ScaledTensor(Tensor::randn({48}, 27), sb), true));
+  const Var ln =
+      layer_norm(Var(x, true), Var(ScaledTensor(Tensor::randn({48}, 26), sw), true), Var(ScaledTensor(Tensor::randn({48}, 27), sb), true));
   EXPECT_EQ(ln.scaled().scalar_scale(), r::weighted_sum(sw, sb).scale);
 }
 
@@ -538,7 +599,8 @@ TEST(ScaleRules, SharedWeightGradientRepresentsTheUnscaledOne) {
 // maximum / minimum keep a NaN from either operand (no silent NaN loss), and route the gradient.
 TEST(Scaled, MaximumMinimumPropagateNaNAndRouteGradients) {
   const float nan = std::numeric_limits<float>::quiet_NaN();
-  const Tensor a = Tensor::from_vector(std::vector<float>{nan, 1, 5, 2}, {4}), b = Tensor::from_vector(std::vector<float>{1, nan, 3, 2}, {4});
+  const Tensor a = Tensor::from_vector(std::vector<float>{nan, 1, 5, 2}, {4}),
+               b = Tensor::from_vector(std::vector<float>{1, nan, 3, 2}, {4});
   for (bool scaled_in : {false, true}) {
     // The same represented values, scaled differently: a = a_d 4, b = b_d 2.
     const ScaledTensor sa = scaled_in ? ScaledTensor(ops::scale_shift(a, 0.25, 0), 4.0f) : ScaledTensor(a);
@@ -594,8 +656,9 @@ TEST(ScaleRules, FusedAttentionRepresentsTheUnscaledComputation) {
       for (size_t i = 0; i < a.size(); ++i) ASSERT_NEAR(a[i], b[i], 1e-3 * (1 + std::fabs(b[i]))) << "s " << s << " at " << i;
       const std::vector<double> ga = scaled.grad().to_vector(), gb = plain.grad().to_vector();
       for (size_t i = 0; i < ga.size(); ++i) ASSERT_NEAR(ga[i], gb[i], 1e-3 * (1 + std::fabs(gb[i]))) << "s " << s << " grad at " << i;
-      EXPECT_LE(ops::max(ops::unary(ops::Unary::abs, ys.scaled().data.to(DType::f32).reshape({-1})), 0).first.item(),
-                ops::max(ops::unary(ops::Unary::abs, data.to(DType::f32).slice(2, 2 * D, 3 * D).contiguous().reshape({-1})), 0).first.item());
+      EXPECT_LE(
+          ops::max(ops::unary(ops::Unary::abs, ys.scaled().data.to(DType::f32).reshape({-1})), 0).first.item(),
+          ops::max(ops::unary(ops::Unary::abs, data.to(DType::f32).slice(2, 2 * D, 3 * D).contiguous().reshape({-1})), 0).first.item());
       EXPECT_EQ(scaled.scaled_grad().scalar_scale(), 0.5f * s) << "dQKV_s = g_s s";
       const Tensor grad_data = scaled.scaled_grad().data.to(DType::f32);
       const double dqk = rms_of(grad_data.slice(2, 0, 2 * D)), dv = rms_of(grad_data.slice(2, 2 * D, 3 * D));

@@ -85,8 +85,7 @@ TEST(ScaledTraining, TransformerStepIsModelInvariant) {
     const std::vector<double> g0 = p0[i].grad().to_vector(), g1 = p1[i].grad().to_vector();
     double norm = 0;
     for (double g : g0) norm = std::max(norm, std::fabs(g));
-    for (size_t j = 0; j < g0.size(); ++j)
-      ASSERT_NEAR(g1[j], g0[j], 64 * eps * norm) << "parameter " << i << " element " << j;
+    for (size_t j = 0; j < g0.size(); ++j) ASSERT_NEAR(g1[j], g0[j], 64 * eps * norm) << "parameter " << i << " element " << j;
   }
 }
 
@@ -132,8 +131,7 @@ TEST(ScaledTraining, GradientDataStaysNearUnitScale) {
     if (rms_value == 0) continue;
     min_value = std::min(min_value, rms_value);
     max_value = std::max(max_value, rms_value);
-    std::printf("%-14s gradient RMS %.2e, data RMS %.3g, scale %.3g\n", name.c_str(), rms_value, rms_data,
-                p.scaled_grad().scalar_scale());
+    std::printf("%-14s gradient RMS %.2e, data RMS %.3g, scale %.3g\n", name.c_str(), rms_value, rms_data, p.scaled_grad().scalar_scale());
     EXPECT_GT(rms_data, 1.0 / 16) << name << ": gradient data too small";
     EXPECT_LT(rms_data, 8.0) << name << ": gradient data too large";
   }
@@ -145,7 +143,10 @@ TEST(ScalingPrimitives, NoOpsOnTheValueInTheDirectionTheyDoNotActOn) {
   const Var x(as_scaled(x0), true);
   const Tensor w = Tensor::randn({64}, 12);
   for (int which = 0; which < 4; ++which) {
-    Var y = which == 0 ? set_scaling(x, 0.5f) : which == 1 ? rebalance(x, 8.0f) : which == 2 ? dynamic_rescale_l2(rebalance(x, 64.0f)) : dynamic_rescale_max(x);
+    Var y = which == 0   ? set_scaling(x, 0.5f)
+            : which == 1 ? rebalance(x, 8.0f)
+            : which == 2 ? dynamic_rescale_l2(rebalance(x, 64.0f))
+                         : dynamic_rescale_max(x);
     EXPECT_EQ(y.value().to_vector(), x0.to_vector()) << which;
     sum(mul(y, Var(w))).backward();
     EXPECT_EQ(x.grad().to_vector(), w.to_vector()) << which;
@@ -219,7 +220,7 @@ TEST(ScaledTraining, F16ScaledTransformerTracksF32) {
         for (const auto& [name, st] : casts->stats()) {
           std::printf("%-22s %9lld %9.4f%% %9.4f%% %9.4f%%\n", name.c_str(), (long long)st.values, 100 * st.underflow_fraction(),
                       100 * st.subnormal_fraction(), 100 * st.saturated_fraction());
-          EXPECT_EQ(st.saturated, 0) << name;  // the propagated scales keep every tensor below f16's max
+          EXPECT_EQ(st.saturated, 0) << name;                // the propagated scales keep every tensor below f16's max
           EXPECT_LT(st.underflow_fraction(), 1e-3) << name;  // ... and above its subnormals
         }
         EXPECT_GT(casts->total().values, 0);

@@ -20,13 +20,11 @@ struct Case {
 // resolution of the random bits.
 TEST(StochasticRounding, UnbiasedAndBetweenNeighbours) {
   const Case cases[] = {
-      {Format::e4m3, 1.3f},      {Format::e4m3, -0.7f},      {Format::e4m3, 300.0f},
-      {Format::e4m3, 0.0031f},  // subnormal range
-      {Format::e4m3, 1e-5f},    // far below the smallest subnormal: rounds to 0 or 2^-9
-      {Format::e5m2, 0.33f},     {Format::e5m2, 3e-6f},      {Format::e4m3fnuz, 17.3f},
-      {Format::f16, 0.1f},       {Format::bf16, 3.14159f},   {Format::e2m1, 2.6f},
-      {Format::e3m2, -0.07f},    {Format::e2m3, 5.1f},       {Format::e8m0, 1.3f},
-      {Format::e8m0, 7e-39f},    {Format::int8, 12.25f},
+      {Format::e4m3, 1.3f},     {Format::e4m3, -0.7f},  {Format::e4m3, 300.0f},    {Format::e4m3, 0.0031f},  // subnormal range
+      {Format::e4m3, 1e-5f},  // far below the smallest subnormal: rounds to 0 or 2^-9
+      {Format::e5m2, 0.33f},    {Format::e5m2, 3e-6f},  {Format::e4m3fnuz, 17.3f}, {Format::f16, 0.1f},
+      {Format::bf16, 3.14159f}, {Format::e2m1, 2.6f},   {Format::e3m2, -0.07f},    {Format::e2m3, 5.1f},
+      {Format::e8m0, 1.3f},     {Format::e8m0, 7e-39f}, {Format::int8, 12.25f},
   };
   const size_t n = size_t(1) << 18;
   for (const Case& c : cases) {
@@ -45,8 +43,7 @@ TEST(StochasticRounding, UnbiasedAndBetweenNeighbours) {
     for (float v : back) {
       sum += v;
       if (v != lo) hi = (hi == lo) ? v : hi;
-      ASSERT_TRUE(v == lo || v == hi) << format_name(f) << " x=" << c.x << " got " << v
-                                      << " besides " << lo << " and " << hi;
+      ASSERT_TRUE(v == lo || v == hi) << format_name(f) << " x=" << c.x << " got " << v << " besides " << lo << " and " << hi;
     }
     ASSERT_NE(hi, lo) << format_name(f) << " x=" << c.x << ": never rounded away from " << lo;
     const double p = (double(c.x) - lo) / (double(hi) - lo);
@@ -54,8 +51,7 @@ TEST(StochasticRounding, UnbiasedAndBetweenNeighbours) {
     ASSERT_LT(p, 1.0);
     const double mean = sum / double(n);
     const double bound = std::fabs(double(hi) - lo) * (5.0 * std::sqrt(p * (1 - p) / double(n)) + 1e-9);
-    EXPECT_NEAR(mean, double(c.x), bound) << format_name(f) << " x=" << c.x << " lo=" << lo
-                                          << " hi=" << hi;
+    EXPECT_NEAR(mean, double(c.x), bound) << format_name(f) << " x=" << c.x << " lo=" << lo << " hi=" << hi;
   }
 }
 

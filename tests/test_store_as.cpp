@@ -97,7 +97,8 @@ TEST(StoreAs, UnaryBackwardReadsItsOutputOnlyWhereTheDerivativeUsesIt) {
   const Tensor x = Tensor::rand({3, 5000}, 12, 0.2, 2.0), ones = Tensor::ones({3, 5000});
   const Tensor x64 = x.to(DType::f64);
   using U = ops::Unary;
-  for (U op : {U::neg, U::exp, U::log, U::sqrt, U::rsqrt, U::abs, U::relu, U::gelu_tanh, U::gelu_erf, U::silu, U::sigmoid, U::tanh, U::square}) {
+  for (U op :
+       {U::neg, U::exp, U::log, U::sqrt, U::rsqrt, U::abs, U::relu, U::gelu_tanh, U::gelu_erf, U::silu, U::sigmoid, U::tanh, U::square}) {
     const Tensor y = ops::unary(op, x);
     if (ops::derivative_uses_output(op)) {
       EXPECT_THROW(ops::unary_backward(op, x, Tensor(), ones), Error) << ops::unary_name(op);

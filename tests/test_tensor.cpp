@@ -36,8 +36,8 @@ TEST(Tensor, ViewsShareStorageAndCopyNothing) {
   EXPECT_FALSE(c.same_storage(x));
   EXPECT_TRUE(c.is_contiguous());
   EXPECT_EQ(c.to_vector(), t.to_vector());
-  EXPECT_TRUE(x.reshape({4, 6}).same_storage(x));   // contiguous: a view
-  EXPECT_FALSE(t.reshape({24}).same_storage(x));    // not contiguous: a copy
+  EXPECT_TRUE(x.reshape({4, 6}).same_storage(x));  // contiguous: a view
+  EXPECT_FALSE(t.reshape({24}).same_storage(x));   // not contiguous: a copy
   // Writing through a view changes the base.
   Tensor base = Tensor::zeros({3, 3});
   Tensor col = base.slice(1, 1, 2);

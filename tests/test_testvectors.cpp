@@ -19,9 +19,7 @@ using namespace scalify::testing;
 
 class TestVectors : public ::testing::TestWithParam<VectorFormat> {};
 
-std::string Name(const ::testing::TestParamInfo<VectorFormat>& p) {
-  return std::string(format_name(p.param.format));
-}
+std::string Name(const ::testing::TestParamInfo<VectorFormat>& p) { return std::string(format_name(p.param.format)); }
 
 // Checks one f32 input against its reference code, applying the two documented exemptions.
 // Returns false (after reporting) on mismatch.
@@ -34,8 +32,7 @@ bool check_f32(Format f, uint32_t in, uint32_t expected, const char* file) {
   if (e8m0_quirk_input(f, in)) expected = 0x00;  // exemption 1: nearest is 2^-127
   const uint32_t got = encode(f, x, kPlainCast);
   if (got != expected) {
-    ADD_FAILURE() << file << ": input f32 " << hex(in) << " (" << x << ") expected code "
-                  << hex(expected) << " got " << hex(got);
+    ADD_FAILURE() << file << ": input f32 " << hex(in) << " (" << x << ") expected code " << hex(expected) << " got " << hex(got);
     return false;
   }
   return true;
@@ -51,17 +48,14 @@ TEST_P(TestVectors, Decode) {
     const uint32_t got = std::bit_cast<uint32_t>(decode(f, code));
     const bool exp_nan = std::isnan(std::bit_cast<float>(expected));
     // NaN payloads differ between references (see the README); NaN-ness and sign must agree.
-    const bool ok = exp_nan ? std::isnan(std::bit_cast<float>(got)) && (got >> 31) == (expected >> 31)
-                            : got == expected;
-    ASSERT_TRUE(ok) << file << ": code " << hex(code) << " expected " << hex(expected)
-                    << " got " << hex(got);
+    const bool ok = exp_nan ? std::isnan(std::bit_cast<float>(got)) && (got >> 31) == (expected >> 31) : got == expected;
+    ASSERT_TRUE(ok) << file << ": code " << hex(code) << " expected " << hex(expected) << " got " << hex(got);
   }
 }
 
 TEST_P(TestVectors, SweepAllF32WithLow8BitsZero) {
   const Format f = GetParam().format;
-  const std::string file =
-      std::string("sweep_f32__") + GetParam().stem + "." + code_suffix(f) + ".bin.gz";
+  const std::string file = std::string("sweep_f32__") + GetParam().stem + "." + code_suffix(f) + ".bin.gz";
   const auto data = read_testvector(file);
   const int cb = info(f).storage_bytes();
   ASSERT_EQ(data.size(), (size_t(1) << 24) * cb);
@@ -82,8 +76,7 @@ TEST_P(TestVectors, Boundary) {
 void check_from_16bit(Format f, bool from_f16, const char* stem) {
   const Format src = from_f16 ? Format::f16 : Format::bf16;
   if (f == src) return;
-  const std::string file = std::string(from_f16 ? "from_f16__" : "from_bf16__") + stem + "." +
-                           code_suffix(f) + ".bin";
+  const std::string file = std::string(from_f16 ? "from_f16__" : "from_bf16__") + stem + "." + code_suffix(f) + ".bin";
   const auto data = read_testvector(file);
   const int cb = info(f).storage_bytes();
   ASSERT_EQ(data.size(), 65536u * cb);

@@ -40,8 +40,10 @@ TEST(Gpt, GradientsMatchFiniteDifferencesInEveryVariant) {
   };
   // The unit-scaled variant's backward scales each op's gradient on purpose (Table A.2; test_unit
   // checks those factors), so it is checked here with ExactGradients: same forward, beta = alpha.
-  const Variant variants[] = {{"standard", false, false, false, true}, {"untied head", false, false, false, false},
-                              {"rmsnorm+swiglu", false, true, true, true}, {"unit-scaled", true, false, false, true}};
+  const Variant variants[] = {{"standard", false, false, false, true},
+                              {"untied head", false, false, false, false},
+                              {"rmsnorm+swiglu", false, true, true, true},
+                              {"unit-scaled", true, false, false, true}};
   for (const Variant& v : variants) {
     nn::GptConfig c;
     c.vocab = 7;
@@ -64,20 +66,25 @@ TEST(Gpt, GradientsMatchFiniteDifferencesInEveryVariant) {
       // Non-zero biases and gains away from 1, so every parameter's gradient is exercised.
       values.push_back(ops::add(p.value(), Tensor::randn(p.shape(), values.size() + 11, 0.3)));
     }
-    testing::gradcheck(v.name, [&](const std::vector<Var>& ps) {
-      nn::NamedParams np;
-      for (size_t i = 0; i < ps.size(); ++i) np.push_back({names[i], ps[i]});
-      model.set_parameters(np);
-      return model.loss(ids, targets);
-    }, values);
+    testing::gradcheck(
+        v.name,
+        [&](const std::vector<Var>& ps) {
+          nn::NamedParams np;
+          for (size_t i = 0; i < ps.size(); ++i) np.push_back({names[i], ps[i]});
+          model.set_parameters(np);
+          return model.loss(ids, targets);
+        },
+        values);
   }
 }
 
 TEST(SafeTensors, AnIndependentReaderSeesTheNamesDtypesShapesAndBytes) {
   const fs::path p = scratch("t.safetensors");
   io::SafeTensors st;
-  st.tensors = {{"w", Tensor::randn({3, 4}, 1)}, {"h", Tensor::randn({5}, 2).to(DType::f16)},
-                {"q", Tensor::randn({2, 2}, 3).to(DType::e4m3)}, {"m", Tensor::randn({4}, 4).to(DType::e2m1)}};
+  st.tensors = {{"w", Tensor::randn({3, 4}, 1)},
+                {"h", Tensor::randn({5}, 2).to(DType::f16)},
+                {"q", Tensor::randn({2, 2}, 3).to(DType::e4m3)},
+                {"m", Tensor::randn({4}, 4).to(DType::e2m1)}};
   st.metadata = {{"step", "7"}};
   io::write_safetensors(p.string(), st);
   // Minimal reader written from the format's description, not the project's parser.
@@ -141,7 +148,10 @@ TEST(SafeTensors, CorruptTruncatedAndHostileFilesAreErrorsNotCrashes) {
       R"({"a":{"dtype":"F32","shape":[-1],"data_offsets":[0,4]}})",
       R"({"a":{"dtype":"X9","shape":[1],"data_offsets":[0,4]}})",
       R"({"a":{"dtype":"F32","shape":[100],"data_offsets":[0,400]}})",
-      R"({"a":[1,2,3]})", R"([1,2])", R"({"__metadata__":{"k":5}})", R"({"a":{"dtype":"F32","shape":[1]}})"};
+      R"({"a":[1,2,3]})",
+      R"([1,2])",
+      R"({"__metadata__":{"k":5}})",
+      R"({"a":{"dtype":"F32","shape":[1]}})"};
   for (const char* h : hostile) {
     EXPECT_THROW(io::parse_safetensors(with_header(h), "hostile"), Error) << h;
   }
@@ -228,18 +238,22 @@ TEST(Trainer, ResumeRefusesCorruptStateByName) {
       st.metadata["scalify.state"] = state.dump();
     };
   };
-  resume_with([](io::SafeTensors& st) {
-    for (auto& [name, t] : st.tensors)
-      if (name == "optim.m.wte") t = ops::binary(ops::Binary::mul, t.to(DType::f32), Tensor::full({}, NAN)).to(t.dtype());
-  }, "tensor 'optim.m.wte' holds NaN or infinite values");
+  resume_with(
+      [](io::SafeTensors& st) {
+        for (auto& [name, t] : st.tensors)
+          if (name == "optim.m.wte") t = ops::binary(ops::Binary::mul, t.to(DType::f32), Tensor::full({}, NAN)).to(t.dtype());
+      },
+      "tensor 'optim.m.wte' holds NaN or infinite values");
   resume_with(set_state("step", -5), "lacks a whole number 'step' >= 0");
   resume_with(set_state("step", 100), "'scalify.state' step 100 differs from metadata step 2");
   resume_with(set_state("skipped", "x"), "lacks a whole number 'skipped' >= 0");
   resume_with(set_state("optimizer_steps", nullptr), "lacks a whole number 'optimizer_steps' >= 0");
-  resume_with([](io::SafeTensors& st) {
-    for (auto& [name, t] : st.tensors)
-      if (name == "param.h0.mlp.fc.w.scale") t = Tensor::full({}, -1.0);
-  }, "tensor 'param.h0.mlp.fc.w.scale' is not a finite positive scale");
+  resume_with(
+      [](io::SafeTensors& st) {
+        for (auto& [name, t] : st.tensors)
+          if (name == "param.h0.mlp.fc.w.scale") t = Tensor::full({}, -1.0);
+      },
+      "tensor 'param.h0.mlp.fc.w.scale' is not a finite positive scale");
   EXPECT_ERROR(inspect::inspect_checkpoint(run.string(), {}), "tensor 'param.h0.mlp.fc.w.scale' is not a finite positive scale");
 }
 
@@ -252,8 +266,10 @@ TEST(Trainer, BadDataAndConfigAreClearErrorsBeforeAnyRunFolder) {
   fs::create_directories(dir / "no_text");
   spit(dir / "no_text" / "x.dat", std::string("\0\1\2", 3));
   const std::pair<std::string, std::string> cases[] = {
-      {(dir / "missing.txt").string(), "does not exist"}, {(dir / "empty.txt").string(), "is empty"},
-      {(dir / "binary.bin").string(), "not text"},         {(dir / "short.txt").string(), "too short"},
+      {(dir / "missing.txt").string(), "does not exist"},
+      {(dir / "empty.txt").string(), "is empty"},
+      {(dir / "binary.bin").string(), "not text"},
+      {(dir / "short.txt").string(), "too short"},
       {(dir / "no_text").string(), "no text file"},
       // A file that opens but fails to read (EIO at offset 0, for root too, which chmod cannot stop).
       {"/proc/self/mem", "cannot read"}};
@@ -310,9 +326,26 @@ TEST(Config, NarrowKeysAreRangeCheckedNotWrapped) {
 // scalify::Error is the only exception allowed.
 TEST(Config, FuzzedTomlGivesOnlyScalifyErrors) {
   std::mt19937_64 rng(13);
-  const std::vector<std::string> values = {"1e308", "-1e308", "nan", "inf", "-inf", "-1", "0", "0.5", "3000000000",
-                                           "9223372036854775807", "-9223372036854775808", "99999999999999999999",
-                                           "\"x\"", "true", "[1, 2]", "{a = 1}", "1979-05-27", "0x7FFFFFFF", "''", "\"\\u0000\""};
+  const std::vector<std::string> values = {"1e308",
+                                           "-1e308",
+                                           "nan",
+                                           "inf",
+                                           "-inf",
+                                           "-1",
+                                           "0",
+                                           "0.5",
+                                           "3000000000",
+                                           "9223372036854775807",
+                                           "-9223372036854775808",
+                                           "99999999999999999999",
+                                           "\"x\"",
+                                           "true",
+                                           "[1, 2]",
+                                           "{a = 1}",
+                                           "1979-05-27",
+                                           "0x7FFFFFFF",
+                                           "''",
+                                           "\"\\u0000\""};
   train::TrainConfig base;
   base.data = "corpus.txt";
   const std::string seed_doc = base.to_toml();

@@ -67,7 +67,11 @@ TEST(UnitOps, OutputsAndGradientsAreUnitScaled) {
       {"matmul unconstrained", {{512, 256}, {256, 384}}, [](auto& v) { return unit::matmul(v[0], v[1], unit::Constrain::none); }},
       {"matmul constrained x (m = n)", {{512, 256}, {256, 256}}, [](auto& v) { return unit::matmul(v[0], v[1], unit::Constrain::x); }},
       {"sum", {{256, 512}}, [](auto& v) { return unit::sum(v[0], {1}); }},
-      {"weighted_add", {{256, 256}, {256, 256}}, [](auto& v) { return unit::weighted_add({v[0], v[1]}, {0.3, 2.0}); }},
+      {"weighted_add",
+       {{256, 256}, {256, 256}},
+       [](auto& v) {
+         return unit::weighted_add({v[0], v[1]}, {0.3, 2.0});
+       }},
       {"relu", {{512, 512}}, [](auto& v) { return unit::relu(v[0]); }},
       {"gelu", {{512, 512}}, [](auto& v) { return unit::gelu(v[0]); }},
       {"tanh", {{512, 512}}, [](auto& v) { return unit::tanh(v[0]); }},
@@ -116,8 +120,11 @@ TEST(UnitOps, GradientsAreTheUnscaledGradientsTimesBeta) {
   for (const unit::ActivationFactors& f : unit::table_a2_activations()) {
     const Tensor h = Tensor::randn({1000}, 53), gh = Tensor::randn({1000}, 54);
     Var hs(h, true), hu(h, true);
-    (f.op == ops::Unary::relu ? unit::relu(hs) : f.op == ops::Unary::tanh ? unit::tanh(hs)
-     : f.op == ops::Unary::sigmoid ? unit::sigmoid(hs) : unit::gelu(hs)).backward(gh);
+    (f.op == ops::Unary::relu      ? unit::relu(hs)
+     : f.op == ops::Unary::tanh    ? unit::tanh(hs)
+     : f.op == ops::Unary::sigmoid ? unit::sigmoid(hs)
+                                   : unit::gelu(hs))
+        .backward(gh);
     unary(f.op == ops::Unary::gelu_erf ? ops::Unary::gelu_tanh : f.op, hu).backward(gh);
     const std::vector<double> p = hs.grad().to_vector(), q = hu.grad().to_vector();
     for (size_t i = 0; i < p.size(); ++i) ASSERT_NEAR(p[i], f.beta * q[i], 1e-5 * (1 + std::fabs(q[i]))) << f.name;
@@ -139,23 +146,29 @@ TEST(UnitOps, SiluGeluSoftmaxFollowTheUnitScalingPackage) {
   const Case cases[] = {
       {"gelu_erf", 1, L(0.8, 2, gelu_hi), L(0.8, 2, std::sqrt(2.0)), [](auto& v, auto c) { return unit::gelu_erf(v, 1, c); },
        [](auto& v) { return gelu_erf(v); }},
-      {"gelu_erf mult 2", 2, L(1 / 1.0625, 2, gelu_hi), L(1 / 1.0625, 2, std::sqrt(2.0)), [](auto& v, auto c) { return unit::gelu_erf(v, 2, c); },
-       [](auto& v) { return gelu_erf(v * 2.0) * 0.5; }},
-      {"silu", 1, L(0.8, 2, gelu_hi), std::pow(2.0, 0.75), [](auto& v, auto c) { return unit::silu(v, 1, c); }, [](auto& v) { return silu(v); }},
+      {"gelu_erf mult 2", 2, L(1 / 1.0625, 2, gelu_hi), L(1 / 1.0625, 2, std::sqrt(2.0)),
+       [](auto& v, auto c) { return unit::gelu_erf(v, 2, c); }, [](auto& v) { return gelu_erf(v * 2.0) * 0.5; }},
+      {"silu", 1, L(0.8, 2, gelu_hi), std::pow(2.0, 0.75), [](auto& v, auto c) { return unit::silu(v, 1, c); },
+       [](auto& v) { return silu(v); }},
       {"silu mult 0.5", 0.5, L(0.5, 2, gelu_hi), L(0.2, 2, std::sqrt(2.0)), [](auto& v, auto c) { return unit::silu(v, 0.5, c); },
        [](auto& v) { return v * sigmoid(v * 0.5); }},
   };
   for (const Case& c : cases)
-    for (unit::Constraint k : {unit::Constraint::none, unit::Constraint::to_output_scale, unit::Constraint::to_grad_input_scale, unit::Constraint::gmean}) {
+    for (unit::Constraint k :
+         {unit::Constraint::none, unit::Constraint::to_output_scale, unit::Constraint::to_grad_input_scale, unit::Constraint::gmean}) {
       const double a = k == unit::Constraint::none || k == unit::Constraint::to_output_scale ? c.alpha
-                       : k == unit::Constraint::gmean ? std::sqrt(c.alpha * c.beta) : c.beta;
-      const double b = k == unit::Constraint::none ? c.beta : k == unit::Constraint::to_output_scale ? c.alpha
-                       : k == unit::Constraint::gmean ? std::sqrt(c.alpha * c.beta) : c.beta;
+                       : k == unit::Constraint::gmean                                        ? std::sqrt(c.alpha * c.beta)
+                                                                                             : c.beta;
+      const double b = k == unit::Constraint::none              ? c.beta
+                       : k == unit::Constraint::to_output_scale ? c.alpha
+                       : k == unit::Constraint::gmean           ? std::sqrt(c.alpha * c.beta)
+                                                                : c.beta;
       Var xs(x, true), xp(x, true);
       const Var ys = c.unit_op(xs, k), yp = c.plain(xp);
       ys.backward(g);
       yp.backward(g);
-      const std::vector<double> yu = ys.value().to_vector(), yr = yp.value().to_vector(), gu = xs.grad().to_vector(), gr = xp.grad().to_vector();
+      const std::vector<double> yu = ys.value().to_vector(), yr = yp.value().to_vector(), gu = xs.grad().to_vector(),
+                                gr = xp.grad().to_vector();
       for (size_t i = 0; i < yu.size(); ++i) {
         ASSERT_NEAR(yu[i], a * yr[i], 2e-6 * (1 + std::fabs(a * yr[i]))) << c.name;
         ASSERT_NEAR(gu[i], b * gr[i], 2e-6 * (1 + std::fabs(b * gr[i]))) << c.name;
@@ -178,7 +191,8 @@ TEST(UnitOps, SiluGeluSoftmaxFollowTheUnitScalingPackage) {
     const Var ys = unit::softmax(xs, 0, mult, unit::Constraint::none), yp = softmax(xp * mult, 0);
     ys.backward(gs);
     yp.backward(gs);
-    const std::vector<double> yu = ys.value().to_vector(), yr = yp.value().to_vector(), gu = xs.grad().to_vector(), gr = xp.grad().to_vector();
+    const std::vector<double> yu = ys.value().to_vector(), yr = yp.value().to_vector(), gu = xs.grad().to_vector(),
+                              gr = xp.grad().to_vector();
     for (size_t i = 0; i < yu.size(); ++i) {
       ASSERT_NEAR(yu[i], alpha * yr[i], 2e-6 * (1 + alpha * std::fabs(yr[i]))) << "softmax mult " << mult;
       ASSERT_NEAR(gu[i], beta * gr[i], 2e-6 * (1 + beta * std::fabs(gr[i]))) << "softmax mult " << mult;
@@ -195,7 +209,8 @@ TEST(UnitOps, SiluGeluSoftmaxFollowTheUnitScalingPackage) {
     const Var ys = unit::matmul(xs, ws, k), yp = matmul(xp, wp);
     ys.backward(gm);
     yp.backward(gm);
-    const std::vector<double> yu = ys.value().to_vector(), yr = yp.value().to_vector(), gu = xs.grad().to_vector(), gr = xp.grad().to_vector();
+    const std::vector<double> yu = ys.value().to_vector(), yr = yp.value().to_vector(), gu = xs.grad().to_vector(),
+                              gr = xp.grad().to_vector();
     for (size_t i = 0; i < yu.size(); ++i) ASSERT_NEAR(yu[i], f * yr[i], 1e-5 * (1 + std::fabs(f * yr[i])));
     for (size_t i = 0; i < gu.size(); ++i) ASSERT_NEAR(gu[i], f * gr[i], 1e-5 * (1 + std::fabs(f * gr[i])));
   }
@@ -238,8 +253,8 @@ Table scale_table(bool unit_scaled, uint64_t seed, unit::Residual::Kind residual
   model.loss(ids, tg, &probe).backward();
   Table t;
   if (print)
-    std::printf("\n%s GPT (4 layers, d=64, T=32, B=8) at initialisation: RMS\n%-24s %10s %10s\n",
-                unit_scaled ? "Unit-scaled" : "Standard", "tensor", "forward", "backward");
+    std::printf("\n%s GPT (4 layers, d=64, T=32, B=8) at initialisation: RMS\n%-24s %10s %10s\n", unit_scaled ? "Unit-scaled" : "Standard",
+                "tensor", "forward", "backward");
   auto note = [&](const std::string& name, double v) {
     if (name.find("(masked)") != std::string::npos) return;  // reported apart
     t.min_rms = std::min(t.min_rms, v);
@@ -267,8 +282,8 @@ TEST(UnitGpt, ScalesAtInitialisationUnitScaledVsStandard) {
   for (uint64_t seed : {1, 2, 3}) {
     const Table u = scale_table(true, seed, unit::Residual::Kind::fixed, seed == 1);
     const Table s = scale_table(false, seed, unit::Residual::Kind::plain, seed == 1);
-    std::printf("seed %lu: unit-scaled RMS in [%.3g, %.3g]; standard in [%.3g, %.3g], %zu entries outside [0.5, 2]\n",
-                (unsigned long)seed, u.min_rms, u.max_rms, s.min_rms, s.max_rms, s.outside.size());
+    std::printf("seed %lu: unit-scaled RMS in [%.3g, %.3g]; standard in [%.3g, %.3g], %zu entries outside [0.5, 2]\n", (unsigned long)seed,
+                u.min_rms, u.max_rms, s.min_rms, s.max_rms, s.outside.size());
     for (const std::string& n : u.outside) ADD_FAILURE() << "unit-scaled outside [0.5, 2]: " << n;
     EXPECT_LT(s.min_rms, 1e-3);
     EXPECT_GT(s.outside.size(), 40u);
@@ -276,8 +291,8 @@ TEST(UnitGpt, ScalesAtInitialisationUnitScaledVsStandard) {
   // The running-mean residual scheme, for comparison (reported, see docs/RESULTS.md).
   for (uint64_t seed : {1, 2, 3}) {
     const Table r = scale_table(true, seed, unit::Residual::Kind::running_mean, false);
-    std::printf("seed %lu: unit-scaled with running-mean residuals: RMS in [%.3g, %.3g], %zu outside [0.5, 2]\n",
-                (unsigned long)seed, r.min_rms, r.max_rms, r.outside.size());
+    std::printf("seed %lu: unit-scaled with running-mean residuals: RMS in [%.3g, %.3g], %zu outside [0.5, 2]\n", (unsigned long)seed,
+                r.min_rms, r.max_rms, r.outside.size());
     EXPECT_GT(r.min_rms, 0.4);
     EXPECT_LT(r.max_rms, 2.5);
   }

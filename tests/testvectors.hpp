@@ -13,9 +13,7 @@
 
 namespace scalify::testing {
 
-inline std::string testvector_path(const std::string& file) {
-  return std::string(SCALIFY_TESTVECTORS_DIR) + "/" + file;
-}
+inline std::string testvector_path(const std::string& file) { return std::string(SCALIFY_TESTVECTORS_DIR) + "/" + file; }
 
 // Reads a file, gunzipping it when the name ends in .gz (gzread passes plain files through).
 inline std::vector<uint8_t> read_testvector(const std::string& file) {
@@ -45,11 +43,16 @@ struct VectorFormat {
 
 inline const std::vector<VectorFormat>& vector_formats() {
   static const std::vector<VectorFormat> v = {
-      {Format::bf16, "bfloat16"},          {Format::f16, "float16"},
-      {Format::e4m3, "float8_e4m3fn"},     {Format::e5m2, "float8_e5m2"},
-      {Format::e4m3fnuz, "float8_e4m3fnuz"}, {Format::e5m2fnuz, "float8_e5m2fnuz"},
-      {Format::e4m3b11fnuz, "float8_e4m3b11fnuz"}, {Format::e8m0, "float8_e8m0fnu"},
-      {Format::e2m3, "float6_e2m3fn"},     {Format::e3m2, "float6_e3m2fn"},
+      {Format::bf16, "bfloat16"},
+      {Format::f16, "float16"},
+      {Format::e4m3, "float8_e4m3fn"},
+      {Format::e5m2, "float8_e5m2"},
+      {Format::e4m3fnuz, "float8_e4m3fnuz"},
+      {Format::e5m2fnuz, "float8_e5m2fnuz"},
+      {Format::e4m3b11fnuz, "float8_e4m3b11fnuz"},
+      {Format::e8m0, "float8_e8m0fnu"},
+      {Format::e2m3, "float6_e2m3fn"},
+      {Format::e3m2, "float6_e3m2fn"},
       {Format::e2m1, "float4_e2m1fn"},
   };
   return v;
@@ -63,9 +66,7 @@ inline bool e8m0_quirk_input(Format f, uint32_t f32_bits) {
   return f == Format::e8m0 && f32_bits >= 0x00400001u && f32_bits <= 0x005FFFFFu;
 }
 // 2. NaN into FP6/FP4 (formats without NaN): an error, not a signed zero.
-inline bool nan_into_nanless(Format f, uint32_t f32_bits) {
-  return !info(f).has_nan() && (f32_bits & 0x7FFFFFFFu) > 0x7F800000u;
-}
+inline bool nan_into_nanless(Format f, uint32_t f32_bits) { return !info(f).has_nan() && (f32_bits & 0x7FFFFFFFu) > 0x7F800000u; }
 
 inline std::string hex(uint32_t v) {
   char b[16];

@@ -47,7 +47,8 @@ inline bool valid_png(const fs::path& p, uint32_t* width, uint32_t* height) {
 inline fs::path text_corpus() {
   const fs::path p = scratch("corpus.txt");
   std::string t;
-  const char* words[] = {"the", "model", "trains", "in", "low", "precision", "with", "scales", "that", "propagate", "through", "every", "op"};
+  const char* words[] = {"the",    "model", "trains",    "in",      "low",   "precision", "with",
+                         "scales", "that",  "propagate", "through", "every", "op"};
   uint32_t s = 7;
   for (int i = 0; i < 12000; ++i) {
     s = s * 1664525u + 1013904223u;

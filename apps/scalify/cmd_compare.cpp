@@ -20,8 +20,9 @@ void add_compare_command(CLI::App& app, const std::string& command_line) {
   for (const std::string& n : compare::recipe_list_names()) lists.append(lists.empty() ? "" : ", ").append(n);
   auto* c = app.add_subcommand("compare", "Train one model under each recipe in turn and write a report (table, plots) against FP32");
   c->add_option("--recipes", o->recipes,
-                "comma-separated presets, recipe .json files or named lists (" + lists + "); default: seeds (every preset). "
-                "f32 (and unit_f32 for unit scaling) is added as the baseline when missing");
+                "comma-separated presets, recipe .json files or named lists (" + lists +
+                    "); default: seeds (every preset). "
+                    "f32 (and unit_f32 for unit scaling) is added as the baseline when missing");
   o->config.add_to(c);
   c->add_option("--out", o->out, "report folder (default runs/compare)");
   c->add_option("--resume", o->resume, "continue the comparison in this folder (finished recipes are not rerun)");
@@ -31,8 +32,7 @@ void add_compare_command(CLI::App& app, const std::string& command_line) {
     if (resume) {
       if (o->resume.empty()) throw Error("compare: --resume needs a comparison folder");
       for (const char* opt : {"--recipes", "--config", "--data", "--steps", "--set", "--out"})
-        if (c->count(opt) > 0)
-          throw Error(std::string("compare: --resume continues the comparison as it was started; drop ") + opt);
+        if (c->count(opt) > 0) throw Error(std::string("compare: --resume continues the comparison as it was started; drop ") + opt);
       cc = compare::comparison_config(o->resume);
     } else {
       o->config.apply(cc.base);

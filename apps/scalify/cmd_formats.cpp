@@ -30,14 +30,13 @@ std::string nan_text(const FormatInfo& f) {
 }
 
 void print_table(bool csv) {
-  const char* head[] = {"name", "bits", "E", "M", "bias", "max", "min normal", "min subnormal",
-                        "inf", "NaN", "-0", "description"};
+  const char* head[] = {"name", "bits", "E", "M", "bias", "max", "min normal", "min subnormal", "inf", "NaN", "-0", "description"};
   if (csv) {
     for (int i = 0; i < 12; ++i) std::printf("%s%s", i ? "," : "", head[i]);
     std::printf("\n");
   } else {
-    std::printf("%-12s %4s %2s %2s %4s %12s %11s %13s %4s %13s %3s  %s\n", head[0], head[1], head[2],
-                head[3], head[4], head[5], head[6], head[7], head[8], head[9], head[10], head[11]);
+    std::printf("%-12s %4s %2s %2s %4s %12s %11s %13s %4s %13s %3s  %s\n", head[0], head[1], head[2], head[3], head[4], head[5], head[6],
+                head[7], head[8], head[9], head[10], head[11]);
   }
   for (const FormatInfo& f : kFormats) {
     const std::string e = f.is_float() ? std::to_string(f.exp_bits) : "-";
@@ -49,19 +48,15 @@ void print_table(bool csv) {
     const char* inf = f.has_inf() ? "yes" : "no";
     const char* nz = f.has_negative_zero() ? "yes" : "no";
     if (csv)
-      std::printf("%s,%d,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s\n", std::string(f.name).c_str(), f.bits,
-                  e.c_str(), m.c_str(), bias.c_str(), mx.c_str(), mn.c_str(), ms.c_str(), inf,
-                  nan_text(f).c_str(), nz, std::string(f.note).c_str());
+      std::printf("%s,%d,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s\n", std::string(f.name).c_str(), f.bits, e.c_str(), m.c_str(), bias.c_str(),
+                  mx.c_str(), mn.c_str(), ms.c_str(), inf, nan_text(f).c_str(), nz, std::string(f.note).c_str());
     else
-      std::printf("%-12s %4d %2s %2s %4s %12s %11s %13s %4s %13s %3s  %s\n",
-                  std::string(f.name).c_str(), f.bits, e.c_str(), m.c_str(), bias.c_str(),
-                  mx.c_str(), mn.c_str(), ms.c_str(), inf, nan_text(f).c_str(), nz,
-                  std::string(f.note).c_str());
+      std::printf("%-12s %4d %2s %2s %4s %12s %11s %13s %4s %13s %3s  %s\n", std::string(f.name).c_str(), f.bits, e.c_str(), m.c_str(),
+                  bias.c_str(), mx.c_str(), mn.c_str(), ms.c_str(), inf, nan_text(f).c_str(), nz, std::string(f.note).c_str());
   }
   if (!csv) {
     std::printf("\nAliases:\n");
-    for (const FormatInfo& f : kFormats)
-      std::printf("  %-12s %s\n", std::string(f.name).c_str(), std::string(f.aliases).c_str());
+    for (const FormatInfo& f : kFormats) std::printf("  %-12s %s\n", std::string(f.name).c_str(), std::string(f.aliases).c_str());
   }
 }
 

@@ -7,8 +7,7 @@
 namespace scalify::cli {
 
 void add_info_command(CLI::App& app) {
-  auto* cmd = app.add_subcommand(
-      "info", "Print the version, CPU features, the kernel ISA and GEMM paths chosen, and the thread count");
+  auto* cmd = app.add_subcommand("info", "Print the version, CPU features, the kernel ISA and GEMM paths chosen, and the thread count");
   cmd->callback([] { std::fputs(report::system_info_text().c_str(), stdout); });
 }
 

@@ -36,7 +36,8 @@ int parse_int_in(const std::string& option, const std::string& text, int lo, int
   long long v = 0;
   const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
   if (text.empty() || ec != std::errc() || end != text.data() + text.size() || v < lo || v > hi)
-    throw Error("quantize: " + option + " takes a whole number in [" + std::to_string(lo) + ", " + std::to_string(hi) + "], got '" + text + "'");
+    throw Error("quantize: " + option + " takes a whole number in [" + std::to_string(lo) + ", " + std::to_string(hi) + "], got '" + text +
+                "'");
   return int(v);
 }
 
@@ -57,11 +58,15 @@ void run_inspect(const std::string& target, std::string out, const std::string& 
   for (const inspect::InspectedTensor& t : in.tensors)
     if (t.histogram.nonfinite > 0) nonfinite.push_back(t.name + " (" + inspect::kind_name(t.kind) + ")");
   if (!nonfinite.empty())
-    std::fprintf(stderr, "scalify: warning: %zu tensors hold NaN or infinite values, first %s (tensors.csv counts them)\n", nonfinite.size(),
-                 nonfinite[0].c_str());
-  for (const auto& [what, field] : {std::pair{"underflow", &inspect::ExponentHistogram::underflow}, std::pair{"clipped", &inspect::ExponentHistogram::clipped}}) {
-    auto share = [f = field](const inspect::InspectedTensor& t) { return double(t.histogram.*f) / double(std::max<int64_t>(1, t.histogram.count)); };
-    const auto worst = std::max_element(in.tensors.begin(), in.tensors.end(), [&](const auto& x, const auto& y) { return share(x) < share(y); });
+    std::fprintf(stderr, "scalify: warning: %zu tensors hold NaN or infinite values, first %s (tensors.csv counts them)\n",
+                 nonfinite.size(), nonfinite[0].c_str());
+  for (const auto& [what, field] :
+       {std::pair{"underflow", &inspect::ExponentHistogram::underflow}, std::pair{"clipped", &inspect::ExponentHistogram::clipped}}) {
+    auto share = [f = field](const inspect::InspectedTensor& t) {
+      return double(t.histogram.*f) / double(std::max<int64_t>(1, t.histogram.count));
+    };
+    const auto worst =
+        std::max_element(in.tensors.begin(), in.tensors.end(), [&](const auto& x, const auto& y) { return share(x) < share(y); });
     if (worst == in.tensors.end() || worst->histogram.*field == 0)
       std::printf("most %s: none\n", what);
     else
@@ -69,7 +74,8 @@ void run_inspect(const std::string& target, std::string out, const std::string& 
   }
   if (!has_metrics) return;
   if (series.empty()) {
-    std::printf("no scale history: the metrics hold no quantiser statistics (a recipe that quantises nothing, or fewer steps than stats_every)\n");
+    std::printf(
+        "no scale history: the metrics hold no quantiser statistics (a recipe that quantises nothing, or fewer steps than stats_every)\n");
   } else {
     report_missing_picture(inspect::write_scale_history(series, out, "recipe " + in.recipe));
     std::printf("scale history of %zu quantised tensors: %s/scales.csv, scales.png, quant_fractions.png\n", series.size(), out.c_str());
@@ -104,9 +110,11 @@ void add_inspect_commands(CLI::App& app) {
                                "`scalify eval` runs the result. --sweep LO:HI compares them instead (seed 003 Table 3)");
   q->add_option("checkpoint", qa->checkpoint, "checkpoint .safetensors or run folder")->required();
   q->add_option("--out", qa->out, "quantised checkpoint to write (.safetensors), or with --sweep a folder for sweep.md/csv");
-  auto* method = q->add_option("--method", qa->method, "amax (per-tensor bias from amax), cscale (one constant bias), mx (MXFP8); default amax");
+  auto* method =
+      q->add_option("--method", qa->method, "amax (per-tensor bias from amax), cscale (one constant bias), mx (MXFP8); default amax");
   auto* bias = q->add_option("--bias", qa->bias, "cscale: the scaling bias b in [-64, 64] (values are cast as x * 2^b); default 0");
-  auto* sweep = q->add_option("--sweep", qa->sweep, "LO:HI: validation loss of f32, FP8-AMAX, MXFP8 and FP8-CSCALE for every bias in [LO, HI]");
+  auto* sweep =
+      q->add_option("--sweep", qa->sweep, "LO:HI: validation loss of f32, FP8-AMAX, MXFP8 and FP8-CSCALE for every bias in [LO, HI]");
   q->add_option("--data", qa->data, "--sweep: corpus (default: the run's)");
   q->callback([qa, method, bias, sweep] {
     if (sweep->count() == 0) {
@@ -120,12 +128,13 @@ void add_inspect_commands(CLI::App& app) {
         worst_under = std::max(worst_under, x.underflow);
         worst_clip = std::max(worst_clip, x.clipped);
       }
-      std::printf("wrote %s: %zu linear weights in e4m3 (%s%s); largest underflow %.3f%%, largest clipped %.3f%%\n", qa->out.c_str(), w.size(),
-                  qa->method.c_str(), o.method == train::PtqMethod::cscale ? (", bias " + std::to_string(o.bias)).c_str() : "",
+      std::printf("wrote %s: %zu linear weights in e4m3 (%s%s); largest underflow %.3f%%, largest clipped %.3f%%\n", qa->out.c_str(),
+                  w.size(), qa->method.c_str(), o.method == train::PtqMethod::cscale ? (", bias " + std::to_string(o.bias)).c_str() : "",
                   100 * worst_under, 100 * worst_clip);
       return;
     }
-    if (bias->count() + method->count() > 0) throw Error("quantize: --sweep runs every method and bias; it takes neither --method nor --bias");
+    if (bias->count() + method->count() > 0)
+      throw Error("quantize: --sweep runs every method and bias; it takes neither --method nor --bias");
     const size_t colon = qa->sweep.find(':');
     if (colon == std::string::npos) throw Error("quantize: --sweep takes LO:HI (e.g. -8:12), got '" + qa->sweep + "'");
     const int lo = parse_int_in("--sweep LO", qa->sweep.substr(0, colon), -64, 64);
@@ -142,7 +151,8 @@ void add_inspect_commands(CLI::App& app) {
       std::ostringstream csv;
       csv << "method,bias,val_loss,val_bpb,relative,not_run\n";
       for (const train::PtqSweepRow& r : rows)
-        csv << r.method << "," << r.bias << "," << r.eval.loss << "," << r.eval.bits_per_byte << "," << r.relative << ",\"" << r.not_run << "\"\n";
+        csv << r.method << "," << r.bias << "," << r.eval.loss << "," << r.eval.bits_per_byte << "," << r.relative << ",\"" << r.not_run
+            << "\"\n";
       io::write_text_atomically((fs::path(qa->out) / "sweep.csv").string(), csv.str());
       io::write_text_atomically((fs::path(qa->out) / "sweep.md").string(), md);
     }

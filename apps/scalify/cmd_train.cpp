@@ -54,13 +54,16 @@ void add_train_commands(CLI::App& app) {
   o->config.add_to(t);
   auto* out = t->add_option("--out", o->out, "run folder (default runs/train)");
   auto* recipe = t->add_option("--recipe", o->recipe, "recipe preset (f32, scalify_fp8_3, delayed, mxfp8, ...) or recipe .json file");
-  auto* resume = t->add_option("--resume", o->resume, "continue the run in this folder from its checkpoint (its config, --steps to extend)");
+  auto* resume =
+      t->add_option("--resume", o->resume, "continue the run in this folder from its checkpoint (its config, --steps to extend)");
   t->callback([o, out, recipe, resume] {
     train::TrainConfig c;
     if (resume->count() > 0) {
       if (out->count() > 0) throw Error("train: --resume names the run folder to continue; --out has no place beside it");
       if (!o->config.config.empty())
-        throw Error("train: --resume continues the run under its own config.toml; --config has no place beside it (--steps and --set override keys)");
+        throw Error(
+            "train: --resume continues the run under its own config.toml; --config has no place beside it (--steps and --set override "
+            "keys)");
       if (o->resume.empty()) throw Error("train: --resume needs a run folder");
       c = train::run_config(o->resume);
     }

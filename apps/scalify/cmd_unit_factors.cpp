@@ -14,7 +14,10 @@ void add_unit_factors_command(CLI::App& app) {
   auto* cmd = app.add_subcommand("unit-factors", "Estimate unit-scaling factors of activations and compare with Table A.2");
   auto samples = std::make_shared<int64_t>(int64_t(1) << 22);
   auto seed = std::make_shared<uint64_t>(1);
-  cmd->add_option("--samples", *samples, "Gaussian samples per activation")->capture_default_str()->transform(integer())->check(CLI::Range(int64_t(1000), int64_t(1) << 28));
+  cmd->add_option("--samples", *samples, "Gaussian samples per activation")
+      ->capture_default_str()
+      ->transform(integer())
+      ->check(CLI::Range(int64_t(1000), int64_t(1) << 28));
   cmd->add_option("--seed", *seed, "Random seed (>= 0)")->capture_default_str()->transform(non_negative_integer());
   cmd->callback([samples, seed] {
     std::printf("%-8s %9s %9s %7s   %9s %9s %7s\n", "op", "alpha", "table", "diff", "beta", "table", "diff");

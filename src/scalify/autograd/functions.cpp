@@ -33,15 +33,17 @@ DType store_as(const std::vector<Var>& inputs) { return kernel_store_as(Var::sto
 }  // namespace
 
 Var add(const Var& a, const Var& b) {
-  return Var::make("add", s::add(a.scaled(), b.scaled(), store_as({a, b})), {a, b}, [sa = a.shape(), sb = b.shape()](const ScaledTensor& g) {
-    return Grads{s::sum_to(g, sa), s::sum_to(g, sb)};
-  });
+  return Var::make("add", s::add(a.scaled(), b.scaled(), store_as({a, b})), {a, b},
+                   [sa = a.shape(), sb = b.shape()](const ScaledTensor& g) {
+                     return Grads{s::sum_to(g, sa), s::sum_to(g, sb)};
+                   });
 }
 
 Var sub(const Var& a, const Var& b) {
-  return Var::make("sub", s::sub(a.scaled(), b.scaled(), store_as({a, b})), {a, b}, [sa = a.shape(), sb = b.shape()](const ScaledTensor& g) {
-    return Grads{s::sum_to(g, sa), s::sum_to(s::mul_scalar(g, -1.0), sb)};
-  });
+  return Var::make("sub", s::sub(a.scaled(), b.scaled(), store_as({a, b})), {a, b},
+                   [sa = a.shape(), sb = b.shape()](const ScaledTensor& g) {
+                     return Grads{s::sum_to(g, sa), s::sum_to(s::mul_scalar(g, -1.0), sb)};
+                   });
 }
 
 Var mul(const Var& a, const Var& b) {
@@ -65,9 +67,7 @@ Var add_scalar(const Var& x, double c) {
 }
 
 Var mul_scalar(const Var& x, double c) {
-  return Var::make("mul_scalar", s::mul_scalar(x.scaled(), c), {x}, [c](const ScaledTensor& g) {
-    return Grads{s::mul_scalar(g, c)};
-  });
+  return Var::make("mul_scalar", s::mul_scalar(x.scaled(), c), {x}, [c](const ScaledTensor& g) { return Grads{s::mul_scalar(g, c)}; });
 }
 
 Var pow_scalar(const Var& x, double p) {
@@ -110,7 +110,8 @@ Var matmul(const Var& a, const Var& b) {
     // dA = G B^T, dB = A^T G (transposed views go to the GEMM without copies), summed over
     // broadcast batch dimensions; each a scaled matmul with its own reduction size.
     const ScaledTensor dx = s::sum_to(s::matmul(g, s::transpose(w, -1, -2)), x.shape());
-    if (w.shape().size() == 2 && x.shape().size() > 2 && (!x.is_scaled() || x.has_single_scale()) && (!g.is_scaled() || g.has_single_scale())) {
+    if (w.shape().size() == 2 && x.shape().size() > 2 && (!x.is_scaled() || x.has_single_scale()) &&
+        (!g.is_scaled() || g.has_single_scale())) {
       // A weight shared by every batch row (a linear layer): one GEMM reducing over all rows,
       // not one per batch index and then a sum over a [batch, K, N] temporary. Scaled, that is
       // the matmul rule over all rows' reduction.
@@ -145,7 +146,12 @@ Var mean(const Var& x, const std::vector<int>& dims, bool keepdim) {
 Var max(const Var& x, int dim, bool keepdim) {
   ScaledTensor out = s::max(x.scaled(), dim, true);
   const Tensor index = ops::max(x.scaled().data, dim, true).second;
-  if (!keepdim) out = s::reshape(out, [&] { Shape sh = out.shape(); sh.erase(sh.begin() + (dim < 0 ? dim + int(sh.size()) : dim)); return sh; }());
+  if (!keepdim)
+    out = s::reshape(out, [&] {
+      Shape sh = out.shape();
+      sh.erase(sh.begin() + (dim < 0 ? dim + int(sh.size()) : dim));
+      return sh;
+    }());
   return Var::make("max", out, {x}, [shape = x.shape(), dim, index](const ScaledTensor& g) {
     // The gradient goes to the (first) maximum of each row: a 0/1 mask times g.
     const int d = dim < 0 ? dim + int(shape.size()) : dim;
@@ -202,9 +208,7 @@ Var norm(const char* name, const Var& x, double eps, bool center) {
 }  // namespace
 
 namespace {
-bool one_normal_scale(const ScaledTensor& t) {
-  return t.has_single_scale() && scale_kept_exactly(t.scalar_scale());
-}
+bool one_normal_scale(const ScaledTensor& t) { return t.has_single_scale() && scale_kept_exactly(t.scalar_scale()); }
 // The normalisation and its affine as one op (ops::norm_affine): one pass per row forward, and
 // g * w formed inside the normalisation's backward. The scales are the composition's: xhat has
 // scale 1, xhat * w takes W_s, + b rebases both onto Z_s = pow2_round(sqrt(W_s^2 + B_s^2)). Only
@@ -221,7 +225,8 @@ std::optional<Var> fused_norm(const char* name, const Var& x, const Var& weight,
   const double sx = scaled ? double(xs.scalar_scale()) : 1.0, w_s = scaled ? double(ws.scalar_scale()) : 1.0;
   const double b_s = scaled && bs ? double(bs->scalar_scale()) : 0.0;
   // With a scaled bias, w xhat + b is a sum of two terms (the add rule); otherwise it keeps W_s.
-  const scaled::rules::WeightedSum z = scaled && bs ? scaled::rules::weighted_sum(w_s, b_s) : scaled::rules::WeightedSum{float(w_s), 1.0, 0.0};
+  const scaled::rules::WeightedSum z =
+      scaled && bs ? scaled::rules::weighted_sum(w_s, b_s) : scaled::rules::WeightedSum{float(w_s), 1.0, 0.0};
   const float zs = z.scale;
   ops::Affine a{ws.data, bs ? bs->data : Tensor(), z.x_mul, scaled ? z.y_mul : 1.0};
   std::vector<Var> inputs = {x, weight};
@@ -229,28 +234,32 @@ std::optional<Var> fused_norm(const char* name, const Var& x, const Var& weight,
   ops::NormResult r = ops::norm_affine(xs.data, eps / (sx * sx), center, a, store_as(inputs));  // eps as s::normalise rescales it
   const ScaledTensor y = scaled ? ScaledTensor(r.y, zs) : ScaledTensor(r.y);
   r.y = Tensor();  // the backward needs xhat and rstd only
-  return Var::make(name, y, inputs, [r, center, scaled, sx, w = ws, x_storage = xs.data.dtype(), b_shape = bias.defined() ? bias.shape() : Shape()](const ScaledTensor& g) {
-    // d xhat = g * w (scale G_s W_s), then the normalisation's backward (scale / X_s).
-    ScaledTensor dx;
-    if (!g.is_scaled() || one_normal_scale(g)) {
-      const double g_scale = g.is_scaled() ? double(g.scalar_scale()) : 1.0, w_scale = scaled ? double(w.scalar_scale()) : 1.0;
-      const bool has_scale = g.is_scaled() || scaled;
-      // Written in x's storage, which the gradient takes, unless with_exact_scale must still
-      // rescale the data (a scale beyond f32's normal range).
-      const double dx_scale = g_scale * w_scale / sx;
-      const bool final_data = !has_scale || scale_kept_exactly(dx_scale);
-      const Tensor d = ops::norm_affine_backward(r, g.data, center, w.data, 1.0, final_data ? kernel_store_as(x_storage) : DType::f32);
-      dx = has_scale ? with_exact_scale(d, dx_scale) : ScaledTensor(d);
-    } else {  // an ANY-scale gradient: the composition's mul and normalisation backward
-      const ScaledTensor gw = s::mul(g, w);
-      const Tensor d = center ? ops::layer_norm_backward(r, gw.data) : ops::rms_norm_backward(r, gw.data);
-      dx = gw.is_scaled() && !gw.any_scale ? with_exact_scale(d, gw.scalar_scale() / sx) : ScaledTensor(ops::scale_shift(d, 1.0 / sx, 0.0));
-    }
-    const ScaledTensor xhat = scaled ? ScaledTensor(r.xhat, 1.0f) : ScaledTensor(r.xhat);
-    Grads grads{dx, s::sum_to(s::mul(g, xhat), w.shape())};
-    if (!b_shape.empty()) grads.push_back(s::sum_to(g, b_shape));
-    return grads;
-  });
+  return Var::make(
+      name, y, inputs,
+      [r, center, scaled, sx, w = ws, x_storage = xs.data.dtype(),
+       b_shape = bias.defined() ? bias.shape() : Shape()](const ScaledTensor& g) {
+        // d xhat = g * w (scale G_s W_s), then the normalisation's backward (scale / X_s).
+        ScaledTensor dx;
+        if (!g.is_scaled() || one_normal_scale(g)) {
+          const double g_scale = g.is_scaled() ? double(g.scalar_scale()) : 1.0, w_scale = scaled ? double(w.scalar_scale()) : 1.0;
+          const bool has_scale = g.is_scaled() || scaled;
+          // Written in x's storage, which the gradient takes, unless with_exact_scale must still
+          // rescale the data (a scale beyond f32's normal range).
+          const double dx_scale = g_scale * w_scale / sx;
+          const bool final_data = !has_scale || scale_kept_exactly(dx_scale);
+          const Tensor d = ops::norm_affine_backward(r, g.data, center, w.data, 1.0, final_data ? kernel_store_as(x_storage) : DType::f32);
+          dx = has_scale ? with_exact_scale(d, dx_scale) : ScaledTensor(d);
+        } else {  // an ANY-scale gradient: the composition's mul and normalisation backward
+          const ScaledTensor gw = s::mul(g, w);
+          const Tensor d = center ? ops::layer_norm_backward(r, gw.data) : ops::rms_norm_backward(r, gw.data);
+          dx = gw.is_scaled() && !gw.any_scale ? with_exact_scale(d, gw.scalar_scale() / sx)
+                                               : ScaledTensor(ops::scale_shift(d, 1.0 / sx, 0.0));
+        }
+        const ScaledTensor xhat = scaled ? ScaledTensor(r.xhat, 1.0f) : ScaledTensor(r.xhat);
+        Grads grads{dx, s::sum_to(s::mul(g, xhat), w.shape())};
+        if (!b_shape.empty()) grads.push_back(s::sum_to(g, b_shape));
+        return grads;
+      });
 }
 }  // namespace
 
@@ -276,23 +285,24 @@ Var embedding(const Var& weight, const Tensor& ids) {
 }
 
 Var cross_entropy(const Var& logits, const Tensor& targets) {
-  return Var::make("cross_entropy", s::cross_entropy(logits.scaled(), targets), {logits},
-                   [l = logits.scaled(), targets](const ScaledTensor& g) {
-                     const double c = plain(g).item() / double(std::max<int64_t>(l.shape()[0], 1));
-                     // One scale: data and scale go in separately (no folded f32 to overflow); per-block
-                     // scales: their represented values.
-                     const bool single = l.has_single_scale();
-                     const Tensor p = ops::cross_entropy_backward(single ? l.data : plain(l), targets, double(l.shape()[0]),
-                                                                  single ? double(l.scalar_scale()) : 1.0);
-                     if (!g.is_scaled()) return Grads{ScaledTensor(ops::scale_shift(p, c, 0.0))};
-                     // softmax - onehot is O(1) per row: keep it as data, c as a power-of-two scale.
-                     if (c == 0) return Grads{any_scale_constant(ops::scale_shift(p, 0.0, 0.0))};
-                     const float cs = pow2_round(std::fabs(c));
-                     return Grads{ScaledTensor(ops::scale_shift(p, c / cs, 0.0), cs)};
-                   },
-                   // The loss stays f32 whatever the logits' storage (as mixed-precision frameworks
-                   // keep losses): it is read, logged and compared, and one value costs nothing.
-                   Var::Storage::as_computed);
+  return Var::make(
+      "cross_entropy", s::cross_entropy(logits.scaled(), targets), {logits},
+      [l = logits.scaled(), targets](const ScaledTensor& g) {
+        const double c = plain(g).item() / double(std::max<int64_t>(l.shape()[0], 1));
+        // One scale: data and scale go in separately (no folded f32 to overflow); per-block
+        // scales: their represented values.
+        const bool single = l.has_single_scale();
+        const Tensor p =
+            ops::cross_entropy_backward(single ? l.data : plain(l), targets, double(l.shape()[0]), single ? double(l.scalar_scale()) : 1.0);
+        if (!g.is_scaled()) return Grads{ScaledTensor(ops::scale_shift(p, c, 0.0))};
+        // softmax - onehot is O(1) per row: keep it as data, c as a power-of-two scale.
+        if (c == 0) return Grads{any_scale_constant(ops::scale_shift(p, 0.0, 0.0))};
+        const float cs = pow2_round(std::fabs(c));
+        return Grads{ScaledTensor(ops::scale_shift(p, c / cs, 0.0), cs)};
+      },
+      // The loss stays f32 whatever the logits' storage (as mixed-precision frameworks
+      // keep losses): it is read, logged and compared, and one value costs nothing.
+      Var::Storage::as_computed);
 }
 
 namespace {
@@ -318,8 +328,7 @@ Var where(const Tensor& cond, const Var& a, const Var& b) {
 
 Var causal_mask(const Var& scores) {
   const Shape& sh = scores.shape();
-  if (sh.size() < 2 || sh[sh.size() - 2] != sh.back())
-    throw Error("causal_mask: scores must be [..., T, T], got " + shape_str(sh));
+  if (sh.size() < 2 || sh[sh.size() - 2] != sh.back()) throw Error("causal_mask: scores must be [..., T, T], got " + shape_str(sh));
   const DType dt = scores.scaled().data.dtype() == DType::f64 ? DType::f64 : DType::f32;
   const Tensor minus_inf = Tensor::scalar(-std::numeric_limits<double>::infinity(), dt);
   // -inf ignores scale: an ANY constant when the scores are scaled.
@@ -332,8 +341,8 @@ Var causal_self_attention(const Var& qkv, int64_t heads) {
   if (x.any_scale || (x.scale.defined() && x.scale.numel() != 1))
     throw Error("causal_self_attention: qkv needs one scale (or none); per-block or ANY scales compose matmul, causal_mask and softmax");
   if (qkv.shape().size() != 3 || heads < 1 || qkv.shape()[2] % (3 * heads) != 0)
-    throw Error("causal_self_attention: qkv must be [B, T, 3D] with D divisible by heads = " + std::to_string(heads) +
-                ", got " + shape_str(qkv.shape()));
+    throw Error("causal_self_attention: qkv must be [B, T, 3D] with D divisible by heads = " + std::to_string(heads) + ", got " +
+                shape_str(qkv.shape()));
   // Represented values s * X_d: scores s^2 (q_d k_d^T) / sqrt(hd). The output is a convex
   // combination of value rows, so it keeps their scale (Y_s = s, |Y_d| <= max |v_d|: it cannot
   // overflow). Backward, dq and dk are s^2 times smaller than dv (they pass through the scores),
@@ -356,29 +365,25 @@ Var dropout(const Var& x, double p, uint64_t seed) {
   if (p == 0.0) return x;
   const DType dt = x.scaled().data.dtype() == DType::f64 ? DType::f64 : DType::f32;
   const Tensor mask = ops::dropout_mask(x.shape(), p, seed, dt);
-  return Var::make("dropout", s::with_grad_scale(x.scaled(), ops::mul(x.scaled().data, mask)), {x}, [mask](const ScaledTensor& g) {
-    return Grads{s::with_grad_scale(g, ops::mul(g.data, mask))};
-  });
+  return Var::make("dropout", s::with_grad_scale(x.scaled(), ops::mul(x.scaled().data, mask)), {x},
+                   [mask](const ScaledTensor& g) { return Grads{s::with_grad_scale(g, ops::mul(g.data, mask))}; });
 }
 
 Var reshape(const Var& x, const Shape& shape) {
-  return Var::make("reshape", s::reshape(x.scaled(), shape), {x}, [sh = x.shape()](const ScaledTensor& g) {
-    return Grads{s::reshape(g, sh)};
-  });
+  return Var::make("reshape", s::reshape(x.scaled(), shape), {x},
+                   [sh = x.shape()](const ScaledTensor& g) { return Grads{s::reshape(g, sh)}; });
 }
 
 Var permute(const Var& x, const std::vector<int>& dims) {
   std::vector<int> inverse(dims.size());
   for (size_t i = 0; i < dims.size(); ++i) inverse[size_t(dims[i] < 0 ? dims[i] + int(dims.size()) : dims[i])] = int(i);
-  return Var::make("permute", s::with_grad_scale(x.scaled(), x.scaled().data.permute(dims)), {x}, [inverse](const ScaledTensor& g) {
-    return Grads{s::with_grad_scale(g, g.data.permute(inverse))};
-  });
+  return Var::make("permute", s::with_grad_scale(x.scaled(), x.scaled().data.permute(dims)), {x},
+                   [inverse](const ScaledTensor& g) { return Grads{s::with_grad_scale(g, g.data.permute(inverse))}; });
 }
 
 Var transpose(const Var& x, int d0, int d1) {
-  return Var::make("transpose", s::transpose(x.scaled(), d0, d1), {x}, [d0, d1](const ScaledTensor& g) {
-    return Grads{s::transpose(g, d0, d1)};
-  });
+  return Var::make("transpose", s::transpose(x.scaled(), d0, d1), {x},
+                   [d0, d1](const ScaledTensor& g) { return Grads{s::transpose(g, d0, d1)}; });
 }
 
 Var slice(const Var& x, int dim, int64_t start, int64_t end) {
@@ -391,9 +396,8 @@ Var slice(const Var& x, int dim, int64_t start, int64_t end) {
 }
 
 Var expand(const Var& x, const Shape& shape) {
-  return Var::make("expand", s::expand(x.scaled(), shape), {x}, [sh = x.shape()](const ScaledTensor& g) {
-    return Grads{s::sum_to(g, sh)};
-  });
+  return Var::make("expand", s::expand(x.scaled(), shape), {x},
+                   [sh = x.shape()](const ScaledTensor& g) { return Grads{s::sum_to(g, sh)}; });
 }
 
 Var concat(const std::vector<Var>& xs, int dim) {
@@ -419,8 +423,8 @@ std::vector<Var> split(const Var& x, const std::vector<int64_t>& sizes, int dim)
   }
   const int64_t n = x.shape()[size_t(dim < 0 ? dim + int(x.shape().size()) : dim)];
   if (at != n)
-    throw Error("split: sizes sum to " + std::to_string(at) + ", dimension " + std::to_string(dim) + " of " +
-                shape_str(x.shape()) + " has " + std::to_string(n));
+    throw Error("split: sizes sum to " + std::to_string(at) + ", dimension " + std::to_string(dim) + " of " + shape_str(x.shape()) +
+                " has " + std::to_string(n));
   return out;
 }
 

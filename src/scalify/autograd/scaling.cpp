@@ -9,10 +9,12 @@ using Grads = std::vector<ScaledTensor>;
 // The value's and the gradient's storage are the op's choice (a cast's format; a rescale keeps
 // the input's).
 Var forward_only(const char* name, const Var& x, ScaledTensor value) {
-  return Var::make(name, std::move(value), {x}, [](const ScaledTensor& g) { return Grads{g}; }, Var::Storage::as_computed);
+  return Var::make(
+      name, std::move(value), {x}, [](const ScaledTensor& g) { return Grads{g}; }, Var::Storage::as_computed);
 }
 Var backward_only(const char* name, const Var& x, std::function<ScaledTensor(const ScaledTensor&)> on_grad) {
-  return Var::make(name, x.scaled(), {x}, [on_grad](const ScaledTensor& g) { return Grads{on_grad(g)}; }, Var::Storage::as_computed);
+  return Var::make(
+      name, x.scaled(), {x}, [on_grad](const ScaledTensor& g) { return Grads{on_grad(g)}; }, Var::Storage::as_computed);
 }
 }  // namespace
 

@@ -79,7 +79,8 @@ DType Var::storage_for(const std::vector<Var>& inputs, DType computed) {
 }
 
 Var Var::make(std::string name, ScaledTensor value, const std::vector<Var>& inputs, BackwardFn backward, Storage storage) {
-  if (storage == Storage::promoted && value.data.defined()) value.data = to_storage(value.data, storage_for(inputs, value.data.dtype()), name);
+  if (storage == Storage::promoted && value.data.defined())
+    value.data = to_storage(value.data, storage_for(inputs, value.data.dtype()), name);
   Var out(std::move(value), false);
   if (!g_grad_enabled) return out;
   bool any = false;
@@ -98,8 +99,7 @@ Var Var::make(std::string name, ScaledTensor value, const std::vector<Var>& inpu
 void Var::backward() const {
   const Tensor& d = scaled().data;
   if (d.numel() != 1)
-    throw Error("backward(): needs a single-element value, got shape " + shape_str(d.shape()) +
-                "; pass an explicit gradient");
+    throw Error("backward(): needs a single-element value, got shape " + shape_str(d.shape()) + "; pass an explicit gradient");
   const Tensor one = Tensor::ones(d.shape(), d.dtype() == DType::f64 ? DType::f64 : DType::f32);
   // A scaled loss seeds a scaled gradient (scale 1), so the backward pass runs the scale rules.
   backward(scaled().is_scaled() ? ScaledTensor(one, 1.0f) : ScaledTensor(one));
@@ -110,8 +110,7 @@ void Var::backward(const Tensor& grad_output) const { backward(ScaledTensor(grad
 void Var::backward(const ScaledTensor& grad_output) const {
   if (!requires_grad()) throw Error("backward(): the value does not require gradients");
   if (grad_output.shape() != shape())
-    throw Error("backward(): gradient shape " + shape_str(grad_output.shape()) + " differs from value shape " +
-                shape_str(shape()));
+    throw Error("backward(): gradient shape " + shape_str(grad_output.shape()) + " differs from value shape " + shape_str(shape()));
   // Reverse topological order by iterative depth-first search over nodes.
   std::vector<detail::VarImpl*> order;
   std::unordered_set<detail::VarImpl*> seen;
@@ -120,8 +119,7 @@ void Var::backward(const ScaledTensor& grad_output) const {
   while (!stack.empty()) {
     auto& [v, next] = stack.back();
     // Its history is gone: backpropagating would silently stop here and leave the leaves' gradients wrong.
-    if (v->graph_freed)
-      throw Error("backward(): the graph was already freed by an earlier backward(); run the forward pass again");
+    if (v->graph_freed) throw Error("backward(): the graph was already freed by an earlier backward(); run the forward pass again");
     if (v->node && next < v->node->inputs.size()) {
       detail::VarImpl* in = v->node->inputs[next++].get();
       if (in->requires_grad && seen.insert(in).second) stack.push_back({in, 0});
@@ -147,14 +145,14 @@ void Var::backward(const ScaledTensor& grad_output) const {
     }
     const std::vector<ScaledTensor> in_grads = v->node->backward(g->second);
     if (in_grads.size() != v->node->inputs.size())
-      throw Error("backward of '" + v->node->name + "' returned " + std::to_string(in_grads.size()) +
-                  " gradients for " + std::to_string(v->node->inputs.size()) + " inputs");
+      throw Error("backward of '" + v->node->name + "' returned " + std::to_string(in_grads.size()) + " gradients for " +
+                  std::to_string(v->node->inputs.size()) + " inputs");
     for (size_t i = 0; i < in_grads.size(); ++i) {
       detail::VarImpl* in = v->node->inputs[i].get();
       if (!in->requires_grad || !in_grads[i].data.defined()) continue;
       if (in_grads[i].shape() != in->value.shape())
-        throw Error("backward of '" + v->node->name + "': gradient " + std::to_string(i) + " has shape " +
-                    shape_str(in_grads[i].shape()) + ", input has " + shape_str(in->value.shape()));
+        throw Error("backward of '" + v->node->name + "': gradient " + std::to_string(i) + " has shape " + shape_str(in_grads[i].shape()) +
+                    ", input has " + shape_str(in->value.shape()));
       // The gradient's data takes the storage of the value it is the gradient of.
       ScaledTensor gi = in_grads[i];
       const DType storage = in->value.data.dtype();

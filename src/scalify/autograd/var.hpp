@@ -52,7 +52,7 @@ class Var {
 
   // The represented value (data * scale; the data itself when unscaled) and gradient.
   Tensor value() const;
-  Tensor grad() const;  // undefined until backward reached this leaf
+  Tensor grad() const;                      // undefined until backward reached this leaf
   const ScaledTensor& scaled() const;       // (data, scale) as propagated
   const ScaledTensor& scaled_grad() const;  // undefined data until backward reached this leaf
   bool requires_grad() const;
@@ -61,10 +61,10 @@ class Var {
 
   void set_requires_grad(bool r);
   void zero_grad();
-  void set_grad(ScaledTensor g);   // for gradient transforms (loss scaling, clipping)
-  void set_value(Tensor v);        // for optimizers: replace a leaf's value in place
+  void set_grad(ScaledTensor g);  // for gradient transforms (loss scaling, clipping)
+  void set_value(Tensor v);       // for optimizers: replace a leaf's value in place
   void set_value(ScaledTensor v);
-  Var detach() const;        // same value, no history
+  Var detach() const;  // same value, no history
 
   // Backpropagate from a single-element value (gradient 1), or with an explicit seed gradient.
   // The graph is freed afterwards: a second backward() through it throws (recompute the forward).

@@ -32,8 +32,9 @@ std::string fixed(double v, int digits);
 const std::map<std::string, std::vector<std::string>>& named_lists() {
   static const std::map<std::string, std::vector<std::string>> lists = {
       {"seeds", quant::preset_names()},
-      {"fp8", {"scalify_fp8_3", "scalify_fp8_4", "unit_fp8", "current", "delayed", "fp8_amax", "fp8_cscale", "mxfp8", "blockwise",
-               "fp8_unscaled"}},
+      {"fp8",
+       {"scalify_fp8_3", "scalify_fp8_4", "unit_fp8", "current", "delayed", "fp8_amax", "fp8_cscale", "mxfp8", "blockwise",
+        "fp8_unscaled"}},
       {"fp16", {"scalify_fp16_1", "scalify_fp16_2", "unit_fp16", "f16_loss_scaled", "fp16_unscaled"}},
       {"scalify", {"scalify_fp16_1", "scalify_fp16_2", "scalify_fp8_3", "scalify_fp8_4"}},
       {"unit", {"unit_f32", "unit_fp16", "unit_fp8"}},
@@ -69,13 +70,28 @@ json num(double v) { return std::isfinite(v) ? json(v) : json(nullptr); }  // JS
 
 json outcome_json(const RecipeOutcome& o) {
   const train::TrainResult& r = o.result;
-  return {{"recipe", o.recipe}, {"name", o.name}, {"status", o.status}, {"note", o.note}, {"diverged_step", o.diverged_step},
-          {"baseline", o.baseline}, {"val_delta", num(o.val_delta)}, {"seconds", num(o.seconds)},
-          {"peak_memory_mb", num(o.peak_memory_mb)}, {"quantized_layers", o.quantized}, {"unit_scaled", o.unit_scaled},
-          {"steps", r.steps}, {"skipped_steps", r.skipped}, {"nonfinite_steps", r.nonfinite_steps},
-          {"train_loss", num(r.train_loss)}, {"val_loss", num(r.val_loss)}, {"val_bpb", num(r.val_bpb)},
-          {"tokens_per_s", num(r.tokens_per_s)}, {"scale_statistics_per_step", num(r.scale_statistics_per_step)},
-          {"mean_underflow", num(r.mean_underflow)}, {"max_underflow", num(r.max_underflow)}, {"mean_clipped", num(r.mean_clipped)},
+  return {{"recipe", o.recipe},
+          {"name", o.name},
+          {"status", o.status},
+          {"note", o.note},
+          {"diverged_step", o.diverged_step},
+          {"baseline", o.baseline},
+          {"val_delta", num(o.val_delta)},
+          {"seconds", num(o.seconds)},
+          {"peak_memory_mb", num(o.peak_memory_mb)},
+          {"quantized_layers", o.quantized},
+          {"unit_scaled", o.unit_scaled},
+          {"steps", r.steps},
+          {"skipped_steps", r.skipped},
+          {"nonfinite_steps", r.nonfinite_steps},
+          {"train_loss", num(r.train_loss)},
+          {"val_loss", num(r.val_loss)},
+          {"val_bpb", num(r.val_bpb)},
+          {"tokens_per_s", num(r.tokens_per_s)},
+          {"scale_statistics_per_step", num(r.scale_statistics_per_step)},
+          {"mean_underflow", num(r.mean_underflow)},
+          {"max_underflow", num(r.max_underflow)},
+          {"mean_clipped", num(r.mean_clipped)},
           {"state_bytes_per_parameter", num(r.state_bytes_per_parameter)}};
 }
 
@@ -224,8 +240,8 @@ Curves read_curves(const fs::path& run_dir) {
 
 // loss.png and loss_delta.png; "" or why not.
 std::string write_plots(const fs::path& dir, const std::vector<RecipeOutcome>& rows) {
-  static const char* colours[] = {"#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b",
-                                  "#e377c2", "#7f7f7f", "#bcbd22", "#17becf"};
+  static const char* colours[] = {"#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd",
+                                  "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf"};
   std::map<std::string, Curves> curves;
   for (const RecipeOutcome& o : rows) curves[o.name] = read_curves(dir / "runs" / o.name);
   const std::string train_dat = report::gnuplot_quote((dir / "train.dat").string()),
@@ -238,8 +254,9 @@ std::string write_plots(const fs::path& dir, const std::vector<RecipeOutcome>& r
     const Curves& c = curves[o.name];
     if (c.train.empty()) continue;
     const bool emphasis = o.recipe == "f32";
-    const std::string style = emphasis ? "lw 4 lc rgb 'black'"
-                                       : "lw 1.5 lc rgb '" + std::string(colours[colour % 10]) + "' dt " + std::to_string(1 + colour / 10 % 4);
+    const std::string style = emphasis
+                                  ? "lw 4 lc rgb 'black'"
+                                  : "lw 1.5 lc rgb '" + std::string(colours[colour % 10]) + "' dt " + std::to_string(1 + colour / 10 % 4);
     if (!emphasis) ++colour;
     for (const auto& [s, l] : c.train) train << s << " " << l << "\n";
     for (const auto& [s, l] : c.val) val << s << " " << (std::isfinite(l) ? fixed(l, 6) : "NaN") << "\n";
@@ -292,12 +309,13 @@ std::string markdown_table(const std::vector<RecipeOutcome>& rows, double f32_sp
     << "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
   for (const RecipeOutcome& o : rows) {
     const train::TrainResult& r = o.result;
-    const std::string status = o.status == "diverged" && o.diverged_step >= 0 ? "diverged at step " + std::to_string(o.diverged_step) : o.status;
+    const std::string status =
+        o.status == "diverged" && o.diverged_step >= 0 ? "diverged at step " + std::to_string(o.diverged_step) : o.status;
     t << "| " << o.name << " | " << status << " | " << fixed(r.val_loss, 3) << " | "
-      << (o.recipe == o.baseline ? "(baseline)" : signed_fixed(o.val_delta, 3) + (o.baseline != "f32" ? " vs " + o.baseline : ""))
-      << " | " << fixed(r.val_bpb, 3) << " | " << fixed(r.train_loss, 3) << " | " << r.skipped << " | " << percent(r.mean_underflow)
-      << " / " << percent(r.max_underflow) << " | " << percent(r.mean_clipped) << " | " << fixed(r.scale_statistics_per_step, 1)
-      << " | " << fixed(r.tokens_per_s, 0) << " | " << (f32_speed > 0 ? fixed(r.tokens_per_s / f32_speed, 2) : "–") << " | "
+      << (o.recipe == o.baseline ? "(baseline)" : signed_fixed(o.val_delta, 3) + (o.baseline != "f32" ? " vs " + o.baseline : "")) << " | "
+      << fixed(r.val_bpb, 3) << " | " << fixed(r.train_loss, 3) << " | " << r.skipped << " | " << percent(r.mean_underflow) << " / "
+      << percent(r.max_underflow) << " | " << percent(r.mean_clipped) << " | " << fixed(r.scale_statistics_per_step, 1) << " | "
+      << fixed(r.tokens_per_s, 0) << " | " << (f32_speed > 0 ? fixed(r.tokens_per_s / f32_speed, 2) : "–") << " | "
       << fixed(r.state_bytes_per_parameter, 2) << " | " << fixed(o.peak_memory_mb, 0) << " |\n";
   }
   return t.str();
@@ -354,7 +372,8 @@ std::string numerics(const CompareConfig& config, const std::vector<RecipeOutcom
 
 void write_report(const CompareConfig& config, CompareReport& rep, const std::string& command) {
   const fs::path dir(config.out);
-  const auto f32 = std::find_if(rep.rows.begin(), rep.rows.end(), [](const RecipeOutcome& o) { return o.recipe == "f32" && o.status == "ok"; });
+  const auto f32 =
+      std::find_if(rep.rows.begin(), rep.rows.end(), [](const RecipeOutcome& o) { return o.recipe == "f32" && o.status == "ok"; });
   const double f32_speed = f32 != rep.rows.end() ? f32->result.tokens_per_s : 0;
   rep.table = markdown_table(rep.rows, f32_speed);
   rep.plot_error = write_plots(dir, rep.rows);
@@ -367,40 +386,49 @@ void write_report(const CompareConfig& config, CompareReport& rep, const std::st
   for (const RecipeOutcome& o : rep.rows) {
     const train::TrainResult& r = o.result;
     csv << csv_field(o.name) << "," << o.status << "," << o.baseline << "," << csv_number(r.val_loss, 5) << ","
-        << csv_number(o.val_delta, 5) << "," << csv_number(r.val_bpb, 5) << "," << csv_number(r.train_loss, 5) << "," << r.steps << "," << r.skipped << "," << r.nonfinite_steps << ","
-        << o.diverged_step << "," << fixed(r.mean_underflow, 6) << "," << fixed(r.max_underflow, 6) << "," << fixed(r.mean_clipped, 6)
-        << "," << csv_number(r.scale_statistics_per_step, 2) << "," << csv_number(r.tokens_per_s, 0) << ","
-        << (f32_speed > 0 ? csv_number(r.tokens_per_s / f32_speed, 3) : "") << "," << csv_number(r.state_bytes_per_parameter, 3)
-        << "," << csv_number(o.peak_memory_mb, 1) << "," << csv_number(o.seconds, 1) << "," << csv_field(o.quantized) << "\n";
+        << csv_number(o.val_delta, 5) << "," << csv_number(r.val_bpb, 5) << "," << csv_number(r.train_loss, 5) << "," << r.steps << ","
+        << r.skipped << "," << r.nonfinite_steps << "," << o.diverged_step << "," << fixed(r.mean_underflow, 6) << ","
+        << fixed(r.max_underflow, 6) << "," << fixed(r.mean_clipped, 6) << "," << csv_number(r.scale_statistics_per_step, 2) << ","
+        << csv_number(r.tokens_per_s, 0) << "," << (f32_speed > 0 ? csv_number(r.tokens_per_s / f32_speed, 3) : "") << ","
+        << csv_number(r.state_bytes_per_parameter, 3) << "," << csv_number(o.peak_memory_mb, 1) << "," << csv_number(o.seconds, 1) << ","
+        << csv_field(o.quantized) << "\n";
     rows.push_back(outcome_json(o));
   }
   write_text(dir / "summary.csv", csv.str());
-  const json summary = {{"config", config.base.to_toml()}, {"parameters", config.base.model.parameter_count()},
-                        {"parity_nats", kParityNats}, {"recipes", rows}};
+  const json summary = {{"config", config.base.to_toml()},
+                        {"parameters", config.base.model.parameter_count()},
+                        {"parity_nats", kParityNats},
+                        {"recipes", rows}};
   write_text(dir / "summary.json", summary.dump(2) + "\n");
 
   const train::TrainConfig& b = config.base;
   std::ostringstream md;
   md << "# Scalify comparison\n\n"
-     << "One model, one corpus, one seed, trained under each recipe in turn. Command:\n\n```\n" << (command.empty() ? "(library call)" : command)
-     << "\n```\n\nModel: GPT, d_model " << b.model.d_model << ", " << b.model.layers << " layers, " << b.model.heads << " heads, context "
-     << b.model.seq << " bytes, " << b.model.parameter_count() << " parameters" << (b.model.unit_scaled ? ", unit-scaled" : "")
-     << ". Training: " << b.steps << " steps of " << b.batch * b.accum << " windows, AdamW lr " << b.lr << ", seed " << b.seed
+     << "One model, one corpus, one seed, trained under each recipe in turn. Command:\n\n```\n"
+     << (command.empty() ? "(library call)" : command) << "\n```\n\nModel: GPT, d_model " << b.model.d_model << ", " << b.model.layers
+     << " layers, " << b.model.heads << " heads, context " << b.model.seq << " bytes, " << b.model.parameter_count() << " parameters"
+     << (b.model.unit_scaled ? ", unit-scaled" : "") << ". Training: " << b.steps << " steps of " << b.batch * b.accum
+     << " windows, AdamW lr " << b.lr << ", seed " << b.seed
      << ". Corpus: " << (b.data.empty() ? "the default (Debian's fortunes)" : b.data) << ". Validation: " << b.eval_windows
-     << " held-out windows.\n\nMachine (`scalify info`):\n\n```\n" << report::system_info_text() << "```\n\n"
-     << "## Results\n\n" << rep.table << "\n"
+     << " held-out windows.\n\nMachine (`scalify info`):\n\n```\n"
+     << report::system_info_text() << "```\n\n"
+     << "## Results\n\n"
+     << rep.table << "\n"
      << "Δ: validation loss minus the baseline's (f32; unit_f32 for the unit-scaled recipes). Underflow: the fraction of non-zero "
         "values a quantiser flushed to zero; clipped: beyond the format's range; both averaged over every quantised operand's "
         "statistics (weights, activations, gradients of each block linear, every "
-     << b.stats_every << " steps). State B/param: master weights, gradients and AdamW moments (with scales) per parameter, "
+     << b.stats_every
+     << " steps). State B/param: master weights, gradients and AdamW moments (with scales) per parameter, "
         "measured on the tensors. Peak MB: the process's peak resident memory during the recipe.\n\n"
      << (rep.plot_error.empty() ? "![loss](loss.png)\n\n![validation loss minus the baseline](loss_delta.png)\n\n"
                                 : "(No plots: " + rep.plot_error + ".)\n\n")
-     << "## Reading\n\n" << reading(rep.rows, b.model.layers) << "\n## What each recipe quantises\n\n";
+     << "## Reading\n\n"
+     << reading(rep.rows, b.model.layers) << "\n## What each recipe quantises\n\n";
   std::map<std::string, std::vector<std::string>> by_layers;
   for (const RecipeOutcome& o : rep.rows) by_layers[o.quantized + (o.unit_scaled ? "; unit-scaled model" : "")].push_back(o.name);
   for (const auto& [what, names] : by_layers) md << "- " << join(names) << ": " << what << ".\n";
-  md << "\n" << numerics(config, rep.rows)
+  md << "\n"
+     << numerics(config, rep.rows)
      << "\nEach recipe's run folder (config, recipe.json, metrics.jsonl, checkpoints, inspect/) is under `runs/`.\n";
   write_text(dir / "report.md", md.str());
 }
@@ -470,7 +498,8 @@ CompareReport compare(const CompareConfig& given, bool resume, const CompareProg
   if (!resume) io::make_folder(dir.string());
   const io::FolderLock lock(dir.string(), resume ? "compare --resume" : "compare");  // one comparison writes here at a time
   if (!resume) {
-    if (fs::exists(dir / "compare.json")) throw Error("compare: '" + config.out + "' already holds a comparison; use --resume to continue it or another --out");
+    if (fs::exists(dir / "compare.json"))
+      throw Error("compare: '" + config.out + "' already holds a comparison; use --resume to continue it or another --out");
     for (const std::string& name : names)  // never delete run folders this comparison did not make
       if (fs::exists(dir / "runs" / name))
         throw Error("compare: '" + (dir / "runs" / name).string() + "' already exists; choose another --out");
@@ -500,8 +529,8 @@ CompareReport compare(const CompareConfig& given, bool resume, const CompareProg
         // one's projected total) for each recipe still to come.
         const double per_recipe = finished_here ? finished_seconds / finished_here : p.elapsed_s + p.eta_s;
         const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
-        progress("[" + std::to_string(i + 1) + "/" + std::to_string(config.recipes.size()) + "] " + run_name(recipe) + "  " +
-                 p.line() + " | all " + duration(elapsed) + ", eta " + duration(p.eta_s + per_recipe * double(left)));
+        progress("[" + std::to_string(i + 1) + "/" + std::to_string(config.recipes.size()) + "] " + run_name(recipe) + "  " + p.line() +
+                 " | all " + duration(elapsed) + ", eta " + duration(p.eta_s + per_recipe * double(left)));
       };
     RecipeOutcome o = run_recipe(config, recipe, resume, step_progress);
     finished_seconds += o.seconds;

@@ -21,7 +21,7 @@ namespace scalify::compare {
 constexpr double kParityNats = 0.05;
 
 struct CompareConfig {
-  train::TrainConfig base;                  // model, data, steps, seed, ... (recipe and out are set per recipe)
+  train::TrainConfig base;           // model, data, steps, seed, ... (recipe and out are set per recipe)
   std::vector<std::string> recipes;  // preset names or recipe JSON files, in order
   std::string out = "runs/compare";
 };
@@ -33,16 +33,16 @@ std::vector<std::string> recipe_list(const std::string& spec);
 std::vector<std::string> recipe_list_names();
 
 struct RecipeOutcome {
-  std::string recipe;      // as given (preset name or JSON file)
-  std::string name;        // its run folder's name under runs/
+  std::string recipe;         // as given (preset name or JSON file)
+  std::string name;           // its run folder's name under runs/
   std::string status = "ok";  // ok | diverged | failed
-  std::string note;        // why it diverged or failed
+  std::string note;           // why it diverged or failed
   int64_t diverged_step = -1;
   train::TrainResult result;
-  std::string baseline;    // the recipe its delta is taken against: unit_f32 for unit scaling, else f32
-  double val_delta = 0;    // validation loss minus the baseline's (NaN when there is none)
+  std::string baseline;  // the recipe its delta is taken against: unit_f32 for unit scaling, else f32
+  double val_delta = 0;  // validation loss minus the baseline's (NaN when there is none)
   double seconds = 0, peak_memory_mb = 0;
-  std::string quantized;   // quant::quantized_layers
+  std::string quantized;  // quant::quantized_layers
   bool unit_scaled = false;
 };
 
@@ -58,8 +58,7 @@ using CompareProgress = std::function<void(const std::string& line)>;
 // Runs the comparison into config.out, which must not hold one yet; or, with resume, continues
 // the one in config.out from its compare.json (finished recipes are read back, an interrupted
 // one resumes from its checkpoint). `command` is quoted in the report.
-CompareReport compare(const CompareConfig& config, bool resume, const CompareProgress& progress = {},
-                      const std::string& command = "");
+CompareReport compare(const CompareConfig& config, bool resume, const CompareProgress& progress = {}, const std::string& command = "");
 // The configuration a comparison folder was started with.
 CompareConfig comparison_config(const std::string& out);
 

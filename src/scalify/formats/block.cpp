@@ -57,18 +57,16 @@ float block_scale(float amax, Format element, BlockScaleRule rule) {
 }
 
 std::vector<uint8_t> BlockQuantized::e8m0_scales() const {
-  if (block.rule == BlockScaleRule::f32_amax)
-    throw Error("e8m0_scales: f32_amax block scales are not powers of two");
+  if (block.rule == BlockScaleRule::f32_amax) throw Error("e8m0_scales: f32_amax block scales are not powers of two");
   std::vector<uint8_t> out(scales.size());
-  for (size_t i = 0; i < scales.size(); ++i)
-    out[i] = uint8_t(encode(Format::e8m0, scales[i]));
+  for (size_t i = 0; i < scales.size(); ++i) out[i] = uint8_t(encode(Format::e8m0, scales[i]));
   return out;
 }
 
 namespace {
 // How one block is quantised, from its amax (as |x| bits).
 struct BlockPlan {
-  float scale = 1;  // the decode factor stored for the block
+  float scale = 1;    // the decode factor stored for the block
   bool keep = true;   // false: a NaN/inf block, decoded as NaN; its codes stay 0
   bool exact = true;  // the pre-scale (x * mul) * 2^shift is exact in f32: one call for the whole row
   float mul = 1;
@@ -148,7 +146,7 @@ SCALIFY_AVX2 void prescale_avx2(const float* x, const float* m, const float* p, 
 }
 SCALIFY_AVX2 void scale_avx2(float* row, const float* s, size_t n) { RowLoops::scale(row, s, n); }
 SCALIFY_AVX2 bool row_blocks_avx2(const float* x, size_t cols, Format element, const BlockSpec& spec, int emax, BlockPlan* plans,
-                                 float* scales, float* t) {
+                                  float* scales, float* t) {
   return RowLoops::row_blocks(x, cols, element, spec, emax, plans, scales, t);
 }
 #undef SCALIFY_AVX2
@@ -177,11 +175,11 @@ kernels::QuantizeArgs block_args(const FormatInfo& f, Rounding rounding, const B
 }
 }  // namespace
 
-BlockQuantized quantize_blocks(std::span<const float> x, size_t rows, size_t cols, Format element,
-                               const BlockSpec& spec, Rounding rounding) {
+BlockQuantized quantize_blocks(std::span<const float> x, size_t rows, size_t cols, Format element, const BlockSpec& spec,
+                               Rounding rounding) {
   if (x.size() != rows * cols)
-    throw Error("quantize_blocks: " + std::to_string(x.size()) + " values do not form a " +
-                std::to_string(rows) + " x " + std::to_string(cols) + " tensor");
+    throw Error("quantize_blocks: " + std::to_string(x.size()) + " values do not form a " + std::to_string(rows) + " x " +
+                std::to_string(cols) + " tensor");
   if (spec.rows == 0 || spec.cols == 0) throw Error("quantize_blocks: block size must be positive");
   if (element == Format::e8m0) throw Error("quantize_blocks: e8m0 is a scale format, not an element format");
   BlockQuantized q;
@@ -232,7 +230,8 @@ BlockQuantized quantize_blocks(std::span<const float> x, size_t rows, size_t col
 #pragma omp for schedule(static)
       for (int64_t ri = 0; ri < int64_t(rows); ++ri) {
         const size_t r = size_t(ri);
-        const bool all_exact = row_blocks(x.data() + r * cols, cols, element, spec, element_emax, plans.data(), q.scales.data() + r * scale_cols, tmp.data());
+        const bool all_exact =
+            row_blocks(x.data() + r * cols, cols, element, spec, element_emax, plans.data(), q.scales.data() + r * scale_cols, tmp.data());
         emit_row(r, tmp.data(), plans.data(), all_exact);
       }
     }
@@ -286,15 +285,13 @@ void check_blocks(const BlockQuantized& q, size_t out_size, const char* op) {
     throw Error(o + ": a " + std::to_string(q.rows) + " x " + std::to_string(q.cols) + " tensor is too large");
   if (q.block.rows == 0 || q.block.cols == 0) throw Error(o + ": block size must be positive");
   if (q.codes.size() != code_bytes)
-    throw Error(o + ": " + std::to_string(q.codes.size()) + " bytes of codes, expected " +
-                std::to_string(code_bytes) + " for a " + std::to_string(q.rows) + " x " + std::to_string(q.cols) + " tensor");
+    throw Error(o + ": " + std::to_string(q.codes.size()) + " bytes of codes, expected " + std::to_string(code_bytes) + " for a " +
+                std::to_string(q.rows) + " x " + std::to_string(q.cols) + " tensor");
   if (q.scales.size() != q.scale_rows() * q.scale_cols())
-    throw Error(o + ": " + std::to_string(q.scales.size()) + " scales, expected " +
-                std::to_string(q.scale_rows()) + " x " + std::to_string(q.scale_cols()) + " for " +
-                std::to_string(q.rows) + " x " + std::to_string(q.cols) + " in blocks of " +
+    throw Error(o + ": " + std::to_string(q.scales.size()) + " scales, expected " + std::to_string(q.scale_rows()) + " x " +
+                std::to_string(q.scale_cols()) + " for " + std::to_string(q.rows) + " x " + std::to_string(q.cols) + " in blocks of " +
                 std::to_string(q.block.rows) + " x " + std::to_string(q.block.cols));
-  if (out_size != n)
-    throw Error(o + ": output has " + std::to_string(out_size) + " elements, the tensor " + std::to_string(n));
+  if (out_size != n) throw Error(o + ": output has " + std::to_string(out_size) + " elements, the tensor " + std::to_string(n));
 }
 
 namespace {

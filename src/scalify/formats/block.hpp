@@ -23,7 +23,7 @@ enum class BlockScaleRule : uint8_t {
 };
 
 struct BlockSpec {
-  size_t rows = 1;  // block height
+  size_t rows = 1;   // block height
   size_t cols = 32;  // block width
   BlockScaleRule rule = BlockScaleRule::mx_floor;
   bool operator==(const BlockSpec&) const = default;
@@ -58,8 +58,8 @@ struct BlockQuantized {
   size_t rows = 0, cols = 0;
   BlockSpec block;
   std::vector<std::byte, DefaultInitAllocator<std::byte>> codes;  // rows x cols element codes, row-major
-  std::vector<float> scales;     // ceil(rows/br) x ceil(cols/bc) decode factors, row-major;
-                                 // NaN for a block holding NaN or inf (it decodes as NaN)
+  std::vector<float> scales;                                      // ceil(rows/br) x ceil(cols/bc) decode factors, row-major;
+                                                                  // NaN for a block holding NaN or inf (it decodes as NaN)
   size_t scale_rows() const { return (rows + block.rows - 1) / block.rows; }
   size_t scale_cols() const { return (cols + block.cols - 1) / block.cols; }
   std::vector<uint8_t> e8m0_scales() const;  // MX rules only: the scales as E8M0 codes
@@ -69,8 +69,8 @@ struct BlockQuantized {
 // cases (amax 0: 2^-127 for MX, 1 for f32; amax NaN/inf: NaN).
 float block_scale(float amax, Format element, BlockScaleRule rule);
 
-BlockQuantized quantize_blocks(std::span<const float> x, size_t rows, size_t cols, Format element,
-                               const BlockSpec& spec, Rounding rounding = Rounding::nearest_even);
+BlockQuantized quantize_blocks(std::span<const float> x, size_t rows, size_t cols, Format element, const BlockSpec& spec,
+                               Rounding rounding = Rounding::nearest_even);
 // BlockQuantized is plain data: throws naming `op` unless its codes and scales fit its shape and
 // block size, and `values` (the caller's buffer) is rows x cols.
 void check_blocks(const BlockQuantized& q, size_t values, const char* op);

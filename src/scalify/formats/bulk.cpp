@@ -65,9 +65,8 @@ kernels::QuantizeArgs make_args(Format fmt, float scale, const QuantizeOptions& 
 void check_sizes(size_t n, Format fmt, size_t code_bytes, const char* op) {
   const size_t need = n * size_t(info(fmt).storage_bytes());
   if (code_bytes != need)
-    throw Error(std::string(op) + ": " + std::to_string(n) + " values of " +
-                std::string(format_name(fmt)) + " need " + std::to_string(need) +
-                " bytes of codes, got " + std::to_string(code_bytes));
+    throw Error(std::string(op) + ": " + std::to_string(n) + " values of " + std::string(format_name(fmt)) + " need " +
+                std::to_string(need) + " bytes of codes, got " + std::to_string(code_bytes));
 }
 
 // Formats without NaN (FP6/FP4, int8) reject a NaN input before anything is written: a caller's
@@ -80,8 +79,8 @@ void reject_nan_if_unrepresentable(std::span<const float> src, Format fmt, const
                 " cannot represent (a NaN must not silently become a number)");
 }
 
-float quantize_impl(std::span<const float> src, Format fmt, float scale,
-                    std::span<std::byte> codes, const QuantizeOptions& opt, bool want_amax) {
+float quantize_impl(std::span<const float> src, Format fmt, float scale, std::span<std::byte> codes, const QuantizeOptions& opt,
+                    bool want_amax) {
   check_sizes(src.size(), fmt, codes.size(), "quantize");
   kernels::QuantizeArgs args = make_args(fmt, scale, opt);
   const kernels::KernelTable& k = kernels::active_kernels();
@@ -103,7 +102,7 @@ float quantize_impl(std::span<const float> src, Format fmt, float scale,
 
 bool truncate_to_bf16_exact(std::span<const float> in, std::span<uint16_t> out) {
   if (out.size() != in.size()) throw Error("truncate_to_bf16_exact: output size differs from input size");
-  uint32_t low = 0, tiny = 0;  // ORs over the values: zero when all are bf16 values / >= 2^-63
+  uint32_t low = 0, tiny = 0;               // ORs over the values: zero when all are bf16 values / >= 2^-63
   for (size_t i = 0; i < in.size(); ++i) {  // branch-free, so it vectorises
     const uint32_t bits = std::bit_cast<uint32_t>(in[i]), magnitude = bits & 0x7FFFFFFFu;
     low |= bits & 0xFFFFu;
@@ -135,25 +134,21 @@ void codes_to_bf16(std::span<const std::byte> codes, Format fmt, std::span<uint1
 
 void split_scale(float scale, float& mantissa, int& exponent, const char* what) {
   if (!(scale > 0.0f) || !std::isfinite(scale))
-    throw Error(std::string(what) + " must be a finite positive number, got " +
-                std::to_string(scale));
+    throw Error(std::string(what) + " must be a finite positive number, got " + std::to_string(scale));
   const float m = std::frexp(scale, &exponent);  // m in [0.5, 1)
   mantissa = m * 2.0f;
   exponent -= 1;
 }
 
-void quantize(std::span<const float> src, Format fmt, float scale, std::span<std::byte> codes,
-              const QuantizeOptions& opt) {
+void quantize(std::span<const float> src, Format fmt, float scale, std::span<std::byte> codes, const QuantizeOptions& opt) {
   quantize_impl(src, fmt, scale, codes, opt, false);
 }
 
-float quantize_amax(std::span<const float> src, Format fmt, float scale,
-                    std::span<std::byte> codes, const QuantizeOptions& opt) {
+float quantize_amax(std::span<const float> src, Format fmt, float scale, std::span<std::byte> codes, const QuantizeOptions& opt) {
   return quantize_impl(src, fmt, scale, codes, opt, true);
 }
 
-float quantize_values_amax(std::span<const float> src, Format fmt, float scale, std::span<float> values,
-                           const QuantizeOptions& opt) {
+float quantize_values_amax(std::span<const float> src, Format fmt, float scale, std::span<float> values, const QuantizeOptions& opt) {
   if (values.size() != src.size())
     throw Error("quantize_values_amax: " + std::to_string(src.size()) + " values in, room for " + std::to_string(values.size()));
   const kernels::QuantizeArgs args = make_args(fmt, scale, opt);
@@ -192,9 +187,7 @@ void dequantize(std::span<const std::byte> codes, Format fmt, float scale, std::
 
 float amax(std::span<const float> src) {
   const kernels::KernelTable& k = kernels::active_kernels();
-  const uint32_t m = parallel_chunks(src.size(), 0, [&](size_t b, size_t e) {
-    return k.amax_bits(src.data() + b, e - b);
-  });
+  const uint32_t m = parallel_chunks(src.size(), 0, [&](size_t b, size_t e) { return k.amax_bits(src.data() + b, e - b); });
   return std::bit_cast<float>(m);
 }
 

@@ -26,18 +26,15 @@ struct QuantizeOptions {
 
 // codes.size() must be src.size() * info(fmt).storage_bytes(). A NaN into a format without NaN
 // (FP6/FP4, int8) throws scalify::Error.
-void quantize(std::span<const float> src, Format fmt, float scale, std::span<std::byte> codes,
-              const QuantizeOptions& opt = {});
+void quantize(std::span<const float> src, Format fmt, float scale, std::span<std::byte> codes, const QuantizeOptions& opt = {});
 // Same, returning max |src| (of the input, before scaling; NaN if src has a NaN).
-float quantize_amax(std::span<const float> src, Format fmt, float scale,
-                    std::span<std::byte> codes, const QuantizeOptions& opt = {});
+float quantize_amax(std::span<const float> src, Format fmt, float scale, std::span<std::byte> codes, const QuantizeOptions& opt = {});
 void dequantize(std::span<const std::byte> codes, Format fmt, float scale, std::span<float> out);
 // The values quantize_amax's codes decode to (dequantize at scale 1), written as f32 without the
 // codes: one pass where the active kernels have a fused form (round to nearest even into the FP8,
 // FP6, FP4 and f16 formats), else encoded and decoded a chunk at a time. Returns max |src| as
 // quantize_amax does; values.size() must be src.size().
-float quantize_values_amax(std::span<const float> src, Format fmt, float scale, std::span<float> values,
-                           const QuantizeOptions& opt = {});
+float quantize_values_amax(std::span<const float> src, Format fmt, float scale, std::span<float> values, const QuantizeOptions& opt = {});
 // max |x|; NaN if any element is NaN; 0 for an empty span.
 float amax(std::span<const float> src);
 

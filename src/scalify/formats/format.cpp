@@ -26,8 +26,7 @@ namespace {
 bool iequals(std::string_view a, std::string_view b) {
   if (a.size() != b.size()) return false;
   for (size_t i = 0; i < a.size(); ++i)
-    if (std::tolower(static_cast<unsigned char>(a[i])) != std::tolower(static_cast<unsigned char>(b[i])))
-      return false;
+    if (std::tolower(static_cast<unsigned char>(a[i])) != std::tolower(static_cast<unsigned char>(b[i]))) return false;
   return true;
 }
 }  // namespace
@@ -42,8 +41,7 @@ Format parse_format(std::string_view name) {
       rest = comma == std::string_view::npos ? std::string_view{} : rest.substr(comma + 1);
     }
   }
-  throw Error("unknown number format '" + std::string(name) + "'; valid formats: " +
-              valid_format_names());
+  throw Error("unknown number format '" + std::string(name) + "'; valid formats: " + valid_format_names());
 }
 
 std::string_view format_name(Format f) { return info(f).name; }

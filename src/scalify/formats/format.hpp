@@ -12,10 +12,18 @@
 namespace scalify {
 
 enum class Format : uint8_t {
-  f32, bf16, f16,
-  e4m3, e5m2, e4m3fnuz, e5m2fnuz, e4m3b11fnuz,
+  f32,
+  bf16,
+  f16,
+  e4m3,
+  e5m2,
+  e4m3fnuz,
+  e5m2fnuz,
+  e4m3b11fnuz,
   e8m0,
-  e2m3, e3m2, e2m1,
+  e2m3,
+  e3m2,
+  e2m1,
   int8,
 };
 
@@ -43,9 +51,7 @@ struct FormatInfo {
   constexpr bool is_float() const { return specials != Specials::integer; }
   constexpr bool has_sign() const { return specials != Specials::e8m0; }
   constexpr bool has_inf() const { return specials == Specials::ieee; }
-  constexpr bool has_nan() const {
-    return specials != Specials::finite && specials != Specials::integer;
-  }
+  constexpr bool has_nan() const { return specials != Specials::finite && specials != Specials::integer; }
   constexpr bool has_negative_zero() const {
     return specials == Specials::ieee || specials == Specials::fn || specials == Specials::finite;
   }
@@ -90,23 +96,16 @@ inline constexpr std::array<FormatInfo, 13> kFormats{{
     {Format::f32, "f32", "float32,fp32,float", 32, 8, 23, 127, Specials::ieee, "IEEE binary32"},
     {Format::bf16, "bf16", "bfloat16", 16, 8, 7, 127, Specials::ieee, "bfloat16"},
     {Format::f16, "f16", "float16,fp16,half", 16, 5, 10, 15, Specials::ieee, "IEEE binary16"},
-    {Format::e4m3, "e4m3", "fp8_e4m3fn,e4m3fn,float8_e4m3fn,fp8_e4m3", 8, 4, 3, 7, Specials::fn,
-     "OCP FP8 E4M3"},
+    {Format::e4m3, "e4m3", "fp8_e4m3fn,e4m3fn,float8_e4m3fn,fp8_e4m3", 8, 4, 3, 7, Specials::fn, "OCP FP8 E4M3"},
     {Format::e5m2, "e5m2", "fp8_e5m2,float8_e5m2", 8, 5, 2, 15, Specials::ieee, "OCP FP8 E5M2"},
-    {Format::e4m3fnuz, "e4m3fnuz", "fp8_e4m3fnuz,float8_e4m3fnuz,graphcore_e4", 8, 4, 3, 8,
-     Specials::fnuz, "Graphcore E4 (bias 8)"},
-    {Format::e5m2fnuz, "e5m2fnuz", "fp8_e5m2fnuz,float8_e5m2fnuz,graphcore_e5", 8, 5, 2, 16,
-     Specials::fnuz, "Graphcore E5 (bias 16)"},
-    {Format::e4m3b11fnuz, "e4m3b11fnuz", "fp8_e4m3b11fnuz,float8_e4m3b11fnuz,e4m3b11", 8, 4, 3,
-     11, Specials::fnuz, "legacy XLA E4M3, bias 11"},
-    {Format::e8m0, "e8m0", "e8m0fnu,float8_e8m0fnu,fp8_e8m0", 8, 8, 0, 127, Specials::e8m0,
-     "OCP MX scale"},
-    {Format::e2m3, "e2m3", "fp6_e2m3,e2m3fn,float6_e2m3fn", 6, 2, 3, 1, Specials::finite,
-     "OCP MX FP6"},
-    {Format::e3m2, "e3m2", "fp6_e3m2,e3m2fn,float6_e3m2fn", 6, 3, 2, 3, Specials::finite,
-     "OCP MX FP6"},
-    {Format::e2m1, "e2m1", "fp4_e2m1,e2m1fn,float4_e2m1fn,fp4", 4, 2, 1, 1, Specials::finite,
-     "OCP MX FP4"},
+    {Format::e4m3fnuz, "e4m3fnuz", "fp8_e4m3fnuz,float8_e4m3fnuz,graphcore_e4", 8, 4, 3, 8, Specials::fnuz, "Graphcore E4 (bias 8)"},
+    {Format::e5m2fnuz, "e5m2fnuz", "fp8_e5m2fnuz,float8_e5m2fnuz,graphcore_e5", 8, 5, 2, 16, Specials::fnuz, "Graphcore E5 (bias 16)"},
+    {Format::e4m3b11fnuz, "e4m3b11fnuz", "fp8_e4m3b11fnuz,float8_e4m3b11fnuz,e4m3b11", 8, 4, 3, 11, Specials::fnuz,
+     "legacy XLA E4M3, bias 11"},
+    {Format::e8m0, "e8m0", "e8m0fnu,float8_e8m0fnu,fp8_e8m0", 8, 8, 0, 127, Specials::e8m0, "OCP MX scale"},
+    {Format::e2m3, "e2m3", "fp6_e2m3,e2m3fn,float6_e2m3fn", 6, 2, 3, 1, Specials::finite, "OCP MX FP6"},
+    {Format::e3m2, "e3m2", "fp6_e3m2,e3m2fn,float6_e3m2fn", 6, 3, 2, 3, Specials::finite, "OCP MX FP6"},
+    {Format::e2m1, "e2m1", "fp4_e2m1,e2m1fn,float4_e2m1fn,fp4", 4, 2, 1, 1, Specials::finite, "OCP MX FP4"},
     {Format::int8, "int8", "i8", 8, 0, 7, 0, Specials::integer, "symmetric integer ±127"},
 }};
 

@@ -10,8 +10,12 @@
 namespace scalify::kernels {
 
 #if SCALIFY_HAVE_X86_SIMD
-namespace avx2 { const KernelTable& table(); }
-namespace avx512 { const KernelTable& table(); }
+namespace avx2 {
+const KernelTable& table();
+}
+namespace avx512 {
+const KernelTable& table();
+}
 const KernelTable* avx2_kernels() { return &avx2::table(); }
 const KernelTable* avx512_kernels() { return &avx512::table(); }
 #else
@@ -46,9 +50,7 @@ bool isa_supported(Isa isa) {
 }
 
 const KernelTable& kernels_for(Isa isa) {
-  if (!isa_supported(isa))
-    throw Error(std::string("instruction set '") + isa_name(isa) +
-                "' is not supported by this CPU or build");
+  if (!isa_supported(isa)) throw Error(std::string("instruction set '") + isa_name(isa) + "' is not supported by this CPU or build");
   switch (isa) {
     case Isa::avx512: return *avx512_kernels();
     case Isa::avx2: return *avx2_kernels();
@@ -61,8 +63,7 @@ Isa initial_isa() {
   if (const char* env = std::getenv("SCALIFY_ISA")) {
     for (Isa isa : {Isa::scalar, Isa::avx2, Isa::avx512})
       if (std::string(env) == isa_name(isa)) {
-        if (!isa_supported(isa))
-          throw Error(std::string("SCALIFY_ISA=") + env + " is not supported by this CPU or build");
+        if (!isa_supported(isa)) throw Error(std::string("SCALIFY_ISA=") + env + " is not supported by this CPU or build");
         return isa;
       }
     throw Error(std::string("SCALIFY_ISA='") + env + "' is not one of scalar, avx2, avx512");

@@ -24,9 +24,7 @@ constexpr uint32_t mix32(uint32_t x) {
 constexpr uint32_t random_key(uint64_t seed, uint64_t index) {
   return mix32(uint32_t(seed) ^ mix32(uint32_t(seed >> 32) ^ mix32(uint32_t(index >> 32) + 1u)));
 }
-constexpr uint32_t random_bits(uint64_t seed, uint64_t index) {
-  return mix32(uint32_t(index) ^ random_key(seed, index));
-}
+constexpr uint32_t random_bits(uint64_t seed, uint64_t index) { return mix32(uint32_t(index) ^ random_key(seed, index)); }
 
 struct QuantizeArgs {
   const FormatInfo* format;

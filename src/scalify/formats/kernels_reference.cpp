@@ -29,16 +29,12 @@ uint32_t quantize_amax_ref(const float* src, size_t n, void* codes, const Quanti
     amax = std::max(amax, bits & 0x7FFFFFFFu);  // integer order = |x| order, NaN above inf
     const float x = a.mul == 1.0f ? src[i] : src[i] * a.mul;
     const uint32_t rnd = a.rounding == Rounding::stochastic ? random_bits(a.seed, a.offset + i) : 0;
-    store_code(codes, i, f.storage_bytes(),
-               detail::encode_bits(f, std::bit_cast<uint32_t>(x), a.exp_shift, a.overflow,
-                                   a.rounding, rnd));
+    store_code(codes, i, f.storage_bytes(), detail::encode_bits(f, std::bit_cast<uint32_t>(x), a.exp_shift, a.overflow, a.rounding, rnd));
   }
   return amax;
 }
 
-void quantize_ref(const float* src, size_t n, void* codes, const QuantizeArgs& a) {
-  quantize_amax_ref(src, n, codes, a);
-}
+void quantize_ref(const float* src, size_t n, void* codes, const QuantizeArgs& a) { quantize_amax_ref(src, n, codes, a); }
 
 void dequantize_ref(const void* codes, size_t n, float* out, const FormatInfo& f, float scale) {
   for (size_t i = 0; i < n; ++i) {

@@ -28,8 +28,7 @@ uint32_t round_shift(uint32_t sig, int shift, Rounding rm, uint32_t random_bits)
       const uint32_t lsb = (sig >> shift) & 1u;
       return (sig + (1u << (shift - 1)) - 1u + lsb) >> shift;
     }
-    case Rounding::toward_zero:
-      return shift >= 32 ? 0u : sig >> shift;
+    case Rounding::toward_zero: return shift >= 32 ? 0u : sig >> shift;
     case Rounding::stochastic: {
       // At most 31 random bits fit below the target LSB; for deeper shifts the bits of sig that
       // fall below them are dropped first (probability error < 2^-31 of one quantum).
@@ -74,8 +73,7 @@ void normalise(uint32_t a, uint32_t& sig, int& e) {
   }
 }
 
-uint32_t encode_bits(const FormatInfo& f, uint32_t x, int exp_shift, Overflow ov, Rounding rm,
-                     uint32_t rnd) {
+uint32_t encode_bits(const FormatInfo& f, uint32_t x, int exp_shift, Overflow ov, Rounding rm, uint32_t rnd) {
   if (f.specials == Specials::e8m0) return encode_e8m0(x, exp_shift, ov, rm, rnd);
   const uint32_t sign = x >> 31, a = x & 0x7FFFFFFFu;
   if (a > kF32Inf) {  // NaN
@@ -103,8 +101,7 @@ uint32_t encode_bits(const FormatInfo& f, uint32_t x, int exp_shift, Overflow ov
     mag = binade > 280 ? max_code + 1 : round_shift(sig, shift, rm, rnd) + (uint32_t(binade) << M);
   }
   if (mag > max_code) {
-    if (ov == Overflow::saturate || f.specials == Specials::finite ||
-        f.specials == Specials::integer)
+    if (ov == Overflow::saturate || f.specials == Specials::finite || f.specials == Specials::integer)
       mag = max_code;
     else if (f.specials == Specials::ieee)
       mag = f.inf_code();
@@ -137,8 +134,7 @@ uint32_t decode_bits(const FormatInfo& f, uint32_t c) {
   const uint32_t sign = (c & f.sign_mask()) ? 0x80000000u : 0u;
   const uint32_t mag = c & (f.sign_mask() - 1u);
   const uint32_t ef = mag >> M, m = mag & ((1u << M) - 1u);
-  if (f.specials == Specials::ieee && ef == f.exp_field_max())
-    return sign | (m == 0 ? kF32Inf : kF32QuietNan);
+  if (f.specials == Specials::ieee && ef == f.exp_field_max()) return sign | (m == 0 ? kF32Inf : kF32QuietNan);
   if (f.specials == Specials::fn && mag == f.nan_code()) return sign | kF32QuietNan;
   if (ef == 0 && f.exp_bits < 8) {  // subnormal: m * 2^(emin - M), an f32 normal (or zero)
     if (m == 0) return sign;
@@ -151,9 +147,7 @@ uint32_t decode_bits(const FormatInfo& f, uint32_t c) {
 
 }  // namespace detail
 
-float f16_to_f32(uint16_t h) {
-  return std::bit_cast<float>(detail::decode_bits(info(Format::f16), h));
-}
+float f16_to_f32(uint16_t h) { return std::bit_cast<float>(detail::decode_bits(info(Format::f16), h)); }
 
 float bf16_to_f32(uint16_t b) { return std::bit_cast<float>(uint32_t(b) << 16); }
 
@@ -167,8 +161,7 @@ void reject_nan(Format fmt) {
 uint32_t encode(Format fmt, float x, EncodeOptions opt) {
   const FormatInfo& f = info(fmt);
   if (!f.has_nan() && x != x) reject_nan(fmt);
-  return detail::encode_bits(f, std::bit_cast<uint32_t>(x), 0, opt.overflow, opt.rounding,
-                             opt.random_bits);
+  return detail::encode_bits(f, std::bit_cast<uint32_t>(x), 0, opt.overflow, opt.rounding, opt.random_bits);
 }
 
 uint32_t encode_from_f16(Format fmt, uint16_t h, EncodeOptions opt) {
@@ -177,15 +170,12 @@ uint32_t encode_from_f16(Format fmt, uint16_t h, EncodeOptions opt) {
   return encode(fmt, f16_to_f32(h), opt);
 }
 
-uint32_t encode_from_bf16(Format fmt, uint16_t b, EncodeOptions opt) {
-  return encode(fmt, bf16_to_f32(b), opt);
-}
+uint32_t encode_from_bf16(Format fmt, uint16_t b, EncodeOptions opt) { return encode(fmt, bf16_to_f32(b), opt); }
 
 float decode(Format fmt, uint32_t code) {
   const FormatInfo& f = info(fmt);
   if (f.bits < 32 && code >> f.bits)
-    throw Error("decode: code " + std::to_string(code) + " does not fit " + std::string(f.name) + "'s " +
-                std::to_string(f.bits) + " bits");
+    throw Error("decode: code " + std::to_string(code) + " does not fit " + std::string(f.name) + "'s " + std::to_string(f.bits) + " bits");
   return std::bit_cast<float>(detail::decode_bits(f, code));
 }
 

@@ -56,8 +56,7 @@ void normalise(uint32_t abs_bits, uint32_t& sig, int& e);
 // The encoding core on f32 bits, with the value first multiplied by 2^exp_shift exactly (no
 // intermediate rounding, no f32 overflow), which is how power-of-two scales are applied.
 // A NaN into a format without NaN returns +0; callers check NaN themselves.
-uint32_t encode_bits(const FormatInfo& f, uint32_t x_bits, int exp_shift, Overflow ov,
-                     Rounding rm, uint32_t random_bits);
+uint32_t encode_bits(const FormatInfo& f, uint32_t x_bits, int exp_shift, Overflow ov, Rounding rm, uint32_t random_bits);
 uint32_t decode_bits(const FormatInfo& f, uint32_t code);
 }  // namespace detail
 

@@ -66,8 +66,7 @@ void check_snr_sweep(double lo, double hi, double step, size_t samples) {
     throw Error("snr sweep: samples must be in [1, " + std::to_string(kMaxSnrSamples) + "], got " + std::to_string(samples));
 }
 
-std::vector<SnrPoint> snr_sweep(std::span<const Format> formats, double lo, double hi, double step,
-                                size_t samples, uint64_t seed) {
+std::vector<SnrPoint> snr_sweep(std::span<const Format> formats, double lo, double hi, double step, size_t samples, uint64_t seed) {
   check_snr_sweep(lo, hi, step, samples);
   // Points by index, not by accumulation: l += step can stall (l + step == l) or drift.
   const size_t points = size_t(std::floor((hi - lo + 1e-9) / step)) + 1;

@@ -14,8 +14,7 @@ namespace scalify {
 double snr(std::span<const float> x, std::span<const float> quantised);
 
 // Quantise x into `fmt` with encode(x * scale) (saturating) and decode with 1/scale, then the SNR.
-double quantisation_snr(std::span<const float> x, Format fmt, float scale = 1.0f,
-                        Rounding rounding = Rounding::nearest_even);
+double quantisation_snr(std::span<const float> x, Format fmt, float scale = 1.0f, Rounding rounding = Rounding::nearest_even);
 
 // N(0, 1) samples from a seeded generator (Box-Muller on a counter-based source).
 std::vector<float> standard_normal(size_t n, uint64_t seed);
@@ -32,8 +31,7 @@ inline constexpr double kMinLog2Sigma = -149, kMaxLog2Sigma = 127;
 inline constexpr size_t kMaxSnrPoints = 10000;
 inline constexpr size_t kMaxSnrSamples = size_t(1) << 24;
 void check_snr_sweep(double lo, double hi, double step, size_t samples);
-std::vector<SnrPoint> snr_sweep(std::span<const Format> formats, double lo, double hi, double step,
-                                size_t samples, uint64_t seed);
+std::vector<SnrPoint> snr_sweep(std::span<const Format> formats, double lo, double hi, double step, size_t samples, uint64_t seed);
 
 // Appendix D of the Unit Scaling paper: non-outliers ~ N(0,1), median outlier 60, max outlier
 // 3 x 60. INT8 scaled so the max (or median) outlier maps to 127, and e4m3fnuz (max 240) unscaled;

@@ -49,7 +49,8 @@ Inspection inspect_checkpoint(const std::string& checkpoint, const InspectOption
   r.format = o.format;
   if (!fs::exists(checkpoint)) throw Error("inspect: '" + checkpoint + "' does not exist (give a checkpoint file or a run folder)");
   if (o.initial) {
-    s = train::make_session(fs::is_directory(checkpoint) ? train::run_config(checkpoint) : train::read_checkpoint(checkpoint).second, nullptr);
+    s = train::make_session(fs::is_directory(checkpoint) ? train::run_config(checkpoint) : train::read_checkpoint(checkpoint).second,
+                            nullptr);
   } else {
     const auto [st, cfg] = train::read_checkpoint(checkpoint);
     s = train::load_session(st, cfg, train::checkpoint_file(checkpoint), train::NonFinite::allow);
@@ -81,7 +82,8 @@ Inspection inspect_checkpoint(const std::string& checkpoint, const InspectOption
   for (const InspectedTensor& a : activations) r.tensors.push_back(a);
   for (const InspectedTensor& a : activations)
     if (auto g = gradients.find(a.name); g != gradients.end()) r.tensors.push_back(g->second);
-  for (size_t i = 0; i < s->params.size(); ++i) r.tensors.push_back(describe(s->names[i], TensorKind::weight, s->params[i].scaled(), o.format));
+  for (size_t i = 0; i < s->params.size(); ++i)
+    r.tensors.push_back(describe(s->names[i], TensorKind::weight, s->params[i].scaled(), o.format));
   for (size_t i = 0; i < s->params.size(); ++i)
     if (s->params[i].scaled_grad().data.defined())
       r.tensors.push_back(describe(s->names[i], TensorKind::weight_grad, s->params[i].scaled_grad(), o.format));
@@ -114,12 +116,15 @@ std::string draw_heat_maps(const Inspection& in, const fs::path& dir) {
   std::ostringstream gp;
   size_t rows_max = 0;
   for (TensorKind k : {TensorKind::activation, TensorKind::weight})
-    rows_max = std::max<size_t>(rows_max, size_t(std::count_if(in.tensors.begin(), in.tensors.end(), [&](const InspectedTensor& t) { return t.kind == k; })));
+    rows_max = std::max<size_t>(
+        rows_max, size_t(std::count_if(in.tensors.begin(), in.tensors.end(), [&](const InspectedTensor& t) { return t.kind == k; })));
   gp << "set terminal pngcairo noenhanced size 2400," << 260 + 13 * rows_max << " font ',9'\n"
      << "set output " << report::gnuplot_quote((dir / "histograms.png").string()) << "\n"
-     << "set multiplot layout 1,4 title " << report::gnuplot_quote(
-            "log2 |x| of every tensor, recipe " + in.recipe + ", step " + std::to_string(in.step) + "; shade: share of the tensor's values (square root); dashed: " +
-            std::string(format_name(in.format)) + "'s smallest subnormal, smallest normal and largest value; scaled tensors: their data, scale in the label") << "\n"
+     << "set multiplot layout 1,4 title "
+     << report::gnuplot_quote("log2 |x| of every tensor, recipe " + in.recipe + ", step " + std::to_string(in.step) +
+                              "; shade: share of the tensor's values (square root); dashed: " + std::string(format_name(in.format)) +
+                              "'s smallest subnormal, smallest normal and largest value; scaled tensors: their data, scale in the label")
+     << "\n"
      << "set palette defined (0 'white', 0.3 '#9ecae1', 1 '#08306b')\nunset colorbox\nset cbrange [0:1]\n"
      << "set xrange [" << zero_x << ":" << nonfinite_x + 1 << "]\nset xlabel 'log2 |x|'\nset ytics nomirror\nset tics front\n";
   for (double v : {range.min_subnormal, range.min_normal, range.max})
@@ -177,8 +182,8 @@ std::string write_inspection(const Inspection& in, const std::string& dir_name) 
   for (const InspectedTensor& t : in.tensors) {
     const ExponentHistogram& h = t.histogram;
     tensors << t.name << "," << kind_name(t.kind) << "," << dtype_name(t.storage) << "," << h.count << "," << t.rms << ","
-            << (std::isfinite(t.scale_log2) ? std::to_string(int(std::lround(t.scale_log2))) : "") << "," << fraction(h.zeros, h.count) << ","
-            << fraction(h.underflow, h.count) << "," << fraction(h.subnormal, h.count) << "," << fraction(h.normal, h.count) << ","
+            << (std::isfinite(t.scale_log2) ? std::to_string(int(std::lround(t.scale_log2))) : "") << "," << fraction(h.zeros, h.count)
+            << "," << fraction(h.underflow, h.count) << "," << fraction(h.subnormal, h.count) << "," << fraction(h.normal, h.count) << ","
             << fraction(h.clipped, h.count) << "," << fraction(h.nonfinite, h.count) << "\n";
     for (int e = h.lowest(); e <= h.highest(); ++e)
       if (h.at(e)) bins << t.name << "," << kind_name(t.kind) << "," << e << "," << h.at(e) << "\n";

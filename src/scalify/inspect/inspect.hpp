@@ -17,9 +17,9 @@ const char* kind_name(TensorKind k);
 struct InspectedTensor {
   std::string name;
   TensorKind kind;
-  DType storage;            // the data's dtype
-  double scale_log2;        // log2 of the scale (the largest, for per-block scales); NaN: unscaled
-  double rms;               // of the data component
+  DType storage;      // the data's dtype
+  double scale_log2;  // log2 of the scale (the largest, for per-block scales); NaN: unscaled
+  double rms;         // of the data component
   ExponentHistogram histogram;
 };
 

@@ -41,7 +41,8 @@ std::vector<ScaleSeries> read_scale_history(const std::string& run_dir) {
         auto [it, added] = index.emplace(name, series.size());
         if (added) series.push_back({name.substr(0, dot), name.substr(dot + 1), {}});
         const double scale = q.at("scale").get<double>();
-        if (!(scale > 0) || !std::isfinite(scale)) throw Error("'" + name + "' has scale " + q.at("scale").dump() + ", not a positive number");
+        if (!(scale > 0) || !std::isfinite(scale))
+          throw Error("'" + name + "' has scale " + q.at("scale").dump() + ", not a positive number");
         const double underflow = q.at("underflow").get<double>(), clipped = q.at("clipped").get<double>();
         if (!(underflow >= 0 && underflow <= 1 && clipped >= 0 && clipped <= 1))
           throw Error("'" + name + "' has underflow or clipped fractions outside [0, 1]");
@@ -84,11 +85,13 @@ std::string write_scale_history(const std::vector<ScaleSeries>& series, const st
   std::ostringstream csv;
   csv << "step,layer,role,bias,underflow,clipped\n";
   for (const ScaleSeries& s : series)
-    for (const ScalePoint& p : s.points) csv << p.step << "," << s.layer << "," << s.role << "," << p.bias << "," << p.underflow << "," << p.clipped << "\n";
+    for (const ScalePoint& p : s.points)
+      csv << p.step << "," << s.layer << "," << s.role << "," << p.bias << "," << p.underflow << "," << p.clipped << "\n";
   io::write_text_atomically((dir / "scales.csv").string(), csv.str());
   if (series.empty()) return "the run quantises no tensor (no scales to draw)";
 
-  const std::vector<std::string> roles = first_seen(series, role_of), kinds = first_seen(series, kind_of), blocks = first_seen(series, block_of);
+  const std::vector<std::string> roles = first_seen(series, role_of), kinds = first_seen(series, kind_of),
+                                 blocks = first_seen(series, block_of);
   // One data block per series for the scales; per (role, kind) the largest fractions over blocks.
   std::ostringstream dat, frac;
   for (size_t i = 0; i < series.size(); ++i) {
@@ -118,7 +121,8 @@ std::string write_scale_history(const std::vector<ScaleSeries>& series, const st
      << "set output " << report::gnuplot_quote((dir / "scales.png").string()) << "\n"
      << "set multiplot layout " << roles.size() << "," << kinds.size() << " title "
      << report::gnuplot_quote("Scaling bias -log2(scale) of each quantised tensor over training, " + title + " (a line per block)") << "\n"
-     << "set grid\nset xlabel 'step'\nset ylabel 'scaling bias'\nset key top right font ',8'\nset offsets graph 0, graph 0, graph 0.1, graph 0.1\n";
+     << "set grid\nset xlabel 'step'\nset ylabel 'scaling bias'\nset key top right font ',8'\nset offsets graph 0, graph 0, graph 0.1, "
+        "graph 0.1\n";
   for (const std::string& role : roles)
     for (const std::string& kind : kinds) {
       gp << "set title " << report::gnuplot_quote(kind + " " + role) << "\nplot ";

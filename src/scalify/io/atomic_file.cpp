@@ -18,9 +18,7 @@ namespace scalify::io {
 namespace fs = std::filesystem;
 
 namespace {
-[[noreturn]] void fail(const std::string& what, const std::string& path) {
-  throw Error(what + " '" + path + "': " + std::strerror(errno));
-}
+[[noreturn]] void fail(const std::string& what, const std::string& path) { throw Error(what + " '" + path + "': " + std::strerror(errno)); }
 void write_all(int fd, const char* p, size_t n, const std::string& path) {
   while (n > 0) {
     const ssize_t w = ::write(fd, p, n);
@@ -42,7 +40,7 @@ bool owner_ended(const std::string& name, const std::string& prefix) {
 // An existing target must be a regular file (or a link to one): renaming over a device, FIFO or
 // socket would replace it for every other user of the machine (/dev/null), and over a folder fails.
 void check_target(const std::string& path) {
-  struct stat st{};
+  struct stat st {};
   if (::stat(path.c_str(), &st) != 0) return;  // none yet (or a dangling link, which rename replaces)
   if (S_ISDIR(st.st_mode)) throw Error("cannot write '" + path + "': it is a folder");
   if (!S_ISREG(st.st_mode))

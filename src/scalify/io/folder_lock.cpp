@@ -43,7 +43,8 @@ FolderLock::FolderLock(const std::string& folder, const std::string& command) {
     const int err = errno;
     ::close(fd_);
     if (err != EWOULDBLOCK) throw Error("cannot lock the folder '" + folder + "': " + std::strerror(err));
-    throw Error("'" + folder + "' is in use by another scalify process (" + holder_of(note) + "); wait for it to finish, or write elsewhere");
+    throw Error("'" + folder + "' is in use by another scalify process (" + holder_of(note) +
+                "); wait for it to finish, or write elsewhere");
   }
   // Best effort: without the note the lock still holds; other processes then say "PID unknown".
   const int nfd = ::open(note.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK, 0644);

@@ -28,7 +28,7 @@ std::string read_input_file(const std::string& path, const std::string& what, ui
   // Checked before opening (opening some devices has effects of its own), and again on the open
   // descriptor, so nothing swapped in between is read. O_NONBLOCK: opening a FIFO for reading
   // would otherwise wait for a writer.
-  struct stat st{};
+  struct stat st {};
   if (::stat(path.c_str(), &st) != 0) throw Error(what + ": cannot open '" + path + "': " + std::strerror(errno));
   check_type(st);
   const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);

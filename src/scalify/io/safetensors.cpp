@@ -174,7 +174,8 @@ SafeTensors parse_safetensors(const std::string& bytes, const std::string& what)
     for (const json& s : e["shape"]) {
       if (!s.is_number_unsigned()) throw bad(where + ": shape holds something other than a non-negative integer");
       const uint64_t d = s.get<uint64_t>();
-      if (d > uint64_t(std::numeric_limits<int64_t>::max()) || (d != 0 && numel > data_size / d + 1)) throw bad(where + ": shape too large for the file");
+      if (d > uint64_t(std::numeric_limits<int64_t>::max()) || (d != 0 && numel > data_size / d + 1))
+        throw bad(where + ": shape too large for the file");
       numel *= d;
       en.shape.push_back(int64_t(d));
     }
@@ -191,7 +192,8 @@ SafeTensors parse_safetensors(const std::string& bytes, const std::string& what)
                 std::string(dtype_name(en.dtype)));
     entries.push_back(std::move(en));
   }
-  std::sort(entries.begin(), entries.end(), [](const Entry& a, const Entry& b) { return a.begin < b.begin || (a.begin == b.begin && a.end < b.end); });
+  std::sort(entries.begin(), entries.end(),
+            [](const Entry& a, const Entry& b) { return a.begin < b.begin || (a.begin == b.begin && a.end < b.end); });
   for (size_t i = 1; i < entries.size(); ++i)
     if (entries[i].begin < entries[i - 1].end) throw bad("tensors '" + entries[i - 1].name + "' and '" + entries[i].name + "' overlap");
   const auto stored = out.metadata.find(kChecksumsKey);
@@ -209,8 +211,8 @@ SafeTensors parse_safetensors(const std::string& bytes, const std::string& what)
       const std::string actual = hex32(tensor_crc(t));
       if (!checksums.contains(en.name)) throw Error(what + ": tensor '" + en.name + "' has no checksum in " + kChecksumsKey);
       if (checksums[en.name] != actual)
-        throw Error(what + ": tensor '" + en.name + "' fails its checksum (CRC-32C " + actual + ", stored " +
-                    checksums[en.name].dump() + "): the file is corrupt");
+        throw Error(what + ": tensor '" + en.name + "' fails its checksum (CRC-32C " + actual + ", stored " + checksums[en.name].dump() +
+                    "): the file is corrupt");
     }
     out.tensors.emplace_back(en.name, std::move(t));
   }
@@ -227,8 +229,7 @@ SafeTensors read_safetensors(const std::string& path) {
   // The bytes and the tensors made from them are both in memory while the file is read.
   const uint64_t limit = uint64_t(platform::memory_limit_bytes() / 2);
   SafeTensors st = parse_safetensors(read_input_file(path, "checkpoint", limit), path);
-  if (!st.verified)
-    note("'" + path + "' carries no checksums (written by an older scalify or another tool): its tensors load unverified");
+  if (!st.verified) note("'" + path + "' carries no checksums (written by an older scalify or another tool): its tensors load unverified");
   return st;
 }
 

@@ -9,7 +9,8 @@
 namespace scalify::nn {
 
 CausalSelfAttention CausalSelfAttention::make(int64_t d, int heads, Init& init) {
-  if (heads <= 0 || d % heads != 0) throw Error("attention: width " + std::to_string(d) + " is not divisible by " + std::to_string(heads) + " heads");
+  if (heads <= 0 || d % heads != 0)
+    throw Error("attention: width " + std::to_string(d) + " is not divisible by " + std::to_string(heads) + " heads");
   return {Linear::make(d, 3 * d, init), Linear::make(d, d, init, true), heads};
 }
 
@@ -28,8 +29,8 @@ Var CausalSelfAttention::operator()(const Var& x, const LayerOptions& o) const {
   };
   const Var q = split_heads(0), k = split_heads(1), v = split_heads(2);
   const Var kt = transpose(k, -1, -2);
-  const Var scores = o.tap(u ? unit::matmul_activations(q, kt) : mul_scalar(matmul(q, kt), 1 / std::sqrt(double(hd))),
-                           "attn.scores (masked)");
+  const Var scores =
+      o.tap(u ? unit::matmul_activations(q, kt) : mul_scalar(matmul(q, kt), 1 / std::sqrt(double(hd))), "attn.scores (masked)");
   const Var att = o.tap(u ? unit::causal_softmax(scores) : softmax(causal_mask(scores)), "attn.probs");
   const Var mix = reshape(permute(u ? unit::matmul_activations(att, v) : matmul(att, v), {0, 2, 1, 3}), {B, T, D});
   return o.tap(proj(o.tap(mix, "attn.mix"), o), "attn.out");

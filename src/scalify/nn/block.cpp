@@ -11,9 +11,13 @@ GptBlock GptBlock::make(int64_t d, int heads, Init& init, bool rms_norm, bool sw
 }
 
 Var GptBlock::operator()(const Var& x, unit::Residual r, const LayerOptions& o) const {
-  const Var h = o.tap(unit::residual(x, [&](const Var& v) { return attn(o.tap(ln1(v, o), "ln1"), o); }, r), "resid.attn");
+  const Var h = o.tap(unit::residual(
+                          x, [&](const Var& v) { return attn(o.tap(ln1(v, o), "ln1"), o); }, r),
+                      "resid.attn");
   r.layer += 1;
-  return o.tap(unit::residual(h, [&](const Var& v) { return mlp(o.tap(ln2(v, o), "ln2"), o); }, r), "resid.mlp");
+  return o.tap(unit::residual(
+                   h, [&](const Var& v) { return mlp(o.tap(ln2(v, o), "ln2"), o); }, r),
+               "resid.mlp");
 }
 
 }  // namespace scalify::nn

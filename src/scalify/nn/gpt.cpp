@@ -25,8 +25,8 @@ void GptConfig::validate() const {
 int64_t GptConfig::parameter_count() const {
   const int64_t D = d_model, hidden = Mlp::hidden_width(D, swiglu);
   const int64_t norm = rms_norm ? D : 2 * D;
-  const int64_t block = 2 * norm + D * 3 * D + 3 * D + D * D + D + D * (swiglu ? 2 : 1) * hidden +
-                        (swiglu ? 2 : 1) * hidden + hidden * D + D;
+  const int64_t block =
+      2 * norm + D * 3 * D + 3 * D + D * D + D + D * (swiglu ? 2 : 1) * hidden + (swiglu ? 2 : 1) * hidden + hidden * D + D;
   return vocab * D + seq * D + layers * block + (final_norm ? norm : 0) + (tied_head ? 0 : D * vocab);
 }
 
@@ -126,8 +126,8 @@ double Gpt::lr_multiplier(const std::string& name) const {
   // on the default corpus a sweep (docs/RESULTS.md) found 2^5-2^6 best, and 2^5 is used.
   constexpr double kUnitAdam = 32;
   const bool weight = name.size() > 2 && name.compare(name.size() - 2, 2, ".w") == 0;
-  const bool projection = name == "head" || (weight && (name.find(".attn.") != std::string::npos ||
-                                                         name.find(".mlp.") != std::string::npos));
+  const bool projection =
+      name == "head" || (weight && (name.find(".attn.") != std::string::npos || name.find(".mlp.") != std::string::npos));
   return kUnitAdam * (projection ? 1.0 : 1.0 / std::sqrt(double(c_.d_model)));
 }
 
@@ -158,7 +158,7 @@ Var Gpt::logits(const Tensor& ids, ScaleProbe* probe) const {
     LayerOptions ol = o;
     ol.prefix = std::to_string(l);
     ol.prefix.insert(0, 1, 'h').push_back('.');  // no operator+: GCC 12 warns falsely (-Wrestrict)
-    r.layer = 2 * int(l) + 1;  // running-mean counts both residual adds of every block
+    r.layer = 2 * int(l) + 1;                    // running-mean counts both residual adds of every block
     x = blocks_[l](x, r, ol);
   }
   const Var xf = c_.final_norm ? o.tap(lnf_(x, o), "lnf") : x;

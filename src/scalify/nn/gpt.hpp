@@ -23,16 +23,16 @@ struct GptConfig {
   int64_t vocab = 256, seq = 64, d_model = 128;
   int layers = 4, heads = 4;
   bool unit_scaled = false;
-  bool rms_norm = false;     // RMSNorm instead of LayerNorm (standard variant)
-  bool swiglu = false;       // SwiGLU MLP instead of GELU (standard variant)
-  bool tied_head = true;     // logits = x wte^T; false: a separate [d, vocab] head
+  bool rms_norm = false;  // RMSNorm instead of LayerNorm (standard variant)
+  bool swiglu = false;    // SwiGLU MLP instead of GELU (standard variant)
+  bool tied_head = true;  // logits = x wte^T; false: a separate [d, vocab] head
   bool final_norm = true;
   // Unit scaling's residual scheme. fixed(0.1) by measurement: at initialisation it keeps every
   // activation and gradient of a 4-layer model within [0.55, 1.32] across seeds, while
   // running-mean reaches the edges of [0.5, 2] in the deeper attention layers (docs/RESULTS.md).
   unit::Residual::Kind residual = unit::Residual::Kind::fixed;
-  double tau = 0.1;            // for Residual::Kind::fixed
-  void validate() const;       // throws scalify::Error naming the bad field
+  double tau = 0.1;       // for Residual::Kind::fixed
+  void validate() const;  // throws scalify::Error naming the bad field
   int64_t parameter_count() const;
 };
 

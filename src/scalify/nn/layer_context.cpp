@@ -22,9 +22,7 @@ Var ScaleProbe::tap(const Var& x, const std::string& name) {
   });
 }
 
-Var LayerOptions::tap(const Var& x, const char* name) const {
-  return probe ? probe->tap(x, std::string(prefix).append(name)) : x;
-}
+Var LayerOptions::tap(const Var& x, const char* name) const { return probe ? probe->tap(x, std::string(prefix).append(name)) : x; }
 
 Var Init::weight(const Shape& s, bool output_projection) {
   const double sd = unit_scaled ? 1.0 : output_projection ? 0.02 / std::sqrt(2.0 * layers) : 0.02;

@@ -16,7 +16,7 @@ namespace scalify::nn {
 struct ScaleProbe {
   struct Entry {
     std::string name;
-    double forward_rms = -1, backward_rms = -1;  // -1: not seen
+    double forward_rms = -1, backward_rms = -1;                         // -1: not seen
     DType forward_storage = DType::f32, backward_storage = DType::f32;  // the data's dtype
   };
   std::vector<Entry> entries;

@@ -13,8 +13,8 @@ namespace scalify::optim {
 constexpr int64_t kParamChunk = int64_t(1) << 13;  // 32 KB of f32: a chunk's buffers stay in L1/L2
 
 struct ParamChunk {
-  size_t param;         // index into the caller's list
-  int64_t begin, end;   // element range within that parameter
+  size_t param;        // index into the caller's list
+  int64_t begin, end;  // element range within that parameter
 };
 
 inline std::vector<ParamChunk> param_chunks(const std::vector<int64_t>& sizes) {

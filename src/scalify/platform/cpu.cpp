@@ -49,9 +49,9 @@ CpuFeatures detect() {
   const Regs l1 = cpuid(1);
   const bool osxsave = bit(l1.c, 27);
   const uint64_t xcr0 = osxsave ? xgetbv0() : 0;
-  const bool ymm = (xcr0 & 0x6) == 0x6;             // SSE and AVX state
-  const bool zmm = ymm && (xcr0 & 0xE0) == 0xE0;    // opmask, ZMM0-15 high halves, ZMM16-31
-  const bool tiles = (xcr0 & 0x60000) == 0x60000;   // AMX TILECFG and TILEDATA
+  const bool ymm = (xcr0 & 0x6) == 0x6;            // SSE and AVX state
+  const bool zmm = ymm && (xcr0 & 0xE0) == 0xE0;   // opmask, ZMM0-15 high halves, ZMM16-31
+  const bool tiles = (xcr0 & 0x60000) == 0x60000;  // AMX TILECFG and TILEDATA
   f.fma = ymm && bit(l1.c, 12);
   f.f16c = ymm && bit(l1.c, 29);
   if (max_leaf >= 7) {

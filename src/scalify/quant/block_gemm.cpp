@@ -19,8 +19,10 @@ namespace {
 template <class T>
 std::vector<T> decoded_codes(const BlockQuantized& q) {
   std::vector<T> out(q.rows * q.cols);
-  if constexpr (std::is_same_v<T, float>) dequantize(q.codes, q.element, 1.0f, out);
-  else codes_to_bf16(q.codes, q.element, out);
+  if constexpr (std::is_same_v<T, float>)
+    dequantize(q.codes, q.element, 1.0f, out);
+  else
+    codes_to_bf16(q.codes, q.element, out);
   return out;
 }
 
@@ -59,7 +61,7 @@ Tensor k_blocked_product(bool ta, bool tb, int64_t M, int64_t N, int64_t K, cons
   Operand<T> A{a, !ta, decoded_codes<T>(a)}, B{b, tb, decoded_codes<T>(b)};
   const size_t L = A.block_k();
   if (K == 0) return Tensor::zeros({M, N});  // an empty sum
-  Tensor c = Tensor::empty({M, N});         // the first K block assigns, the others add
+  Tensor c = Tensor::empty({M, N});          // the first K block assigns, the others add
   Tensor part = Tensor::empty({M, N});
   float* pc = c.data<float>();
   const float* pp = part.data<float>();
@@ -69,9 +71,9 @@ Tensor k_blocked_product(bool ta, bool tb, int64_t M, int64_t N, int64_t K, cons
     const size_t len = std::min(L, size_t(K) - k0);
     block_product(ta, tb, M, N, int64_t(len), A.block(k0, len, slice_a), B.block(k0, len, slice_b), part.data<float>());
     for (int64_t j = 0; j < N; ++j) col_scale[size_t(j)] = B.scale(size_t(j), kb);
-    // C += (P * row scale) * column scale, in f32: one scale at a time, as decoding applies them,
-    // so a product of two tiny scales cannot underflow first. A NaN block scale (a block holding
-    // NaN or inf) makes its products NaN, as decoding it would.
+      // C += (P * row scale) * column scale, in f32: one scale at a time, as decoding applies them,
+      // so a product of two tiny scales cannot underflow first. A NaN block scale (a block holding
+      // NaN or inf) makes its products NaN, as decoding it would.
 #pragma omp parallel for if (M * N > platform::kParallelGrain)
     for (int64_t i = 0; i < M; ++i) {
       const float sa = A.scale(size_t(i), kb);

@@ -68,7 +68,8 @@ struct GemmPlan {
 // Whether a block role's dequantised values are bf16 values: its format's are, and its scales are
 // powers of two (MX, or blocks with an MX scale rule).
 bool pow2_block_role(const QuantizerConfig& c) {
-  return codes_fit_bf16(c.format) && (c.scaling == Scaling::mx || (c.scaling == Scaling::block && c.block.rule != BlockScaleRule::f32_amax));
+  return codes_fit_bf16(c.format) &&
+         (c.scaling == Scaling::mx || (c.scaling == Scaling::block && c.block.rule != BlockScaleRule::f32_amax));
 }
 
 GemmPlan plan_gemm(const QuantizerConfig& a, const QuantizerConfig& b, bool propagate) {
@@ -142,8 +143,7 @@ ScaledTensor gemm(const GemmPlan& p, bool propagate, bool ta, bool tb, int64_t M
       if (hb.defined()) return ScaledTensor(gemm_f32_or_bf16(ta, tb, M, N, K, ha, hb, 1.0f));
       break;
     }
-    case GemmPath::values_f32:
-      break;
+    case GemmPath::values_f32: break;
   }
   return ScaledTensor(gemm_f32_or_bf16(ta, tb, M, N, K, a.dequantize().contiguous(), b.dequantize().contiguous(), 1.0f));
 }

@@ -18,9 +18,12 @@ std::optional<LinearRecipe::Roles> LinearRecipe::roles() const {
 }
 
 std::array<std::pair<const char*, const QuantizerConfig*>, 6> LinearRecipe::operands() const {
-  return {{{"forward.activation", &forward.activation}, {"forward.weight", &forward.weight},
-           {"input_grad.gradient", &input_grad.gradient}, {"input_grad.weight", &input_grad.weight},
-           {"weight_grad.activation", &weight_grad.activation}, {"weight_grad.gradient", &weight_grad.gradient}}};
+  return {{{"forward.activation", &forward.activation},
+           {"forward.weight", &forward.weight},
+           {"input_grad.gradient", &input_grad.gradient},
+           {"input_grad.weight", &input_grad.weight},
+           {"weight_grad.activation", &weight_grad.activation},
+           {"weight_grad.gradient", &weight_grad.gradient}}};
 }
 
 bool LinearRecipe::all_scalify() const {

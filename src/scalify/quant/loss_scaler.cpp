@@ -13,8 +13,7 @@ LossScaler::LossScaler(LossScalerConfig config) : c_(config), scale_(config.kind
   if (!(scale_ > 0) || !std::isfinite(scale_)) throw Error("loss scaler: the scale must be finite and positive");
   if (c_.growth_interval < 1) throw Error("loss scaler: growth interval must be at least 1");
   // backoff shrinks the scale after an overflow, growth enlarges it after clean steps.
-  if (!(c_.backoff > 0 && c_.backoff <= 1))
-    throw Error("loss scaler: backoff must be in (0, 1], got " + std::to_string(c_.backoff));
+  if (!(c_.backoff > 0 && c_.backoff <= 1)) throw Error("loss scaler: backoff must be in (0, 1], got " + std::to_string(c_.backoff));
   if (!(c_.growth >= 1) || !std::isfinite(c_.growth))
     throw Error("loss scaler: growth must be finite and >= 1, got " + std::to_string(c_.growth));
 }

@@ -11,7 +11,7 @@ namespace scalify::quant {
 
 struct LossScalerConfig {
   enum class Kind : uint8_t { none, fixed, dynamic } kind = Kind::dynamic;
-  double scale = 32768.0;    // the static scale, or the dynamic one's start (2^15)
+  double scale = 32768.0;  // the static scale, or the dynamic one's start (2^15)
   int growth_interval = 2000;
   double backoff = 0.5, growth = 2.0;
 };

@@ -57,8 +57,9 @@ Tensor encode(const Tensor& x, Format fmt, float encode_scale, const QuantizerCo
       QuantizeOptions o = opt;
       o.offset = uint64_t(begin);
       const std::span<const float> in(p, size_t(len));
-      const float a = as_values ? quantize_values_amax(in, fmt, encode_scale, std::span(codes.data<float>() + begin, size_t(len)), o)
-                                : quantize_amax(in, fmt, encode_scale, std::span(codes.raw_bytes() + begin * out_bytes, size_t(len * out_bytes)), o);
+      const float a =
+          as_values ? quantize_values_amax(in, fmt, encode_scale, std::span(codes.data<float>() + begin, size_t(len)), o)
+                    : quantize_amax(in, fmt, encode_scale, std::span(codes.raw_bytes() + begin * out_bytes, size_t(len * out_bytes)), o);
       amax_bits = std::max(amax_bits, std::bit_cast<uint32_t>(std::fabs(a)));
     } catch (...) {
 #pragma omp critical(scalify_encode_error)
@@ -121,8 +122,7 @@ Quantizer::Quantizer(QuantizerConfig config, uint64_t stream) : c_(config), stre
   // 2^±64 is far beyond any format's range; the limits keep 2^margin, 2^bias and -bias exact.
   if (c_.margin < -kMaxShift || c_.margin > kMaxShift)
     throw Error("quantizer: margin must be in [-64, 64], got " + std::to_string(c_.margin));
-  if (c_.bias < -kMaxShift || c_.bias > kMaxShift)
-    throw Error("quantizer: bias must be in [-64, 64], got " + std::to_string(c_.bias));
+  if (c_.bias < -kMaxShift || c_.bias > kMaxShift) throw Error("quantizer: bias must be in [-64, 64], got " + std::to_string(c_.bias));
   if (c_.block.rows < 1 || c_.block.rows > kMaxBlock || c_.block.cols < 1 || c_.block.cols > kMaxBlock)
     throw Error("quantizer: block must be [rows, cols] with each in [1, 4096], got [" + std::to_string(c_.block.rows) + ", " +
                 std::to_string(c_.block.cols) + "]");
@@ -212,8 +212,8 @@ Quantized Quantizer::quantize_with(const Tensor& x, bool as_values, QuantStats& 
       // MX: 32 elements along the rows (or down the columns when the block is configured tall).
       const BlockSpec spec = c_.scaling == Scaling::mx ? mx_blocks(c_.block.rows > 1 ? 0 : 1) : c_.block;
       const Tensor xs = x.to(DType::f32).contiguous();
-      q.blocks = quantize_blocks(std::span(xs.data<float>(), size_t(xs.numel())), size_t(x.size(0)), size_t(x.size(1)), f, spec,
-                                 c_.rounding);
+      q.blocks =
+          quantize_blocks(std::span(xs.data<float>(), size_t(xs.numel())), size_t(x.size(0)), size_t(x.size(1)), f, spec, c_.rounding);
       q.blockwise = true;
       if (collect_statistics()) st.amax = float(amax_of(xs));
       // An empty tensor ([0, n] or [n, 0]) has no blocks and no scales.

@@ -30,11 +30,11 @@ enum class HistoryReduce : uint8_t { max, most_recent };
 struct QuantizerConfig {
   Scaling scaling = Scaling::current;
   Format format = Format::e4m3;
-  int margin = 0;        // current, delayed, amax_bias: powers of two of headroom
-  int history = 16;      // delayed: amax history length
+  int margin = 0;    // current, delayed, amax_bias: powers of two of headroom
+  int history = 16;  // delayed: amax history length
   HistoryReduce reduce = HistoryReduce::max;
-  int update_interval = 1;  // delayed: recompute the scale every N quantisations
-  int bias = 0;          // constant_bias: the scaling bias b
+  int update_interval = 1;                            // delayed: recompute the scale every N quantisations
+  int bias = 0;                                       // constant_bias: the scaling bias b
   BlockSpec block{1, 128, BlockScaleRule::f32_amax};  // block; mx: 1 x 32 (32 x 1 if rows > 1), floor rule
   Rounding rounding = Rounding::nearest_even;
   bool saturate = true;  // false: overflow gives inf (f16, e5m2) or NaN, as a plain cast on hardware
@@ -45,11 +45,11 @@ struct QuantizerConfig {
 
 // What a quantiser reports for each tensor it quantises (cheap enough to leave on).
 struct QuantStats {
-  float scale = 1;        // the decode factor (per-tensor), or the largest block's
-  int bias = 0;           // the scaling bias for the *_bias strategies
-  float amax = 0;         // max |x| of the input
-  double underflow = 0;   // fraction of non-zero inputs that became zero
-  double clipped = 0;     // fraction of inputs beyond the format's range after scaling
+  float scale = 1;       // the decode factor (per-tensor), or the largest block's
+  int bias = 0;          // the scaling bias for the *_bias strategies
+  float amax = 0;        // max |x| of the input
+  double underflow = 0;  // fraction of non-zero inputs that became zero
+  double clipped = 0;    // fraction of inputs beyond the format's range after scaling
 };
 
 // A quantised tensor: codes in the format's dtype (or their f32 values, Quantizer::quantize's

@@ -26,10 +26,15 @@ constexpr std::pair<Rounding, const char*> kRoundings[] = {
 static_assert(std::size(kRoundings) == size_t(Rounding::toward_zero) + 1, "a JSON name for every Rounding");
 
 json role_json(const QuantizerConfig& c) {
-  json j = {{"scaling", scaling_name(c.scaling)}, {"format", std::string(format_name(c.format))}, {"margin", c.margin},
-            {"history", c.history}, {"reduce", c.reduce == HistoryReduce::max ? "max" : "most_recent"},
-            {"update_interval", c.update_interval}, {"bias", c.bias},
-            {"block", {int(c.block.rows), int(c.block.cols)}}, {"saturate", c.saturate}};
+  json j = {{"scaling", scaling_name(c.scaling)},
+            {"format", std::string(format_name(c.format))},
+            {"margin", c.margin},
+            {"history", c.history},
+            {"reduce", c.reduce == HistoryReduce::max ? "max" : "most_recent"},
+            {"update_interval", c.update_interval},
+            {"bias", c.bias},
+            {"block", {int(c.block.rows), int(c.block.cols)}},
+            {"saturate", c.saturate}};
   // Written only when not the default, so the JSON of every recipe that rounds to nearest (and the
   // recipe recorded in every checkpoint before the field existed) is unchanged.
   for (const auto& [r, name] : kRoundings)
@@ -150,11 +155,11 @@ std::string Recipe::to_json() const {
             {"rescale_gradients", rescale_gradients},
             {"unit_scaled", unit_scaled},
             {"data_storage", std::string(dtype_name(data_storage))},
-            {"loss_scaling", {{"kind", loss_kind(loss_scaling.kind)}, {"scale", loss_scaling.scale},
-                              {"growth_interval", loss_scaling.growth_interval}}}};
+            {"loss_scaling",
+             {{"kind", loss_kind(loss_scaling.kind)}, {"scale", loss_scaling.scale}, {"growth_interval", loss_scaling.growth_interval}}}};
   if (high_precision != HighPrecisionLayers{})  // written only when set: every earlier recipe's JSON is unchanged
-    j["high_precision"] = {{"first_blocks", high_precision.first_blocks}, {"last_blocks", high_precision.last_blocks},
-                           {"layers", high_precision.layers}};
+    j["high_precision"] = {
+        {"first_blocks", high_precision.first_blocks}, {"last_blocks", high_precision.last_blocks}, {"layers", high_precision.layers}};
   return j.dump(2);
 }
 
@@ -204,8 +209,9 @@ LinearRecipe linear_from(const json& lin) {
 }
 
 Recipe from_parsed(const json& j) {
-  only_known_fields(j, {"name", "linear", "master_weight", "scaled_state", "optimizer_state", "weight_gradient", "rescale_every",
-                        "rescale_norm_grad", "rescale_gradients", "unit_scaled", "data_storage", "loss_scaling", "high_precision"},
+  only_known_fields(j,
+                    {"name", "linear", "master_weight", "scaled_state", "optimizer_state", "weight_gradient", "rescale_every",
+                     "rescale_norm_grad", "rescale_gradients", "unit_scaled", "data_storage", "loss_scaling", "high_precision"},
                     "the recipe");
   Recipe r;
   r.name = field<std::string>(j, "name", "recipe");
@@ -222,10 +228,14 @@ Recipe from_parsed(const json& j) {
   const json ls = field<json>(j, "loss_scaling", "recipe");
   only_known_fields(ls, {"kind", "scale", "growth_interval"}, "loss_scaling");
   const std::string kind = field<std::string>(ls, "kind", "loss_scaling");
-  if (kind == "none") r.loss_scaling.kind = LossScalerConfig::Kind::none;
-  else if (kind == "static") r.loss_scaling.kind = LossScalerConfig::Kind::fixed;
-  else if (kind == "dynamic") r.loss_scaling.kind = LossScalerConfig::Kind::dynamic;
-  else throw Error("recipe: loss_scaling.kind must be none, static or dynamic, got '" + kind + "'");
+  if (kind == "none")
+    r.loss_scaling.kind = LossScalerConfig::Kind::none;
+  else if (kind == "static")
+    r.loss_scaling.kind = LossScalerConfig::Kind::fixed;
+  else if (kind == "dynamic")
+    r.loss_scaling.kind = LossScalerConfig::Kind::dynamic;
+  else
+    throw Error("recipe: loss_scaling.kind must be none, static or dynamic, got '" + kind + "'");
   r.loss_scaling.scale = field<double>(ls, "scale", "loss_scaling");
   if (!(r.loss_scaling.scale > 0) || !std::isfinite(r.loss_scaling.scale))
     throw Error("recipe: field 'scale' in loss_scaling must be finite and > 0, got " + ls.at("scale").dump());
@@ -246,17 +256,20 @@ void Recipe::validate() const {
   // Every activation and gradient is rounded into the data storage after every op: below 16 bits
   // (FP8, FP6, FP4) nothing survives that without a scale per op, and the model learns nothing.
   if (!dtype_format(data_storage) || dtype_size(data_storage) < 2)
-    refuse("data_storage must be f32, f16 or bf16 (every activation and gradient is held in it; for FP8 or FP4 matmuls set the "
-           "linear roles' formats), got " + std::string(dtype_name(data_storage)));
+    refuse(
+        "data_storage must be f32, f16 or bf16 (every activation and gradient is held in it; for FP8 or FP4 matmuls set the "
+        "linear roles' formats), got " +
+        std::string(dtype_name(data_storage)));
   for (const auto& [operand, config] : linear.operands()) {
     if (!linear.quantized) break;  // an unquantised linear layer uses none of its operands
     const QuantizerConfig& c = *config;
     const std::string where = std::string("linear.") + operand;
     // MX blocks scale elements of the OCP MX formats by E8M0 powers of two (OCP MX v1.0).
-    const bool mx_element = c.format == Format::e4m3 || c.format == Format::e5m2 || c.format == Format::e2m3 ||
-                            c.format == Format::e3m2 || c.format == Format::e2m1 || c.format == Format::int8;
+    const bool mx_element = c.format == Format::e4m3 || c.format == Format::e5m2 || c.format == Format::e2m3 || c.format == Format::e3m2 ||
+                            c.format == Format::e2m1 || c.format == Format::int8;
     if (c.scaling == Scaling::mx && !mx_element)
-      refuse(where + ": MX scaling needs an MX element format (e4m3, e5m2, e2m3, e3m2, e2m1, int8), got " + std::string(format_name(c.format)));
+      refuse(where + ": MX scaling needs an MX element format (e4m3, e5m2, e2m3, e3m2, e2m1, int8), got " +
+             std::string(format_name(c.format)));
     if (c.scaling == Scaling::scalify && !scaled_state)
       refuse(where + ": SCALIFY scaling propagates the parameters' scales, so it needs scaled_state");
     if (c.rounding == Rounding::stochastic && c.blockwise())
@@ -483,8 +496,9 @@ void cast_weight_gradients(const std::vector<Var>& params, const Recipe& r) {
     if (!g.data.defined()) continue;
     // Scaled gradients are cast in their data component with the propagated scale (#3), rescaled
     // first where the recipe says (#4: "grads rescaled"); plain ones after rebalancing to unit RMS.
-    const ScaledTensor ready = !g.is_scaled() ? dynamic_rescale_l2(ScaledTensor(g.data, 1.0f))
-                               : r.rescale_gradients ? dynamic_rescale_l2(g) : g;
+    const ScaledTensor ready = !g.is_scaled()        ? dynamic_rescale_l2(ScaledTensor(g.data, 1.0f))
+                               : r.rescale_gradients ? dynamic_rescale_l2(g)
+                                                     : g;
     p.set_grad(cast_data(ready, r.weight_gradient));
   }
 }

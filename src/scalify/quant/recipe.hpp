@@ -24,16 +24,16 @@ struct HighPrecisionLayers {
 
 struct Recipe {
   std::string name = "f32";
-  LinearRecipe linear;                 // the operands of every quantised linear layer's three GEMMs
-  HighPrecisionLayers high_precision;  // linear layers left out of `linear`
-  DType master_weight = DType::f32;    // storage of the master weights
-  bool scaled_state = false;           // SCALIFY: master weights and optimizer state as scaled tensors
-  DType optimizer_state = DType::f32;  // storage of AdamW's m and v
+  LinearRecipe linear;                   // the operands of every quantised linear layer's three GEMMs
+  HighPrecisionLayers high_precision;    // linear layers left out of `linear`
+  DType master_weight = DType::f32;      // storage of the master weights
+  bool scaled_state = false;             // SCALIFY: master weights and optimizer state as scaled tensors
+  DType optimizer_state = DType::f32;    // storage of AdamW's m and v
   Format weight_gradient = Format::f32;  // cast of the weight gradients before the update (f32: none)
-  int rescale_every = 0;               // SCALIFY: dynamic_rescale_l2 of the state every N steps
-  bool rescale_norm_grad = false;      // SCALIFY #2-#4: dynamic_rescale_l2_grad before every norm (2 per block + the final one)
-  bool rescale_gradients = false;      // SCALIFY #4: dynamic_rescale_l2 of scaled weight gradients before their cast
-  bool unit_scaled = false;            // unit scaling (seeds 001/002): the model is unit-scaled, its casts need no scale
+  int rescale_every = 0;                 // SCALIFY: dynamic_rescale_l2 of the state every N steps
+  bool rescale_norm_grad = false;        // SCALIFY #2-#4: dynamic_rescale_l2_grad before every norm (2 per block + the final one)
+  bool rescale_gradients = false;        // SCALIFY #4: dynamic_rescale_l2 of scaled weight gradients before their cast
+  bool unit_scaled = false;              // unit scaling (seeds 001/002): the model is unit-scaled, its casts need no scale
   // Storage of every activation's and gradient's data (SPEC §2 data precision): parameters stored
   // wider are cast to it at use, so ops keep their outputs in it end to end; their gradients go
   // back to the parameters' storage. f32: activations f32 unless the parameters are narrower.

@@ -13,7 +13,9 @@ WeightedSum weighted_sum(double x_scale, double y_scale, double a, double b, Pow
   return {zs, xs / zs, ys / zs};
 }
 
-WeightedSum ema(double m_scale, double x_scale, double beta) { return weighted_sum(m_scale, x_scale, beta, 1 - beta, Pow2Rounding::nearest); }
+WeightedSum ema(double m_scale, double x_scale, double beta) {
+  return weighted_sum(m_scale, x_scale, beta, 1 - beta, Pow2Rounding::nearest);
+}
 
 AttentionGrad attention_grad(double g_scale, double qkv_scale) { return {g_scale * qkv_scale, 1 / qkv_scale, 1 / qkv_scale}; }
 

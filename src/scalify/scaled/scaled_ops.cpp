@@ -226,9 +226,8 @@ ScaledTensor extremum(const ScaledTensor& x, const ScaledTensor& y, ops::Binary 
 }  // namespace
 
 ScaledTensor where(const Tensor& cond, const ScaledTensor& x, const ScaledTensor& y) {
-  return from_either(x, y, [&cond](const Tensor& a, const Tensor& b, double am, double bm) {
-    return ops::where(cond, times(a, am), times(b, bm));
-  });
+  return from_either(
+      x, y, [&cond](const Tensor& a, const Tensor& b, double am, double bm) { return ops::where(cond, times(a, am), times(b, bm)); });
 }
 ScaledTensor maximum(const ScaledTensor& x, const ScaledTensor& y) { return extremum(x, y, ops::Binary::maximum); }
 ScaledTensor minimum(const ScaledTensor& x, const ScaledTensor& y) { return extremum(x, y, ops::Binary::minimum); }
@@ -274,10 +273,18 @@ ScaledTensor keep_scale(const ScaledTensor& x_in, F f) {
   return out;
 }
 }  // namespace
-ScaledTensor reshape(const ScaledTensor& x, const Shape& s) { return keep_scale(x, [&](const Tensor& t) { return t.reshape(s); }); }
-ScaledTensor transpose(const ScaledTensor& x, int a, int b) { return keep_scale(x, [&](const Tensor& t) { return t.transpose(a, b); }); }
-ScaledTensor slice(const ScaledTensor& x, int d, int64_t a, int64_t b) { return keep_scale(x, [&](const Tensor& t) { return t.slice(d, a, b); }); }
-ScaledTensor expand(const ScaledTensor& x, const Shape& s) { return keep_scale(x, [&](const Tensor& t) { return t.expand(s); }); }
+ScaledTensor reshape(const ScaledTensor& x, const Shape& s) {
+  return keep_scale(x, [&](const Tensor& t) { return t.reshape(s); });
+}
+ScaledTensor transpose(const ScaledTensor& x, int a, int b) {
+  return keep_scale(x, [&](const Tensor& t) { return t.transpose(a, b); });
+}
+ScaledTensor slice(const ScaledTensor& x, int d, int64_t a, int64_t b) {
+  return keep_scale(x, [&](const Tensor& t) { return t.slice(d, a, b); });
+}
+ScaledTensor expand(const ScaledTensor& x, const Shape& s) {
+  return keep_scale(x, [&](const Tensor& t) { return t.expand(s); });
+}
 
 // Scalars: c = m 2^e exactly; multiplying keeps the data's magnitude (|m| in [1, 2)) and moves
 // 2^e into the scale. Adding a scalar is an add with a broadcast scalar operand.
@@ -301,7 +308,8 @@ ScaledTensor pow_scalar(const ScaledTensor& x_in, double p) {
   const ScaledTensor x = uniform(x_in);
   if (!x.is_scaled()) return ScaledTensor(ops::pow_scalar(x.data, p));
   if (x.any_scale) return any_scale_constant(ops::pow_scalar(x.data, p));
-  return power(x, p, [p](const Tensor& d, double in_mul) { return ops::pow_scalar(in_mul == 1.0 ? d : ops::scale_shift(d, in_mul, 0.0), p); });
+  return power(x, p,
+               [p](const Tensor& d, double in_mul) { return ops::pow_scalar(in_mul == 1.0 ? d : ops::scale_shift(d, in_mul, 0.0), p); });
 }
 
 ScaledTensor sum_to(const ScaledTensor& g_in, const Shape& shape) {
@@ -329,24 +337,39 @@ const std::vector<ScaleRule>& scale_rules() {
       {"max", "Z_s = X_s; Z_d = max(X_d)", "a positive scale commutes with max"},
       {"relu, gelu, silu", "Y_s = X_s; Y_d = X_d g(X_d X_s)", "f(x) = x g(x) keeps the input's magnitude"},
       {"neg, abs", "Y_s = X_s; Y_d = f(X_d)", "scale-equivariant"},
-      {"powers x^p (square, sqrt, rsqrt, pow)", "Y_s = 2^floor(p log2 X_s); Y_d = (X_d 2^(f / p))^p, f = p log2 X_s - log2 Y_s", "homogeneous: (x s)^p = x^p s^p; for sqrt of an odd power of two, Y_d = sqrt(2 X_d)"},
-      {"exp, log, sigmoid, tanh", "Y_d = f(X_d X_s); Y_s = 1", "not homogeneous, and their outputs do not grow like the input: sigmoid, tanh bounded; log shifted by log s (|log s| <= 88); exp fed O(1) arguments"},
-      {"softmax over n", "Y_d = N softmax(X_d X_s); Y_s = 1 / N, N = pow2(n)", "fold: probabilities lie in [0, 1] whatever the input scale and average 1 / n (unit scaling's alpha = s)"},
+      {"powers x^p (square, sqrt, rsqrt, pow)", "Y_s = 2^floor(p log2 X_s); Y_d = (X_d 2^(f / p))^p, f = p log2 X_s - log2 Y_s",
+       "homogeneous: (x s)^p = x^p s^p; for sqrt of an odd power of two, Y_d = sqrt(2 X_d)"},
+      {"exp, log, sigmoid, tanh", "Y_d = f(X_d X_s); Y_s = 1",
+       "not homogeneous, and their outputs do not grow like the input: sigmoid, tanh bounded; log shifted by log s (|log s| <= 88); exp "
+       "fed O(1) arguments"},
+      {"softmax over n", "Y_d = N softmax(X_d X_s); Y_s = 1 / N, N = pow2(n)",
+       "fold: probabilities lie in [0, 1] whatever the input scale and average 1 / n (unit scaling's alpha = s)"},
       {"log_softmax", "Y_d = log_softmax(X_d X_s); Y_s = 1", "fold: log-probabilities are O(log n), not O(X_s)"},
-      {"layer_norm, rms_norm (no affine)", "Y_d = norm(X_d, eps / X_s^2); Y_s = 1", "normalisation removes the scale; eps rescaled for exact invariance"},
-      {"where, concat, maximum, minimum", "Z_s = max(X_s, Y_s), operands rebased; ANY takes the other's scale", "elements come from either operand"},
+      {"layer_norm, rms_norm (no affine)", "Y_d = norm(X_d, eps / X_s^2); Y_s = 1",
+       "normalisation removes the scale; eps rescaled for exact invariance"},
+      {"where, concat, maximum, minimum", "Z_s = max(X_s, Y_s), operands rebased; ANY takes the other's scale",
+       "elements come from either operand"},
       {"embedding", "Z_s = W_s; Z_d = gather(W_d)", "a gather"},
       {"cross_entropy", "loss of f(X_d X_s); Y_s = 1", "fold: a loss value, O(log n)"},
       {"reshape, transpose, slice, expand", "Z_s = X_s", "shape ops move data only"},
       {"mul_scalar c = m 2^e", "Z_s = 2^e X_s; Z_d = m X_d", "broadcast scalar split into mantissa and exponent"},
       {"add_scalar c", "add with the scalar (m, 2^e)", "as add"},
-      {"ema b m + (1 - b) x", "Z_s = pow2_nearest(sqrt((b M_s)^2 + ((1 - b) X_s)^2))", "b kept whole: the optimizer moments' scale is stationary"},
+      {"ema b m + (1 - b) x", "Z_s = pow2_nearest(sqrt((b M_s)^2 + ((1 - b) X_s)^2))",
+       "b kept whole: the optimizer moments' scale is stationary"},
       {"gradients linear in g (activations, log_softmax, gather)", "dX_s = g_s; dX_d = f'(X) g_d", "the local derivative is O(1)"},
       {"power backward", "dX = p X^(p-1) g through the power and mul rules", "the local derivative's scale X_s^(p-1) stays in the scale"},
-      {"scale products (mul, div, matmul, sum, mean, powers)", "by exponent arithmetic; beyond [2^-126, 2^127] the scale is clamped and the rest moves into the data", "2^127 * 2^-126 is 2, not inf; the value is kept, never a silent inf or 0"},
-      {"X_d X_s beyond f32 (scales near 2^127)", "relu, gelu, silu: X_d g(+-inf) = X_d or 0, gradient G_d or 0; log: log X_d + log X_s; softmax, log_softmax, cross_entropy: such rows in double", "the true result is finite: never inf or NaN from a finite input; every other value as the fast path computes it"},
+      {"scale products (mul, div, matmul, sum, mean, powers)",
+       "by exponent arithmetic; beyond [2^-126, 2^127] the scale is clamped and the rest moves into the data",
+       "2^127 * 2^-126 is 2, not inf; the value is kept, never a silent inf or 0"},
+      {"X_d X_s beyond f32 (scales near 2^127)",
+       "relu, gelu, silu: X_d g(+-inf) = X_d or 0, gradient G_d or 0; log: log X_d + log X_s; softmax, log_softmax, cross_entropy: such "
+       "rows in double",
+       "the true result is finite: never inf or NaN from a finite input; every other value as the fast path computes it"},
       {"softmax backward", "dX_s = g_s / N; dX_d = N p (g_d - sum p g_d)", "the local derivative is O(1 / n)"},
-      {"fused causal attention (qkv with one scale s)", "Y_s = s; Y_d = softmax(mask(s^2 q_d k_d^T / sqrt(hd))) v_d; dQKV_s = g_s s, dq_d and dk_d carry s, dv_d 1 / s", "a convex combination of value rows: |Y_d| <= max |v_d|, never an overflow; dq and dk are s^2 smaller than dv, and one scale sits between them"},
+      {"fused causal attention (qkv with one scale s)",
+       "Y_s = s; Y_d = softmax(mask(s^2 q_d k_d^T / sqrt(hd))) v_d; dQKV_s = g_s s, dq_d and dk_d carry s, dv_d 1 / s",
+       "a convex combination of value rows: |Y_d| <= max |v_d|, never an overflow; dq and dk are s^2 smaller than dv, and one scale sits "
+       "between them"},
       {"norm backward", "dX_s = g_s / X_s; dX_d = rstd(X_d) (g_d - ...)", "d norm / dx scales as 1 / sigma(x)"},
       {"cross_entropy backward", "dX_d = (softmax - onehot) c / pow2(c); dX_s = pow2(c), c = g / N", "rows of softmax - onehot are O(1)"},
   };

@@ -17,7 +17,7 @@ float pow2_round(double x, Pow2Rounding mode) {
   if (!(x > 0) || !std::isfinite(x)) throw Error("pow2_round: needs a finite positive value, got " + std::to_string(x));
   int e;
   const double m = std::frexp(x, &e);  // x = m * 2^e, m in [0.5, 1)
-  int k = e - 1;                        // 2^k <= x < 2^(k+1)
+  int k = e - 1;                       // 2^k <= x < 2^(k+1)
   if (mode == Pow2Rounding::up && m != 0.5) k += 1;
   if (mode == Pow2Rounding::nearest && m * 2 > std::sqrt(2.0)) k += 1;  // nearest in log2
   return std::ldexp(1.0f, std::clamp(k, -126, 127));
@@ -32,8 +32,7 @@ std::string float_str(float x) {
 // A scale argument must be finite and positive; a zero, negative, inf or NaN scale makes every
 // represented value garbage.
 void check_scale(float s, const char* what) {
-  if (!(s > 0) || !std::isfinite(s))
-    throw Error(std::string(what) + " must be a finite positive number, got " + float_str(s));
+  if (!(s > 0) || !std::isfinite(s)) throw Error(std::string(what) + " must be a finite positive number, got " + float_str(s));
 }
 // set_scaling and rebalance also need a power of two (SPEC §2): rescaling the data is then exact,
 // so they stay no-ops on the represented value.
@@ -51,8 +50,7 @@ ScaledTensor::ScaledTensor(Tensor d, float s) : data(std::move(d)) {
 
 float ScaledTensor::scalar_scale() const {
   if (!scale.defined()) return 1.0f;
-  if (scale.numel() != 1)
-    throw Error("scalar_scale: the scale has shape " + shape_str(scale.shape()) + " (per-block scales)");
+  if (scale.numel() != 1) throw Error("scalar_scale: the scale has shape " + shape_str(scale.shape()) + " (per-block scales)");
   return float(scale.item());
 }
 
@@ -67,8 +65,8 @@ Tensor ScaledTensor::value() const {
     if (top * data_max > double(std::numeric_limits<float>::max())) {  // else no finite data can overflow (f16 below 2^111)
       const double amax_data = ops::max(ops::unary(ops::Unary::abs, data).reshape({-1}), 0).first.item();
       if (std::isfinite(amax_data) && amax_data * top > double(std::numeric_limits<float>::max()))
-        throw Error("ScaledTensor::value: data * scale overflows f32 (|data| up to " + std::to_string(amax_data) +
-                    " times scale 2^" + std::to_string(std::ilogb(top)) + "); keep the scaled form");
+        throw Error("ScaledTensor::value: data * scale overflows f32 (|data| up to " + std::to_string(amax_data) + " times scale 2^" +
+                    std::to_string(std::ilogb(top)) + "); keep the scaled form");
     }
   }
   return v;
@@ -77,7 +75,7 @@ Tensor ScaledTensor::value() const {
 ScaledTensor with_exact_scale(Tensor data, double scale) {
   if (!(scale > 0) || std::isinf(scale))
     throw Error("with_exact_scale: scale must be a finite positive number, got " + std::to_string(scale));
-  const double kept = std::clamp(scale, 0x1p-126, 0x1p127);  // the range of scale_kept_exactly
+  const double kept = std::clamp(scale, 0x1p-126, 0x1p127);             // the range of scale_kept_exactly
   if (kept != scale) data = ops::scale_shift(data, scale / kept, 0.0);  // exact for power-of-two ratios
   return ScaledTensor(std::move(data), float(kept));
 }
@@ -97,9 +95,7 @@ ScaledTensor scaled_scalar(double c) {
 
 namespace {
 double rms_of(const Tensor& x) { return std::sqrt(ops::sum_squares(x) / double(std::max<int64_t>(x.numel(), 1))); }
-double amax_of(const Tensor& x) {
-  return ops::max(ops::unary(ops::Unary::abs, x).reshape({-1}), 0).first.item();
-}
+double amax_of(const Tensor& x) { return ops::max(ops::unary(ops::Unary::abs, x).reshape({-1}), 0).first.item(); }
 // A statistic usable as a scale: finite and positive, else 1 (no rescale).
 double usable(double s) { return s > 0 && std::isfinite(s) ? s : 1.0; }
 }  // namespace

@@ -24,8 +24,8 @@ namespace {
 // One GEMM of a (batch, head) pair: oneDNN for f32 (single-threaded inside the parallel loop),
 // the f64 reference for f64 (gradient checks).
 template <class T>
-void mm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const T* A, int64_t lda, const T* B,
-        int64_t ldb, T* C, int64_t ldc, T alpha, T beta = T(0)) {
+void mm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const T* A, int64_t lda, const T* B, int64_t ldb, T* C, int64_t ldc, T alpha,
+        T beta = T(0)) {
   if constexpr (std::is_same_v<T, float>) {
     gemm::sgemm(ta, tb, M, N, K, A, lda, B, ldb, beta, C, ldc, alpha);
   } else {
@@ -43,8 +43,8 @@ struct Dims {
 
 Dims check(const Tensor& qkv, int64_t heads, const char* op) {
   if (qkv.dim() != 3 || qkv.size(2) % 3 != 0 || heads < 1 || (qkv.size(2) / 3) % heads != 0)
-    throw Error(std::string(op) + ": qkv must be [B, T, 3D] with D divisible by heads = " + std::to_string(heads) +
-                ", got " + shape_str(qkv.shape()));
+    throw Error(std::string(op) + ": qkv must be [B, T, 3D] with D divisible by heads = " + std::to_string(heads) + ", got " +
+                shape_str(qkv.shape()));
   if (is_integer(qkv.dtype())) throw Error(std::string(op).append(": qkv must be floating point, got ").append(dtype_name(qkv.dtype())));
   const int64_t D = qkv.size(2) / 3;
   return {qkv.size(0), qkv.size(1), D, heads, D / heads};
@@ -132,12 +132,12 @@ AttentionResult causal_attention(const Tensor& qkv_in, int64_t heads, double sco
   return r;
 }
 
-Tensor causal_attention_backward(const Tensor& qkv_in, const Tensor& probs_in, const Tensor& grad_y_in, int64_t heads,
-                                 double score_mul, double dv_mul) {
+Tensor causal_attention_backward(const Tensor& qkv_in, const Tensor& probs_in, const Tensor& grad_y_in, int64_t heads, double score_mul,
+                                 double dv_mul) {
   const Dims d = check(qkv_in, heads, "causal_attention_backward");
   if (probs_in.shape() != Shape{d.B, d.H, d.T, d.T} || grad_y_in.shape() != Shape{d.B, d.T, d.D})
-    throw Error("causal_attention_backward: probs " + shape_str(probs_in.shape()) + " or gradient " +
-                shape_str(grad_y_in.shape()) + " do not match qkv " + shape_str(qkv_in.shape()));
+    throw Error("causal_attention_backward: probs " + shape_str(probs_in.shape()) + " or gradient " + shape_str(grad_y_in.shape()) +
+                " do not match qkv " + shape_str(qkv_in.shape()));
   const bool widen = widens_per_head(qkv_in);
   const Tensor qkv = widen ? qkv_in : compute_form(qkv_in);
   const DType dt = widen ? DType::f32 : qkv.dtype();
@@ -167,7 +167,7 @@ Tensor causal_attention_backward(const Tensor& qkv_in, const Tensor& probs_in, c
           const T* pb = p + r0 * d.T;
           T* s = dp.data() + r0 * d.T;
           mm<T>(true, false, r1, d.hd, rb, pb, d.T, g + r0 * d.D, d.D, dq + 2 * d.D, ld, alpha_v, T(1));  // dv += P^T dy
-          mm<T>(false, true, rb, r1, d.hd, g + r0 * d.D, d.D, x.v, x.ld, s, d.T, T(1));                // dP = dy v^T
+          mm<T>(false, true, rb, r1, d.hd, g + r0 * d.D, d.D, x.v, x.ld, s, d.T, T(1));                   // dP = dy v^T
           for (int64_t i = r0; i < r1; ++i) {  // dS = P (dP - rowsum(P dP)) / sqrt(hd) on the causal prefix
             const T* pr = p + i * d.T;
             T* r = dp.data() + i * d.T;
@@ -176,7 +176,7 @@ Tensor causal_attention_backward(const Tensor& qkv_in, const Tensor& probs_in, c
             for (int64_t j = 0; j <= i; ++j) r[j] = alpha * pr[j] * (r[j] - T(dot));
             std::fill(r + i + 1, r + r1, T(0));
           }
-          mm<T>(false, false, rb, d.hd, r1, s, d.T, x.k, x.ld, dq + r0 * ld, ld, T(1));              // dq = dS k
+          mm<T>(false, false, rb, d.hd, r1, s, d.T, x.k, x.ld, dq + r0 * ld, ld, T(1));               // dq = dS k
           mm<T>(true, false, r1, d.hd, rb, s, d.T, x.q + r0 * x.ld, x.ld, dq + d.D, ld, T(1), T(1));  // dk += dS^T q
         }
       }

@@ -20,10 +20,26 @@ namespace {
 template <class T>
 T load_element(const std::byte* base, int64_t off, DType dt) {
   switch (dt) {
-    case DType::f32: { float v; std::memcpy(&v, base + off * 4, 4); return T(v); }
-    case DType::f64: { double v; std::memcpy(&v, base + off * 8, 8); return T(v); }
-    case DType::i32: { int32_t v; std::memcpy(&v, base + off * 4, 4); return T(v); }
-    case DType::i64: { int64_t v; std::memcpy(&v, base + off * 8, 8); return T(v); }
+    case DType::f32: {
+      float v;
+      std::memcpy(&v, base + off * 4, 4);
+      return T(v);
+    }
+    case DType::f64: {
+      double v;
+      std::memcpy(&v, base + off * 8, 8);
+      return T(v);
+    }
+    case DType::i32: {
+      int32_t v;
+      std::memcpy(&v, base + off * 4, 4);
+      return T(v);
+    }
+    case DType::i64: {
+      int64_t v;
+      std::memcpy(&v, base + off * 8, 8);
+      return T(v);
+    }
     default: {
       const int es = dtype_size(dt);
       uint32_t code = 0;
@@ -36,10 +52,26 @@ T load_element(const std::byte* base, int64_t off, DType dt) {
 template <class T>
 void store_element(std::byte* base, int64_t off, DType dt, T v) {
   switch (dt) {
-    case DType::f32: { const float f = float(v); std::memcpy(base + off * 4, &f, 4); return; }
-    case DType::f64: { const double d = double(v); std::memcpy(base + off * 8, &d, 8); return; }
-    case DType::i32: { const int32_t i = int32_t(std::llround(double(v))); std::memcpy(base + off * 4, &i, 4); return; }
-    case DType::i64: { const int64_t i = std::llround(double(v)); std::memcpy(base + off * 8, &i, 8); return; }
+    case DType::f32: {
+      const float f = float(v);
+      std::memcpy(base + off * 4, &f, 4);
+      return;
+    }
+    case DType::f64: {
+      const double d = double(v);
+      std::memcpy(base + off * 8, &d, 8);
+      return;
+    }
+    case DType::i32: {
+      const int32_t i = int32_t(std::llround(double(v)));
+      std::memcpy(base + off * 4, &i, 4);
+      return;
+    }
+    case DType::i64: {
+      const int64_t i = std::llround(double(v));
+      std::memcpy(base + off * 8, &i, 8);
+      return;
+    }
     default: {
       const Format f = *dtype_format(dt);
       // f64 values round once to f32 first; that is exact for every value an f32 tensor holds.
@@ -91,12 +123,13 @@ void read_impl(const Tensor& t, T* out) {
     auto gather = [&](const auto* src) {
       for_each_offset(t.shape(), t.strides(), t.offset(), [&](int64_t i, int64_t off) { out[i] = T(src[off]); });
     };
-    if (t.dtype() == DType::f32) gather(reinterpret_cast<const float*>(base));
-    else gather(reinterpret_cast<const double*>(base));
+    if (t.dtype() == DType::f32)
+      gather(reinterpret_cast<const float*>(base));
+    else
+      gather(reinterpret_cast<const double*>(base));
     return;
   }
-  for_each_offset(t.shape(), t.strides(), t.offset(),
-                  [&](int64_t i, int64_t off) { out[i] = load_element<T>(base, off, t.dtype()); });
+  for_each_offset(t.shape(), t.strides(), t.offset(), [&](int64_t i, int64_t off) { out[i] = load_element<T>(base, off, t.dtype()); });
 }
 
 template <class T>
@@ -117,8 +150,7 @@ void write_impl(const T* in, Tensor& t) {
     }
   }
   std::byte* base = t.raw_bytes() - t.offset() * dtype_size(t.dtype());
-  for_each_offset(t.shape(), t.strides(), t.offset(),
-                  [&](int64_t i, int64_t off) { store_element<T>(base, off, t.dtype(), in[i]); });
+  for_each_offset(t.shape(), t.strides(), t.offset(), [&](int64_t i, int64_t off) { store_element<T>(base, off, t.dtype(), in[i]); });
 }
 
 }  // namespace

@@ -20,9 +20,7 @@ constexpr DType dtype_for() {
 }
 
 inline bool computes_in_f64(const Tensor& a) { return a.dtype() == DType::f64; }
-inline bool computes_in_f64(const Tensor& a, const Tensor& b) {
-  return a.dtype() == DType::f64 || b.dtype() == DType::f64;
-}
+inline bool computes_in_f64(const Tensor& a, const Tensor& b) { return a.dtype() == DType::f64 || b.dtype() == DType::f64; }
 
 template <class T>
 class Dense {

@@ -11,9 +11,21 @@
 namespace scalify {
 
 enum class DType : uint8_t {
-  f32, f64, f16, bf16,
-  e4m3, e5m2, e4m3fnuz, e5m2fnuz, e4m3b11fnuz, e8m0, e2m3, e3m2, e2m1,
-  i32, i64,
+  f32,
+  f64,
+  f16,
+  bf16,
+  e4m3,
+  e5m2,
+  e4m3fnuz,
+  e5m2fnuz,
+  e4m3b11fnuz,
+  e8m0,
+  e2m3,
+  e3m2,
+  e2m1,
+  i32,
+  i64,
 };
 
 // The number format a floating dtype is stored in (none for f64 and the integer types).

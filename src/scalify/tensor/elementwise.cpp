@@ -34,8 +34,7 @@ T apply(Unary op, T x) {
     case Unary::rsqrt: return T(1) / std::sqrt(x);
     case Unary::abs: return std::fabs(x);
     case Unary::relu: return x > T(0) ? x : T(0);
-    case Unary::gelu_tanh:
-      return T(0.5) * x * (T(1) + std::tanh(T(kSqrt2OverPi) * (x + T(kGeluCubic) * x * x * x)));
+    case Unary::gelu_tanh: return T(0.5) * x * (T(1) + std::tanh(T(kSqrt2OverPi) * (x + T(kGeluCubic) * x * x * x)));
     case Unary::gelu_erf: return T(0.5) * x * (T(1) + std::erf(x * T(kInvSqrt2)));
     case Unary::silu: return x / (T(1) + std::exp(-x));
     case Unary::sigmoid: return T(1) / (T(1) + std::exp(-x));
@@ -65,8 +64,7 @@ T derivative(Unary op, T x, T y) {
       const T du = T(kSqrt2OverPi) * (T(1) + T(3 * kGeluCubic) * x * x);
       return T(0.5) * (T(1) + t) + T(0.5) * x * (T(1) - t * t) * du;
     }
-    case Unary::gelu_erf:
-      return T(0.5) * (T(1) + std::erf(x * T(kInvSqrt2))) + x * T(kInvSqrt2Pi) * std::exp(T(-0.5) * x * x);
+    case Unary::gelu_erf: return T(0.5) * (T(1) + std::erf(x * T(kInvSqrt2))) + x * T(kInvSqrt2Pi) * std::exp(T(-0.5) * x * x);
     case Unary::silu: {
       const T s = T(1) / (T(1) + std::exp(-x));
       return s * (T(1) + x * (T(1) - s));
@@ -98,8 +96,8 @@ using platform::kParallelGrain;
 }  // namespace
 
 const char* unary_name(Unary op) {
-  static constexpr const char* names[] = {"neg", "exp", "log", "sqrt", "rsqrt", "abs", "relu", "gelu_tanh",
-                                          "gelu_erf", "silu", "sigmoid", "tanh", "square"};
+  static constexpr const char* names[] = {"neg",       "exp",      "log",  "sqrt",    "rsqrt", "abs",   "relu",
+                                          "gelu_tanh", "gelu_erf", "silu", "sigmoid", "tanh",  "square"};
   static_assert(std::size(names) == size_t(Unary::square) + 1, "a name for every Unary op, in the enum's order");
   return names[static_cast<int>(op)];
 }
@@ -135,7 +133,9 @@ void for_chunks(int64_t n, F&& chunk) {
 }
 
 // f(z) = z g(z) with g bounded, g(+inf) = 1 and g(-inf) = 0: relu, gelu, silu.
-constexpr bool times_bounded_gate(Unary op) { return op == Unary::relu || op == Unary::gelu_tanh || op == Unary::gelu_erf || op == Unary::silu; }
+constexpr bool times_bounded_gate(Unary op) {
+  return op == Unary::relu || op == Unary::gelu_tanh || op == Unary::gelu_erf || op == Unary::silu;
+}
 
 // Whether in_mul x can overflow T for some finite x of x's dtype: never for f16 data below a
 // multiplier of 2^113, nor for unscaled inputs, so the usual calls skip the check altogether.
@@ -295,8 +295,10 @@ Tensor binary(Binary op, const Tensor& a, const Tensor& b, double a_mul, double 
     const ChunkSource<T> x(a, shape);
     std::optional<Dense<T>> y_row;
     std::optional<ChunkSource<T>> y;
-    if (row) y_row.emplace(b_row, b.shape());
-    else y.emplace(b, shape);
+    if (row)
+      y_row.emplace(b_row, b.shape());
+    else
+      y.emplace(b, shape);
     Tensor out = Tensor::empty(shape, kernel_output_dtype<T>(store_as));
     const ChunkSink<T> sink(out);
     const T ma = T(a_mul), mb = T(b_mul);

@@ -16,19 +16,18 @@
 
 namespace scalify::gemm {
 
-void sgemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const float* A,
-           int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc, float alpha) {
+void sgemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const float* B, int64_t ldb,
+           float beta, float* C, int64_t ldc, float alpha) {
   if (M == 0 || N == 0) return;
   if (K == 0) {  // an empty sum: C = beta C (oneDNN would reject the zero leading dimensions)
     for (int64_t i = 0; i < M; ++i)
       for (int64_t j = 0; j < N; ++j) C[i * ldc + j] = beta == 0.0f ? 0.0f : beta * C[i * ldc + j];
     return;
   }
-  const dnnl_status_t st = dnnl_sgemm(trans_a ? 'T' : 'N', trans_b ? 'T' : 'N', M, N, K, alpha, A,
-                                      lda, B, ldb, beta, C, ldc);
+  const dnnl_status_t st = dnnl_sgemm(trans_a ? 'T' : 'N', trans_b ? 'T' : 'N', M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
   if (st != dnnl_success)
-    throw Error("sgemm: oneDNN failed (status " + std::to_string(int(st)) + ") for M=" +
-                std::to_string(M) + " N=" + std::to_string(N) + " K=" + std::to_string(K));
+    throw Error("sgemm: oneDNN failed (status " + std::to_string(int(st)) + ") for M=" + std::to_string(M) + " N=" + std::to_string(N) +
+                " K=" + std::to_string(K));
 }
 
 namespace {
@@ -58,8 +57,7 @@ const Bf16Gemm& bf16_primitive(bool ta, bool tb, int64_t M, int64_t N, int64_t K
 }
 }  // namespace
 
-void gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const uint16_t* A, const uint16_t* B,
-               float* C, float alpha) {
+void gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const uint16_t* A, const uint16_t* B, float* C, float alpha) {
   if (M == 0 || N == 0) return;
   if (K == 0) {  // an empty sum
     std::fill(C, C + M * N, 0.0f);
@@ -78,7 +76,6 @@ void gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, cons
   }
 }
 
-
 namespace {
 // oneDNN runs bf16 natively from avx512_core_bf16 up (AMX included); below it either emulates
 // (slowly, AVX-512 without BF16) or refuses to create the primitive (AVX2).
@@ -93,8 +90,7 @@ CodeGemm initial_code_gemm() {
     const std::string v = env;
     if (v != "bf16" && v != "f32") throw Error("SCALIFY_GEMM='" + v + "' is not one of bf16, f32");
     const CodeGemm path = v == "bf16" ? CodeGemm::onednn_bf16 : CodeGemm::f32;
-    if (!code_gemm_supported(path))
-      throw Error("SCALIFY_GEMM=bf16: this CPU (or DNNL_MAX_CPU_ISA) has no native bf16 GEMM in oneDNN");
+    if (!code_gemm_supported(path)) throw Error("SCALIFY_GEMM=bf16: this CPU (or DNNL_MAX_CPU_ISA) has no native bf16 GEMM in oneDNN");
     return path;
   }
   return code_gemm_supported(CodeGemm::onednn_bf16) ? CodeGemm::onednn_bf16 : CodeGemm::f32;
@@ -105,12 +101,13 @@ std::atomic<CodeGemm>& current_code_gemm() {
 }
 }  // namespace
 
-const char* code_gemm_name(CodeGemm path) { return path == CodeGemm::onednn_bf16 ? "bf16 (oneDNN)" : "f32 (oneDNN sgemm on decoded values)"; }
+const char* code_gemm_name(CodeGemm path) {
+  return path == CodeGemm::onednn_bf16 ? "bf16 (oneDNN)" : "f32 (oneDNN sgemm on decoded values)";
+}
 bool code_gemm_supported(CodeGemm path) { return path == CodeGemm::f32 || onednn_bf16_native(); }
 CodeGemm code_gemm() { return current_code_gemm().load(); }
 void set_code_gemm(CodeGemm path) {
-  if (!code_gemm_supported(path))
-    throw Error(std::string("GEMM path '") + code_gemm_name(path) + "' is not supported on this CPU");
+  if (!code_gemm_supported(path)) throw Error(std::string("GEMM path '") + code_gemm_name(path) + "' is not supported on this CPU");
   current_code_gemm().store(path);
 }
 

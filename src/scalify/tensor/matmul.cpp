@@ -53,11 +53,9 @@ Operand<T> prepare(const Tensor& x, const Shape& batch, int64_t rows, int64_t co
 
 Tensor matmul(const Tensor& a, const Tensor& b, double alpha) {
   if (a.dim() < 2 || b.dim() < 2)
-    throw Error("matmul: operands need at least 2 dimensions, got " + shape_str(a.shape()) + " and " +
-                shape_str(b.shape()));
+    throw Error("matmul: operands need at least 2 dimensions, got " + shape_str(a.shape()) + " and " + shape_str(b.shape()));
   const int64_t M = a.size(-2), K = a.size(-1), N = b.size(-1);
-  if (b.size(-2) != K)
-    throw Error("matmul: inner dimensions differ: " + shape_str(a.shape()) + " @ " + shape_str(b.shape()));
+  if (b.size(-2) != K) throw Error("matmul: inner dimensions differ: " + shape_str(a.shape()) + " @ " + shape_str(b.shape()));
   const Shape batch_a(a.shape().begin(), a.shape().end() - 2), batch_b(b.shape().begin(), b.shape().end() - 2);
   const Shape batch = broadcast_shapes(batch_a, batch_b, "matmul (batch dimensions)");
   Shape out_shape = batch;
@@ -92,8 +90,7 @@ Tensor matmul(const Tensor& a, const Tensor& b, double alpha) {
       if constexpr (sizeof(T) == 4)
         gemm::sgemm(A.trans, B.trans, M, N, K, A.base + off_a, A.ld, B.base + off_b, B.ld, 0.0f, C + i * M * N, N, float(alpha));
       else
-        gemm::gemm_reference<T>(A.trans, B.trans, M, N, K, A.base + off_a, A.ld, B.base + off_b, B.ld, T(0),
-                                C + i * M * N, N, T(alpha));
+        gemm::gemm_reference<T>(A.trans, B.trans, M, N, K, A.base + off_a, A.ld, B.base + off_b, B.ld, T(0), C + i * M * N, N, T(alpha));
     }
     return out;
   });

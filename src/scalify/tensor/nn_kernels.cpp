@@ -40,8 +40,7 @@ Tensor map_rows(const Tensor& x, int dim, const char* op, RowFn row_fn) {
 // Same for two inputs of the same shape (y and grad).
 template <class RowFn>
 Tensor map_rows2(const Tensor& x, const Tensor& g, int dim, const char* op, RowFn row_fn) {
-  if (x.shape() != g.shape())
-    throw Error(std::string(op) + ": shapes differ: " + shape_str(x.shape()) + " and " + shape_str(g.shape()));
+  if (x.shape() != g.shape()) throw Error(std::string(op) + ": shapes differ: " + shape_str(x.shape()) + " and " + shape_str(g.shape()));
   const int d = dim < 0 ? dim + x.dim() : dim;
   const Tensor mx = d == x.dim() - 1 ? x : x.transpose(d, -1);
   const Tensor mg = d == x.dim() - 1 ? g : g.transpose(d, -1);
@@ -141,8 +140,7 @@ void check_affine_row(const Tensor& p, int64_t D, const char* what, const char* 
 // Rows of x are read through ChunkSource (f16 data decoded a row at a time, no f32 copy of the
 // whole tensor) and the affine output y, where there is one, is written through ChunkSink (in
 // store_as); each thread keeps its own row buffers.
-NormResult normalise_rows(const Tensor& x, double eps, bool center, const char* op, const Affine& a = {},
-                          DType store_as = DType::f32) {
+NormResult normalise_rows(const Tensor& x, double eps, bool center, const char* op, const Affine& a = {}, DType store_as = DType::f32) {
   NormResult r;
   const int64_t D = x.dim() ? x.size(-1) : 0;
   check_affine_row(a.weight, D, "weight", op);
@@ -254,8 +252,7 @@ Tensor norm_affine_backward(const NormResult& r, const Tensor& g, bool center, c
 
 namespace {
 void check_ids(const Tensor& ids, int64_t vocab, const std::vector<int64_t>& v, const char* op) {
-  if (!is_integer(ids.dtype()))
-    throw Error(std::string(op) + ": indices must be i32 or i64, got " + std::string(dtype_name(ids.dtype())));
+  if (!is_integer(ids.dtype())) throw Error(std::string(op) + ": indices must be i32 or i64, got " + std::string(dtype_name(ids.dtype())));
   for (int64_t id : v)
     if (id < 0 || id >= vocab)
       throw Error(std::string(op) + ": index " + std::to_string(id) + " is out of range [0, " + std::to_string(vocab) + ")");
@@ -277,8 +274,7 @@ Tensor embedding(const Tensor& weight, const Tensor& ids) {
     const Dense<T> w(weight);
     Tensor out = Tensor::empty(out_shape, dtype_for<T>());
     T* o = out.data<T>();
-    for (size_t i = 0; i < idx.size(); ++i)
-      std::copy(w.data() + idx[i] * D, w.data() + (idx[i] + 1) * D, o + int64_t(i) * D);
+    for (size_t i = 0; i < idx.size(); ++i) std::copy(w.data() + idx[i] * D, w.data() + (idx[i] + 1) * D, o + int64_t(i) * D);
     return out;
   });
 }
@@ -300,8 +296,8 @@ Tensor embedding_backward(const Tensor& grad, const Tensor& ids, int64_t vocab) 
 namespace {
 void check_xent(const Tensor& logits, const Tensor& targets, const std::vector<int64_t>& t) {
   if (logits.dim() != 2 || targets.dim() != 1 || targets.size(0) != logits.size(0))
-    throw Error("cross_entropy: logits must be [N, C] and targets [N], got " + shape_str(logits.shape()) +
-                " and " + shape_str(targets.shape()));
+    throw Error("cross_entropy: logits must be [N, C] and targets [N], got " + shape_str(logits.shape()) + " and " +
+                shape_str(targets.shape()));
   check_ids(targets, logits.size(1), t, "cross_entropy");
 }
 }  // namespace
@@ -346,8 +342,8 @@ Tensor concat(const std::vector<Tensor>& xs, int dim) {
   for (const Tensor& x : xs) {
     Shape a = x.shape(), b = xs[0].shape();
     if (x.dim() != nd || (a[size_t(d)] = 0, b[size_t(d)] = 0, a != b))
-      throw Error("concat: shapes " + shape_str(xs[0].shape()) + " and " + shape_str(x.shape()) +
-                  " differ outside dimension " + std::to_string(d));
+      throw Error("concat: shapes " + shape_str(xs[0].shape()) + " and " + shape_str(x.shape()) + " differ outside dimension " +
+                  std::to_string(d));
     out_shape[size_t(d)] += x.size(d);
     f64 = f64 || x.dtype() == DType::f64;
   }
@@ -366,8 +362,8 @@ std::vector<Tensor> split(const Tensor& x, const std::vector<int64_t>& sizes, in
   int64_t total = 0;
   for (int64_t s : sizes) total += s;
   if (d < 0 || d >= x.dim() || total != x.size(d))
-    throw Error("split: sizes summing to " + std::to_string(total) + " do not split dimension " +
-                std::to_string(dim) + " of " + shape_str(x.shape()));
+    throw Error("split: sizes summing to " + std::to_string(total) + " do not split dimension " + std::to_string(dim) + " of " +
+                shape_str(x.shape()));
   std::vector<Tensor> out;
   int64_t at = 0;
   for (int64_t s : sizes) {

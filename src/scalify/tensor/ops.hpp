@@ -15,15 +15,26 @@ namespace scalify::ops {
 
 // ---- elementwise ----
 enum class Unary : uint8_t {
-  neg, exp, log, sqrt, rsqrt, abs, relu, gelu_tanh, gelu_erf, silu, sigmoid, tanh, square,
+  neg,
+  exp,
+  log,
+  sqrt,
+  rsqrt,
+  abs,
+  relu,
+  gelu_tanh,
+  gelu_erf,
+  silu,
+  sigmoid,
+  tanh,
+  square,
 };
 // out = out_mul * op(in_mul * x): scalar factors fold into the one pass (scale propagation).
 Tensor unary(Unary op, const Tensor& x, double in_mul = 1.0, double out_mul = 1.0, DType store_as = DType::f32);
 // grad * d op(x)/dx at x = x_mul * x_data, given y = op(x) where the formula needs it
 // (derivative_uses_output; y may be undefined otherwise).
 bool derivative_uses_output(Unary op);
-Tensor unary_backward(Unary op, const Tensor& x_data, const Tensor& y, const Tensor& grad, double x_mul = 1.0,
-                      DType store_as = DType::f32);
+Tensor unary_backward(Unary op, const Tensor& x_data, const Tensor& y, const Tensor& grad, double x_mul = 1.0, DType store_as = DType::f32);
 const char* unary_name(Unary op);
 
 // maximum/minimum: elementwise, NaN-propagating; max_picks_a / min_picks_a: 1 where that
@@ -60,7 +71,7 @@ std::pair<Tensor, Tensor> max(const Tensor& x, int dim, bool keepdim = false);
 Tensor matmul(const Tensor& a, const Tensor& b, double alpha = 1.0);  // alpha * (a @ b)
 
 // ---- neural-network kernels (over the last dimension unless a dim is given) ----
-Tensor softmax(const Tensor& x, int dim = -1, double in_mul = 1.0);      // softmax(in_mul * x)
+Tensor softmax(const Tensor& x, int dim = -1, double in_mul = 1.0);  // softmax(in_mul * x)
 Tensor log_softmax(const Tensor& x, int dim = -1, double in_mul = 1.0);
 Tensor softmax_backward(const Tensor& y, const Tensor& grad, int dim = -1);
 Tensor log_softmax_backward(const Tensor& y, const Tensor& grad, int dim = -1);
@@ -97,7 +108,7 @@ NormResult norm_affine(const Tensor& x, double eps, bool center, const Affine& a
 Tensor norm_affine_backward(const NormResult& r, const Tensor& grad_y, bool center, const Tensor& weight, double weight_mul,
                             DType store_as = DType::f32);
 
-Tensor embedding(const Tensor& weight, const Tensor& ids);  // weight [V, D], ids int: [..., D]
+Tensor embedding(const Tensor& weight, const Tensor& ids);                        // weight [V, D], ids int: [..., D]
 Tensor embedding_backward(const Tensor& grad, const Tensor& ids, int64_t vocab);  // scatter-add
 // Mean cross-entropy of logits [N, C] against integer targets [N].
 // Of in_mul * logits (a scaled tensor's data and scale, which need not be folded into an f32 first).

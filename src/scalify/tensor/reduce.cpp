@@ -27,8 +27,7 @@ ReducePlan plan(const Tensor& x, std::vector<int> dims, bool keepdim, const char
   std::vector<bool> reduced(size_t(nd), false);
   for (int& d : dims) {
     if (d < -nd || d >= nd)
-      throw Error(std::string(op) + ": dimension " + std::to_string(d) + " out of range for shape " +
-                  shape_str(x.shape()));
+      throw Error(std::string(op) + ": dimension " + std::to_string(d) + " out of range for shape " + shape_str(x.shape()));
     if (d < 0) d += nd;
     reduced[size_t(d)] = true;
   }
@@ -91,8 +90,7 @@ Tensor sum(const Tensor& x, const std::vector<int>& dims, bool keepdim) {
   // Reduced dimensions exactly the leading ones of a contiguous tensor: sum columns in place.
   bool leading = x.is_contiguous() && !dims.empty();
   for (int d : dims) leading = leading && (d < 0 ? d + x.dim() : d) < int(dims.size());
-  if (leading)
-    return dispatch_compute(computes_in_f64(x), [&]<class T>() { return sum_leading<T>(x, p.cols, p.rows, p.out_shape); });
+  if (leading) return dispatch_compute(computes_in_f64(x), [&]<class T>() { return sum_leading<T>(x, p.cols, p.rows, p.out_shape); });
   return dispatch_compute(computes_in_f64(x), [&]<class T>() {
     const Dense<T> in(p.moved);
     Tensor out = Tensor::empty(p.out_shape, dtype_for<T>());

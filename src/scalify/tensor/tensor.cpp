@@ -53,8 +53,7 @@ Shape broadcast_shapes(const Shape& a, const Shape& b, const char* op) {
     const int64_t da = i < n - a.size() ? 1 : a[i - (n - a.size())];
     const int64_t db = i < n - b.size() ? 1 : b[i - (n - b.size())];
     if (da != db && da != 1 && db != 1)
-      throw Error(std::string(op) + ": shapes " + shape_str(a) + " and " + shape_str(b) +
-                  " cannot be broadcast together");
+      throw Error(std::string(op) + ": shapes " + shape_str(a) + " and " + shape_str(b) + " cannot be broadcast together");
     out[i] = da == 1 ? db : da;
   }
   return out;
@@ -93,20 +92,13 @@ Tensor from_values(const std::vector<T>& v, const Shape& shape, DType dtype, con
 }
 }  // namespace
 
-Tensor Tensor::from_vector(const std::vector<float>& v, const Shape& shape) {
-  return from_values(v, shape, DType::f32, "from_vector");
-}
-Tensor Tensor::from_vector(const std::vector<double>& v, const Shape& shape) {
-  return from_values(v, shape, DType::f64, "from_vector");
-}
-Tensor Tensor::from_indices(const std::vector<int64_t>& v, const Shape& shape) {
-  return from_values(v, shape, DType::i64, "from_indices");
-}
+Tensor Tensor::from_vector(const std::vector<float>& v, const Shape& shape) { return from_values(v, shape, DType::f32, "from_vector"); }
+Tensor Tensor::from_vector(const std::vector<double>& v, const Shape& shape) { return from_values(v, shape, DType::f64, "from_vector"); }
+Tensor Tensor::from_indices(const std::vector<int64_t>& v, const Shape& shape) { return from_values(v, shape, DType::i64, "from_indices"); }
 
 namespace {
 double uniform01(uint64_t seed, uint64_t i) {
-  return (double(kernels::random_bits(seed, 2 * i)) + double(kernels::random_bits(seed, 2 * i + 1)) /
-                                                          4294967296.0) / 4294967296.0;
+  return (double(kernels::random_bits(seed, 2 * i)) + double(kernels::random_bits(seed, 2 * i + 1)) / 4294967296.0) / 4294967296.0;
 }
 }  // namespace
 
@@ -132,8 +124,7 @@ Tensor Tensor::rand(const Shape& shape, uint64_t seed, double lo, double hi, DTy
 int Tensor::wrap_dim(int d, int ndim_plus) const {
   const int n = dim() + ndim_plus;
   if (d < -n || d >= std::max(n, 1))
-    throw Error("dimension " + std::to_string(d) + " is out of range for a tensor of shape " +
-                shape_str(shape_));
+    throw Error("dimension " + std::to_string(d) + " is out of range for a tensor of shape " + shape_str(shape_));
   return d < 0 ? d + n : d;
 }
 
@@ -155,13 +146,11 @@ std::byte* Tensor::raw() const {
 
 void Tensor::check_data(size_t elem_size) const {
   if (!is_contiguous()) throw Error("data(): tensor of shape " + shape_str(shape_) + " is not contiguous");
-  if (size_t(dtype_size(dtype_)) != elem_size)
-    throw Error("data(): element type does not match dtype " + std::string(dtype_name(dtype_)));
+  if (size_t(dtype_size(dtype_)) != elem_size) throw Error("data(): element type does not match dtype " + std::string(dtype_name(dtype_)));
 }
 
 Tensor Tensor::view(const Shape& shape) const {
-  if (!is_contiguous())
-    throw Error("view: tensor of shape " + shape_str(shape_) + " is not contiguous; use reshape");
+  if (!is_contiguous()) throw Error("view: tensor of shape " + shape_str(shape_) + " is not contiguous; use reshape");
   Shape s = shape;
   int infer = -1;
   for (size_t i = 0; i < s.size(); ++i) {
@@ -180,8 +169,7 @@ Tensor Tensor::view(const Shape& shape) const {
       throw Error("view: the -1 in " + shape_str(shape) + " is ambiguous for shape " + shape_str(shape_) + " (other sizes multiply to 0)");
     s[size_t(infer)] = numel() / known;
   }
-  if (numel_of(s) != numel())
-    throw Error("view: cannot view shape " + shape_str(shape_) + " as " + shape_str(shape));
+  if (numel_of(s) != numel()) throw Error("view: cannot view shape " + shape_str(shape_) + " as " + shape_str(shape));
   Tensor t = *this;
   t.shape_ = s;
   t.strides_ = contiguous_strides(s);
@@ -191,8 +179,7 @@ Tensor Tensor::view(const Shape& shape) const {
 Tensor Tensor::reshape(const Shape& shape) const { return is_contiguous() ? view(shape) : contiguous().view(shape); }
 
 Tensor Tensor::permute(const std::vector<int>& dims) const {
-  if (int(dims.size()) != dim())
-    throw Error("permute: " + std::to_string(dims.size()) + " dims given for shape " + shape_str(shape_));
+  if (int(dims.size()) != dim()) throw Error("permute: " + std::to_string(dims.size()) + " dims given for shape " + shape_str(shape_));
   std::vector<bool> seen(dims.size(), false);
   Tensor t = *this;
   for (size_t i = 0; i < dims.size(); ++i) {
@@ -219,9 +206,8 @@ Tensor Tensor::slice(int d, int64_t start, int64_t end, int64_t step) const {
   if (end < 0) end += n;
   end = std::min(end, n);
   if (step <= 0 || start < 0 || start > end)
-    throw Error("slice: [" + std::to_string(start) + ":" + std::to_string(end) + ":" +
-                std::to_string(step) + "] is invalid for dimension " + std::to_string(d) +
-                " of shape " + shape_str(shape_));
+    throw Error("slice: [" + std::to_string(start) + ":" + std::to_string(end) + ":" + std::to_string(step) +
+                "] is invalid for dimension " + std::to_string(d) + " of shape " + shape_str(shape_));
   Tensor t = *this;
   t.offset_ += start * strides_[size_t(d)];
   t.shape_[size_t(d)] = (end - start + step - 1) / step;
@@ -230,8 +216,7 @@ Tensor Tensor::slice(int d, int64_t start, int64_t end, int64_t step) const {
 }
 
 Tensor Tensor::expand(const Shape& shape) const {
-  if (shape.size() < shape_.size())
-    throw Error("expand: cannot expand shape " + shape_str(shape_) + " to " + shape_str(shape));
+  if (shape.size() < shape_.size()) throw Error("expand: cannot expand shape " + shape_str(shape_) + " to " + shape_str(shape));
   Tensor t = *this;
   const size_t lead = shape.size() - shape_.size();
   t.shape_ = shape;
@@ -257,8 +242,7 @@ Tensor Tensor::unsqueeze(int d) const {
 
 Tensor Tensor::squeeze(int d) const {
   d = wrap_dim(d);
-  if (shape_[size_t(d)] != 1)
-    throw Error("squeeze: dimension " + std::to_string(d) + " of shape " + shape_str(shape_) + " is not 1");
+  if (shape_[size_t(d)] != 1) throw Error("squeeze: dimension " + std::to_string(d) + " of shape " + shape_str(shape_) + " is not 1");
   Tensor t = *this;
   t.shape_.erase(t.shape_.begin() + d);
   t.strides_.erase(t.strides_.begin() + d);
@@ -317,11 +301,16 @@ void Tensor::fill_(double value) {
       std::memcpy(&word, one.raw_bytes(), sizeof(word));
       std::fill_n(reinterpret_cast<decltype(word)*>(p), n, word);
     };
-    if (es == 1) fill_as(uint8_t{});
-    else if (es == 2) fill_as(uint16_t{});
-    else if (es == 4) fill_as(uint32_t{});
-    else if (es == 8) fill_as(uint64_t{});
-    else for (int64_t i = 0; i < n; ++i) std::memcpy(p + i * es, one.raw_bytes(), size_t(es));
+    if (es == 1)
+      fill_as(uint8_t{});
+    else if (es == 2)
+      fill_as(uint16_t{});
+    else if (es == 4)
+      fill_as(uint32_t{});
+    else if (es == 8)
+      fill_as(uint64_t{});
+    else
+      for (int64_t i = 0; i < n; ++i) std::memcpy(p + i * es, one.raw_bytes(), size_t(es));
   } else {
     copy_(one);
   }

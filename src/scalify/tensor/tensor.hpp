@@ -31,12 +31,11 @@ class Tensor {
   static Tensor ones(const Shape& shape, DType dtype = DType::f32) { return full(shape, 1.0, dtype); }
   static Tensor scalar(double value, DType dtype = DType::f32) { return full({}, value, dtype); }
   static Tensor from_vector(const std::vector<float>& v, const Shape& shape);
-  static Tensor from_vector(const std::vector<double>& v, const Shape& shape);  // f64
+  static Tensor from_vector(const std::vector<double>& v, const Shape& shape);    // f64
   static Tensor from_indices(const std::vector<int64_t>& v, const Shape& shape);  // i64
   // Seeded N(mean, std^2) and U[lo, hi): the same seed gives the same values.
   static Tensor randn(const Shape& shape, uint64_t seed, double std = 1.0, DType dtype = DType::f32);
-  static Tensor rand(const Shape& shape, uint64_t seed, double lo = 0.0, double hi = 1.0,
-                     DType dtype = DType::f32);
+  static Tensor rand(const Shape& shape, uint64_t seed, double lo = 0.0, double hi = 1.0, DType dtype = DType::f32);
 
   bool defined() const { return storage_ != nullptr; }
   DType dtype() const { return dtype_; }

@@ -61,8 +61,6 @@ const Table& avx2() {
   throw Error("vector math: AVX2 is not supported by this CPU or build");
 }
 
-const Table& active() {
-  return kernels::active_isa() == kernels::Isa::scalar ? reference() : avx2();
-}
+const Table& active() { return kernels::active_isa() == kernels::Isa::scalar ? reference() : avx2(); }
 
 }  // namespace scalify::vecmath

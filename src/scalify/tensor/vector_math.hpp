@@ -18,7 +18,7 @@ struct Table {
 };
 
 const Table& reference();
-const Table& avx2();  // throws scalify::Error when the build or the CPU lacks AVX2
+const Table& avx2();    // throws scalify::Error when the build or the CPU lacks AVX2
 const Table& active();  // avx2 when the active format-kernel ISA is avx2 or avx512, else reference
 
 }  // namespace scalify::vecmath

@@ -33,8 +33,8 @@ void store(float* p, __m256 v, int64_t left) {
 // tanh(sqrt(2/pi) (v + 0.044715 v^3)) as the forward and backward share it.
 __m256 gelu_inner_tanh(__m256 v) {
   const __m256 v2 = _mm256_mul_ps(v, v);
-  const __m256 u = _mm256_mul_ps(_mm256_mul_ps(_mm256_set1_ps(kSqrt2OverPi), v),
-                                 _mm256_fmadd_ps(_mm256_set1_ps(kGeluCubic), v2, _mm256_set1_ps(1.0f)));
+  const __m256 u =
+      _mm256_mul_ps(_mm256_mul_ps(_mm256_set1_ps(kSqrt2OverPi), v), _mm256_fmadd_ps(_mm256_set1_ps(kGeluCubic), v2, _mm256_set1_ps(1.0f)));
   return Sleef_tanhf8_u35avx2(u);
 }
 

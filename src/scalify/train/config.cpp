@@ -62,23 +62,68 @@ std::string num(double x) {
 }
 
 const std::map<std::string, Key>& table() {
-#define INT_KEY(name, field) {name, {[](TrainConfig& c, const std::string& v) { c.field = to_int(name, v); }, [](const TrainConfig& c) { return std::to_string(c.field); }}}
-#define DBL_KEY(name, field) {name, {[](TrainConfig& c, const std::string& v) { c.field = to_double(name, v); }, [](const TrainConfig& c) { return num(c.field); }}}
-#define BOOL_KEY(name, field) {name, {[](TrainConfig& c, const std::string& v) { c.field = to_bool(name, v); }, [](const TrainConfig& c) { return std::string(c.field ? "true" : "false"); }}}
-#define STR_KEY(name, field) {name, {[](TrainConfig& c, const std::string& v) { c.field = v; }, [](const TrainConfig& c) { return c.field; }, true}}
+#define INT_KEY(name, field)                                                   \
+  {                                                                            \
+    name, {                                                                    \
+      [](TrainConfig& c, const std::string& v) { c.field = to_int(name, v); }, \
+          [](const TrainConfig& c) { return std::to_string(c.field); }         \
+    }                                                                          \
+  }
+#define DBL_KEY(name, field)                                                                                                        \
+  {                                                                                                                                 \
+    name, {                                                                                                                         \
+      [](TrainConfig& c, const std::string& v) { c.field = to_double(name, v); }, [](const TrainConfig& c) { return num(c.field); } \
+    }                                                                                                                               \
+  }
+#define BOOL_KEY(name, field)                                                          \
+  {                                                                                    \
+    name, {                                                                            \
+      [](TrainConfig& c, const std::string& v) { c.field = to_bool(name, v); },        \
+          [](const TrainConfig& c) { return std::string(c.field ? "true" : "false"); } \
+    }                                                                                  \
+  }
+#define STR_KEY(name, field)                                                                                        \
+  {                                                                                                                 \
+    name, {                                                                                                         \
+      [](TrainConfig& c, const std::string& v) { c.field = v; }, [](const TrainConfig& c) { return c.field; }, true \
+    }                                                                                                               \
+  }
   static const std::map<std::string, Key> t = {
-      STR_KEY("data", data), STR_KEY("out", out), STR_KEY("recipe", recipe),
-      {"seed", {[](TrainConfig& c, const std::string& v) { c.seed = to_seed("seed", v); }, [](const TrainConfig& c) { return std::to_string(c.seed); }}},
-      INT_KEY("steps", steps), INT_KEY("batch", batch), INT_KEY("accum", accum),
-      INT_KEY("seq", model.seq), INT_KEY("d_model", model.d_model),
-      {"layers", {[](TrainConfig& c, const std::string& v) { c.model.layers = to_small_int("layers", v); }, [](const TrainConfig& c) { return std::to_string(c.model.layers); }}},
-      {"heads", {[](TrainConfig& c, const std::string& v) { c.model.heads = to_small_int("heads", v); }, [](const TrainConfig& c) { return std::to_string(c.model.heads); }}},
-      BOOL_KEY("unit_scaled", model.unit_scaled), BOOL_KEY("rms_norm", model.rms_norm), BOOL_KEY("swiglu", model.swiglu),
-      BOOL_KEY("tied_head", model.tied_head), BOOL_KEY("final_norm", model.final_norm),
-      DBL_KEY("lr", lr), DBL_KEY("min_lr", min_lr), DBL_KEY("weight_decay", weight_decay), DBL_KEY("beta1", beta1),
-      DBL_KEY("beta2", beta2), DBL_KEY("eps", eps), DBL_KEY("grad_clip", grad_clip), INT_KEY("warmup", warmup),
-      INT_KEY("eval_every", eval_every), INT_KEY("eval_windows", eval_windows), INT_KEY("checkpoint_every", checkpoint_every),
-      INT_KEY("stats_every", stats_every), DBL_KEY("val_fraction", val_fraction),
+      STR_KEY("data", data),
+      STR_KEY("out", out),
+      STR_KEY("recipe", recipe),
+      {"seed",
+       {[](TrainConfig& c, const std::string& v) { c.seed = to_seed("seed", v); },
+        [](const TrainConfig& c) { return std::to_string(c.seed); }}},
+      INT_KEY("steps", steps),
+      INT_KEY("batch", batch),
+      INT_KEY("accum", accum),
+      INT_KEY("seq", model.seq),
+      INT_KEY("d_model", model.d_model),
+      {"layers",
+       {[](TrainConfig& c, const std::string& v) { c.model.layers = to_small_int("layers", v); },
+        [](const TrainConfig& c) { return std::to_string(c.model.layers); }}},
+      {"heads",
+       {[](TrainConfig& c, const std::string& v) { c.model.heads = to_small_int("heads", v); },
+        [](const TrainConfig& c) { return std::to_string(c.model.heads); }}},
+      BOOL_KEY("unit_scaled", model.unit_scaled),
+      BOOL_KEY("rms_norm", model.rms_norm),
+      BOOL_KEY("swiglu", model.swiglu),
+      BOOL_KEY("tied_head", model.tied_head),
+      BOOL_KEY("final_norm", model.final_norm),
+      DBL_KEY("lr", lr),
+      DBL_KEY("min_lr", min_lr),
+      DBL_KEY("weight_decay", weight_decay),
+      DBL_KEY("beta1", beta1),
+      DBL_KEY("beta2", beta2),
+      DBL_KEY("eps", eps),
+      DBL_KEY("grad_clip", grad_clip),
+      INT_KEY("warmup", warmup),
+      INT_KEY("eval_every", eval_every),
+      INT_KEY("eval_windows", eval_windows),
+      INT_KEY("checkpoint_every", checkpoint_every),
+      INT_KEY("stats_every", stats_every),
+      DBL_KEY("val_fraction", val_fraction),
   };
 #undef INT_KEY
 #undef DBL_KEY
@@ -176,8 +221,7 @@ TrainConfig parse_config(const std::string& text, const std::string& what) {
   for (const auto& [k, node] : t) {
     const std::string key(k.str());
     const Key& entry = find_key(key);
-    if (entry.is_string != node.is_string())
-      throw Error("config: '" + key + "' must " + (entry.is_string ? "" : "not ") + "be a string");
+    if (entry.is_string != node.is_string()) throw Error("config: '" + key + "' must " + (entry.is_string ? "" : "not ") + "be a string");
     std::string v;
     if (node.is_string()) {
       v = *node.value<std::string>();

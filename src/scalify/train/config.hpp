@@ -10,14 +10,14 @@
 namespace scalify::train {
 
 struct TrainConfig {
-  std::string data;             // text file or folder ("" = the default corpus)
+  std::string data;  // text file or folder ("" = the default corpus)
   std::string out = "runs/train";
-  std::string recipe = "f32";   // a quant::preset name or a recipe JSON file
+  std::string recipe = "f32";  // a quant::preset name or a recipe JSON file
   uint64_t seed = 1;
   int64_t steps = 300, batch = 16, accum = 1;
-  nn::GptConfig model;          // keys: seq, d_model, layers, heads, unit_scaled, rms_norm, swiglu, tied_head, final_norm
+  nn::GptConfig model;  // keys: seq, d_model, layers, heads, unit_scaled, rms_norm, swiglu, tied_head, final_norm
   double lr = 2e-3, min_lr = 2e-4, weight_decay = 0.1, beta1 = 0.9, beta2 = 0.95, eps = 1e-8, grad_clip = 1.0;
-  int64_t warmup = 30;          // linear warmup steps, then cosine decay from lr to min_lr
+  int64_t warmup = 30;  // linear warmup steps, then cosine decay from lr to min_lr
   int64_t eval_every = 100, eval_windows = 64, checkpoint_every = 100, stats_every = 50;
   double val_fraction = 0.1;
 
@@ -29,8 +29,8 @@ struct TrainConfig {
   static std::vector<std::string> keys();
 };
 
-TrainConfig load_config_file(const std::string& path);    // validates
-TrainConfig run_config(const std::string& run_dir);       // a run folder's config.toml, validated
+TrainConfig load_config_file(const std::string& path);  // validates
+TrainConfig run_config(const std::string& run_dir);     // a run folder's config.toml, validated
 TrainConfig parse_config(const std::string& toml_text, const std::string& what);
 
 // Learning rate at `step` (0-based): linear warmup to lr over `warmup` steps, then cosine to min_lr.

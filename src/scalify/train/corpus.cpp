@@ -35,7 +35,8 @@ bool is_text(const std::vector<uint8_t>& b) { return std::find(b.begin(), b.end(
 std::string default_corpus_path() { return "/usr/share/games/fortunes"; }
 
 Corpus load_corpus(const std::string& path, double val_fraction, size_t min_bytes_each) {
-  if (!(val_fraction > 0 && val_fraction < 1)) throw Error("data: validation fraction must be in (0, 1), got " + std::to_string(val_fraction));
+  if (!(val_fraction > 0 && val_fraction < 1))
+    throw Error("data: validation fraction must be in (0, 1), got " + std::to_string(val_fraction));
   Corpus c;
   c.source = path;
   std::error_code ec;
@@ -65,7 +66,8 @@ Corpus load_corpus(const std::string& path, double val_fraction, size_t min_byte
       all.insert(all.end(), b.begin(), b.end());
       all.push_back('\n');
     }
-    if (c.files.empty()) throw Error("data: folder '" + path + "' holds no text file (" + std::to_string(c.skipped.size()) + " binary or unreadable)");
+    if (c.files.empty())
+      throw Error("data: folder '" + path + "' holds no text file (" + std::to_string(c.skipped.size()) + " binary or unreadable)");
   } else {
     // A device or pipe (/dev/zero) could be read without end.
     if (!fs::is_regular_file(st)) throw Error("data: '" + path + "' is neither a regular file nor a folder");

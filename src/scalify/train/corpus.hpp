@@ -16,10 +16,10 @@
 namespace scalify::train {
 
 struct Corpus {
-  std::string source;                 // what was read (path)
-  std::vector<uint8_t> train, val;    // the split
-  std::vector<std::string> files;     // text files used
-  std::vector<std::string> skipped;   // files in a folder that were not text (NUL bytes) or unreadable
+  std::string source;                // what was read (path)
+  std::vector<uint8_t> train, val;   // the split
+  std::vector<std::string> files;    // text files used
+  std::vector<std::string> skipped;  // files in a folder that were not text (NUL bytes) or unreadable
   size_t total_bytes() const { return train.size() + val.size(); }
 };
 

@@ -114,7 +114,8 @@ EvalResult evaluate_values(const TrainConfig& cfg, const quant::Recipe& recipe, 
 std::vector<PtqWeight> quantize_checkpoint(const std::string& checkpoint, const std::string& out, const PtqOptions& o) {
   check(o);
   std::error_code ec;
-  if (fs::is_directory(out, ec)) throw Error("quantize: the output '" + out + "' is a folder; give a file name such as model_fp8.safetensors");
+  if (fs::is_directory(out, ec))
+    throw Error("quantize: the output '" + out + "' is a folder; give a file name such as model_fp8.safetensors");
   if (fs::exists(out, ec) && fs::equivalent(out, checkpoint_file(checkpoint), ec))
     throw Error("quantize: the output '" + out + "' is the checkpoint being quantised; give another file name");
   const auto [src, cfg] = read_checkpoint(checkpoint);
@@ -145,8 +146,11 @@ std::vector<PtqWeight> quantize_checkpoint(const std::string& checkpoint, const 
       st.tensors.emplace_back("param." + name + ".scale", scales);
     }
   }
-  const json ptq = {{"version", kPtqVersion}, {"method", ptq_method_name(o.method)}, {"element", std::string(format_name(kElement))},
-                    {"bias", o.bias}, {"source_step", checkpoint_step(src, checkpoint_file(checkpoint))}};
+  const json ptq = {{"version", kPtqVersion},
+                    {"method", ptq_method_name(o.method)},
+                    {"element", std::string(format_name(kElement))},
+                    {"bias", o.bias},
+                    {"source_step", checkpoint_step(src, checkpoint_file(checkpoint))}};
   st.metadata = {{"config", cfg.to_toml()}, {"scalify.ptq", ptq.dump()}};
   io::write_safetensors(out, st);
   return report;
@@ -221,7 +225,6 @@ EvalResult evaluate_quantized(const io::SafeTensors& st, const std::string& file
   return evaluate_values(cfg, inference_recipe(o), values, corpus_for(cfg).val);
 }
 
-
 std::vector<PtqSweepRow> ptq_sweep(const std::string& checkpoint, int lo, int hi, const std::string& data) {
   if (lo > hi) throw Error("ptq sweep: empty bias range [" + std::to_string(lo) + ", " + std::to_string(hi) + "]");
   check({PtqMethod::cscale, lo});
@@ -234,7 +237,8 @@ std::vector<PtqSweepRow> ptq_sweep(const std::string& checkpoint, int lo, int hi
   std::vector<PtqSweepRow> rows;
   rows.push_back({"f32", 0, evaluate_values(cfg, quant::preset("f32"), f32, val), 0, ""});
   if (!std::isfinite(rows[0].eval.loss))
-    throw Error("ptq sweep: the f32 validation loss of '" + checkpoint + "' is not finite (an activation overflows), nothing to compare against");
+    throw Error("ptq sweep: the f32 validation loss of '" + checkpoint +
+                "' is not finite (an activation overflows), nothing to compare against");
   auto run = [&](const char* label, const PtqOptions& o) {
     std::map<std::string, Tensor> v = f32;
     for (const std::string& w : weight_names(*s)) v[w] = quantize_weight(w, f32.at(w), o).q.dequantize();

@@ -114,8 +114,8 @@ std::unique_ptr<Session> make_session(const TrainConfig& cfg, const io::SafeTens
     s->opt->load_state(meta.at("optimizer_steps").get<int64_t>(), std::move(m), std::move(v));
     if (s->scaler) {
       const json& l = meta.at("loss_scaler");
-      s->scaler->load_state({l.at("scale").get<double>(), l.at("skipped").get<int64_t>(), l.at("steps").get<int64_t>(),
-                             l.at("clean").get<int64_t>()});
+      s->scaler->load_state(
+          {l.at("scale").get<double>(), l.at("skipped").get<int64_t>(), l.at("steps").get<int64_t>(), l.at("clean").get<int64_t>()});
     }
     for (const auto& [layer, q] : s->model.quantized_linears())
       for (auto& [role, quantizer] : q->quantizers()) {
@@ -149,8 +149,8 @@ void save_checkpoint(const Session& s, const std::string& path, int64_t step, in
     const quant::LossScaler::State l = s.scaler->state();
     state["loss_scaler"] = {{"scale", l.scale}, {"skipped", l.skipped}, {"steps", l.steps}, {"clean", l.clean}};
   }
-  st.metadata = {{"format_version", kFormatVersion}, {"step", std::to_string(step)}, {"config", s.cfg.to_toml()},
-                 {"recipe", s.recipe.to_json()}, {"scalify.state", state.dump()}, {"scalify.any_scale", any_scale.dump()}};
+  st.metadata = {{"format_version", kFormatVersion}, {"step", std::to_string(step)},  {"config", s.cfg.to_toml()},
+                 {"recipe", s.recipe.to_json()},     {"scalify.state", state.dump()}, {"scalify.any_scale", any_scale.dump()}};
   io::write_safetensors(path, st);
 }
 
@@ -163,7 +163,8 @@ std::string checkpoint_file(const std::string& path) {
 
 void require_checksums(const io::SafeTensors& st, const std::string& file) {
   if (!st.verified)
-    throw Error("checkpoint '" + file + "' lacks the checksums its format version carries (metadata 'scalify.crc32c'): the file is corrupt");
+    throw Error("checkpoint '" + file +
+                "' lacks the checksums its format version carries (metadata 'scalify.crc32c'): the file is corrupt");
 }
 
 TrainConfig checkpoint_config(const io::SafeTensors& st, const std::string& file) {
@@ -192,7 +193,8 @@ int64_t checkpoint_step(const io::SafeTensors& st, const std::string& file) {
 
 TrainConfig training_checkpoint_config(io::SafeTensors& st, const std::string& file) {
   if (st.metadata.count("scalify.ptq"))
-    throw Error("'" + file + "' is a quantised checkpoint (from scalify quantize), which only eval reads; give the training checkpoint or run folder");
+    throw Error("'" + file +
+                "' is a quantised checkpoint (from scalify quantize), which only eval reads; give the training checkpoint or run folder");
   for (const char* k : {"format_version", "config", "scalify.state", "scalify.any_scale"})
     if (!st.metadata.count(k)) throw Error("checkpoint '" + file + "' lacks metadata '" + k + "' (not a scalify checkpoint?)");
   const std::string version = st.metadata["format_version"];
@@ -209,7 +211,8 @@ TrainConfig training_checkpoint_config(io::SafeTensors& st, const std::string& f
     if (!state.is_object() || !state.contains(k) || !state[k].is_number_integer() || state[k].get<int64_t>() < 0)
       throw Error("checkpoint '" + file + "': metadata 'scalify.state' lacks a whole number '" + k + "' >= 0");
   if (state["step"].get<int64_t>() != step)
-    throw Error("checkpoint '" + file + "': 'scalify.state' step " + state["step"].dump() + " differs from metadata step " + st.metadata["step"]);
+    throw Error("checkpoint '" + file + "': 'scalify.state' step " + state["step"].dump() + " differs from metadata step " +
+                st.metadata["step"]);
   return cfg;
 }
 
@@ -221,7 +224,8 @@ std::unique_ptr<Session> inference_session(const TrainConfig& cfg, quant::Recipe
     const auto v = values.find(name);
     if (v == values.end()) throw Error("model: no value for parameter '" + name + "'");
     if (v->second.shape() != p.shape())
-      throw Error("model: parameter '" + name + "' has shape " + shape_str(v->second.shape()) + ", the config says " + shape_str(p.shape()));
+      throw Error("model: parameter '" + name + "' has shape " + shape_str(v->second.shape()) + ", the config says " +
+                  shape_str(p.shape()));
     p = Var(v->second, false);
     s->names.push_back(name);
     s->params.push_back(p);
@@ -286,7 +290,8 @@ EvalResult eval_session(const Session& s, const std::vector<uint8_t>& val) {
   if (starts.empty()) throw Error("eval: validation data shorter than one window of " + std::to_string(s.cfg.model.seq + 1) + " bytes");
   double total = 0;
   for (size_t i = 0; i < starts.size(); i += size_t(s.cfg.batch)) {
-    const std::vector<size_t> chunk(starts.begin() + std::ptrdiff_t(i), starts.begin() + std::ptrdiff_t(std::min(starts.size(), i + size_t(s.cfg.batch))));
+    const std::vector<size_t> chunk(starts.begin() + std::ptrdiff_t(i),
+                                    starts.begin() + std::ptrdiff_t(std::min(starts.size(), i + size_t(s.cfg.batch))));
     total += batch_loss(s, val, chunk) * double(chunk.size());
   }
   EvalResult r;

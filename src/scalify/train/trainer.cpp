@@ -47,8 +47,8 @@ double state_bytes_per_parameter(const Session& s) {
   double total = 0, count = 0;
   for (size_t i = 0; i < s.params.size(); ++i) {
     count += double(s.params[i].value().numel());
-    total += bytes(s.params[i].scaled()) + bytes(s.params[i].scaled_grad()) + bytes(s.opt->first_moment(i)) +
-             bytes(s.opt->second_moment(i));
+    total +=
+        bytes(s.params[i].scaled()) + bytes(s.params[i].scaled_grad()) + bytes(s.opt->first_moment(i)) + bytes(s.opt->second_moment(i));
   }
   return total / count;
 }
@@ -68,7 +68,6 @@ double unigram_bits(const std::vector<uint8_t>& bytes) {
   return h;
 }
 
-
 // Keeps the metrics lines of steps <= step (a resumed run rewrites what followed its checkpoint).
 void truncate_metrics(const std::string& path, int64_t step) {
   std::ifstream in(path);
@@ -87,8 +86,8 @@ void truncate_metrics(const std::string& path, int64_t step) {
 std::string StepProgress::line() const {
   std::ostringstream out;
   out.precision(4);
-  out << "step " << step << "/" << steps << "  loss " << loss << "  " << int64_t(tokens_per_s) << " tok/s  elapsed "
-      << int64_t(elapsed_s) << "s  eta " << int64_t(eta_s) << "s";
+  out << "step " << step << "/" << steps << "  loss " << loss << "  " << int64_t(tokens_per_s) << " tok/s  elapsed " << int64_t(elapsed_s)
+      << "s  eta " << int64_t(eta_s) << "s";
   return out.str();
 }
 
@@ -135,15 +134,16 @@ OpenRun open_resumed_run(const TrainConfig& config, const fs::path& dir) {
   if (!fs::exists(ckpt_path))
     throw Error("resume: '" + config.out + "' holds no checkpoint.safetensors" +
                 (fs::exists(dir / "metrics.jsonl") ? ": its run stopped before its first checkpoint, so it cannot be continued; start it "
-                                                     "again with `scalify train --config " + (dir / "config.toml").string() + "`"
+                                                     "again with `scalify train --config " +
+                                                         (dir / "config.toml").string() + "`"
                                                    : ""));
   // The given config (the run's config.toml, possibly with overrides such as more steps);
   // loading checks that the checkpoint's tensors fit its model.
   const io::SafeTensors st = read_checkpoint(ckpt_path).first;
   // A run keeps its recipe: one given again (--recipe, or an edited JSON file) must be the same.
   if (st.metadata.count("recipe") && st.metadata.at("recipe") != quant::load_recipe(config.recipe).to_json())
-    throw Error("resume: recipe '" + config.recipe + "' differs from the one '" + config.out + "' was trained with (recorded in its checkpoint); " +
-                "a run keeps its recipe: start a new run to train under another");
+    throw Error("resume: recipe '" + config.recipe + "' differs from the one '" + config.out +
+                "' was trained with (recorded in its checkpoint); " + "a run keeps its recipe: start a new run to train under another");
   run.session = load_session(st, config, ckpt_path);
   const json state = json::parse(st.metadata.at("scalify.state"));
   run.start = state.at("step").get<int64_t>();
@@ -174,7 +174,8 @@ double forward_backward(Session& s, const Corpus& corpus, int64_t step) {
   const int64_t T = cfg.model.seq;
   double loss_sum = 0;
   for (int64_t micro = 0; micro < cfg.accum; ++micro) {
-    const Batch b = make_batch(corpus.train, train_starts(corpus.train.size(), cfg.batch, T, cfg.seed, uint64_t(step * cfg.accum + micro)), T);
+    const Batch b =
+        make_batch(corpus.train, train_starts(corpus.train.size(), cfg.batch, T, cfg.seed, uint64_t(step * cfg.accum + micro)), T);
     Var loss = s.forward_model().loss(b.ids, b.targets);
     loss_sum += loss.value().item();
     if (cfg.accum > 1) loss = loss * (1.0 / double(cfg.accum));
@@ -192,7 +193,9 @@ StepOutcome update(Session& s, double loss, int64_t step, bool measure_state) {
   o.loss = loss;
   o.applied = !s.scaler || s.scaler->unscale(s.params);
   if (!s.scaler && !std::isfinite(o.loss))
-    throw Diverged("training diverged: the loss is " + std::to_string(o.loss) + " at step " + std::to_string(step) + " (recipe " + cfg.recipe + ")", step);
+    throw Diverged(
+        "training diverged: the loss is " + std::to_string(o.loss) + " at step " + std::to_string(step) + " (recipe " + cfg.recipe + ")",
+        step);
   if (!o.applied) return o;
   quant::cast_weight_gradients(s.params, s.recipe);
   o.grad_norm = std::sqrt(optim::gradient_sum_squares(s.params));
@@ -215,7 +218,9 @@ struct RunTotals {
 json data_storage_record(const StorageCastRecorder& casts) {
   json d = json::object();
   for (const auto& [name, st] : casts.stats())
-    d[name] = {{"values", st.values}, {"underflow", st.underflow_fraction()}, {"subnormal", st.subnormal_fraction()},
+    d[name] = {{"values", st.values},
+               {"underflow", st.underflow_fraction()},
+               {"subnormal", st.subnormal_fraction()},
                {"saturated", st.saturated_fraction()}};
   return d;
 }
@@ -297,11 +302,18 @@ TrainResult train(const TrainConfig& config, bool resume, const Progress& progre
     const int64_t statistics = scale_statistics() - statistics_before;
     totals.scale_statistics += double(statistics);
     if (step > start) totals.speeds.push_back(tps);  // the first step warms caches and thread pools
-    metrics << json{{"step", step}, {"loss", o.loss}, {"lr", lr}, {"grad_norm", o.grad_norm}, {"skipped", skipped},
-                    {"loss_scale", s.scaler ? s.scaler->scale() : 1.0}, {"scale_statistics", statistics}, {"tokens_per_s", std::round(tps)}}
+    metrics << json{{"step", step},
+                    {"loss", o.loss},
+                    {"lr", lr},
+                    {"grad_norm", o.grad_norm},
+                    {"skipped", skipped},
+                    {"loss_scale", s.scaler ? s.scaler->scale() : 1.0},
+                    {"scale_statistics", statistics},
+                    {"tokens_per_s", std::round(tps)}}
                    .dump()
             << "\n";
-    if (!s.model.quantized_linears().empty() && stats_step) metrics << json{{"step", step}, {"quant", quant_record(s, r, totals)}}.dump() << "\n";
+    if (!s.model.quantized_linears().empty() && stats_step)
+      metrics << json{{"step", step}, {"quant", quant_record(s, r, totals)}}.dump() << "\n";
     if ((step + 1) % cfg.eval_every == 0 || step + 1 == cfg.steps) {
       const EvalResult e = eval_session(s, corpus.val);
       metrics << json{{"step", step}, {"val_loss", e.loss}, {"val_bpb", e.bits_per_byte}}.dump() << "\n";
@@ -311,14 +323,15 @@ TrainResult train(const TrainConfig& config, bool resume, const Progress& progre
       log << "step " << step + 1 << ": val_loss " << e.loss << ", " << e.bits_per_byte << " bits per byte\n";
     }
     metrics.flush();
-    if ((step + 1) % cfg.checkpoint_every == 0 || step + 1 == end) save_checkpoint(s, (dir / "checkpoint.safetensors").string(), step + 1, skipped);
+    if ((step + 1) % cfg.checkpoint_every == 0 || step + 1 == end)
+      save_checkpoint(s, (dir / "checkpoint.safetensors").string(), step + 1, skipped);
     if (progress) {
       StepProgress p{step + 1, cfg.steps, o.loss, tps, std::chrono::duration<double>(clock::now() - t_start).count(), 0};
       p.eta_s = p.elapsed_s / double(step + 1 - start) * double(end - step - 1);
       progress(p);
     }
   }
-  if (end == start) last_loss = NAN;  // a run resumed only to write model.safetensors: no training loss here
+  if (end == start) last_loss = NAN;     // a run resumed only to write model.safetensors: no training loss here
   if (!evaluated && end == cfg.steps) {  // ... but its result is still the finished model's
     const EvalResult e = eval_session(s, corpus.val);
     r.val_loss = e.loss;

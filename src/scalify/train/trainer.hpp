@@ -25,10 +25,10 @@ struct TrainResult {
   int64_t steps = 0, skipped = 0;
   int64_t nonfinite_steps = 0;  // steps whose loss was not finite (only possible with loss scaling: skipped)
   double train_loss = 0, val_loss = 0, val_bpb = 0, unigram_bits = 0;
-  double tokens_per_s = 0;               // median over this process's steps
-  double scale_statistics_per_step = 0;  // mean count of amax / RMS reductions that set a scale
+  double tokens_per_s = 0;                                         // median over this process's steps
+  double scale_statistics_per_step = 0;                            // mean count of amax / RMS reductions that set a scale
   double mean_underflow = 0, max_underflow = 0, mean_clipped = 0;  // over every quantised operand's statistics
-  double state_bytes_per_parameter = 0;  // master weights + gradients + optimizer state (+ scales), measured
+  double state_bytes_per_parameter = 0;                            // master weights + gradients + optimizer state (+ scales), measured
   double peak_memory_mb = 0;  // the process's peak resident memory up to the last step's update (earlier evaluations included)
   std::string run_dir;
 };

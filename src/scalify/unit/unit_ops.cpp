@@ -18,9 +18,8 @@ bool ExactGradients::active() { return exact_gradients; }
 
 Var scaled(const Var& x, double alpha, double beta_in) {
   const double beta = exact_gradients ? alpha : beta_in;
-  return Var::make("scaled_identity", scaled::mul_scalar(x.scaled(), alpha), {x}, [beta](const ScaledTensor& g) {
-    return std::vector<ScaledTensor>{scaled::mul_scalar(g, beta)};
-  });
+  return Var::make("scaled_identity", scaled::mul_scalar(x.scaled(), alpha), {x},
+                   [beta](const ScaledTensor& g) { return std::vector<ScaledTensor>{scaled::mul_scalar(g, beta)}; });
 }
 
 namespace {
@@ -104,7 +103,8 @@ std::pair<double, double> constrained(double alpha, double beta, Constraint c) {
   return {alpha, beta};
 }
 void check_mult(double mult, const char* op) {
-  if (!(mult > 0) || !std::isfinite(mult)) throw Error(std::string(op) + ": mult must be a finite positive number, got " + std::to_string(mult));
+  if (!(mult > 0) || !std::isfinite(mult))
+    throw Error(std::string(op) + ": mult must be a finite positive number, got " + std::to_string(mult));
 }
 }  // namespace
 
@@ -112,7 +112,8 @@ Var gelu_erf(const Var& x, double mult, Constraint c) {
   check_mult(mult, "unit::gelu_erf");
   const double t = 1 / (1 + 0.25 / (mult * mult));
   const auto [a, b] = constrained(interpolate(t, 2, std::sqrt(2 / (1 - 1 / M_PI))), interpolate(t, 2, std::sqrt(2.0)), c);
-  return scaled_unary(x, a, b, [mult](const Var& v) { return mult == 1 ? scalify::gelu_erf(v) : scalify::gelu_erf(v * mult) * (1 / mult); });
+  return scaled_unary(x, a, b,
+                      [mult](const Var& v) { return mult == 1 ? scalify::gelu_erf(v) : scalify::gelu_erf(v * mult) * (1 / mult); });
 }
 
 Var silu(const Var& x, double mult, Constraint c) {
