@@ -55,9 +55,9 @@ TEST(Recipe, PartsThatCannotBeMeantTogetherAreRefusedByName) {
   Recipe fp8_data = preset("scalify_fp8_3");
   fp8_data.data_storage = DType::e4m3;
   EXPECT_ERROR(fp8_data.validate(), "data_storage must be f32, f16 or bf16");
-  Recipe sr_blocks = preset("mxfp8");
-  sr_blocks.linear.weight_grad.gradient.rounding = Rounding::stochastic;
-  EXPECT_ERROR(sr_blocks.validate(), "stochastic rounding is implemented for per-tensor scaling only");
+  Recipe mx_f32_scales = preset("mxfp8");
+  mx_f32_scales.linear.weight_grad.gradient.block.rule = BlockScaleRule::nvfp4;
+  EXPECT_ERROR(mx_f32_scales.validate(), "linear.weight_grad.gradient: MX scales are powers of two");
   // Reading one is no refusal: a run folder trained under it still loads (a new run checks it).
   EXPECT_NO_THROW(Recipe::from_json(mx_f16.to_json()));
   // Rounding round-trips through JSON, and a bad name is an error naming the field's place.

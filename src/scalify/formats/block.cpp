@@ -33,8 +33,17 @@ namespace {
 float pow2f(int k) { return k >= -126 && k <= 127 ? std::bit_cast<float>(uint32_t(k + 127) << 23) : std::ldexp(1.0f, k); }
 }  // namespace
 
-float block_scale(float amax, Format element, BlockScaleRule rule) {
+float nvfp4_tensor_encode(float amax) {
+  if (!(amax > 0.0f) || !std::isfinite(amax)) return 1.0f;
+  return std::min(448.0f * 6.0f / amax, std::numeric_limits<float>::max());
+}
+
+float block_scale(float amax, Format element, BlockScaleRule rule, float tensor_encode) {
   if (!std::isfinite(amax)) return std::numeric_limits<float>::quiet_NaN();
+  if (rule == BlockScaleRule::nvfp4 || rule == BlockScaleRule::e4m3_amax) {
+    const float s = rule == BlockScaleRule::nvfp4 ? tensor_encode : 1.0f;
+    return decode(Format::e4m3, encode(Format::e4m3, amax / float(max_value(element)) * s, {.overflow = Overflow::saturate}));
+  }
   const FormatInfo& f = info(element);
   if (rule == BlockScaleRule::f32_amax) {
     if (amax == 0.0f) return 1.0f;
@@ -57,7 +66,7 @@ float block_scale(float amax, Format element, BlockScaleRule rule) {
 }
 
 std::vector<uint8_t> BlockQuantized::e8m0_scales() const {
-  if (block.rule == BlockScaleRule::f32_amax) throw Error("e8m0_scales: f32_amax block scales are not powers of two");
+  if (!pow2_block_scales(block.rule)) throw Error("e8m0_scales: the rule's block scales are not powers of two");
   std::vector<uint8_t> out(scales.size());
   for (size_t i = 0; i < scales.size(); ++i) out[i] = uint8_t(encode(Format::e8m0, scales[i]));
   return out;
@@ -73,8 +82,16 @@ struct BlockPlan {
   int shift = 0;
   bool used() const { return keep && exact; }
 };
-[[gnu::always_inline]] inline BlockPlan plan_block(uint32_t block_amax, Format element, const BlockSpec& spec, int element_emax) {
+[[gnu::always_inline]] inline BlockPlan plan_block(uint32_t block_amax, Format element, const BlockSpec& spec, int element_emax,
+                                                   float tensor_encode) {
   BlockPlan p;
+  if (spec.rule == BlockScaleRule::nvfp4 || spec.rule == BlockScaleRule::e4m3_amax) {
+    // One f32 multiply by S / b (TransformerEngine's encode), then the element cast.
+    p.scale = block_scale(std::bit_cast<float>(block_amax), element, spec.rule, tensor_encode);
+    p.keep = !std::isnan(p.scale);
+    p.mul = p.scale > 0 ? (spec.rule == BlockScaleRule::nvfp4 ? tensor_encode : 1.0f) / p.scale : 0.0f;
+    return p;
+  }
   // MX floor rule on a normal amax (nearly every block): the scale's exponent straight from the
   // amax's bits, as block_scale computes it; everything else through block_scale.
   const int amax_exp = int(block_amax >> 23) - 127;
@@ -112,15 +129,15 @@ struct RowLoops {
   // its values pre-scaled into t ((x * mul) * 2^shift; +0 for NaN and inexact blocks). Returns
   // whether every block was exact.
   [[gnu::always_inline]] static inline bool row_blocks(const float* __restrict x, size_t cols, Format element, const BlockSpec& spec,
-                                                       int element_emax, BlockPlan* __restrict plans, float* __restrict scales,
-                                                       float* __restrict t) {
+                                                       int element_emax, float tensor_encode, BlockPlan* __restrict plans,
+                                                       float* __restrict scales, float* __restrict t) {
     bool all_exact = true;
     for (size_t c0 = 0, bc = 0; c0 < cols; c0 += spec.cols, ++bc) {
       const size_t len = std::min(cols - c0, spec.cols);
       const uint32_t* bits = reinterpret_cast<const uint32_t*>(x + c0);
       uint32_t m = 0;
       for (size_t c = 0; c < len; ++c) m = std::max(m, bits[c] & 0x7FFFFFFFu);
-      const BlockPlan p = plan_block(m, element, spec, element_emax);
+      const BlockPlan p = plan_block(m, element, spec, element_emax, tensor_encode);
       plans[bc] = p;
       scales[bc] = p.scale;
       all_exact = all_exact && p.exact;
@@ -145,9 +162,9 @@ SCALIFY_AVX2 void prescale_avx2(const float* x, const float* m, const float* p, 
   RowLoops::prescale(x, m, p, k, t, n);
 }
 SCALIFY_AVX2 void scale_avx2(float* row, const float* s, size_t n) { RowLoops::scale(row, s, n); }
-SCALIFY_AVX2 bool row_blocks_avx2(const float* x, size_t cols, Format element, const BlockSpec& spec, int emax, BlockPlan* plans,
-                                  float* scales, float* t) {
-  return RowLoops::row_blocks(x, cols, element, spec, emax, plans, scales, t);
+SCALIFY_AVX2 bool row_blocks_avx2(const float* x, size_t cols, Format element, const BlockSpec& spec, int emax, float tensor_encode,
+                                  BlockPlan* plans, float* scales, float* t) {
+  return RowLoops::row_blocks(x, cols, element, spec, emax, tensor_encode, plans, scales, t);
 }
 #undef SCALIFY_AVX2
 
@@ -159,24 +176,26 @@ void prescale_row(const float* x, const float* m, const float* p, const uint32_t
   row_loops_avx2() ? prescale_avx2(x, m, p, k, t, n) : RowLoops::prescale(x, m, p, k, t, n);
 }
 void scale_row(float* row, const float* s, size_t n) { row_loops_avx2() ? scale_avx2(row, s, n) : RowLoops::scale(row, s, n); }
-bool row_blocks(const float* x, size_t cols, Format element, const BlockSpec& spec, int emax, BlockPlan* plans, float* scales, float* t) {
-  return row_loops_avx2() ? row_blocks_avx2(x, cols, element, spec, emax, plans, scales, t)
-                          : RowLoops::row_blocks(x, cols, element, spec, emax, plans, scales, t);
+bool row_blocks(const float* x, size_t cols, Format element, const BlockSpec& spec, int emax, float tensor_encode, BlockPlan* plans,
+                float* scales, float* t) {
+  return row_loops_avx2() ? row_blocks_avx2(x, cols, element, spec, emax, tensor_encode, plans, scales, t)
+                          : RowLoops::row_blocks(x, cols, element, spec, emax, tensor_encode, plans, scales, t);
 }
 
-kernels::QuantizeArgs block_args(const FormatInfo& f, Rounding rounding, const BlockPlan& p) {
+kernels::QuantizeArgs block_args(const FormatInfo& f, Rounding rounding, uint64_t seed, const BlockPlan& p) {
   kernels::QuantizeArgs a{};
   a.format = &f;
   a.overflow = Overflow::saturate;
   a.rounding = rounding;
+  a.seed = seed;
   a.mul = p.mul;
   a.exp_shift = p.shift;
   return a;
 }
 }  // namespace
 
-BlockQuantized quantize_blocks(std::span<const float> x, size_t rows, size_t cols, Format element, const BlockSpec& spec,
-                               Rounding rounding) {
+BlockQuantized quantize_blocks(std::span<const float> x, size_t rows, size_t cols, Format element, const BlockSpec& spec, Rounding rounding,
+                               uint64_t seed) {
   if (x.size() != rows * cols)
     throw Error("quantize_blocks: " + std::to_string(x.size()) + " values do not form a " + std::to_string(rows) + " x " +
                 std::to_string(cols) + " tensor");
@@ -202,7 +221,14 @@ BlockQuantized quantize_blocks(std::span<const float> x, size_t rows, size_t col
   // the per-element call with their own arguments. Block rows run in parallel.
   const int64_t block_rows = int64_t(q.scale_rows());
   const int element_emax = f.emax();
-  kernels::QuantizeArgs one = block_args(f, rounding, BlockPlan{});
+  kernels::QuantizeArgs one = block_args(f, rounding, seed, BlockPlan{});
+  // nvfp4: the tensor's encode scale from its abs-max, first.
+  float tensor_encode = 1.0f;
+  if (spec.rule == BlockScaleRule::nvfp4) {
+    const uint32_t amax_bits = k.amax_bits(x.data(), x.size());
+    tensor_encode = nvfp4_tensor_encode(std::bit_cast<float>(amax_bits));
+    q.tensor_scale = 1.0f / tensor_encode;
+  }
   // Row r's codes from its pre-scaled copy t, in one call; blocks whose pre-scale is not exact
   // then take the per-element call with their own arguments.
   auto emit_row = [&](size_t r, const float* t, const BlockPlan* plans, bool all_exact) {
@@ -215,7 +241,7 @@ BlockQuantized quantize_blocks(std::span<const float> x, size_t rows, size_t col
     for (size_t bc = 0; bc < scale_cols; ++bc)
       if (plans[bc].keep && !plans[bc].exact) {
         const size_t c0 = bc * spec.cols, c1 = std::min(cols, c0 + spec.cols);
-        kernels::QuantizeArgs e = block_args(f, rounding, plans[bc]);
+        kernels::QuantizeArgs e = block_args(f, rounding, seed, plans[bc]);
         e.offset = r * cols + c0;
         k.quantize(row + c0, c1 - c0, out + c0 * cb, e);
       }
@@ -230,8 +256,8 @@ BlockQuantized quantize_blocks(std::span<const float> x, size_t rows, size_t col
 #pragma omp for schedule(static)
       for (int64_t ri = 0; ri < int64_t(rows); ++ri) {
         const size_t r = size_t(ri);
-        const bool all_exact =
-            row_blocks(x.data() + r * cols, cols, element, spec, element_emax, plans.data(), q.scales.data() + r * scale_cols, tmp.data());
+        const bool all_exact = row_blocks(x.data() + r * cols, cols, element, spec, element_emax, tensor_encode, plans.data(),
+                                          q.scales.data() + r * scale_cols, tmp.data());
         emit_row(r, tmp.data(), plans.data(), all_exact);
       }
     }
@@ -255,7 +281,7 @@ BlockQuantized quantize_blocks(std::span<const float> x, size_t rows, size_t col
         const size_t c0 = bc * spec.cols, c1 = std::min(cols, c0 + spec.cols);
         uint32_t block_max = amax[c0];
         for (size_t c = c0 + 1; c < c1; ++c) block_max = std::max(block_max, amax[c]);
-        const BlockPlan p = plan_block(block_max, element, spec, element_emax);
+        const BlockPlan p = plan_block(block_max, element, spec, element_emax, tensor_encode);
         plans[bc] = p;
         q.scales[br * scale_cols + bc] = p.scale;
         all_exact = all_exact && p.exact;
@@ -300,7 +326,7 @@ namespace {
 // scale in f32, as the kernels apply it): a kernel call per 32-element block spent most of its time
 // setting up. A row goes to `out` when given, else to a per-thread buffer handed to row_fn(r, row).
 template <class RowFn>
-void for_decoded_rows(const BlockQuantized& q, float* out, RowFn row_fn) {
+void for_decoded_rows(const BlockQuantized& q, float* out, bool with_tensor_scale, RowFn row_fn) {
   const FormatInfo& f = info(q.element);
   const size_t cb = size_t(f.storage_bytes());
   const kernels::KernelTable& k = kernels::active_kernels();
@@ -321,6 +347,8 @@ void for_decoded_rows(const BlockQuantized& q, float* out, RowFn row_fn) {
       float* dest = out ? out + r * q.cols : row.data();  // pointer arithmetic: an empty row must not index
       k.dequantize(q.codes.data() + r * q.cols * cb, q.cols, dest, f, 1.0f);
       scale_row(dest, col_scale.data(), q.cols);
+      if (with_tensor_scale && q.tensor_scale != 1.0f)
+        for (size_t c = 0; c < q.cols; ++c) dest[c] *= q.tensor_scale;
       if (!out) row_fn(r, dest);
     }
   }
@@ -329,13 +357,13 @@ void for_decoded_rows(const BlockQuantized& q, float* out, RowFn row_fn) {
 
 void dequantize_blocks(const BlockQuantized& q, std::span<float> out) {
   check_blocks(q, out.size(), "dequantize_blocks");
-  for_decoded_rows(q, out.data(), [](size_t, const float*) {});
+  for_decoded_rows(q, out.data(), true, [](size_t, const float*) {});
 }
 
 bool dequantize_blocks_bf16(const BlockQuantized& q, std::span<uint16_t> out) {
   check_blocks(q, out.size(), "dequantize_blocks_bf16");
   bool exact = true;  // rows run on several threads: each only ever clears it
-  for_decoded_rows(q, nullptr, [&](size_t r, const float* row) {
+  for_decoded_rows(q, nullptr, false, [&](size_t r, const float* row) {
     if (!truncate_to_bf16_exact(std::span(row, q.cols), std::span(out.data() + r * q.cols, q.cols))) {
 #pragma omp atomic write
       exact = false;

@@ -86,6 +86,10 @@ Tensor k_blocked_product(bool ta, bool tb, int64_t M, int64_t N, int64_t K, cons
       }
     }
   }
+  // The operands' tensor scales (nvfp4's 1 / S) apply to the whole sum, one at a time (the GEMM's
+  // alpha on hardware).
+  if (a.tensor_scale != 1.0f || b.tensor_scale != 1.0f)
+    for (int64_t i = 0; i < M * N; ++i) pc[i] = (pc[i] * a.tensor_scale) * b.tensor_scale;
   return c;
 }
 

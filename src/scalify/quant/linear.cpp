@@ -8,6 +8,7 @@
 #include "scalify/error.hpp"
 #include "scalify/formats/bulk.hpp"
 #include "scalify/quant/block_gemm.hpp"
+#include "scalify/quant/hadamard.hpp"
 #include "scalify/scaled/scale_rules.hpp"
 #include "scalify/scaled/scaled_ops.hpp"
 #include "scalify/tensor/convert.hpp"
@@ -65,11 +66,15 @@ struct GemmPlan {
   DType codes = DType::f32;  // GemmPath::codes: the type the GEMM reads the codes in
 };
 
-// Whether a block role's dequantised values are bf16 values: its format's are, and its scales are
-// powers of two (MX, or blocks with an MX scale rule).
-bool pow2_block_role(const QuantizerConfig& c) {
-  return codes_fit_bf16(c.format) &&
-         (c.scaling == Scaling::mx || (c.scaling == Scaling::block && c.block.rule != BlockScaleRule::f32_amax));
+// Whether a block role's dequantised values (before a tensor scale) are bf16 values: its format's
+// are, and its block scales are powers of two (MX, or blocks with an MX scale rule), or E4M3 scales
+// of FP4 codes (NVFP4: 2 + 4 significant bits, within bf16's 8).
+bool bf16_block_values(const QuantizerConfig& c) {
+  if (!codes_fit_bf16(c.format)) return false;
+  if (c.scaling == Scaling::mx) return true;
+  if (c.scaling != Scaling::block) return false;
+  if (pow2_block_scales(c.block.rule)) return true;
+  return (c.block.rule == BlockScaleRule::nvfp4 || c.block.rule == BlockScaleRule::e4m3_amax) && c.format == Format::e2m1;
 }
 
 GemmPlan plan_gemm(const QuantizerConfig& a, const QuantizerConfig& b, bool propagate) {
@@ -79,7 +84,7 @@ GemmPlan plan_gemm(const QuantizerConfig& a, const QuantizerConfig& b, bool prop
     return {};
   }
   if (gemm_dtype() != DType::bf16) return {};
-  if (pow2_block_role(a) && pow2_block_role(b)) return {GemmPath::values_bf16};
+  if (bf16_block_values(a) && bf16_block_values(b)) return {GemmPath::values_bf16};
   if (codes_bf16) return {GemmPath::block_codes_bf16};
   return {};
 }
@@ -138,9 +143,12 @@ ScaledTensor gemm(const GemmPlan& p, bool propagate, bool ta, bool tb, int64_t M
       }
       break;
     case GemmPath::values_bf16: {
+      // The tensor scales (NVFP4's) as the GEMM's alpha, while their product is a normal f32.
+      const double alpha = double(a.blocks.tensor_scale) * b.blocks.tensor_scale;
+      if (alpha < 0x1p-100 || alpha > 0x1p100) break;
       const Tensor ha = a.dequantize_bf16();
       const Tensor hb = ha.defined() ? b.dequantize_bf16() : Tensor();
-      if (hb.defined()) return ScaledTensor(gemm_f32_or_bf16(ta, tb, M, N, K, ha, hb, 1.0f));
+      if (hb.defined()) return ScaledTensor(gemm_f32_or_bf16(ta, tb, M, N, K, ha, hb, float(alpha)));
       break;
     }
     case GemmPath::values_f32: break;
@@ -206,14 +214,18 @@ Var QLinear::operator()(const Var& x, const Var& w, const Var& b) const {
   const bool reuse_w = reuses(r, dgrad_w, fwd_w), reuse_x = reuses(r, wgrad_x, fwd_x), reuse_g = reuses(r, wgrad_g, dgrad_g);
   const Var out = Var::make(
       "qlinear", y, {x, w},
-      [quantize, dgrad, wgrad, propagate, rows, K, N, reuse_g, qw = reuse_w ? qw : Operand(), qx = reuse_x ? qx : Operand(),
-       w_src = reuse_w ? ScaledTensor() : ws, x_src = reuse_x ? ScaledTensor() : xs, x_shape = x.shape()](const ScaledTensor& g_in) {
+      [quantize, dgrad, wgrad, propagate, rows, K, N, reuse_g, hadamard = r.weight_grad.activation.transform == Transform::hadamard16,
+       qw = reuse_w ? qw : Operand(), qx = reuse_x ? qx : Operand(), w_src = reuse_w ? ScaledTensor() : ws,
+       x_src = reuse_x ? ScaledTensor() : xs, x_shape = x.shape()](const ScaledTensor& g_in) {
         const ScaledTensor g = scaled::reshape(g_in, {rows, N});
         const Operand qg = quantize(dgrad_g, g, dgrad);
         const Operand qwt = w_src.data.defined() ? quantize(dgrad_w, w_src, dgrad) : qw;
         const ScaledTensor dx = gemm(dgrad, propagate, false, true, rows, K, N, qg, qwt);
-        const Operand qxt = x_src.data.defined() ? quantize(wgrad_x, x_src, wgrad) : qx;
-        const Operand qgt = reuse_g ? qg : quantize(wgrad_g, g, wgrad);
+        // The weight-gradient GEMM reduces over the rows (tokens): a transform of both operands
+        // along them leaves dw as it is (Recipe::validate: both or neither).
+        auto along_tokens = [hadamard](const ScaledTensor& t) { return hadamard ? hadamard16_rows(t) : t; };
+        const Operand qxt = x_src.data.defined() ? quantize(wgrad_x, along_tokens(x_src), wgrad) : qx;
+        const Operand qgt = reuse_g ? qg : quantize(wgrad_g, along_tokens(g), wgrad);
         const ScaledTensor dw = gemm(wgrad, propagate, true, false, K, N, rows, qxt, qgt);
         return std::vector<ScaledTensor>{scaled::reshape(dx, x_shape), dw};
       });

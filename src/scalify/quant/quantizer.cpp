@@ -81,6 +81,33 @@ Tensor encode(const Tensor& x, Format fmt, float encode_scale, const QuantizerCo
   st.clipped = n ? double(clip) / double(n) : 0.0;
   return codes;
 }
+// A block quantisation's amax, underflow (non-zero inputs decoded as 0) and clipping (inputs
+// beyond their block's largest value, which they saturated to).
+void block_statistics(const Tensor& xs, const BlockQuantized& q, QuantStats& st) {
+  const std::span<const float> x(xs.data<float>(), size_t(xs.numel()));
+  std::vector<float> back(x.size());
+  dequantize_blocks(q, back);
+  const double top = max_value(q.element);
+  int64_t nonzero = 0, underflow = 0, clipped = 0;
+  float amax = 0;
+  for (size_t r = 0; r < q.rows; ++r)
+    for (size_t c = 0; c < q.cols; ++c) {
+      const size_t i = r * q.cols + c;
+      const float v = std::fabs(x[i]);
+      amax = std::max(amax, v);
+      if (v == 0 || !std::isfinite(v)) continue;
+      ++nonzero;
+      underflow += back[i] == 0;
+      // The block's largest value, computed in double: a relative 2^-20 allows for the f32
+      // rounding of an amax-derived scale (f32_amax: amax / 448 * 448 may fall an ulp short).
+      const double block_top = top * q.scales[(r / q.block.rows) * q.scale_cols() + c / q.block.cols] * q.tensor_scale;
+      clipped += v > block_top * (1 + 0x1p-20);
+    }
+  st.amax = amax;
+  st.underflow = nonzero ? double(underflow) / double(nonzero) : 0.0;
+  st.clipped = nonzero ? double(clipped) / double(nonzero) : 0.0;
+}
+
 // max |x| with the SIMD kernel (NaN if x holds one).
 double amax_of(const Tensor& x) {
   const Tensor xs = x.dtype() == DType::f32 && x.is_contiguous() ? x : x.to(DType::f32).contiguous();
@@ -92,6 +119,17 @@ void set_collect_statistics(bool on) { g_collect_statistics = on; }
 bool collect_statistics() { return g_collect_statistics; }
 
 const char* scaling_name(Scaling s) { return kNames[static_cast<int>(s)]; }
+
+namespace {
+constexpr const char* kTransformNames[] = {"none", "hadamard16"};
+static_assert(std::size(kTransformNames) == size_t(Transform::hadamard16) + 1, "a name for every Transform");
+}  // namespace
+const char* transform_name(Transform t) { return kTransformNames[static_cast<int>(t)]; }
+Transform parse_transform(const std::string& name) {
+  for (size_t i = 0; i < std::size(kTransformNames); ++i)
+    if (name == kTransformNames[i]) return Transform(i);
+  throw Error("unknown transform '" + name + "' (valid: none, hadamard16)");
+}
 
 Scaling parse_scaling(const std::string& name) {
   for (size_t i = 0; i < std::size(kNames); ++i)
@@ -209,15 +247,19 @@ Quantized Quantizer::quantize_with(const Tensor& x, bool as_values, QuantStats& 
     case Scaling::block:
     case Scaling::mx: {
       if (x.dim() != 2) throw Error("quantizer: block scaling needs a 2-D tensor, got " + shape_str(x.shape()));
-      // MX: 32 elements along the rows (or down the columns when the block is configured tall).
-      const BlockSpec spec = c_.scaling == Scaling::mx ? mx_blocks(c_.block.rows > 1 ? 0 : 1) : c_.block;
+      // MX: 32 elements along the rows (or down the columns when the block is configured tall),
+      // the OCP floor rule unless the config asks for mx_ceil.
+      const BlockSpec spec = c_.scaling == Scaling::mx
+                                 ? mx_blocks(c_.block.rows > 1 ? 0 : 1,
+                                             c_.block.rule == BlockScaleRule::mx_ceil ? BlockScaleRule::mx_ceil : BlockScaleRule::mx_floor)
+                                 : c_.block;
       const Tensor xs = x.to(DType::f32).contiguous();
-      q.blocks =
-          quantize_blocks(std::span(xs.data<float>(), size_t(xs.numel())), size_t(x.size(0)), size_t(x.size(1)), f, spec, c_.rounding);
+      q.blocks = quantize_blocks(std::span(xs.data<float>(), size_t(xs.numel())), size_t(x.size(0)), size_t(x.size(1)), f, spec,
+                                 c_.rounding, rounding_seed());
       q.blockwise = true;
-      if (collect_statistics()) st.amax = float(amax_of(xs));
+      if (collect_statistics()) block_statistics(xs, q.blocks, st);
       // An empty tensor ([0, n] or [n, 0]) has no blocks and no scales.
-      st.scale = q.blocks.scales.empty() ? 1.0f : *std::max_element(q.blocks.scales.begin(), q.blocks.scales.end());
+      st.scale = q.blocks.scales.empty() ? 1.0f : *std::max_element(q.blocks.scales.begin(), q.blocks.scales.end()) * q.blocks.tensor_scale;
       return q;
     }
   }

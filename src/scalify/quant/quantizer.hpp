@@ -27,6 +27,15 @@ Scaling parse_scaling(const std::string& name);  // throws listing the valid nam
 
 enum class HistoryReduce : uint8_t { max, most_recent };
 
+// A transform of an operand before it is quantised, undone by its GEMM partner's: hadamard16
+// multiplies each 16 consecutive elements along the GEMM's reduction by (1/4) H16 D (H16 the
+// Sylvester Hadamard matrix, D one fixed random sign vector), an orthogonal map, so a GEMM of two
+// transformed operands equals the plain GEMM up to rounding while outliers spread over 16
+// elements before the cast (NVFP4's weight-gradient GEMM).
+enum class Transform : uint8_t { none, hadamard16 };
+const char* transform_name(Transform t);
+Transform parse_transform(const std::string& name);  // throws listing the valid names
+
 struct QuantizerConfig {
   Scaling scaling = Scaling::current;
   Format format = Format::e4m3;
@@ -36,7 +45,9 @@ struct QuantizerConfig {
   int update_interval = 1;                            // delayed: recompute the scale every N quantisations
   int bias = 0;                                       // constant_bias: the scaling bias b
   BlockSpec block{1, 128, BlockScaleRule::f32_amax};  // block; mx: 1 x 32 (32 x 1 if rows > 1), floor rule
+                                                      // unless block.rule is mx_ceil
   Rounding rounding = Rounding::nearest_even;
+  Transform transform = Transform::none;
   bool saturate = true;  // false: overflow gives inf (f16, e5m2) or NaN, as a plain cast on hardware
                          // does: what a loss scaler must see to skip a step
   bool operator==(const QuantizerConfig&) const = default;
@@ -60,7 +71,8 @@ struct Quantized {
   bool blockwise = false;
   Tensor dequantize() const;  // the represented values, f32
   // The represented values as bf16 when each is exactly a bf16 value that bf16 dot products keep
-  // (truncate_to_bf16_exact), else an undefined tensor. Block scaling skips the f32 copy.
+  // (truncate_to_bf16_exact), else an undefined tensor. Block scaling skips the f32 copy, and
+  // leaves out the tensor scale (blocks.tensor_scale), which a GEMM applies as its alpha.
   Tensor dequantize_bf16() const;
 };
 

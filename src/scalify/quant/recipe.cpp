@@ -24,6 +24,17 @@ constexpr uint64_t kMaxRecipeBytes = 1 << 20;  // a recipe is about 2 kB
 constexpr std::pair<Rounding, const char*> kRoundings[] = {
     {Rounding::nearest_even, "nearest_even"}, {Rounding::stochastic, "stochastic"}, {Rounding::toward_zero, "toward_zero"}};
 static_assert(std::size(kRoundings) == size_t(Rounding::toward_zero) + 1, "a JSON name for every Rounding");
+constexpr std::pair<BlockScaleRule, const char*> kBlockRules[] = {{BlockScaleRule::mx_floor, "mx_floor"},
+                                                                  {BlockScaleRule::mx_ceil, "mx_ceil"},
+                                                                  {BlockScaleRule::f32_amax, "f32_amax"},
+                                                                  {BlockScaleRule::nvfp4, "nvfp4"},
+                                                                  {BlockScaleRule::e4m3_amax, "e4m3_amax"}};
+static_assert(std::size(kBlockRules) == size_t(BlockScaleRule::e4m3_amax) + 1, "a JSON name for every BlockScaleRule");
+
+// The block scale rule a config has when its JSON names none (every recipe before the field):
+// f32 scales for block scaling, the OCP floor for MX (QuantizerConfig's default, which MX reads
+// as floor).
+BlockScaleRule default_block_rule(Scaling s) { return s == Scaling::block ? BlockScaleRule::f32_amax : QuantizerConfig{}.block.rule; }
 
 json role_json(const QuantizerConfig& c) {
   json j = {{"scaling", scaling_name(c.scaling)},
@@ -39,6 +50,13 @@ json role_json(const QuantizerConfig& c) {
   // recipe recorded in every checkpoint before the field existed) is unchanged.
   for (const auto& [r, name] : kRoundings)
     if (r == c.rounding && r != Rounding::nearest_even) j["rounding"] = name;
+  // The block scale rule, only where it is not the scaling's default (MX reads any rule but
+  // mx_ceil as the OCP floor).
+  const bool rule_named = c.scaling == Scaling::mx ? c.block.rule == BlockScaleRule::mx_ceil
+                                                   : c.scaling == Scaling::block && c.block.rule != BlockScaleRule::f32_amax;
+  for (const auto& [r, name] : kBlockRules)
+    if (r == c.block.rule && rule_named) j["block_scale"] = name;
+  if (c.transform != Transform::none) j["transform"] = transform_name(c.transform);
   return j;
 }
 
@@ -91,7 +109,9 @@ json parse_without_duplicate_keys(const std::string& text) {
 }
 
 QuantizerConfig role_from(const json& j, const char* where) {
-  only_known_fields(j, {"scaling", "format", "margin", "history", "reduce", "update_interval", "bias", "block", "saturate", "rounding"},
+  only_known_fields(j,
+                    {"scaling", "format", "margin", "history", "reduce", "update_interval", "bias", "block", "saturate", "rounding",
+                     "block_scale", "transform"},
                     where);
   QuantizerConfig c;
   c.scaling = parse_scaling(field<std::string>(j, "scaling", where));
@@ -109,7 +129,22 @@ QuantizerConfig role_from(const json& j, const char* where) {
   const std::string in_block = std::string(where) + ".block";
   c.block.rows = size_t(int_field(dims, "rows", in_block.c_str(), 1, 4096));
   c.block.cols = size_t(int_field(dims, "cols", in_block.c_str(), 1, 4096));
-  if (c.scaling == Scaling::block) c.block.rule = BlockScaleRule::f32_amax;
+  c.block.rule = default_block_rule(c.scaling);
+  if (j.contains("block_scale")) {
+    const std::string rule = field<std::string>(j, "block_scale", where);
+    const auto* known = std::find_if(std::begin(kBlockRules), std::end(kBlockRules), [&](const auto& e) { return rule == e.second; });
+    if (known == std::end(kBlockRules))
+      throw Error(std::string("recipe: block_scale must be mx_floor, mx_ceil, f32_amax, nvfp4 or e4m3_amax in ") + where + ", got '" +
+                  rule + "'");
+    c.block.rule = known->first;
+  }
+  if (j.contains("transform")) {
+    try {
+      c.transform = parse_transform(field<std::string>(j, "transform", where));
+    } catch (const Error& e) {
+      throw Error(std::string("recipe: ") + e.what() + " in " + where);
+    }
+  }
   c.saturate = !j.contains("saturate") || field<bool>(j, "saturate", where);
   if (j.contains("rounding")) {
     const std::string rounding = field<std::string>(j, "rounding", where);
@@ -272,8 +307,21 @@ void Recipe::validate() const {
              std::string(format_name(c.format)));
     if (c.scaling == Scaling::scalify && !scaled_state)
       refuse(where + ": SCALIFY scaling propagates the parameters' scales, so it needs scaled_state");
-    if (c.rounding == Rounding::stochastic && c.blockwise())
-      refuse(where + ": stochastic rounding is implemented for per-tensor scaling only, not block or MX scaling");
+    if (c.scaling == Scaling::mx && c.block.rule != BlockScaleRule::mx_floor && c.block.rule != BlockScaleRule::mx_ceil &&
+        c.block.rule != QuantizerConfig{}.block.rule)
+      refuse(where + ": MX scales are powers of two: block_scale must be mx_floor or mx_ceil");
+    if (c.transform != Transform::none && c.scaling == Scaling::scalify)
+      refuse(where + ": a transform changes the data, which SCALIFY's propagated scale describes");
+  }
+  // A transform is undone by the GEMM partner's: only the weight-gradient GEMM, whose reduction
+  // runs over the tokens, takes one, on both operands alike.
+  if (linear.quantized) {
+    for (const QuantizerConfig* c :
+         {&linear.forward.activation, &linear.forward.weight, &linear.input_grad.gradient, &linear.input_grad.weight})
+      if (c->transform != Transform::none)
+        refuse("a transform applies to the weight-gradient GEMM's operands only (linear.weight_grad), along the tokens");
+    if (linear.weight_grad.activation.transform != linear.weight_grad.gradient.transform)
+      refuse("linear.weight_grad: its activation and gradient need the same transform (the GEMM undoes it only then)");
   }
   // Scale propagation runs through a GEMM only when both its operands carry their scales.
   if (linear.quantized && !linear.all_scalify())
@@ -353,6 +401,46 @@ void casts(Recipe& r, Format forward, Format backward, bool unit_scaled) {
 // Per-tensor FP8 (seed 003, TransformerEngine): e4m3 forward, e5m2 gradients.
 void fp8(Recipe& r, Scaling s) { r.linear = roles(s, Format::e4m3, Format::e5m2); }
 
+// FP4 training (issue 31). NVFP4 as TransformerEngine's NVFP4BlockScaling and the NVFP4
+// pretraining paper (arXiv 2509.25149) define it: E2M1 operands, E4M3 block scales under an f32
+// tensor scale (BlockScaleRule::nvfp4); 1 x 16 blocks along the reduction for activations and
+// gradients, 16 x 16 for weights (the forward and transposed copies are the same numbers);
+// stochastic rounding on the gradients only; the 16 x 16 random Hadamard transform on both
+// operands of the weight-gradient GEMM only; the last block's linear layers in high precision
+// (the paper keeps about the last 16 % of the linear layers in BF16). Each piece can be taken away
+// (the ablation presets); MXFP4 swaps the NVFP4 blocks for OCP MX ones (32 elements, E8M0 scales)
+// and keeps the other pieces.
+struct Fp4Pieces {
+  bool mx = false;  // MXFP4 blocks instead of NVFP4's
+  BlockScaleRule mx_rule = BlockScaleRule::mx_floor;
+  bool tensor_scale = true;    // NVFP4's f32 tensor scale (else E4M3 block scales alone)
+  bool square_weights = true;  // 16 x 16 weight blocks (else 1 x 16 along the reduction)
+  bool stochastic_gradients = true;
+  bool hadamard = true;
+  bool last_block_high_precision = true;
+};
+void fp4(Recipe& r, const Fp4Pieces& p) {
+  QuantizerConfig a;
+  a.format = Format::e2m1;
+  if (p.mx) {
+    a.scaling = Scaling::mx;
+    a.block.rule = p.mx_rule;
+  } else {
+    a.scaling = Scaling::block;
+    a.block = {1, 16, p.tensor_scale ? BlockScaleRule::nvfp4 : BlockScaleRule::e4m3_amax};
+  }
+  QuantizerConfig w = a, g = a;
+  if (!p.mx && p.square_weights) w.block.rows = 16;
+  if (p.stochastic_gradients) g.rounding = Rounding::stochastic;
+  QuantizerConfig a_wgrad = a, g_wgrad = g;
+  if (p.hadamard) a_wgrad.transform = g_wgrad.transform = Transform::hadamard16;
+  r.linear.quantized = true;
+  r.linear.forward = {a, w};
+  r.linear.input_grad = {g, w};
+  r.linear.weight_grad = {a_wgrad, g_wgrad};
+  if (p.last_block_high_precision) r.high_precision.last_blocks = 1;
+}
+
 const PresetDef kPresets[] = {
     {"f32", [](Recipe&) {}},
     {"scalify_fp16_1", [](Recipe& r) { scalify_row(r, Format::f16, Format::f16); }},
@@ -403,6 +491,14 @@ const PresetDef kPresets[] = {
      }},
     {"fp16_unscaled", [](Recipe& r) { casts(r, Format::f16, Format::f16, false); }},
     {"fp8_unscaled", [](Recipe& r) { casts(r, Format::e4m3, Format::e5m2, false); }},
+    {"nvfp4", [](Recipe& r) { fp4(r, {}); }},
+    {"nvfp4_no_hadamard", [](Recipe& r) { fp4(r, {.hadamard = false}); }},
+    {"nvfp4_no_sr", [](Recipe& r) { fp4(r, {.stochastic_gradients = false}); }},
+    {"nvfp4_1x16_weights", [](Recipe& r) { fp4(r, {.square_weights = false}); }},
+    {"nvfp4_no_tensor_scale", [](Recipe& r) { fp4(r, {.tensor_scale = false}); }},
+    {"nvfp4_all_layers", [](Recipe& r) { fp4(r, {.last_block_high_precision = false}); }},
+    {"mxfp4", [](Recipe& r) { fp4(r, {.mx = true}); }},
+    {"mxfp4_rceil", [](Recipe& r) { fp4(r, {.mx = true, .mx_rule = BlockScaleRule::mx_ceil}); }},
 };
 
 }  // namespace
