@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <limits>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -89,6 +90,22 @@ TEST(Fp4, BlockQuantisationMatchesThePublishedDefinitionsBitForBit) {
     for (size_t i = 0; i < c.scales.size(); ++i) ASSERT_EQ(q.scales[i], c.scales[i]) << c.name << " block " << i;
     EXPECT_EQ(q.tensor_scale, c.tensor_scale) << c.name;
   }
+}
+
+// The NVFP4 block scale's fast e4m3 rounding equals the scalar codec's (nearest even,
+// saturating), over every e4m3 value, every midpoint between two and their neighbours, and a
+// sweep of 2^-12 .. 2^10.
+TEST(Fp4, E4m3NearestEqualsTheCodec) {
+  auto codec = [](float v) { return decode(Format::e4m3, encode(Format::e4m3, v, {.overflow = Overflow::saturate})); };
+  std::vector<float> probes = {0.0f, 448.0f, 463.9f, 464.0f, 465.0f, 1e30f, std::numeric_limits<float>::infinity()};
+  for (uint32_t c = 0; c < 127; ++c) {
+    const float v = decode(Format::e4m3, c), next = decode(Format::e4m3, c + 1);
+    probes.insert(probes.end(), {v, std::nextafter(v, 0.0f), std::nextafter(v, 1e9f)});
+    if (c < 126)
+      probes.insert(probes.end(), {0.5f * (v + next), std::nextafter(0.5f * (v + next), 0.0f), std::nextafter(0.5f * (v + next), 1e9f)});
+  }
+  for (float v = 0x1p-12f; v < 0x1p10f; v *= 1.0013f) probes.push_back(v);
+  for (float v : probes) ASSERT_EQ(e4m3_nearest(v), codec(v)) << v;
 }
 
 // value = code * block scale * tensor scale, in that order in f32.

@@ -33,6 +33,13 @@ namespace {
 float pow2f(int k) { return k >= -126 && k <= 127 ? std::bit_cast<float>(uint32_t(k + 127) << 23) : std::ldexp(1.0f, k); }
 }  // namespace
 
+float e4m3_nearest(float v) {
+  if (!(v < 448.0f)) return 448.0f;
+  const int e = v < 0x1p-6f ? -6 : std::ilogb(v);  // the subnormals share the quantum 2^-9
+  const float quantum = pow2f(e - 3);
+  return std::nearbyint(v / quantum) * quantum;  // exact scalings around a rounding to nearest even
+}
+
 float nvfp4_tensor_encode(float amax) {
   if (!(amax > 0.0f) || !std::isfinite(amax)) return 1.0f;
   return std::min(448.0f * 6.0f / amax, std::numeric_limits<float>::max());
@@ -42,7 +49,7 @@ float block_scale(float amax, Format element, BlockScaleRule rule, float tensor_
   if (!std::isfinite(amax)) return std::numeric_limits<float>::quiet_NaN();
   if (rule == BlockScaleRule::nvfp4 || rule == BlockScaleRule::e4m3_amax) {
     const float s = rule == BlockScaleRule::nvfp4 ? tensor_encode : 1.0f;
-    return decode(Format::e4m3, encode(Format::e4m3, amax / float(max_value(element)) * s, {.overflow = Overflow::saturate}));
+    return e4m3_nearest(amax / float(max_value(element)) * s);
   }
   const FormatInfo& f = info(element);
   if (rule == BlockScaleRule::f32_amax) {

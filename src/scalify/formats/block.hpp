@@ -79,6 +79,9 @@ struct BlockQuantized {
 // cases (amax 0: 2^-127 for MX, 1 for f32, 0 for the e4m3 rules; amax NaN/inf: NaN).
 // `tensor_encode`: nvfp4's S (other rules ignore it).
 float block_scale(float amax, Format element, BlockScaleRule rule, float tensor_encode = 1);
+// The e4m3 value nearest to v >= 0 (ties to even, saturating at 448): the scalar codec's
+// decode(encode(v)) by exponent arithmetic, for the NVFP4 block scale of every block.
+float e4m3_nearest(float v);
 // nvfp4's tensor encode scale S from the tensor's abs-max (the rule's comment).
 float nvfp4_tensor_encode(float amax);
 

@@ -12,23 +12,28 @@ ScaledTensor hadamard16_rows(const ScaledTensor& x) {
   const Tensor in = x.data.to(DType::f32).contiguous();
   Tensor out = in.clone();
   const int64_t rows = in.size(0), cols = in.size(1), blocks = rows / 16;
-  const float* src = in.data<float>();
   float* dst = out.data<float>();
-  // (1/4) H16 D: the entries are ±1/4, exact; each output is a sum of 16 products in f32.
-  float m[16][16];
-  for (int i = 0; i < 16; ++i)
-    for (int j = 0; j < 16; ++j) m[i][j] = 0.25f * float(hadamard16_entry(i, j) * kHadamardSigns[size_t(j)]);
+  // Per block of 16 rows: the signs D, then H16 as the fast Walsh-Hadamard transform (4 stages of
+  // sums and differences of row pairs, natural order: H16[i][j] = (-1)^popcount(i & j)), then 1/4.
 #pragma omp parallel for if (rows * cols > platform::kParallelGrain)
-  for (int64_t b = 0; b < blocks; ++b)
-    for (int i = 0; i < 16; ++i) {
-      float* o = dst + (b * 16 + i) * cols;
-      for (int64_t c = 0; c < cols; ++c) o[c] = 0.0f;
-      for (int j = 0; j < 16; ++j) {
-        const float* s = src + (b * 16 + j) * cols;
-        const float w = m[i][j];
-        for (int64_t c = 0; c < cols; ++c) o[c] += w * s[c];
-      }
-    }
+  for (int64_t b = 0; b < blocks; ++b) {
+    float* o = dst + b * 16 * cols;
+    for (int i = 0; i < 16; ++i)
+      if (kHadamardSigns[size_t(i)] < 0)
+        for (int64_t c = 0; c < cols; ++c) o[i * cols + c] = -o[i * cols + c];
+    for (int h = 1; h < 16; h *= 2)
+      for (int i = 0; i < 16; i += 2 * h)
+        for (int j = i; j < i + h; ++j) {
+          float* u = o + j * cols;
+          float* v = o + (j + h) * cols;
+          for (int64_t c = 0; c < cols; ++c) {
+            const float a = u[c], d = v[c];
+            u[c] = a + d;
+            v[c] = a - d;
+          }
+        }
+    for (int64_t k = 0; k < 16 * cols; ++k) o[k] *= 0.25f;
+  }
   ScaledTensor r = x;
   r.data = out;
   return r;
