@@ -99,7 +99,9 @@ expect_error "--sweep HI takes a whole number in [-64, 64], got '99999999999'" q
 expect_error "--sweep LO takes a whole number in [-64, 64], got ''" quantize "$out/cmp/runs/f32" --sweep :3
 expect_error "--bias takes a whole number in [-64, 64], got ''" quantize "$out/cmp/runs/f32" --out "$out/q2.safetensors" --method cscale --bias ""
 expect_error "--bias applies to --method cscale only" quantize "$out/cmp/runs/f32" --out "$out/q2.safetensors" --bias 3
-expect_error "it takes neither --method nor --bias" quantize "$out/cmp/runs/f32" --sweep 0:1 --method mx
+expect_error "it takes neither --method, --bias nor --weights-only" quantize "$out/cmp/runs/f32" --sweep 0:1 --method mx
+expect_error "it takes neither --method, --bias nor --weights-only" quantize "$out/cmp/runs/f32" --sweep 0:1 --weights-only
+expect_error "unknown quantisation method 'nvfp8' (valid: amax, cscale, mx, nvfp4, mxfp4)" quantize "$out/cmp/runs/f32" --out "$out/q3.safetensors" --method nvfp8
 expect_error "is the checkpoint being quantised" quantize "$out/cmp/runs/f32" --out "$out/cmp/runs/f32/checkpoint.safetensors"
 mkdir -p "$out/emptyrun"
 expect_error "'$out/emptyrun' holds no checkpoint.safetensors" inspect "$out/emptyrun"

@@ -103,23 +103,26 @@ void add_inspect_commands(CLI::App& app) {
 
   struct QuantizeArgs {
     std::string checkpoint, out, method = "amax", sweep, data, bias = "0";
+    bool weights_only = false;
   };
   auto qa = std::make_shared<QuantizeArgs>();
-  auto* q = app.add_subcommand("quantize",
-                               "Post-training quantisation of a checkpoint's linear layers to FP8 e4m3 (FP8-AMAX, FP8-CSCALE or MXFP8); "
-                               "`scalify eval` runs the result. --sweep LO:HI compares them instead (seed 003 Table 3)");
+  auto* q = app.add_subcommand(
+      "quantize",
+      "Post-training quantisation of a checkpoint's linear layers to FP8 e4m3 (FP8-AMAX, FP8-CSCALE, MXFP8) or FP4 e2m1 (NVFP4, MXFP4); "
+      "`scalify eval` runs the result. --sweep LO:HI compares them instead (seed 003 Table 3)");
   q->add_option("checkpoint", qa->checkpoint, "checkpoint .safetensors or run folder")->required();
   q->add_option("--out", qa->out, "quantised checkpoint to write (.safetensors), or with --sweep a folder for sweep.md/csv");
-  auto* method =
-      q->add_option("--method", qa->method, "amax (per-tensor bias from amax), cscale (one constant bias), mx (MXFP8); default amax");
+  auto* method = q->add_option("--method", qa->method,
+                               "amax (per-tensor bias from amax), cscale (one constant bias), mx (MXFP8), nvfp4, mxfp4; default amax");
+  auto* weights_only = q->add_flag("--weights-only", qa->weights_only, "quantise the weights only; the activations stay f32");
   auto* bias = q->add_option("--bias", qa->bias, "cscale: the scaling bias b in [-64, 64] (values are cast as x * 2^b); default 0");
-  auto* sweep =
-      q->add_option("--sweep", qa->sweep, "LO:HI: validation loss of f32, FP8-AMAX, MXFP8 and FP8-CSCALE for every bias in [LO, HI]");
+  auto* sweep = q->add_option("--sweep", qa->sweep,
+                              "LO:HI: validation loss of f32, FP8-AMAX, MXFP8, NVFP4, MXFP4 and FP8-CSCALE for every bias in [LO, HI]");
   q->add_option("--data", qa->data, "--sweep: corpus (default: the run's)");
-  q->callback([qa, method, bias, sweep] {
+  q->callback([qa, method, bias, sweep, weights_only] {
     if (sweep->count() == 0) {
       if (qa->out.empty()) throw Error("quantize: --out FILE.safetensors is required");
-      train::PtqOptions o{train::parse_ptq_method(qa->method), parse_int_in("--bias", qa->bias, -64, 64)};
+      train::PtqOptions o{train::parse_ptq_method(qa->method), parse_int_in("--bias", qa->bias, -64, 64), !qa->weights_only};
       if (bias->count() > 0 && o.method != train::PtqMethod::cscale) throw Error("quantize: --bias applies to --method cscale only");
       if (!qa->data.empty()) throw Error("quantize: --data applies to --sweep only (eval takes --data for the quantised file)");
       const std::vector<train::PtqWeight> w = train::quantize_checkpoint(qa->checkpoint, qa->out, o);
@@ -128,20 +131,22 @@ void add_inspect_commands(CLI::App& app) {
         worst_under = std::max(worst_under, x.underflow);
         worst_clip = std::max(worst_clip, x.clipped);
       }
-      std::printf("wrote %s: %zu linear weights in e4m3 (%s%s); largest underflow %.3f%%, largest clipped %.3f%%\n", qa->out.c_str(),
-                  w.size(), qa->method.c_str(), o.method == train::PtqMethod::cscale ? (", bias " + std::to_string(o.bias)).c_str() : "",
-                  100 * worst_under, 100 * worst_clip);
+      const bool fp4 = o.method == train::PtqMethod::nvfp4 || o.method == train::PtqMethod::mxfp4;
+      std::printf("wrote %s: %zu linear weights in %s (%s%s%s); largest underflow %.3f%%, largest clipped %.3f%%\n", qa->out.c_str(),
+                  w.size(), fp4 ? "e2m1" : "e4m3", qa->method.c_str(),
+                  o.method == train::PtqMethod::cscale ? (", bias " + std::to_string(o.bias)).c_str() : "",
+                  o.activations ? "" : ", weights only", 100 * worst_under, 100 * worst_clip);
       return;
     }
-    if (bias->count() + method->count() > 0)
-      throw Error("quantize: --sweep runs every method and bias; it takes neither --method nor --bias");
+    if (bias->count() + method->count() + weights_only->count() > 0)
+      throw Error("quantize: --sweep runs every method and bias; it takes neither --method, --bias nor --weights-only");
     const size_t colon = qa->sweep.find(':');
     if (colon == std::string::npos) throw Error("quantize: --sweep takes LO:HI (e.g. -8:12), got '" + qa->sweep + "'");
     const int lo = parse_int_in("--sweep LO", qa->sweep.substr(0, colon), -64, 64);
     const int hi = parse_int_in("--sweep HI", qa->sweep.substr(colon + 1), -64, 64);
     if (!qa->out.empty()) check_out_folder(qa->out);
     auto print = status_printer();
-    print("sweeping " + std::to_string(hi - lo + 3) + " evaluations...");
+    print("sweeping " + std::to_string(hi - lo + 7) + " evaluations...");
     const std::vector<train::PtqSweepRow> rows = train::ptq_sweep(qa->checkpoint, lo, hi, qa->data);
     std::fprintf(stderr, "\n");
     const std::string md = train::ptq_sweep_markdown(rows);

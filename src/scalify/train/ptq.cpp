@@ -25,20 +25,25 @@ const char* ptq_method_name(PtqMethod m) {
     case PtqMethod::amax: return "amax";
     case PtqMethod::cscale: return "cscale";
     case PtqMethod::mx: return "mx";
+    case PtqMethod::nvfp4: return "nvfp4";
+    case PtqMethod::mxfp4: return "mxfp4";
   }
   return "?";
 }
 
 PtqMethod parse_ptq_method(const std::string& name) {
-  for (PtqMethod m : {PtqMethod::amax, PtqMethod::cscale, PtqMethod::mx})
+  for (PtqMethod m : {PtqMethod::amax, PtqMethod::cscale, PtqMethod::mx, PtqMethod::nvfp4, PtqMethod::mxfp4})
     if (name == ptq_method_name(m)) return m;
-  throw Error("unknown quantisation method '" + name + "' (valid: amax, cscale, mx)");
+  throw Error("unknown quantisation method '" + name + "' (valid: amax, cscale, mx, nvfp4, mxfp4)");
 }
 
 namespace {
 
-constexpr Format kElement = Format::e4m3;
 constexpr int kPtqVersion = 2;  // 2: with checksums (io/safetensors.hpp); 1 (before them) still loads
+
+// The element format of a method's weights, and its block length along the reduction (0: none).
+Format element_of(PtqMethod m) { return m == PtqMethod::nvfp4 || m == PtqMethod::mxfp4 ? Format::e2m1 : Format::e4m3; }
+int64_t block_of(PtqMethod m) { return m == PtqMethod::nvfp4 ? 16 : m == PtqMethod::mx || m == PtqMethod::mxfp4 ? 32 : 0; }
 
 void check(const PtqOptions& o) {
   if (o.bias < -64 || o.bias > 64) throw Error("quantize: the scaling bias must be in [-64, 64], got " + std::to_string(o.bias));
@@ -48,7 +53,7 @@ void check(const PtqOptions& o) {
 // dimension K of x[rows, K] @ w[K, N]), activations at every batch (MX along their rows).
 quant::QuantizerConfig role(const PtqOptions& o, bool weight) {
   quant::QuantizerConfig c;
-  c.format = kElement;
+  c.format = element_of(o.method);
   c.margin = 0;
   switch (o.method) {
     case PtqMethod::amax: c.scaling = quant::Scaling::amax_bias; break;
@@ -57,8 +62,13 @@ quant::QuantizerConfig role(const PtqOptions& o, bool weight) {
       c.bias = o.bias;
       break;
     case PtqMethod::mx:
+    case PtqMethod::mxfp4:
       c.scaling = quant::Scaling::mx;
       c.block = weight ? BlockSpec{32, 1, BlockScaleRule::mx_floor} : BlockSpec{1, 32, BlockScaleRule::mx_floor};
+      break;
+    case PtqMethod::nvfp4:
+      c.scaling = quant::Scaling::block;
+      c.block = weight ? BlockSpec{16, 1, BlockScaleRule::nvfp4} : BlockSpec{1, 16, BlockScaleRule::nvfp4};
       break;
   }
   return c;
@@ -72,7 +82,7 @@ quant::Recipe inference_recipe(const PtqOptions& o) {
   quant::QuantizerConfig as_given;
   as_given.scaling = quant::Scaling::none;
   as_given.format = Format::f32;
-  r.linear = quant::LinearRecipe::uniform(as_given, role(o, false), as_given);
+  r.linear = quant::LinearRecipe::uniform(as_given, o.activations ? role(o, false) : as_given, as_given);
   return r;
 }
 
@@ -95,8 +105,10 @@ struct QuantizedWeight {
 };
 
 QuantizedWeight quantize_weight(const std::string& name, const Tensor& w, const PtqOptions& o) {
-  if (o.method == PtqMethod::mx && w.size(0) % 32 != 0)
-    throw Error("quantize: MX needs the reduction dimension of '" + name + "' (" + std::to_string(w.size(0)) + ") to be a multiple of 32");
+  const int64_t block = block_of(o.method);
+  if (block > 0 && w.size(0) % block != 0)
+    throw Error(std::string("quantize: ") + ptq_method_name(o.method) + " needs the reduction dimension of '" + name + "' (" +
+                std::to_string(w.size(0)) + ") to be a multiple of " + std::to_string(block));
   quant::Quantizer quantizer(role(o, true));
   QuantizedWeight r{quantizer.quantize(w), {}};
   const quant::QuantStats& st = quantizer.last();
@@ -137,20 +149,24 @@ std::vector<PtqWeight> quantize_checkpoint(const std::string& checkpoint, const 
       st.tensors.emplace_back("param." + name + ".scale", Tensor::full({}, q.q.per_tensor.scalar_scale()));
     } else {
       const BlockQuantized& b = q.q.blocks;
-      Tensor codes = Tensor::empty(v.shape(), dtype_of(kElement));
+      Tensor codes = Tensor::empty(v.shape(), dtype_of(b.element));
       std::memcpy(codes.raw_bytes(), b.codes.data(), b.codes.size());
-      Tensor scales = Tensor::empty({int64_t(b.scale_rows()), int64_t(b.scale_cols())}, DType::e8m0);
-      const std::vector<uint8_t> e8m0 = b.e8m0_scales();
-      std::memcpy(scales.raw_bytes(), e8m0.data(), e8m0.size());
+      const Shape scale_shape{int64_t(b.scale_rows()), int64_t(b.scale_cols())};
+      if (pow2_block_scales(b.block.rule)) {
+        Tensor scales = Tensor::empty(scale_shape, DType::e8m0);
+        const std::vector<uint8_t> e8m0 = b.e8m0_scales();
+        std::memcpy(scales.raw_bytes(), e8m0.data(), e8m0.size());
+        st.tensors.emplace_back("param." + name + ".scale", scales);
+      } else {  // NVFP4: E4M3 block scales (each an e4m3 value: the cast is exact) and the f32 tensor scale
+        st.tensors.emplace_back("param." + name + ".scale", Tensor::from_vector(b.scales, scale_shape).to(DType::e4m3));
+        st.tensors.emplace_back("param." + name + ".tensor_scale", Tensor::full({}, b.tensor_scale));
+      }
       st.tensors.emplace_back("param." + name, codes);
-      st.tensors.emplace_back("param." + name + ".scale", scales);
     }
   }
-  const json ptq = {{"version", kPtqVersion},
-                    {"method", ptq_method_name(o.method)},
-                    {"element", std::string(format_name(kElement))},
-                    {"bias", o.bias},
-                    {"source_step", checkpoint_step(src, checkpoint_file(checkpoint))}};
+  const json ptq = {
+      {"version", kPtqVersion}, {"method", ptq_method_name(o.method)}, {"element", std::string(format_name(element_of(o.method)))},
+      {"bias", o.bias},         {"activations", o.activations},        {"source_step", checkpoint_step(src, checkpoint_file(checkpoint))}};
   st.metadata = {{"config", cfg.to_toml()}, {"scalify.ptq", ptq.dump()}};
   io::write_safetensors(out, st);
   return report;
@@ -158,14 +174,18 @@ std::vector<PtqWeight> quantize_checkpoint(const std::string& checkpoint, const 
 
 namespace {
 
-// A quantised weight's exact values: e4m3 codes decoded and multiplied by their power-of-two
-// scales (MX: per 32-row block of each column).
+// A quantised weight's exact values: its codes decoded and multiplied by their scales (a
+// power of two per tensor; per block of `block_of(method)` rows of each column, E8M0 or NVFP4's
+// E4M3 under its f32 tensor scale).
 template <class Bad>
 Tensor decode_weight(const Tensor& t, const io::SafeTensors& st, const std::string& key, const PtqOptions& o, Bad&& bad) {
-  if (t.dtype() != dtype_of(kElement) || t.dim() != 2) throw bad("is neither f32 nor a 2-D e4m3 weight");
+  const Format element = element_of(o.method);
+  if (t.dtype() != dtype_of(element) || t.dim() != 2)
+    throw bad("is neither f32 nor a 2-D " + std::string(format_name(element)) + " weight");
   if (!st.has(key + ".scale")) throw bad("has no scale");
   const Tensor& scale = st.at(key + ".scale");
-  if (o.method != PtqMethod::mx) {
+  const int64_t block = block_of(o.method);
+  if (block == 0) {
     if (scale.dtype() != DType::f32 || scale.numel() != 1)
       throw bad("needs an f32 scalar scale, has " + std::string(dtype_name(scale.dtype())) + " " + shape_str(scale.shape()));
     const double sc = scale.item();
@@ -178,11 +198,23 @@ Tensor decode_weight(const Tensor& t, const io::SafeTensors& st, const std::stri
     }
   }
   const int64_t K = t.size(0), N = t.size(1);
-  if (scale.dtype() != DType::e8m0 || scale.shape() != Shape{(K + 31) / 32, N}) throw bad("needs E8M0 block scales of shape [K/32, N]");
-  BlockQuantized b{kElement, size_t(K), size_t(N), BlockSpec{32, 1, BlockScaleRule::mx_floor}, {}, {}};
+  const bool nvfp4 = o.method == PtqMethod::nvfp4;
+  const DType scale_dtype = nvfp4 ? DType::e4m3 : DType::e8m0;
+  if (scale.dtype() != scale_dtype || scale.shape() != Shape{(K + block - 1) / block, N})
+    throw bad("needs " + std::string(dtype_name(scale_dtype)) + " block scales of shape [K/" + std::to_string(block) + ", N]");
+  BlockQuantized b{element, size_t(K), size_t(N), BlockSpec{size_t(block), 1, nvfp4 ? BlockScaleRule::nvfp4 : BlockScaleRule::mx_floor},
+                   {},      {}};
   const Tensor codes = t.contiguous();
   b.codes.assign(codes.raw_bytes(), codes.raw_bytes() + K * N);
   b.scales = scale.to_floats();
+  for (float v : b.scales)
+    if (!std::isfinite(v)) throw bad("has a block scale that is not finite");
+  if (nvfp4) {
+    if (!st.has(key + ".tensor_scale") || st.at(key + ".tensor_scale").dtype() != DType::f32 || st.at(key + ".tensor_scale").numel() != 1)
+      throw bad("needs an f32 scalar tensor_scale (NVFP4)");
+    b.tensor_scale = float(st.at(key + ".tensor_scale").item());
+    if (!(b.tensor_scale > 0) || !std::isfinite(b.tensor_scale)) throw bad("has a tensor_scale that is not finite and positive");
+  }
   Tensor v = Tensor::empty({K, N});
   dequantize_blocks(b, std::span(v.data<float>(), size_t(K * N)));
   return v;
@@ -201,9 +233,11 @@ EvalResult evaluate_quantized(const io::SafeTensors& st, const std::string& file
     const json ptq = json::parse(st.metadata.at("scalify.ptq"));
     version = ptq.at("version").get<int>();
     if (version != 1 && version != kPtqVersion) throw Error("version " + ptq.at("version").dump() + ", this build reads 1 and 2");
-    if (ptq.at("element").get<std::string>() != format_name(kElement)) throw Error("element format " + ptq.at("element").dump());
     o.method = parse_ptq_method(ptq.at("method").get<std::string>());
+    if (ptq.at("element").get<std::string>() != format_name(element_of(o.method)))
+      throw Error("element format " + ptq.at("element").dump());
     o.bias = ptq.at("bias").get<int>();
+    o.activations = !ptq.contains("activations") || ptq.at("activations").get<bool>();
     check(o);
   } catch (const std::exception& e) {
     throw Error("quantised checkpoint '" + file + "': bad 'scalify.ptq' metadata (" + e.what() + ")");
@@ -212,7 +246,7 @@ EvalResult evaluate_quantized(const io::SafeTensors& st, const std::string& file
   // Parameters: f32 tensors as they are, weights decoded; nothing non-finite.
   std::map<std::string, Tensor> values;
   for (const auto& [key, t] : st.tensors) {
-    if (!key.starts_with("param.") || key.ends_with(".scale")) continue;
+    if (!key.starts_with("param.") || key.ends_with(".scale") || key.ends_with(".tensor_scale")) continue;
     const std::string name = key.substr(6);
     auto bad = [&](const std::string& why) { return Error("quantised checkpoint '" + file + "': tensor '" + key + "' " + why); };
     if (t.dtype() == DType::f32) {
@@ -247,10 +281,18 @@ std::vector<PtqSweepRow> ptq_sweep(const std::string& checkpoint, int lo, int hi
   };
   run("fp8_amax", {PtqMethod::amax, 0});
   const std::vector<std::string> w = weight_names(*s);
-  if (std::all_of(w.begin(), w.end(), [&](const std::string& n) { return f32.at(n).size(0) % 32 == 0; }))
-    run("mxfp8", {PtqMethod::mx, 0});
-  else  // a model too narrow for 32-element blocks: the row says so
-    rows.push_back({"mxfp8", 0, {NAN, NAN, 0}, NAN, "a reduction dimension is not a multiple of 32"});
+  auto blocked = [&](const char* label, const PtqOptions& o) {
+    const int64_t block = block_of(o.method);
+    if (std::all_of(w.begin(), w.end(), [&](const std::string& n) { return f32.at(n).size(0) % block == 0; }))
+      run(label, o);
+    else  // a model too narrow for the blocks: the row says so
+      rows.push_back({label, 0, {NAN, NAN, 0}, NAN, "a reduction dimension is not a multiple of " + std::to_string(block)});
+  };
+  blocked("mxfp8", {PtqMethod::mx, 0});
+  blocked("nvfp4", {PtqMethod::nvfp4, 0});
+  blocked("nvfp4_weights", {PtqMethod::nvfp4, 0, false});
+  blocked("mxfp4", {PtqMethod::mxfp4, 0});
+  blocked("mxfp4_weights", {PtqMethod::mxfp4, 0, false});
   for (int b = lo; b <= hi; ++b) run("fp8_cscale", {PtqMethod::cscale, b});
   return rows;
 }

@@ -1,15 +1,19 @@
 #pragma once
-// Post-training quantisation to FP8 (seed 003 §3.1, Figure 2): the four linear layers of every
-// block get e4m3 weights, scaled once when quantised — FP8-AMAX (per tensor, bias from its amax),
-// FP8-CSCALE (one constant bias for every weight and activation) or MXFP8 (32-element blocks
-// along the reduction dimension, E8M0 scales) — and their input activations are cast to e4m3
-// at inference the same way (AMAX: per batch from its amax). Embeddings, norms, attention's
-// batched matmuls and the head stay f32, as in training.
+// Post-training quantisation to FP8 (seed 003 §3.1, Figure 2) and FP4: the four linear layers of
+// every block get e4m3 weights, scaled once when quantised — FP8-AMAX (per tensor, bias from its
+// amax), FP8-CSCALE (one constant bias for every weight and activation) or MXFP8 (32-element
+// blocks along the reduction dimension, E8M0 scales) — or e2m1 weights, NVFP4 (16-element blocks
+// along the reduction, E4M3 block scales under an f32 tensor scale) or MXFP4 (32-element blocks,
+// E8M0 scales); their input activations are cast at inference the same way (AMAX: per batch from
+// its amax; FP4 blocks along the rows), or stay f32 (weights only). Embeddings, norms,
+// attention's batched matmuls and the head stay f32, as in training.
 //
-// A quantised checkpoint is a safetensors file: "param.<name>" holds e4m3 codes for the linear
-// weights (with "param.<name>.scale": an f32 scalar decode scale 2^-bias, or E8M0 block scales
-// [K/32, N] for MX) and f32 values for every other parameter; metadata "config" (the source
-// run's) and "scalify.ptq" (method, bias, source step). `scalify eval` runs it.
+// A quantised checkpoint is a safetensors file: "param.<name>" holds the element codes (e4m3 or
+// e2m1) of the linear weights, with "param.<name>.scale" (an f32 scalar decode scale 2^-bias;
+// E8M0 block scales [K/32, N] for MX; E4M3 block scales [K/16, N] for NVFP4, whose f32 tensor
+// scale is "param.<name>.tensor_scale"), and f32 values for every other parameter; metadata
+// "config" (the source run's) and "scalify.ptq" (method, element, bias, activations, source
+// step). `scalify eval` runs it.
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -19,13 +23,14 @@
 
 namespace scalify::train {
 
-enum class PtqMethod : uint8_t { amax, cscale, mx };
+enum class PtqMethod : uint8_t { amax, cscale, mx, nvfp4, mxfp4 };
 const char* ptq_method_name(PtqMethod m);
 PtqMethod parse_ptq_method(const std::string& name);  // throws listing the valid names
 
 struct PtqOptions {
   PtqMethod method = PtqMethod::amax;
-  int bias = 0;  // cscale: the scaling bias b (x * 2^b is cast); in [-64, 64]
+  int bias = 0;             // cscale: the scaling bias b (x * 2^b is cast); in [-64, 64]
+  bool activations = true;  // false: weights only, the activations stay f32
 };
 
 // What quantising one weight did.
@@ -45,10 +50,11 @@ bool is_quantized_checkpoint(const io::SafeTensors& st);
 EvalResult evaluate_quantized(const io::SafeTensors& st, const std::string& file, const std::string& data);
 
 // Seed 003 Table 3 on one model: the validation loss of the f32 checkpoint, its FP8-AMAX and
-// MXFP8 quantisations (NaN when a weight's reduction dimension is not a multiple of 32) and
-// FP8-CSCALE with every bias in [lo, hi], all in memory.
+// MXFP8 quantisations, its NVFP4 and MXFP4 ones (weights and activations, and weights only), each
+// NaN when a weight's reduction dimension is not a multiple of its block, and FP8-CSCALE with
+// every bias in [lo, hi], all in memory.
 struct PtqSweepRow {
-  std::string method;  // "f32", "fp8_amax", "mxfp8", "fp8_cscale"
+  std::string method;  // "f32", "fp8_amax", "mxfp8", "nvfp4", "nvfp4_weights", "mxfp4", "mxfp4_weights", "fp8_cscale"
   int bias = 0;        // fp8_cscale only
   EvalResult eval;
   double relative = 0;  // (loss - f32 loss) / f32 loss
