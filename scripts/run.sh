@@ -2,9 +2,10 @@
 # The main job: build, print the machine, then `scalify compare` — one small GPT (about 0.1M
 # parameters, 300 steps) trained on the default corpus (Debian's fortunes) under every seeded
 # recipe in turn: FP32, SCALIFY FP16/FP8 #1-#4, unit scaling in FP32/FP16/FP8, per-tensor FP8
-# (current, delayed, FP8-AMAX, FP8-CSCALE), MXFP8, blockwise, FP16 with loss scaling and the
-# unscaled FP16/FP8 baselines. Prints the table and the path of the report (report.md, summary.csv,
-# loss.png, loss_delta.png). About 10 minutes on 2 cores; larger models: see docs/RESULTS.md.
+# (current, delayed, FP8-AMAX, FP8-CSCALE), MXFP8, blockwise, FP16 with loss scaling, the
+# unscaled FP16/FP8 baselines, and FP4 (NVFP4, its ablations, MXFP4). Prints the table and the
+# path of the report (report.md, summary.csv, loss.png, loss_delta.png). About 5 minutes on 2
+# cores; larger models: see docs/RESULTS.md.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/build.sh

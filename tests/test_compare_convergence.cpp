@@ -1,8 +1,10 @@
 // Convergence (slow; CI runs it once, natively): a GPT of over 1M parameters on the default corpus,
 // trained under every seeded recipe through `compare`, ends within +0.05 nats of its baseline's
-// validation loss: FP32 for SCALIFY, per-tensor FP8, MXFP8, blockwise and FP16 with loss scaling;
-// unit-scaled FP32 for unit scaling in FP16 and FP8. (The unscaled FP16/FP8 baselines are left
-// out: they are there to fail.) The table is printed whether the test passes or not.
+// validation loss: FP32 for SCALIFY, per-tensor FP8, MXFP8, blockwise, FP16 with loss scaling,
+// NVFP4 and MXFP4; unit-scaled FP32 for unit scaling in FP16 and FP8. NVFP4 also within 2 %
+// (relative) of FP32, the goal issue 31 set (measured -0.05 %). (The unscaled FP16/FP8 baselines
+// and the FP4 ablations are left out: they are there to show what fails.) The table is printed
+// whether the test passes or not.
 #include <gtest/gtest.h>
 
 #include <cstdio>
@@ -24,8 +26,9 @@ TEST(Convergence, EverySeededRecipeReachesItsBaselineOnTheDefaultCorpus) {
   c.base.warmup = 20;
   c.base.eval_every = 100;
   c.base.eval_windows = 256;
-  c.recipes = {"f32",     "scalify_fp16_1", "scalify_fp16_2", "scalify_fp8_3", "scalify_fp8_4", "unit_f32",  "unit_fp16",      "unit_fp8",
-               "current", "delayed",        "fp8_amax",       "fp8_cscale",    "mxfp8",         "blockwise", "f16_loss_scaled"};
+  c.recipes = {"f32",       "scalify_fp16_1", "scalify_fp16_2",  "scalify_fp8_3", "scalify_fp8_4", "unit_f32",
+               "unit_fp16", "unit_fp8",       "current",         "delayed",       "fp8_amax",      "fp8_cscale",
+               "mxfp8",     "blockwise",      "f16_loss_scaled", "nvfp4",         "mxfp4"};
   c.out = testing::scratch("convergence").string();
   ASSERT_GE(c.base.model.parameter_count(), 1000000);
   const compare::CompareReport rep = compare::compare(c, false, {}, "tests/test_compare_convergence");
@@ -39,6 +42,9 @@ TEST(Convergence, EverySeededRecipeReachesItsBaselineOnTheDefaultCorpus) {
     }
     if (o.recipe != o.baseline) {
       EXPECT_LE(o.val_delta, compare::kParityNats) << o.name << " vs " << o.baseline;
+    }
+    if (o.recipe == "nvfp4") {
+      EXPECT_LE(o.val_delta, 0.02 * (o.result.val_loss - o.val_delta)) << "NVFP4 within 2 % of FP32";
     }
   }
 }

@@ -119,23 +119,25 @@ std::vector<std::pair<std::string, const quant::QLinear*>> Gpt::quantized_linear
   return q;
 }
 
+namespace {
+// The weight matrix of a block's linear layer (attention or MLP) or the untied head: the
+// projections of unit scaling's learning-rate rule and the matrices weight decay applies to.
+bool projection_matrix(const std::string& name) {
+  const bool weight = name.size() > 2 && name.compare(name.size() - 2, 2, ".w") == 0;
+  return name == "head" || (weight && (name.find(".attn.") != std::string::npos || name.find(".mlp.") != std::string::npos));
+}
+}  // namespace
+
 double Gpt::lr_multiplier(const std::string& name) const {
   if (!c_.unit_scaled) return 1.0;
   // Unit-scaled parameters are O(1) where standard ones are O(1/sqrt(d)), so Adam's steps must be
   // larger: seed 002 Table A.3 puts unit-scaled Adam's learning rates 2^4 above the standard ones;
   // on the default corpus a sweep (docs/RESULTS.md) found 2^5-2^6 best, and 2^5 is used.
   constexpr double kUnitAdam = 32;
-  const bool weight = name.size() > 2 && name.compare(name.size() - 2, 2, ".w") == 0;
-  const bool projection =
-      name == "head" || (weight && (name.find(".attn.") != std::string::npos || name.find(".mlp.") != std::string::npos));
-  return kUnitAdam * (projection ? 1.0 : 1.0 / std::sqrt(double(c_.d_model)));
+  return kUnitAdam * (projection_matrix(name) ? 1.0 : 1.0 / std::sqrt(double(c_.d_model)));
 }
 
-bool Gpt::decays(const std::string& name) {
-  const bool weight = name.size() > 2 && name.compare(name.size() - 2, 2, ".w") == 0;
-  return name == "wte" || name == "head" ||
-         (weight && (name.find(".attn.") != std::string::npos || name.find(".mlp.") != std::string::npos));
-}
+bool Gpt::decays(const std::string& name) { return name == "wte" || projection_matrix(name); }
 
 Var Gpt::logits(const Tensor& ids, ScaleProbe* probe) const {
   if (ids.dim() != 2 || ids.size(1) > c_.seq || ids.size(1) < 1)
