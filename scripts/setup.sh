@@ -19,6 +19,7 @@ packages=(
   # --no-install-recommends skips, so it is named here.
   ocl-icd-opencl-dev
   libopenblas-dev            # bench_gemm compares oneDNN against OpenBLAS
+  python3-venv python3-dev   # the Python package: its virtual environment and extension headers
 )
 missing=()
 for p in "${packages[@]}"; do

@@ -21,3 +21,7 @@ esac
 echo "== test pass 2/2: limited (SCALIFY_ISA=$limited_isa SCALIFY_GEMM=f32 DNNL_MAX_CPU_ISA=AVX2; slow tests skipped)"
 SCALIFY_ISA="$limited_isa" SCALIFY_GEMM=f32 DNNL_MAX_CPU_ISA=AVX2 \
   ctest --output-on-failure -j"$(nproc)" -LE slow
+
+echo "== the Python package (scripts/test_python.sh)"
+cd ..
+scripts/test_python.sh

@@ -185,7 +185,21 @@ TEST(Ptq, BadInputsNameWhatWasWrong) {
   for (auto& [name, t] : st.tensors)
     if (name == "param.h0.mlp.out.w.scale") t.raw_bytes()[0] = std::byte{0xFF};
   io::write_safetensors((dir / "nan_scale.safetensors").string(), st);
-  EXPECT_ERROR(train::evaluate((dir / "nan_scale.safetensors").string()), "'param.h0.mlp.out.w' has a block scale that is not finite");
+  EXPECT_ERROR(train::evaluate((dir / "nan_scale.safetensors").string()),
+               "'param.h0.mlp.out.w' has a block scale that is negative or not finite");
+  // An NVFP4 file with a byte that is no e2m1 code, and one with a negative E4M3 block scale.
+  const std::string nv = (dir / "nv.safetensors").string();
+  train::quantize_checkpoint(src, nv, {train::PtqMethod::nvfp4, 0});
+  st = io::read_safetensors(nv);
+  for (auto& [name, t] : st.tensors)
+    if (name == "param.h0.mlp.fc.w") t.raw_bytes()[5] = std::byte{0xFF};
+  io::write_safetensors((dir / "bad_code.safetensors").string(), st);
+  EXPECT_ERROR(train::evaluate((dir / "bad_code.safetensors").string()), "'param.h0.mlp.fc.w' holds a byte that is no e2m1 code");
+  st = io::read_safetensors(nv);
+  for (auto& [name, t] : st.tensors)
+    if (name == "param.h0.mlp.fc.w.scale") t.raw_bytes()[0] |= std::byte{0x80};  // the E4M3 sign bit
+  io::write_safetensors((dir / "negative_scale.safetensors").string(), st);
+  EXPECT_ERROR(train::evaluate((dir / "negative_scale.safetensors").string()), "'param.h0.mlp.fc.w' has a block scale that is negative");
   st = io::read_safetensors(good);
   for (auto& [name, t] : st.tensors)
     if (name == "param.lnf.w") t.data<float>()[3] = std::numeric_limits<float>::quiet_NaN();

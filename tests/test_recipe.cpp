@@ -220,6 +220,10 @@ TEST(Recipe, HighPrecisionLayersAreLeftUnquantised) {
             "h2.attn.qkv h2.attn.proj h2.mlp.fc h2.mlp.out");
   EXPECT_EQ(quantised({.first_blocks = 1, .last_blocks = 1, .layers = {}}), "h1.attn.qkv h1.attn.proj h1.mlp.fc h1.mlp.out");
   EXPECT_EQ(quantised({.layers = {"*.attn.*", "h2.mlp.out"}}), "h0.mlp.fc h0.mlp.out h1.mlp.fc h1.mlp.out h2.mlp.fc");
+  EXPECT_EQ(quantised({.layers = {"h?.mlp.fc", "*o*t", "h1*"}}),
+            "h0.attn.qkv h0.attn.proj h0.mlp.fc h2.attn.qkv h2.attn.proj h2.mlp.fc");  // '?' is literal
+  // Many stars cost no time (the matcher keeps one backtrack point).
+  EXPECT_EQ(quantised({.layers = {std::string(200, '*') + "x"}}), quantised({}));
   EXPECT_EQ(quantised({.first_blocks = 3, .last_blocks = 0, .layers = {}}), "");
   Recipe r = preset("current");
   r.high_precision.last_blocks = 2;
@@ -238,7 +242,10 @@ TEST(Recipe, PerGemmPartsThatCannotBeMeantTogetherAreRefusedByName) {
                "recipe 'scalify_fp8_3': linear.forward.activation: SCALIFY scaling applies to every operand of every GEMM or to none");
   Recipe empty = preset("current");
   empty.high_precision.layers = {""};
-  EXPECT_ERROR(empty.validate(), "high_precision.layers: an empty pattern");
+  EXPECT_ERROR(empty.validate(), "high_precision.layers: a pattern must have 1 to 256 characters");
+  Recipe nvfp4_e4m3 = preset("nvfp4");
+  nvfp4_e4m3.linear.forward.activation.format = Format::e4m3;
+  EXPECT_ERROR(nvfp4_e4m3.validate(), "linear.forward.activation: NVFP4's E4M3 block scales");
   std::string text = preset("current").to_json();
   text.replace(text.find("\"weight\""), 8, "\"wieght\"");
   EXPECT_ERROR(Recipe::from_json(text), "unknown field 'wieght' in linear");

@@ -146,7 +146,7 @@ void add_inspect_commands(CLI::App& app) {
     const int hi = parse_int_in("--sweep HI", qa->sweep.substr(colon + 1), -64, 64);
     if (!qa->out.empty()) check_out_folder(qa->out);
     auto print = status_printer();
-    print("sweeping " + std::to_string(hi - lo + 7) + " evaluations...");
+    print("sweeping " + std::to_string(hi - lo + 8) + " evaluations...");
     const std::vector<train::PtqSweepRow> rows = train::ptq_sweep(qa->checkpoint, lo, hi, qa->data);
     std::fprintf(stderr, "\n");
     const std::string md = train::ptq_sweep_markdown(rows);

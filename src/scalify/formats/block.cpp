@@ -96,7 +96,10 @@ struct BlockPlan {
     // One f32 multiply by S / b (TransformerEngine's encode), then the element cast.
     p.scale = block_scale(std::bit_cast<float>(block_amax), element, spec.rule, tensor_encode);
     p.keep = !std::isnan(p.scale);
-    p.mul = p.scale > 0 ? (spec.rule == BlockScaleRule::nvfp4 ? tensor_encode : 1.0f) / p.scale : 0.0f;
+    // S / b is clamped as TransformerEngine clamps it: a tensor of amax below ~1e-32 has S near
+    // the f32 maximum, where S / b would be inf (and 0 * inf NaN).
+    p.mul = p.scale > 0 ? std::min((spec.rule == BlockScaleRule::nvfp4 ? tensor_encode : 1.0f) / p.scale, std::numeric_limits<float>::max())
+                        : 0.0f;
     return p;
   }
   // MX floor rule on a normal amax (nearly every block): the scale's exponent straight from the

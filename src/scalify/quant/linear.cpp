@@ -160,7 +160,7 @@ ScaledTensor gemm(const GemmPlan& p, bool propagate, bool ta, bool tb, int64_t M
 // configuration, per-tensor (block scales depend on the orientation).
 bool reuses(const LinearRecipe& r, Slot later, Slot earlier) {
   const QuantizerConfig& a = config_of(r, later);
-  return a == config_of(r, earlier) && !a.blockwise();
+  return a == config_of(r, earlier) && !a.blockwise() && a.transform == Transform::none;
 }
 
 }  // namespace
@@ -173,6 +173,12 @@ uint64_t layer_stream(std::string_view name) {
 
 QLinear::QLinear(LinearRecipe recipe, uint64_t stream)
     : recipe_(std::move(recipe)), quantizers_(std::make_shared<std::vector<Quantizer>>()) {
+  // A transform is undone only by its GEMM partner's (Recipe::validate says so by name too).
+  const LinearRecipe& r = recipe_;
+  for (const QuantizerConfig* c : {&r.forward.activation, &r.forward.weight, &r.input_grad.gradient, &r.input_grad.weight})
+    if (c->transform != Transform::none) throw Error("linear: a transform applies to the weight-gradient GEMM's operands only");
+  if (r.weight_grad.activation.transform != r.weight_grad.gradient.transform)
+    throw Error("linear: the weight-gradient GEMM's activation and gradient need the same transform");
   // Each operand draws its own stochastic-rounding bits.
   for (size_t i = 0; i < kSlots; ++i)
     quantizers_->emplace_back(oriented(config_of(recipe_, Slot(i)), kReducesAlongRows[i]), stream * 8 + i);

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <iterator>
+#include <limits>
 #include <atomic>
 #include <bit>
 #include <cmath>
@@ -94,14 +95,15 @@ void block_statistics(const Tensor& xs, const BlockQuantized& q, QuantStats& st)
     for (size_t c = 0; c < q.cols; ++c) {
       const size_t i = r * q.cols + c;
       const float v = std::fabs(x[i]);
-      amax = std::max(amax, v);
+      amax = std::isnan(v) || std::isnan(amax) ? std::numeric_limits<float>::quiet_NaN() : std::max(amax, v);
       if (v == 0 || !std::isfinite(v)) continue;
       ++nonzero;
       underflow += back[i] == 0;
       // The block's largest value, computed in double: a relative 2^-20 allows for the f32
-      // rounding of an amax-derived scale (f32_amax: amax / 448 * 448 may fall an ulp short).
+      // rounding of an amax-derived scale (f32_amax: amax / 448 * 448 may fall an ulp short). A
+      // block whose scale is 0 (E4M3 scales that underflowed) underflows; it does not clip.
       const double block_top = top * q.scales[(r / q.block.rows) * q.scale_cols() + c / q.block.cols] * q.tensor_scale;
-      clipped += v > block_top * (1 + 0x1p-20);
+      clipped += block_top > 0 && v > block_top * (1 + 0x1p-20);
     }
   st.amax = amax;
   st.underflow = nonzero ? double(underflow) / double(nonzero) : 0.0;
@@ -259,7 +261,11 @@ Quantized Quantizer::quantize_with(const Tensor& x, bool as_values, QuantStats& 
       q.blockwise = true;
       if (collect_statistics()) block_statistics(xs, q.blocks, st);
       // An empty tensor ([0, n] or [n, 0]) has no blocks and no scales.
-      st.scale = q.blocks.scales.empty() ? 1.0f : *std::max_element(q.blocks.scales.begin(), q.blocks.scales.end()) * q.blocks.tensor_scale;
+      // The largest block's decode factor; 1 when there is none (an empty tensor, or E4M3 block
+      // scales that are all 0: every block zero).
+      const float top =
+          q.blocks.scales.empty() ? 0.0f : *std::max_element(q.blocks.scales.begin(), q.blocks.scales.end()) * q.blocks.tensor_scale;
+      st.scale = top > 0 ? top : 1.0f;
       return q;
     }
   }

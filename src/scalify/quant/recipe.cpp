@@ -310,6 +310,9 @@ void Recipe::validate() const {
     if (c.scaling == Scaling::mx && c.block.rule != BlockScaleRule::mx_floor && c.block.rule != BlockScaleRule::mx_ceil &&
         c.block.rule != QuantizerConfig{}.block.rule)
       refuse(where + ": MX scales are powers of two: block_scale must be mx_floor or mx_ceil");
+    const bool e4m3_scales = c.block.rule == BlockScaleRule::nvfp4 || c.block.rule == BlockScaleRule::e4m3_amax;
+    if (e4m3_scales && (c.scaling != Scaling::block || c.format != Format::e2m1))
+      refuse(where + ": NVFP4's E4M3 block scales (block_scale nvfp4, e4m3_amax) are for block scaling of e2m1 elements");
     if (c.transform != Transform::none && c.scaling == Scaling::scalify)
       refuse(where + ": a transform changes the data, which SCALIFY's propagated scale describes");
   }
@@ -329,7 +332,7 @@ void Recipe::validate() const {
       if (config->scaling == Scaling::scalify)
         refuse(std::string("linear.") + operand + ": SCALIFY scaling applies to every operand of every GEMM or to none");
   for (const std::string& pattern : high_precision.layers)
-    if (pattern.empty()) refuse("high_precision.layers: an empty pattern");
+    if (pattern.empty() || pattern.size() > 256) refuse("high_precision.layers: a pattern must have 1 to 256 characters");
   if ((rescale_every > 0 || rescale_gradients) && !scaled_state)
     refuse("rescale_every and rescale_gradients rescale scaled tensors: they need scaled_state");
   if (unit_scaled && scaled_state) refuse("unit scaling and SCALIFY's scaled state are two models of scaling: choose one");
@@ -424,7 +427,7 @@ void fp4(Recipe& r, const Fp4Pieces& p) {
   a.format = Format::e2m1;
   if (p.mx) {
     a.scaling = Scaling::mx;
-    a.block.rule = p.mx_rule;
+    if (p.mx_rule == BlockScaleRule::mx_ceil) a.block.rule = p.mx_rule;  // else MX's default, the OCP floor
   } else {
     a.scaling = Scaling::block;
     a.block = {1, 16, p.tensor_scale ? BlockScaleRule::nvfp4 : BlockScaleRule::e4m3_amax};
@@ -551,10 +554,25 @@ std::string quantized_layers(const Recipe& r) {
 
 namespace {
 // '*' matches any run of characters, everything else itself.
+// Iterative, with one backtrack point (the last '*'): linear in practice, no recursion.
 bool glob_match(std::string_view pattern, std::string_view name) {
-  if (pattern.empty()) return name.empty();
-  if (pattern[0] == '*') return glob_match(pattern.substr(1), name) || (!name.empty() && glob_match(pattern, name.substr(1)));
-  return !name.empty() && pattern[0] == name[0] && glob_match(pattern.substr(1), name.substr(1));
+  size_t p = 0, n = 0, star = std::string_view::npos, resume = 0;
+  while (n < name.size()) {
+    if (p < pattern.size() && pattern[p] == '*') {
+      star = p++;
+      resume = n;
+    } else if (p < pattern.size() && pattern[p] == name[n]) {
+      ++p;
+      ++n;
+    } else if (star != std::string_view::npos) {
+      p = star + 1;
+      n = ++resume;
+    } else {
+      return false;
+    }
+  }
+  while (p < pattern.size() && pattern[p] == '*') ++p;
+  return p == pattern.size();
 }
 }  // namespace
 

@@ -208,7 +208,10 @@ Tensor decode_weight(const Tensor& t, const io::SafeTensors& st, const std::stri
   b.codes.assign(codes.raw_bytes(), codes.raw_bytes() + K * N);
   b.scales = scale.to_floats();
   for (float v : b.scales)
-    if (!std::isfinite(v)) throw bad("has a block scale that is not finite");
+    if (!std::isfinite(v) || v < 0) throw bad("has a block scale that is negative or not finite");
+  const uint8_t top_code = uint8_t((1u << info(element).bits) - 1);
+  for (size_t i = 0; i < b.codes.size(); ++i)
+    if (uint8_t(b.codes[i]) > top_code) throw bad("holds a byte that is no " + std::string(format_name(element)) + " code");
   if (nvfp4) {
     if (!st.has(key + ".tensor_scale") || st.at(key + ".tensor_scale").dtype() != DType::f32 || st.at(key + ".tensor_scale").numel() != 1)
       throw bad("needs an f32 scalar tensor_scale (NVFP4)");

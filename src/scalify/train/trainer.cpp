@@ -230,7 +230,9 @@ json quant_record(const Session& s, TrainResult& r, RunTotals& totals) {
   json q = json::object();
   for (const auto& [layer, ql] : s.model.quantized_linears())
     for (const auto& [role, quantizer] : ql->quantizers()) {
-      if (role.ends_with("_t")) continue;  // the transposed copies, used by block recipes only
+      // The weight-gradient and transposed operands' own quantisers, where the recipe uses them
+      // (block scaling, per-GEMM recipes); per-tensor recipes reuse the forward's.
+      if (role.ends_with("_t") && quantizer->state().steps == 0) continue;
       const quant::QuantStats& qs = quantizer->last();
       q[layer + "." + role] = {{"scale", qs.scale}, {"amax", qs.amax}, {"underflow", qs.underflow}, {"clipped", qs.clipped}};
       totals.underflow += qs.underflow;

@@ -1,0 +1,139 @@
+"""Scalify from Python: exact low-precision formats, block scaling, typed training recipes and the
+GPT trainer, over the C++ library.
+
+    import numpy as np, scalify
+    x = np.random.randn(1024).astype(np.float32)
+    codes = scalify.quantize(x, "e4m3")              # uint8 codes, round to nearest even, saturating
+    back = scalify.dequantize(codes, "e4m3")
+    run = scalify.train("runs/a", recipe="nvfp4", steps=100, d_model=64, layers=2)
+
+Arrays cross without a copy when they are C-contiguous float32 on the CPU (NumPy, or any tensor
+with DLPack such as a CPU torch.Tensor); other inputs are converted first. Errors of the C++ side
+are ValueError with its message.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Callable, Dict, List, Optional, Tuple
+
+from . import _scalify
+from ._scalify import (  # noqa: F401  (re-exported types)
+    ForwardGemm,
+    HighPrecisionLayers,
+    InputGradGemm,
+    LinearRecipe,
+    QuantizerConfig,
+    Recipe,
+    WeightGradGemm,
+)
+
+__all__ = [
+    "quantize",
+    "dequantize",
+    "amax",
+    "block_quantize",
+    "block_dequantize",
+    "formats",
+    "preset",
+    "preset_names",
+    "Recipe",
+    "LinearRecipe",
+    "QuantizerConfig",
+    "HighPrecisionLayers",
+    "train",
+    "read_metrics",
+]
+
+
+def quantize(x, format: str, scale: float = 1.0, rounding: str = "nearest", seed: int = 0, saturate: bool = True):
+    """Codes of ``encode(x * scale)`` in ``format`` (e4m3, e5m2, e2m1, f16, bf16, ...; see
+    ``formats()``), as uint8 / uint16 / uint32 per the format's storage, in x's shape.
+
+    rounding: "nearest" (ties to even), "stochastic" (element i draws counter-based bits from
+    (seed, i): the same seed gives the same codes) or "toward_zero". saturate: values beyond the
+    format's largest become its largest; False gives inf or NaN as a plain hardware cast does."""
+    return _scalify.quantize(x, format, scale, rounding, seed, saturate)
+
+
+def dequantize(codes, format: str, scale: float = 1.0):
+    """float32 values ``decode(codes) * scale``, exactly (codes as ``quantize`` returns them)."""
+    return _scalify.dequantize(codes, format, scale)
+
+
+def amax(x) -> float:
+    """The largest |x| (NaN when x holds one)."""
+    return _scalify.amax(x)
+
+
+def block_quantize(x, format: str = "e4m3", block: Tuple[int, int] = (1, 32), rule: str = "mx_floor",
+                   rounding: str = "nearest", seed: int = 0):
+    """Block quantisation of a 2-D float32 array: blocks of ``block`` = (rows, cols) share a scale
+    by ``rule``: "mx_floor" (OCP MX), "mx_ceil" (never clips), "f32_amax" (amax / element max),
+    "nvfp4" (E4M3 block scales under an f32 tensor scale) or "e4m3_amax".
+    Returns (codes, block scales [ceil(rows/br), ceil(cols/bc)] as float32, tensor_scale):
+    value = decode(code) * block scale * tensor_scale."""
+    return _scalify.block_quantize(x, format, tuple(block), rule, rounding, seed)
+
+
+def block_dequantize(codes, scales, format: str = "e4m3", block: Tuple[int, int] = (1, 32), rule: str = "mx_floor",
+                     tensor_scale: float = 1.0):
+    """The float32 values of a block quantisation (the inverse of ``block_quantize``'s output)."""
+    return _scalify.block_dequantize(codes, scales, format, tuple(block), rule, tensor_scale)
+
+
+def formats() -> List[dict]:
+    """Every number format: name, bits, exponent and mantissa bits, max, smallest normal and
+    subnormal, and whether it has infinities and NaN."""
+    return _scalify.formats()
+
+
+def preset(name: str) -> Recipe:
+    """A named recipe (``preset_names()``): f32, scalify_fp8_3, current, mxfp8, nvfp4, ..."""
+    return Recipe.preset(name)
+
+
+def preset_names() -> List[str]:
+    """The names of every preset recipe, in the order the CLI lists them."""
+    return _scalify.preset_names()
+
+
+def train(out: str, *, recipe="f32", steps: Optional[int] = None, data: Optional[str] = None, resume: bool = False,
+          progress: Optional[Callable[[int, int, float], None]] = None, **settings) -> Dict:
+    """Trains the GPT as ``scalify train`` does and returns the run's summary with its metrics.
+
+    recipe: a preset name, a recipe JSON file, or a ``Recipe`` (written to ``out``/../NAME.json).
+    settings: any train config key (d_model=64, layers=2, seq=64, batch=16, lr=2e-3, seed=1, ...),
+    as for ``--set``. progress(step, steps, loss) is called after every step. Ctrl-C stops the run
+    between steps (KeyboardInterrupt); ``resume=True`` continues it from its last checkpoint.
+    The result holds val_loss, train_loss, tokens_per_s, ..., run_dir and ``metrics``
+    (``read_metrics(run_dir)``)."""
+    if isinstance(recipe, Recipe):
+        recipe.validate()
+        path = os.path.abspath(os.path.join(os.path.dirname(os.path.abspath(out)) or ".", recipe.name + ".json"))
+        with open(path, "w") as f:
+            f.write(recipe.to_json() + "\n")
+        recipe = path
+    merged = {"out": out, "recipe": recipe}
+    if steps is not None:
+        merged["steps"] = steps
+    if data is not None:
+        merged["data"] = data
+    merged.update(settings)
+    text = {k: _setting_text(v) for k, v in merged.items()}
+    result = dict(_scalify.train(text, resume, progress))
+    result["metrics"] = read_metrics(result["run_dir"])
+    return result
+
+
+def read_metrics(run_dir: str) -> List[dict]:
+    """A run folder's metrics.jsonl as a list of dicts (steps, evaluations, quantiser statistics)."""
+    with open(os.path.join(run_dir, "metrics.jsonl")) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def _setting_text(v) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    return repr(v) if isinstance(v, float) else str(v)

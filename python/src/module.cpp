@@ -1,0 +1,312 @@
+// scalify._scalify: the Python bindings (nanobind). Arrays cross without a copy where their dtype
+// and layout already fit (NumPy arrays, any DLPack tensor on the CPU); scalify::Error becomes
+// ValueError with the same message; long calls release the GIL. The Python package
+// (python/scalify/__init__.py) wraps these with documented, keyword-friendly functions.
+#include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
+#include <nanobind/stl/function.h>
+#include <nanobind/stl/map.h>
+#include <nanobind/stl/pair.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/tuple.h>
+#include <nanobind/stl/vector.h>
+
+#include <cstring>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "scalify/error.hpp"
+#include "scalify/formats/block.hpp"
+#include "scalify/formats/bulk.hpp"
+#include "scalify/formats/format.hpp"
+#include "scalify/quant/recipe.hpp"
+#include "scalify/train/trainer.hpp"
+
+namespace nb = nanobind;
+using namespace nb::literals;
+
+namespace scalify::python {
+namespace {
+
+using FloatArray = nb::ndarray<const float, nb::c_contig, nb::device::cpu>;
+using CodeArray = nb::ndarray<nb::c_contig, nb::device::cpu>;
+
+Rounding parse_rounding(const std::string& r) {
+  if (r == "nearest" || r == "nearest_even") return Rounding::nearest_even;
+  if (r == "stochastic") return Rounding::stochastic;
+  if (r == "toward_zero") return Rounding::toward_zero;
+  throw Error("rounding must be 'nearest', 'stochastic' or 'toward_zero', got '" + r + "'");
+}
+const char* rounding_name(Rounding r) {
+  return r == Rounding::nearest_even ? "nearest" : r == Rounding::stochastic ? "stochastic" : "toward_zero";
+}
+
+constexpr std::pair<BlockScaleRule, const char*> kRules[] = {{BlockScaleRule::mx_floor, "mx_floor"},
+                                                             {BlockScaleRule::mx_ceil, "mx_ceil"},
+                                                             {BlockScaleRule::f32_amax, "f32_amax"},
+                                                             {BlockScaleRule::nvfp4, "nvfp4"},
+                                                             {BlockScaleRule::e4m3_amax, "e4m3_amax"}};
+BlockScaleRule parse_rule(const std::string& name) {
+  for (const auto& [r, n] : kRules)
+    if (name == n) return r;
+  throw Error("block rule must be mx_floor, mx_ceil, f32_amax, nvfp4 or e4m3_amax, got '" + name + "'");
+}
+const char* rule_name(BlockScaleRule r) {
+  for (const auto& [x, n] : kRules)
+    if (x == r) return n;
+  return "?";
+}
+
+// A new NumPy array of `shape` owning `storage` (moved in), viewed as T.
+template <class T, class Storage>
+nb::object owned_array(Storage&& storage, const std::vector<size_t>& shape) {
+  auto* held = new std::decay_t<Storage>(std::move(storage));
+  nb::capsule owner(held, [](void* p) noexcept { delete static_cast<std::decay_t<Storage>*>(p); });
+  return nb::cast(nb::ndarray<nb::numpy, T>(reinterpret_cast<T*>(held->data()), shape.size(), shape.data(), owner));
+}
+
+std::vector<size_t> shape_of(const auto& a) {
+  std::vector<size_t> s;
+  for (size_t i = 0; i < a.ndim(); ++i) s.push_back(a.shape(i));
+  return s;
+}
+
+// Codes of `fmt` in their storage type (uint8, uint16 or uint32 per code).
+nb::object codes_array(std::vector<std::byte> bytes, Format fmt, const std::vector<size_t>& shape) {
+  switch (info(fmt).storage_bytes()) {
+    case 1: return owned_array<uint8_t>(std::move(bytes), shape);
+    case 2: return owned_array<uint16_t>(std::move(bytes), shape);
+    default: return owned_array<uint32_t>(std::move(bytes), shape);
+  }
+}
+
+std::span<const std::byte> code_bytes(const CodeArray& codes, Format fmt) {
+  const size_t cb = size_t(info(fmt).storage_bytes());
+  if (codes.itemsize() != cb)
+    throw Error(std::string("codes of ") + std::string(format_name(fmt)) + " take " + std::to_string(cb) + " byte(s) each, got an array of " +
+                std::to_string(codes.itemsize()) + "-byte items");
+  return {static_cast<const std::byte*>(codes.data()), codes.size() * cb};
+}
+
+nb::object quantize(FloatArray x, const std::string& format, float scale, const std::string& rounding, uint64_t seed, bool saturate) {
+  const Format fmt = parse_format(format);
+  QuantizeOptions o;
+  o.rounding = parse_rounding(rounding);
+  o.seed = seed;
+  o.overflow = saturate ? Overflow::saturate : Overflow::non_saturating;
+  std::vector<std::byte> out(x.size() * size_t(info(fmt).storage_bytes()));
+  {
+    nb::gil_scoped_release release;
+    scalify::quantize(std::span(x.data(), x.size()), fmt, scale, out, o);
+  }
+  return codes_array(std::move(out), fmt, shape_of(x));
+}
+
+nb::object dequantize(CodeArray codes, const std::string& format, float scale) {
+  const Format fmt = parse_format(format);
+  const std::span<const std::byte> bytes = code_bytes(codes, fmt);
+  std::vector<float> out(codes.size());
+  {
+    nb::gil_scoped_release release;
+    scalify::dequantize(bytes, fmt, scale, out);
+  }
+  return owned_array<float>(std::move(out), shape_of(codes));
+}
+
+nb::tuple block_quantize(FloatArray x, const std::string& format, std::pair<size_t, size_t> block, const std::string& rule,
+                         const std::string& rounding, uint64_t seed) {
+  if (x.ndim() != 2) throw Error("block_quantize: needs a 2-D array, got " + std::to_string(x.ndim()) + " dimensions");
+  const Format fmt = parse_format(format);
+  BlockQuantized q;
+  {
+    nb::gil_scoped_release release;
+    q = quantize_blocks(std::span(x.data(), x.size()), x.shape(0), x.shape(1), fmt, BlockSpec{block.first, block.second, parse_rule(rule)},
+                        parse_rounding(rounding), seed);
+  }
+  std::vector<std::byte> codes(q.codes.begin(), q.codes.end());
+  const std::vector<size_t> scale_shape{q.scale_rows(), q.scale_cols()};
+  return nb::make_tuple(codes_array(std::move(codes), fmt, shape_of(x)), owned_array<float>(std::move(q.scales), scale_shape),
+                        q.tensor_scale);
+}
+
+nb::object block_dequantize(CodeArray codes, FloatArray scales, const std::string& format, std::pair<size_t, size_t> block,
+                            const std::string& rule, float tensor_scale) {
+  if (codes.ndim() != 2) throw Error("block_dequantize: codes must be a 2-D array");
+  const Format fmt = parse_format(format);
+  BlockQuantized q;
+  q.element = fmt;
+  q.rows = codes.shape(0);
+  q.cols = codes.shape(1);
+  q.block = BlockSpec{block.first, block.second, parse_rule(rule)};
+  const std::span<const std::byte> bytes = code_bytes(codes, fmt);
+  q.codes.assign(bytes.begin(), bytes.end());
+  q.scales.assign(scales.data(), scales.data() + scales.size());
+  q.tensor_scale = tensor_scale;
+  std::vector<float> out(q.rows * q.cols);
+  dequantize_blocks(q, out);
+  return owned_array<float>(std::move(out), {q.rows, q.cols});
+}
+
+nb::list formats() {
+  nb::list out;
+  for (const FormatInfo& f : kFormats) {
+    nb::dict d;
+    d["name"] = std::string(f.name);
+    d["bits"] = f.bits;
+    d["exponent_bits"] = f.exp_bits;
+    d["mantissa_bits"] = f.man_bits;
+    d["max"] = max_value(f.id);
+    d["min_normal"] = f.is_float() ? min_normal(f.id) : 1.0;
+    d["min_subnormal"] = f.is_float() ? min_subnormal(f.id) : 1.0;
+    d["has_inf"] = f.has_inf();
+    d["has_nan"] = f.has_nan();
+    out.append(d);
+  }
+  return out;
+}
+
+// Trains as `scalify train --set KEY=VALUE ...` does; progress(step, steps, loss) after every
+// step, with the GIL held only for it. Ctrl-C stops the run between steps (KeyboardInterrupt): its
+// files are as an interrupted CLI run leaves them, resumable from the last checkpoint.
+nb::dict train(const std::map<std::string, std::string>& settings, bool resume, std::function<void(int64_t, int64_t, double)> progress) {
+  train::TrainConfig c;
+  for (const auto& [k, v] : settings) c.set(k, v);
+  train::TrainResult r;
+  {
+    nb::gil_scoped_release release;
+    r = train::train(c, resume, [&](const train::StepProgress& p) {
+      nb::gil_scoped_acquire acquire;
+      if (PyErr_CheckSignals() != 0) throw nb::python_error();
+      if (progress) progress(p.step, p.steps, p.loss);
+    });
+  }
+  nb::dict d;
+  d["run_dir"] = r.run_dir;
+  d["steps"] = r.steps;
+  d["skipped"] = r.skipped;
+  d["train_loss"] = r.train_loss;
+  d["val_loss"] = r.val_loss;
+  d["val_bpb"] = r.val_bpb;
+  d["tokens_per_s"] = r.tokens_per_s;
+  d["mean_underflow"] = r.mean_underflow;
+  d["max_underflow"] = r.max_underflow;
+  d["mean_clipped"] = r.mean_clipped;
+  d["scale_statistics_per_step"] = r.scale_statistics_per_step;
+  d["state_bytes_per_parameter"] = r.state_bytes_per_parameter;
+  return d;
+}
+
+void bind_recipes(nb::module_& m) {
+  using quant::QuantizerConfig, quant::LinearRecipe, quant::HighPrecisionLayers, quant::Recipe;
+  nb::class_<QuantizerConfig>(m, "QuantizerConfig", "How one GEMM operand is quantised: format, scaling, block, rounding, ...")
+      .def(nb::init<>())
+      .def_prop_rw(
+          "scaling", [](const QuantizerConfig& c) { return std::string(quant::scaling_name(c.scaling)); },
+          [](QuantizerConfig& c, const std::string& s) { c.scaling = quant::parse_scaling(s); })
+      .def_prop_rw(
+          "format", [](const QuantizerConfig& c) { return std::string(format_name(c.format)); },
+          [](QuantizerConfig& c, const std::string& s) { c.format = parse_format(s); })
+      .def_rw("margin", &QuantizerConfig::margin)
+      .def_rw("history", &QuantizerConfig::history)
+      .def_rw("update_interval", &QuantizerConfig::update_interval)
+      .def_rw("bias", &QuantizerConfig::bias)
+      .def_prop_rw(
+          "block", [](const QuantizerConfig& c) { return std::pair(c.block.rows, c.block.cols); },
+          [](QuantizerConfig& c, std::pair<size_t, size_t> b) {
+            c.block.rows = b.first;
+            c.block.cols = b.second;
+          })
+      .def_prop_rw(
+          "block_scale", [](const QuantizerConfig& c) { return std::string(rule_name(c.block.rule)); },
+          [](QuantizerConfig& c, const std::string& s) { c.block.rule = parse_rule(s); })
+      .def_prop_rw(
+          "rounding", [](const QuantizerConfig& c) { return std::string(rounding_name(c.rounding)); },
+          [](QuantizerConfig& c, const std::string& s) { c.rounding = parse_rounding(s); })
+      .def_rw("saturate", &QuantizerConfig::saturate)
+      .def_prop_rw(
+          "transform", [](const QuantizerConfig& c) { return std::string(quant::transform_name(c.transform)); },
+          [](QuantizerConfig& c, const std::string& s) { c.transform = quant::parse_transform(s); })
+      .def("__eq__", [](const QuantizerConfig& a, const QuantizerConfig& b) { return a == b; })
+      .def("__repr__", [](const QuantizerConfig& c) {
+        return "QuantizerConfig(scaling='" + std::string(quant::scaling_name(c.scaling)) + "', format='" + std::string(format_name(c.format)) +
+               "', block=(" + std::to_string(c.block.rows) + ", " + std::to_string(c.block.cols) + "), rounding='" + rounding_name(c.rounding) +
+               "')";
+      });
+  nb::class_<LinearRecipe::Forward>(m, "ForwardGemm", "y = x w: the activation's and the weight's quantisation")
+      .def_rw("activation", &LinearRecipe::Forward::activation)
+      .def_rw("weight", &LinearRecipe::Forward::weight);
+  nb::class_<LinearRecipe::InputGrad>(m, "InputGradGemm", "dx = g w^T: the output gradient's and the weight's quantisation")
+      .def_rw("gradient", &LinearRecipe::InputGrad::gradient)
+      .def_rw("weight", &LinearRecipe::InputGrad::weight);
+  nb::class_<LinearRecipe::WeightGrad>(m, "WeightGradGemm", "dw = x^T g: the activation's and the output gradient's quantisation")
+      .def_rw("activation", &LinearRecipe::WeightGrad::activation)
+      .def_rw("gradient", &LinearRecipe::WeightGrad::gradient);
+  nb::class_<LinearRecipe>(m, "LinearRecipe", "How a linear layer quantises the operands of its three GEMMs")
+      .def(nb::init<>())
+      .def_rw("quantized", &LinearRecipe::quantized)
+      .def_rw("forward", &LinearRecipe::forward)
+      .def_rw("input_grad", &LinearRecipe::input_grad)
+      .def_rw("weight_grad", &LinearRecipe::weight_grad)
+      .def_static("uniform", &LinearRecipe::uniform, "weight"_a, "activation"_a, "gradient"_a,
+                  "The same configuration for each tensor in every GEMM it enters")
+      .def("__eq__", [](const LinearRecipe& a, const LinearRecipe& b) { return a == b; });
+  nb::class_<HighPrecisionLayers>(m, "HighPrecisionLayers", "Linear layers left unquantised: first / last blocks, name patterns")
+      .def(nb::init<>())
+      .def_rw("first_blocks", &HighPrecisionLayers::first_blocks)
+      .def_rw("last_blocks", &HighPrecisionLayers::last_blocks)
+      .def_rw("layers", &HighPrecisionLayers::layers);
+  nb::class_<Recipe>(m, "Recipe", "A training recipe: how every tensor role is stored and scaled")
+      .def(nb::init<>())
+      .def_rw("name", &Recipe::name)
+      .def_rw("linear", &Recipe::linear)
+      .def_rw("high_precision", &Recipe::high_precision)
+      .def_rw("scaled_state", &Recipe::scaled_state)
+      .def_rw("rescale_every", &Recipe::rescale_every)
+      .def_rw("rescale_norm_grad", &Recipe::rescale_norm_grad)
+      .def_rw("rescale_gradients", &Recipe::rescale_gradients)
+      .def_rw("unit_scaled", &Recipe::unit_scaled)
+      .def_prop_rw(
+          "master_weight", [](const Recipe& r) { return std::string(dtype_name(r.master_weight)); },
+          [](Recipe& r, const std::string& s) { r.master_weight = parse_dtype(s); })
+      .def_prop_rw(
+          "optimizer_state", [](const Recipe& r) { return std::string(dtype_name(r.optimizer_state)); },
+          [](Recipe& r, const std::string& s) { r.optimizer_state = parse_dtype(s); })
+      .def_prop_rw(
+          "data_storage", [](const Recipe& r) { return std::string(dtype_name(r.data_storage)); },
+          [](Recipe& r, const std::string& s) { r.data_storage = parse_dtype(s); })
+      .def_prop_rw(
+          "weight_gradient", [](const Recipe& r) { return std::string(format_name(r.weight_gradient)); },
+          [](Recipe& r, const std::string& s) { r.weight_gradient = parse_format(s); })
+      .def("to_json", &Recipe::to_json)
+      .def_static("from_json", &Recipe::from_json, "text"_a)
+      .def("validate", &Recipe::validate, "Raises ValueError naming the parts that cannot be meant together")
+      .def_static("preset", &quant::preset, "name"_a)
+      .def("__eq__", [](const Recipe& a, const Recipe& b) { return a.to_json() == b.to_json(); })
+      .def("__repr__", [](const Recipe& r) { return "Recipe('" + r.name + "')"; });
+  m.def("preset_names", &quant::preset_names);
+}
+
+}  // namespace
+}  // namespace scalify::python
+
+NB_MODULE(_scalify, m) {
+  using namespace scalify::python;
+  m.doc() = "Scalify's C++ core (see the scalify package for the documented API)";
+  nb::register_exception_translator([](const std::exception_ptr& p, void*) {
+    try {
+      std::rethrow_exception(p);
+    } catch (const scalify::Error& e) {
+      PyErr_SetString(PyExc_ValueError, e.what());
+    }
+  });
+  m.def("quantize", &quantize, "x"_a, "format"_a, "scale"_a = 1.0f, "rounding"_a = "nearest", "seed"_a = 0, "saturate"_a = true);
+  m.def("dequantize", &dequantize, "codes"_a, "format"_a, "scale"_a = 1.0f);
+  m.def("amax", [](FloatArray x) { return scalify::amax(std::span(x.data(), x.size())); }, "x"_a);
+  m.def("block_quantize", &block_quantize, "x"_a, "format"_a, "block"_a, "rule"_a, "rounding"_a = "nearest", "seed"_a = 0);
+  m.def("block_dequantize", &block_dequantize, "codes"_a, "scales"_a, "format"_a, "block"_a, "rule"_a, "tensor_scale"_a = 1.0f);
+  m.def("formats", &formats);
+  m.def("train", &train, "settings"_a, "resume"_a = false, "progress"_a = nb::none());
+  bind_recipes(m);
+}

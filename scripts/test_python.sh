@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# The Python package's tests: a fresh virtual environment (build/venv, Debian's python3), `pip
+# install .[test]` from the checkout (nanobind and scikit-build-core from PyPI build the extension
+# against the Debian C++ dependencies), then pytest. Run by scripts/test.sh after the C++ suite.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/setup.sh
+rm -rf build/venv
+/usr/bin/python3 -m venv build/venv
+build/venv/bin/pip install --quiet --upgrade pip
+build/venv/bin/pip install --quiet ".[test]"
+SCALIFY_CLI="$PWD/build/apps/scalify/scalify" build/venv/bin/python -m pytest -q python/tests
