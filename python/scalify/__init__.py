@@ -43,7 +43,9 @@ __all__ = [
     "QuantizerConfig",
     "HighPrecisionLayers",
     "train",
+    "compare",
     "read_metrics",
+    "load_checkpoint",
 ]
 
 
@@ -125,6 +127,36 @@ def train(out: str, *, recipe="f32", steps: Optional[int] = None, data: Optional
     result = dict(_scalify.train(text, resume, progress))
     result["metrics"] = read_metrics(result["run_dir"])
     return result
+
+
+def compare(out: str, *, recipes: str = "seeds", steps: Optional[int] = None, data: Optional[str] = None,
+            resume: bool = False, progress: Optional[Callable[[str], None]] = None, **settings):
+    """Runs ``scalify compare``: the same model, data and seed under each recipe, into ``out``
+    (report.md, summary.csv, plots, a run folder per recipe). recipes: a named list (seeds, fp8,
+    fp16, fp4, scalify, unit, per_tensor) or comma-separated presets / recipe JSON files.
+    Returns one row per recipe (val_loss, val_delta against its baseline, status, tokens_per_s,
+    ...): a pandas DataFrame when pandas is installed, else a list of dicts."""
+    merged = {}
+    if steps is not None:
+        merged["steps"] = steps
+    if data is not None:
+        merged["data"] = data
+    merged.update(settings)
+    rows = _scalify.compare({k: _setting_text(v) for k, v in merged.items()}, recipes, out, resume, progress)
+    try:
+        import pandas
+    except ImportError:
+        return [dict(r) for r in rows]
+    return pandas.DataFrame([dict(r) for r in rows])
+
+
+def load_checkpoint(path: str) -> Tuple[Dict[str, "numpy.ndarray"], Dict[str, str]]:
+    """A checkpoint or quantised checkpoint (.safetensors) as ({name: float32 array}, metadata).
+    Parameters are "param.<name>" (scaled ones with "param.<name>.scale"), optimizer moments
+    "optim.m.<name>" / "optim.v.<name>"; FP8 / FP4 codes come as their format values, without
+    their scales."""
+    tensors, meta = _scalify.load_checkpoint(path)
+    return dict(tensors), dict(meta)
 
 
 def read_metrics(run_dir: str) -> List[dict]:

@@ -20,7 +20,9 @@
 #include "scalify/error.hpp"
 #include "scalify/formats/block.hpp"
 #include "scalify/formats/bulk.hpp"
+#include "scalify/compare/compare.hpp"
 #include "scalify/formats/format.hpp"
+#include "scalify/io/safetensors.hpp"
 #include "scalify/quant/recipe.hpp"
 #include "scalify/train/trainer.hpp"
 
@@ -74,7 +76,11 @@ std::vector<size_t> shape_of(const auto& a) {
 }
 
 // Codes of `fmt` in their storage type (uint8, uint16 or uint32 per code).
-nb::object codes_array(std::vector<std::byte> bytes, Format fmt, const std::vector<size_t>& shape) {
+// Buffers the bindings fill completely: not zeroed first (a wasted pass over 16M values).
+using Bytes = std::vector<std::byte, DefaultInitAllocator<std::byte>>;
+using Floats = std::vector<float, DefaultInitAllocator<float>>;
+
+nb::object codes_array(Bytes bytes, Format fmt, const std::vector<size_t>& shape) {
   switch (info(fmt).storage_bytes()) {
     case 1: return owned_array<uint8_t>(std::move(bytes), shape);
     case 2: return owned_array<uint16_t>(std::move(bytes), shape);
@@ -85,8 +91,8 @@ nb::object codes_array(std::vector<std::byte> bytes, Format fmt, const std::vect
 std::span<const std::byte> code_bytes(const CodeArray& codes, Format fmt) {
   const size_t cb = size_t(info(fmt).storage_bytes());
   if (codes.itemsize() != cb)
-    throw Error(std::string("codes of ") + std::string(format_name(fmt)) + " take " + std::to_string(cb) + " byte(s) each, got an array of " +
-                std::to_string(codes.itemsize()) + "-byte items");
+    throw Error(std::string("codes of ") + std::string(format_name(fmt)) + " take " + std::to_string(cb) +
+                " byte(s) each, got an array of " + std::to_string(codes.itemsize()) + "-byte items");
   return {static_cast<const std::byte*>(codes.data()), codes.size() * cb};
 }
 
@@ -96,7 +102,7 @@ nb::object quantize(FloatArray x, const std::string& format, float scale, const 
   o.rounding = parse_rounding(rounding);
   o.seed = seed;
   o.overflow = saturate ? Overflow::saturate : Overflow::non_saturating;
-  std::vector<std::byte> out(x.size() * size_t(info(fmt).storage_bytes()));
+  Bytes out(x.size() * size_t(info(fmt).storage_bytes()));
   {
     nb::gil_scoped_release release;
     scalify::quantize(std::span(x.data(), x.size()), fmt, scale, out, o);
@@ -107,7 +113,7 @@ nb::object quantize(FloatArray x, const std::string& format, float scale, const 
 nb::object dequantize(CodeArray codes, const std::string& format, float scale) {
   const Format fmt = parse_format(format);
   const std::span<const std::byte> bytes = code_bytes(codes, fmt);
-  std::vector<float> out(codes.size());
+  Floats out(codes.size());
   {
     nb::gil_scoped_release release;
     scalify::dequantize(bytes, fmt, scale, out);
@@ -125,7 +131,7 @@ nb::tuple block_quantize(FloatArray x, const std::string& format, std::pair<size
     q = quantize_blocks(std::span(x.data(), x.size()), x.shape(0), x.shape(1), fmt, BlockSpec{block.first, block.second, parse_rule(rule)},
                         parse_rounding(rounding), seed);
   }
-  std::vector<std::byte> codes(q.codes.begin(), q.codes.end());
+  Bytes codes(q.codes.begin(), q.codes.end());
   const std::vector<size_t> scale_shape{q.scale_rows(), q.scale_cols()};
   return nb::make_tuple(codes_array(std::move(codes), fmt, shape_of(x)), owned_array<float>(std::move(q.scales), scale_shape),
                         q.tensor_scale);
@@ -144,7 +150,7 @@ nb::object block_dequantize(CodeArray codes, FloatArray scales, const std::strin
   q.codes.assign(bytes.begin(), bytes.end());
   q.scales.assign(scales.data(), scales.data() + scales.size());
   q.tensor_scale = tensor_scale;
-  std::vector<float> out(q.rows * q.cols);
+  Floats out(q.rows * q.cols);
   dequantize_blocks(q, out);
   return owned_array<float>(std::move(out), {q.rows, q.cols});
 }
@@ -167,6 +173,8 @@ nb::list formats() {
   return out;
 }
 
+nb::dict train_result(const train::TrainResult& r);
+
 // Trains as `scalify train --set KEY=VALUE ...` does; progress(step, steps, loss) after every
 // step, with the GIL held only for it. Ctrl-C stops the run between steps (KeyboardInterrupt): its
 // files are as an interrupted CLI run leaves them, resumable from the last checkpoint.
@@ -182,6 +190,10 @@ nb::dict train(const std::map<std::string, std::string>& settings, bool resume, 
       if (progress) progress(p.step, p.steps, p.loss);
     });
   }
+  return train_result(r);
+}
+
+nb::dict train_result(const train::TrainResult& r) {
   nb::dict d;
   d["run_dir"] = r.run_dir;
   d["steps"] = r.steps;
@@ -196,6 +208,56 @@ nb::dict train(const std::map<std::string, std::string>& settings, bool resume, 
   d["scale_statistics_per_step"] = r.scale_statistics_per_step;
   d["state_bytes_per_parameter"] = r.state_bytes_per_parameter;
   return d;
+}
+
+// `scalify compare` on `recipes` (a list spec: "seeds", "fp4", "f32,nvfp4", ...): one dict per
+// recipe (its TrainResult's fields and the comparison's status, baseline and delta).
+nb::list run_compare(const std::map<std::string, std::string>& settings, const std::string& recipes, const std::string& out, bool resume,
+                     std::function<void(const std::string&)> progress) {
+  scalify::compare::CompareConfig c;
+  for (const auto& [k, v] : settings) c.base.set(k, v);
+  c.recipes = scalify::compare::recipe_list(recipes);
+  c.out = out;
+  scalify::compare::CompareReport rep;
+  {
+    nb::gil_scoped_release release;
+    rep = scalify::compare::compare(
+        c, resume,
+        [&](const std::string& line) {
+          nb::gil_scoped_acquire acquire;
+          if (PyErr_CheckSignals() != 0) throw nb::python_error();
+          if (progress) progress(line);
+        },
+        "python: scalify.compare");
+  }
+  nb::list rows;
+  for (const scalify::compare::RecipeOutcome& o : rep.rows) {
+    nb::dict d = train_result(o.result);
+    d["recipe"] = o.recipe;
+    d["status"] = o.status;
+    d["note"] = o.note;
+    d["baseline"] = o.baseline;
+    d["val_delta"] = o.val_delta;
+    d["seconds"] = o.seconds;
+    d["peak_memory_mb"] = o.peak_memory_mb;
+    rows.append(d);
+  }
+  return rows;
+}
+
+// A safetensors file (a checkpoint, a quantised checkpoint): every tensor's values as float32
+// (codes decoded: FP8 / FP4 codes as their format values, without their scales), and the metadata.
+nb::tuple load_checkpoint(const std::string& path) {
+  const io::SafeTensors st = io::read_safetensors(path);
+  nb::dict tensors;
+  for (const auto& [name, t] : st.tensors) {
+    std::vector<size_t> shape;
+    for (int64_t d : t.shape()) shape.push_back(size_t(d));
+    tensors[name.c_str()] = owned_array<float>(t.to_floats(), shape);
+  }
+  nb::dict meta;
+  for (const auto& [k, v] : st.metadata) meta[k.c_str()] = v;
+  return nb::make_tuple(tensors, meta);
 }
 
 void bind_recipes(nb::module_& m) {
@@ -230,9 +292,9 @@ void bind_recipes(nb::module_& m) {
           [](QuantizerConfig& c, const std::string& s) { c.transform = quant::parse_transform(s); })
       .def("__eq__", [](const QuantizerConfig& a, const QuantizerConfig& b) { return a == b; })
       .def("__repr__", [](const QuantizerConfig& c) {
-        return "QuantizerConfig(scaling='" + std::string(quant::scaling_name(c.scaling)) + "', format='" + std::string(format_name(c.format)) +
-               "', block=(" + std::to_string(c.block.rows) + ", " + std::to_string(c.block.cols) + "), rounding='" + rounding_name(c.rounding) +
-               "')";
+        return "QuantizerConfig(scaling='" + std::string(quant::scaling_name(c.scaling)) + "', format='" +
+               std::string(format_name(c.format)) + "', block=(" + std::to_string(c.block.rows) + ", " + std::to_string(c.block.cols) +
+               "), rounding='" + rounding_name(c.rounding) + "')";
       });
   nb::class_<LinearRecipe::Forward>(m, "ForwardGemm", "y = x w: the activation's and the weight's quantisation")
       .def_rw("activation", &LinearRecipe::Forward::activation)
@@ -303,10 +365,17 @@ NB_MODULE(_scalify, m) {
   });
   m.def("quantize", &quantize, "x"_a, "format"_a, "scale"_a = 1.0f, "rounding"_a = "nearest", "seed"_a = 0, "saturate"_a = true);
   m.def("dequantize", &dequantize, "codes"_a, "format"_a, "scale"_a = 1.0f);
-  m.def("amax", [](FloatArray x) { return scalify::amax(std::span(x.data(), x.size())); }, "x"_a);
+  m.def(
+      "amax", [](FloatArray x) { return scalify::amax(std::span(x.data(), x.size())); }, "x"_a);
   m.def("block_quantize", &block_quantize, "x"_a, "format"_a, "block"_a, "rule"_a, "rounding"_a = "nearest", "seed"_a = 0);
   m.def("block_dequantize", &block_dequantize, "codes"_a, "scales"_a, "format"_a, "block"_a, "rule"_a, "tensor_scale"_a = 1.0f);
   m.def("formats", &formats);
   m.def("train", &train, "settings"_a, "resume"_a = false, "progress"_a = nb::none());
+  m.def("compare", &run_compare, "settings"_a, "recipes"_a, "out"_a, "resume"_a = false, "progress"_a = nb::none());
+  m.def("load_checkpoint", &load_checkpoint, "path"_a);
+  m.def("recipe_lists", &scalify::compare::recipe_list_names);
+  // The address of the memory the bindings read for x: equal to x's own when no copy was made.
+  m.def(
+      "data_pointer", [](FloatArray x) { return reinterpret_cast<uintptr_t>(x.data()); }, "x"_a);
   bind_recipes(m);
 }

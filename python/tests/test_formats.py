@@ -87,3 +87,15 @@ def test_bad_arguments_are_value_errors_naming_them():
         scalify.dequantize(np.zeros(3, np.uint16), "e4m3")
     with pytest.raises(ValueError, match="2-D"):
         scalify.block_quantize(np.zeros(8, np.float32))
+
+
+def test_arrays_cross_without_a_copy():
+    x = np.random.default_rng(2).standard_normal(1000).astype(np.float32)
+    assert scalify._scalify.data_pointer(x) == x.ctypes.data  # NumPy: the buffer itself
+    strided = np.random.default_rng(3).standard_normal(2000).astype(np.float32)[::2]
+    assert scalify._scalify.data_pointer(strided) != strided.ctypes.data  # not contiguous: converted
+    assert np.array_equal(scalify.quantize(strided, "e4m3"), scalify.quantize(strided.copy(), "e4m3"))
+    torch = pytest.importorskip("torch")  # a DLPack tensor: the same memory
+    t = torch.randn(1000)
+    assert scalify._scalify.data_pointer(t) == t.data_ptr()
+    assert np.array_equal(scalify.quantize(t, "e5m2"), scalify.quantize(t.numpy(), "e5m2"))

@@ -45,3 +45,42 @@ def test_a_python_recipe_trains_and_errors_are_value_errors(tmp_path, corpus):
     assert os.path.exists(os.path.join(run["run_dir"], "checkpoint.safetensors"))
     with pytest.raises(ValueError, match="d_model"):
         scalify.train(str(tmp_path / "bad"), steps=1, data=corpus, d_model=-3)
+
+
+def test_compare_returns_its_rows_and_checkpoints_load(tmp_path, corpus):
+    rows = scalify.compare(str(tmp_path / "cmp"), recipes="f32,nvfp4", steps=6, data=corpus, **SETTINGS)
+    rows = rows.to_dict("records") if hasattr(rows, "to_dict") else rows
+    assert [r["recipe"] for r in rows] == ["f32", "nvfp4"]
+    assert rows[0]["val_delta"] == 0 and rows[1]["baseline"] == "f32" and rows[1]["status"] == "ok"
+    assert abs(rows[1]["val_loss"] - rows[0]["val_loss"] - rows[1]["val_delta"]) < 1e-12
+    assert os.path.exists(tmp_path / "cmp" / "report.md")
+    tensors, meta = scalify.load_checkpoint(str(tmp_path / "cmp" / "runs" / "f32" / "checkpoint.safetensors"))
+    assert tensors["param.wte"].shape == (256, SETTINGS["d_model"]) and tensors["param.wte"].dtype.name == "float32"
+    assert "config" in meta and "recipe" in meta
+
+
+def test_ctrl_c_stops_training_between_steps_and_the_run_resumes(tmp_path, corpus):
+    import signal
+    import sys
+    import time
+
+    out = str(tmp_path / "interrupted")
+    code = (
+        "import scalify, sys\n"
+        f"scalify.train({out!r}, steps=100000, data={corpus!r}, checkpoint_every=5, "
+        "progress=lambda s, n, l: print(s, flush=True) if s == 12 else None, "
+        + ", ".join(f"{k}={v!r}" for k, v in SETTINGS.items() if k != "eval_every")
+        + ", eval_every=100000)\n"
+    )
+    child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert child.stdout.readline().strip() == "12"  # training is under way
+    child.send_signal(signal.SIGINT)
+    try:
+        _, err = child.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        child.kill()
+        raise AssertionError("Ctrl-C did not stop the training")
+    assert child.returncode != 0 and "KeyboardInterrupt" in err, err
+    # The run stopped between steps: its last checkpoint is whole, and it resumes from it.
+    run = scalify.train(out, steps=30, data=corpus, resume=True, **{k: v for k, v in SETTINGS.items()})
+    assert run["steps"] == 30

@@ -26,7 +26,7 @@ struct CompareConfig {
   std::string out = "runs/compare";
 };
 
-// Named lists: "seeds" (every preset, the default), "quick" (a short tour), "fp8", "fp16",
+// Named lists: "seeds" (every preset, the default), "fp8", "fp16", "fp4",
 // "scalify", "unit", "per_tensor"; or comma-separated preset names / recipe JSON files. Lists
 // may be mixed ("f32,fp8"). Throws naming an unknown entry.
 std::vector<std::string> recipe_list(const std::string& spec);
