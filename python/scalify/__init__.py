@@ -19,7 +19,34 @@ import os
 from typing import Callable, Dict, List, Optional, Tuple
 
 from . import _scalify
-from ._scalify import (  # noqa: F401  (re-exported types)
+from ._scalify import (  # noqa: F401  (re-exported types and ops)
+    Tensor,
+    add,
+    as_scaled,
+    cast_on_backward,
+    cast_on_forward,
+    cross_entropy,
+    dynamic_rescale,
+    dynamic_rescale_grad,
+    exp,
+    gelu,
+    gelu_erf,
+    layer_norm,
+    log,
+    log_softmax,
+    matmul,
+    mean,
+    mul,
+    rebalance,
+    relu,
+    reshape,
+    set_scaling,
+    sigmoid,
+    silu,
+    softmax,
+    sum,
+    tanh,
+    transpose,
     ForwardGemm,
     HighPrecisionLayers,
     InputGradGemm,
@@ -42,6 +69,10 @@ __all__ = [
     "LinearRecipe",
     "QuantizerConfig",
     "HighPrecisionLayers",
+    "Tensor",
+    "as_scaled",
+    "Gpt",
+    "training_batch",
     "train",
     "compare",
     "read_metrics",
@@ -157,6 +188,29 @@ def load_checkpoint(path: str) -> Tuple[Dict[str, "numpy.ndarray"], Dict[str, st
     their scales."""
     tensors, meta = _scalify.load_checkpoint(path)
     return dict(tensors), dict(meta)
+
+
+class Gpt:
+    """The trainer's GPT, built for a recipe: ``Gpt(recipe="nvfp4", d_model=64, layers=2, seq=64,
+    seed=1)`` (any train config key). ``parameters()`` gives its Tensors by name, ``loss(ids,
+    targets)`` a Tensor to ``backward()`` — the same model and initialisation as ``scalify train``
+    with the same keys (a recipe's quantised linear layers included)."""
+
+    def __init__(self, recipe="f32", **settings):
+        r = recipe if isinstance(recipe, Recipe) else preset(recipe)
+        self._model = _scalify.Gpt({k: _setting_text(v) for k, v in settings.items()}, r)
+
+    def parameters(self) -> Dict[str, Tensor]:
+        return dict(self._model.parameters())
+
+    def loss(self, ids, targets) -> Tensor:
+        return self._model.loss(ids, targets)
+
+
+def training_batch(index: int = 0, **settings):
+    """The trainer's batch ``index`` (ids, targets: int64 arrays [batch, seq]) for the config keys
+    given (data, seed, batch, seq, val_fraction): the batches ``scalify train`` draws."""
+    return _scalify.training_batch({k: _setting_text(v) for k, v in settings.items()}, index)
 
 
 def read_metrics(run_dir: str) -> List[dict]:
