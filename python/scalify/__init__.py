@@ -77,6 +77,7 @@ __all__ = [
     "compare",
     "read_metrics",
     "load_checkpoint",
+    "inspect",
 ]
 
 
@@ -211,6 +212,15 @@ def training_batch(index: int = 0, **settings):
     """The trainer's batch ``index`` (ids, targets: int64 arrays [batch, seq]) for the config keys
     given (data, seed, batch, seq, val_fraction): the batches ``scalify train`` draws."""
     return _scalify.training_batch({k: _setting_text(v) for k, v in settings.items()}, index)
+
+
+def inspect(checkpoint: str, format: str = "e4m3", initial: bool = False, batch: int = 0, data: str = "") -> Dict:
+    """``scalify inspect`` as data: one training batch forward and backward through a checkpoint (a
+    run folder or .safetensors; ``initial`` for the run's model at step 0). Returns the recipe,
+    step and a list of tensors (activations, their gradients, weights, weight gradients), each
+    with its storage, log2 scale, RMS, counts against ``format``'s range (underflow, subnormal,
+    normal, clipped) and its exponent histogram (``exponents``, ``counts`` arrays)."""
+    return _scalify.inspect(checkpoint, format, initial, batch, data)
 
 
 def read_metrics(run_dir: str) -> List[dict]:

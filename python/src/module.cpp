@@ -26,6 +26,7 @@
 #include "scalify/autograd/scaling.hpp"
 #include "scalify/compare/compare.hpp"
 #include "scalify/formats/format.hpp"
+#include "scalify/inspect/inspect.hpp"
 #include "scalify/io/safetensors.hpp"
 #include "scalify/quant/recipe.hpp"
 #include "scalify/train/corpus.hpp"
@@ -462,6 +463,50 @@ void bind_gpt(nb::module_& m) {
       "settings"_a, "index"_a, "The ids and targets of the trainer's batch `index` for a config (its corpus, seed, batch, seq)");
 }
 
+// `scalify inspect` as data: one dict per tensor (name, kind, storage, scale_log2, rms, the
+// counts against the format's range) with its exponent histogram as (exponents, counts) arrays.
+nb::dict run_inspect(const std::string& checkpoint, const std::string& format, bool initial, uint64_t batch, const std::string& data) {
+  inspect::InspectOptions o;
+  o.format = parse_format(format);
+  o.initial = initial;
+  o.batch = batch;
+  o.data = data;
+  inspect::Inspection r;
+  {
+    nb::gil_scoped_release release;
+    r = inspect::inspect_checkpoint(checkpoint, o);
+  }
+  nb::list tensors;
+  for (const inspect::InspectedTensor& t : r.tensors) {
+    nb::dict d;
+    d["name"] = t.name;
+    d["kind"] = inspect::kind_name(t.kind);
+    d["storage"] = std::string(dtype_name(t.storage));
+    d["scale_log2"] = t.scale_log2;
+    d["rms"] = t.rms;
+    const inspect::ExponentHistogram& h = t.histogram;
+    for (const auto& [key, n] : {std::pair("count", h.count), std::pair("zeros", h.zeros), std::pair("nonfinite", h.nonfinite),
+                                 std::pair("underflow", h.underflow), std::pair("subnormal", h.subnormal), std::pair("normal", h.normal),
+                                 std::pair("clipped", h.clipped)})
+      d[key] = n;
+    std::vector<int64_t> exps, counts;
+    for (int e = h.lowest(); e <= h.highest(); ++e) {
+      exps.push_back(e);
+      counts.push_back(h.at(e));
+    }
+    const size_t n = exps.size();
+    d["exponents"] = owned_array<int64_t>(std::move(exps), {n});
+    d["counts"] = owned_array<int64_t>(std::move(counts), {n});
+    tensors.append(d);
+  }
+  nb::dict out;
+  out["recipe"] = r.recipe;
+  out["step"] = r.step;
+  out["format"] = std::string(format_name(r.format));
+  out["tensors"] = tensors;
+  return out;
+}
+
 void bind_recipes(nb::module_& m) {
   using quant::QuantizerConfig, quant::LinearRecipe, quant::HighPrecisionLayers, quant::Recipe;
   nb::class_<QuantizerConfig>(m, "QuantizerConfig", "How one GEMM operand is quantised: format, scaling, block, rounding, ...")
@@ -575,6 +620,7 @@ NB_MODULE(_scalify, m) {
   m.def("train", &train, "settings"_a, "resume"_a = false, "progress"_a = nb::none());
   m.def("compare", &run_compare, "settings"_a, "recipes"_a, "out"_a, "resume"_a = false, "progress"_a = nb::none());
   m.def("load_checkpoint", &load_checkpoint, "path"_a);
+  m.def("inspect", &run_inspect, "checkpoint"_a, "format"_a = "e4m3", "initial"_a = false, "batch"_a = 0, "data"_a = "");
   m.def("recipe_lists", &scalify::compare::recipe_list_names);
   // The address of the memory the bindings read for x: equal to x's own when no copy was made.
   m.def(

@@ -84,3 +84,16 @@ def test_ctrl_c_stops_training_between_steps_and_the_run_resumes(tmp_path, corpu
     # The run stopped between steps: its last checkpoint is whole, and it resumes from it.
     run = scalify.train(out, steps=30, data=corpus, resume=True, **{k: v for k, v in SETTINGS.items()})
     assert run["steps"] == 30
+
+
+def test_inspect_gives_histograms_as_arrays(tmp_path, corpus):
+    run = scalify.train(str(tmp_path / "seen"), recipe="scalify_fp16_1", steps=3, data=corpus, **SETTINGS)
+    r = scalify.inspect(run["run_dir"], format="f16")
+    assert r["recipe"] == "scalify_fp16_1" and r["step"] == 3 and r["format"] == "f16"
+    kinds = {t["kind"] for t in r["tensors"]}
+    assert kinds == {"activation", "activation_grad", "weight", "weight_grad"}
+    for t in r["tensors"]:
+        assert t["counts"].sum() == t["count"] - t["zeros"] - t["nonfinite"], t["name"]
+        assert t["underflow"] + t["subnormal"] + t["normal"] + t["clipped"] == t["count"] - t["zeros"] - t["nonfinite"]
+    qkv = next(t for t in r["tensors"] if t["name"] == "h0.attn.qkv" and t["kind"] == "activation")
+    assert qkv["storage"] == "f16"  # SCALIFY holds activations in f16
