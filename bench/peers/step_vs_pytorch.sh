@@ -12,20 +12,7 @@ if ! "$venv/bin/python" -c "import torch" 2>/dev/null; then
     apt-get update -qq && apt-get install -y -qq --no-install-recommends python3-venv >/dev/null
     python3 -m venv "$venv"
   fi
-  # The PyPI wheel's CUDA libraries are not needed on the CPU: torch without its dependencies,
-  # then the pure-Python ones it imports.
-  "$venv/bin/pip" install -q --no-deps torch
-  "$venv/bin/pip" install -q numpy filelock typing-extensions sympy networkx jinja2 fsspec
-  # The wheel's CPU path still links a few CUDA libraries that a machine's CUDA toolkit may lack
-  # (cuFile, cuSPARSELt, NVSHMEM, NCCL): their wheels at torch's pins, without dependencies.
-  if ! "$venv/bin/python" -c "import torch" 2>/dev/null; then
-    pins=$("$venv/bin/python" -c '
-import importlib.metadata as m, re
-for r in m.requires("torch") or []:
-    p = re.match(r"(nvidia-(?:cusparselt|nvshmem|nccl)-cu[0-9]+)==([^ ;]+)", r)
-    if p: print(p.group(1) + "==" + p.group(2))')
-    "$venv/bin/pip" install -q --no-deps nvidia-cufile $pins
-  fi
+  scripts/install_torch_cpu.sh "$venv"
 fi
 scripts/build.sh
 build/apps/scalify/scalify info

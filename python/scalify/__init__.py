@@ -19,6 +19,7 @@ import os
 from typing import Callable, Dict, List, Optional, Tuple
 
 from . import _scalify
+from ._scalify import unit  # noqa: F401  (unit scaling's ops: scalify.unit.matmul, ...)
 from ._scalify import (  # noqa: F401  (re-exported types and ops)
     Tensor,
     add,

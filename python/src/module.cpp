@@ -30,6 +30,7 @@
 #include "scalify/io/safetensors.hpp"
 #include "scalify/quant/recipe.hpp"
 #include "scalify/train/corpus.hpp"
+#include "scalify/unit/unit_ops.hpp"
 #include "scalify/train/session.hpp"
 #include "scalify/train/trainer.hpp"
 
@@ -411,6 +412,42 @@ void bind_autograd(nb::module_& m) {
       "cast_on_forward", [](const Var& x, const std::string& f) { return cast_on_forward(x, parse_format(f)); }, "x"_a, "format"_a);
   m.def(
       "cast_on_backward", [](const Var& x, const std::string& f) { return cast_on_backward(x, parse_format(f)); }, "x"_a, "format"_a);
+
+  // Unit scaling's ops (seeds 001/002, Table A.2): each keeps a unit-variance input's output and
+  // gradient at unit variance.
+  nb::module_ u = m.def_submodule("unit", "Unit scaling's ops (Table A.2): unit-variance outputs and gradients");
+  u.def(
+      "scaled", [](const Var& x, double alpha, double beta) { return unit::scaled(x, alpha, beta); }, "x"_a, "alpha"_a = 1.0,
+      "beta"_a = 1.0, "id*(x, alpha, beta): the value times alpha, the gradient times beta");
+  u.def(
+      "matmul",
+      [](const Var& x, const Var& w, const std::string& constrain) {
+        const std::pair<const char*, unit::Constrain> names[] = {
+            {"none", unit::Constrain::none}, {"x", unit::Constrain::x}, {"w", unit::Constrain::w}, {"both", unit::Constrain::both}};
+        for (const auto& [n, c] : names)
+          if (constrain == n) return unit::matmul(x, w, c);
+        throw Error("unit.matmul: constrain must be none, x, w or both, got '" + constrain + "'");
+      },
+      "x"_a, "w"_a, "constrain"_a = "x");
+  u.def(
+      "gelu", [](const Var& x, bool constrained) { return unit::gelu(x, constrained); }, "x"_a, "constrained"_a = false);
+  u.def(
+      "relu", [](const Var& x, bool constrained) { return unit::relu(x, constrained); }, "x"_a, "constrained"_a = false);
+  u.def(
+      "softmax", [](const Var& x) { return unit::softmax(x); }, "x"_a);
+  u.def(
+      "layer_norm",
+      [](const Var& x, std::optional<Var> w, std::optional<Var> b) { return unit::layer_norm(x, w.value_or(Var()), b.value_or(Var())); },
+      "x"_a, "weight"_a = nb::none(), "bias"_a = nb::none());
+  u.def(
+      "softmax_cross_entropy",
+      [](const Var& logits, const nb::ndarray<const int64_t, nb::c_contig, nb::device::cpu>& targets) {
+        return unit::softmax_cross_entropy(logits, ids_from(targets));
+      },
+      "logits"_a, "targets"_a);
+  u.def(
+      "weighted_add", [](const std::vector<Var>& xs, const std::vector<double>& gammas) { return unit::weighted_add(xs, gammas); }, "xs"_a,
+      "gammas"_a);
 }
 
 // The trainer's GPT, built for a recipe from train config keys (d_model, layers, heads, seq, ...).
@@ -606,6 +643,8 @@ NB_MODULE(_scalify, m) {
   nb::register_exception_translator([](const std::exception_ptr& p, void*) {
     try {
       std::rethrow_exception(p);
+    } catch (const scalify::FileError& e) {
+      PyErr_SetString(PyExc_OSError, e.what());
     } catch (const scalify::Error& e) {
       PyErr_SetString(PyExc_ValueError, e.what());
     }

@@ -97,3 +97,12 @@ def test_inspect_gives_histograms_as_arrays(tmp_path, corpus):
         assert t["underflow"] + t["subnormal"] + t["normal"] + t["clipped"] == t["count"] - t["zeros"] - t["nonfinite"]
     qkv = next(t for t in r["tensors"] if t["name"] == "h0.attn.qkv" and t["kind"] == "activation")
     assert qkv["storage"] == "f16"  # SCALIFY holds activations in f16
+
+
+def test_file_errors_are_os_errors(tmp_path, corpus):
+    with pytest.raises(OSError, match="cannot open"):
+        scalify.load_checkpoint(str(tmp_path / "missing.safetensors"))
+    with pytest.raises(OSError, match="missing.json"):
+        scalify.train(str(tmp_path / "r"), recipe=str(tmp_path / "missing.json"), steps=1, data=corpus)
+    with pytest.raises(ValueError, match="d_model"):  # a bad value is no file error
+        scalify.train(str(tmp_path / "v"), steps=1, data=corpus, d_model=0)

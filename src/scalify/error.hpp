@@ -11,4 +11,11 @@ class Error : public std::runtime_error {
   explicit Error(const std::string& message) : std::runtime_error(message) {}
 };
 
+// The operating system refused a named file or folder: it cannot be opened, read, written,
+// created or locked, or it is not the kind of file asked for. (Python's OSError.)
+class FileError : public Error {
+ public:
+  using Error::Error;
+};
+
 }  // namespace scalify

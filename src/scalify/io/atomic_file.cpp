@@ -18,7 +18,9 @@ namespace scalify::io {
 namespace fs = std::filesystem;
 
 namespace {
-[[noreturn]] void fail(const std::string& what, const std::string& path) { throw Error(what + " '" + path + "': " + std::strerror(errno)); }
+[[noreturn]] void fail(const std::string& what, const std::string& path) {
+  throw FileError(what + " '" + path + "': " + std::strerror(errno));
+}
 void write_all(int fd, const char* p, size_t n, const std::string& path) {
   while (n > 0) {
     const ssize_t w = ::write(fd, p, n);
@@ -42,9 +44,9 @@ bool owner_ended(const std::string& name, const std::string& prefix) {
 void check_target(const std::string& path) {
   struct stat st {};
   if (::stat(path.c_str(), &st) != 0) return;  // none yet (or a dangling link, which rename replaces)
-  if (S_ISDIR(st.st_mode)) throw Error("cannot write '" + path + "': it is a folder");
+  if (S_ISDIR(st.st_mode)) throw FileError("cannot write '" + path + "': it is a folder");
   if (!S_ISREG(st.st_mode))
-    throw Error("cannot write '" + path + "': it exists and is not a regular file (a device, pipe or socket); give a file name");
+    throw FileError("cannot write '" + path + "': it exists and is not a regular file (a device, pipe or socket); give a file name");
 }
 bool die_during_write(const fs::path& target) {
   const char* env = std::getenv("SCALIFY_TEST_DIE_DURING_WRITE");
@@ -108,9 +110,9 @@ void write_text_atomically(const std::string& path, const std::string& text) {
 void make_folder(const std::string& path) {
   std::error_code ec;
   if (std::filesystem::exists(path, ec) && !std::filesystem::is_directory(path, ec))
-    throw Error("'" + path + "' exists and is not a folder");
+    throw FileError("'" + path + "' exists and is not a folder");
   std::filesystem::create_directories(path, ec);
-  if (ec) throw Error("cannot create the folder '" + path + "': " + ec.message());
+  if (ec) throw FileError("cannot create the folder '" + path + "': " + ec.message());
 }
 
 }  // namespace scalify::io

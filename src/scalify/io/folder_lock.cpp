@@ -36,15 +36,15 @@ FolderLock::FolderLock(const std::string& folder, const std::string& command) {
   // The lock is on the folder itself, not on a file in it that could be deleted and made anew
   // while its lock is held; .lock only carries the note for other processes.
   fd_ = ::open(folder.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd_ < 0) throw Error("cannot lock the folder '" + folder + "': " + std::strerror(errno));
+  if (fd_ < 0) throw FileError("cannot lock the folder '" + folder + "': " + std::strerror(errno));
   const std::string note = (std::filesystem::path(folder) / ".lock").string();
   while (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
     if (errno == EINTR) continue;
     const int err = errno;
     ::close(fd_);
-    if (err != EWOULDBLOCK) throw Error("cannot lock the folder '" + folder + "': " + std::strerror(err));
-    throw Error("'" + folder + "' is in use by another scalify process (" + holder_of(note) +
-                "); wait for it to finish, or write elsewhere");
+    if (err != EWOULDBLOCK) throw FileError("cannot lock the folder '" + folder + "': " + std::strerror(err));
+    throw FileError("'" + folder + "' is in use by another scalify process (" + holder_of(note) +
+                    "); wait for it to finish, or write elsewhere");
   }
   // Best effort: without the note the lock still holds; other processes then say "PID unknown".
   const int nfd = ::open(note.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK, 0644);

@@ -183,6 +183,8 @@ void TrainConfig::validate() const {
   need(model.vocab == 256, "vocab", "must be 256 (byte tokens)");
   try {
     quant::load_recipe(recipe);
+  } catch (const FileError& e) {  // the recipe file itself: still a file error
+    throw FileError(std::string("config: 'recipe': ") + e.what());
   } catch (const Error& e) {
     throw Error(std::string("config: 'recipe': ") + e.what());
   }
