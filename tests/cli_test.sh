@@ -83,6 +83,8 @@ test -s "$out/cmp/runs/current/inspect/histograms.png" || { echo "inspect drew n
 test -s "$out/cmp/runs/current/inspect/scales.png" || { echo "inspect drew no scale history"; exit 1; }
 "$cli" quantize "$out/cmp/runs/f32" --out "$out/q.safetensors" | grep -q "wrote $out/q.safetensors: 4 linear weights in e4m3 (amax)"
 "$cli" eval "$out/q.safetensors" | grep -q "^validation loss: "
+"$cli" eval "$out/q.safetensors" --json | grep -Eq '^\{"val_loss": [0-9.e+-]+, "val_bpb": [0-9.e+-]+, "windows": [0-9]+\}$' \
+  || { echo "eval --json is not one JSON object"; exit 1; }
 "$cli" quantize "$out/cmp/runs/f32" --sweep -2:2 | grep -q "^| fp8_cscale | 2 | "
 expect_error "unknown quantisation method 'int4'" quantize "$out/cmp/runs/f32" --out "$out/q2.safetensors" --method int4
 expect_error "--sweep takes LO:HI" quantize "$out/cmp/runs/f32" --sweep 3

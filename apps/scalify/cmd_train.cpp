@@ -87,12 +87,17 @@ void add_train_commands(CLI::App& app) {
 
   auto eval_data = std::make_shared<std::string>();
   auto eval_ckpt = std::make_shared<std::string>();
+  auto eval_json = std::make_shared<bool>(false);
   auto* e = app.add_subcommand("eval", "Validation loss and bits per byte of a checkpoint (file or run folder)");
   e->add_option("checkpoint", *eval_ckpt, "checkpoint .safetensors or run folder")->required();
   e->add_option("--data", *eval_data, "corpus (default: the run's)");
-  e->callback([eval_ckpt, eval_data] {
+  e->add_flag("--json", *eval_json, "print one JSON object (val_loss, val_bpb, windows) with every digit");
+  e->callback([eval_ckpt, eval_data, eval_json] {
     const train::EvalResult r = train::evaluate(*eval_ckpt, *eval_data);
-    std::printf("validation loss: %.4f nats, %.4f bits per byte (%zu windows)\n", r.loss, r.bits_per_byte, r.windows);
+    if (*eval_json)  // %.17g: the double itself, read back bit for bit
+      std::printf("{\"val_loss\": %.17g, \"val_bpb\": %.17g, \"windows\": %zu}\n", r.loss, r.bits_per_byte, r.windows);
+    else
+      std::printf("validation loss: %.6f nats, %.6f bits per byte (%zu windows)\n", r.loss, r.bits_per_byte, r.windows);
   });
 
   struct SampleArgs {
