@@ -170,17 +170,9 @@ TEST(Recipe, PerGemmRecipesRoundTripAndTrain) {
 
   const int64_t V = 12, T = 8, B = 8, D = 32;
   auto train = [&](const Recipe& recipe, std::vector<int64_t>* weight_grad_steps) {
-    nn::Gpt model = testing::tiny_gpt(V, T, D, 33, false, recipe);
-    const std::vector<Var> params = testing::parameters_of(model);
-    optim::AdamW opt(params, {.lr = 3e-3});
-    double first = 0, last = 0;
-    for (int step = 0; step < 60; ++step) {
-      const testing::TokenBatch batch = testing::token_batch(uint64_t(step % 4), B, T, V);
-      Var loss = model.loss(batch.inputs, batch.targets.reshape({B, T}));
-      (step == 0 ? first : last) = loss.value().item();
-      loss.backward();
-      opt.step();
-    }
+    const nn::Gpt model = testing::tiny_gpt(V, T, D, 33, false, recipe);
+    const std::vector<double> losses = testing::train_tiny(model, V, T, B);
+    const double first = losses.front(), last = losses.back();
     for (const auto& [layer, q] : model.quantized_linears())
       for (const auto& [operand, quantizer] : q->quantizers())
         if (operand == "activation_t" || operand == "gradient_t") weight_grad_steps->push_back(quantizer->state().steps);

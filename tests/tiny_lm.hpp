@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "scalify/nn/gpt.hpp"
+#include "scalify/optim/adamw.hpp"
 #include "scalify/quant/recipe.hpp"
 #include "scalify/tensor/tensor.hpp"
 
@@ -44,6 +45,21 @@ inline std::vector<Var> parameters_of(const nn::Gpt& model) {
   std::vector<Var> p;
   for (const auto& [name, v] : model.parameters()) p.push_back(v);
   return p;
+}
+
+// `steps` AdamW steps (lr 3e-3) of the model on the tiny task's 4 batches of B windows of T
+// tokens; the loss of every step.
+inline std::vector<double> train_tiny(const nn::Gpt& model, int64_t V, int64_t T, int64_t B, int steps = 60) {
+  optim::AdamW opt(parameters_of(model), {.lr = 3e-3});
+  std::vector<double> losses;
+  for (int step = 0; step < steps; ++step) {
+    const TokenBatch batch = token_batch(uint64_t(step % 4), B, T, V);
+    Var loss = model.loss(batch.inputs, batch.targets.reshape({B, T}));
+    losses.push_back(loss.value().item());
+    loss.backward();
+    opt.step();
+  }
+  return losses;
 }
 
 }  // namespace scalify::testing
