@@ -53,22 +53,6 @@ const char* rounding_name(Rounding r) {
   return r == Rounding::nearest_even ? "nearest" : r == Rounding::stochastic ? "stochastic" : "toward_zero";
 }
 
-constexpr std::pair<BlockScaleRule, const char*> kRules[] = {{BlockScaleRule::mx_floor, "mx_floor"},
-                                                             {BlockScaleRule::mx_ceil, "mx_ceil"},
-                                                             {BlockScaleRule::f32_amax, "f32_amax"},
-                                                             {BlockScaleRule::nvfp4, "nvfp4"},
-                                                             {BlockScaleRule::e4m3_amax, "e4m3_amax"}};
-BlockScaleRule parse_rule(const std::string& name) {
-  for (const auto& [r, n] : kRules)
-    if (name == n) return r;
-  throw Error("block rule must be mx_floor, mx_ceil, f32_amax, nvfp4 or e4m3_amax, got '" + name + "'");
-}
-const char* rule_name(BlockScaleRule r) {
-  for (const auto& [x, n] : kRules)
-    if (x == r) return n;
-  return "?";
-}
-
 // A new NumPy array of `shape` owning `storage` (moved in), viewed as T.
 template <class T, class Storage>
 nb::object owned_array(Storage&& storage, const std::vector<size_t>& shape) {
@@ -136,8 +120,8 @@ nb::tuple block_quantize(FloatArray x, const std::string& format, std::pair<size
   BlockQuantized q;
   {
     nb::gil_scoped_release release;
-    q = quantize_blocks(std::span(x.data(), x.size()), x.shape(0), x.shape(1), fmt, BlockSpec{block.first, block.second, parse_rule(rule)},
-                        parse_rounding(rounding), seed);
+    q = quantize_blocks(std::span(x.data(), x.size()), x.shape(0), x.shape(1), fmt,
+                        BlockSpec{block.first, block.second, parse_block_rule(rule)}, parse_rounding(rounding), seed);
   }
   Bytes codes(q.codes.begin(), q.codes.end());
   const std::vector<size_t> scale_shape{q.scale_rows(), q.scale_cols()};
@@ -153,7 +137,7 @@ nb::object block_dequantize(CodeArray codes, FloatArray scales, const std::strin
   q.element = fmt;
   q.rows = codes.shape(0);
   q.cols = codes.shape(1);
-  q.block = BlockSpec{block.first, block.second, parse_rule(rule)};
+  q.block = BlockSpec{block.first, block.second, parse_block_rule(rule)};
   const std::span<const std::byte> bytes = code_bytes(codes, fmt);
   q.codes.assign(bytes.begin(), bytes.end());
   q.scales.assign(scales.data(), scales.data() + scales.size());
@@ -565,8 +549,8 @@ void bind_recipes(nb::module_& m) {
             c.block.cols = b.second;
           })
       .def_prop_rw(
-          "block_scale", [](const QuantizerConfig& c) { return std::string(rule_name(c.block.rule)); },
-          [](QuantizerConfig& c, const std::string& s) { c.block.rule = parse_rule(s); })
+          "block_scale", [](const QuantizerConfig& c) { return std::string(block_rule_name(c.block.rule)); },
+          [](QuantizerConfig& c, const std::string& s) { c.block.rule = parse_block_rule(s); })
       .def_prop_rw(
           "rounding", [](const QuantizerConfig& c) { return std::string(rounding_name(c.rounding)); },
           [](QuantizerConfig& c, const std::string& s) { c.rounding = parse_rounding(s); })

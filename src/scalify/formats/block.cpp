@@ -23,6 +23,23 @@ void split_f32(float x, int& e, uint32_t& sig) { detail::normalise(std::bit_cast
 
 }  // namespace
 
+namespace {
+constexpr std::pair<BlockScaleRule, const char*> kRuleNames[] = {{BlockScaleRule::mx_floor, "mx_floor"},
+                                                                 {BlockScaleRule::mx_ceil, "mx_ceil"},
+                                                                 {BlockScaleRule::f32_amax, "f32_amax"},
+                                                                 {BlockScaleRule::nvfp4, "nvfp4"},
+                                                                 {BlockScaleRule::e4m3_amax, "e4m3_amax"}};
+static_assert(std::size(kRuleNames) == size_t(BlockScaleRule::e4m3_amax) + 1, "a name for every BlockScaleRule");
+}  // namespace
+
+const char* block_rule_name(BlockScaleRule r) { return kRuleNames[size_t(r)].second; }
+
+BlockScaleRule parse_block_rule(const std::string& name) {
+  for (const auto& [r, n] : kRuleNames)
+    if (name == n) return r;
+  throw Error("block_scale must be mx_floor, mx_ceil, f32_amax, nvfp4 or e4m3_amax, got '" + name + "'");
+}
+
 BlockSpec mx_blocks(int axis, BlockScaleRule rule, size_t size) {
   if (axis != 0 && axis != 1) throw Error("MX block axis must be 0 or 1, got " + std::to_string(axis));
   return axis == 1 ? BlockSpec{1, size, rule} : BlockSpec{size, 1, rule};

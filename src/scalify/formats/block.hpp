@@ -8,6 +8,7 @@
 #include <memory>
 #include <new>
 #include <span>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -28,6 +29,10 @@ enum class BlockScaleRule : uint8_t {
   nvfp4,
   e4m3_amax,  // NVFP4 without the tensor scale (S = 1): b = e4m3(amax(block) / 6), elements e2m1(x / b)
 };
+// The rule's name ("mx_floor", "mx_ceil", "f32_amax", "nvfp4", "e4m3_amax"), and back (throws
+// listing the valid names): the one table recipes' JSON and the Python bindings read.
+const char* block_rule_name(BlockScaleRule r);
+BlockScaleRule parse_block_rule(const std::string& name);
 // Whether the rule's block scales are powers of two (E8M0 codes).
 inline bool pow2_block_scales(BlockScaleRule r) { return r == BlockScaleRule::mx_floor || r == BlockScaleRule::mx_ceil; }
 

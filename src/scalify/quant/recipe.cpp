@@ -24,12 +24,6 @@ constexpr uint64_t kMaxRecipeBytes = 1 << 20;  // a recipe is about 2 kB
 constexpr std::pair<Rounding, const char*> kRoundings[] = {
     {Rounding::nearest_even, "nearest_even"}, {Rounding::stochastic, "stochastic"}, {Rounding::toward_zero, "toward_zero"}};
 static_assert(std::size(kRoundings) == size_t(Rounding::toward_zero) + 1, "a JSON name for every Rounding");
-constexpr std::pair<BlockScaleRule, const char*> kBlockRules[] = {{BlockScaleRule::mx_floor, "mx_floor"},
-                                                                  {BlockScaleRule::mx_ceil, "mx_ceil"},
-                                                                  {BlockScaleRule::f32_amax, "f32_amax"},
-                                                                  {BlockScaleRule::nvfp4, "nvfp4"},
-                                                                  {BlockScaleRule::e4m3_amax, "e4m3_amax"}};
-static_assert(std::size(kBlockRules) == size_t(BlockScaleRule::e4m3_amax) + 1, "a JSON name for every BlockScaleRule");
 
 // The block scale rule a config has when its JSON names none (every recipe before the field):
 // f32 scales for block scaling, the OCP floor for MX (QuantizerConfig's default, which MX reads
@@ -54,8 +48,7 @@ json role_json(const QuantizerConfig& c) {
   // mx_ceil as the OCP floor).
   const bool rule_named = c.scaling == Scaling::mx ? c.block.rule == BlockScaleRule::mx_ceil
                                                    : c.scaling == Scaling::block && c.block.rule != BlockScaleRule::f32_amax;
-  for (const auto& [r, name] : kBlockRules)
-    if (r == c.block.rule && rule_named) j["block_scale"] = name;
+  if (rule_named) j["block_scale"] = block_rule_name(c.block.rule);
   if (c.transform != Transform::none) j["transform"] = transform_name(c.transform);
   return j;
 }
@@ -131,12 +124,11 @@ QuantizerConfig role_from(const json& j, const char* where) {
   c.block.cols = size_t(int_field(dims, "cols", in_block.c_str(), 1, 4096));
   c.block.rule = default_block_rule(c.scaling);
   if (j.contains("block_scale")) {
-    const std::string rule = field<std::string>(j, "block_scale", where);
-    const auto* known = std::find_if(std::begin(kBlockRules), std::end(kBlockRules), [&](const auto& e) { return rule == e.second; });
-    if (known == std::end(kBlockRules))
-      throw Error(std::string("recipe: block_scale must be mx_floor, mx_ceil, f32_amax, nvfp4 or e4m3_amax in ") + where + ", got '" +
-                  rule + "'");
-    c.block.rule = known->first;
+    try {
+      c.block.rule = parse_block_rule(field<std::string>(j, "block_scale", where));
+    } catch (const Error& e) {
+      throw Error(std::string("recipe: ") + e.what() + " in " + where);
+    }
   }
   if (j.contains("transform")) {
     try {

@@ -314,7 +314,7 @@ TrainResult train(const TrainConfig& config, bool resume, const Progress& progre
                     {"tokens_per_s", std::round(tps)}}
                    .dump()
             << "\n";
-    if (!s.model.quantized_linears().empty() && stats_step)
+    if (stats_step && !s.model.quantized_linears().empty())
       metrics << json{{"step", step}, {"quant", quant_record(s, r, totals)}}.dump() << "\n";
     if ((step + 1) % cfg.eval_every == 0 || step + 1 == cfg.steps) {
       const EvalResult e = eval_session(s, corpus.val);
