@@ -20,6 +20,7 @@ packages=(
   ocl-icd-opencl-dev
   libopenblas-dev            # bench_gemm compares oneDNN against OpenBLAS
   python3-venv python3-dev   # the Python package: its virtual environment and extension headers
+  libopenmpi-dev openmpi-bin # data-parallel training (mpirun -np N scalify train) and its test
 )
 missing=()
 for p in "${packages[@]}"; do

@@ -59,7 +59,7 @@ inline fs::path text_corpus() {
   return p;
 }
 
-// A run's metrics.jsonl records without tokens_per_s (the one field the machine's load changes);
+// A run's metrics.jsonl records without tokens_per_s and allreduce_s (the fields the machine's load changes);
 // with evaluations false, without the validation records as well.
 inline std::vector<std::string> metrics_records(const fs::path& run, bool evaluations = true) {
   std::vector<std::string> lines;
@@ -68,6 +68,7 @@ inline std::vector<std::string> metrics_records(const fs::path& run, bool evalua
     nlohmann::json j = nlohmann::json::parse(l);
     if (!evaluations && j.contains("val_loss")) continue;
     j.erase("tokens_per_s");
+    j.erase("allreduce_s");
     lines.push_back(j.dump());
   }
   return lines;

@@ -8,6 +8,7 @@
 
 #include "commands.hpp"
 #include "scalify/error.hpp"
+#include "scalify/platform/world.hpp"
 #include "scalify/train/evaluate.hpp"
 #include "scalify/train/trainer.hpp"
 
@@ -20,6 +21,7 @@ train::Progress progress_printer() {
 }  // namespace
 
 std::function<void(const std::string&)> status_printer() {
+  if (!platform::world().root()) return [](const std::string&) {};  // rank 0 reports for the run
   const bool tty = ::isatty(STDERR_FILENO);
   return [tty, n = 0](const std::string& line) mutable {
     if (tty)
@@ -75,7 +77,7 @@ void add_train_commands(CLI::App& app) {
       c.recipe = o->recipe;
     }
     const train::TrainResult r = train::train(c, resume->count() > 0, progress_printer());
-    std::fprintf(stderr, "\n");
+    if (platform::world().root()) std::fprintf(stderr, "\n");
     std::printf("run folder: %s\nsteps: %lld (skipped %lld)\n", r.run_dir.c_str(), (long long)r.steps, (long long)r.skipped);
     if (std::isfinite(r.train_loss)) std::printf("final train loss: %.4f\n", r.train_loss);
     std::printf("validation loss: %.4f nats, %.4f bits per byte\nunigram entropy of the training bytes: %.4f bits per byte\n", r.val_loss,
@@ -83,6 +85,9 @@ void add_train_commands(CLI::App& app) {
     if (r.tokens_per_s > 0) std::printf("median speed: %.0f tokens/s\n", r.tokens_per_s);
     if (r.state_bytes_per_parameter > 0) std::printf("training state: %.2f bytes per parameter\n", r.state_bytes_per_parameter);
     std::printf("peak memory: %.0f MB\n", r.peak_memory_mb);
+    if (r.world_size > 1)
+      std::printf("data parallel: %d ranks, gradient all-reduce %.3g MB sent per rank per step, %.1f%% of the step time\n", r.world_size,
+                  r.allreduce_bytes_per_step / 1e6, 100 * r.allreduce_share);
   });
 
   auto eval_data = std::make_shared<std::string>();

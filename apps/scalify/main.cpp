@@ -7,6 +7,7 @@
 
 #include "commands.hpp"
 #include "scalify/error.hpp"
+#include "scalify/platform/world.hpp"
 
 int main(int argc, char** argv) {
   CLI::App app{"scalify: low-precision training with scale propagation"};
@@ -34,22 +35,42 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
+  int ranks = 1;
+  std::string who = "scalify";
+  try {
+    // Under mpirun: MPI starts here. Rank 0 speaks for the run; the others print only errors.
+    const scalify::platform::World& world = scalify::platform::world();
+    ranks = world.size();
+    if (!world.root()) {
+      who = "scalify (rank " + std::to_string(world.rank()) + ")";
+      if (!std::freopen("/dev/null", "w", stdout)) return 2;
+    }
+  } catch (const scalify::Error& e) {
+    std::fprintf(stderr, "scalify: error: %s\n", e.what());
+    return 2;
+  }
+  // An error on one rank ends them all (the others may wait in a collective for it); one seen
+  // on every rank alike ends each the same way.
+  auto fail = [&](int code, const char* kind, const std::string& message) {
+    std::fprintf(stderr, "%s: %s: %s\n", who.c_str(), kind, message.c_str());
+    if (ranks > 1) scalify::platform::world().abort(code);
+    return code;
+  };
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
+  } catch (const scalify::platform::EveryRankError& e) {
+    if (who == "scalify") std::fprintf(stderr, "scalify: error: %s\n", e.what());
+    return 2;
   } catch (const scalify::Error& e) {
-    std::fprintf(stderr, "scalify: error: %s\n", e.what());
-    return 2;
+    return fail(2, "error", e.what());
   } catch (const std::filesystem::filesystem_error& e) {  // the file system refused a path the user gave
-    std::fprintf(stderr, "scalify: error: '%s': %s\n", e.path1().c_str(), e.code().message().c_str());
-    return 2;
+    return fail(2, "error", "'" + e.path1().string() + "': " + e.code().message());
   } catch (const std::bad_alloc&) {
-    std::fprintf(stderr, "scalify: error: out of memory (the work needs more memory than this process may use)\n");
-    return 2;
+    return fail(2, "error", "out of memory (the work needs more memory than this process may use)");
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "scalify: internal error: %s\n", e.what());
-    return 3;
+    return fail(3, "internal error", e.what());
   }
   return 0;
 }

@@ -609,6 +609,16 @@ void bind_recipes(nb::module_& m) {
       .def_prop_rw(
           "weight_gradient", [](const Recipe& r) { return std::string(format_name(r.weight_gradient)); },
           [](Recipe& r, const std::string& s) { r.weight_gradient = parse_format(s); })
+      .def_prop_rw(
+          "gradient_allreduce",
+          [](const Recipe& r) -> std::optional<std::string> {
+            if (!r.gradient_allreduce) return std::nullopt;
+            return std::string(format_name(*r.gradient_allreduce));
+          },
+          [](Recipe& r, const std::optional<std::string>& s) {
+            r.gradient_allreduce = s ? std::optional<Format>(parse_format(*s)) : std::nullopt;
+          },
+          "None: gradients exchanged in their own storage; 'f16', 'bf16', 'e4m3' or 'e5m2': cast with a shared power of two")
       .def("to_json", &Recipe::to_json)
       .def_static("from_json", &Recipe::from_json, "text"_a)
       .def("validate", &Recipe::validate, "Raises ValueError naming the parts that cannot be meant together")

@@ -51,3 +51,16 @@ def test_refusals_name_what_clashes():
         scalify.preset("fp9")
     with pytest.raises(ValueError, match="scaling"):
         scalify.QuantizerConfig().scaling = "sideways"
+
+
+def test_gradient_communication_is_part_of_the_recipe():
+    r = scalify.preset("f32_allreduce_e4m3")
+    assert r.gradient_allreduce == "e4m3"
+    assert json.loads(r.to_json())["gradient_allreduce"] == "e4m3"
+    assert scalify.preset("f32").gradient_allreduce is None
+    assert "gradient_allreduce" not in json.loads(scalify.preset("f32").to_json())  # earlier recipes' JSON unchanged
+    r.gradient_allreduce = None
+    assert r.to_json() == scalify.Recipe.from_json(r.to_json()).to_json()
+    r.gradient_allreduce = "e2m1"
+    with pytest.raises(ValueError, match="gradient_allreduce must be f16, bf16, e4m3 or e5m2"):
+        r.validate()

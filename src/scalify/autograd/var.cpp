@@ -96,6 +96,12 @@ Var Var::make(std::string name, ScaledTensor value, const std::vector<Var>& inpu
   return out;
 }
 
+ScaledTensor accumulate_gradient(const ScaledTensor& sum, const ScaledTensor& g, DType storage) {
+  ScaledTensor out = scaled::add(sum, g, kernel_store_as(storage));
+  if (dtype_size(storage) >= 2) out.data = to_storage(out.data, storage, "grad accumulation");
+  return out;
+}
+
 void Var::backward() const {
   const Tensor& d = scaled().data;
   if (d.numel() != 1)
@@ -135,12 +141,7 @@ void Var::backward(const ScaledTensor& grad_output) const {
     auto g = grads.find(v);
     if (g == grads.end()) continue;
     if (!v->node) {  // a leaf: accumulate into .grad, in the leaf's storage
-      if (v->grad.data.defined()) {
-        v->grad = scaled::add(v->grad, g->second, kernel_store_as(v->value.data.dtype()));
-        if (dtype_size(v->value.data.dtype()) >= 2) v->grad.data = to_storage(v->grad.data, v->value.data.dtype(), "grad accumulation");
-      } else {
-        v->grad = g->second;
-      }
+      v->grad = v->grad.data.defined() ? accumulate_gradient(v->grad, g->second, v->value.data.dtype()) : g->second;
       continue;
     }
     const std::vector<ScaledTensor> in_grads = v->node->backward(g->second);
@@ -158,10 +159,7 @@ void Var::backward(const ScaledTensor& grad_output) const {
       const DType storage = in->value.data.dtype();
       if (v->node->promoted && dtype_size(storage) >= 2) gi.data = to_storage(gi.data, storage, v->node->name + " grad");
       auto [slot, fresh] = grads.try_emplace(in, gi);
-      if (!fresh) {  // a reused value: sum, in its storage
-        slot->second = scaled::add(slot->second, gi, kernel_store_as(storage));
-        if (dtype_size(storage) >= 2) slot->second.data = to_storage(slot->second.data, storage, "grad accumulation");
-      }
+      if (!fresh) slot->second = accumulate_gradient(slot->second, gi, storage);  // a reused value
     }
     grads.erase(g);
   }

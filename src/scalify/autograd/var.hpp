@@ -108,4 +108,9 @@ class NoGrad {
 };
 bool grad_enabled();
 
+// Two gradients of one value summed in the value's storage (`storage`, its data dtype): how
+// backward() sums the gradients of a reused value and a leaf accumulates over backward() calls,
+// and so how data parallelism sums the ranks' gradients.
+ScaledTensor accumulate_gradient(const ScaledTensor& sum, const ScaledTensor& g, DType storage);
+
 }  // namespace scalify

@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <sstream>
@@ -18,7 +19,9 @@
 #include "scalify/platform/memory.hpp"
 #include "scalify/quant/recipe.hpp"
 #include "scalify/report/gnuplot.hpp"
+#include "scalify/platform/world.hpp"
 #include "scalify/report/system_info.hpp"
+#include "scalify/train/data_parallel.hpp"
 
 namespace scalify::compare {
 
@@ -98,15 +101,19 @@ json outcome_json(const RecipeOutcome& o) {
           {"state_bytes_per_parameter", num(r.state_bytes_per_parameter)}};
 }
 
-// Reads a JSON file this module wrote; anything else is an error naming the file.
+// Reads JSON this module wrote (the text of `file`); anything else is an error naming the file.
 template <class Fn>
-auto read_json_file(const fs::path& file, const char* advice, Fn&& use) {
+auto read_json_text(const std::string& text, const fs::path& file, const char* advice, Fn&& use) {
   try {
-    const json j = json::parse(read_text(file));
+    const json j = json::parse(text);
     return use(j);
   } catch (const json::exception& e) {
     throw Error("compare: corrupt '" + file.string() + "' (" + e.what() + ")" + advice);
   }
+}
+template <class Fn>
+auto read_json_file(const fs::path& file, const char* advice, Fn&& use) {
+  return read_json_text(read_text(file), file, advice, std::forward<Fn>(use));
 }
 
 RecipeOutcome outcome_from(const json& j) {
@@ -168,15 +175,20 @@ RecipeOutcome run_recipe(const CompareConfig& config, const std::string& recipe,
   // An interrupted run continues from its checkpoint; one with nothing to resume from (or one that
   // finished but whose outcome was never written) starts over.
   const fs::path run(c.out);
-  const bool resume_run = resume && fs::exists(run / "checkpoint.safetensors") && !fs::exists(run / "model.safetensors");
-  if (!resume_run && fs::exists(run)) {  // only ever a folder of this comparison, and not while a process trains in it
-    const io::FolderLock owned(run.string(), "compare");
-    fs::remove_all(run);
-  }
+  const platform::World& world = platform::world();
+  std::string resume_run = "";  // rank 0 looks at the folder and tells the other ranks ("1": resume)
+  train::on_root(world, [&] {
+    resume_run = resume && fs::exists(run / "checkpoint.safetensors") && !fs::exists(run / "model.safetensors") ? "1" : "";
+    if (resume_run.empty() && fs::exists(run)) {  // only ever a folder of this comparison, and not while a process trains in it
+      const io::FolderLock owned(run.string(), "compare");
+      fs::remove_all(run);
+    }
+  });
+  world.broadcast(resume_run);
   platform::reset_peak_memory();
   const auto t0 = std::chrono::steady_clock::now();
   try {
-    o.result = train::train(c, resume_run, progress);
+    o.result = train::train(c, !resume_run.empty(), progress);
     if (o.result.skipped * 2 > o.result.steps) {
       o.status = "diverged";
       o.note = "skipped " + std::to_string(o.result.skipped) + " of " + std::to_string(o.result.steps) + " steps (non-finite gradients)";
@@ -498,17 +510,22 @@ CompareReport compare(const CompareConfig& given, bool resume, const CompareProg
     if (!names.insert(run_name(r)).second) throw Error("compare: two recipes would share the run folder '" + run_name(r) + "'");
 
   const fs::path dir(config.out);
-  if (!resume) io::make_folder(dir.string());
-  const io::FolderLock lock(dir.string(), resume ? "compare --resume" : "compare");  // one comparison writes here at a time
-  if (!resume) {
-    if (fs::exists(dir / "compare.json"))
-      throw Error("compare: '" + config.out + "' already holds a comparison; use --resume to continue it or another --out");
-    for (const std::string& name : names)  // never delete run folders this comparison did not make
-      if (fs::exists(dir / "runs" / name))
-        throw Error("compare: '" + (dir / "runs" / name).string() + "' already exists; choose another --out");
-    io::make_folder((dir / "runs").string());
-    write_text(dir / "compare.json", json{{"recipes", config.recipes}, {"config", config.base.to_toml()}}.dump(2) + "\n");
-  }
+  // Rank 0 alone writes the comparison's folder (data parallelism: every rank trains each recipe).
+  const platform::World& world = platform::world();
+  std::unique_ptr<io::FolderLock> lock;
+  train::on_root(world, [&] {
+    if (!resume) io::make_folder(dir.string());
+    lock = std::make_unique<io::FolderLock>(dir.string(), resume ? "compare --resume" : "compare");  // one comparison writes here at a time
+    if (!resume) {
+      if (fs::exists(dir / "compare.json"))
+        throw Error("compare: '" + config.out + "' already holds a comparison; use --resume to continue it or another --out");
+      for (const std::string& name : names)  // never delete run folders this comparison did not make
+        if (fs::exists(dir / "runs" / name))
+          throw Error("compare: '" + (dir / "runs" / name).string() + "' already exists; choose another --out");
+      io::make_folder((dir / "runs").string());
+      write_text(dir / "compare.json", json{{"recipes", config.recipes}, {"config", config.base.to_toml()}}.dump(2) + "\n");
+    }
+  });
   CompareReport rep;
   rep.dir = config.out;
   const auto t_start = std::chrono::steady_clock::now();
@@ -517,8 +534,13 @@ CompareReport compare(const CompareConfig& given, bool resume, const CompareProg
   for (size_t i = 0; i < config.recipes.size(); ++i) {
     const std::string& recipe = config.recipes[i];
     const fs::path outcome_file = dir / "runs" / run_name(recipe) / "outcome.json";
-    if (resume && fs::exists(outcome_file)) {
-      RecipeOutcome done = read_json_file(outcome_file, "; delete it to rerun that recipe", outcome_from);
+    std::string done_before;  // rank 0 reads a finished recipe's outcome and tells the other ranks
+    train::on_root(world, [&] {
+      if (resume && fs::exists(outcome_file)) done_before = read_text(outcome_file);
+    });
+    world.broadcast(done_before);
+    if (!done_before.empty()) {
+      RecipeOutcome done = read_json_text(done_before, outcome_file, "; delete it to rerun that recipe", outcome_from);
       if (done.status != "failed") {  // a failed recipe (an error, not divergence) is tried again
         rep.rows.push_back(std::move(done));
         continue;
@@ -538,12 +560,14 @@ CompareReport compare(const CompareConfig& given, bool resume, const CompareProg
     RecipeOutcome o = run_recipe(config, recipe, resume, step_progress);
     finished_seconds += o.seconds;
     ++finished_here;
-    io::make_folder(outcome_file.parent_path().string());  // a recipe that failed early has no run folder
-    write_text(outcome_file, outcome_json(o).dump(2) + "\n");
+    if (world.root()) {
+      io::make_folder(outcome_file.parent_path().string());  // a recipe that failed early has no run folder
+      write_text(outcome_file, outcome_json(o).dump(2) + "\n");
+    }
     rep.rows.push_back(std::move(o));
   }
   set_baselines(rep.rows);
-  write_report(config, rep, command);
+  if (world.root()) write_report(config, rep, command);
   return rep;
 }
 

@@ -177,15 +177,68 @@ float Quantizer::scale_from_amax(double amax, float previous) const {
   return float(std::clamp(s, 0x1p-126, 0x1p127));
 }
 
+namespace {
+thread_local int64_t g_micro_batch = -1;
+}
+
+MicroBatchScope::MicroBatchScope(int64_t index) : previous_(g_micro_batch) {
+  if (index < 0) throw Error("MicroBatchScope: the micro-batch index must be >= 0");
+  g_micro_batch = index;
+}
+MicroBatchScope::~MicroBatchScope() { g_micro_batch = previous_; }
+
+uint64_t Quantizer::begin_training_call() {
+  if (g_micro_batch < 0) {
+    ++steps_;
+    return rounding_seed();
+  }
+  if (g_micro_batch != micro_) {
+    micro_ = g_micro_batch;
+    micro_calls_ = 0;
+  }
+  call_ = micro_calls_++;
+  step_calls_ = std::max(step_calls_, micro_calls_);
+  // Micro-batch 0's bits are those of the same call without a scope; others move to their own
+  // range (2^40 steps apart).
+  return rounding_seed() + uint64_t(call_ + 1) + (uint64_t(g_micro_batch) << 40);
+}
+
+void Quantizer::end_training_call() {
+  if (c_.scaling != Scaling::delayed) return;
+  if (g_micro_batch < 0) return record_amax(stats_.amax);
+  if (step_amax_.size() <= size_t(call_)) step_amax_.resize(size_t(call_) + 1, 0.0f);
+  float& a = step_amax_[size_t(call_)];
+  if (!(a >= stats_.amax)) a = stats_.amax;  // the maximum, NaN kept
+}
+
+void Quantizer::record_amax(float amax) {
+  history_.push_back(amax);
+  if (int(history_.size()) > c_.history) history_.pop_front();
+  if (steps_ % c_.update_interval == 0) {
+    const double h = c_.reduce == HistoryReduce::max ? *std::max_element(history_.begin(), history_.end()) : history_.back();
+    scale_ = scale_from_amax(h, scale_);
+  }
+}
+
+void Quantizer::commit_step() {
+  for (int64_t k = 0; k < step_calls_; ++k) {
+    ++steps_;
+    if (c_.scaling == Scaling::delayed) record_amax(step_amax_.at(size_t(k)));
+  }
+  micro_ = -1;
+  micro_calls_ = step_calls_ = 0;
+  step_amax_.clear();
+}
+
 Quantized Quantizer::quantize(const ScaledTensor& x, bool as_values, QuantizeMode mode) {
   if (c_.scaling != Scaling::scalify) return quantize(x.is_scaled() ? x.value() : x.data, as_values, mode);
   QuantStats scratch;
   QuantStats& st = mode == QuantizeMode::training ? stats_ : scratch;
-  if (mode == QuantizeMode::training) ++steps_;
+  const uint64_t seed = mode == QuantizeMode::training ? begin_training_call() : rounding_seed();
   Quantized q;
   q.per_tensor = x;
   const float s = x.any_scale ? 1.0f : x.scalar_scale();
-  q.per_tensor.data = encode(x.data, c_.format, 1.0f, c_, st, as_values, rounding_seed());
+  q.per_tensor.data = encode(x.data, c_.format, 1.0f, c_, st, as_values, seed);
   st.scale = s;
   st.amax = float(st.amax * s);
   return q;
@@ -194,41 +247,34 @@ Quantized Quantizer::quantize(const ScaledTensor& x, bool as_values, QuantizeMod
 Quantized Quantizer::quantize(const Tensor& x, bool as_values, QuantizeMode mode) {
   if (mode == QuantizeMode::inference) {
     QuantStats scratch = stats_;  // amax_bias falls back to the last bias when amax is 0
-    return quantize_with(x, as_values, scratch);
+    return quantize_with(x, as_values, scratch, rounding_seed());
   }
-  ++steps_;
+  const uint64_t seed = begin_training_call();
   if (c_.scaling != Scaling::none && c_.scaling != Scaling::scalify && c_.scaling != Scaling::constant_bias) count_scale_statistic();
-  Quantized q = quantize_with(x, as_values, stats_);
-  if (c_.scaling == Scaling::delayed) {  // record this step's amax (measured in the same pass)
-    history_.push_back(stats_.amax);
-    if (int(history_.size()) > c_.history) history_.pop_front();
-    if (steps_ % c_.update_interval == 0) {
-      const double h = c_.reduce == HistoryReduce::max ? *std::max_element(history_.begin(), history_.end()) : history_.back();
-      scale_ = scale_from_amax(h, scale_);
-    }
-  }
+  Quantized q = quantize_with(x, as_values, stats_, seed);
+  end_training_call();  // this step's amax (measured in the same pass)
   return q;
 }
 
-Quantized Quantizer::quantize_with(const Tensor& x, bool as_values, QuantStats& st) const {
+Quantized Quantizer::quantize_with(const Tensor& x, bool as_values, QuantStats& st, uint64_t seed) const {
   Quantized q;
   const Format f = c_.format;
   switch (c_.scaling) {
     case Scaling::none:
     case Scaling::scalify: {
-      q.per_tensor = ScaledTensor(encode(x, f, 1.0f, c_, st, as_values, rounding_seed()), 1.0f);
+      q.per_tensor = ScaledTensor(encode(x, f, 1.0f, c_, st, as_values, seed), 1.0f);
       st.scale = 1;
       return q;
     }
     case Scaling::current: {
       const float s = scale_from_amax(amax_of(x), 1.0f);
-      q.per_tensor = ScaledTensor(encode(x, f, s, c_, st, as_values, rounding_seed()), 1.0f / s);
+      q.per_tensor = ScaledTensor(encode(x, f, s, c_, st, as_values, seed), 1.0f / s);
       st.scale = 1.0f / s;
       return q;
     }
     case Scaling::delayed: {  // the scale from past steps
       const float s = scale_;
-      q.per_tensor = ScaledTensor(encode(x, f, s, c_, st, as_values, rounding_seed()), 1.0f / s);
+      q.per_tensor = ScaledTensor(encode(x, f, s, c_, st, as_values, seed), 1.0f / s);
       st.scale = 1.0f / s;
       return q;
     }
@@ -241,7 +287,7 @@ Quantized Quantizer::quantize_with(const Tensor& x, bool as_values, QuantStats& 
         b = std::clamp(b, -126, 127);  // 2^b and 2^-b stay finite and non-zero in f32 (tiny amax)
       }
       const float s = std::ldexp(1.0f, b);  // x * 2^b before the cast: exact
-      q.per_tensor = ScaledTensor(encode(x, f, s, c_, st, as_values, rounding_seed()), std::ldexp(1.0f, -b));
+      q.per_tensor = ScaledTensor(encode(x, f, s, c_, st, as_values, seed), std::ldexp(1.0f, -b));
       st.scale = std::ldexp(1.0f, -b);
       st.bias = b;
       return q;
@@ -257,7 +303,7 @@ Quantized Quantizer::quantize_with(const Tensor& x, bool as_values, QuantStats& 
                                  : c_.block;
       const Tensor xs = x.to(DType::f32).contiguous();
       q.blocks = quantize_blocks(std::span(xs.data<float>(), size_t(xs.numel())), size_t(x.size(0)), size_t(x.size(1)), f, spec,
-                                 c_.rounding, rounding_seed());
+                                 c_.rounding, seed);
       q.blockwise = true;
       if (collect_statistics()) block_statistics(xs, q.blocks, st);
       // An empty tensor ([0, n] or [n, 0]) has no blocks and no scales.

@@ -95,6 +95,25 @@ struct QuantizerState {
   int64_t steps = 0;
 };
 
+// Gradient accumulation and data parallelism: while a MicroBatchScope lives on this thread, a
+// training quantisation belongs to global micro-batch `index` of the current optimizer step. The
+// quantiser then keeps the state it had at the step's start (delayed scaling's scale, the step
+// count), draws stochastic-rounding bits from (stream, step, micro-batch, call), and gathers the
+// step's amax per call (step_amax(), the maximum over its micro-batches) until commit_step(),
+// which advances it once per call as if the step were one batch. So the micro-batches of a step
+// can run in any order on any rank: N ranks reach the same state as one process that
+// accumulates the same N micro-batches. Without a scope each quantisation is its own step.
+class MicroBatchScope {
+ public:
+  explicit MicroBatchScope(int64_t index);
+  ~MicroBatchScope();
+  MicroBatchScope(const MicroBatchScope&) = delete;
+  MicroBatchScope& operator=(const MicroBatchScope&) = delete;
+
+ private:
+  int64_t previous_;
+};
+
 class Quantizer {
  public:
   // `stream` tells this quantiser's stochastic-rounding bits apart from every other's (a layer's
@@ -112,18 +131,30 @@ class Quantizer {
   float delayed_scale() const { return scale_; }  // the scale delayed scaling will use next
   QuantizerState state() const;
   void load_state(const QuantizerState& s);  // throws on a history longer than configured
+  // Under MicroBatchScope: the amax of each of this step's calls so far (delayed scaling; empty
+  // otherwise), for the ranks to reduce by maximum before commit_step() records it.
+  std::vector<float>& step_amax() { return step_amax_; }
+  void commit_step();
 
  private:
   float scale_from_amax(double amax, float previous) const;
   // The quantisation itself, from the current state; fills `stats` and changes nothing else.
-  Quantized quantize_with(const Tensor& x, bool as_values, QuantStats& stats) const;
-  uint64_t rounding_seed() const;  // stochastic rounding's seed for the current step
+  Quantized quantize_with(const Tensor& x, bool as_values, QuantStats& stats, uint64_t seed) const;
+  uint64_t rounding_seed() const;  // stochastic rounding's seed after the steps so far
+  // A training quantisation's start: its rounding seed; advances the state unless in a scope.
+  uint64_t begin_training_call();
+  void end_training_call();      // records stats_.amax: into the history, or into step_amax()
+  void record_amax(float amax);  // delayed scaling: one step's amax into the history and scale
   QuantizerConfig c_;
   uint64_t stream_ = 0;
   QuantStats stats_;
   std::deque<float> history_;
   float scale_ = 1;  // encode factor (x * scale before the cast), delayed scaling's state
   int64_t steps_ = 0;
+  // Within a MicroBatchScope's step: the micro-batch being quantised, its calls so far, the most
+  // calls of any micro-batch, and the open call's index.
+  int64_t micro_ = -1, micro_calls_ = 0, step_calls_ = 0, call_ = -1;
+  std::vector<float> step_amax_;
 };
 
 }  // namespace scalify::quant

@@ -187,6 +187,7 @@ std::string Recipe::to_json() const {
   if (high_precision != HighPrecisionLayers{})  // written only when set: every earlier recipe's JSON is unchanged
     j["high_precision"] = {
         {"first_blocks", high_precision.first_blocks}, {"last_blocks", high_precision.last_blocks}, {"layers", high_precision.layers}};
+  if (gradient_allreduce) j["gradient_allreduce"] = format_name(*gradient_allreduce);  // likewise
   return j.dump(2);
 }
 
@@ -236,10 +237,11 @@ LinearRecipe linear_from(const json& lin) {
 }
 
 Recipe from_parsed(const json& j) {
-  only_known_fields(j,
-                    {"name", "linear", "master_weight", "scaled_state", "optimizer_state", "weight_gradient", "rescale_every",
-                     "rescale_norm_grad", "rescale_gradients", "unit_scaled", "data_storage", "loss_scaling", "high_precision"},
-                    "the recipe");
+  only_known_fields(
+      j,
+      {"name", "linear", "master_weight", "scaled_state", "optimizer_state", "weight_gradient", "rescale_every", "rescale_norm_grad",
+       "rescale_gradients", "unit_scaled", "data_storage", "loss_scaling", "high_precision", "gradient_allreduce"},
+      "the recipe");
   Recipe r;
   r.name = field<std::string>(j, "name", "recipe");
   r.linear = linear_from(field<json>(j, "linear", "recipe"));
@@ -274,6 +276,7 @@ Recipe from_parsed(const json& j) {
     r.high_precision.last_blocks = int_field(hp, "last_blocks", "high_precision", 0, 1 << 20);
     r.high_precision.layers = field<std::vector<std::string>>(hp, "layers", "high_precision");
   }
+  if (j.contains("gradient_allreduce")) r.gradient_allreduce = parse_format(field<std::string>(j, "gradient_allreduce", "recipe"));
   return r;
 }
 }  // namespace
@@ -287,6 +290,10 @@ void Recipe::validate() const {
         "data_storage must be f32, f16 or bf16 (every activation and gradient is held in it; for FP8 or FP4 matmuls set the "
         "linear roles' formats), got " +
         std::string(dtype_name(data_storage)));
+  if (gradient_allreduce && *gradient_allreduce != Format::f16 && *gradient_allreduce != Format::bf16 &&
+      *gradient_allreduce != Format::e4m3 && *gradient_allreduce != Format::e5m2)
+    refuse("gradient_allreduce must be f16, bf16, e4m3 or e5m2 (leave it out to exchange gradients in their own storage), got " +
+           std::string(format_name(*gradient_allreduce)));
   for (const auto& [operand, config] : linear.operands()) {
     if (!linear.quantized) break;  // an unquantised linear layer uses none of its operands
     const QuantizerConfig& c = *config;
@@ -494,6 +501,10 @@ const PresetDef kPresets[] = {
     {"nvfp4_all_layers", [](Recipe& r) { fp4(r, {.last_block_high_precision = false}); }},
     {"mxfp4", [](Recipe& r) { fp4(r, {.mx = true}); }},
     {"mxfp4_rceil", [](Recipe& r) { fp4(r, {.mx = true, .mx_rule = BlockScaleRule::mx_ceil}); }},
+    // f32 training whose gradients cross between ranks in a narrower format (train/data_parallel.hpp).
+    {"f32_allreduce_f16", [](Recipe& r) { r.gradient_allreduce = Format::f16; }},
+    {"f32_allreduce_e4m3", [](Recipe& r) { r.gradient_allreduce = Format::e4m3; }},
+    {"f32_allreduce_e5m2", [](Recipe& r) { r.gradient_allreduce = Format::e5m2; }},
 };
 
 }  // namespace

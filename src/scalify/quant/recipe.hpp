@@ -1,6 +1,7 @@
 #pragma once
 // A recipe: how every tensor role of a training run is stored and scaled, as named, serialisable
 // plain data (SPEC §2, §4-§6). Presets reproduce the experiment rows of the seeds.
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -39,6 +40,11 @@ struct Recipe {
   // back to the parameters' storage. f32: activations f32 unless the parameters are narrower.
   DType data_storage = DType::f32;
   LossScalerConfig loss_scaling{LossScalerConfig::Kind::none};
+  // How the ranks exchange gradients (train/data_parallel.hpp): unset, in their own storage,
+  // summed exactly as accumulation sums them; f16, bf16, e4m3 or e5m2, each rank's gradient cast
+  // to it with one power-of-two scale per tensor shared by the ranks, and summed in f32. The cast
+  // applies on one process too, so a single-process run shows what the format costs.
+  std::optional<Format> gradient_allreduce;
 
   // The linear layer `layer` of decoder block `block` (of `blocks`): `linear`, or a plain matmul
   // where the layer stays in high precision.
@@ -59,7 +65,7 @@ struct Recipe {
 //   fp8_cscale (seed 003, b = 4 from a sweep), mxfp8, blockwise (seed 004); f16_loss_scaled; the
 //   baselines with no scaling of any kind, fp16_unscaled and fp8_unscaled; FP4: nvfp4, its
 //   ablations (nvfp4_no_hadamard, _no_sr, _1x16_weights, _no_tensor_scale, _all_layers), mxfp4 and
-//   mxfp4_rceil.
+//   mxfp4_rceil; f32 with low-precision gradient communication: f32_allreduce_f16, _e4m3, _e5m2.
 std::vector<std::string> preset_names();
 Recipe preset(const std::string& name);  // throws listing the valid names
 // A preset name, or the path of a recipe JSON file (anything ending in .json).

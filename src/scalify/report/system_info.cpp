@@ -4,6 +4,7 @@
 
 #include "scalify/formats/kernels.hpp"
 #include "scalify/platform/cpu.hpp"
+#include "scalify/platform/world.hpp"
 #include "scalify/tensor/gemm.hpp"
 
 namespace scalify::report {
@@ -21,6 +22,7 @@ std::vector<std::pair<std::string, std::string>> system_info() {
       {"gemm f32", "oneDNN sgemm"},
       {"gemm fp8 codes", gemm::code_gemm_name(gemm::code_gemm())},
       {"threads", std::to_string(omp_get_max_threads())},
+      {"processes", platform::world_description()},
   };
 }
 

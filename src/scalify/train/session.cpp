@@ -11,6 +11,7 @@
 #include "scalify/error.hpp"
 #include "scalify/io/safetensors.hpp"
 #include "scalify/platform/memory.hpp"
+#include "scalify/platform/world.hpp"
 #include "scalify/quant/quantizer.hpp"
 #include "scalify/train/corpus.hpp"
 
@@ -288,12 +289,21 @@ EvalResult eval_session(const Session& s, const std::vector<uint8_t>& val) {
   const NoGrad no_grad;
   const std::vector<size_t> starts = eval_starts(val.size(), s.cfg.model.seq, size_t(s.cfg.eval_windows));
   if (starts.empty()) throw Error("eval: validation data shorter than one window of " + std::to_string(s.cfg.model.seq + 1) + " bytes");
-  double total = 0;
-  for (size_t i = 0; i < starts.size(); i += size_t(s.cfg.batch)) {
+  // Batch k of the windows is rank k mod N's; the batches' losses are summed in batch order on
+  // every rank, the same double as one process's sum.
+  const platform::World& world = platform::world();
+  const size_t batches = (starts.size() + size_t(s.cfg.batch) - 1) / size_t(s.cfg.batch), ranks = size_t(world.size());
+  const size_t per_rank = (batches + ranks - 1) / ranks;
+  std::vector<double> mine(per_rank, 0.0), all(per_rank * ranks);
+  for (size_t j = 0; j < per_rank && j * ranks + size_t(world.rank()) < batches; ++j) {
+    const size_t i = (j * ranks + size_t(world.rank())) * size_t(s.cfg.batch);
     const std::vector<size_t> chunk(starts.begin() + std::ptrdiff_t(i),
                                     starts.begin() + std::ptrdiff_t(std::min(starts.size(), i + size_t(s.cfg.batch))));
-    total += batch_loss(s, val, chunk) * double(chunk.size());
+    mine[j] = batch_loss(s, val, chunk) * double(chunk.size());
   }
+  world.allgather(mine.data(), per_rank * sizeof(double), all.data());
+  double total = 0;
+  for (size_t k = 0; k < batches; ++k) total += all[(k % ranks) * per_rank + k / ranks];
   EvalResult r;
   r.windows = starts.size();
   r.loss = total / double(starts.size());

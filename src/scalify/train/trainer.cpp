@@ -24,7 +24,9 @@
 #include "scalify/quant/recipe.hpp"
 #include "scalify/scaled/scaled_ops.hpp"
 #include "scalify/tensor/ops.hpp"
+#include "scalify/platform/world.hpp"
 #include "scalify/train/corpus.hpp"
+#include "scalify/train/data_parallel.hpp"
 #include "scalify/train/ptq.hpp"
 #include "scalify/train/session.hpp"
 
@@ -125,6 +127,21 @@ OpenRun open_new_run(const TrainConfig& config, const fs::path& dir) {
   return run;
 }
 
+// A resumed run's session and counters from its checkpoint (what every rank reads).
+void load_resumed_state(OpenRun& run, const TrainConfig& config, const std::string& ckpt_path) {
+  // The given config (the run's config.toml, possibly with overrides such as more steps);
+  // loading checks that the checkpoint's tensors fit its model.
+  const io::SafeTensors st = read_checkpoint(ckpt_path).first;
+  // A run keeps its recipe: one given again (--recipe, or an edited JSON file) must be the same.
+  if (st.metadata.count("recipe") && st.metadata.at("recipe") != quant::load_recipe(config.recipe).to_json())
+    throw Error("resume: recipe '" + config.recipe + "' differs from the one '" + config.out +
+                "' was trained with (recorded in its checkpoint); " + "a run keeps its recipe: start a new run to train under another");
+  run.session = load_session(st, config, ckpt_path);
+  const json state = json::parse(st.metadata.at("scalify.state"));
+  run.start = state.at("step").get<int64_t>();
+  run.skipped = state.at("skipped").get<int64_t>();
+}
+
 OpenRun open_resumed_run(const TrainConfig& config, const fs::path& dir) {
   const std::string ckpt_path = (dir / "checkpoint.safetensors").string(), model_path = (dir / "model.safetensors").string();
   if (!fs::is_directory(dir)) throw Error("resume: '" + config.out + "' is not a run folder");
@@ -137,17 +154,7 @@ OpenRun open_resumed_run(const TrainConfig& config, const fs::path& dir) {
                                                      "again with `scalify train --config " +
                                                          (dir / "config.toml").string() + "`"
                                                    : ""));
-  // The given config (the run's config.toml, possibly with overrides such as more steps);
-  // loading checks that the checkpoint's tensors fit its model.
-  const io::SafeTensors st = read_checkpoint(ckpt_path).first;
-  // A run keeps its recipe: one given again (--recipe, or an edited JSON file) must be the same.
-  if (st.metadata.count("recipe") && st.metadata.at("recipe") != quant::load_recipe(config.recipe).to_json())
-    throw Error("resume: recipe '" + config.recipe + "' differs from the one '" + config.out +
-                "' was trained with (recorded in its checkpoint); " + "a run keeps its recipe: start a new run to train under another");
-  run.session = load_session(st, config, ckpt_path);
-  const json state = json::parse(st.metadata.at("scalify.state"));
-  run.start = state.at("step").get<int64_t>();
-  run.skipped = state.at("skipped").get<int64_t>();
+  load_resumed_state(run, config, ckpt_path);
   // Only a run killed between its last checkpoint and model.safetensors resumes at its last step.
   if (config.steps < run.start || (config.steps == run.start && fs::exists(model_path)))
     throw Error("resume: '" + config.out + "' is at step " + std::to_string(run.start) + " and --steps is " + std::to_string(config.steps) +
@@ -161,6 +168,20 @@ OpenRun open_resumed_run(const TrainConfig& config, const fs::path& dir) {
   return run;
 }
 
+// The run folder opened by rank 0, which alone writes it; the other ranks build the same session
+// (from the checkpoint on a resume) once rank 0 has found the folder sound.
+OpenRun open_run(const TrainConfig& config, const fs::path& dir, bool resume, const platform::World& world) {
+  OpenRun run;
+  on_root(world, [&] { run = resume ? open_resumed_run(config, dir) : open_new_run(config, dir); });
+  if (world.root()) return run;
+  if (resume) {
+    load_resumed_state(run, config, (dir / "checkpoint.safetensors").string());
+  } else {
+    run.session = make_session(config, nullptr);
+  }
+  return run;
+}
+
 // What one optimizer step did.
 struct StepOutcome {
   double loss = 0, grad_norm = 0;
@@ -168,21 +189,26 @@ struct StepOutcome {
   double state_bytes = 0;  // with measure_state: state_bytes_per_parameter before the update
 };
 
-// A step's forward and backward over its batches (gradients accumulated); its mean loss.
-double forward_backward(Session& s, const Corpus& corpus, int64_t step) {
+// A step's forward and backward over this rank's micro-batches (gradients accumulated), the
+// gradients summed over the ranks and the quantisers' step committed; the step's mean loss.
+double forward_backward(Session& s, const Corpus& corpus, int64_t step, const platform::World& world, AllreduceCost& cost) {
   const TrainConfig& cfg = s.cfg;
   const int64_t T = cfg.model.seq;
-  double loss_sum = 0;
-  for (int64_t micro = 0; micro < cfg.accum; ++micro) {
+  const MicroBatches mine = rank_micro_batches(cfg.accum, world);
+  std::vector<double> losses;
+  for (int64_t micro = mine.first; micro < mine.first + mine.count; ++micro) {
+    const quant::MicroBatchScope scope(micro);
     const Batch b =
         make_batch(corpus.train, train_starts(corpus.train.size(), cfg.batch, T, cfg.seed, uint64_t(step * cfg.accum + micro)), T);
     Var loss = s.forward_model().loss(b.ids, b.targets);
-    loss_sum += loss.value().item();
+    losses.push_back(loss.value().item());
     if (cfg.accum > 1) loss = loss * (1.0 / double(cfg.accum));
     if (s.scaler) loss = s.scaler->scale_loss(loss);
     loss.backward();
   }
-  return loss_sum / double(cfg.accum);
+  cost = allreduce_gradients(s.names, s.params, s.recipe.gradient_allreduce, world);
+  commit_quantizers(s.model, world);
+  return mean_loss(losses, world);
 }
 
 // The update after forward_backward: the loss scaler, the weight-gradient cast, clipping and
@@ -211,7 +237,8 @@ StepOutcome update(Session& s, double loss, int64_t step, bool measure_state) {
 struct RunTotals {
   double scale_statistics = 0, underflow = 0, clipped = 0;
   int64_t operand_stats = 0;
-  std::vector<double> speeds;  // tokens/s of every step but the process's first
+  std::vector<double> speeds;                                 // tokens/s of every step but the process's first
+  double comm_bytes = 0, comm_seconds = 0, step_seconds = 0;  // the gradient all-reduce's, summed over steps
 };
 
 // metrics.jsonl's "data_storage" record: each op's values lost rounding into the data storage.
@@ -246,20 +273,40 @@ json quant_record(const Session& s, TrainResult& r, RunTotals& totals) {
 }  // namespace
 
 TrainResult train(const TrainConfig& config, bool resume, const Progress& progress, int64_t stop_after) {
-  config.validate();
   struct RestoreStatistics {  // the loop switches the quantisers' counting per step; on again after
     ~RestoreStatistics() { quant::set_collect_statistics(true); }
   } restore_statistics;
   const fs::path dir(config.out);
-  const Corpus corpus = corpus_for(config);  // bad data fails here, before the run folder exists
-  OpenRun run = resume ? open_resumed_run(config, dir) : open_new_run(config, dir);
+  const platform::World& world = platform::world();
+  // Bad input fails here, before the run folder exists, on every rank alike (each reads the same).
+  const Corpus corpus = [&] {
+    try {
+      config.validate();
+      rank_micro_batches(config.accum, world);
+      return corpus_for(config);
+    } catch (const Error& e) {
+      if (world.size() == 1) throw;  // its own type (a FileError is Python's OSError)
+      throw platform::EveryRankError(e.what());
+    }
+  }();
+  OpenRun run = open_run(config, dir, resume, world);
   Session& s = *run.session;
   const TrainConfig& cfg = s.cfg;
   const int64_t start = run.start;
   int64_t skipped = run.skipped;
-  io::write_text_atomically((dir / "config.toml").string(), cfg.to_toml());  // what this run trains with, overrides included
-  std::ofstream log((dir / "train.log").string(), std::ios::app), metrics((dir / "metrics.jsonl").string(), std::ios::app);
-  if (!log || !metrics) throw Error("cannot write into the run folder '" + config.out + "'");
+  // Rank 0 writes the folder; the other ranks' streams stay closed, so what they write goes nowhere.
+  std::ofstream log, metrics;
+  if (world.root()) {
+    io::write_text_atomically((dir / "config.toml").string(), cfg.to_toml());  // what this run trains with, overrides included
+    log.open((dir / "train.log").string(), std::ios::app);
+    metrics.open((dir / "metrics.jsonl").string(), std::ios::app);
+    if (!log || !metrics) throw Error("cannot write into the run folder '" + config.out + "'");
+  }
+  if (world.size() > 1)
+    log << "data parallel: " << platform::world_description() << ", " << cfg.accum / world.size() << " micro-batch(es) of " << cfg.batch
+        << " windows each per step (accum " << cfg.accum << "), gradients exchanged "
+        << (s.recipe.gradient_allreduce ? "in " + std::string(format_name(*s.recipe.gradient_allreduce)) : std::string("in their storage"))
+        << "\n";
   log << run.how << ": recipe " << cfg.recipe << " (quantised: " << quant::quantized_layers(s.recipe)
       << (s.recipe.unit_scaled ? "; unit-scaled model" : "") << "), " << cfg.model.parameter_count() << " parameters, corpus "
       << corpus.source << " (" << corpus.files.size() << " text files, " << corpus.train.size() << " training / " << corpus.val.size()
@@ -288,7 +335,10 @@ TrainResult train(const TrainConfig& config, bool resume, const Progress& progre
     quant::set_collect_statistics(stats_step);  // the quantisers' underflow/clip counts: only when recorded
     std::optional<StorageCastRecorder> casts;
     if (stats_step && s.recipe.data_storage != DType::f32) casts.emplace();
-    const double loss = forward_backward(s, corpus, step);
+    AllreduceCost comm;
+    const double loss = forward_backward(s, corpus, step, world, comm);
+    totals.comm_bytes += comm.bytes_sent;
+    totals.comm_seconds += comm.seconds;
     if (casts) {  // recorded before the update, which a divergence stops
       metrics << json{{"step", step}, {"data_storage", data_storage_record(*casts)}}.dump() << "\n";
       casts.reset();
@@ -303,17 +353,21 @@ TrainResult train(const TrainConfig& config, bool resume, const Progress& progre
     const double tps = double(tokens_per_step) / std::max(secs, 1e-9);
     const int64_t statistics = scale_statistics() - statistics_before;
     totals.scale_statistics += double(statistics);
+    totals.step_seconds += secs;
     if (step > start) totals.speeds.push_back(tps);  // the first step warms caches and thread pools
-    metrics << json{{"step", step},
-                    {"loss", o.loss},
-                    {"lr", lr},
-                    {"grad_norm", o.grad_norm},
-                    {"skipped", skipped},
-                    {"loss_scale", s.scaler ? s.scaler->scale() : 1.0},
-                    {"scale_statistics", statistics},
-                    {"tokens_per_s", std::round(tps)}}
-                   .dump()
-            << "\n";
+    json line = {{"step", step},
+                 {"loss", o.loss},
+                 {"lr", lr},
+                 {"grad_norm", o.grad_norm},
+                 {"skipped", skipped},
+                 {"loss_scale", s.scaler ? s.scaler->scale() : 1.0},
+                 {"scale_statistics", statistics},
+                 {"tokens_per_s", std::round(tps)}};
+    if (world.size() > 1 || s.recipe.gradient_allreduce) {  // the gradient exchange: bytes this rank sent, and its time
+      line["allreduce_bytes"] = comm.bytes_sent;
+      line["allreduce_s"] = comm.seconds;
+    }
+    metrics << line.dump() << "\n";
     if (stats_step && !s.model.quantized_linears().empty())
       metrics << json{{"step", step}, {"quant", quant_record(s, r, totals)}}.dump() << "\n";
     if ((step + 1) % cfg.eval_every == 0 || step + 1 == cfg.steps) {
@@ -325,8 +379,10 @@ TrainResult train(const TrainConfig& config, bool resume, const Progress& progre
       log << "step " << step + 1 << ": val_loss " << e.loss << ", " << e.bits_per_byte << " bits per byte\n";
     }
     metrics.flush();
-    if ((step + 1) % cfg.checkpoint_every == 0 || step + 1 == end)
-      save_checkpoint(s, (dir / "checkpoint.safetensors").string(), step + 1, skipped);
+    if ((step + 1) % cfg.checkpoint_every == 0 || step + 1 == end) {
+      check_parameters_agree(s.names, s.params, step + 1, world);
+      if (world.root()) save_checkpoint(s, (dir / "checkpoint.safetensors").string(), step + 1, skipped);
+    }
     if (progress) {
       StepProgress p{step + 1, cfg.steps, o.loss, tps, std::chrono::duration<double>(clock::now() - t_start).count(), 0};
       p.eta_s = p.elapsed_s / double(step + 1 - start) * double(end - step - 1);
@@ -346,7 +402,13 @@ TrainResult train(const TrainConfig& config, bool resume, const Progress& progre
   r.steps = end;
   r.skipped = skipped;
   r.train_loss = last_loss;
-  if (end == cfg.steps) save_checkpoint(s, (dir / "model.safetensors").string(), end, skipped);
+  r.world_size = world.size();
+  if (end > start) r.allreduce_bytes_per_step = totals.comm_bytes / double(end - start);
+  if (totals.step_seconds > 0) r.allreduce_share = totals.comm_seconds / totals.step_seconds;
+  if (end == cfg.steps) {
+    check_parameters_agree(s.names, s.params, end, world);
+    if (world.root()) save_checkpoint(s, (dir / "model.safetensors").string(), end, skipped);
+  }
   log << "stopped at step " << end << " of " << cfg.steps << "\n";
   return r;
 }

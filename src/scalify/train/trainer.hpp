@@ -29,6 +29,9 @@ struct TrainResult {
   double scale_statistics_per_step = 0;                            // mean count of amax / RMS reductions that set a scale
   double mean_underflow = 0, max_underflow = 0, mean_clipped = 0;  // over every quantised operand's statistics
   double state_bytes_per_parameter = 0;                            // master weights + gradients + optimizer state (+ scales), measured
+  int world_size = 1;                                              // the ranks that trained (data parallelism, train/data_parallel.hpp)
+  double allreduce_bytes_per_step = 0;                             // the gradient all-reduce: bytes this rank sent per step
+  double allreduce_share = 0;                                      // and its share of the step time
   double peak_memory_mb = 0;  // the process's peak resident memory up to the last step's update (earlier evaluations included)
   std::string run_dir;
 };

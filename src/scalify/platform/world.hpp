@@ -1,0 +1,48 @@
+#pragma once
+// The processes one run spans: MPI_COMM_WORLD when the process was started by mpirun (or another
+// MPI launcher) in a build with MPI, else this process alone. Data parallelism (train/
+// data_parallel.hpp) talks to the other ranks only through this interface; every call is a
+// collective that each rank makes in the same order.
+#include <cstddef>
+#include <string>
+#include <vector>
+
+#include "scalify/error.hpp"
+
+namespace scalify::platform {
+
+class World {
+ public:
+  virtual ~World() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  // recv (size() * bytes) gets every rank's `bytes` from send, in rank order.
+  virtual void allgather(const void* send, size_t bytes, void* recv) const = 0;
+  // send holds size() blocks of `bytes`; block r goes to rank r; recv gets block rank() of every
+  // rank, in rank order (the exchange of a reduce-scatter).
+  virtual void alltoall(const void* send, size_t bytes, void* recv) const = 0;
+  // Elementwise maximum over the ranks, in place (exact: a maximum does not round).
+  virtual void max(std::vector<double>& values) const = 0;
+  // Rank 0's text, on every rank.
+  virtual void broadcast(std::string& text) const = 0;
+  // Ends every rank of the run at once (after a failure one rank alone saw); never returns.
+  [[noreturn]] virtual void abort(int exit_code) const = 0;
+  bool root() const { return rank() == 0; }
+};
+
+// An error every rank of the run raises alike (a check each makes of the same input, or one rank 0
+// made and shared): each rank ends with it, rank 0 alone reporting it. Any other error on a rank
+// of several ends the whole run at once (World::abort), since the others may wait for it.
+class EveryRankError : public Error {
+ public:
+  using Error::Error;
+};
+
+// The run's world. MPI is initialised on first use when the environment says an MPI launcher
+// started the process (OMPI_COMM_WORLD_SIZE, PMI_SIZE or PMIX_RANK), and finalised at exit.
+const World& world();
+// "1 process" or "2 processes (MPI)", and whether this build can run on several (for `info`).
+std::string world_description();
+bool built_with_mpi();
+
+}  // namespace scalify::platform

@@ -1,0 +1,273 @@
+#include "scalify/train/data_parallel.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <span>
+
+#include "scalify/error.hpp"
+#include "scalify/formats/bulk.hpp"
+#include "scalify/io/crc32c.hpp"
+#include "scalify/quant/linear.hpp"
+#include "scalify/tensor/ops.hpp"
+
+namespace scalify::train {
+
+using platform::World;
+
+MicroBatches rank_micro_batches(int64_t accum, const World& world) {
+  const int64_t n = world.size();
+  if (accum % n != 0)
+    throw platform::EveryRankError("data parallel: the step's accum=" + std::to_string(accum) + " micro-batches cannot be split evenly over " +
+                std::to_string(n) + " ranks; set accum to a multiple of " + std::to_string(n) + " (--set accum=" + std::to_string(n) +
+                ": one micro-batch of `batch` windows per rank)");
+  return {world.rank() * (accum / n), accum / n};
+}
+
+namespace {
+
+using clock = std::chrono::steady_clock;
+
+// A gradient's layout, the same on every rank for the same model.
+struct GradHeader {
+  uint32_t dtype = 0, flags = 0;  // flags: 1 defined, 2 any_scale, 4 scaled
+  float scale = 1;
+  uint32_t pad = 0;
+  int64_t numel = 0;
+  bool same_layout(const GradHeader& o) const { return dtype == o.dtype && (flags & 1) == (o.flags & 1) && numel == o.numel; }
+};
+
+GradHeader header_of(const std::string& name, const ScaledTensor& g) {
+  GradHeader h;
+  if (!g.data.defined()) return h;
+  if (g.scale.defined() && g.scale.numel() != 1)
+    throw Error("data parallel: the gradient of '" + name + "' has per-block scales, which the all-reduce does not exchange");
+  h.dtype = uint32_t(g.data.dtype());
+  h.flags = 1 | (g.any_scale ? 2 : 0) | (g.scale.defined() ? 4 : 0);
+  h.scale = g.scale.defined() ? float(g.scale.item()) : 1.0f;
+  h.numel = g.data.numel();
+  return h;
+}
+
+// The gradient rank r sent, rebuilt from its bytes.
+ScaledTensor gradient_from(const GradHeader& h, const Shape& shape, const std::byte* bytes) {
+  Tensor data = Tensor::empty(shape, DType(h.dtype));
+  std::memcpy(data.raw_bytes(), bytes, size_t(h.numel) * dtype_size(DType(h.dtype)));
+  ScaledTensor g = (h.flags & 4) ? ScaledTensor(data, Tensor::scalar(h.scale)) : ScaledTensor(data);
+  g.any_scale = (h.flags & 2) != 0;
+  return g;
+}
+
+// Exact: every rank's gradient as it is, summed in rank order by backward()'s rule.
+AllreduceCost allreduce_in_storage(const std::vector<std::string>& names, const std::vector<Var>& params, const World& world) {
+  const size_t n = params.size(), ranks = size_t(world.size());
+  std::vector<GradHeader> mine(n), all(n * ranks);
+  std::vector<Tensor> data(n);
+  size_t bytes = 0;
+  for (size_t i = 0; i < n; ++i) {
+    mine[i] = header_of(names[i], params[i].scaled_grad());
+    if (!(mine[i].flags & 1)) continue;
+    data[i] = params[i].scaled_grad().data.contiguous();
+    bytes += size_t(mine[i].numel) * dtype_size(data[i].dtype());
+  }
+  world.allgather(mine.data(), n * sizeof(GradHeader), all.data());
+  for (size_t r = 1; r < ranks; ++r)
+    for (size_t i = 0; i < n; ++i)
+      if (!all[r * n + i].same_layout(mine[i]))
+        throw Error("data parallel: rank " + std::to_string(r) + "'s gradient of '" + names[i] +
+                    "' differs from rank 0's in shape or storage (the ranks run different models?)");
+  std::vector<std::byte> send(bytes), recv(bytes * ranks);
+  size_t at = 0;
+  for (size_t i = 0; i < n; ++i)
+    if (data[i].defined()) {
+      const size_t b = size_t(data[i].numel()) * dtype_size(data[i].dtype());
+      std::memcpy(send.data() + at, data[i].raw_bytes(), b);
+      at += b;
+    }
+  world.allgather(send.data(), bytes, recv.data());
+  at = 0;
+  for (size_t i = 0; i < n; ++i) {
+    if (!data[i].defined()) continue;
+    const DType storage = params[i].scaled().data.dtype();
+    ScaledTensor sum;
+    for (size_t r = 0; r < ranks; ++r) {
+      const ScaledTensor g = gradient_from(all[r * n + i], params[i].shape(), recv.data() + r * bytes + at);
+      sum = r == 0 ? g : accumulate_gradient(sum, g, storage);
+    }
+    Var(params[i]).set_grad(sum);
+    at += size_t(data[i].numel()) * dtype_size(data[i].dtype());
+  }
+  return {double(ranks - 1) * double(bytes + n * sizeof(GradHeader)), 0};
+}
+
+// The power of two that puts amax at or just below the format's largest value (1 for amax 0).
+float shared_scale(double amax, double format_max) {
+  if (!(amax > 0)) return 1.0f;
+  int e = 0;
+  std::frexp(format_max / amax, &e);  // format_max / amax = m 2^e, m in [0.5, 1)
+  return std::ldexp(1.0f, std::clamp(e - 1, -126, 127));
+}
+
+// One parameter's slice of the flat gradient: elements [begin, end) of the concatenation.
+struct Segment {
+  size_t param, begin, end;
+};
+
+// Low precision: reduce-scatter of the cast values, f32 sums in rank order, all-gather of the
+// sums cast again.
+AllreduceCost allreduce_on_wire(const std::vector<Var>& params, Format wire, const World& world) {
+  const size_t ranks = size_t(world.size()), rank = size_t(world.rank());
+  const size_t code_bytes = size_t(info(wire).storage_bytes());
+  const double top = max_value(wire);
+  std::vector<size_t> with_grad, offset;
+  std::vector<Tensor> values;
+  size_t total = 0;
+  std::vector<double> amax;
+  for (size_t i = 0; i < params.size(); ++i) {
+    const ScaledTensor& g = params[i].scaled_grad();
+    if (!g.data.defined()) continue;
+    Tensor v;
+    try {
+      v = g.value().to(DType::f32).contiguous();
+    } catch (const Error&) {  // beyond f32: not finite for the wire
+      v = Tensor::full(g.shape(), NAN);
+    }
+    const float a = scalify::amax(std::span(v.data<float>(), size_t(v.numel())));
+    amax.push_back(std::isfinite(a) ? double(a) : INFINITY);
+    with_grad.push_back(i);
+    offset.push_back(total);
+    values.push_back(v);
+    total += size_t(v.numel());
+  }
+  world.max(amax);
+  const size_t slice = (total + ranks - 1) / ranks;  // elements per rank, the last slice padded with zeros
+  // The segments of [lo, hi) of the flat gradient.
+  auto segments = [&](size_t lo, size_t hi) {
+    std::vector<Segment> out;
+    for (size_t k = 0; k < with_grad.size(); ++k) {
+      const size_t b = std::max(lo, offset[k]), e = std::min(hi, offset[k] + size_t(values[k].numel()));
+      if (b < e) out.push_back({k, b, e});
+    }
+    return out;
+  };
+  std::vector<std::byte> send(slice * ranks * code_bytes), recv(send.size());
+  for (size_t k = 0; k < with_grad.size(); ++k)
+    if (std::isfinite(amax[k]))
+      quantize(std::span<const float>(values[k].data<float>(), size_t(values[k].numel())), wire, shared_scale(amax[k], top),
+               std::span(send.data() + offset[k] * code_bytes, size_t(values[k].numel()) * code_bytes));
+  world.alltoall(send.data(), slice * code_bytes, recv.data());
+  // This rank's slice: every rank's values summed in rank order.
+  const size_t lo = std::min(total, rank * slice), hi = std::min(total, lo + slice);
+  const std::vector<Segment> mine = segments(lo, hi);
+  std::vector<float> sum(slice, 0.0f), part(slice);
+  for (size_t r = 0; r < ranks; ++r)
+    for (const Segment& s : mine) {
+      if (!std::isfinite(amax[s.param])) continue;
+      const size_t n = s.end - s.begin, at = s.begin - lo;
+      dequantize(std::span(recv.data() + (r * slice + at) * code_bytes, n * code_bytes), wire, 1.0f / shared_scale(amax[s.param], top),
+                 std::span(part.data(), n));
+      for (size_t j = 0; j < n; ++j) sum[at + j] += part[j];
+    }
+  std::vector<double> amax2(with_grad.size(), 0.0);
+  for (const Segment& s : mine)
+    amax2[s.param] = std::max(amax2[s.param], double(scalify::amax(std::span(sum.data() + (s.begin - lo), s.end - s.begin))));
+  world.max(amax2);
+  std::vector<std::byte> codes(slice * code_bytes, std::byte{0}), gathered(slice * ranks * code_bytes);
+  for (const Segment& s : mine)
+    if (std::isfinite(amax[s.param]))
+      quantize(std::span<const float>(sum.data() + (s.begin - lo), s.end - s.begin), wire, shared_scale(amax2[s.param], top),
+               std::span(codes.data() + (s.begin - lo) * code_bytes, (s.end - s.begin) * code_bytes));
+  world.allgather(codes.data(), codes.size(), gathered.data());
+  for (size_t k = 0; k < with_grad.size(); ++k) {
+    Var p = params[with_grad[k]];
+    const size_t n = size_t(values[k].numel());
+    Tensor v = Tensor::empty(p.shape(), DType::f32);
+    std::span<float> out(v.data<float>(), n);
+    if (std::isfinite(amax[k]))
+      dequantize(std::span(gathered.data() + offset[k] * code_bytes, n * code_bytes), wire, 1.0f / shared_scale(amax2[k], top), out);
+    else
+      std::fill(out.begin(), out.end(), NAN);
+    // Back into the gradient's own storage, under its own scale.
+    const ScaledTensor& g = p.scaled_grad();
+    if (g.has_single_scale())
+      p.set_grad(ScaledTensor(ops::scale_shift(v, 1.0 / g.scalar_scale(), 0.0).to(g.data.dtype()), g.scalar_scale()));
+    else
+      p.set_grad(ScaledTensor(v.to(g.data.dtype())));
+  }
+  return {2.0 * double(ranks - 1) * double(slice * code_bytes) + double(ranks - 1) * 16.0 * double(with_grad.size()), 0};
+}
+
+}  // namespace
+
+AllreduceCost allreduce_gradients(const std::vector<std::string>& names, const std::vector<Var>& params, std::optional<Format> wire,
+                                  const World& world) {
+  const auto t0 = clock::now();
+  if (!wire && world.size() == 1) return {};
+  AllreduceCost c = wire ? allreduce_on_wire(params, *wire, world) : allreduce_in_storage(names, params, world);
+  c.seconds = std::chrono::duration<double>(clock::now() - t0).count();
+  return c;
+}
+
+double mean_loss(const std::vector<double>& my_losses, const World& world) {
+  std::vector<double> all(my_losses.size() * size_t(world.size()));
+  world.allgather(my_losses.data(), my_losses.size() * sizeof(double), all.data());
+  double sum = 0;
+  for (double l : all) sum += l;  // rank order is micro-batch order
+  return sum / double(all.size());
+}
+
+void commit_quantizers(const nn::Gpt& model, const World& world) {
+  std::vector<quant::Quantizer*> all;
+  for (const auto& [layer, q] : model.quantized_linears())
+    for (const auto& [role, quantizer] : q->quantizers()) all.push_back(quantizer);
+  if (world.size() > 1) {
+    std::vector<double> amax;
+    for (quant::Quantizer* q : all)
+      for (float a : q->step_amax()) amax.push_back(std::isnan(a) ? INFINITY : double(a));
+    std::vector<double> count{double(amax.size()), -double(amax.size())};  // the max and (minus) the min
+    world.max(count);
+    if (count[0] != -count[1]) throw Error("data parallel: the ranks quantised different numbers of tensors in one step");
+    world.max(amax);
+    size_t at = 0;
+    for (quant::Quantizer* q : all)
+      for (float& a : q->step_amax()) a = float(amax[at++]);
+  }
+  for (quant::Quantizer* q : all) q->commit_step();
+}
+
+void check_parameters_agree(const std::vector<std::string>& names, const std::vector<Var>& params, int64_t step, const World& world) {
+  if (world.size() == 1) return;
+  std::vector<uint32_t> mine(params.size()), all(params.size() * size_t(world.size()));
+  for (size_t i = 0; i < params.size(); ++i) {
+    const ScaledTensor& v = params[i].scaled();
+    const Tensor d = v.data.contiguous();
+    uint32_t crc = io::crc32c(d.raw_bytes(), size_t(d.numel()) * dtype_size(d.dtype()));
+    if (v.scale.defined()) {
+      const Tensor s = v.scale.contiguous();
+      crc = io::crc32c(s.raw_bytes(), size_t(s.numel()) * dtype_size(s.dtype()), crc);
+    }
+    mine[i] = crc;
+  }
+  world.allgather(mine.data(), mine.size() * sizeof(uint32_t), all.data());
+  for (size_t r = 1; r < size_t(world.size()); ++r)
+    for (size_t i = 0; i < params.size(); ++i)
+      if (all[r * params.size() + i] != all[i])
+        throw Error("data parallel: parameter '" + names[i] + "' differs between rank 0 and rank " + std::to_string(r) + " after step " +
+                    std::to_string(step) + " (the ranks drifted apart; the run stops before writing a checkpoint)");
+}
+
+void on_root(const World& world, const std::function<void()>& fn) {
+  if (world.size() == 1) return fn();
+  std::string error;
+  if (world.root()) try {
+      fn();
+    } catch (const Error& e) {
+      error = e.what();
+      if (error.empty()) error = "(an error without a message)";
+    }
+  world.broadcast(error);
+  if (!error.empty()) throw platform::EveryRankError(error);
+}
+
+}  // namespace scalify::train

@@ -1,0 +1,69 @@
+#pragma once
+// Data parallelism: one run on the ranks of platform::world() (mpirun -np N), each holding the
+// whole model. A step's `accum` micro-batches are split evenly over the ranks (rank r runs
+// micro-batches r A/N .. (r+1) A/N - 1 of the step's A), so a run's config says the same thing
+// on any number of ranks: the global batch is batch x accum, whatever N divides accum.
+//
+// What crosses between ranks, and when (docs/DATA_PARALLEL.md):
+// - after the backward passes: every parameter gradient (allreduce_gradients), and the
+//   micro-batches' losses (mean_loss);
+// - then every quantiser's amax of the step, reduced by maximum, before the quantisers commit
+//   the step (commit_quantizers): delayed scaling's history is the same on every rank;
+// - at evaluation: each rank's share of the validation windows' losses (eval_session);
+// - before every checkpoint: a checksum of every parameter (check_parameters_agree).
+// Rank 0 alone writes the run folder. With one process all of it reduces to the plain trainer.
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "scalify/autograd/var.hpp"
+#include "scalify/formats/format.hpp"
+#include "scalify/nn/gpt.hpp"
+#include "scalify/platform/world.hpp"
+
+namespace scalify::train {
+
+struct MicroBatches {
+  int64_t first = 0, count = 1;  // of the step's accum, this rank's
+};
+// This rank's share; throws (naming both) when the world's size does not divide accum.
+MicroBatches rank_micro_batches(int64_t accum, const platform::World& world);
+
+// What one all-reduce of the gradients cost this rank.
+struct AllreduceCost {
+  double bytes_sent = 0, seconds = 0;
+};
+// Sums every parameter's gradient over the ranks, leaving the same sum on each.
+// wire unset: each rank's gradient goes to every other in its own storage (all-gather), and each
+//   rank sums them in rank order with accumulate_gradient, the rule backward() accumulates with:
+//   N ranks of one micro-batch each give the bits of one process accumulating the N.
+// wire f16 / bf16 / e4m3 / e5m2: the gradients' values, each tensor times one power of two shared
+//   by the ranks (2^floor(log2(max / amax)), amax the maximum over the ranks), are cast to the
+//   format (nearest even, saturating); a reduce-scatter sends rank r the r-th slice of every
+//   rank's codes, which it sums in f32 in rank order; the sums are cast again with a new shared
+//   power of two and all-gathered. Two roundings into the format, on one process too.
+// A gradient that is not finite on any rank comes back NaN on every rank (a loss scaler skips
+// the step; without one the trainer stops with its divergence error).
+AllreduceCost allreduce_gradients(const std::vector<std::string>& names, const std::vector<Var>& params, std::optional<Format> wire,
+                                  const platform::World& world);
+
+// The mean of every micro-batch's loss of the step, summed in micro-batch order on every rank
+// (the same double as one process's sum over them).
+double mean_loss(const std::vector<double>& my_losses, const platform::World& world);
+
+// Reduces the step's amax of every quantiser of the model by maximum over the ranks, then
+// commits the step on each (quant::Quantizer::commit_step).
+void commit_quantizers(const nn::Gpt& model, const platform::World& world);
+
+// Throws, on every rank, naming the first parameter whose bits differ between rank 0 and another
+// rank (a CRC-32C of its data and scale): drift between ranks stops the run instead of going on.
+void check_parameters_agree(const std::vector<std::string>& names, const std::vector<Var>& params, int64_t step,
+                            const platform::World& world);
+
+// Runs fn on rank 0 alone; an error it throws (scalify::Error) is thrown on every rank with the
+// same message (platform::EveryRankError), so all ranks stop together with it.
+void on_root(const platform::World& world, const std::function<void()>& fn);
+
+}  // namespace scalify::train
