@@ -9,7 +9,8 @@
 #   rank sends, 1/4 of the f32 exchange's (checked against the formula), and its loss stays near f32's;
 # - faults: a rank killed with -9 ends the run non-zero within a bounded time, leaving a valid
 #   checkpoint; bad input (accum not divisible by the ranks, a missing corpus, a run folder that
-#   holds a run) stops every rank with one clear error.
+#   holds a run) stops every rank with one clear error;
+# - compare on 2 ranks gives one process's table; a command other than train and compare refuses.
 set -euo pipefail
 cli="$(realpath "$1")"
 mpirun="$2"
@@ -48,20 +49,30 @@ cmp "$out/one/delayed/model.safetensors" "$out/resumed/delayed/model.safetensors
 (cd "$out/two" && mpi2 train --recipe f32_allreduce_e4m3 --out e4m3 --steps 12 "${tiny[@]}" > e4m3.log 2>&1) ||
   { cat "$out/two/e4m3.log"; exit 1; }
 python3 - "$out/two" <<'PY'
-import json, sys
+import json, math, struct, sys
 d = sys.argv[1]
 def steps(run):
     return [j for j in map(json.loads, open(f"{d}/{run}/metrics.jsonl")) if "loss" in j]
-params = 34176  # d_model=32, layers=2 (train.log says so)
+with open(f"{d}/f32/model.safetensors", "rb") as f:
+    header = json.loads(f.read(struct.unpack("<Q", f.read(8))[0]))
+sizes = [math.prod(v["shape"]) for k, v in header.items() if k.startswith("param.")]
 f32, e4m3 = steps("f32"), steps("e4m3")
-# f32, exchanged in its storage: every element's 4 bytes and a 24-byte header per tensor, to the other rank.
-tensors, rest = divmod(f32[0]["allreduce_bytes"] - 4 * params, 24)
-assert rest == 0 and 20 < tensors < 40, f32[0]["allreduce_bytes"]
-# e4m3 on the wire: one byte per element of half the gradient, sent twice, and 16 bytes per tensor.
-assert e4m3[0]["allreduce_bytes"] == 2 * ((params + 1) // 2) + 16 * tensors, e4m3[0]["allreduce_bytes"]
+# In storage (f32): to the other rank a 24-byte header per tensor, then half of each tensor's
+# 4-byte elements (rounded up) there and the sums back.
+assert f32[0]["allreduce_bytes"] == 24 * len(sizes) + sum(8 * ((n + 1) // 2) for n in sizes), f32[0]
+# e4m3: half the concatenated gradient, one byte per element, there and back, and 16 bytes per tensor.
+assert e4m3[0]["allreduce_bytes"] == 2 * ((sum(sizes) + 1) // 2) + 16 * len(sizes), e4m3[0]
 l32, l8 = f32[-1]["loss"], e4m3[-1]["loss"]
 assert abs(l8 - l32) < 0.02, (l32, l8)  # measured: 0.002 after 12 steps
 PY
+
+# compare on 2 ranks: the same table as on one process (the losses; timings differ), report from rank 0.
+mkdir "$out/cmp1" "$out/cmp2"
+cmp_args=(--recipes delayed --steps 6 "${tiny[@]}")
+(cd "$out/cmp1" && "$cli" compare --out cmp "${cmp_args[@]}" > log 2>&1) || { cat "$out/cmp1/log"; exit 1; }
+(cd "$out/cmp2" && mpi2 compare --out cmp "${cmp_args[@]}" > log 2>&1) || { cat "$out/cmp2/log"; exit 1; }
+diff <(cut -d, -f1-11 "$out/cmp1/cmp/summary.csv") <(cut -d, -f1-11 "$out/cmp2/cmp/summary.csv")
+grep -q "processes: 2 processes (MPI)" "$out/cmp2/cmp/report.md"
 
 # Faults: kill -9 of rank 1 mid-run: the run ends non-zero, quickly, and the checkpoint it left loads.
 cd "$out/two"
@@ -91,4 +102,5 @@ expect_error() {  # pattern, then the command's arguments
 expect_error "cannot be split evenly over 2 ranks" train --out odd --steps 2 "${tiny[@]}" --set accum=3
 expect_error "no-such-corpus" train --out nodata --steps 2 "${tiny[@]}" --data no-such-corpus
 expect_error "already holds a run" train --out f32 --steps 2 "${tiny[@]}"
+expect_error "'eval' runs on one process" eval f32
 echo "data parallel: all checks passed"

@@ -130,20 +130,29 @@ TEST(DataParallel, ANonFiniteGradientOnOneRankIsNaNOnEvery) {
 }
 
 TEST(DataParallel, ExchangeInStorageSumsByTheAccumulationRule) {
-  // Scaled f16 gradients of different scales: the sum is accumulate_gradient's, bit for bit.
-  const Shape shape{3, 5};
-  auto grad_of = [&](int r) {
-    return ScaledTensor(Tensor::randn(shape, uint64_t(40 + r)).to(DType::f16), std::ldexp(1.0f, -3 - 2 * r));
+  // Scaled f16 gradients of different scales: the sum is accumulate_gradient's of the whole
+  // tensors, bit for bit, though each rank sums a slice (of 5 elements, and of the 2-element
+  // tensor one, one or none).
+  auto grad_of = [&](const Shape& shape, int r) {
+    return ScaledTensor(Tensor::randn(shape, uint64_t(40 + r + shape[0])).to(DType::f16), std::ldexp(1.0f, -3 - 2 * r));
   };
-  const ScaledTensor expected = accumulate_gradient(accumulate_gradient(grad_of(0), grad_of(1), DType::f16), grad_of(2), DType::f16);
   ThreadRanks all(3);
   all.run([&](const platform::World& world) {
-    Var p(ScaledTensor(Tensor::zeros(shape, DType::f16), 1.0f), true);
-    p.set_grad(grad_of(world.rank()));
-    allreduce_gradients({"p"}, {p}, std::nullopt, world);
-    EXPECT_EQ(p.scaled_grad().scalar_scale(), expected.scalar_scale());
-    EXPECT_EQ(p.scaled_grad().data.dtype(), DType::f16);
-    EXPECT_EQ(p.scaled_grad().data.to_floats(), expected.data.to_floats());
+    std::vector<Var> params;
+    for (const Shape& shape : {Shape{3, 5}, Shape{2}}) {
+      params.emplace_back(ScaledTensor(Tensor::zeros(shape, DType::f16), 1.0f), true);
+      params.back().set_grad(grad_of(shape, world.rank()));
+    }
+    const AllreduceCost cost = allreduce_gradients({"p", "q"}, params, std::nullopt, world);
+    EXPECT_EQ(cost.bytes_sent, 2.0 * (2 * 24 + 2 * (5 + 1) * 2));  // to 2 others: headers, f16 slices there and back
+    for (const Var& p : params) {
+      const Shape& shape = p.shape();
+      const ScaledTensor expected =
+          accumulate_gradient(accumulate_gradient(grad_of(shape, 0), grad_of(shape, 1), DType::f16), grad_of(shape, 2), DType::f16);
+      EXPECT_EQ(p.scaled_grad().scalar_scale(), expected.scalar_scale());
+      EXPECT_EQ(p.scaled_grad().data.dtype(), DType::f16);
+      EXPECT_EQ(p.scaled_grad().data.to_floats(), expected.data.to_floats());
+    }
   });
 }
 

@@ -41,6 +41,15 @@ int main(int argc, char** argv) {
     // Under mpirun: MPI starts here. Rank 0 speaks for the run; the others print only errors.
     const scalify::platform::World& world = scalify::platform::world();
     ranks = world.size();
+    // Data parallelism is train's and compare's; any other command on several ranks would only
+    // do the same work N times, each rank writing the same files.
+    const std::string command = argc > 1 ? argv[1] : "";
+    if (ranks > 1 && command != "train" && command != "compare" && command != "info") {
+      if (world.root())
+        std::fprintf(stderr, "scalify: error: '%s' runs on one process; only train and compare use several (mpirun -np %d)\n",
+                     command.c_str(), ranks);
+      return 2;
+    }
     if (!world.root()) {
       who = "scalify (rank " + std::to_string(world.rank()) + ")";
       if (!std::freopen("/dev/null", "w", stdout)) return 2;

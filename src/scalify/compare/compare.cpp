@@ -42,6 +42,7 @@ const std::map<std::string, std::vector<std::string>>& named_lists() {
       {"scalify", {"scalify_fp16_1", "scalify_fp16_2", "scalify_fp8_3", "scalify_fp8_4"}},
       {"unit", {"unit_f32", "unit_fp16", "unit_fp8"}},
       {"per_tensor", {"current", "delayed", "fp8_amax", "fp8_cscale"}},
+      {"allreduce", {"f32_allreduce_f16", "f32_allreduce_e4m3", "f32_allreduce_e5m2"}},
       {"fp4",
        {"nvfp4", "nvfp4_no_hadamard", "nvfp4_no_sr", "nvfp4_1x16_weights", "nvfp4_no_tensor_scale", "nvfp4_all_layers", "mxfp4",
         "mxfp4_rceil"}},

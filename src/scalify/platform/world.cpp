@@ -104,6 +104,11 @@ bool built_with_mpi() {
 #endif
 }
 
+const World& single_process() {
+  static const SingleProcess single;
+  return single;
+}
+
 const World& world() {
 #ifdef SCALIFY_HAVE_MPI
   if (launched_by_mpi()) {
@@ -116,8 +121,7 @@ const World& world() {
     throw Error("this scalify was built without MPI, so " + std::string(n) +
                 " processes started by mpirun would each train alone: install libopenmpi-dev and rebuild");
 #endif
-  static const SingleProcess single;
-  return single;
+  return single_process();
 }
 
 std::string world_description() {

@@ -41,6 +41,8 @@ class EveryRankError : public Error {
 // The run's world. MPI is initialised on first use when the environment says an MPI launcher
 // started the process (OMPI_COMM_WORLD_SIZE, PMI_SIZE or PMIX_RANK), and finalised at exit.
 const World& world();
+// This process alone: for work that is not the run's to share (a report evaluating one rank's copy).
+const World& single_process();
 // "1 process" or "2 processes (MPI)", and whether this build can run on several (for `info`).
 std::string world_description();
 bool built_with_mpi();

@@ -19,9 +19,10 @@ using platform::World;
 MicroBatches rank_micro_batches(int64_t accum, const World& world) {
   const int64_t n = world.size();
   if (accum % n != 0)
-    throw platform::EveryRankError("data parallel: the step's accum=" + std::to_string(accum) + " micro-batches cannot be split evenly over " +
-                std::to_string(n) + " ranks; set accum to a multiple of " + std::to_string(n) + " (--set accum=" + std::to_string(n) +
-                ": one micro-batch of `batch` windows per rank)");
+    throw platform::EveryRankError("data parallel: the step's accum=" + std::to_string(accum) +
+                                   " micro-batches cannot be split evenly over " + std::to_string(n) +
+                                   " ranks; set accum to a multiple of " + std::to_string(n) + " (--set accum=" + std::to_string(n) +
+                                   ": one micro-batch of `batch` windows per rank)");
   return {world.rank() * (accum / n), accum / n};
 }
 
@@ -50,55 +51,87 @@ GradHeader header_of(const std::string& name, const ScaledTensor& g) {
   return h;
 }
 
-// The gradient rank r sent, rebuilt from its bytes.
+// A gradient (or a slice of one, `shape`) rebuilt from its bytes and its header.
 ScaledTensor gradient_from(const GradHeader& h, const Shape& shape, const std::byte* bytes) {
   Tensor data = Tensor::empty(shape, DType(h.dtype));
-  std::memcpy(data.raw_bytes(), bytes, size_t(h.numel) * dtype_size(DType(h.dtype)));
+  std::memcpy(data.raw_bytes(), bytes, size_t(data.numel()) * dtype_size(DType(h.dtype)));
   ScaledTensor g = (h.flags & 4) ? ScaledTensor(data, Tensor::scalar(h.scale)) : ScaledTensor(data);
   g.any_scale = (h.flags & 2) != 0;
   return g;
 }
 
-// Exact: every rank's gradient as it is, summed in rank order by backward()'s rule.
+// Elements [begin, end) of a gradient of `numel` that rank `r` of `ranks` owns.
+std::pair<size_t, size_t> owned(size_t numel, size_t r, size_t ranks) {
+  const size_t slice = (numel + ranks - 1) / ranks;
+  return {std::min(numel, r * slice), std::min(numel, (r + 1) * slice)};
+}
+
+// Exact: a reduce-scatter of the gradients in their storage, each rank summing its slice of every
+// gradient over the ranks in rank order by backward()'s rule, then an all-gather of the sums. The
+// rule is elementwise with a scale set by the operands' scales alone, so each slice of the sum is
+// the slice of the whole tensors' sum, and its layout (storage, scale) is the rule's on stand-ins.
 AllreduceCost allreduce_in_storage(const std::vector<std::string>& names, const std::vector<Var>& params, const World& world) {
-  const size_t n = params.size(), ranks = size_t(world.size());
-  std::vector<GradHeader> mine(n), all(n * ranks);
-  std::vector<Tensor> data(n);
-  size_t bytes = 0;
-  for (size_t i = 0; i < n; ++i) {
-    mine[i] = header_of(names[i], params[i].scaled_grad());
-    if (!(mine[i].flags & 1)) continue;
-    data[i] = params[i].scaled_grad().data.contiguous();
-    bytes += size_t(mine[i].numel) * dtype_size(data[i].dtype());
-  }
+  const size_t n = params.size(), ranks = size_t(world.size()), me = size_t(world.rank());
+  std::vector<GradHeader> mine(n), all(n * ranks), sum(n);
+  for (size_t i = 0; i < n; ++i) mine[i] = header_of(names[i], params[i].scaled_grad());
   world.allgather(mine.data(), n * sizeof(GradHeader), all.data());
   for (size_t r = 1; r < ranks; ++r)
     for (size_t i = 0; i < n; ++i)
       if (!all[r * n + i].same_layout(mine[i]))
         throw Error("data parallel: rank " + std::to_string(r) + "'s gradient of '" + names[i] +
                     "' differs from rank 0's in shape or storage (the ranks run different models?)");
-  std::vector<std::byte> send(bytes), recv(bytes * ranks);
-  size_t at = 0;
-  for (size_t i = 0; i < n; ++i)
-    if (data[i].defined()) {
-      const size_t b = size_t(data[i].numel()) * dtype_size(data[i].dtype());
-      std::memcpy(send.data() + at, data[i].raw_bytes(), b);
-      at += b;
-    }
-  world.allgather(send.data(), bytes, recv.data());
-  at = 0;
+  // Each gradient's place in the exchanged blocks: its slice (padded) in its storage, then in the sum's.
+  std::vector<size_t> slice(n, 0), at_in(n, 0), at_out(n, 0);
+  size_t block_in = 0, block_out = 0;
+  const std::byte zeros[16] = {};
   for (size_t i = 0; i < n; ++i) {
-    if (!data[i].defined()) continue;
+    if (!(mine[i].flags & 1)) continue;
     const DType storage = params[i].scaled().data.dtype();
-    ScaledTensor sum;
-    for (size_t r = 0; r < ranks; ++r) {
-      const ScaledTensor g = gradient_from(all[r * n + i], params[i].shape(), recv.data() + r * bytes + at);
-      sum = r == 0 ? g : accumulate_gradient(sum, g, storage);
-    }
-    Var(params[i]).set_grad(sum);
-    at += size_t(data[i].numel()) * dtype_size(data[i].dtype());
+    ScaledTensor stand_in = gradient_from(all[i], {1}, zeros);
+    for (size_t r = 1; r < ranks; ++r) stand_in = accumulate_gradient(stand_in, gradient_from(all[r * n + i], {1}, zeros), storage);
+    sum[i] = header_of(names[i], stand_in);
+    slice[i] = (size_t(mine[i].numel) + ranks - 1) / ranks;
+    at_in[i] = block_in;
+    at_out[i] = block_out;
+    block_in += slice[i] * dtype_size(DType(mine[i].dtype));
+    block_out += slice[i] * dtype_size(DType(sum[i].dtype));
   }
-  return {double(ranks - 1) * double(bytes + n * sizeof(GradHeader)), 0};
+  std::vector<std::byte> send(block_in * ranks), recv(block_in * ranks), mine_summed(block_out), gathered(block_out * ranks);
+  std::vector<Tensor> data(n);
+  for (size_t i = 0; i < n; ++i) {
+    if (!(mine[i].flags & 1)) continue;
+    data[i] = params[i].scaled_grad().data.contiguous();
+    const size_t b = dtype_size(data[i].dtype());
+    for (size_t c = 0; c < ranks; ++c) {
+      const auto [lo, hi] = owned(size_t(mine[i].numel), c, ranks);
+      std::memcpy(send.data() + c * block_in + at_in[i], data[i].raw_bytes() + lo * b, (hi - lo) * b);
+    }
+  }
+  world.alltoall(send.data(), block_in, recv.data());
+  for (size_t i = 0; i < n; ++i) {
+    if (!(mine[i].flags & 1)) continue;
+    const auto [lo, hi] = owned(size_t(mine[i].numel), me, ranks);
+    if (lo == hi) continue;
+    const Shape part{int64_t(hi - lo)};
+    ScaledTensor s = gradient_from(all[i], part, recv.data() + at_in[i]);
+    for (size_t r = 1; r < ranks; ++r)
+      s = accumulate_gradient(s, gradient_from(all[r * n + i], part, recv.data() + r * block_in + at_in[i]),
+                              params[i].scaled().data.dtype());
+    const Tensor d = s.data.contiguous();
+    std::memcpy(mine_summed.data() + at_out[i], d.raw_bytes(), (hi - lo) * dtype_size(d.dtype()));
+  }
+  world.allgather(mine_summed.data(), block_out, gathered.data());
+  for (size_t i = 0; i < n; ++i) {
+    if (!(mine[i].flags & 1)) continue;
+    std::vector<std::byte> whole(size_t(mine[i].numel) * dtype_size(DType(sum[i].dtype)));
+    const size_t b = dtype_size(DType(sum[i].dtype));
+    for (size_t c = 0; c < ranks; ++c) {
+      const auto [lo, hi] = owned(size_t(mine[i].numel), c, ranks);
+      std::memcpy(whole.data() + lo * b, gathered.data() + c * block_out + at_out[i], (hi - lo) * b);
+    }
+    Var(params[i]).set_grad(gradient_from(sum[i], params[i].shape(), whole.data()));
+  }
+  return {double(ranks - 1) * (double(n * sizeof(GradHeader)) + double(block_in + block_out)), 0};
 }
 
 // The power of two that puts amax at or just below the format's largest value (1 for amax 0).

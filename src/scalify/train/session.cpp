@@ -11,7 +11,6 @@
 #include "scalify/error.hpp"
 #include "scalify/io/safetensors.hpp"
 #include "scalify/platform/memory.hpp"
-#include "scalify/platform/world.hpp"
 #include "scalify/quant/quantizer.hpp"
 #include "scalify/train/corpus.hpp"
 
@@ -285,13 +284,12 @@ double batch_loss(const Session& s, const std::vector<uint8_t>& bytes, const std
   return s.forward_model().loss(b.ids, b.targets).value().item();
 }
 
-EvalResult eval_session(const Session& s, const std::vector<uint8_t>& val) {
+EvalResult eval_session(const Session& s, const std::vector<uint8_t>& val, const platform::World& world) {
   const NoGrad no_grad;
   const std::vector<size_t> starts = eval_starts(val.size(), s.cfg.model.seq, size_t(s.cfg.eval_windows));
   if (starts.empty()) throw Error("eval: validation data shorter than one window of " + std::to_string(s.cfg.model.seq + 1) + " bytes");
   // Batch k of the windows is rank k mod N's; the batches' losses are summed in batch order on
   // every rank, the same double as one process's sum.
-  const platform::World& world = platform::world();
   const size_t batches = (starts.size() + size_t(s.cfg.batch) - 1) / size_t(s.cfg.batch), ranks = size_t(world.size());
   const size_t per_rank = (batches + ranks - 1) / ranks;
   std::vector<double> mine(per_rank, 0.0), all(per_rank * ranks);

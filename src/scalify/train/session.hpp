@@ -12,6 +12,7 @@
 #include "scalify/io/safetensors.hpp"
 #include "scalify/nn/gpt.hpp"
 #include "scalify/optim/adamw.hpp"
+#include "scalify/platform/world.hpp"
 #include "scalify/quant/loss_scaler.hpp"
 #include "scalify/quant/recipe.hpp"
 #include "scalify/train/config.hpp"
@@ -83,8 +84,9 @@ TrainConfig checkpoint_config(const io::SafeTensors& st, const std::string& file
 std::unique_ptr<Session> inference_session(const TrainConfig& cfg, quant::Recipe recipe, const std::map<std::string, Tensor>& values);
 // Mean loss of the windows starting at `starts` (no gradients recorded by the caller's NoGrad).
 double batch_loss(const Session& s, const std::vector<uint8_t>& bytes, const std::vector<size_t>& starts);
-// Validation loss over the config's eval windows of `val`.
-EvalResult eval_session(const Session& s, const std::vector<uint8_t>& val);
+// Validation loss over the config's eval windows of `val`; with a world of several ranks, each
+// evaluates its share of the windows (a collective: every rank calls it), the same double.
+EvalResult eval_session(const Session& s, const std::vector<uint8_t>& val, const platform::World& world = platform::single_process());
 // The config's corpus (its data, or the default), split as the trainer splits it.
 Corpus corpus_for(const TrainConfig& cfg);
 

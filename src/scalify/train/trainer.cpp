@@ -371,7 +371,7 @@ TrainResult train(const TrainConfig& config, bool resume, const Progress& progre
     if (stats_step && !s.model.quantized_linears().empty())
       metrics << json{{"step", step}, {"quant", quant_record(s, r, totals)}}.dump() << "\n";
     if ((step + 1) % cfg.eval_every == 0 || step + 1 == cfg.steps) {
-      const EvalResult e = eval_session(s, corpus.val);
+      const EvalResult e = eval_session(s, corpus.val, world);
       metrics << json{{"step", step}, {"val_loss", e.loss}, {"val_bpb", e.bits_per_byte}}.dump() << "\n";
       r.val_loss = e.loss;
       r.val_bpb = e.bits_per_byte;
@@ -391,7 +391,7 @@ TrainResult train(const TrainConfig& config, bool resume, const Progress& progre
   }
   if (end == start) last_loss = NAN;     // a run resumed only to write model.safetensors: no training loss here
   if (!evaluated && end == cfg.steps) {  // ... but its result is still the finished model's
-    const EvalResult e = eval_session(s, corpus.val);
+    const EvalResult e = eval_session(s, corpus.val, world);
     r.val_loss = e.loss;
     r.val_bpb = e.bits_per_byte;
   }
