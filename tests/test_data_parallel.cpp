@@ -42,12 +42,12 @@ class ThreadRanks {
       });
       values = out;
     }
-    void broadcast(std::string& text) const override {
-      std::string root;
+    void broadcast(std::string& text, int from) const override {
+      std::string theirs;
       exchange(&text, [&](int r, const std::byte* their) {
-        if (r == 0) root = *reinterpret_cast<const std::string*>(their);
+        if (r == from) theirs = *reinterpret_cast<const std::string*>(their);
       });
-      text = root;
+      text = theirs;
     }
     [[noreturn]] void abort(int) const override { std::abort(); }
 
@@ -109,7 +109,8 @@ TEST(DataParallel, LowPrecisionExchangeEqualsTheCastSumCastAgain) {
     Var p(Tensor::zeros({n}), true), unused(Tensor::zeros({2}), true);
     p.set_grad(ScaledTensor(Tensor::from_vector(grads[size_t(world.rank())], {n})));
     const AllreduceCost cost = allreduce_gradients({"p", "unused"}, {p, unused}, wire, world);
-    EXPECT_EQ(cost.bytes_sent, 2.0 * (ranks - 1) * ((n + ranks - 1) / ranks) + (ranks - 1) * 16.0);
+    // The codes there and back; to each other rank 24 bytes of header per tensor, 16 of amax per gradient.
+    EXPECT_EQ(cost.bytes_sent, 2.0 * (ranks - 1) * ((n + ranks - 1) / ranks) + (ranks - 1) * (2 * 24.0 + 16.0));
     EXPECT_FALSE(unused.scaled_grad().data.defined());  // no gradient: none made up
     results[size_t(world.rank())] = p.grad().to_floats();
   });
@@ -176,6 +177,21 @@ TEST(DataParallel, MicroBatchesSplitEvenlyOrNotAtAll) {
     EXPECT_EQ(m.first, 2 * world.rank());
     EXPECT_EQ(m.count, 2);
     EXPECT_THROW(rank_micro_batches(3, world), platform::EveryRankError);
+  });
+}
+
+TEST(DataParallel, AnErrorOnOneRankIsEveryRanksWithTheLowestFailingRanksMessage) {
+  ThreadRanks all(3);
+  all.run([&](const platform::World& world) {
+    try {
+      platform::every_rank_agrees(world, [&] {
+        if (world.rank() >= 1) throw Error("corpus missing on rank " + std::to_string(world.rank()));
+      });
+      ADD_FAILURE() << "rank " << world.rank() << " went on";
+    } catch (const platform::EveryRankError& e) {
+      EXPECT_STREQ(e.what(), "corpus missing on rank 1");
+    }
+    platform::every_rank_agrees(world, [] {});  // no error: nothing thrown
   });
 }
 

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "commands.hpp"
+#include "scalify/platform/world.hpp"
 #include "scalify/error.hpp"
 #include "scalify/compare/compare.hpp"
 
@@ -29,18 +30,20 @@ void add_compare_command(CLI::App& app, const std::string& command_line) {
   c->callback([o, c, command_line] {
     compare::CompareConfig cc;
     const bool resume = c->count("--resume") > 0;
-    if (resume) {
-      if (o->resume.empty()) throw Error("compare: --resume needs a comparison folder");
-      for (const char* opt : {"--recipes", "--config", "--data", "--steps", "--set", "--out"})
-        if (c->count(opt) > 0) throw Error(std::string("compare: --resume continues the comparison as it was started; drop ") + opt);
-      cc = compare::comparison_config(o->resume);
-    } else {
-      o->config.apply(cc.base);
-      cc.recipes = compare::recipe_list(o->recipes);
-      if (!o->out.empty()) cc.out = o->out;
-    }
+    platform::every_rank_agrees(platform::world(), [&] {  // each rank reads the same arguments and files
+      if (resume) {
+        if (o->resume.empty()) throw Error("compare: --resume needs a comparison folder");
+        for (const char* opt : {"--recipes", "--config", "--data", "--steps", "--set", "--out"})
+          if (c->count(opt) > 0) throw Error(std::string("compare: --resume continues the comparison as it was started; drop ") + opt);
+        cc = compare::comparison_config(o->resume);
+      } else {
+        o->config.apply(cc.base);
+        cc.recipes = compare::recipe_list(o->recipes);
+        if (!o->out.empty()) cc.out = o->out;
+      }
+    });
     const compare::CompareReport r = compare::compare(cc, resume, status_printer(), command_line);
-    std::fprintf(stderr, "\n");
+    if (platform::world().root()) std::fprintf(stderr, "\n");
     std::printf("%s\nreport: %s/report.md\n", r.table.c_str(), r.dir.c_str());
     if (!r.plot_error.empty()) std::fprintf(stderr, "warning: no plots: %s\n", r.plot_error.c_str());
   });

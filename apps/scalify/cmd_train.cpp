@@ -60,22 +60,24 @@ void add_train_commands(CLI::App& app) {
       t->add_option("--resume", o->resume, "continue the run in this folder from its checkpoint (its config, --steps to extend)");
   t->callback([o, out, recipe, resume] {
     train::TrainConfig c;
-    if (resume->count() > 0) {
-      if (out->count() > 0) throw Error("train: --resume names the run folder to continue; --out has no place beside it");
-      if (!o->config.config.empty())
-        throw Error(
-            "train: --resume continues the run under its own config.toml; --config has no place beside it (--steps and --set override "
-            "keys)");
-      if (o->resume.empty()) throw Error("train: --resume needs a run folder");
-      c = train::run_config(o->resume);
-    }
-    o->config.apply(c, resume->count() == 0);
-    if (resume->count() > 0) c.out = o->resume;  // the run's folder, whatever --set out says
-    if (out->count() > 0) c.out = o->out;
-    if (recipe->count() > 0) {
-      if (o->recipe.empty()) throw Error("train: --recipe is empty; give a preset name or a recipe .json file");
-      c.recipe = o->recipe;
-    }
+    platform::every_rank_agrees(platform::world(), [&] {  // each rank reads the same arguments and files
+      if (resume->count() > 0) {
+        if (out->count() > 0) throw Error("train: --resume names the run folder to continue; --out has no place beside it");
+        if (!o->config.config.empty())
+          throw Error(
+              "train: --resume continues the run under its own config.toml; --config has no place beside it (--steps and --set override "
+              "keys)");
+        if (o->resume.empty()) throw Error("train: --resume needs a run folder");
+        c = train::run_config(o->resume);
+      }
+      o->config.apply(c, resume->count() == 0);
+      if (resume->count() > 0) c.out = o->resume;  // the run's folder, whatever --set out says
+      if (out->count() > 0) c.out = o->out;
+      if (recipe->count() > 0) {
+        if (o->recipe.empty()) throw Error("train: --recipe is empty; give a preset name or a recipe .json file");
+        c.recipe = o->recipe;
+      }
+    });
     const train::TrainResult r = train::train(c, resume->count() > 0, progress_printer());
     if (platform::world().root()) std::fprintf(stderr, "\n");
     std::printf("run folder: %s\nsteps: %lld (skipped %lld)\n", r.run_dir.c_str(), (long long)r.steps, (long long)r.skipped);

@@ -44,7 +44,7 @@ int main(int argc, char** argv) {
     // Data parallelism is train's and compare's; any other command on several ranks would only
     // do the same work N times, each rank writing the same files.
     const std::string command = argc > 1 ? argv[1] : "";
-    if (ranks > 1 && command != "train" && command != "compare" && command != "info") {
+    if (ranks > 1 && command != "train" && command != "compare" && command != "info" && !command.starts_with("-")) {
       if (world.root())
         std::fprintf(stderr, "scalify: error: '%s' runs on one process; only train and compare use several (mpirun -np %d)\n",
                      command.c_str(), ranks);
@@ -52,7 +52,7 @@ int main(int argc, char** argv) {
     }
     if (!world.root()) {
       who = "scalify (rank " + std::to_string(world.rank()) + ")";
-      if (!std::freopen("/dev/null", "w", stdout)) return 2;
+      if (!std::freopen("/dev/null", "w", stdout)) world.abort(2);
     }
   } catch (const scalify::Error& e) {
     std::fprintf(stderr, "scalify: error: %s\n", e.what());

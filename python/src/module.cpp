@@ -28,6 +28,7 @@
 #include "scalify/formats/format.hpp"
 #include "scalify/inspect/inspect.hpp"
 #include "scalify/io/safetensors.hpp"
+#include "scalify/platform/world.hpp"
 #include "scalify/quant/recipe.hpp"
 #include "scalify/train/corpus.hpp"
 #include "scalify/unit/unit_ops.hpp"
@@ -170,7 +171,15 @@ nb::dict train_result(const train::TrainResult& r);
 // Trains as `scalify train --set KEY=VALUE ...` does; progress(step, steps, loss) after every
 // step, with the GIL held only for it. Ctrl-C stops the run between steps (KeyboardInterrupt): its
 // files are as an interrupted CLI run leaves them, resumable from the last checkpoint.
+// Python drives one process: under mpirun its ranks could not stop together (Ctrl-C, a Python
+// error in a callback), so several ranks are refused; `mpirun scalify train` is the way there.
+void refuse_several_ranks() {
+  if (platform::world().size() > 1)
+    throw Error("the Python package trains on one process; for several, run `mpirun -np N scalify train` (docs/DATA_PARALLEL.md)");
+}
+
 nb::dict train(const std::map<std::string, std::string>& settings, bool resume, std::function<void(int64_t, int64_t, double)> progress) {
+  refuse_several_ranks();
   train::TrainConfig c;
   for (const auto& [k, v] : settings) c.set(k, v);
   train::TrainResult r;
@@ -207,6 +216,7 @@ nb::dict train_result(const train::TrainResult& r) {
 nb::list run_compare(const std::map<std::string, std::string>& settings, const std::string& recipes, const std::string& out, bool resume,
                      std::function<void(const std::string&)> progress) {
   scalify::compare::CompareConfig c;
+  refuse_several_ranks();
   for (const auto& [k, v] : settings) c.base.set(k, v);
   c.recipes = scalify::compare::recipe_list(recipes);
   c.out = out;

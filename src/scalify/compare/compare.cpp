@@ -21,7 +21,6 @@
 #include "scalify/report/gnuplot.hpp"
 #include "scalify/platform/world.hpp"
 #include "scalify/report/system_info.hpp"
-#include "scalify/train/data_parallel.hpp"
 
 namespace scalify::compare {
 
@@ -178,7 +177,8 @@ RecipeOutcome run_recipe(const CompareConfig& config, const std::string& recipe,
   const fs::path run(c.out);
   const platform::World& world = platform::world();
   std::string resume_run = "";  // rank 0 looks at the folder and tells the other ranks ("1": resume)
-  train::on_root(world, [&] {
+  platform::every_rank_agrees(world, [&] {
+    if (!world.root()) return;
     resume_run = resume && fs::exists(run / "checkpoint.safetensors") && !fs::exists(run / "model.safetensors") ? "1" : "";
     if (resume_run.empty() && fs::exists(run)) {  // only ever a folder of this comparison, and not while a process trains in it
       const io::FolderLock owned(run.string(), "compare");
@@ -204,6 +204,8 @@ RecipeOutcome run_recipe(const CompareConfig& config, const std::string& recipe,
     o.note = e.what();
     o.result.train_loss = o.result.val_loss = o.result.val_bpb = NAN;
   } catch (const std::exception& e) {  // a recipe that cannot run is a row; the comparison goes on
+    // ... unless it failed on some ranks only: the others may wait for them in a collective.
+    if (world.size() > 1 && !dynamic_cast<const platform::EveryRankError*>(&e)) throw;
     o.status = "failed";
     o.note = e.what();
     o.result.train_loss = o.result.val_loss = o.result.val_bpb = NAN;
@@ -496,25 +498,28 @@ CompareConfig comparison_config(const std::string& out) {
 CompareReport compare(const CompareConfig& given, bool resume, const CompareProgress& progress, const std::string& command) {
   CompareConfig config = given;
   config.base.out = config.out;  // each recipe's run folder is set below; this only validates
-  config.base.validate();
-  if (config.recipes.empty()) throw Error("compare: no recipes");
-  for (std::string& r : config.recipes)  // compare.json must still find them from another directory
-    if (r.ends_with(".json")) r = fs::absolute(r).lexically_normal().string();
-  // f32 is every comparison's baseline (unit_f32 that of the unit-scaled recipes): added when missing.
-  auto has = [&](const std::string& r) { return std::find(config.recipes.begin(), config.recipes.end(), r) != config.recipes.end(); };
-  bool unit = false;
-  for (const std::string& r : config.recipes) unit = unit || quant::load_recipe(r).unit_scaled;
-  if (unit && !has("unit_f32")) config.recipes.insert(config.recipes.begin(), "unit_f32");
-  if (!has("f32")) config.recipes.insert(config.recipes.begin(), "f32");
+  const platform::World& world = platform::world();
   std::set<std::string> names;
-  for (const std::string& r : config.recipes)
-    if (!names.insert(run_name(r)).second) throw Error("compare: two recipes would share the run folder '" + run_name(r) + "'");
+  platform::every_rank_agrees(world, [&] {  // each rank checks the same input
+    config.base.validate();
+    if (config.recipes.empty()) throw Error("compare: no recipes");
+    for (std::string& r : config.recipes)  // compare.json must still find them from another directory
+      if (r.ends_with(".json")) r = fs::absolute(r).lexically_normal().string();
+    // f32 is every comparison's baseline (unit_f32 that of the unit-scaled recipes): added when missing.
+    auto has = [&](const std::string& r) { return std::find(config.recipes.begin(), config.recipes.end(), r) != config.recipes.end(); };
+    bool unit = false;
+    for (const std::string& r : config.recipes) unit = unit || quant::load_recipe(r).unit_scaled;
+    if (unit && !has("unit_f32")) config.recipes.insert(config.recipes.begin(), "unit_f32");
+    if (!has("f32")) config.recipes.insert(config.recipes.begin(), "f32");
+    for (const std::string& r : config.recipes)
+      if (!names.insert(run_name(r)).second) throw Error("compare: two recipes would share the run folder '" + run_name(r) + "'");
+  });
 
   const fs::path dir(config.out);
   // Rank 0 alone writes the comparison's folder (data parallelism: every rank trains each recipe).
-  const platform::World& world = platform::world();
   std::unique_ptr<io::FolderLock> lock;
-  train::on_root(world, [&] {
+  platform::every_rank_agrees(world, [&] {
+    if (!world.root()) return;
     if (!resume) io::make_folder(dir.string());
     lock = std::make_unique<io::FolderLock>(dir.string(), resume ? "compare --resume" : "compare");  // one comparison writes here at a time
     if (!resume) {
@@ -536,8 +541,8 @@ CompareReport compare(const CompareConfig& given, bool resume, const CompareProg
     const std::string& recipe = config.recipes[i];
     const fs::path outcome_file = dir / "runs" / run_name(recipe) / "outcome.json";
     std::string done_before;  // rank 0 reads a finished recipe's outcome and tells the other ranks
-    train::on_root(world, [&] {
-      if (resume && fs::exists(outcome_file)) done_before = read_text(outcome_file);
+    platform::every_rank_agrees(world, [&] {
+      if (world.root() && resume && fs::exists(outcome_file)) done_before = read_text(outcome_file);
     });
     world.broadcast(done_before);
     if (!done_before.empty()) {

@@ -1,5 +1,6 @@
 #include "scalify/platform/world.hpp"
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <string>
@@ -24,7 +25,7 @@ class SingleProcess final : public World {
   void allgather(const void* send, size_t bytes, void* recv) const override { std::memmove(recv, send, bytes); }
   void alltoall(const void* send, size_t bytes, void* recv) const override { std::memmove(recv, send, bytes); }
   void max(std::vector<double>&) const override {}
-  void broadcast(std::string&) const override {}
+  void broadcast(std::string&, int) const override {}
   [[noreturn]] void abort(int exit_code) const override { std::exit(exit_code); }
 };
 
@@ -77,11 +78,11 @@ class MpiWorld final : public World {
   void max(std::vector<double>& values) const override {
     check(MPI_Allreduce(MPI_IN_PLACE, values.data(), int(values.size()), MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD), "allreduce max");
   }
-  void broadcast(std::string& text) const override {
-    unsigned long long n = text.size();
-    check(MPI_Bcast(&n, 1, MPI_UNSIGNED_LONG_LONG, 0, MPI_COMM_WORLD), "broadcast");
+  void broadcast(std::string& text, int from) const override {
+    unsigned long long n = std::min<size_t>(text.size(), kPiece);  // a message, never near 1 GiB
+    check(MPI_Bcast(&n, 1, MPI_UNSIGNED_LONG_LONG, from, MPI_COMM_WORLD), "broadcast");
     text.resize(size_t(n));
-    if (n) check(MPI_Bcast(text.data(), int(n), MPI_CHAR, 0, MPI_COMM_WORLD), "broadcast");
+    if (n) check(MPI_Bcast(text.data(), int(n), MPI_CHAR, from, MPI_COMM_WORLD), "broadcast");
   }
   [[noreturn]] void abort(int exit_code) const override {
     std::fflush(nullptr);
@@ -95,6 +96,23 @@ class MpiWorld final : public World {
 #endif
 
 }  // namespace
+
+void every_rank_agrees(const World& world, const std::function<void()>& fn) {
+  if (world.size() == 1) return fn();
+  std::string error;
+  try {
+    fn();
+  } catch (const std::exception& e) {
+    error = e.what();
+    if (error.empty()) error = "(an error without a message)";
+  }
+  // The lowest failing rank: the largest of size - rank over the failing ranks.
+  std::vector<double> failing{error.empty() ? 0.0 : double(world.size() - world.rank())};
+  world.max(failing);
+  if (failing[0] == 0) return;
+  world.broadcast(error, world.size() - int(failing[0]));
+  throw EveryRankError(error);
+}
 
 bool built_with_mpi() {
 #ifdef SCALIFY_HAVE_MPI
@@ -117,6 +135,7 @@ const World& world() {
   }
 #else
   const char* n = std::getenv("OMPI_COMM_WORLD_SIZE");
+  if (!n) n = std::getenv("PMI_SIZE");
   if (launched_by_mpi() && n && std::string(n) != "1")
     throw Error("this scalify was built without MPI, so " + std::string(n) +
                 " processes started by mpirun would each train alone: install libopenmpi-dev and rebuild");

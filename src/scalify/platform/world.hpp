@@ -1,9 +1,10 @@
 #pragma once
 // The processes one run spans: MPI_COMM_WORLD when the process was started by mpirun (or another
 // MPI launcher) in a build with MPI, else this process alone. Data parallelism (train/
-// data_parallel.hpp) talks to the other ranks only through this interface; every call is a
-// collective that each rank makes in the same order.
+// data_parallel.hpp) talks to the other ranks only through this interface; every call but abort
+// is a collective that each rank makes in the same order.
 #include <cstddef>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -23,20 +24,25 @@ class World {
   virtual void alltoall(const void* send, size_t bytes, void* recv) const = 0;
   // Elementwise maximum over the ranks, in place (exact: a maximum does not round).
   virtual void max(std::vector<double>& values) const = 0;
-  // Rank 0's text, on every rank.
-  virtual void broadcast(std::string& text) const = 0;
+  // Rank `from`'s text, on every rank.
+  virtual void broadcast(std::string& text, int from = 0) const = 0;
   // Ends every rank of the run at once (after a failure one rank alone saw); never returns.
   [[noreturn]] virtual void abort(int exit_code) const = 0;
   bool root() const { return rank() == 0; }
 };
 
-// An error every rank of the run raises alike (a check each makes of the same input, or one rank 0
-// made and shared): each rank ends with it, rank 0 alone reporting it. Any other error on a rank
-// of several ends the whole run at once (World::abort), since the others may wait for it.
+// An error every rank of the run raises alike (from every_rank_agrees, or from values the ranks
+// share, such as the summed loss): each rank ends with it, rank 0 alone reporting it. Any other
+// error on a rank of several ends the whole run at once (World::abort), since the others may
+// wait for it in a collective.
 class EveryRankError : public Error {
  public:
   using Error::Error;
 };
+
+// Runs fn on every rank (a collective): if it throws on any, every rank throws EveryRankError
+// with the message of the lowest failing rank. On one process fn's own exception passes through.
+void every_rank_agrees(const World& world, const std::function<void()>& fn);
 
 // The run's world. MPI is initialised on first use when the environment says an MPI launcher
 // started the process (OMPI_COMM_WORLD_SIZE, PMI_SIZE or PMIX_RANK), and finalised at exit.

@@ -208,7 +208,7 @@ void Quantizer::end_training_call() {
   if (g_micro_batch < 0) return record_amax(stats_.amax);
   if (step_amax_.size() <= size_t(call_)) step_amax_.resize(size_t(call_) + 1, 0.0f);
   float& a = step_amax_[size_t(call_)];
-  if (!(a >= stats_.amax)) a = stats_.amax;  // the maximum, NaN kept
+  if (!std::isnan(a) && (std::isnan(stats_.amax) || stats_.amax > a)) a = stats_.amax;  // the maximum; a NaN stays
 }
 
 void Quantizer::record_amax(float amax) {
@@ -329,6 +329,9 @@ void Quantizer::load_state(const QuantizerState& s) {
   history_.assign(s.history.begin(), s.history.end());
   scale_ = s.scale;
   steps_ = s.steps;
+  micro_ = -1;  // no step open
+  micro_calls_ = step_calls_ = 0;
+  step_amax_.clear();
 }
 
 }  // namespace scalify::quant

@@ -10,6 +10,7 @@
 #include "scalify/formats/bulk.hpp"
 #include "scalify/io/crc32c.hpp"
 #include "scalify/quant/linear.hpp"
+#include "scalify/scaled/scaled_tensor.hpp"
 #include "scalify/tensor/ops.hpp"
 
 namespace scalify::train {
@@ -51,13 +52,47 @@ GradHeader header_of(const std::string& name, const ScaledTensor& g) {
   return h;
 }
 
+// Every rank's gradient headers (rank-major), checked to be rank 0's layout on every rank alike.
+std::vector<GradHeader> gather_headers(const std::vector<std::string>& names, const std::vector<Var>& params, const World& world) {
+  const size_t n = params.size(), ranks = size_t(world.size());
+  std::vector<GradHeader> mine(n), all(n * ranks);
+  for (size_t i = 0; i < n; ++i) mine[i] = header_of(names[i], params[i].scaled_grad());
+  world.allgather(mine.data(), n * sizeof(GradHeader), all.data());
+  for (size_t r = 1; r < ranks; ++r)
+    for (size_t i = 0; i < n; ++i)
+      if (!all[r * n + i].same_layout(all[i]))
+        throw platform::EveryRankError("data parallel: rank " + std::to_string(r) + "'s gradient of '" + names[i] +
+                                       "' differs from rank 0's in shape or storage (the ranks run different models?)");
+  return all;
+}
+
+// The data as a gradient with the header's scale.
+ScaledTensor with_header(const GradHeader& h, Tensor data) {
+  ScaledTensor g = (h.flags & 4) ? ScaledTensor(std::move(data), Tensor::scalar(h.scale)) : ScaledTensor(std::move(data));
+  g.any_scale = (h.flags & 2) != 0;
+  return g;
+}
+
 // A gradient (or a slice of one, `shape`) rebuilt from its bytes and its header.
 ScaledTensor gradient_from(const GradHeader& h, const Shape& shape, const std::byte* bytes) {
   Tensor data = Tensor::empty(shape, DType(h.dtype));
   std::memcpy(data.raw_bytes(), bytes, size_t(data.numel()) * dtype_size(DType(h.dtype)));
-  ScaledTensor g = (h.flags & 4) ? ScaledTensor(data, Tensor::scalar(h.scale)) : ScaledTensor(data);
-  g.any_scale = (h.flags & 2) != 0;
-  return g;
+  return with_header(h, std::move(data));
+}
+
+// The exchange's buffers, kept from step to step: fresh ones of the gradients' size were zeroed
+// and faulted in every step, most of the exchange's time (at 85M parameters on 2 ranks, the f32
+// exchange took 24 % of the step with fresh buffers and 3 % with these; bench/data_parallel.py).
+struct ExchangeBuffers {
+  std::vector<std::byte> slot[6];
+  std::byte* get(int i, size_t bytes) {
+    if (slot[i].size() < bytes) slot[i].resize(bytes);
+    return slot[i].data();
+  }
+};
+ExchangeBuffers& exchange_buffers() {
+  thread_local ExchangeBuffers buffers;  // the exchanging thread's (one per process in training)
+  return buffers;
 }
 
 // Elements [begin, end) of a gradient of `numel` that rank `r` of `ranks` owns.
@@ -72,14 +107,9 @@ std::pair<size_t, size_t> owned(size_t numel, size_t r, size_t ranks) {
 // the slice of the whole tensors' sum, and its layout (storage, scale) is the rule's on stand-ins.
 AllreduceCost allreduce_in_storage(const std::vector<std::string>& names, const std::vector<Var>& params, const World& world) {
   const size_t n = params.size(), ranks = size_t(world.size()), me = size_t(world.rank());
-  std::vector<GradHeader> mine(n), all(n * ranks), sum(n);
-  for (size_t i = 0; i < n; ++i) mine[i] = header_of(names[i], params[i].scaled_grad());
-  world.allgather(mine.data(), n * sizeof(GradHeader), all.data());
-  for (size_t r = 1; r < ranks; ++r)
-    for (size_t i = 0; i < n; ++i)
-      if (!all[r * n + i].same_layout(mine[i]))
-        throw Error("data parallel: rank " + std::to_string(r) + "'s gradient of '" + names[i] +
-                    "' differs from rank 0's in shape or storage (the ranks run different models?)");
+  const std::vector<GradHeader> all = gather_headers(names, params, world);
+  const std::span<const GradHeader> mine(all.data() + me * n, n);
+  std::vector<GradHeader> sum(n);
   // Each gradient's place in the exchanged blocks: its slice (padded) in its storage, then in the sum's.
   std::vector<size_t> slice(n, 0), at_in(n, 0), at_out(n, 0);
   size_t block_in = 0, block_out = 0;
@@ -96,7 +126,11 @@ AllreduceCost allreduce_in_storage(const std::vector<std::string>& names, const 
     block_in += slice[i] * dtype_size(DType(mine[i].dtype));
     block_out += slice[i] * dtype_size(DType(sum[i].dtype));
   }
-  std::vector<std::byte> send(block_in * ranks), recv(block_in * ranks), mine_summed(block_out), gathered(block_out * ranks);
+  ExchangeBuffers& buf = exchange_buffers();
+  std::byte* send = buf.get(0, block_in * ranks);
+  std::byte* recv = buf.get(1, block_in * ranks);
+  std::byte* mine_summed = buf.get(2, block_out);
+  std::byte* gathered = buf.get(3, block_out * ranks);
   std::vector<Tensor> data(n);
   for (size_t i = 0; i < n; ++i) {
     if (!(mine[i].flags & 1)) continue;
@@ -104,32 +138,31 @@ AllreduceCost allreduce_in_storage(const std::vector<std::string>& names, const 
     const size_t b = dtype_size(data[i].dtype());
     for (size_t c = 0; c < ranks; ++c) {
       const auto [lo, hi] = owned(size_t(mine[i].numel), c, ranks);
-      std::memcpy(send.data() + c * block_in + at_in[i], data[i].raw_bytes() + lo * b, (hi - lo) * b);
+      std::memcpy(send + c * block_in + at_in[i], data[i].raw_bytes() + lo * b, (hi - lo) * b);
     }
   }
-  world.alltoall(send.data(), block_in, recv.data());
+  world.alltoall(send, block_in, recv);
   for (size_t i = 0; i < n; ++i) {
     if (!(mine[i].flags & 1)) continue;
     const auto [lo, hi] = owned(size_t(mine[i].numel), me, ranks);
     if (lo == hi) continue;
     const Shape part{int64_t(hi - lo)};
-    ScaledTensor s = gradient_from(all[i], part, recv.data() + at_in[i]);
+    ScaledTensor s = gradient_from(all[i], part, recv + at_in[i]);
     for (size_t r = 1; r < ranks; ++r)
-      s = accumulate_gradient(s, gradient_from(all[r * n + i], part, recv.data() + r * block_in + at_in[i]),
-                              params[i].scaled().data.dtype());
+      s = accumulate_gradient(s, gradient_from(all[r * n + i], part, recv + r * block_in + at_in[i]), params[i].scaled().data.dtype());
     const Tensor d = s.data.contiguous();
-    std::memcpy(mine_summed.data() + at_out[i], d.raw_bytes(), (hi - lo) * dtype_size(d.dtype()));
+    std::memcpy(mine_summed + at_out[i], d.raw_bytes(), (hi - lo) * dtype_size(d.dtype()));
   }
-  world.allgather(mine_summed.data(), block_out, gathered.data());
+  world.allgather(mine_summed, block_out, gathered);
   for (size_t i = 0; i < n; ++i) {
     if (!(mine[i].flags & 1)) continue;
-    std::vector<std::byte> whole(size_t(mine[i].numel) * dtype_size(DType(sum[i].dtype)));
+    Tensor whole = Tensor::empty(params[i].shape(), DType(sum[i].dtype));
     const size_t b = dtype_size(DType(sum[i].dtype));
     for (size_t c = 0; c < ranks; ++c) {
       const auto [lo, hi] = owned(size_t(mine[i].numel), c, ranks);
-      std::memcpy(whole.data() + lo * b, gathered.data() + c * block_out + at_out[i], (hi - lo) * b);
+      std::memcpy(whole.raw_bytes() + lo * b, gathered + c * block_out + at_out[i], (hi - lo) * b);
     }
-    Var(params[i]).set_grad(gradient_from(sum[i], params[i].shape(), whole.data()));
+    Var(params[i]).set_grad(with_header(sum[i], std::move(whole)));
   }
   return {double(ranks - 1) * (double(n * sizeof(GradHeader)) + double(block_in + block_out)), 0};
 }
@@ -149,8 +182,9 @@ struct Segment {
 
 // Low precision: reduce-scatter of the cast values, f32 sums in rank order, all-gather of the
 // sums cast again.
-AllreduceCost allreduce_on_wire(const std::vector<Var>& params, Format wire, const World& world) {
+AllreduceCost allreduce_on_wire(const std::vector<std::string>& names, const std::vector<Var>& params, Format wire, const World& world) {
   const size_t ranks = size_t(world.size()), rank = size_t(world.rank());
+  gather_headers(names, params, world);  // the same gradients on every rank (no per-block scales)
   const size_t code_bytes = size_t(info(wire).storage_bytes());
   const double top = max_value(wire);
   std::vector<size_t> with_grad, offset;
@@ -184,51 +218,59 @@ AllreduceCost allreduce_on_wire(const std::vector<Var>& params, Format wire, con
     }
     return out;
   };
-  std::vector<std::byte> send(slice * ranks * code_bytes), recv(send.size());
+  ExchangeBuffers& buf = exchange_buffers();
+  std::byte* send = buf.get(0, slice * ranks * code_bytes);
+  std::byte* recv = buf.get(1, slice * ranks * code_bytes);
+  std::fill(send, send + slice * ranks * code_bytes, std::byte{0});  // padding, and what is not finite
   for (size_t k = 0; k < with_grad.size(); ++k)
     if (std::isfinite(amax[k]))
       quantize(std::span<const float>(values[k].data<float>(), size_t(values[k].numel())), wire, shared_scale(amax[k], top),
-               std::span(send.data() + offset[k] * code_bytes, size_t(values[k].numel()) * code_bytes));
-  world.alltoall(send.data(), slice * code_bytes, recv.data());
+               std::span(send + offset[k] * code_bytes, size_t(values[k].numel()) * code_bytes));
+  world.alltoall(send, slice * code_bytes, recv);
   // This rank's slice: every rank's values summed in rank order.
   const size_t lo = std::min(total, rank * slice), hi = std::min(total, lo + slice);
   const std::vector<Segment> mine = segments(lo, hi);
-  std::vector<float> sum(slice, 0.0f), part(slice);
+  float* sum = reinterpret_cast<float*>(buf.get(2, slice * sizeof(float)));
+  float* part = reinterpret_cast<float*>(buf.get(3, slice * sizeof(float)));
+  std::fill(sum, sum + slice, 0.0f);
   for (size_t r = 0; r < ranks; ++r)
     for (const Segment& s : mine) {
       if (!std::isfinite(amax[s.param])) continue;
       const size_t n = s.end - s.begin, at = s.begin - lo;
-      dequantize(std::span(recv.data() + (r * slice + at) * code_bytes, n * code_bytes), wire, 1.0f / shared_scale(amax[s.param], top),
-                 std::span(part.data(), n));
+      dequantize(std::span(recv + (r * slice + at) * code_bytes, n * code_bytes), wire, 1.0f / shared_scale(amax[s.param], top),
+                 std::span(part, n));
       for (size_t j = 0; j < n; ++j) sum[at + j] += part[j];
     }
   std::vector<double> amax2(with_grad.size(), 0.0);
   for (const Segment& s : mine)
-    amax2[s.param] = std::max(amax2[s.param], double(scalify::amax(std::span(sum.data() + (s.begin - lo), s.end - s.begin))));
+    amax2[s.param] = std::max(amax2[s.param], double(scalify::amax(std::span(sum + (s.begin - lo), s.end - s.begin))));
   world.max(amax2);
-  std::vector<std::byte> codes(slice * code_bytes, std::byte{0}), gathered(slice * ranks * code_bytes);
+  std::byte* codes = buf.get(4, slice * code_bytes);
+  std::byte* gathered = buf.get(5, slice * ranks * code_bytes);
+  std::fill(codes, codes + slice * code_bytes, std::byte{0});
   for (const Segment& s : mine)
     if (std::isfinite(amax[s.param]))
-      quantize(std::span<const float>(sum.data() + (s.begin - lo), s.end - s.begin), wire, shared_scale(amax2[s.param], top),
-               std::span(codes.data() + (s.begin - lo) * code_bytes, (s.end - s.begin) * code_bytes));
-  world.allgather(codes.data(), codes.size(), gathered.data());
+      quantize(std::span<const float>(sum + (s.begin - lo), s.end - s.begin), wire, shared_scale(amax2[s.param], top),
+               std::span(codes + (s.begin - lo) * code_bytes, (s.end - s.begin) * code_bytes));
+  world.allgather(codes, slice * code_bytes, gathered);
   for (size_t k = 0; k < with_grad.size(); ++k) {
     Var p = params[with_grad[k]];
     const size_t n = size_t(values[k].numel());
     Tensor v = Tensor::empty(p.shape(), DType::f32);
     std::span<float> out(v.data<float>(), n);
-    if (std::isfinite(amax[k]))
-      dequantize(std::span(gathered.data() + offset[k] * code_bytes, n * code_bytes), wire, 1.0f / shared_scale(amax2[k], top), out);
+    if (std::isfinite(amax[k]) && std::isfinite(amax2[k]))  // a sum past f32 is not finite either
+      dequantize(std::span(gathered + offset[k] * code_bytes, n * code_bytes), wire, 1.0f / shared_scale(amax2[k], top), out);
     else
       std::fill(out.begin(), out.end(), NAN);
-    // Back into the gradient's own storage, under its own scale.
+    // Back into the gradient's storage; a scaled one under the scale of the sum's RMS, the same on
+    // every rank (the ranks' own gradient scales may differ where a rescale measured their data).
     const ScaledTensor& g = p.scaled_grad();
-    if (g.has_single_scale())
-      p.set_grad(ScaledTensor(ops::scale_shift(v, 1.0 / g.scalar_scale(), 0.0).to(g.data.dtype()), g.scalar_scale()));
-    else
-      p.set_grad(ScaledTensor(v.to(g.data.dtype())));
+    p.set_grad(g.is_scaled() ? as_scaled(v, g.data.dtype()) : ScaledTensor(v.to(g.data.dtype())));
   }
-  return {2.0 * double(ranks - 1) * double(slice * code_bytes) + double(ranks - 1) * 16.0 * double(with_grad.size()), 0};
+  // The codes there and back; the headers (24 bytes) and the two amax all-reduces (16) per tensor.
+  return {2.0 * double(ranks - 1) * double(slice * code_bytes) +
+              double(ranks - 1) * (24.0 * double(params.size()) + 16.0 * double(with_grad.size())),
+          0};
 }
 
 }  // namespace
@@ -237,7 +279,7 @@ AllreduceCost allreduce_gradients(const std::vector<std::string>& names, const s
                                   const World& world) {
   const auto t0 = clock::now();
   if (!wire && world.size() == 1) return {};
-  AllreduceCost c = wire ? allreduce_on_wire(params, *wire, world) : allreduce_in_storage(names, params, world);
+  AllreduceCost c = wire ? allreduce_on_wire(names, params, *wire, world) : allreduce_in_storage(names, params, world);
   c.seconds = std::chrono::duration<double>(clock::now() - t0).count();
   return c;
 }
@@ -255,16 +297,24 @@ void commit_quantizers(const nn::Gpt& model, const World& world) {
   for (const auto& [layer, q] : model.quantized_linears())
     for (const auto& [role, quantizer] : q->quantizers()) all.push_back(quantizer);
   if (world.size() > 1) {
+    // The amax, then a NaN flag for each (a NaN on any rank is the step's amax, as on one process).
     std::vector<double> amax;
     for (quant::Quantizer* q : all)
-      for (float a : q->step_amax()) amax.push_back(std::isnan(a) ? INFINITY : double(a));
-    std::vector<double> count{double(amax.size()), -double(amax.size())};  // the max and (minus) the min
+      for (float a : q->step_amax()) amax.push_back(std::isnan(a) ? 0.0 : double(a));
+    const size_t k = amax.size();
+    for (quant::Quantizer* q : all)
+      for (float a : q->step_amax()) amax.push_back(std::isnan(a) ? 1.0 : 0.0);
+    std::vector<double> count{double(k), -double(k)};  // the max and (minus) the min
     world.max(count);
-    if (count[0] != -count[1]) throw Error("data parallel: the ranks quantised different numbers of tensors in one step");
+    if (count[0] != -count[1])
+      throw platform::EveryRankError("data parallel: the ranks quantised different numbers of tensors in one step");
     world.max(amax);
     size_t at = 0;
     for (quant::Quantizer* q : all)
-      for (float& a : q->step_amax()) a = float(amax[at++]);
+      for (float& a : q->step_amax()) {
+        a = amax[k + at] > 0 ? NAN : float(amax[at]);
+        ++at;
+      }
   }
   for (quant::Quantizer* q : all) q->commit_step();
 }
@@ -286,21 +336,9 @@ void check_parameters_agree(const std::vector<std::string>& names, const std::ve
   for (size_t r = 1; r < size_t(world.size()); ++r)
     for (size_t i = 0; i < params.size(); ++i)
       if (all[r * params.size() + i] != all[i])
-        throw Error("data parallel: parameter '" + names[i] + "' differs between rank 0 and rank " + std::to_string(r) + " after step " +
-                    std::to_string(step) + " (the ranks drifted apart; the run stops before writing a checkpoint)");
-}
-
-void on_root(const World& world, const std::function<void()>& fn) {
-  if (world.size() == 1) return fn();
-  std::string error;
-  if (world.root()) try {
-      fn();
-    } catch (const Error& e) {
-      error = e.what();
-      if (error.empty()) error = "(an error without a message)";
-    }
-  world.broadcast(error);
-  if (!error.empty()) throw platform::EveryRankError(error);
+        throw platform::EveryRankError("data parallel: parameter '" + names[i] + "' differs between rank 0 and rank " + std::to_string(r) +
+                                       " after step " + std::to_string(step) +
+                                       " (the ranks drifted apart; the run stops before writing a checkpoint)");
 }
 
 }  // namespace scalify::train

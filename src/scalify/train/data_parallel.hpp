@@ -2,7 +2,9 @@
 // Data parallelism: one run on the ranks of platform::world() (mpirun -np N), each holding the
 // whole model. A step's `accum` micro-batches are split evenly over the ranks (rank r runs
 // micro-batches r A/N .. (r+1) A/N - 1 of the step's A), so a run's config says the same thing
-// on any number of ranks: the global batch is batch x accum, whatever N divides accum.
+// on any number of ranks: the global batch is batch x accum, whatever N divides accum, and a run
+// resumes on another N (bit for bit where each rank takes one micro-batch on both sides: with
+// several per rank the gradient sums group differently).
 //
 // What crosses between ranks, and when (docs/DATA_PARALLEL.md):
 // - after the backward passes: every parameter gradient (allreduce_gradients), and the
@@ -11,7 +13,9 @@
 //   the step (commit_quantizers): delayed scaling's history is the same on every rank;
 // - at evaluation: each rank's share of the validation windows' losses (eval_session);
 // - before every checkpoint: a checksum of every parameter (check_parameters_agree).
-// Rank 0 alone writes the run folder. With one process all of it reduces to the plain trainer.
+// Rank 0 alone writes the run folder; its statistics records (quant, data_storage,
+// scale_statistics) describe rank 0's micro-batches. With one process all of it reduces to the
+// plain trainer.
 #include <cstdint>
 #include <functional>
 #include <optional>
@@ -35,15 +39,18 @@ MicroBatches rank_micro_batches(int64_t accum, const platform::World& world);
 struct AllreduceCost {
   double bytes_sent = 0, seconds = 0;
 };
-// Sums every parameter's gradient over the ranks, leaving the same sum on each.
-// wire unset: each rank's gradient goes to every other in its own storage (all-gather), and each
-//   rank sums them in rank order with accumulate_gradient, the rule backward() accumulates with:
-//   N ranks of one micro-batch each give the bits of one process accumulating the N.
+// Sums every parameter's gradient over the ranks, leaving the same sum on each. Both ways are a
+// reduce-scatter (rank r receives the r-th slice of every rank's gradient and sums it in rank
+// order) and an all-gather of the sums: 2 (N-1)/N of the gradient bytes per rank.
+// wire unset: the slices travel in the gradients' own storage and are summed with
+//   accumulate_gradient, the rule backward() accumulates with (elementwise, its scale set by the
+//   operands' scales alone): N ranks of one micro-batch each give the bits of one process
+//   accumulating the N.
 // wire f16 / bf16 / e4m3 / e5m2: the gradients' values, each tensor times one power of two shared
 //   by the ranks (2^floor(log2(max / amax)), amax the maximum over the ranks), are cast to the
-//   format (nearest even, saturating); a reduce-scatter sends rank r the r-th slice of every
-//   rank's codes, which it sums in f32 in rank order; the sums are cast again with a new shared
-//   power of two and all-gathered. Two roundings into the format, on one process too.
+//   format (nearest even, saturating); each slice is summed in f32 in rank order; the sums are
+//   cast again with a new shared power of two and all-gathered. Two roundings into the format, on
+//   one process too. A scaled gradient comes back under the scale of the sum's RMS (as_scaled).
 // A gradient that is not finite on any rank comes back NaN on every rank (a loss scaler skips
 // the step; without one the trainer stops with its divergence error).
 AllreduceCost allreduce_gradients(const std::vector<std::string>& names, const std::vector<Var>& params, std::optional<Format> wire,
@@ -61,9 +68,5 @@ void commit_quantizers(const nn::Gpt& model, const platform::World& world);
 // rank (a CRC-32C of its data and scale): drift between ranks stops the run instead of going on.
 void check_parameters_agree(const std::vector<std::string>& names, const std::vector<Var>& params, int64_t step,
                             const platform::World& world);
-
-// Runs fn on rank 0 alone; an error it throws (scalify::Error) is thrown on every rank with the
-// same message (platform::EveryRankError), so all ranks stop together with it.
-void on_root(const platform::World& world, const std::function<void()>& fn);
 
 }  // namespace scalify::train

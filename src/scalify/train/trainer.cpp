@@ -172,13 +172,16 @@ OpenRun open_resumed_run(const TrainConfig& config, const fs::path& dir) {
 // (from the checkpoint on a resume) once rank 0 has found the folder sound.
 OpenRun open_run(const TrainConfig& config, const fs::path& dir, bool resume, const platform::World& world) {
   OpenRun run;
-  on_root(world, [&] { run = resume ? open_resumed_run(config, dir) : open_new_run(config, dir); });
-  if (world.root()) return run;
-  if (resume) {
-    load_resumed_state(run, config, (dir / "checkpoint.safetensors").string());
-  } else {
-    run.session = make_session(config, nullptr);
-  }
+  platform::every_rank_agrees(world, [&] {
+    if (world.root()) run = resume ? open_resumed_run(config, dir) : open_new_run(config, dir);
+  });
+  platform::every_rank_agrees(world, [&] {
+    if (world.root()) return;
+    if (resume)
+      load_resumed_state(run, config, (dir / "checkpoint.safetensors").string());
+    else
+      run.session = make_session(config, nullptr);
+  });
   return run;
 }
 
@@ -278,17 +281,12 @@ TrainResult train(const TrainConfig& config, bool resume, const Progress& progre
   } restore_statistics;
   const fs::path dir(config.out);
   const platform::World& world = platform::world();
-  // Bad input fails here, before the run folder exists, on every rank alike (each reads the same).
-  const Corpus corpus = [&] {
-    try {
-      config.validate();
-      rank_micro_batches(config.accum, world);
-      return corpus_for(config);
-    } catch (const Error& e) {
-      if (world.size() == 1) throw;  // its own type (a FileError is Python's OSError)
-      throw platform::EveryRankError(e.what());
-    }
-  }();
+  Corpus corpus;
+  platform::every_rank_agrees(world, [&] {  // bad input fails here, before the run folder exists
+    config.validate();
+    rank_micro_batches(config.accum, world);
+    corpus = corpus_for(config);
+  });
   OpenRun run = open_run(config, dir, resume, world);
   Session& s = *run.session;
   const TrainConfig& cfg = s.cfg;

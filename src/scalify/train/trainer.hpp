@@ -8,15 +8,19 @@
 // .lock (io/folder_lock.hpp: the folder is one training process's while it runs).
 // metrics.jsonl: one line per step {"step", "loss", "lr", "grad_norm", "skipped", "loss_scale",
 // "scale_statistics" (RMS / amax reductions that set a scale: dynamic rescales and amax-based
-// quantisers, see scaled_tensor.hpp), "tokens_per_s"}, every stats_every steps {"step", "quant": {"h0.attn.qkv.weight": {"scale",
+// quantisers, see scaled_tensor.hpp), "tokens_per_s", and where gradients are exchanged (several
+// ranks, or a recipe's gradient_allreduce) "allreduce_bytes" (sent by this rank) and
+// "allreduce_s"}, every stats_every steps {"step", "quant": {"h0.attn.qkv.weight": {"scale",
 // "amax", "underflow", "clipped"}, ...}}, with a low-precision data storage also every stats_every
 // steps {"step", "data_storage": {"<op>" or "<op> grad": {"values", "underflow", "subnormal", "saturated"}}}
 // (fractions of the values rounded into the storage), at each evaluation {"step", "val_loss", "val_bpb"}.
-// Everything but tokens_per_s is a pure function of the config and the thread count.
+// Everything but tokens_per_s and allreduce_s is a pure function of the config and the thread
+// count, whatever the number of ranks (train/data_parallel.hpp; rank 0 writes the folder).
 #include <functional>
 #include <string>
 
 #include "scalify/error.hpp"
+#include "scalify/platform/world.hpp"
 #include "scalify/train/config.hpp"
 
 namespace scalify::train {
@@ -36,10 +40,11 @@ struct TrainResult {
   std::string run_dir;
 };
 
-// Thrown when the loss or the gradient norm is not finite with no loss scaler to skip the step.
-class Diverged : public Error {
+// Thrown when the loss or the gradient norm is not finite with no loss scaler to skip the step:
+// on every rank alike (both are computed from what the ranks share).
+class Diverged : public platform::EveryRankError {
  public:
-  Diverged(const std::string& message, int64_t step) : Error(message), step(step) {}
+  Diverged(const std::string& message, int64_t step) : EveryRankError(message), step(step) {}
   int64_t step;
 };
 
