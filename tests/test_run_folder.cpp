@@ -213,6 +213,30 @@ std::vector<std::string> differences(const fs::path& a, const fs::path& b) {
     if (!x.count(name)) names.push_back(name);
   return names;
 }
+TEST(Trainer, AOneStepRunReportsTheSpeedOfItsStep) {
+  train::TrainConfig c = tiny_run(text_corpus(), scratch("one_step"), "f32");
+  c.steps = 1;
+  const train::TrainResult r = train::train(c, false);
+  EXPECT_GT(r.tokens_per_s, 0);  // the median leaves out a run's first step, here its only one
+}
+
+TEST(Trainer, SaveInitialWritesTheModelBeforeItsFirstUpdate) {
+  const fs::path run = scratch("save_initial");
+  train::TrainConfig c = tiny_run(text_corpus(), run, "scalify_fp8_3");
+  c.steps = 2;
+  train::train(c, false, {}, 0, true);
+  const io::SafeTensors st = io::read_safetensors((run / "initial.safetensors").string());
+  EXPECT_EQ(train::checkpoint_step(st, "initial"), 0);
+  const std::unique_ptr<train::Session> fresh = train::make_session(c, nullptr);  // the seed's initialisation
+  for (size_t i = 0; i < fresh->params.size(); ++i) {
+    const std::string key = "param." + fresh->names[i];
+    EXPECT_EQ(st.at(key).to_floats(), fresh->params[i].scaled().data.to_floats()) << key;
+  }
+  const io::SafeTensors trained = io::read_safetensors((run / "model.safetensors").string());
+  EXPECT_NE(trained.at("param.wte").to_floats(), st.at("param.wte").to_floats());  // the run trained on from it
+  EXPECT_ERROR(train::train(c, true, {}, 0, true), "a resumed run is past it");
+}
+
 TEST(Trainer, EvaluatingEveryStepChangesNoTrainingStateOfAnyPreset) {
   const fs::path data = text_corpus();
   for (const std::string& recipe : quant::preset_names()) {

@@ -50,12 +50,15 @@ void add_train_commands(CLI::App& app) {
   struct Opts {
     ConfigOptions config;
     std::string out, recipe, resume;
+    bool save_initial = false;
   };
   auto o = std::make_shared<Opts>();
   auto* t = app.add_subcommand("train", "Train the GPT on text under a recipe; writes a run folder");
   o->config.add_to(t);
   auto* out = t->add_option("--out", o->out, "run folder (default runs/train)");
   auto* recipe = t->add_option("--recipe", o->recipe, "recipe preset (f32, scalify_fp8_3, delayed, mxfp8, ...) or recipe .json file");
+  t->add_flag("--save-initial", o->save_initial,
+              "also write the model at step 0 (before any update) as initial.safetensors, for another tool to start from");
   auto* resume =
       t->add_option("--resume", o->resume, "continue the run in this folder from its checkpoint (its config, --steps to extend)");
   t->callback([o, out, recipe, resume] {
@@ -78,7 +81,7 @@ void add_train_commands(CLI::App& app) {
         c.recipe = o->recipe;
       }
     });
-    const train::TrainResult r = train::train(c, resume->count() > 0, progress_printer());
+    const train::TrainResult r = train::train(c, resume->count() > 0, progress_printer(), 0, o->save_initial);
     if (platform::world().root()) std::fprintf(stderr, "\n");
     std::printf("run folder: %s\nsteps: %lld (skipped %lld)\n", r.run_dir.c_str(), (long long)r.steps, (long long)r.skipped);
     if (std::isfinite(r.train_loss)) std::printf("final train loss: %.4f\n", r.train_loss);

@@ -135,13 +135,14 @@ def preset_names() -> List[str]:
 
 
 def train(out: str, *, recipe="f32", steps: Optional[int] = None, data: Optional[str] = None, resume: bool = False,
-          progress: Optional[Callable[[int, int, float], None]] = None, **settings) -> Dict:
+          progress: Optional[Callable[[int, int, float], None]] = None, save_initial: bool = False, **settings) -> Dict:
     """Trains the GPT as ``scalify train`` does and returns the run's summary with its metrics.
 
     recipe: a preset name, a recipe JSON file, or a ``Recipe`` (written to ``out``/../NAME.json).
     settings: any train config key (d_model=64, layers=2, seq=64, batch=16, lr=2e-3, seed=1, ...),
     as for ``--set``. progress(step, steps, loss) is called after every step. Ctrl-C stops the run
     between steps (KeyboardInterrupt); ``resume=True`` continues it from its last checkpoint.
+    ``save_initial=True`` also writes the model at step 0 as ``out``/initial.safetensors.
     The result holds val_loss, train_loss, tokens_per_s, ..., run_dir and ``metrics``
     (``read_metrics(run_dir)``)."""
     if isinstance(recipe, Recipe):
@@ -157,7 +158,7 @@ def train(out: str, *, recipe="f32", steps: Optional[int] = None, data: Optional
         merged["data"] = data
     merged.update(settings)
     text = {k: _setting_text(v) for k, v in merged.items()}
-    result = dict(_scalify.train(text, resume, progress))
+    result = dict(_scalify.train(text, resume, progress, save_initial))
     result["metrics"] = read_metrics(result["run_dir"])
     return result
 

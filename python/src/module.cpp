@@ -178,18 +178,22 @@ void refuse_several_ranks() {
     throw Error("the Python package trains on one process; for several, run `mpirun -np N scalify train` (docs/DATA_PARALLEL.md)");
 }
 
-nb::dict train(const std::map<std::string, std::string>& settings, bool resume, std::function<void(int64_t, int64_t, double)> progress) {
+nb::dict train(const std::map<std::string, std::string>& settings, bool resume, std::function<void(int64_t, int64_t, double)> progress,
+               bool save_initial) {
   refuse_several_ranks();
   train::TrainConfig c;
   for (const auto& [k, v] : settings) c.set(k, v);
   train::TrainResult r;
   {
     nb::gil_scoped_release release;
-    r = train::train(c, resume, [&](const train::StepProgress& p) {
-      nb::gil_scoped_acquire acquire;
-      if (PyErr_CheckSignals() != 0) throw nb::python_error();
-      if (progress) progress(p.step, p.steps, p.loss);
-    });
+    r = train::train(
+        c, resume,
+        [&](const train::StepProgress& p) {
+          nb::gil_scoped_acquire acquire;
+          if (PyErr_CheckSignals() != 0) throw nb::python_error();
+          if (progress) progress(p.step, p.steps, p.loss);
+        },
+        0, save_initial);
   }
   return train_result(r);
 }
@@ -660,7 +664,7 @@ NB_MODULE(_scalify, m) {
   m.def("block_quantize", &block_quantize, "x"_a, "format"_a, "block"_a, "rule"_a, "rounding"_a = "nearest", "seed"_a = 0);
   m.def("block_dequantize", &block_dequantize, "codes"_a, "scales"_a, "format"_a, "block"_a, "rule"_a, "tensor_scale"_a = 1.0f);
   m.def("formats", &formats);
-  m.def("train", &train, "settings"_a, "resume"_a = false, "progress"_a = nb::none());
+  m.def("train", &train, "settings"_a, "resume"_a = false, "progress"_a = nb::none(), "save_initial"_a = false);
   m.def("compare", &run_compare, "settings"_a, "recipes"_a, "out"_a, "resume"_a = false, "progress"_a = nb::none());
   m.def("load_checkpoint", &load_checkpoint, "path"_a);
   m.def("inspect", &run_inspect, "checkpoint"_a, "format"_a = "e4m3", "initial"_a = false, "batch"_a = 0, "data"_a = "");

@@ -240,7 +240,8 @@ StepOutcome update(Session& s, double loss, int64_t step, bool measure_state) {
 struct RunTotals {
   double scale_statistics = 0, underflow = 0, clipped = 0;
   int64_t operand_stats = 0;
-  std::vector<double> speeds;                                 // tokens/s of every step but the process's first
+  std::vector<double> speeds;  // tokens/s of every step but the process's first (the only one of a 1-step run: kept apart)
+  double first_speed = 0;
   double comm_bytes = 0, comm_seconds = 0, step_seconds = 0;  // the gradient all-reduce's, summed over steps
 };
 
@@ -275,7 +276,7 @@ json quant_record(const Session& s, TrainResult& r, RunTotals& totals) {
 
 }  // namespace
 
-TrainResult train(const TrainConfig& config, bool resume, const Progress& progress, int64_t stop_after) {
+TrainResult train(const TrainConfig& config, bool resume, const Progress& progress, int64_t stop_after, bool save_initial) {
   struct RestoreStatistics {  // the loop switches the quantisers' counting per step; on again after
     ~RestoreStatistics() { quant::set_collect_statistics(true); }
   } restore_statistics;
@@ -284,11 +285,13 @@ TrainResult train(const TrainConfig& config, bool resume, const Progress& progre
   Corpus corpus;
   platform::every_rank_agrees(world, [&] {  // bad input fails here, before the run folder exists
     config.validate();
+    if (save_initial && resume) throw Error("train: --save-initial writes a new run's step 0; a resumed run is past it");
     rank_micro_batches(config.accum, world);
     corpus = corpus_for(config);
   });
   OpenRun run = open_run(config, dir, resume, world);
   Session& s = *run.session;
+  if (save_initial && world.root()) save_checkpoint(s, (dir / "initial.safetensors").string(), 0, 0);
   const TrainConfig& cfg = s.cfg;
   const int64_t start = run.start;
   int64_t skipped = run.skipped;
@@ -352,7 +355,10 @@ TrainResult train(const TrainConfig& config, bool resume, const Progress& progre
     const int64_t statistics = scale_statistics() - statistics_before;
     totals.scale_statistics += double(statistics);
     totals.step_seconds += secs;
-    if (step > start) totals.speeds.push_back(tps);  // the first step warms caches and thread pools
+    if (step > start)  // the first step warms caches and thread pools
+      totals.speeds.push_back(tps);
+    else
+      totals.first_speed = tps;
     json line = {{"step", step},
                  {"loss", o.loss},
                  {"lr", lr},
@@ -393,7 +399,7 @@ TrainResult train(const TrainConfig& config, bool resume, const Progress& progre
     r.val_loss = e.loss;
     r.val_bpb = e.bits_per_byte;
   }
-  r.tokens_per_s = median(totals.speeds);
+  r.tokens_per_s = totals.speeds.empty() ? totals.first_speed : median(totals.speeds);  // a 1-step run: its one step
   r.scale_statistics_per_step = end > start ? totals.scale_statistics / double(end - start) : 0;
   r.mean_underflow = totals.operand_stats ? totals.underflow / double(totals.operand_stats) : 0;
   r.mean_clipped = totals.operand_stats ? totals.clipped / double(totals.operand_stats) : 0;

@@ -29,8 +29,8 @@ struct TrainResult {
   int64_t steps = 0, skipped = 0;
   int64_t nonfinite_steps = 0;  // steps whose loss was not finite (only possible with loss scaling: skipped)
   double train_loss = 0, val_loss = 0, val_bpb = 0, unigram_bits = 0;
-  double tokens_per_s = 0;                                         // median over this process's steps
-  double scale_statistics_per_step = 0;                            // mean count of amax / RMS reductions that set a scale
+  double tokens_per_s = 0;               // median over this process's steps but its first (which warms caches), or that one alone
+  double scale_statistics_per_step = 0;  // mean count of amax / RMS reductions that set a scale
   double mean_underflow = 0, max_underflow = 0, mean_clipped = 0;  // over every quantised operand's statistics
   double state_bytes_per_parameter = 0;                            // master weights + gradients + optimizer state (+ scales), measured
   int world_size = 1;                                              // the ranks that trained (data parallelism, train/data_parallel.hpp)
@@ -60,7 +60,9 @@ using Progress = std::function<void(const StepProgress&)>;
 // stopped before its first one is started over), or with resume continues the run in config.out
 // from its checkpoint: config.steps must lie beyond the checkpoint's step and the recipe must be
 // the run's. stop_after (> 0) ends the process's training early after that step, writing a
-// checkpoint (what tests and Ctrl-C-like stops use).
-TrainResult train(const TrainConfig& config, bool resume, const Progress& progress = {}, int64_t stop_after = 0);
+// checkpoint (what tests and Ctrl-C-like stops use). save_initial: a new run also writes its
+// model at step 0, before any update, as initial.safetensors (a training checkpoint at step 0), so
+// that another tool can start from the same weights.
+TrainResult train(const TrainConfig& config, bool resume, const Progress& progress = {}, int64_t stop_after = 0, bool save_initial = false);
 
 }  // namespace scalify::train
