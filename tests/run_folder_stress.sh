@@ -90,7 +90,9 @@ for ((i = 0; i < pairs; i++)); do
   wait "$p1" || rc1=$?
   wait "$p2" || rc2=$?
   (( (rc1 == 0) + (rc2 == 0) == 1 )) || fail "trial $i: exit codes $rc1 and $rc2 (exactly one trainer must run)"
-  cat err1 err2 | grep -Eq "in use by another scalify process \(PID [0-9]+, scalify train\)|already holds a run" ||
+  # grep reads the files itself: `cat ... | grep -q` under pipefail failed whenever grep matched
+  # and quit before cat had written the second file (SIGPIPE).
+  grep -Eq "in use by another scalify process \(PID [0-9]+, scalify train\)|already holds a run" err1 err2 ||
     fail "trial $i: the refused trainer did not say why: $(cat err1 err2)"
   # Refused by the lock, or (on a slow host) before the trainer made the folder or wrote its config.
   grep -Eq "in use by another scalify process|holds no checkpoint|is not a run folder|cannot open|is at step 400" err3 ||

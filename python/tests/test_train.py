@@ -3,6 +3,7 @@
 import os
 import subprocess
 
+import numpy as np
 import pytest
 
 import scalify
@@ -45,6 +46,17 @@ def test_a_python_recipe_trains_and_errors_are_value_errors(tmp_path, corpus):
     assert os.path.exists(os.path.join(run["run_dir"], "checkpoint.safetensors"))
     with pytest.raises(ValueError, match="d_model"):
         scalify.train(str(tmp_path / "bad"), steps=1, data=corpus, d_model=-3)
+
+
+def test_save_initial_writes_the_weights_before_the_first_update(tmp_path, corpus):
+    run = scalify.train(str(tmp_path / "init"), steps=3, data=corpus, save_initial=True, **SETTINGS)
+    initial, meta = scalify.load_checkpoint(os.path.join(run["run_dir"], "initial.safetensors"))
+    final, _ = scalify.load_checkpoint(os.path.join(run["run_dir"], "model.safetensors"))
+    assert meta["step"] == "0"
+    model = scalify.Gpt("f32", **SETTINGS)  # the seed's initialisation
+    for name, value in model.parameters().items():
+        assert np.array_equal(initial["param." + name], value.numpy()), name
+    assert not np.array_equal(initial["param.wte"], final["param.wte"])
 
 
 def test_compare_returns_its_rows_and_checkpoints_load(tmp_path, corpus):
