@@ -36,6 +36,7 @@ int main(int argc, char** argv) {
     }
   }
   int ranks = 1;
+  bool root = true;
   std::string who = "scalify";
   try {
     // Under mpirun: MPI starts here. Rank 0 speaks for the run; the others print only errors.
@@ -50,7 +51,8 @@ int main(int argc, char** argv) {
                      command.c_str(), ranks);
       return 2;
     }
-    if (!world.root()) {
+    root = world.root();
+    if (!root) {
       who = "scalify (rank " + std::to_string(world.rank()) + ")";
       if (!std::freopen("/dev/null", "w", stdout)) world.abort(2);
     }
@@ -70,7 +72,7 @@ int main(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
   } catch (const scalify::platform::EveryRankError& e) {
-    if (who == "scalify") std::fprintf(stderr, "scalify: error: %s\n", e.what());
+    if (root) std::fprintf(stderr, "scalify: error: %s\n", e.what());
     return 2;
   } catch (const scalify::Error& e) {
     return fail(2, "error", e.what());

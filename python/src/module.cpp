@@ -601,6 +601,9 @@ void bind_recipes(nb::module_& m) {
       .def_rw("first_blocks", &HighPrecisionLayers::first_blocks)
       .def_rw("last_blocks", &HighPrecisionLayers::last_blocks)
       .def_rw("layers", &HighPrecisionLayers::layers);
+  // A recipe's storage fields as their dtype names.
+  auto dtype_get = [](DType Recipe::*field) { return [field](const Recipe& r) { return std::string(dtype_name(r.*field)); }; };
+  auto dtype_set = [](DType Recipe::*field) { return [field](Recipe& r, const std::string& s) { r.*field = parse_dtype(s); }; };
   nb::class_<Recipe>(m, "Recipe", "A training recipe: how every tensor role is stored and scaled")
       .def(nb::init<>())
       .def_rw("name", &Recipe::name)
@@ -611,15 +614,9 @@ void bind_recipes(nb::module_& m) {
       .def_rw("rescale_norm_grad", &Recipe::rescale_norm_grad)
       .def_rw("rescale_gradients", &Recipe::rescale_gradients)
       .def_rw("unit_scaled", &Recipe::unit_scaled)
-      .def_prop_rw(
-          "master_weight", [](const Recipe& r) { return std::string(dtype_name(r.master_weight)); },
-          [](Recipe& r, const std::string& s) { r.master_weight = parse_dtype(s); })
-      .def_prop_rw(
-          "optimizer_state", [](const Recipe& r) { return std::string(dtype_name(r.optimizer_state)); },
-          [](Recipe& r, const std::string& s) { r.optimizer_state = parse_dtype(s); })
-      .def_prop_rw(
-          "data_storage", [](const Recipe& r) { return std::string(dtype_name(r.data_storage)); },
-          [](Recipe& r, const std::string& s) { r.data_storage = parse_dtype(s); })
+      .def_prop_rw("master_weight", dtype_get(&Recipe::master_weight), dtype_set(&Recipe::master_weight))
+      .def_prop_rw("optimizer_state", dtype_get(&Recipe::optimizer_state), dtype_set(&Recipe::optimizer_state))
+      .def_prop_rw("data_storage", dtype_get(&Recipe::data_storage), dtype_set(&Recipe::data_storage))
       .def_prop_rw(
           "weight_gradient", [](const Recipe& r) { return std::string(format_name(r.weight_gradient)); },
           [](Recipe& r, const std::string& s) { r.weight_gradient = parse_format(s); })

@@ -176,20 +176,20 @@ RecipeOutcome run_recipe(const CompareConfig& config, const std::string& recipe,
   // finished but whose outcome was never written) starts over.
   const fs::path run(c.out);
   const platform::World& world = platform::world();
-  std::string resume_run = "";  // rank 0 looks at the folder and tells the other ranks ("1": resume)
-  platform::every_rank_agrees(world, [&] {
-    if (!world.root()) return;
-    resume_run = resume && fs::exists(run / "checkpoint.safetensors") && !fs::exists(run / "model.safetensors") ? "1" : "";
-    if (resume_run.empty() && fs::exists(run)) {  // only ever a folder of this comparison, and not while a process trains in it
-      const io::FolderLock owned(run.string(), "compare");
-      fs::remove_all(run);
-    }
-  });
-  world.broadcast(resume_run);
+  // Rank 0 looks at the folder, clearing one that cannot be resumed; "resume" tells every rank.
+  const bool resume_run = platform::from_root(world, [&] {
+                            if (resume && fs::exists(run / "checkpoint.safetensors") && !fs::exists(run / "model.safetensors"))
+                              return std::string("resume");
+                            if (fs::exists(run)) {  // only ever a folder of this comparison, and not while a process trains in it
+                              const io::FolderLock owned(run.string(), "compare");
+                              fs::remove_all(run);
+                            }
+                            return std::string();
+                          }) == "resume";
   platform::reset_peak_memory();
   const auto t0 = std::chrono::steady_clock::now();
   try {
-    o.result = train::train(c, !resume_run.empty(), progress);
+    o.result = train::train(c, resume_run, progress);
     if (o.result.skipped * 2 > o.result.steps) {
       o.status = "diverged";
       o.note = "skipped " + std::to_string(o.result.skipped) + " of " + std::to_string(o.result.steps) + " steps (non-finite gradients)";
@@ -540,11 +540,9 @@ CompareReport compare(const CompareConfig& given, bool resume, const CompareProg
   for (size_t i = 0; i < config.recipes.size(); ++i) {
     const std::string& recipe = config.recipes[i];
     const fs::path outcome_file = dir / "runs" / run_name(recipe) / "outcome.json";
-    std::string done_before;  // rank 0 reads a finished recipe's outcome and tells the other ranks
-    platform::every_rank_agrees(world, [&] {
-      if (world.root() && resume && fs::exists(outcome_file)) done_before = read_text(outcome_file);
+    const std::string done_before = platform::from_root(world, [&] {  // a finished recipe's outcome, read by rank 0
+      return resume && fs::exists(outcome_file) ? read_text(outcome_file) : std::string();
     });
-    world.broadcast(done_before);
     if (!done_before.empty()) {
       RecipeOutcome done = read_json_text(done_before, outcome_file, "; delete it to rerun that recipe", outcome_from);
       if (done.status != "failed") {  // a failed recipe (an error, not divergence) is tried again

@@ -114,6 +114,15 @@ void every_rank_agrees(const World& world, const std::function<void()>& fn) {
   throw EveryRankError(error);
 }
 
+std::string from_root(const World& world, const std::function<std::string()>& fn) {
+  std::string text;
+  every_rank_agrees(world, [&] {
+    if (world.root()) text = fn();
+  });
+  world.broadcast(text);
+  return text;
+}
+
 bool built_with_mpi() {
 #ifdef SCALIFY_HAVE_MPI
   return true;

@@ -43,6 +43,9 @@ class EveryRankError : public Error {
 // Runs fn on every rank (a collective): if it throws on any, every rank throws EveryRankError
 // with the message of the lowest failing rank. On one process fn's own exception passes through.
 void every_rank_agrees(const World& world, const std::function<void()>& fn);
+// Rank 0's answer, on every rank: fn runs on rank 0 alone (what only it may look at, such as the
+// run folder it owns), its error is every rank's (as every_rank_agrees), its text is broadcast.
+std::string from_root(const World& world, const std::function<std::string()>& fn);
 
 // The run's world. MPI is initialised on first use when the environment says an MPI launcher
 // started the process (OMPI_COMM_WORLD_SIZE, PMI_SIZE or PMIX_RANK), and finalised at exit.

@@ -292,10 +292,14 @@ double mean_loss(const std::vector<double>& my_losses, const World& world) {
   return sum / double(all.size());
 }
 
-void commit_quantizers(const nn::Gpt& model, const World& world) {
+std::vector<quant::Quantizer*> model_quantizers(const nn::Gpt& model) {
   std::vector<quant::Quantizer*> all;
   for (const auto& [layer, q] : model.quantized_linears())
     for (const auto& [role, quantizer] : q->quantizers()) all.push_back(quantizer);
+  return all;
+}
+
+void commit_quantizers(const std::vector<quant::Quantizer*>& all, const World& world) {
   if (world.size() > 1) {
     // The amax, then a NaN flag for each (a NaN on any rank is the step's amax, as on one process).
     std::vector<double> amax;

@@ -17,7 +17,6 @@
 // scale_statistics) describe rank 0's micro-batches. With one process all of it reduces to the
 // plain trainer.
 #include <cstdint>
-#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -26,6 +25,7 @@
 #include "scalify/formats/format.hpp"
 #include "scalify/nn/gpt.hpp"
 #include "scalify/platform/world.hpp"
+#include "scalify/quant/quantizer.hpp"
 
 namespace scalify::train {
 
@@ -60,9 +60,12 @@ AllreduceCost allreduce_gradients(const std::vector<std::string>& names, const s
 // (the same double as one process's sum over them).
 double mean_loss(const std::vector<double>& my_losses, const platform::World& world);
 
-// Reduces the step's amax of every quantiser of the model by maximum over the ranks, then
-// commits the step on each (quant::Quantizer::commit_step).
-void commit_quantizers(const nn::Gpt& model, const platform::World& world);
+// Every quantiser of the model's quantised linear layers (what commit_quantizers takes: the list
+// is the model's for its life, so a run gathers it once).
+std::vector<quant::Quantizer*> model_quantizers(const nn::Gpt& model);
+// Reduces the step's amax of each quantiser by maximum over the ranks, then commits the step on
+// each (quant::Quantizer::commit_step).
+void commit_quantizers(const std::vector<quant::Quantizer*>& quantizers, const platform::World& world);
 
 // Throws, on every rank, naming the first parameter whose bits differ between rank 0 and another
 // rank (a CRC-32C of its data and scale): drift between ranks stops the run instead of going on.

@@ -194,7 +194,8 @@ struct StepOutcome {
 
 // A step's forward and backward over this rank's micro-batches (gradients accumulated), the
 // gradients summed over the ranks and the quantisers' step committed; the step's mean loss.
-double forward_backward(Session& s, const Corpus& corpus, int64_t step, const platform::World& world, AllreduceCost& cost) {
+double forward_backward(Session& s, const Corpus& corpus, int64_t step, const std::vector<quant::Quantizer*>& quantizers,
+                        const platform::World& world, AllreduceCost& cost) {
   const TrainConfig& cfg = s.cfg;
   const int64_t T = cfg.model.seq;
   const MicroBatches mine = rank_micro_batches(cfg.accum, world);
@@ -210,7 +211,7 @@ double forward_backward(Session& s, const Corpus& corpus, int64_t step, const pl
     loss.backward();
   }
   cost = allreduce_gradients(s.names, s.params, s.recipe.gradient_allreduce, world);
-  commit_quantizers(s.model, world);
+  commit_quantizers(quantizers, world);
   return mean_loss(losses, world);
 }
 
@@ -291,6 +292,7 @@ TrainResult train(const TrainConfig& config, bool resume, const Progress& progre
   });
   OpenRun run = open_run(config, dir, resume, world);
   Session& s = *run.session;
+  const std::vector<quant::Quantizer*> quantizers = model_quantizers(s.model);
   if (save_initial && world.root()) save_checkpoint(s, (dir / "initial.safetensors").string(), 0, 0);
   const TrainConfig& cfg = s.cfg;
   const int64_t start = run.start;
@@ -337,7 +339,7 @@ TrainResult train(const TrainConfig& config, bool resume, const Progress& progre
     std::optional<StorageCastRecorder> casts;
     if (stats_step && s.recipe.data_storage != DType::f32) casts.emplace();
     AllreduceCost comm;
-    const double loss = forward_backward(s, corpus, step, world, comm);
+    const double loss = forward_backward(s, corpus, step, quantizers, world, comm);
     totals.comm_bytes += comm.bytes_sent;
     totals.comm_seconds += comm.seconds;
     if (casts) {  // recorded before the update, which a divergence stops
