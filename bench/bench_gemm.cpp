@@ -13,7 +13,7 @@
 
 #include "alternating.hpp"
 #include "scalify/autograd/functions.hpp"
-#include "scalify/nn/block.hpp"
+#include "scalify/nn/gpt.hpp"
 #include "scalify/platform/cpu.hpp"
 #include "scalify/tensor/gemm.hpp"
 #include "scalify/tensor/ops.hpp"
@@ -154,7 +154,9 @@ BENCHMARK_TEMPLATE(BM_OneDnnMatmul, dnnl::memory::data_type::bf16)->Apply(Shapes
 void BM_TransformerBlockStep(benchmark::State& st) {
   const int64_t B = 16, T = 128, D = 256;
   nn::Init init{false, 1, 1};
-  const nn::GptBlock block = nn::GptBlock::make(D, 4, init);
+  nn::GptConfig c;
+  c.d_model = D;
+  const nn::GptBlock block = nn::GptBlock::make(c.block(), init);
   nn::LayerOptions o;
   o.unit_scaled = false;
   const Tensor x = Tensor::randn({B, T, D}, 2);

@@ -5,7 +5,7 @@
 #include <chrono>
 
 #include "scalify/autograd/functions.hpp"
-#include "scalify/nn/block.hpp"
+#include "scalify/nn/gpt.hpp"
 
 namespace {
 
@@ -14,7 +14,10 @@ using namespace scalify;
 // One standard pre-LN GPT block (the trainer's, at GPT-2 initialisation).
 nn::GptBlock make_block(int64_t d, int heads) {
   nn::Init init{false, 1, 1};
-  return nn::GptBlock::make(d, heads, init);
+  nn::GptConfig c;
+  c.d_model = d;
+  c.heads = heads;
+  return nn::GptBlock::make(c.block(), init);
 }
 
 nn::GptBlock scaled_params(const nn::GptBlock& p) {

@@ -7,6 +7,7 @@
 // them. Scalify's other formats (e4m3fnuz, e5m2fnuz, e4m3b11fnuz, e8m0, e2m3, e3m2, e2m1; one code
 // per byte) are written as U8 and named in the metadata key "scalify.dtypes" (a JSON object
 // {tensor name: scalify dtype name}), so any reader gets the bytes and Scalify gets the type back.
+#include <cstdint>
 #include <map>
 #include <string>
 #include <utility>
@@ -37,7 +38,10 @@ void write_safetensors(const std::string& path, const SafeTensors& content);
 // header size within the file, JSON well formed, known dtypes, shapes, offsets in order,
 // non-overlapping, inside the file and matching the byte counts, checksums);
 // anything else is a scalify::Error naming the file and the problem.
-SafeTensors read_safetensors(const std::string& path);
+// A file without checksums loads with a note, or quietly where no checksums are expected (another
+// tool's files, such as a Hugging Face model's).
+enum class Unverified : uint8_t { note, quiet };
+SafeTensors read_safetensors(const std::string& path, Unverified unverified = Unverified::note);
 // The same on bytes in memory (`what` names them in errors); what the fuzz test drives.
 SafeTensors parse_safetensors(const std::string& bytes, const std::string& what);
 

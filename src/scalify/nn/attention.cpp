@@ -4,20 +4,51 @@
 #include <string>
 
 #include "scalify/error.hpp"
+#include "scalify/nn/rope.hpp"
 #include "scalify/unit/unit_ops.hpp"
 
 namespace scalify::nn {
 
-CausalSelfAttention CausalSelfAttention::make(int64_t d, int heads, Init& init) {
+CausalSelfAttention CausalSelfAttention::make(int64_t d, int heads, int kv_heads, double rope_theta, bool bias, Init& init) {
   if (heads <= 0 || d % heads != 0)
     throw Error("attention: width " + std::to_string(d) + " is not divisible by " + std::to_string(heads) + " heads");
-  return {Linear::make(d, 3 * d, init), Linear::make(d, d, init, true), heads};
+  if (kv_heads <= 0 || heads % kv_heads != 0)
+    throw Error("attention: " + std::to_string(heads) + " heads are not a multiple of " + std::to_string(kv_heads) + " key/value heads");
+  const int64_t kv_width = d / heads * kv_heads;
+  return {Linear::make(d, d + 2 * kv_width, init, false, bias), Linear::make(d, d, init, true, bias), heads, kv_heads, rope_theta};
 }
+
+namespace {
+// [B, T, heads * hd] -> rotated per head.
+Var rotate_heads(const Var& x, int64_t heads, double theta) {
+  const Shape& s = x.shape();
+  return reshape(rotary(reshape(x, {s[0], s[1], heads, s[2] / heads}), theta), s);
+}
+// [B, T, kv_heads * hd] -> [B, T, heads * hd]: key/value head j serves query heads j g .. j g + g - 1.
+Var repeat_heads(const Var& x, int64_t kv_heads, int64_t group) {
+  const Shape& s = x.shape();
+  const int64_t hd = s[2] / kv_heads;
+  return reshape(expand(reshape(x, {s[0], s[1], kv_heads, 1, hd}), {s[0], s[1], kv_heads, group, hd}), {s[0], s[1], s[2] * group});
+}
+}  // namespace
 
 Var CausalSelfAttention::operator()(const Var& x, const LayerOptions& o) const {
   const int64_t B = x.shape()[0], T = x.shape()[1], D = x.shape()[2], H = heads, hd = D / H;
   const bool u = o.unit_scaled;
-  const Var qkv_out = o.tap(qkv(x, o), "attn.qkv");
+  Var qkv_out = o.tap(qkv(x, o), "attn.qkv");
+  if (rope_theta > 0 || kv_heads != heads) {  // to the packed [q | k | v] of H heads each
+    const int64_t kv_width = hd * kv_heads;
+    Var q = slice(qkv_out, 2, 0, D), k = slice(qkv_out, 2, D, D + kv_width), v = slice(qkv_out, 2, D + kv_width, D + 2 * kv_width);
+    if (rope_theta > 0) {
+      q = rotate_heads(q, H, rope_theta);
+      k = rotate_heads(k, kv_heads, rope_theta);
+    }
+    if (kv_heads != heads) {
+      k = repeat_heads(k, kv_heads, H / kv_heads);
+      v = repeat_heads(v, kv_heads, H / kv_heads);
+    }
+    qkv_out = concat({q, k, v}, 2);
+  }
   // Standard attention takes the fused kernel (plain or one-scale values, any float storage); unit
   // scaling's own attention rules, per-block scales and probed runs (which tap the scores and
   // probabilities) compose the scaled ops below.

@@ -2,11 +2,12 @@
 
 namespace scalify::nn {
 
-GptBlock GptBlock::make(int64_t d, int heads, Init& init, bool rms_norm, bool swiglu) {
-  LayerNorm ln1 = LayerNorm::make(d, init, rms_norm);
-  CausalSelfAttention attn = CausalSelfAttention::make(d, heads, init);
-  LayerNorm ln2 = LayerNorm::make(d, init, rms_norm);
-  Mlp mlp = Mlp::make(d, init, swiglu);
+GptBlock GptBlock::make(const BlockSpec& s, Init& init) {
+  // In this order, which is the order the initialiser draws in.
+  LayerNorm ln1 = LayerNorm::make(s.d_model, init, s.rms_norm, s.norm_eps);
+  CausalSelfAttention attn = CausalSelfAttention::make(s.d_model, s.heads, s.kv_heads, s.rope_theta, s.bias, init);
+  LayerNorm ln2 = LayerNorm::make(s.d_model, init, s.rms_norm, s.norm_eps);
+  Mlp mlp = Mlp::make(s.d_model, s.mlp_hidden, s.swiglu, s.bias, init);
   return {ln1, ln2, attn, mlp};
 }
 

@@ -11,11 +11,19 @@
 
 namespace scalify::nn {
 
+// What a block is built from: GptConfig::block() (its one source).
+struct BlockSpec {
+  int64_t d_model, mlp_hidden;
+  int heads, kv_heads;
+  bool rms_norm, swiglu, bias;
+  double norm_eps, rope_theta;
+};
+
 struct GptBlock {
   LayerNorm ln1, ln2;
   CausalSelfAttention attn;
   Mlp mlp;
-  static GptBlock make(int64_t d, int heads, Init& init, bool rms_norm = false, bool swiglu = false);
+  static GptBlock make(const BlockSpec& spec, Init& init);
   Var operator()(const Var& x, unit::Residual residual, const LayerOptions& o) const;
 };
 

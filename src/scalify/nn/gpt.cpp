@@ -18,16 +18,33 @@ void GptConfig::validate() const {
   need(layers >= 1 && layers <= 1024, "layers must be in [1, 1024], got " + std::to_string(layers));
   need(heads >= 1 && d_model % heads == 0,
        "heads must divide d_model, got heads = " + std::to_string(heads) + ", d_model = " + std::to_string(d_model));
+  need(kv_heads >= 0 && (kv_heads == 0 || heads % kv_heads == 0),
+       "kv_heads must divide heads, got kv_heads = " + std::to_string(kv_heads) + ", heads = " + std::to_string(heads));
+  need(mlp_hidden >= 0 && mlp_hidden <= (int64_t(1) << 20), "mlp_hidden must be in [0, 2^20], got " + std::to_string(mlp_hidden));
+  need(norm_eps >= 0 && norm_eps < 1, "norm_eps must be in [0, 1), got " + std::to_string(norm_eps));
+  need(rope_theta == 0 || (rope_theta > 1 && rope_theta < 1e12), "rope_theta must be 0 or in (1, 1e12), got " + std::to_string(rope_theta));
+  need(rope_theta == 0 || (d_model / heads) % 2 == 0, "rotary positions need an even head width, got " + std::to_string(d_model / heads));
   need(!(unit_scaled && (rms_norm || swiglu)), "unit scaling supports LayerNorm and GELU only (rms_norm and swiglu off)");
+  need(!(unit_scaled && (rope_theta > 0 || (kv_heads != 0 && kv_heads != heads))),
+       "unit scaling supports learned positions and multi-head attention only (rope_theta 0, kv_heads = heads)");
   need(tau > 0 && tau < 1, "tau must be in (0, 1), got " + std::to_string(tau));
 }
 
+BlockSpec GptConfig::block() const {
+  return {d_model,   mlp_hidden > 0 ? mlp_hidden : Mlp::hidden_width(d_model, swiglu),
+          heads,     kv_heads > 0 ? kv_heads : heads,
+          rms_norm,  swiglu,
+          bias,      norm_eps > 0 ? norm_eps : LayerNorm::default_eps(rms_norm),
+          rope_theta};
+}
+
 int64_t GptConfig::parameter_count() const {
-  const int64_t D = d_model, hidden = Mlp::hidden_width(D, swiglu);
+  const BlockSpec b = block();
+  const int64_t D = d_model, qkv = D + 2 * D / heads * b.kv_heads, fc = (swiglu ? 2 : 1) * b.mlp_hidden;
   const int64_t norm = rms_norm ? D : 2 * D;
-  const int64_t block =
-      2 * norm + D * 3 * D + 3 * D + D * D + D + D * (swiglu ? 2 : 1) * hidden + (swiglu ? 2 : 1) * hidden + hidden * D + D;
-  return vocab * D + seq * D + layers * block + (final_norm ? norm : 0) + (tied_head ? 0 : D * vocab);
+  const int64_t weights = D * qkv + D * D + D * fc + b.mlp_hidden * D, biases = bias ? qkv + D + fc + D : 0;
+  return vocab * D + (learned_positions() ? seq * D : 0) + layers * (2 * norm + weights + biases) + (final_norm ? norm : 0) +
+         (tied_head ? 0 : D * vocab);
 }
 
 Gpt::Gpt(const GptConfig& c, uint64_t seed, const quant::Recipe& recipe) : c_(c), rescale_norm_grad_(recipe.rescale_norm_grad) {
@@ -35,9 +52,11 @@ Gpt::Gpt(const GptConfig& c, uint64_t seed, const quant::Recipe& recipe) : c_(c)
   Init init{c.unit_scaled, c.layers, seed * 1000};
   const int64_t D = c.d_model;
   wte_ = init.weight({c.vocab, D}, false);
-  wpe_ = c.unit_scaled ? init.weight({c.seq, D}, false) : Var(Tensor::randn({c.seq, D}, ++init.seed, 0.01), true);
-  for (int l = 0; l < c.layers; ++l) blocks_.push_back(GptBlock::make(D, c.heads, init, c.rms_norm, c.swiglu));
-  if (c.final_norm) lnf_ = LayerNorm::make(D, init, c.rms_norm);
+  if (c.learned_positions())
+    wpe_ = c.unit_scaled ? init.weight({c.seq, D}, false) : Var(Tensor::randn({c.seq, D}, ++init.seed, 0.01), true);
+  const BlockSpec spec = c.block();
+  for (int l = 0; l < c.layers; ++l) blocks_.push_back(GptBlock::make(spec, init));
+  if (c.final_norm) lnf_ = LayerNorm::make(D, init, c.rms_norm, spec.norm_eps);
   if (!c.tied_head) head_ = init.weight({D, c.vocab}, false);
   // Each layer draws its stochastic-rounding bits from a stream of its own name.
   for (auto& [name, linear] : linears()) {
@@ -60,7 +79,8 @@ std::vector<std::pair<std::string, Linear*>> Gpt::linears() {
 }
 
 std::vector<std::pair<std::string, Var*>> Gpt::refs() {
-  std::vector<std::pair<std::string, Var*>> r = {{"wte", &wte_}, {"wpe", &wpe_}};
+  std::vector<std::pair<std::string, Var*>> r = {{"wte", &wte_}};
+  if (wpe_.defined()) r.push_back({"wpe", &wpe_});
   auto norm = [&](LayerNorm& n, const std::string& name) {
     r.push_back({name + ".w", &n.w});
     if (n.b.defined()) r.push_back({name + ".b", &n.b});
@@ -68,7 +88,7 @@ std::vector<std::pair<std::string, Var*>> Gpt::refs() {
   const std::vector<std::pair<std::string, Linear*>> lin = linears();
   auto linear = [&](size_t i) {
     r.push_back({lin[i].first + ".w", &lin[i].second->w});
-    r.push_back({lin[i].first + ".b", &lin[i].second->b});
+    if (lin[i].second->b.defined()) r.push_back({lin[i].first + ".b", &lin[i].second->b});
   };
   for (size_t l = 0; l < blocks_.size(); ++l) {
     GptBlock& b = blocks_[l];
@@ -143,14 +163,19 @@ Var Gpt::logits(const Tensor& ids, ScaleProbe* probe) const {
   if (ids.dim() != 2 || ids.size(1) > c_.seq || ids.size(1) < 1)
     throw Error("gpt: ids must be [B, T] with 1 <= T <= " + std::to_string(c_.seq) + ", got " + shape_str(ids.shape()));
   const int64_t B = ids.size(0), T = ids.size(1);
-  // Positions for every row (not broadcast), so the embedding's gradient count is B * T.
-  std::vector<int64_t> pos(static_cast<size_t>(B * T));
-  for (int64_t i = 0; i < B * T; ++i) pos[size_t(i)] = i % T;
-  const Tensor positions = Tensor::from_indices(pos, {B, T});
   LayerOptions o{c_.unit_scaled, probe, "", c_.rms_norm, c_.swiglu, rescale_norm_grad_};
   const bool u = c_.unit_scaled;
-  Var x = u ? weighted_add({unit::embedding(wte_, ids), unit::embedding(wpe_, positions)}, {1.0, 1.0})
-            : scalify::embedding(wte_, ids) + scalify::embedding(wpe_, positions);
+  Var x;
+  if (c_.learned_positions()) {
+    // Positions for every row (not broadcast), so the embedding's gradient count is B * T.
+    std::vector<int64_t> pos(static_cast<size_t>(B * T));
+    for (int64_t i = 0; i < B * T; ++i) pos[size_t(i)] = i % T;
+    const Tensor positions = Tensor::from_indices(pos, {B, T});
+    x = u ? weighted_add({unit::embedding(wte_, ids), unit::embedding(wpe_, positions)}, {1.0, 1.0})
+          : scalify::embedding(wte_, ids) + scalify::embedding(wpe_, positions);
+  } else {
+    x = u ? unit::embedding(wte_, ids) : scalify::embedding(wte_, ids);
+  }
   x = o.tap(x, "embed");
   Residual r;
   r.kind = u ? c_.residual : Residual::Kind::plain;

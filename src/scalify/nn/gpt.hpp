@@ -1,6 +1,8 @@
 #pragma once
-// The GPT model: token embedding, learned positions, pre-norm blocks (causal multi-head attention,
-// GELU or SwiGLU MLP), final norm, output head tied to the embedding (or untied). Written once
+// The GPT model: token embedding, learned positions (or rotary ones in attention), pre-norm blocks
+// (causal multi-head or grouped-query attention, GELU or SwiGLU MLP, with or without biases), final
+// norm, output head tied to the embedding (or untied): GPT-2 and Llama are configurations of it
+// (hub/ maps their checkpoints onto it). Written once
 // against the autograd ops; every training method applies to it without changing this code:
 //   - standard or unit-scaled variant (unit scaling: Table A.2 ops, weighted residuals with the
 //     branch rewrite, unit-variance init, the 1/sqrt(d) learning-rate rule via lr_multiplier);
@@ -22,11 +24,16 @@ namespace scalify::nn {
 struct GptConfig {
   int64_t vocab = 256, seq = 64, d_model = 128;
   int layers = 4, heads = 4;
+  int kv_heads = 0;        // key/value heads; 0: as many as heads; fewer: grouped-query attention
+  int64_t mlp_hidden = 0;  // the MLP's hidden width; 0: Mlp::hidden_width's default
   bool unit_scaled = false;
   bool rms_norm = false;  // RMSNorm instead of LayerNorm (standard variant)
   bool swiglu = false;    // SwiGLU MLP instead of GELU (standard variant)
+  bool bias = true;       // biases in the blocks' linear layers (Llama has none)
   bool tied_head = true;  // logits = x wte^T; false: a separate [d, vocab] head
   bool final_norm = true;
+  double norm_eps = 0;    // 0: LayerNorm::default_eps (1e-5 LayerNorm, 1e-6 RMSNorm)
+  double rope_theta = 0;  // > 0: rotary positions with this base instead of learned ones (wpe)
   // Unit scaling's residual scheme. fixed(0.1) by measurement: at initialisation it keeps every
   // activation and gradient of a 4-layer model within [0.55, 1.32] across seeds, while
   // running-mean reaches the edges of [0.5, 2] in the deeper attention layers (docs/RESULTS.md).
@@ -34,6 +41,8 @@ struct GptConfig {
   double tau = 0.1;       // for Residual::Kind::fixed
   void validate() const;  // throws scalify::Error naming the bad field
   int64_t parameter_count() const;
+  BlockSpec block() const;  // the values above resolved (kv_heads, mlp_hidden, norm_eps) for a block
+  bool learned_positions() const { return rope_theta == 0; }
 };
 
 class Gpt {
@@ -45,7 +54,8 @@ class Gpt {
   Var logits(const Tensor& ids, ScaleProbe* probe = nullptr) const;
   // Mean next-token cross-entropy of ids [B, T] against targets [B, T].
   Var loss(const Tensor& ids, const Tensor& targets, ScaleProbe* probe = nullptr) const;
-  // Names and handles of every parameter, in a fixed order: wte, wpe, h{l}.ln1.w, ... lnf.w, head.
+  // Names and handles of every parameter, in a fixed order: wte, wpe (learned positions),
+  // h{l}.ln1.w, ... (biases .b where the model has them), lnf.w, head (untied).
   NamedParams parameters() const;
   // Replaces parameters by name (e.g. by their scaled or low-precision forms); shapes must match.
   void set_parameters(const NamedParams& params);

@@ -6,8 +6,8 @@
 
 namespace scalify::nn {
 
-Linear Linear::make(int64_t in, int64_t out, Init& init, bool output_projection) {
-  return {init.weight({in, out}, output_projection), init.constant({out}, 0.0), quant::QLinear()};
+Linear Linear::make(int64_t in, int64_t out, Init& init, bool output_projection, bool bias) {
+  return {init.weight({in, out}, output_projection), bias ? init.constant({out}, 0.0) : Var(), quant::QLinear()};
 }
 
 Var Linear::operator()(const Var& x, const LayerOptions& o) const {
@@ -15,8 +15,10 @@ Var Linear::operator()(const Var& x, const LayerOptions& o) const {
   // The bias's gradient sums over every row: beta = rows^-1/2 (as LayerNorm's).
   unit::MatmulFn product;
   if (gemms.recipe().quantized) product = [this](const Var& xs, const Var& ws) { return gemms(xs, ws); };
+  const Var y = unit::matmul(x, w, unit::Constrain::x, product);
+  if (!b.defined()) return y;
   const int64_t rows = numel_of(x.shape()) / x.shape().back();
-  return unit::matmul(x, w, unit::Constrain::x, product) + unit::scaled(b, 1.0, 1.0 / std::sqrt(double(rows)));
+  return y + unit::scaled(b, 1.0, 1.0 / std::sqrt(double(rows)));
 }
 
 }  // namespace scalify::nn

@@ -10,9 +10,9 @@
 namespace scalify::nn {
 
 struct Linear {
-  Var w, b;
+  Var w, b;  // b undefined for a layer without bias
   quant::QLinear gemms;
-  static Linear make(int64_t in, int64_t out, Init& init, bool output_projection = false);
+  static Linear make(int64_t in, int64_t out, Init& init, bool output_projection = false, bool bias = true);
   Var operator()(const Var& x, const LayerOptions& o) const;
 };
 

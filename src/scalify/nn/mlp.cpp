@@ -7,9 +7,8 @@ namespace scalify::nn {
 
 int64_t Mlp::hidden_width(int64_t d, bool swiglu) { return swiglu ? (8 * d / 3 + 7) / 8 * 8 : 4 * d; }
 
-Mlp Mlp::make(int64_t d, Init& init, bool swiglu) {
-  const int64_t hidden = hidden_width(d, swiglu);
-  return {Linear::make(d, swiglu ? 2 * hidden : hidden, init), Linear::make(hidden, d, init, true), swiglu};
+Mlp Mlp::make(int64_t d, int64_t hidden, bool swiglu, bool bias, Init& init) {
+  return {Linear::make(d, swiglu ? 2 * hidden : hidden, init, false, bias), Linear::make(hidden, d, init, true, bias), swiglu};
 }
 
 Var Mlp::operator()(const Var& x, const LayerOptions& o) const {

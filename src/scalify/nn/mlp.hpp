@@ -11,8 +11,8 @@ namespace scalify::nn {
 struct Mlp {
   Linear fc, out;
   bool swiglu = false;
-  static int64_t hidden_width(int64_t d, bool swiglu);
-  static Mlp make(int64_t d, Init& init, bool swiglu = false);
+  static int64_t hidden_width(int64_t d, bool swiglu);  // the default width
+  static Mlp make(int64_t d, int64_t hidden, bool swiglu, bool bias, Init& init);
   Var operator()(const Var& x, const LayerOptions& o) const;
 };
 

@@ -9,7 +9,9 @@ namespace scalify::nn {
 
 struct LayerNorm {
   Var w, b;  // b undefined for RMSNorm
-  static LayerNorm make(int64_t d, const Init& init, bool rms = false);
+  double eps = 1e-5;
+  static double default_eps(bool rms) { return rms ? 1e-6 : 1e-5; }
+  static LayerNorm make(int64_t d, const Init& init, bool rms, double eps);
   Var operator()(const Var& x, const LayerOptions& o) const;
 };
 

@@ -1,0 +1,13 @@
+#pragma once
+// Rotary position embeddings (RoFormer), in the form Hugging Face's Llama uses: in every head the
+// pair (x_i, x_{i + hd/2}) at position t turns by the angle t * theta^(-2i / hd) (rotate_half), so
+// pretrained Llama weights apply unchanged. A rotation: a scaled input keeps its scale, and the
+// backward is the rotation by the opposite angle, which the composed ops give.
+#include "scalify/autograd/functions.hpp"
+
+namespace scalify::nn {
+
+// x [B, T, H, hd] (hd even) at positions 0 .. T-1.
+Var rotary(const Var& x, double theta);
+
+}  // namespace scalify::nn

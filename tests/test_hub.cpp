@@ -1,0 +1,224 @@
+// Pretrained Hugging Face models (issue 34): rotary positions and grouped-query attention, the
+// loader's logits against transformers' on the committed tiny models (tests/data/hf, made by
+// make_reference.py), export and re-import, and bad model folders.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <map>
+#include <string>
+
+#include "expect_error.hpp"
+#include "gradcheck.hpp"
+#include "scalify/hub/hf_config.hpp"
+#include "scalify/hub/hf_weights.hpp"
+#include "scalify/io/safetensors.hpp"
+#include "scalify/nn/gpt.hpp"
+#include "scalify/nn/rope.hpp"
+#include "train_fixtures.hpp"
+
+namespace scalify {
+namespace {
+
+namespace fs = std::filesystem;
+using testing::scratch;
+using testing::slurp;
+using testing::spit;
+
+const std::string kData = SCALIFY_HF_DATA_DIR;
+
+double dot_at(const Tensor& x, int64_t t, int64_t h, int64_t hd, const Tensor& y, int64_t s) {
+  const std::vector<double> a = x.to_vector(), b = y.to_vector();
+  const int64_t H = x.size(2);
+  double d = 0;
+  for (int64_t i = 0; i < hd; ++i) d += a[size_t((t * H + h) * hd + i)] * b[size_t((s * H + h) * hd + i)];
+  return d;
+}
+
+TEST(Rotary, IsTheIdentityAtPositionZeroAndKeepsNorms) {
+  const Tensor x = Tensor::randn({1, 6, 2, 8}, 1, 1.0, DType::f64);
+  const Tensor y = nn::rotary(Var(x), 10000.0).value();
+  // cos and sin are f32 values (as Hugging Face's), so cos^2 + sin^2 is 1 to about 1e-7.
+  for (int64_t t = 0; t < 6; ++t)
+    for (int64_t h = 0; h < 2; ++h) {
+      const double norm2 = dot_at(x, t, h, 8, x, t);
+      EXPECT_NEAR(dot_at(y, t, h, 8, y, t), norm2, 1e-7 * norm2) << t;
+    }
+  const std::vector<double> xv = x.to_vector(), yv = y.to_vector();
+  for (size_t i = 0; i < 16; ++i) EXPECT_EQ(yv[i], xv[i]);  // position 0: every angle is 0
+}
+
+TEST(Rotary, ScoresDependOnlyOnTheDistance) {
+  // The same query and key vector placed at every position: q_t . k_s is a function of t - s,
+  // which is what rotary embeddings are for (a wrong sign or angle breaks it).
+  const Tensor v = Tensor::randn({1, 1, 1, 16}, 2, 1.0, DType::f64);
+  const Tensor w = Tensor::randn({1, 1, 1, 16}, 3, 1.0, DType::f64);
+  const Tensor q = nn::rotary(Var(v.expand({1, 9, 1, 16}).contiguous()), 500.0).value();
+  const Tensor k = nn::rotary(Var(w.expand({1, 9, 1, 16}).contiguous()), 500.0).value();
+  for (int64_t d = 0; d < 4; ++d)
+    for (int64_t s = 0; s + d < 9; ++s) EXPECT_NEAR(dot_at(q, s + d, 0, 16, k, s), dot_at(q, d, 0, 16, k, 0), 1e-5) << d << " " << s;
+  EXPECT_GT(std::abs(dot_at(q, 1, 0, 16, k, 0) - dot_at(q, 0, 0, 16, k, 0)), 1e-3);  // and it does rotate
+}
+
+TEST(Rotary, GradientMatchesFiniteDifferences) {
+  testing::gradcheck("rotary", [](auto& v) { return nn::rotary(v[0], 10000.0); }, {Tensor::randn({2, 5, 3, 6}, 4, 1.0, DType::f64)});
+}
+
+TEST(Rotary, RefusesAnOddHeadWidth) { EXPECT_ERROR(nn::rotary(Var(Tensor::zeros({1, 2, 1, 3})), 10000.0), "hd even"); }
+
+// The model of DIR with its weights.
+nn::Gpt load(const std::string& dir) {
+  const hub::HfConfig c = hub::read_hf_config(dir);
+  nn::Gpt model(c.model, 0);
+  nn::NamedParams params;
+  for (const auto& [name, t] : hub::load_hf_weights(dir, c)) params.push_back({name, Var(t, true)});
+  model.set_parameters(params);
+  return model;
+}
+
+// Largest |ours - reference| over the largest |reference|.
+double relative_error(const Tensor& ours, const Tensor& reference) {
+  const std::vector<double> a = ours.to_vector(), b = reference.to_vector();
+  double diff = 0, peak = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    diff = std::max(diff, std::abs(a[i] - b[i]));
+    peak = std::max(peak, std::abs(b[i]));
+  }
+  return diff / peak;
+}
+
+class ReferenceLogits : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(ReferenceLogits, MatchTransformers) {
+  const std::string dir = kData + "/" + GetParam();
+  const nn::Gpt model = load(dir);
+  const io::SafeTensors ref = io::read_safetensors(dir + "/reference.safetensors", io::Unverified::quiet);
+  NoGrad no_grad;
+  const Tensor logits = model.logits(ref.at("ids")).value();
+  ASSERT_EQ(logits.shape(), ref.at("logits").shape());
+  // f32 sums in another order than PyTorch's: measured 8.0e-7 (GPT-2), 9.6e-7 / 1.06e-6 (Llama),
+  // 9.7e-7 / 9.9e-7 (GQA Llama) of the largest logit, natively / with the AVX2 and f32-GEMM paths.
+  EXPECT_LT(relative_error(logits, ref.at("logits")), 3e-6);
+}
+
+INSTANTIATE_TEST_SUITE_P(TinyModels, ReferenceLogits, ::testing::Values("tiny_gpt2", "tiny_llama", "tiny_llama_gqa"));
+
+TEST(HfConfig, ReadsEachFamily) {
+  const hub::HfConfig g = hub::read_hf_config(kData + "/tiny_gpt2");
+  EXPECT_EQ(g.family, hub::Family::gpt2);
+  EXPECT_EQ(g.model.vocab, 1000);
+  EXPECT_EQ(g.model.seq, 64);
+  EXPECT_TRUE(g.model.tied_head && g.model.bias && g.model.learned_positions());
+  const hub::HfConfig l = hub::read_hf_config(kData + "/tiny_llama_gqa");
+  EXPECT_EQ(l.family, hub::Family::llama);
+  EXPECT_EQ(l.model.kv_heads, 2);
+  EXPECT_EQ(l.model.mlp_hidden, 160);
+  EXPECT_EQ(l.model.rope_theta, 500000.0);
+  EXPECT_EQ(l.model.norm_eps, 1e-5);
+  EXPECT_EQ(l.dtype, DType::bf16);
+  EXPECT_TRUE(l.model.tied_head && !l.model.bias);
+}
+
+TEST(HfExport, RoundTripsEveryParameter) {
+  for (const char* name : {"tiny_gpt2", "tiny_llama", "tiny_llama_gqa"}) {
+    const hub::HfConfig c = hub::read_hf_config(kData + "/" + name);
+    const std::map<std::string, Tensor> params = hub::load_hf_weights(kData + "/" + name, c);
+    const fs::path out = scratch(std::string("export_") + name);
+    hub::save_hf_model(out.string(), c, params);
+    const hub::HfConfig back = hub::read_hf_config(out.string());
+    EXPECT_EQ(back.family, c.family);
+    EXPECT_EQ(back.model.parameter_count(), c.model.parameter_count());
+    EXPECT_EQ(back.dtype, c.dtype);
+    const std::map<std::string, Tensor> again = hub::load_hf_weights(out.string(), back);
+    ASSERT_EQ(again.size(), params.size()) << name;
+    for (const auto& [n, t] : params) EXPECT_EQ(again.at(n).to_vector(), t.to_vector()) << name << " " << n;
+  }
+}
+
+TEST(HfExport, TheEnginesOwnByteModelIsGpt2Shaped) {
+  nn::GptConfig c;
+  c.d_model = 32;
+  c.layers = 1;
+  EXPECT_EQ(hub::family_of(c), hub::Family::gpt2);
+  c.rope_theta = 10000;
+  EXPECT_ERROR(hub::family_of(c), "no Hugging Face layout");
+  c = {};
+  c.unit_scaled = true;
+  EXPECT_ERROR(hub::family_of(c), "unit-scaled");
+}
+
+// A copy of a tiny model's folder to damage.
+fs::path copy_of(const std::string& name, const std::string& as) {
+  const fs::path dst = scratch(as);
+  fs::copy(kData + "/" + name, dst, fs::copy_options::recursive);
+  return dst;
+}
+
+void set_config(const fs::path& dir, const std::string& key, const nlohmann::json& value) {
+  nlohmann::json j = nlohmann::json::parse(slurp(dir / "config.json"));
+  j[key] = value;
+  spit(dir / "config.json", j.dump());
+}
+
+std::string load_error(const fs::path& dir) {
+  return testing::error_of([&] { hub::load_hf_weights(dir.string(), hub::read_hf_config(dir.string())); });
+}
+
+TEST(HfBadInput, ConfigErrorsNameTheFileAndField) {
+  EXPECT_ERROR(hub::read_hf_config("/nonexistent/model"), "not a model folder");
+  const fs::path d = copy_of("tiny_gpt2", "bad_config");
+  set_config(d, "model_type", "bert");
+  EXPECT_ERROR(hub::read_hf_config(d.string()), "\"model_type\" must be gpt2 or llama");
+  set_config(d, "model_type", "gpt2");
+  set_config(d, "activation_function", "relu");
+  EXPECT_ERROR(hub::read_hf_config(d.string()), "activation_function");
+  set_config(d, "activation_function", "gelu_new");
+  set_config(d, "n_embd", "64");
+  EXPECT_ERROR(hub::read_hf_config(d.string()), "\"n_embd\" must be an integer");
+  set_config(d, "n_embd", 66);  // not divisible by 4 heads
+  EXPECT_ERROR(hub::read_hf_config(d.string()), "heads must divide d_model");
+  spit(d / "config.json", "{not json");
+  EXPECT_ERROR(hub::read_hf_config(d.string()), (d / "config.json").string() + ": not a JSON object");
+  const fs::path l = copy_of("tiny_llama", "bad_llama_config");
+  set_config(l, "rope_scaling", nlohmann::json{{"type", "linear"}, {"factor", 2.0}});
+  EXPECT_ERROR(hub::read_hf_config(l.string()), "rope_scaling");
+  set_config(l, "rope_scaling", nullptr);
+  set_config(l, "num_key_value_heads", 3);
+  EXPECT_ERROR(hub::read_hf_config(l.string()), "kv_heads must divide heads");
+}
+
+TEST(HfBadInput, AConfigThatLiesAboutTheWeights) {
+  const fs::path d = copy_of("tiny_gpt2", "lying_config");
+  set_config(d, "n_layer", 3);
+  EXPECT_NE(load_error(d).find("tensor 'h.2.ln_1.weight' is missing"), std::string::npos) << load_error(d);
+  set_config(d, "n_layer", 1);
+  EXPECT_NE(load_error(d).find("tensor 'h.1."), std::string::npos) << load_error(d);
+  EXPECT_NE(load_error(d).find("has no place in the gpt2 model config.json describes"), std::string::npos) << load_error(d);
+  set_config(d, "n_layer", 2);
+  set_config(d, "n_inner", 128);
+  EXPECT_NE(load_error(d).find("'h.0.mlp.c_fc.weight' has shape [64, 256], config.json implies [64, 128]"), std::string::npos)
+      << load_error(d);
+}
+
+TEST(HfBadInput, ShardsMissingOrTruncated) {
+  const fs::path d = copy_of("tiny_llama", "bad_shards");
+  const std::string shard = slurp(d / "model-00002-of-00004.safetensors");
+  spit(d / "model-00002-of-00004.safetensors", shard.substr(0, shard.size() / 2));
+  EXPECT_NE(load_error(d).find("model-00002-of-00004.safetensors"), std::string::npos) << load_error(d);
+  fs::remove(d / "model-00002-of-00004.safetensors");
+  EXPECT_NE(load_error(d).find("names the shard model-00002-of-00004.safetensors, which is missing"), std::string::npos) << load_error(d);
+  fs::remove(d / "model.safetensors.index.json");
+  EXPECT_NE(load_error(d).find("no model.safetensors"), std::string::npos) << load_error(d);
+}
+
+TEST(HfBadInput, WrongDtypeNamesTheTensor) {
+  const fs::path d = copy_of("tiny_gpt2", "bad_dtype");
+  io::SafeTensors st = io::read_safetensors((d / "model.safetensors").string(), io::Unverified::quiet);
+  for (auto& [name, t] : st.tensors)
+    if (name == "wpe.weight") t = t.to(DType::f64);
+  io::write_safetensors((d / "model.safetensors").string(), st);
+  EXPECT_NE(load_error(d).find("tensor 'wpe.weight' is f64; weights must be F32, F16 or BF16"), std::string::npos) << load_error(d);
+}
+
+}  // namespace
+}  // namespace scalify
