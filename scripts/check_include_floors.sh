@@ -5,7 +5,7 @@
 # (include_floors); prints every upward include and exits 1 when there is one.
 set -euo pipefail
 cd "$(dirname "$0")/../src/scalify"
-floors=(platform formats tensor scaled autograd io report unit optim quant nn hub train inspect compare)
+floors=(platform formats tensor scaled autograd io tokenize report unit optim quant nn hub train inspect compare)
 declare -A rank
 for i in "${!floors[@]}"; do rank[${floors[$i]}]=$i; done
 status=0

@@ -14,6 +14,7 @@ packages=(
   gnuplot-nox                # PNG plots (scalify snr, compare)
   libdnnl-dev                # oneDNN: f32 and bf16 GEMM
   libsleef-dev               # SLEEF: vectorised exp and tanh (GELU, softmax)
+  libsentencepiece-dev       # SentencePiece: the tokenizers of Llama-family models (tokenizer.model)
   # oneDNN's CMake config (dnnl-config.cmake) calls find_package(OpenCL) even for the CPU-only
   # build; the package that satisfies it is only a Recommends of libdnnl-dev, which
   # --no-install-recommends skips, so it is named here.

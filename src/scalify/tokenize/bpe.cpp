@@ -1,0 +1,188 @@
+#include "scalify/tokenize/bpe.hpp"
+
+#include <nlohmann/json.hpp>
+#include <queue>
+
+#include "scalify/error.hpp"
+#include "scalify/io/input_file.hpp"
+#include "scalify/tokenize/pretokenize.hpp"
+#include "scalify/tokenize/utf8.hpp"
+
+namespace scalify::tokenize {
+
+namespace {
+// GPT-2's files are 1 MB (vocab.json) and 0.5 MB (merges.txt); larger vocabularies a few times that.
+constexpr uint64_t kMaxFileBytes = uint64_t(256) << 20;
+
+std::string in_quotes(const std::string& s) { return "'" + s + "'"; }
+
+// The bytes a vocabulary entry stands for: each character mapped back through byte_to_unicode.
+// An entry with a character outside that map (an added token written as plain text) stands for
+// its own UTF-8 text, as in Hugging Face's ByteLevel decoder.
+std::string token_bytes_of(const std::string& token, const std::unordered_map<char32_t, uint8_t>& unicode_to_byte) {
+  std::string bytes;
+  for (size_t i = 0; i < token.size();) {
+    char32_t cp = 0;
+    const size_t n = utf8_decode(token, i, cp);
+    const auto it = n == 0 ? unicode_to_byte.end() : unicode_to_byte.find(cp);
+    if (it == unicode_to_byte.end()) return token;
+    bytes += char(it->second);
+    i += n;
+  }
+  return bytes;
+}
+}  // namespace
+
+std::array<char32_t, 256> byte_to_unicode() {
+  std::array<char32_t, 256> map{};
+  char32_t next = 0x100;
+  for (int b = 0; b < 256; ++b) {
+    const bool printable = (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE && b <= 0xFF);
+    map[size_t(b)] = printable ? char32_t(b) : next++;
+  }
+  return map;
+}
+
+BpeTokenizer::BpeTokenizer(const std::string& vocab_path, const std::string& merges_path)
+    : vocab_path_(vocab_path), merges_path_(merges_path) {
+  // vocab.json: {"token": id, ...}, the ids 0..n-1 each once.
+  nlohmann::json vocab;
+  try {
+    vocab = nlohmann::json::parse(io::read_input_file(vocab_path, "tokenizer", kMaxFileBytes));
+  } catch (const nlohmann::json::exception& e) {
+    throw Error("tokenizer: '" + vocab_path + "' is not valid JSON: " + e.what());
+  }
+  if (!vocab.is_object() || vocab.empty())
+    throw Error("tokenizer: '" + vocab_path + "' must be a JSON object of tokens and their ids, {\"token\": id, ...}");
+  std::unordered_map<std::string, int32_t> ids;
+  std::vector<const std::string*> token_of(vocab.size(), nullptr);
+  for (const auto& [token, value] : vocab.items()) {
+    if (!value.is_number_integer() || value.get<int64_t>() < 0 || value.get<int64_t>() >= int64_t(vocab.size()))
+      throw Error("tokenizer: '" + vocab_path + "': the id of token " + in_quotes(token) + " is " + value.dump() +
+                  ", not an integer in [0, " + std::to_string(vocab.size()) + ") (the number of tokens)");
+    const int32_t id = value.get<int32_t>();
+    if (token_of[size_t(id)])
+      throw Error("tokenizer: '" + vocab_path + "': tokens " + in_quotes(*token_of[size_t(id)]) + " and " + in_quotes(token) +
+                  " have the same id " + std::to_string(id));
+    token_of[size_t(id)] = &ids.emplace(token, id).first->first;
+  }
+  const std::array<char32_t, 256> stand_in = byte_to_unicode();
+  std::unordered_map<char32_t, uint8_t> unicode_to_byte;
+  for (int b = 0; b < 256; ++b) unicode_to_byte[stand_in[size_t(b)]] = uint8_t(b);
+  bytes_.reserve(token_of.size());
+  for (const std::string* token : token_of) bytes_.push_back(token_bytes_of(*token, unicode_to_byte));
+  // Every byte needs a token of its own, so that any text encodes (GPT-2's vocabularies start
+  // with all 256).
+  for (int b = 0; b < 256; ++b) {
+    std::string s;
+    utf8_append(s, stand_in[size_t(b)]);
+    const auto it = ids.find(s);
+    if (it == ids.end())
+      throw Error("tokenizer: '" + vocab_path + "' has no token for byte " + std::to_string(b) + " (" + in_quotes(s) +
+                  "): not a GPT-2 byte-level vocabulary");
+    byte_id_[size_t(b)] = it->second;
+  }
+
+  // merges.txt: an optional "#version: ..." first line, then one merge a line, "left right", by rank.
+  const std::string text = io::read_input_file(merges_path, "tokenizer", kMaxFileBytes);
+  int32_t rank = 0;
+  size_t line_no = 0;
+  for (size_t pos = 0; pos < text.size();) {
+    size_t end = text.find('\n', pos);
+    if (end == std::string::npos) end = text.size();
+    std::string line = text.substr(pos, end - pos);
+    pos = end + 1;
+    ++line_no;
+    if (!line.empty() && line.back() == '\r') line.pop_back();  // a file saved with CRLF line ends
+    if (line.empty() || (line_no == 1 && line.rfind("#version", 0) == 0)) continue;
+    const auto at = [&] { return "tokenizer: '" + merges_path + "' line " + std::to_string(line_no) + ": "; };
+    const size_t space = line.find(' ');
+    if (space == 0 || space == std::string::npos || space + 1 == line.size() || line.find(' ', space + 1) != std::string::npos)
+      throw Error(at() + "expected two symbols separated by one space, got " + in_quotes(line));
+    const std::string left = line.substr(0, space), right = line.substr(space + 1);
+    const auto id_of = [&](const std::string& symbol) {
+      const auto it = ids.find(symbol);
+      if (it == ids.end()) throw Error(at() + "symbol " + in_quotes(symbol) + " is not in '" + vocab_path + "'");
+      return it->second;
+    };
+    const int32_t l = id_of(left), r = id_of(right), merged = id_of(left + right);
+    // A pair listed twice keeps its last rank, as in both of Hugging Face's implementations.
+    merges_[pair_key(l, r)] = Merge{rank++, merged};
+  }
+}
+
+void BpeTokenizer::encode_word(std::string_view word, std::vector<int32_t>& out) const {
+  // The word's tokens as a linked list; merged-away tokens are marked dead, not erased.
+  struct Symbol {
+    int32_t id;
+    int32_t prev, next;  // -1 at the ends
+    bool alive;
+  };
+  if (word.empty()) return;
+  std::vector<Symbol> s(word.size());
+  for (size_t i = 0; i < word.size(); ++i) s[i] = {byte_id_[uint8_t(word[i])], int32_t(i) - 1, int32_t(i + 1), true};
+  s.back().next = -1;
+  // Candidate merges, the lowest rank first, then the leftmost. A candidate goes stale when one of
+  // its tokens merges with another; it is skipped when its pair no longer merges into its result.
+  struct Candidate {
+    int32_t rank, pos, result;
+    bool operator>(const Candidate& o) const { return rank != o.rank ? rank > o.rank : pos > o.pos; }
+  };
+  std::priority_queue<Candidate, std::vector<Candidate>, std::greater<>> queue;
+  const auto consider = [&](int32_t pos) {
+    if (pos < 0 || s[size_t(pos)].next < 0) return;
+    const auto it = merges_.find(pair_key(s[size_t(pos)].id, s[size_t(s[size_t(pos)].next)].id));
+    if (it != merges_.end()) queue.push({it->second.rank, pos, it->second.result});
+  };
+  for (size_t i = 0; i + 1 < s.size(); ++i) consider(int32_t(i));
+  while (!queue.empty()) {
+    const Candidate c = queue.top();
+    queue.pop();
+    Symbol& left = s[size_t(c.pos)];
+    if (!left.alive || left.next < 0) continue;
+    Symbol& right = s[size_t(left.next)];
+    const auto it = merges_.find(pair_key(left.id, right.id));
+    if (it == merges_.end() || it->second.result != c.result) continue;
+    left.id = c.result;
+    right.alive = false;
+    left.next = right.next;
+    if (right.next >= 0) s[size_t(right.next)].prev = c.pos;
+    consider(left.prev);
+    consider(c.pos);
+  }
+  for (int32_t i = 0; i >= 0; i = s[size_t(i)].next) out.push_back(s[size_t(i)].id);
+}
+
+std::vector<int32_t> BpeTokenizer::encode(std::string_view text) const {
+  std::vector<int32_t> ids;
+  for (std::string_view word : gpt2_pretokenize(text)) encode_word(word, ids);
+  return ids;
+}
+
+// The bytes as they are: Hugging Face's decode replaces bytes that do not form UTF-8 (a text cut
+// inside a character) by U+FFFD, while here decode(encode(x)) == x for any bytes x.
+std::string BpeTokenizer::decode(const std::vector<int32_t>& ids) const {
+  std::string text;
+  for (int32_t id : ids) {
+    check_id(id);
+    text += bytes_[size_t(id)];
+  }
+  return text;
+}
+
+size_t BpeTokenizer::token_bytes(int32_t id) const {
+  check_id(id);
+  return bytes_[size_t(id)].size();
+}
+
+void BpeTokenizer::check_id(int32_t id) const {
+  if (id < 0 || id >= vocab_size())
+    throw Error("tokenizer: token id " + std::to_string(id) + " is outside the vocabulary [0, " + std::to_string(vocab_size()) + ") of '" +
+                vocab_path_ + "'");
+}
+
+std::string BpeTokenizer::description() const {
+  return "GPT-2 byte-level BPE, " + std::to_string(vocab_size()) + " tokens (" + vocab_path_ + ", " + merges_path_ + ")";
+}
+
+}  // namespace scalify::tokenize

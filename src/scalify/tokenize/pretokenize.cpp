@@ -1,0 +1,88 @@
+#include "scalify/tokenize/pretokenize.hpp"
+
+#include <cstdint>
+
+#include "scalify/tokenize/unicode_classes.hpp"
+#include "scalify/tokenize/utf8.hpp"
+
+namespace scalify::tokenize {
+
+namespace {
+
+enum class Class : uint8_t { kLetter, kNumber, kSpace, kOther };
+
+struct CodePoint {
+  size_t begin;  // byte offset in the text
+  char32_t value;
+  Class cls;
+};
+
+// A byte that is not part of well-formed UTF-8. The reference tokenizers take Python strings,
+// which cannot hold one; counting it as punctuation lets any bytes encode (and decode back).
+constexpr char32_t kInvalid = 0xFFFFFFFF;
+
+Class classify(char32_t c) {
+  if (c == kInvalid) return Class::kOther;
+  if (is_letter(c)) return Class::kLetter;
+  if (is_number(c)) return Class::kNumber;
+  if (is_whitespace(c)) return Class::kSpace;
+  return Class::kOther;
+}
+
+std::vector<CodePoint> code_points(std::string_view text) {
+  std::vector<CodePoint> out;
+  out.reserve(text.size());
+  for (size_t i = 0; i < text.size();) {
+    char32_t cp = kInvalid;
+    size_t n = utf8_decode(text, i, cp);
+    if (n == 0) {
+      n = 1;
+      cp = kInvalid;
+    }
+    out.push_back({i, cp, classify(cp)});
+    i += n;
+  }
+  return out;
+}
+
+// How many code points the pattern's match at cps[i] spans (at least 1).
+size_t match_length(const std::vector<CodePoint>& cps, size_t i) {
+  const size_t n = cps.size();
+  const auto value = [&](size_t k) { return k < n ? cps[k].value : kInvalid; };
+  // 's 't 're 've 'm 'll 'd: lower case only, as in GPT-2.
+  if (value(i) == '\'') {
+    const char32_t a = value(i + 1), b = value(i + 2);
+    if (a == 's' || a == 't' || a == 'm' || a == 'd') return 2;
+    if ((a == 'r' && b == 'e') || (a == 'v' && b == 'e') || (a == 'l' && b == 'l')) return 3;
+  }
+  // ` ?\p{L}+`, ` ?\p{N}+`, ` ?[^\s\p{L}\p{N}]+`: an optional space, then a run of one class.
+  size_t start = i;
+  if (value(i) == ' ' && i + 1 < n && cps[i + 1].cls != Class::kSpace) start = i + 1;
+  if (cps[start].cls != Class::kSpace) {
+    size_t end = start + 1;
+    while (end < n && cps[end].cls == cps[start].cls) ++end;
+    return end - i;
+  }
+  // `\s+(?!\S)`: a run of spaces that is not followed by a non-space, so a run before a word
+  // leaves its last space to the word (" ?\p{L}+"). Else `\s+`: a single space before a word.
+  size_t end = i + 1;
+  while (end < n && cps[end].cls == Class::kSpace) ++end;
+  if (end == n || end - i == 1) return end - i;
+  return end - i - 1;
+}
+
+}  // namespace
+
+std::vector<std::string_view> gpt2_pretokenize(std::string_view text) {
+  const std::vector<CodePoint> cps = code_points(text);
+  std::vector<std::string_view> words;
+  for (size_t i = 0; i < cps.size();) {
+    const size_t next = i + match_length(cps, i);
+    const size_t begin = cps[i].begin, end = next < cps.size() ? cps[next].begin : text.size();
+    words.push_back(text.substr(begin, end - begin));
+    i = next;
+  }
+  return words;
+}
+
+}  // namespace scalify::tokenize

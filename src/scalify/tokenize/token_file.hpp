@@ -1,0 +1,19 @@
+#pragma once
+// Pre-tokenised data in llm.c's layout (.bin), so text tokenised elsewhere trains and evaluates
+// here: a header of 256 little-endian int32 — [0] the magic 20240520, [1] the version (1: tokens
+// are uint16, 2: uint32), [2] the number of tokens — then the tokens, little-endian.
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace scalify::tokenize {
+
+// The tokens of `path`; a wrong magic, an unknown version or a size that disagrees with the
+// header's count is a scalify::Error naming the file.
+std::vector<int32_t> read_token_file(const std::string& path);
+
+// Writes `tokens` (each in [0, vocab_size)) atomically: version 1 (uint16) when every token is
+// below 65536, else version 2 (uint32).
+void write_token_file(const std::string& path, const std::vector<int32_t>& tokens, int64_t vocab_size);
+
+}  // namespace scalify::tokenize

@@ -1,0 +1,31 @@
+#include "scalify/tokenize/tokenizer.hpp"
+
+#include <filesystem>
+
+#include "scalify/error.hpp"
+#include "scalify/tokenize/bpe.hpp"
+#include "scalify/tokenize/sentencepiece.hpp"
+
+namespace scalify::tokenize {
+
+std::unique_ptr<Tokenizer> load_tokenizer(const std::string& model_dir) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (!fs::exists(model_dir, ec)) throw FileError("tokenizer: model folder '" + model_dir + "' does not exist");
+  if (!fs::is_directory(model_dir, ec)) throw FileError("tokenizer: model folder '" + model_dir + "' is not a folder");
+  const std::string vocab = (fs::path(model_dir) / "vocab.json").string();
+  const std::string merges = (fs::path(model_dir) / "merges.txt").string();
+  const std::string model = (fs::path(model_dir) / "tokenizer.model").string();
+  const bool has_vocab = fs::exists(vocab, ec), has_merges = fs::exists(merges, ec);
+  if (has_vocab && has_merges) return std::make_unique<BpeTokenizer>(vocab, merges);
+  if (fs::exists(model, ec)) return std::make_unique<SentencePieceTokenizer>(model);
+  // One of the pair alone is a folder copied in part: say which half is missing.
+  if (has_vocab || has_merges)
+    throw Error("tokenizer: '" + model_dir + "' has " + (has_vocab ? "vocab.json but no merges.txt" : "merges.txt but no vocab.json") +
+                " (GPT-2's BPE needs both)");
+  throw Error("tokenizer: '" + model_dir +
+              "' holds no tokenizer Scalify reads: looked for vocab.json + merges.txt (GPT-2 byte-level BPE) and "
+              "tokenizer.model (SentencePiece)");
+}
+
+}  // namespace scalify::tokenize

@@ -1,0 +1,34 @@
+#pragma once
+// Tokenizers of pretrained Hugging Face models: text to token ids and back, as the model was
+// trained. Two kinds: GPT-2's byte-level BPE (bpe.hpp) and SentencePiece models such as Llama's
+// (sentencepiece.hpp). load_tokenizer picks one from the files of a model folder.
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace scalify::tokenize {
+
+class Tokenizer {
+ public:
+  virtual ~Tokenizer() = default;
+  // The ids of `text` as the reference tokenizer gives them: special tokens written in the text
+  // are plain text, and no beginning-of-sequence token is added.
+  virtual std::vector<int32_t> encode(std::string_view text) const = 0;
+  // The text of `ids`; an id outside [0, vocab_size()) is a scalify::Error naming it.
+  virtual std::string decode(const std::vector<int32_t>& ids) const = 0;
+  virtual int64_t vocab_size() const = 0;
+  // How many UTF-8 bytes of text token `id` stands for: what bits-per-byte metrics divide by.
+  virtual size_t token_bytes(int32_t id) const = 0;
+  // The kind, size and files, e.g. "GPT-2 byte-level BPE, 1000 tokens (DIR/vocab.json, DIR/merges.txt)".
+  virtual std::string description() const = 0;
+};
+
+// The tokenizer of a Hugging Face model folder: vocab.json + merges.txt (GPT-2's byte-level BPE),
+// else tokenizer.model (SentencePiece). A folder with neither is a scalify::Error naming the
+// folder and the files looked for.
+std::unique_ptr<Tokenizer> load_tokenizer(const std::string& model_dir);
+
+}  // namespace scalify::tokenize
