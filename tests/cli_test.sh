@@ -147,6 +147,27 @@ byte=$(od -An -tu1 -j $((size - 100)) -N1 "$out/flipped.safetensors" | tr -d ' '
 printf "$(printf '\\%03o' $((byte ^ 4)))" | dd of="$out/flipped.safetensors" bs=1 seek=$((size - 100)) conv=notrunc status=none
 cmp -s "$out/flipped.safetensors" "$out/cmp/runs/f32/model.safetensors" && { echo "the bit flip changed nothing"; exit 1; }
 expect_error "fails its checksum (CRC-32C" eval "$out/flipped.safetensors"
+# Pretrained models (tests/data/hf): eval --model on text and on its llm.c token file agree; a
+# trained byte-level model exports to a Hugging Face folder that evaluates as the run did.
+hf="$(dirname "$(realpath "$0")")/data/hf"
+head -c 20000 /usr/share/games/fortunes/computers > "$out/text"
+"$cli" eval --model "$hf/tiny_gpt2" --data "$out/text" --json > "$out/eval_text" 2> /dev/null
+grep -Eq '^\{"loss": [0-9.e+-]+, "perplexity": [0-9.e+-]+, "bits_per_byte": [0-9.e+-]+, "tokens": [0-9]+, "windows": [0-9]+, "context": 64\}$' \
+  "$out/eval_text" || { echo "eval --model --json is not one JSON object"; cat "$out/eval_text"; exit 1; }
+"$cli" tokenize --model "$hf/tiny_gpt2" --data "$out/text" --out "$out/text.bin" | grep -q "20000 bytes -> "
+"$cli" eval --model "$hf/tiny_gpt2" --data "$out/text.bin" --json 2> /dev/null | cmp -s - "$out/eval_text" \
+  || { echo "the token file evaluates differently from its text"; exit 1; }
+"$cli" eval --model "$hf/tiny_llama_gqa" --data "$out/text" --context 32 --windows 3 | grep -q "(96 tokens in 3 windows of 32)"
+"$cli" export "$out/cmp/runs/f32" --out "$out/exported" | grep -q "^gpt2 model written to "
+"$cli" tokenize --model "$out/exported" --data "$out/text" --out "$out/bytes.bin" | grep -q "20000 bytes -> 20000 tokens"
+mkdir -p "$out/notok" && cp "$hf/tiny_gpt2/config.json" "$hf/tiny_gpt2/model.safetensors" "$out/notok/"
+expect_error "the model folder has no tokenizer" eval --model "$out/notok" --data "$out/text"
+expect_error "--model needs --data" eval --model "$hf/tiny_gpt2"
+expect_error "context must be in [1, 64]" eval --model "$hf/tiny_gpt2" --data "$out/text" --context 65
+expect_error "not a model folder" eval --model "$out/none" --data "$out/text"
+expect_error "outside the model's vocabulary of 256" eval --model "$out/exported" --data "$out/text.bin"
+expect_error "excludes" eval "$out/cmp/runs/f32" --model "$hf/tiny_gpt2"
+expect_error "--dtype: f8 not in" export "$out/cmp/runs/f32" --out "$out/x2" --dtype f8
 # A format named twice (or by an alias) appears once.
 "$cli" snr --out "$out/dup" --from 0 --to 1 --samples 64 --formats e4m3,e4m3,fp8_e4m3 > /dev/null 2>&1
 test "$(grep -c ',e4m3,' "$out/dup/snr.csv")" -eq 5

@@ -147,6 +147,37 @@ TEST(HfExport, TheEnginesOwnByteModelIsGpt2Shaped) {
   EXPECT_ERROR(hub::family_of(c), "unit-scaled");
 }
 
+// Scalify's own models, GPT-2-shaped (the byte-level GPT) and Llama-shaped, give the same logits
+// after a trip through the Hugging Face layout.
+TEST(HfExport, AnEngineModelKeepsItsLogits) {
+  nn::GptConfig gpt;
+  gpt.vocab = 256;
+  gpt.seq = 16;
+  gpt.d_model = 32;
+  gpt.layers = 2;
+  gpt.heads = 2;
+  nn::GptConfig llama = gpt;
+  llama.rms_norm = llama.swiglu = true;
+  llama.bias = llama.tied_head = false;
+  llama.rope_theta = 10000;
+  llama.kv_heads = 1;
+  llama.mlp_hidden = 48;
+  for (const nn::GptConfig& c : {gpt, llama}) {
+    const nn::Gpt model(c, 7);
+    std::map<std::string, Tensor> params;
+    for (const auto& [name, v] : model.parameters()) params[name] = v.value();
+    hub::HfConfig hf;
+    hf.model = c;
+    hf.family = hub::family_of(c);
+    const fs::path out = scratch(std::string("engine_") + hub::family_name(hf.family));
+    hub::save_hf_model(out.string(), hf, params);
+    const nn::Gpt back = load(out.string());
+    const Tensor ids = Tensor::from_indices({3, 200, 17, 255, 0, 9, 9, 64}, {2, 4});
+    NoGrad no_grad;
+    EXPECT_EQ(back.logits(ids).value().to_vector(), model.logits(ids).value().to_vector()) << hub::family_name(hf.family);
+  }
+}
+
 // A copy of a tiny model's folder to damage.
 fs::path copy_of(const std::string& name, const std::string& as) {
   const fs::path dst = scratch(as);

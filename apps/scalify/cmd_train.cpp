@@ -10,6 +10,7 @@
 #include "scalify/error.hpp"
 #include "scalify/platform/world.hpp"
 #include "scalify/train/evaluate.hpp"
+#include "scalify/train/pretrained.hpp"
 #include "scalify/train/trainer.hpp"
 
 namespace scalify::cli {
@@ -95,19 +96,57 @@ void add_train_commands(CLI::App& app) {
                   r.allreduce_bytes_per_step / 1e6, 100 * r.allreduce_share);
   });
 
-  auto eval_data = std::make_shared<std::string>();
-  auto eval_ckpt = std::make_shared<std::string>();
-  auto eval_json = std::make_shared<bool>(false);
-  auto* e = app.add_subcommand("eval", "Validation loss and bits per byte of a checkpoint (file or run folder)");
-  e->add_option("checkpoint", *eval_ckpt, "checkpoint .safetensors or run folder")->required();
-  e->add_option("--data", *eval_data, "corpus (default: the run's)");
-  e->add_flag("--json", *eval_json, "print one JSON object (val_loss, val_bpb, windows) with every digit");
-  e->callback([eval_ckpt, eval_data, eval_json] {
-    const train::EvalResult r = train::evaluate(*eval_ckpt, *eval_data);
-    if (*eval_json)  // %.17g: the double itself, read back bit for bit
-      std::printf("{\"val_loss\": %.17g, \"val_bpb\": %.17g, \"windows\": %zu}\n", r.loss, r.bits_per_byte, r.windows);
-    else
-      std::printf("validation loss: %.6f nats, %.6f bits per byte (%zu windows)\n", r.loss, r.bits_per_byte, r.windows);
+  struct EvalArgs {
+    std::string checkpoint, model, data;
+    int64_t context = 0, windows = 0;
+    bool json = false;
+  };
+  auto ea = std::make_shared<EvalArgs>();
+  auto* e = app.add_subcommand("eval", "Validation loss and bits per byte of a checkpoint (file or run folder) or of a Hugging Face model");
+  auto* ckpt = e->add_option("checkpoint", ea->checkpoint, "checkpoint .safetensors or run folder");
+  auto* model =
+      e->add_option("--model", ea->model, "a Hugging Face model folder (config.json, *.safetensors, tokenizer) instead")->excludes(ckpt);
+  e->add_option("--data", ea->data, "corpus (default: the run's); with --model: a text file or an llm.c token file (.bin)");
+  e->add_option("--context", ea->context, "with --model: tokens per window (default: the model's longest)")
+      ->transform(integer())
+      ->needs(model);
+  e->add_option("--windows", ea->windows, "with --model: evaluate at most this many windows (default: all)")
+      ->transform(integer())
+      ->needs(model);
+  e->add_flag("--json", ea->json, "print one JSON object with every digit");
+  e->callback([ea] {
+    if (ea->model.empty()) {
+      if (ea->checkpoint.empty()) throw CLI::ValidationError("eval", "give a checkpoint or --model DIR");
+      const train::EvalResult r = train::evaluate(ea->checkpoint, ea->data);
+      if (ea->json)  // %.17g: the double itself, read back bit for bit
+        std::printf("{\"val_loss\": %.17g, \"val_bpb\": %.17g, \"windows\": %zu}\n", r.loss, r.bits_per_byte, r.windows);
+      else
+        std::printf("validation loss: %.6f nats, %.6f bits per byte (%zu windows)\n", r.loss, r.bits_per_byte, r.windows);
+      return;
+    }
+    if (ea->data.empty()) throw CLI::ValidationError("eval", "--model needs --data FILE (text or an llm.c token file)");
+    if (ea->context < 0 || ea->windows < 0) throw CLI::ValidationError("eval", "--context and --windows must be >= 0");
+    const train::Pretrained p = train::load_pretrained(ea->model);
+    const std::vector<int32_t> tokens = train::read_tokens(ea->data, p.tokenizer.get(), p.hf.model.vocab);
+    const int64_t context = ea->context > 0 ? ea->context : p.hf.model.seq;
+    // A tenth at a time on stderr, for evaluations long enough to wonder about.
+    const auto progress = [shown = size_t(0)](size_t done, size_t total) mutable {
+      if (total < 20 || done * 10 / total <= shown) return;
+      shown = done * 10 / total;
+      std::fprintf(stderr, "eval: %zu / %zu windows\n", done, total);
+    };
+    const train::TokenEval r = train::evaluate_tokens(*p.session, tokens, p.tokenizer.get(), context, size_t(ea->windows), progress);
+    if (ea->json) {
+      char bpb[32] = "null";  // JSON has no NaN: null without a tokenizer
+      if (std::isfinite(r.bits_per_byte)) std::snprintf(bpb, sizeof bpb, "%.17g", r.bits_per_byte);
+      std::printf("{\"loss\": %.17g, \"perplexity\": %.17g, \"bits_per_byte\": %s, \"tokens\": %zu, \"windows\": %zu, \"context\": %lld}\n",
+                  r.loss, r.perplexity, bpb, r.tokens, r.windows, (long long)r.context);
+    } else {
+      std::printf("%s model, %s\n", hub::family_name(p.hf.family), p.tokenizer ? p.tokenizer->description().c_str() : "no tokenizer");
+      std::printf("loss: %.6f nats per token, perplexity %.4f, ", r.loss, r.perplexity);
+      if (std::isfinite(r.bits_per_byte)) std::printf("%.6f bits per byte ", r.bits_per_byte);
+      std::printf("(%zu tokens in %zu windows of %lld)\n", r.tokens, r.windows, (long long)r.context);
+    }
   });
 
   struct SampleArgs {

@@ -19,6 +19,7 @@ void add_unit_factors_command(CLI::App& app);
 void add_info_command(CLI::App& app);
 void add_train_commands(CLI::App& app);
 void add_inspect_commands(CLI::App& app);
+void add_pretrained_commands(CLI::App& app);
 void add_compare_command(CLI::App& app, const std::string& command_line);
 
 // Number options take plain decimal text only (io/number_text.hpp), parsed here and handed to

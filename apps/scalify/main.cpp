@@ -19,6 +19,7 @@ int main(int argc, char** argv) {
   scalify::cli::add_info_command(app);
   scalify::cli::add_train_commands(app);
   scalify::cli::add_inspect_commands(app);
+  scalify::cli::add_pretrained_commands(app);
   std::string command_line = "scalify";
   for (int i = 1; i < argc; ++i) command_line.append(" ").append(argv[i]);
   scalify::cli::add_compare_command(app, command_line);

@@ -162,6 +162,9 @@ std::string hf_config_json(const HfConfig& c) {
          {"embd_pdrop", 0.0},
          {"attn_pdrop", 0.0},
          {"dtype", dtype}};
+    // GPT-2's <|endoftext|> (transformers' default 50256) where the vocabulary holds it; none in
+    // a smaller one, such as the byte-level GPT's.
+    if (m.vocab <= 50256) j["bos_token_id"] = j["eos_token_id"] = nullptr;
   } else {
     j = {{"architectures", {"LlamaForCausalLM"}},
          {"model_type", "llama"},

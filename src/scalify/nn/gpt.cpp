@@ -47,13 +47,14 @@ int64_t GptConfig::parameter_count() const {
          (tied_head ? 0 : D * vocab);
 }
 
-Gpt::Gpt(const GptConfig& c, uint64_t seed, const quant::Recipe& recipe) : c_(c), rescale_norm_grad_(recipe.rescale_norm_grad) {
+Gpt::Gpt(const GptConfig& c, uint64_t seed, const quant::Recipe& recipe, Weights weights)
+    : c_(c), rescale_norm_grad_(recipe.rescale_norm_grad) {
   c.validate();
-  Init init{c.unit_scaled, c.layers, seed * 1000};
+  Init init{c.unit_scaled, c.layers, seed * 1000, weights == Weights::random};
   const int64_t D = c.d_model;
   wte_ = init.weight({c.vocab, D}, false);
   if (c.learned_positions())
-    wpe_ = c.unit_scaled ? init.weight({c.seq, D}, false) : Var(Tensor::randn({c.seq, D}, ++init.seed, 0.01), true);
+    wpe_ = c.unit_scaled || !init.draw ? init.weight({c.seq, D}, false) : Var(Tensor::randn({c.seq, D}, ++init.seed, 0.01), true);
   const BlockSpec spec = c.block();
   for (int l = 0; l < c.layers; ++l) blocks_.push_back(GptBlock::make(spec, init));
   if (c.final_norm) lnf_ = LayerNorm::make(D, init, c.rms_norm, spec.norm_eps);

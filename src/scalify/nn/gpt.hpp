@@ -45,11 +45,14 @@ struct GptConfig {
   bool learned_positions() const { return rope_theta == 0; }
 };
 
+// unset: the parameters are allocated, not initialised; set_parameters must give every one.
+enum class Weights : uint8_t { random, unset };
+
 class Gpt {
  public:
   // The recipe's linear layers (recipe.linear_for each of them) and its LayerNorm-gradient
   // rescale are built into the model; its other roles (storage, optimizer) are the trainer's.
-  Gpt(const GptConfig& config, uint64_t seed, const quant::Recipe& recipe = {});
+  Gpt(const GptConfig& config, uint64_t seed, const quant::Recipe& recipe = {}, Weights weights = Weights::random);
   // Logits [B, T, vocab] for ids [B, T]; `probe` records every activation and gradient.
   Var logits(const Tensor& ids, ScaleProbe* probe = nullptr) const;
   // Mean next-token cross-entropy of ids [B, T] against targets [B, T].

@@ -26,8 +26,9 @@ Var LayerOptions::tap(const Var& x, const char* name) const { return probe ? pro
 
 Var Init::weight(const Shape& s, bool output_projection) {
   const double sd = unit_scaled ? 1.0 : output_projection ? 0.02 / std::sqrt(2.0 * layers) : 0.02;
-  return Var(Tensor::randn(s, ++seed, sd), true);
+  ++seed;
+  return Var(draw ? Tensor::randn(s, seed, sd) : Tensor::empty(s), true);
 }
-Var Init::constant(const Shape& s, double v) const { return Var(Tensor::full(s, v), true); }
+Var Init::constant(const Shape& s, double v) const { return Var(draw ? Tensor::full(s, v) : Tensor::empty(s), true); }
 
 }  // namespace scalify::nn

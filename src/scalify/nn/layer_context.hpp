@@ -44,6 +44,9 @@ struct Init {
   bool unit_scaled;
   int layers;
   uint64_t seed;
+  // false: parameters are allocated and not drawn or written (no page touched), for a model whose
+  // every value is set next (a pretrained one), so loading it does not hold a second random copy.
+  bool draw = true;
   Var weight(const Shape& s, bool output_projection);
   Var constant(const Shape& s, double v) const;
 };

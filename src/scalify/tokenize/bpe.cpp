@@ -33,6 +33,17 @@ std::string token_bytes_of(const std::string& token, const std::unordered_map<ch
 }
 }  // namespace
 
+std::string byte_vocab_json() {
+  nlohmann::json vocab = nlohmann::json::object();
+  const std::array<char32_t, 256> map = byte_to_unicode();
+  for (int b = 0; b < 256; ++b) {
+    std::string token;
+    utf8_append(token, map[size_t(b)]);
+    vocab[token] = b;
+  }
+  return vocab.dump() + "\n";
+}
+
 std::array<char32_t, 256> byte_to_unicode() {
   std::array<char32_t, 256> map{};
   char32_t next = 0x100;

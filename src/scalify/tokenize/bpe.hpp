@@ -19,6 +19,11 @@ namespace scalify::tokenize {
 // 68 bytes for U+0100.. in byte order (space is U+0120 'Ġ', newline U+010A 'Ċ').
 std::array<char32_t, 256> byte_to_unicode();
 
+// The byte-level vocabulary of Scalify's own GPT (256 tokens, id = byte value) as vocab.json text;
+// with a merges.txt holding no merges it is a GPT-2 tokenizer that maps every byte to itself, so
+// an exported byte-level model opens with its tokenizer in transformers.
+std::string byte_vocab_json();
+
 class BpeTokenizer : public Tokenizer {
  public:
   // Reads both files; errors name the file (and the line of merges.txt).

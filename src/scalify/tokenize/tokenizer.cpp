@@ -28,4 +28,12 @@ std::unique_ptr<Tokenizer> load_tokenizer(const std::string& model_dir) {
               "tokenizer.model (SentencePiece)");
 }
 
+bool has_tokenizer_files(const std::string& model_dir) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  for (const char* name : {"vocab.json", "merges.txt", "tokenizer.model"})
+    if (fs::exists(fs::path(model_dir) / name, ec)) return true;
+  return false;
+}
+
 }  // namespace scalify::tokenize

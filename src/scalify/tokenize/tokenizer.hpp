@@ -30,5 +30,7 @@ class Tokenizer {
 // else tokenizer.model (SentencePiece). A folder with neither is a scalify::Error naming the
 // folder and the files looked for.
 std::unique_ptr<Tokenizer> load_tokenizer(const std::string& model_dir);
+// Whether the folder holds any of those files (a model without a tokenizer still reads token files).
+bool has_tokenizer_files(const std::string& model_dir);
 
 }  // namespace scalify::tokenize

@@ -86,13 +86,6 @@ quant::Recipe inference_recipe(const PtqOptions& o) {
   return r;
 }
 
-// The parameters of a checkpoint as f32 values (scaled ones: their represented values).
-std::map<std::string, Tensor> parameter_values(const Session& s) {
-  std::map<std::string, Tensor> v;
-  for (size_t i = 0; i < s.params.size(); ++i) v[s.names[i]] = s.params[i].value().to(DType::f32).contiguous();
-  return v;
-}
-
 std::vector<std::string> weight_names(const Session& s) {
   std::vector<std::string> names;
   for (const std::string& l : s.model.linear_names()) names.push_back(l + ".w");

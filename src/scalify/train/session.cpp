@@ -218,7 +218,7 @@ TrainConfig training_checkpoint_config(io::SafeTensors& st, const std::string& f
 
 std::unique_ptr<Session> inference_session(const TrainConfig& cfg, quant::Recipe recipe, const std::map<std::string, Tensor>& values) {
   check_fits_in_memory(cfg, recipe, false);
-  auto s = std::make_unique<Session>(cfg, std::move(recipe));
+  auto s = std::make_unique<Session>(cfg, std::move(recipe), nn::Weights::unset);
   nn::NamedParams named = s->model.parameters();
   for (auto& [name, p] : named) {
     const auto v = values.find(name);
@@ -277,6 +277,12 @@ std::unique_ptr<Session> load_session(const io::SafeTensors& st, const TrainConf
                 (bad.size() > 1 ? " (and " + std::to_string(bad.size() - 1) + " more)" : std::string()) +
                 "; `scalify inspect` shows which parameters");
   return s;
+}
+
+std::map<std::string, Tensor> parameter_values(const Session& s) {
+  std::map<std::string, Tensor> v;
+  for (size_t i = 0; i < s.params.size(); ++i) v[s.names[i]] = s.params[i].value().to(DType::f32).contiguous();
+  return v;
 }
 
 double batch_loss(const Session& s, const std::vector<uint8_t>& bytes, const std::vector<size_t>& starts) {

@@ -31,7 +31,8 @@ struct Session {
   std::unique_ptr<optim::AdamW> opt;
   std::unique_ptr<quant::LossScaler> scaler;
 
-  Session(const TrainConfig& c, quant::Recipe r) : cfg(c), recipe(std::move(r)), model(model_config(c, recipe), c.seed, recipe) {}
+  Session(const TrainConfig& c, quant::Recipe r, nn::Weights weights = nn::Weights::random)
+      : cfg(c), recipe(std::move(r)), model(model_config(c, recipe), c.seed, recipe, weights) {}
   // A unit-scaling recipe trains the unit-scaled variant of the configured model.
   static nn::GptConfig model_config(const TrainConfig& c, const quant::Recipe& r) {
     nn::GptConfig m = c.model;
@@ -82,6 +83,8 @@ TrainConfig checkpoint_config(const io::SafeTensors& st, const std::string& file
 // A session for inference: the recipe's model with the given parameter values (every parameter,
 // by name; shapes checked), no optimizer.
 std::unique_ptr<Session> inference_session(const TrainConfig& cfg, quant::Recipe recipe, const std::map<std::string, Tensor>& values);
+// The session's parameters as f32 values by name (scaled ones: their represented values).
+std::map<std::string, Tensor> parameter_values(const Session& s);
 // Mean loss of the windows starting at `starts` (no gradients recorded by the caller's NoGrad).
 double batch_loss(const Session& s, const std::vector<uint8_t>& bytes, const std::vector<size_t>& starts);
 // Validation loss over the config's eval windows of `val`; with a world of several ranks, each

@@ -1,0 +1,120 @@
+#include "scalify/train/pretrained.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <limits>
+#include <string>
+
+#include "scalify/error.hpp"
+#include "scalify/hub/hf_weights.hpp"
+#include "scalify/io/input_file.hpp"
+#include "scalify/platform/memory.hpp"
+#include "scalify/io/atomic_file.hpp"
+#include "scalify/tokenize/bpe.hpp"
+#include "scalify/tokenize/token_file.hpp"
+
+namespace scalify::train {
+
+namespace {
+// Windows per forward pass: as many as keep the logits (B T vocab f32, and the softmax's copy)
+// near 256 MB, from 1 to 16.
+int64_t eval_batch(int64_t context, int64_t vocab) { return std::clamp<int64_t>((int64_t(1) << 28) / (context * vocab * 4), 1, 16); }
+}  // namespace
+
+Pretrained load_pretrained(const std::string& dir, const quant::Recipe& recipe) {
+  Pretrained p;
+  p.hf = hub::read_hf_config(dir);
+  TrainConfig cfg;
+  cfg.model = p.hf.model;
+  cfg.batch = eval_batch(cfg.model.seq, cfg.model.vocab);
+  cfg.recipe = recipe.name;
+  p.session = inference_session(cfg, recipe, hub::load_hf_weights(dir, p.hf));
+  if (tokenize::has_tokenizer_files(dir)) p.tokenizer = tokenize::load_tokenizer(dir);
+  return p;
+}
+
+std::vector<int32_t> read_tokens(const std::string& path, const tokenize::Tokenizer* tokenizer, int64_t vocab) {
+  const std::string text = io::read_input_file(path, "data", uint64_t(platform::memory_limit_bytes() / 4));
+  uint32_t magic = 0;
+  if (text.size() >= 4) std::memcpy(&magic, text.data(), 4);
+  std::vector<int32_t> tokens;
+  if (magic == 20240520) {
+    tokens = tokenize::read_token_file(path);
+  } else {
+    if (!tokenizer) throw Error(path + ": text, and the model folder has no tokenizer (vocab.json + merges.txt or tokenizer.model)");
+    tokens = tokenizer->encode(text);
+  }
+  for (size_t i = 0; i < tokens.size(); ++i)
+    if (tokens[i] < 0 || tokens[i] >= vocab)
+      throw Error(path + ": token " + std::to_string(tokens[i]) + " at position " + std::to_string(i) +
+                  " is outside the model's vocabulary of " + std::to_string(vocab));
+  return tokens;
+}
+
+TokenEval evaluate_tokens(const Session& s, const std::vector<int32_t>& tokens, const tokenize::Tokenizer* tokenizer, int64_t context,
+                          size_t max_windows, const std::function<void(size_t, size_t)>& progress) {
+  if (context < 1 || context > s.cfg.model.seq)
+    throw Error("eval: context must be in [1, " + std::to_string(s.cfg.model.seq) + "] (the model's longest), got " +
+                std::to_string(context));
+  size_t windows = tokens.size() > size_t(context) ? (tokens.size() - 1) / size_t(context) : 0;
+  if (max_windows > 0) windows = std::min(windows, max_windows);
+  if (windows == 0)
+    throw Error("eval: " + std::to_string(tokens.size()) + " tokens are fewer than one window of " + std::to_string(context + 1));
+  const NoGrad no_grad;
+  const nn::Gpt model = s.forward_model();
+  const size_t batch = size_t(eval_batch(context, s.cfg.model.vocab));
+  TokenEval r;
+  r.context = context;
+  r.windows = windows;
+  double total = 0;  // nats over every predicted token
+  for (size_t w0 = 0; w0 < windows; w0 += batch) {
+    const size_t B = std::min(batch, windows - w0);
+    std::vector<int64_t> ids(B * size_t(context)), targets(B * size_t(context));
+    for (size_t b = 0; b < B; ++b)
+      for (int64_t t = 0; t < context; ++t) {
+        const size_t at = (w0 + b) * size_t(context) + size_t(t), k = b * size_t(context) + size_t(t);
+        ids[k] = tokens[at];
+        targets[k] = tokens[at + 1];
+        if (tokenizer) r.bytes += tokenizer->token_bytes(tokens[at + 1]);
+      }
+    const Shape shape{int64_t(B), context};
+    const double mean = model.loss(Tensor::from_indices(ids, shape), Tensor::from_indices(targets, shape)).value().item();
+    if (!std::isfinite(mean))
+      throw Error("eval: the loss of windows " + std::to_string(w0) + ".. is not finite (an activation overflows its format)");
+    total += mean * double(B * size_t(context));
+    if (progress) progress(w0 + B, windows);
+  }
+  r.tokens = windows * size_t(context);
+  r.loss = total / double(r.tokens);
+  r.perplexity = std::exp(r.loss);
+  r.bits_per_byte = tokenizer && r.bytes > 0 ? total / std::log(2.0) / double(r.bytes) : std::numeric_limits<double>::quiet_NaN();
+  return r;
+}
+
+Tokenized tokenize_file(const std::string& model_dir, const std::string& path, const std::string& out) {
+  const std::unique_ptr<tokenize::Tokenizer> tokenizer = tokenize::load_tokenizer(model_dir);
+  const std::string text = io::read_input_file(path, "data", uint64_t(platform::memory_limit_bytes() / 4));
+  const std::vector<int32_t> tokens = tokenizer->encode(text);
+  tokenize::write_token_file(out, tokens, tokenizer->vocab_size());
+  return {tokens.size(), text.size(), tokenizer->description()};
+}
+
+hub::Family export_checkpoint(const std::string& checkpoint, const std::string& dir, DType dtype) {
+  if (dtype != DType::f32 && dtype != DType::f16 && dtype != DType::bf16) throw Error("export: the dtype must be f32, f16 or bf16");
+  auto [st, cfg] = read_checkpoint(checkpoint);
+  const std::unique_ptr<Session> s = load_session(st, cfg, checkpoint_file(checkpoint));
+  hub::HfConfig hf;
+  hf.model = s->model.config();
+  hf.family = hub::family_of(hf.model);
+  hf.dtype = dtype;
+  hub::save_hf_model(dir, hf, parameter_values(*s));
+  if (hf.model.vocab == 256) {  // the byte-level GPT: its tokenizer, bytes as themselves
+    io::write_text_atomically((std::filesystem::path(dir) / "vocab.json").string(), tokenize::byte_vocab_json());
+    io::write_text_atomically((std::filesystem::path(dir) / "merges.txt").string(), "#version: 0.2\n");
+  }
+  return hf.family;
+}
+
+}  // namespace scalify::train

@@ -1,0 +1,56 @@
+#pragma once
+// A pretrained Hugging Face model (a folder hub/ reads) as a Session, and its loss on token data:
+// `scalify eval --model DIR --data FILE`.
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "scalify/hub/hf_config.hpp"
+#include "scalify/tokenize/tokenizer.hpp"
+#include "scalify/train/session.hpp"
+
+namespace scalify::train {
+
+struct Pretrained {
+  hub::HfConfig hf;
+  std::unique_ptr<tokenize::Tokenizer> tokenizer;  // null when the folder holds none
+  std::unique_ptr<Session> session;                // the weights in the recipe's model, no optimizer
+};
+// DIR's config, weights (f32) and tokenizer, in the model `recipe` builds (f32 by default).
+Pretrained load_pretrained(const std::string& dir, const quant::Recipe& recipe = {});
+
+// The tokens of `path`: an llm.c token file (tokenize/token_file.hpp, recognised by its magic) as
+// stored, else the file's text through `tokenizer` (an error when there is none). Every token
+// must be below `vocab` (an error naming the file and the token otherwise).
+std::vector<int32_t> read_tokens(const std::string& path, const tokenize::Tokenizer* tokenizer, int64_t vocab);
+
+struct TokenEval {
+  double loss = 0;           // mean next-token cross-entropy, nats per token
+  double perplexity = 0;     // exp(loss)
+  double bits_per_byte = 0;  // total loss in bits over the text bytes the predicted tokens stand for; NaN without a tokenizer
+  size_t windows = 0, tokens = 0, bytes = 0;
+  int64_t context = 0;
+};
+// The loss of consecutive non-overlapping windows of `context` + 1 tokens (window i: inputs
+// tokens[i c, i c + c), targets shifted by one), at most `max_windows` of them (0: all), as the
+// trainer's validation windows: every token but the first of each window is predicted once.
+// `progress(done, total)` is called after each batch of windows.
+TokenEval evaluate_tokens(const Session& s, const std::vector<int32_t>& tokens, const tokenize::Tokenizer* tokenizer, int64_t context,
+                          size_t max_windows, const std::function<void(size_t, size_t)>& progress = {});
+
+// FILE's text through DIR's tokenizer, written as an llm.c token file `out` (atomically).
+struct Tokenized {
+  size_t tokens = 0, bytes = 0;
+  std::string tokenizer;  // its description
+};
+Tokenized tokenize_file(const std::string& model_dir, const std::string& path, const std::string& out);
+
+// A training checkpoint (file or run folder; any recipe: its parameters' represented values, in
+// f32 or `dtype`) as a Hugging Face model folder: config.json and model.safetensors in the layout
+// of the family the model's shape is (hub::family_of: the byte-level GPT is GPT-2-shaped, with a
+// vocabulary of 256), which transformers opens.
+hub::Family export_checkpoint(const std::string& checkpoint, const std::string& dir, DType dtype = DType::f32);
+
+}  // namespace scalify::train
