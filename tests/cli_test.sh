@@ -167,6 +167,14 @@ expect_error "context must be in [1, 64]" eval --model "$hf/tiny_gpt2" --data "$
 expect_error "not a model folder" eval --model "$out/none" --data "$out/text"
 expect_error "outside the model's vocabulary of 256" eval --model "$out/exported" --data "$out/text.bin"
 expect_error "excludes" eval "$out/cmp/runs/f32" --model "$hf/tiny_gpt2"
+"$cli" quantize --model "$hf/tiny_llama" --data "$out/text" --sweep -1:1 --windows 4 --out "$out/ptq_hf" > "$out/ptq_hf.log" 2> /dev/null
+grep -q "^| fp8_cscale | 1 | " "$out/ptq_hf.log"
+grep -q "^| 1 | ff output | " "$out/ptq_hf.log"
+for f in report.md sweep.csv scaling_biases.csv scaling_biases.png; do test -s "$out/ptq_hf/$f" || { echo "quantize --model wrote no $f"; exit 1; }; done
+"$cli" quantize --model "$hf/tiny_gpt2" --data "$out/text" --method mx --windows 4 | grep -q "^mx: loss [0-9.]*, perplexity"
+expect_error "--model needs --data" quantize --model "$hf/tiny_gpt2"
+expect_error "takes neither --method" quantize --model "$hf/tiny_gpt2" --data "$out/text" --sweep -1:1 --method mx
+expect_error "give a checkpoint or --model" quantize --out "$out/q2.safetensors"
 expect_error "--dtype: f8 not in" export "$out/cmp/runs/f32" --out "$out/x2" --dtype f8
 # A format named twice (or by an alias) appears once.
 "$cli" snr --out "$out/dup" --from 0 --to 1 --samples 64 --formats e4m3,e4m3,fp8_e4m3 > /dev/null 2>&1

@@ -15,6 +15,7 @@
 #include "scalify/io/safetensors.hpp"
 #include "scalify/nn/gpt.hpp"
 #include "scalify/nn/rope.hpp"
+#include "scalify/train/pretrained_ptq.hpp"
 #include "train_fixtures.hpp"
 
 namespace scalify {
@@ -176,6 +177,51 @@ TEST(HfExport, AnEngineModelKeepsItsLogits) {
     NoGrad no_grad;
     EXPECT_EQ(back.logits(ids).value().to_vector(), model.logits(ids).value().to_vector()) << hub::family_name(hf.family);
   }
+}
+
+// Seed 003's study on a pretrained model: the f32 row is the model's own loss on the tokens, and
+// FP8-AMAX's biases follow the rule b = floor(log2(448 / amax)), computed here from the weights
+// and, for the first layer's qkv input (the first norm's output, before any quantised layer), from
+// a probe of the f32 model on the same single window.
+TEST(PretrainedPtq, SweepAndAmaxBiases) {
+  const train::Pretrained p = train::load_pretrained(kData + "/tiny_llama");
+  std::vector<int32_t> tokens(65);
+  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = int32_t((i * 37 + 11) % 1000);
+  const train::PretrainedPtq study = train::pretrained_ptq(p, tokens, 64, 1, -1, 1);
+  ASSERT_EQ(study.rows.size(), 7u + 3u);
+  EXPECT_EQ(study.rows[0].method, "f32");
+  EXPECT_EQ(study.rows[0].eval.loss, train::evaluate_tokens(*p.session, tokens, p.tokenizer.get(), 64, 1).loss);
+  const auto rule = [](double amax) { return int(std::floor(std::log2(448.0 / amax))); };
+  const std::map<std::string, Tensor> f32 = train::parameter_values(*p.session);
+  ASSERT_EQ(study.biases.size(), 8u);
+  for (const train::LayerScalingBias& b : study.biases) {
+    const char* engine = b.kind == "attn qkv"          ? "attn.qkv"
+                         : b.kind == "attn out"        ? "attn.proj"
+                         : b.kind == "ff intermediate" ? "mlp.fc"
+                                                       : "mlp.out";
+    double amax = 0;
+    for (double v : f32.at(std::string("h").append(std::to_string(b.layer)).append(".").append(engine).append(".w")).to_vector())
+      amax = std::max(amax, std::abs(v));
+    EXPECT_EQ(b.weight, rule(amax)) << b.layer << " " << b.kind;
+  }
+  nn::ScaleProbe probe;
+  double input_amax = 0;
+  probe.observe = [&](const std::string& name, bool gradient, const ScaledTensor& t) {
+    if (name == "h0.ln1" && !gradient)
+      for (double v : t.value().to_vector()) input_amax = std::max(input_amax, std::abs(v));
+  };
+  std::vector<int64_t> ids(tokens.begin(), tokens.begin() + 64);
+  {
+    NoGrad no_grad;
+    p.session->model.logits(Tensor::from_indices(ids, {1, 64}), &probe);
+  }
+  ASSERT_GT(input_amax, 0);
+  EXPECT_EQ(study.biases[0].kind, "attn qkv");
+  EXPECT_EQ(study.biases[0].activation, rule(input_amax));
+  const fs::path out = scratch("ptq_study");
+  train::write_pretrained_ptq(out.string(), study);
+  EXPECT_NE(slurp(out / "scaling_biases.csv").find("0,attn qkv," + std::to_string(study.biases[0].weight) + ","), std::string::npos);
+  EXPECT_NE(slurp(out / "report.md").find("within 0.5% of f32"), std::string::npos);
 }
 
 // A copy of a tiny model's folder to damage.

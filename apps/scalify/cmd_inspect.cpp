@@ -13,6 +13,7 @@
 #include "scalify/inspect/inspect.hpp"
 #include "scalify/inspect/scale_history.hpp"
 #include "scalify/io/atomic_file.hpp"
+#include "scalify/train/pretrained_ptq.hpp"
 #include "scalify/train/ptq.hpp"
 
 namespace scalify::cli {
@@ -82,6 +83,57 @@ void run_inspect(const std::string& target, std::string out, const std::string& 
   }
 }
 
+struct QuantizeArgs {
+  std::string checkpoint, model, out, method = "amax", sweep, data, bias = "0";
+  int64_t context = 0, windows = 0;
+  bool weights_only = false;
+};
+
+// LO:HI of --sweep.
+std::pair<int, int> sweep_range(const std::string& sweep) {
+  const size_t colon = sweep.find(':');
+  if (colon == std::string::npos) throw Error("quantize: --sweep takes LO:HI (e.g. -8:12), got '" + sweep + "'");
+  return {parse_int_in("--sweep LO", sweep.substr(0, colon), -64, 64), parse_int_in("--sweep HI", sweep.substr(colon + 1), -64, 64)};
+}
+
+// quantize --model DIR --data FILE: one method's loss against f32, or with --sweep seed 003's study.
+void quantize_pretrained(const QuantizeArgs& a, bool method_given, bool bias_given, bool sweep) {
+  if (a.data.empty()) throw Error("quantize: --model needs --data FILE (text or an llm.c token file)");
+  if (a.context < 0 || a.windows < 0) throw Error("quantize: --context and --windows must be >= 0");
+  if (sweep && (bias_given || a.weights_only || method_given))
+    throw Error("quantize: --sweep runs every method and bias; it takes neither --method, --bias nor --weights-only");
+  const train::PtqOptions o{train::parse_ptq_method(a.method), parse_int_in("--bias", a.bias, -64, 64), !a.weights_only};
+  if (bias_given && o.method != train::PtqMethod::cscale) throw Error("quantize: --bias applies to --method cscale only");
+  const auto range = sweep ? sweep_range(a.sweep) : std::pair{o.bias, o.bias};
+  if (!a.out.empty()) check_out_folder(a.out);
+  const train::Pretrained p = train::load_pretrained(a.model);
+  const std::vector<int32_t> tokens = train::read_tokens(a.data, p.tokenizer.get(), p.hf.model.vocab);
+  const int64_t context = a.context > 0 ? a.context : p.hf.model.seq;
+  auto print = status_printer();
+  if (sweep) {
+    const train::PretrainedPtq study = train::pretrained_ptq(
+        p, tokens, context, size_t(a.windows), range.first, range.second,
+        [&](size_t done, size_t total) { print("evaluation " + std::to_string(done) + " / " + std::to_string(total)); });
+    std::fprintf(stderr, "\n");
+    std::printf("%s", train::pretrained_ptq_markdown(study).c_str());
+    if (!a.out.empty()) {
+      report_missing_picture(train::write_pretrained_ptq(a.out, study));
+      std::printf("report: %s/report.md, sweep.csv, scaling_biases.csv, scaling_biases.png\n", a.out.c_str());
+    }
+    return;
+  }
+  if (!a.out.empty()) throw Error("quantize: with --model, --out names the folder of a --sweep report");
+  const std::map<std::string, Tensor> f32 = train::parameter_values(*p.session);
+  const train::TokenEval base = train::evaluate_tokens(*p.session, tokens, p.tokenizer.get(), context, size_t(a.windows));
+  std::vector<train::PtqWeight> report;
+  const auto values = train::ptq_quantize_values(f32, train::ptq_weights(p.session->model), o, &report);
+  const train::TokenEval q = train::evaluate_tokens(*train::inference_session(p.session->cfg, train::ptq_inference_recipe(o), values),
+                                                    tokens, p.tokenizer.get(), context, size_t(a.windows));
+  std::printf("f32: loss %.6f, perplexity %.4f\n%s%s%s: loss %.6f, perplexity %.4f (%+.3f%% loss; %zu tokens)\n", base.loss,
+              base.perplexity, a.method.c_str(), o.method == train::PtqMethod::cscale ? (" bias " + std::to_string(o.bias)).c_str() : "",
+              o.activations ? "" : " weights only", q.loss, q.perplexity, 100 * (q.loss - base.loss) / base.loss, q.tokens);
+}
+
 }  // namespace
 
 void add_inspect_commands(CLI::App& app) {
@@ -101,16 +153,20 @@ void add_inspect_commands(CLI::App& app) {
   i->add_option("--data", ia->o.data, "corpus (default: the run's)");
   i->callback([ia] { run_inspect(ia->target, ia->out, ia->format, ia->o); });
 
-  struct QuantizeArgs {
-    std::string checkpoint, out, method = "amax", sweep, data, bias = "0";
-    bool weights_only = false;
-  };
   auto qa = std::make_shared<QuantizeArgs>();
   auto* q = app.add_subcommand(
       "quantize",
       "Post-training quantisation of a checkpoint's linear layers to FP8 e4m3 (FP8-AMAX, FP8-CSCALE, MXFP8) or FP4 e2m1 (NVFP4, MXFP4); "
       "`scalify eval` runs the result. --sweep LO:HI compares them instead (seed 003 Table 3)");
-  q->add_option("checkpoint", qa->checkpoint, "checkpoint .safetensors or run folder")->required();
+  auto* ckpt = q->add_option("checkpoint", qa->checkpoint, "checkpoint .safetensors or run folder");
+  auto* model =
+      q->add_option("--model", qa->model, "a Hugging Face model folder instead: evaluate --method, or --sweep, on --data")->excludes(ckpt);
+  q->add_option("--context", qa->context, "with --model: tokens per window (default: the model's longest)")
+      ->transform(integer())
+      ->needs(model);
+  q->add_option("--windows", qa->windows, "with --model: at most this many windows per evaluation (default: all)")
+      ->transform(integer())
+      ->needs(model);
   q->add_option("--out", qa->out, "quantised checkpoint to write (.safetensors), or with --sweep a folder for sweep.md/csv");
   auto* method = q->add_option("--method", qa->method,
                                "amax (per-tensor bias from amax), cscale (one constant bias), mx (MXFP8), nvfp4, mxfp4; default amax");
@@ -118,8 +174,10 @@ void add_inspect_commands(CLI::App& app) {
   auto* bias = q->add_option("--bias", qa->bias, "cscale: the scaling bias b in [-64, 64] (values are cast as x * 2^b); default 0");
   auto* sweep = q->add_option("--sweep", qa->sweep,
                               "LO:HI: validation loss of f32, FP8-AMAX, MXFP8, NVFP4, MXFP4 and FP8-CSCALE for every bias in [LO, HI]");
-  q->add_option("--data", qa->data, "--sweep: corpus (default: the run's)");
+  q->add_option("--data", qa->data, "--sweep: corpus (default: the run's); with --model: a text or llm.c token file (required)");
   q->callback([qa, method, bias, sweep, weights_only] {
+    if (!qa->model.empty()) return quantize_pretrained(*qa, method->count() > 0, bias->count() > 0, sweep->count() > 0);
+    if (qa->checkpoint.empty()) throw Error("quantize: give a checkpoint or --model DIR");
     if (sweep->count() == 0) {
       if (qa->out.empty()) throw Error("quantize: --out FILE.safetensors is required");
       train::PtqOptions o{train::parse_ptq_method(qa->method), parse_int_in("--bias", qa->bias, -64, 64), !qa->weights_only};
@@ -140,10 +198,7 @@ void add_inspect_commands(CLI::App& app) {
     }
     if (bias->count() + method->count() + weights_only->count() > 0)
       throw Error("quantize: --sweep runs every method and bias; it takes neither --method, --bias nor --weights-only");
-    const size_t colon = qa->sweep.find(':');
-    if (colon == std::string::npos) throw Error("quantize: --sweep takes LO:HI (e.g. -8:12), got '" + qa->sweep + "'");
-    const int lo = parse_int_in("--sweep LO", qa->sweep.substr(0, colon), -64, 64);
-    const int hi = parse_int_in("--sweep HI", qa->sweep.substr(colon + 1), -64, 64);
+    const auto [lo, hi] = sweep_range(qa->sweep);
     if (!qa->out.empty()) check_out_folder(qa->out);
     auto print = status_printer();
     print("sweeping " + std::to_string(hi - lo + 8) + " evaluations...");

@@ -232,8 +232,7 @@ void Quantizer::commit_step() {
 
 Quantized Quantizer::quantize(const ScaledTensor& x, bool as_values, QuantizeMode mode) {
   if (c_.scaling != Scaling::scalify) return quantize(x.is_scaled() ? x.value() : x.data, as_values, mode);
-  QuantStats scratch;
-  QuantStats& st = mode == QuantizeMode::training ? stats_ : scratch;
+  QuantStats& st = mode == QuantizeMode::training ? stats_ : inference_stats_;
   const uint64_t seed = mode == QuantizeMode::training ? begin_training_call() : rounding_seed();
   Quantized q;
   q.per_tensor = x;
@@ -246,8 +245,8 @@ Quantized Quantizer::quantize(const ScaledTensor& x, bool as_values, QuantizeMod
 
 Quantized Quantizer::quantize(const Tensor& x, bool as_values, QuantizeMode mode) {
   if (mode == QuantizeMode::inference) {
-    QuantStats scratch = stats_;  // amax_bias falls back to the last bias when amax is 0
-    return quantize_with(x, as_values, scratch, rounding_seed());
+    inference_stats_ = stats_;  // amax_bias falls back to training's last bias when amax is 0
+    return quantize_with(x, as_values, inference_stats_, rounding_seed());
   }
   const uint64_t seed = begin_training_call();
   if (c_.scaling != Scaling::none && c_.scaling != Scaling::scalify && c_.scaling != Scaling::constant_bias) count_scale_statistic();

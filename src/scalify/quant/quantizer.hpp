@@ -127,6 +127,9 @@ class Quantizer {
   Quantized quantize(const ScaledTensor& x, bool as_values = false, QuantizeMode mode = QuantizeMode::training);
   const QuantizerConfig& config() const { return c_; }
   const QuantStats& last() const { return stats_; }
+  // The statistics of the last inference-mode quantisation (kept apart from last(): an
+  // evaluation changes no training state), e.g. FP8-AMAX's per-batch activation bias.
+  const QuantStats& last_inference() const { return inference_stats_; }
   int64_t steps() const { return steps_; }
   float delayed_scale() const { return scale_; }  // the scale delayed scaling will use next
   QuantizerState state() const;
@@ -147,7 +150,7 @@ class Quantizer {
   void record_amax(float amax);  // delayed scaling: one step's amax into the history and scale
   QuantizerConfig c_;
   uint64_t stream_ = 0;
-  QuantStats stats_;
+  QuantStats stats_, inference_stats_;
   std::deque<float> history_;
   float scale_ = 1;  // encode factor (x * scale before the cast), delayed scaling's state
   int64_t steps_ = 0;

@@ -74,9 +74,15 @@ quant::QuantizerConfig role(const PtqOptions& o, bool weight) {
   return c;
 }
 
-// Inference: weights arrive as their exact FP8 values (format value x power of two), so the
-// weight role casts nothing; activations are quantised as the method says.
-quant::Recipe inference_recipe(const PtqOptions& o) {
+}  // namespace
+
+std::vector<std::string> ptq_weights(const nn::Gpt& model) {
+  std::vector<std::string> names;
+  for (const std::string& l : model.linear_names()) names.push_back(l + ".w");
+  return names;
+}
+
+quant::Recipe ptq_inference_recipe(const PtqOptions& o) {
   quant::Recipe r;
   r.name = std::string("ptq_") + ptq_method_name(o.method);
   quant::QuantizerConfig as_given;
@@ -86,11 +92,9 @@ quant::Recipe inference_recipe(const PtqOptions& o) {
   return r;
 }
 
-std::vector<std::string> weight_names(const Session& s) {
-  std::vector<std::string> names;
-  for (const std::string& l : s.model.linear_names()) names.push_back(l + ".w");
-  return names;
-}
+namespace {
+
+std::vector<std::string> weight_names(const Session& s) { return ptq_weights(s.model); }
 
 struct QuantizedWeight {
   quant::Quantized q;
@@ -115,6 +119,18 @@ EvalResult evaluate_values(const TrainConfig& cfg, const quant::Recipe& recipe, 
 }
 
 }  // namespace
+
+std::map<std::string, Tensor> ptq_quantize_values(const std::map<std::string, Tensor>& f32, const std::vector<std::string>& weights,
+                                                  const PtqOptions& o, std::vector<PtqWeight>* report) {
+  check(o);
+  std::map<std::string, Tensor> v = f32;
+  for (const std::string& w : weights) {
+    QuantizedWeight q = quantize_weight(w, f32.at(w), o);
+    v[w] = q.q.dequantize();
+    if (report) report->push_back(q.report);
+  }
+  return v;
+}
 
 std::vector<PtqWeight> quantize_checkpoint(const std::string& checkpoint, const std::string& out, const PtqOptions& o) {
   check(o);
@@ -252,31 +268,32 @@ EvalResult evaluate_quantized(const io::SafeTensors& st, const std::string& file
     }
     if (!std::isfinite(ops::sum_squares(values[name]))) throw bad("holds NaN or infinite values");
   }
-  return evaluate_values(cfg, inference_recipe(o), values, corpus_for(cfg).val);
+  return evaluate_values(cfg, ptq_inference_recipe(o), values, corpus_for(cfg).val);
 }
 
 std::vector<PtqSweepRow> ptq_sweep(const std::string& checkpoint, int lo, int hi, const std::string& data) {
-  if (lo > hi) throw Error("ptq sweep: empty bias range [" + std::to_string(lo) + ", " + std::to_string(hi) + "]");
-  check({PtqMethod::cscale, lo});
-  check({PtqMethod::cscale, hi});
   auto [src, cfg] = read_checkpoint(checkpoint);
   if (!data.empty()) cfg.data = data;
   const std::unique_ptr<Session> s = load_session(src, cfg, checkpoint_file(checkpoint));
-  const std::map<std::string, Tensor> f32 = parameter_values(*s);
   const std::vector<uint8_t> val = corpus_for(cfg).val;
+  return ptq_sweep(parameter_values(*s), weight_names(*s), lo, hi,
+                   [&](const quant::Recipe& r, const std::map<std::string, Tensor>& v) { return evaluate_values(cfg, r, v, val); });
+}
+
+std::vector<PtqSweepRow> ptq_sweep(const std::map<std::string, Tensor>& f32, const std::vector<std::string>& w, int lo, int hi,
+                                   const ModelEval& evaluate) {
+  if (lo > hi) throw Error("ptq sweep: empty bias range [" + std::to_string(lo) + ", " + std::to_string(hi) + "]");
+  check({PtqMethod::cscale, lo});
+  check({PtqMethod::cscale, hi});
   std::vector<PtqSweepRow> rows;
-  rows.push_back({"f32", 0, evaluate_values(cfg, quant::preset("f32"), f32, val), 0, ""});
+  rows.push_back({"f32", 0, evaluate(quant::preset("f32"), f32), 0, ""});
   if (!std::isfinite(rows[0].eval.loss))
-    throw Error("ptq sweep: the f32 validation loss of '" + checkpoint +
-                "' is not finite (an activation overflows), nothing to compare against");
+    throw Error("ptq sweep: the f32 validation loss is not finite (an activation overflows), nothing to compare against");
   auto run = [&](const char* label, const PtqOptions& o) {
-    std::map<std::string, Tensor> v = f32;
-    for (const std::string& w : weight_names(*s)) v[w] = quantize_weight(w, f32.at(w), o).q.dequantize();
-    const EvalResult e = evaluate_values(cfg, inference_recipe(o), v, val);
+    const EvalResult e = evaluate(ptq_inference_recipe(o), ptq_quantize_values(f32, w, o));
     rows.push_back({label, o.bias, e, (e.loss - rows[0].eval.loss) / rows[0].eval.loss, ""});
   };
   run("fp8_amax", {PtqMethod::amax, 0});
-  const std::vector<std::string> w = weight_names(*s);
   auto blocked = [&](const char* label, const PtqOptions& o) {
     const int64_t block = block_of(o.method);
     if (std::all_of(w.begin(), w.end(), [&](const std::string& n) { return f32.at(n).size(0) % block == 0; }))
@@ -308,7 +325,7 @@ std::pair<int, int> cscale_band(const std::vector<PtqSweepRow>& rows, double tol
   return {c[a]->bias, c[b]->bias};
 }
 
-std::string ptq_sweep_markdown(const std::vector<PtqSweepRow>& rows) {
+std::string ptq_sweep_markdown(const std::vector<PtqSweepRow>& rows, double tolerance) {
   std::ostringstream md;
   md << "| model | scaling bias | validation loss | vs f32 |\n|---|---:|---:|---:|\n";
   for (const PtqSweepRow& r : rows) {
@@ -321,8 +338,10 @@ std::string ptq_sweep_markdown(const std::vector<PtqSweepRow>& rows) {
     std::snprintf(cells, sizeof cells, "%.4f | %+.2f%% |\n", r.eval.loss, 100.0 * r.relative);
     md << cells;
   }
-  const auto [lo, hi] = cscale_band(rows, 0.01);
-  md << "\nFP8-CSCALE is within 1% of f32 for biases ";
+  const auto [lo, hi] = cscale_band(rows, tolerance);
+  char within[32];
+  std::snprintf(within, sizeof within, "%g%%", 100 * tolerance);
+  md << "\nFP8-CSCALE is within " << within << " of f32 for biases ";
   if (lo <= hi)
     md << "[" << lo << ", " << hi << "]: below, weights underflow; above, activations clip.\n";
   else

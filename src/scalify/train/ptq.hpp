@@ -15,10 +15,14 @@
 // "config" (the source run's) and "scalify.ptq" (method, element, bias, activations, source
 // step). `scalify eval` runs it.
 #include <cstdint>
+#include <functional>
+#include <map>
 #include <string>
 #include <vector>
 
 #include "scalify/io/safetensors.hpp"
+#include "scalify/nn/gpt.hpp"
+#include "scalify/quant/recipe.hpp"
 #include "scalify/train/evaluate.hpp"
 
 namespace scalify::train {
@@ -61,10 +65,25 @@ struct PtqSweepRow {
   std::string not_run;  // why the row was not evaluated (its loss NaN), "" when it was
 };
 std::vector<PtqSweepRow> ptq_sweep(const std::string& checkpoint, int lo, int hi, const std::string& data = "");
+// The same on any model: its f32 parameter values, the names of the weights to quantise, and how
+// the model a recipe builds with given parameter values is evaluated (a pretrained model's on
+// its tokens: train/pretrained.hpp).
+using ModelEval = std::function<EvalResult(const quant::Recipe& recipe, const std::map<std::string, Tensor>& values)>;
+std::vector<PtqSweepRow> ptq_sweep(const std::map<std::string, Tensor>& f32, const std::vector<std::string>& weights, int lo, int hi,
+                                   const ModelEval& evaluate);
+// The weights PTQ quantises: the four linear layers of every block (h{l}.attn.qkv.w ...).
+std::vector<std::string> ptq_weights(const nn::Gpt& model);
+// The recipe a model whose weights hold quantised values is evaluated with: the weights cast
+// nothing (their values are exact), the activations are quantised as the method says.
+quant::Recipe ptq_inference_recipe(const PtqOptions& options);
+// `f32` with each of `weights` replaced by its quantised values (exact in f32); what quantising
+// each did is appended to `report` when given.
+std::map<std::string, Tensor> ptq_quantize_values(const std::map<std::string, Tensor>& f32, const std::vector<std::string>& weights,
+                                                  const PtqOptions& options, std::vector<PtqWeight>* report = nullptr);
 // The contiguous range of CSCALE biases around the best one whose loss is within `tolerance`
 // (relative) of f32: {lo, hi}, or {1, 0} when none is.
 std::pair<int, int> cscale_band(const std::vector<PtqSweepRow>& rows, double tolerance);
-// The sweep as a Markdown table, and the band within 1 % of f32 in a sentence.
-std::string ptq_sweep_markdown(const std::vector<PtqSweepRow>& rows);
+// The sweep as a Markdown table, and the band within `tolerance` (relative) of f32 in a sentence.
+std::string ptq_sweep_markdown(const std::vector<PtqSweepRow>& rows, double tolerance = 0.01);
 
 }  // namespace scalify::train
