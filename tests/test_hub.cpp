@@ -15,7 +15,9 @@
 #include "scalify/io/safetensors.hpp"
 #include "scalify/nn/gpt.hpp"
 #include "scalify/nn/rope.hpp"
+#include "scalify/tokenize/bpe.hpp"
 #include "scalify/train/pretrained_ptq.hpp"
+#include "scalify/train/trainer.hpp"
 #include "train_fixtures.hpp"
 
 namespace scalify {
@@ -222,6 +224,92 @@ TEST(PretrainedPtq, SweepAndAmaxBiases) {
   train::write_pretrained_ptq(out.string(), study);
   EXPECT_NE(slurp(out / "scaling_biases.csv").find("0,attn qkv," + std::to_string(study.biases[0].weight) + ","), std::string::npos);
   EXPECT_NE(slurp(out / "report.md").find("within 0.5% of f32"), std::string::npos);
+}
+
+train::TrainConfig fine_tuning(const std::string& model, const fs::path& out, const std::string& recipe = "f32") {
+  train::TrainConfig c;
+  c.init = kData + "/" + model;
+  c.data = testing::text_corpus().string();
+  c.out = out.string();
+  c.recipe = recipe;
+  c.steps = 4;
+  c.batch = 2;
+  c.warmup = 1;
+  c.eval_every = 2;
+  c.eval_windows = 4;
+  c.checkpoint_every = 2;
+  c.lr = 1e-3;
+  return c;
+}
+
+// The tensors of a safetensors file by name (its metadata, which names the run folder, aside).
+std::map<std::string, std::vector<double>> tensors_of(const fs::path& file) {
+  std::map<std::string, std::vector<double>> t;
+  for (const auto& [name, v] : io::read_safetensors(file.string()).tensors) t[name] = v.to_vector();
+  return t;
+}
+
+// Fine-tuning (scalify train --init DIR): step 0 is the pretrained model, the text goes through
+// its tokenizer, and a resumed run equals an uninterrupted one.
+TEST(FineTune, StartsFromThePretrainedWeightsAndResumesBitForBit) {
+  for (const char* model : {"tiny_gpt2", "tiny_llama_gqa"}) {
+    const fs::path a = scratch(std::string("ft_a_") + model), b = scratch(std::string("ft_b_") + model);
+    const train::TrainResult r = train::train(fine_tuning(model, a, "fp8_amax"), false, {}, 0, /*save_initial=*/true);
+    EXPECT_TRUE(std::isfinite(r.val_loss) && r.val_loss > 0) << model;
+    const hub::HfConfig hf = hub::read_hf_config(kData + "/" + model);
+    const std::map<std::string, std::vector<double>> initial = tensors_of(a / "initial.safetensors");
+    for (const auto& [name, t] : hub::load_hf_weights(kData + "/" + model, hf))
+      EXPECT_EQ(initial.at("param." + name), t.to_vector()) << model << " " << name;
+    train::TrainConfig half = fine_tuning(model, b, "fp8_amax");
+    train::train(half, false, {}, 2);
+    train::train(train::run_config(b.string()), true, {});
+    EXPECT_EQ(tensors_of(b / "checkpoint.safetensors"), tensors_of(a / "checkpoint.safetensors")) << model;
+    EXPECT_NE(slurp(a / "train.log").find("validation tokens, "), std::string::npos) << model;
+    // Exported, it is a folder with the pretrained model's tokenizer.
+    train::export_checkpoint(a.string(), (a / "hf").string());
+    EXPECT_TRUE(fs::exists(a / "hf" / (std::string(model) == "tiny_gpt2" ? "merges.txt" : "tokenizer.model"))) << model;
+  }
+}
+
+// Tokens as bytes (a byte vocabulary): the tokenised corpus's bits per byte are the loss in bits.
+TEST(FineTune, BitsPerByteOfByteTokensAreTheLossInBits) {
+  nn::GptConfig c;
+  c.seq = 16;
+  c.d_model = 16;
+  c.layers = 1;
+  c.heads = 2;
+  const nn::Gpt model(c, 3);
+  hub::HfConfig hf;
+  hf.model = c;
+  std::map<std::string, Tensor> params;
+  for (const auto& [name, v] : model.parameters()) params[name] = v.value();
+  const fs::path dir = scratch("byte_model");
+  hub::save_hf_model(dir.string(), hf, params);
+  spit(dir / "vocab.json", tokenize::byte_vocab_json());
+  spit(dir / "merges.txt", "#version: 0.2\n");
+  train::TrainConfig cfg = fine_tuning("", scratch("byte_ft"));
+  cfg.init = dir.string();
+  cfg = train::with_pretrained_model(cfg);
+  const train::Corpus corpus = train::corpus_for(cfg);
+  ASSERT_EQ(corpus.token_bytes, std::vector<uint32_t>(256, 1));
+  const train::Pretrained p = train::load_pretrained(dir.string());
+  const train::EvalResult e = train::eval_session(*p.session, corpus);
+  EXPECT_NEAR(e.bits_per_byte, e.loss / std::log(2.0), 1e-12 * e.loss);
+}
+
+TEST(FineTune, BadConfigsAreClearErrors) {
+  train::TrainConfig c = fine_tuning("tiny_gpt2", scratch("ft_bad"));
+  c.model.d_model = 32;
+  EXPECT_ERROR(train::with_pretrained_model(c), "gives the model's shape");
+  c = fine_tuning("tiny_gpt2", scratch("ft_bad"), "unit_f32");
+  EXPECT_ERROR(train::with_pretrained_model(c), "unit-scaled model");
+  c = fine_tuning("tiny_gpt2", scratch("ft_bad"));
+  c.init.clear();
+  c.model.vocab = 1000;
+  EXPECT_ERROR(c.validate(), "must be 256 (byte tokens) unless init");
+  c = train::with_pretrained_model(fine_tuning("tiny_llama", scratch("ft_bad")));
+  c.data = (kData + "/tiny_gpt2/model.safetensors");  // binary: neither text nor a token file
+  EXPECT_ERROR(train::corpus_for(c), "not text");
 }
 
 // A copy of a tiny model's folder to damage.

@@ -273,7 +273,7 @@ TEST(Trainer, EvaluationLeavesALoadedSessionsQuantiserStateAsItWas) {
     return h;
   };
   const auto before = states();
-  train::eval_session(*s, train::corpus_for(cfg).val);
+  train::eval_session(*s, train::corpus_for(cfg));
   EXPECT_EQ(states(), before);
 }
 

@@ -35,7 +35,11 @@ std::function<void(const std::string&)> status_printer() {
 
 void ConfigOptions::add_to(CLI::App* command) {
   command->add_option("--config", config, "TOML file with any of the train config keys");
-  command->add_option("--data", data, "text file or folder of text files (default: Debian's fortunes)");
+  command->add_option("--data", data,
+                      "text file or folder of text files (default: Debian's fortunes); with --init also an llm.c token file");
+  command->add_option(
+      "--init", init,
+      "fine-tune a pretrained Hugging Face model folder (its shape, weights and tokenizer) instead of a new byte-level GPT");
   steps_option = command->add_option("--steps", steps, "optimizer steps (per recipe for compare)")->transform(integer());
   command->add_option("--set", set, "KEY=VALUE override of any train config key (repeatable)");
 }
@@ -43,6 +47,7 @@ void ConfigOptions::add_to(CLI::App* command) {
 void ConfigOptions::apply(train::TrainConfig& c, bool load_file) const {
   if (load_file && !config.empty()) c = train::load_config_file(config);
   if (!data.empty()) c.data = data;
+  if (!init.empty()) c.init = init;
   if (steps_option->count() > 0) c.steps = steps;
   for (const std::string& kv : set) c.set(kv);
 }
@@ -72,6 +77,7 @@ void add_train_commands(CLI::App& app) {
               "train: --resume continues the run under its own config.toml; --config has no place beside it (--steps and --set override "
               "keys)");
         if (o->resume.empty()) throw Error("train: --resume needs a run folder");
+        if (!o->config.init.empty()) throw Error("train: --resume continues from the run's checkpoint; --init has no place beside it");
         c = train::run_config(o->resume);
       }
       o->config.apply(c, resume->count() == 0);

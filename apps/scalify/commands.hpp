@@ -42,7 +42,7 @@ inline CLI::Validator finite_number() { return decimal<double>("a finite decimal
 
 // --config, --data, --steps, --set: the train config keys that `train` and `compare` both take.
 struct ConfigOptions {
-  std::string config, data;
+  std::string config, data, init;
   int64_t steps = 0;
   std::vector<std::string> set;
   CLI::Option* steps_option = nullptr;  // counts whether --steps was given

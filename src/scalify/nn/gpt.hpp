@@ -40,6 +40,7 @@ struct GptConfig {
   unit::Residual::Kind residual = unit::Residual::Kind::fixed;
   double tau = 0.1;       // for Residual::Kind::fixed
   void validate() const;  // throws scalify::Error naming the bad field
+  bool operator==(const GptConfig&) const = default;
   int64_t parameter_count() const;
   BlockSpec block() const;  // the values above resolved (kv_heads, mlp_hidden, norm_eps) for a block
   bool learned_positions() const { return rope_theta == 0; }

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <array>
+#include <fstream>
 
 #include "scalify/error.hpp"
 #include "scalify/io/atomic_file.hpp"
@@ -24,6 +25,12 @@ void store_le(std::string& out, uint32_t v, size_t bytes) {
   for (size_t k = 0; k < bytes; ++k) out += char((v >> (8 * k)) & 0xFF);
 }
 }  // namespace
+
+bool is_token_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  char head[4];
+  return in.read(head, 4) && int32_t(load_le32(head)) == kMagic;
+}
 
 std::vector<int32_t> read_token_file(const std::string& path) {
   const std::string bytes = io::read_input_file(path, "token file", kMaxFileBytes);

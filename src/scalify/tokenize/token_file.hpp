@@ -11,6 +11,9 @@ namespace scalify::tokenize {
 // The tokens of `path`; a wrong magic, an unknown version or a size that disagrees with the
 // header's count is a scalify::Error naming the file.
 std::vector<int32_t> read_token_file(const std::string& path);
+// Whether `path` begins with the magic: a token file, as opposed to text (no text starts with
+// those four bytes: they hold a NUL).
+bool is_token_file(const std::string& path);
 
 // Writes `tokens` (each in [0, vocab_size)) atomically: version 1 (uint16) when every token is
 // below 65536, else version 2 (uint32).

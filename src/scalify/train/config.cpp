@@ -92,6 +92,8 @@ const std::map<std::string, Key>& table() {
       STR_KEY("data", data),
       STR_KEY("out", out),
       STR_KEY("recipe", recipe),
+      STR_KEY("init", init),
+      INT_KEY("vocab", model.vocab),
       {"seed",
        {[](TrainConfig& c, const std::string& v) { c.seed = to_seed("seed", v); },
         [](const TrainConfig& c) { return std::to_string(c.seed); }}},
@@ -187,7 +189,7 @@ void TrainConfig::validate() const {
   need(stats_every >= 1, "stats_every", "must be >= 1");
   need(val_fraction > 0 && val_fraction < 1, "val_fraction", "must be in (0, 1)");
   need(!out.empty(), "out", "must not be empty");
-  need(model.vocab == 256, "vocab", "must be 256 (byte tokens)");
+  need(model.vocab == 256 || !init.empty(), "vocab", "must be 256 (byte tokens) unless init names a pretrained model");
   try {
     quant::load_recipe(recipe);
   } catch (const FileError& e) {  // the recipe file itself: still a file error

@@ -13,9 +13,10 @@ struct TrainConfig {
   std::string data;  // text file or folder ("" = the default corpus)
   std::string out = "runs/train";
   std::string recipe = "f32";  // a quant::preset name or a recipe JSON file
+  std::string init;            // a pretrained model's folder (hub/): its shape, weights and tokenizer; "" = a new model
   uint64_t seed = 1;
   int64_t steps = 300, batch = 16, accum = 1;
-  nn::GptConfig model;  // keys: seq, d_model, layers, heads, unit_scaled, rms_norm, swiglu, tied_head, final_norm
+  nn::GptConfig model;  // keys: vocab, seq, d_model, layers, heads, kv_heads, mlp_hidden, ... (GptConfig's fields)
   double lr = 2e-3, min_lr = 2e-4, weight_decay = 0.1, beta1 = 0.9, beta2 = 0.95, eps = 1e-8, grad_clip = 1.0;
   int64_t warmup = 30;  // linear warmup steps, then cosine decay from lr to min_lr
   int64_t eval_every = 100, eval_windows = 64, checkpoint_every = 100, stats_every = 50;

@@ -10,6 +10,7 @@
 
 #include "scalify/error.hpp"
 #include "scalify/formats/kernels.hpp"
+#include "scalify/tokenize/token_file.hpp"
 
 namespace scalify::train {
 
@@ -34,10 +35,16 @@ bool is_text(const std::vector<uint8_t>& b) { return std::find(b.begin(), b.end(
 
 std::string default_corpus_path() { return "/usr/share/games/fortunes"; }
 
-Corpus load_corpus(const std::string& path, double val_fraction, size_t min_bytes_each) {
+namespace {
+
+void check_fraction(double val_fraction) {
   if (!(val_fraction > 0 && val_fraction < 1))
     throw Error("data: validation fraction must be in (0, 1), got " + std::to_string(val_fraction));
-  Corpus c;
+}
+
+// The bytes of a file, or of a folder's text files in name order each followed by a newline;
+// the files used and skipped go into c.
+std::vector<uint8_t> read_text(const std::string& path, Corpus& c) {
   c.source = path;
   std::error_code ec;
   const fs::file_status st = fs::status(path, ec);
@@ -77,17 +84,91 @@ Corpus load_corpus(const std::string& path, double val_fraction, size_t min_byte
     if (!is_text(all)) throw Error("data: '" + path + "' is not text (it contains NUL bytes)");
     c.files.push_back(path);
   }
-  const size_t n_val = size_t(std::ceil(double(all.size()) * val_fraction));
-  c.train.assign(all.begin(), all.end() - std::ptrdiff_t(n_val));
-  c.val.assign(all.end() - std::ptrdiff_t(n_val), all.end());
-  if (c.train.size() < min_bytes_each || c.val.size() < min_bytes_each)
-    throw Error("data: '" + path + "' is too short: " + std::to_string(all.size()) + " bytes give " + std::to_string(c.train.size()) +
-                " training and " + std::to_string(c.val.size()) + " validation bytes; each needs at least " +
-                std::to_string(min_bytes_each) + " (one batch of windows)");
+  return all;
+}
+
+// Where the validation part of n items starts: the last val_fraction of them.
+size_t split_point(size_t n, double val_fraction) { return n - size_t(std::ceil(double(n) * val_fraction)); }
+
+void check_sizes(const Corpus& c, size_t total, size_t min_each) {
+  if (c.train.size() < min_each || c.val.size() < min_each)
+    throw Error("data: '" + c.source + "' is too short: " + std::to_string(total) + " " + c.unit() + " give " +
+                std::to_string(c.train.size()) + " training and " + std::to_string(c.val.size()) + " validation " + c.unit() +
+                "; each needs at least " + std::to_string(min_each) + " (one batch of windows)");
+}
+
+}  // namespace
+
+Corpus load_corpus(const std::string& path, double val_fraction, size_t min_bytes_each) {
+  check_fraction(val_fraction);
+  Corpus c;
+  const std::vector<uint8_t> all = read_text(path, c);
+  const size_t at = split_point(all.size(), val_fraction);
+  c.train.assign(all.begin(), all.begin() + std::ptrdiff_t(at));
+  c.val.assign(all.begin() + std::ptrdiff_t(at), all.end());
+  check_sizes(c, all.size(), min_bytes_each);
   return c;
 }
 
-Batch make_batch(const std::vector<uint8_t>& bytes, const std::vector<size_t>& starts, int64_t T) {
+std::vector<int32_t> read_tokens(const std::string& path, const tokenize::Tokenizer* tokenizer, int64_t vocab) {
+  std::vector<int32_t> tokens;
+  if (tokenize::is_token_file(path)) {
+    tokens = tokenize::read_token_file(path);
+  } else {
+    if (!tokenizer) throw Error(path + ": text, and the model folder has no tokenizer (vocab.json + merges.txt or tokenizer.model)");
+    Corpus c;
+    const std::vector<uint8_t> text = read_text(path, c);
+    tokens = tokenizer->encode(std::string_view(reinterpret_cast<const char*>(text.data()), text.size()));
+  }
+  check_vocabulary(tokens, vocab, path);
+  return tokens;
+}
+
+void check_vocabulary(const std::vector<int32_t>& tokens, int64_t vocab, const std::string& what) {
+  for (size_t i = 0; i < tokens.size(); ++i)
+    if (tokens[i] < 0 || tokens[i] >= vocab)
+      throw Error(what + ": token " + std::to_string(tokens[i]) + " at position " + std::to_string(i) +
+                  " is outside the model's vocabulary of " + std::to_string(vocab));
+}
+
+Corpus load_token_corpus(const std::string& path, const tokenize::Tokenizer* tokenizer, int64_t vocab, double val_fraction,
+                         size_t min_tokens_each) {
+  check_fraction(val_fraction);
+  Corpus c;
+  size_t total = 0;
+  if (tokenize::is_token_file(path)) {
+    c.source = path;
+    c.files.push_back(path);
+    const std::vector<int32_t> all = read_tokens(path, nullptr, vocab);
+    const size_t at = split_point(all.size(), val_fraction);
+    c.train.assign(all.begin(), all.begin() + std::ptrdiff_t(at));
+    c.val.assign(all.begin() + std::ptrdiff_t(at), all.end());
+    total = all.size();
+  } else {
+    if (!tokenizer) throw Error("data: '" + path + "' is text, and the model folder has no tokenizer to read it with");
+    // The bytes split as load_corpus splits them, then each part encoded on its own.
+    const std::vector<uint8_t> all = read_text(path, c);
+    const size_t at = split_point(all.size(), val_fraction);
+    const std::string_view text(reinterpret_cast<const char*>(all.data()), all.size());
+    c.train = tokenizer->encode(text.substr(0, at));
+    c.val = tokenizer->encode(text.substr(at));
+    check_vocabulary(c.train, vocab, path);
+    check_vocabulary(c.val, vocab, path);
+    total = c.train.size() + c.val.size();
+  }
+  if (tokenizer) {
+    c.tokenizer = tokenizer->description();
+    c.token_bytes.resize(size_t(vocab));
+    for (int64_t id = 0; id < vocab && id < tokenizer->vocab_size(); ++id)
+      c.token_bytes[size_t(id)] = uint32_t(tokenizer->token_bytes(int32_t(id)));
+  } else {
+    c.tokenizer = "pre-tokenised";
+  }
+  check_sizes(c, total, min_tokens_each);
+  return c;
+}
+
+Batch make_batch(const std::vector<int32_t>& bytes, const std::vector<size_t>& starts, int64_t T) {
   const int64_t B = int64_t(starts.size());
   std::vector<int64_t> ids(size_t(B * T)), targets(size_t(B * T));
   for (int64_t b = 0; b < B; ++b) {

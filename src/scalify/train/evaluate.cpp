@@ -21,7 +21,7 @@ EvalResult evaluate(const std::string& checkpoint, const std::string& data) {
     TrainConfig cfg = training_checkpoint_config(st, file);
     if (!data.empty()) cfg.data = data;
     const std::unique_ptr<Session> s = load_session(st, cfg, file);
-    return eval_session(*s, corpus_for(cfg).val);
+    return eval_session(*s, corpus_for(cfg));
   }();
   // Finite parameters can still overflow a low-precision activation format.
   if (!std::isfinite(r.loss)) throw Error("eval: the validation loss of '" + file + "' is not finite (an activation overflows its format)");

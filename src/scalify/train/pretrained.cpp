@@ -35,24 +35,6 @@ Pretrained load_pretrained(const std::string& dir, const quant::Recipe& recipe) 
   return p;
 }
 
-std::vector<int32_t> read_tokens(const std::string& path, const tokenize::Tokenizer* tokenizer, int64_t vocab) {
-  const std::string text = io::read_input_file(path, "data", uint64_t(platform::memory_limit_bytes() / 4));
-  uint32_t magic = 0;
-  if (text.size() >= 4) std::memcpy(&magic, text.data(), 4);
-  std::vector<int32_t> tokens;
-  if (magic == 20240520) {
-    tokens = tokenize::read_token_file(path);
-  } else {
-    if (!tokenizer) throw Error(path + ": text, and the model folder has no tokenizer (vocab.json + merges.txt or tokenizer.model)");
-    tokens = tokenizer->encode(text);
-  }
-  for (size_t i = 0; i < tokens.size(); ++i)
-    if (tokens[i] < 0 || tokens[i] >= vocab)
-      throw Error(path + ": token " + std::to_string(tokens[i]) + " at position " + std::to_string(i) +
-                  " is outside the model's vocabulary of " + std::to_string(vocab));
-  return tokens;
-}
-
 TokenEval evaluate_tokens(const Session& s, const std::vector<int32_t>& tokens, const tokenize::Tokenizer* tokenizer, int64_t context,
                           size_t max_windows, const std::function<void(size_t, size_t)>& progress) {
   if (context < 1 || context > s.cfg.model.seq)
@@ -93,6 +75,21 @@ TokenEval evaluate_tokens(const Session& s, const std::vector<int32_t>& tokens, 
   return r;
 }
 
+TrainConfig with_pretrained_model(const TrainConfig& config) {
+  if (config.init.empty()) return config;
+  TrainConfig c = config;
+  const nn::GptConfig pretrained = hub::read_hf_config(c.init).model;
+  if (c.model != pretrained && c.model != nn::GptConfig{})
+    throw Error("train: init '" + c.init +
+                "' gives the model's shape (config.json); the config sets model keys (vocab, seq, d_model, layers, heads, ...) "
+                "that differ from it: leave them out");
+  if (quant::load_recipe(c.recipe).unit_scaled)
+    throw Error("train: recipe '" + c.recipe + "' trains the unit-scaled model, which computes something else than the pretrained '" +
+                c.init + "'");
+  c.model = pretrained;
+  return c;
+}
+
 Tokenized tokenize_file(const std::string& model_dir, const std::string& path, const std::string& out) {
   const std::unique_ptr<tokenize::Tokenizer> tokenizer = tokenize::load_tokenizer(model_dir);
   const std::string text = io::read_input_file(path, "data", uint64_t(platform::memory_limit_bytes() / 4));
@@ -110,9 +107,17 @@ hub::Family export_checkpoint(const std::string& checkpoint, const std::string& 
   hf.family = hub::family_of(hf.model);
   hf.dtype = dtype;
   hub::save_hf_model(dir, hf, parameter_values(*s));
-  if (hf.model.vocab == 256) {  // the byte-level GPT: its tokenizer, bytes as themselves
-    io::write_text_atomically((std::filesystem::path(dir) / "vocab.json").string(), tokenize::byte_vocab_json());
-    io::write_text_atomically((std::filesystem::path(dir) / "merges.txt").string(), "#version: 0.2\n");
+  const std::filesystem::path to(dir);
+  if (!cfg.init.empty()) {  // fine-tuned: the pretrained model's tokenizer goes with it
+    for (const char* name : {"vocab.json", "merges.txt", "tokenizer.model"}) {
+      const std::filesystem::path from = std::filesystem::path(cfg.init) / name;
+      std::error_code ec;
+      if (std::filesystem::exists(from, ec))
+        io::write_text_atomically((to / name).string(), io::read_input_file(from.string(), "tokenizer file", uint64_t(1) << 30));
+    }
+  } else if (hf.model.vocab == 256) {  // the byte-level GPT: its tokenizer, bytes as themselves
+    io::write_text_atomically((to / "vocab.json").string(), tokenize::byte_vocab_json());
+    io::write_text_atomically((to / "merges.txt").string(), "#version: 0.2\n");
   }
   return hf.family;
 }

@@ -21,11 +21,6 @@ struct Pretrained {
 // DIR's config, weights (f32) and tokenizer, in the model `recipe` builds (f32 by default).
 Pretrained load_pretrained(const std::string& dir, const quant::Recipe& recipe = {});
 
-// The tokens of `path`: an llm.c token file (tokenize/token_file.hpp, recognised by its magic) as
-// stored, else the file's text through `tokenizer` (an error when there is none). Every token
-// must be below `vocab` (an error naming the file and the token otherwise).
-std::vector<int32_t> read_tokens(const std::string& path, const tokenize::Tokenizer* tokenizer, int64_t vocab);
-
 struct TokenEval {
   double loss = 0;           // mean next-token cross-entropy, nats per token
   double perplexity = 0;     // exp(loss)
@@ -40,6 +35,12 @@ struct TokenEval {
 TokenEval evaluate_tokens(const Session& s, const std::vector<int32_t>& tokens, const tokenize::Tokenizer* tokenizer, int64_t context,
                           size_t max_windows, const std::function<void(size_t, size_t)>& progress = {});
 
+// A config with `init` set takes its model's shape from that folder's config.json (a new run's
+// config has the default shape there; a resumed run's has that very shape); a config that sets
+// another shape, or a unit-scaling recipe (it would change what the weights compute), is an
+// error. Without `init`, the config as it is.
+TrainConfig with_pretrained_model(const TrainConfig& config);
+
 // FILE's text through DIR's tokenizer, written as an llm.c token file `out` (atomically).
 struct Tokenized {
   size_t tokens = 0, bytes = 0;
@@ -50,7 +51,8 @@ Tokenized tokenize_file(const std::string& model_dir, const std::string& path, c
 // A training checkpoint (file or run folder; any recipe: its parameters' represented values, in
 // f32 or `dtype`) as a Hugging Face model folder: config.json and model.safetensors in the layout
 // of the family the model's shape is (hub::family_of: the byte-level GPT is GPT-2-shaped, with a
-// vocabulary of 256), which transformers opens.
+// vocabulary of 256, and a byte vocabulary as its tokenizer), which transformers opens. A model
+// fine-tuned from a pretrained one (`init`) takes that folder's tokenizer files along.
 hub::Family export_checkpoint(const std::string& checkpoint, const std::string& dir, DType dtype = DType::f32);
 
 }  // namespace scalify::train

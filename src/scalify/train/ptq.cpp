@@ -114,7 +114,7 @@ QuantizedWeight quantize_weight(const std::string& name, const Tensor& w, const 
 }
 
 EvalResult evaluate_values(const TrainConfig& cfg, const quant::Recipe& recipe, const std::map<std::string, Tensor>& values,
-                           const std::vector<uint8_t>& val) {
+                           const Corpus& val) {
   return eval_session(*inference_session(cfg, recipe, values), val);
 }
 
@@ -268,14 +268,14 @@ EvalResult evaluate_quantized(const io::SafeTensors& st, const std::string& file
     }
     if (!std::isfinite(ops::sum_squares(values[name]))) throw bad("holds NaN or infinite values");
   }
-  return evaluate_values(cfg, ptq_inference_recipe(o), values, corpus_for(cfg).val);
+  return evaluate_values(cfg, ptq_inference_recipe(o), values, corpus_for(cfg));
 }
 
 std::vector<PtqSweepRow> ptq_sweep(const std::string& checkpoint, int lo, int hi, const std::string& data) {
   auto [src, cfg] = read_checkpoint(checkpoint);
   if (!data.empty()) cfg.data = data;
   const std::unique_ptr<Session> s = load_session(src, cfg, checkpoint_file(checkpoint));
-  const std::vector<uint8_t> val = corpus_for(cfg).val;
+  const Corpus val = corpus_for(cfg);
   return ptq_sweep(parameter_values(*s), weight_names(*s), lo, hi,
                    [&](const quant::Recipe& r, const std::map<std::string, Tensor>& v) { return evaluate_values(cfg, r, v, val); });
 }

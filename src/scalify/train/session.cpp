@@ -9,6 +9,7 @@
 
 #include "scalify/autograd/scaling.hpp"
 #include "scalify/error.hpp"
+#include "scalify/hub/hf_weights.hpp"
 #include "scalify/io/safetensors.hpp"
 #include "scalify/platform/memory.hpp"
 #include "scalify/quant/quantizer.hpp"
@@ -68,7 +69,9 @@ void check_fits_in_memory(const TrainConfig& cfg, const quant::Recipe& r, bool w
 std::unique_ptr<Session> make_session(const TrainConfig& cfg, const io::SafeTensors* ckpt) {
   quant::Recipe recipe = quant::load_recipe(cfg.recipe);
   check_fits_in_memory(cfg, recipe, true);
-  auto s = std::make_unique<Session>(cfg, std::move(recipe));
+  // A new run from a pretrained model starts from its weights, never drawn at random.
+  const bool pretrained = !ckpt && !cfg.init.empty();
+  auto s = std::make_unique<Session>(cfg, std::move(recipe), pretrained ? nn::Weights::unset : nn::Weights::random);
   const json any_scale = ckpt ? json::parse(ckpt->metadata.at("scalify.any_scale")) : json::array();
   std::vector<Var> raw;
   for (const auto& [name, v] : s->model.parameters()) {
@@ -84,6 +87,15 @@ std::unique_ptr<Session> make_session(const TrainConfig& cfg, const io::SafeTens
       s->params.push_back(Var(v, true));
     }
   } else {
+    if (pretrained) {
+      const std::map<std::string, Tensor> values = hub::load_hf_weights(cfg.init, hub::read_hf_config(cfg.init));
+      for (size_t i = 0; i < raw.size(); ++i) {
+        const auto v = values.find(s->names[i]);
+        if (v == values.end() || v->second.shape() != raw[i].shape())
+          throw Error("init '" + cfg.init + "': no weights of shape " + shape_str(raw[i].shape()) + " for parameter '" + s->names[i] + "'");
+        raw[i] = Var(v->second, true);
+      }
+    }
     s->params = quant::prepare_parameters(raw, s->recipe);
   }
   nn::NamedParams named;
@@ -285,13 +297,14 @@ std::map<std::string, Tensor> parameter_values(const Session& s) {
   return v;
 }
 
-double batch_loss(const Session& s, const std::vector<uint8_t>& bytes, const std::vector<size_t>& starts) {
+double batch_loss(const Session& s, const std::vector<int32_t>& bytes, const std::vector<size_t>& starts) {
   const Batch b = make_batch(bytes, starts, s.cfg.model.seq);
   return s.forward_model().loss(b.ids, b.targets).value().item();
 }
 
-EvalResult eval_session(const Session& s, const std::vector<uint8_t>& val, const platform::World& world) {
+EvalResult eval_session(const Session& s, const Corpus& corpus, const platform::World& world) {
   const NoGrad no_grad;
+  const std::vector<int32_t>& val = corpus.val;
   const std::vector<size_t> starts = eval_starts(val.size(), s.cfg.model.seq, size_t(s.cfg.eval_windows));
   if (starts.empty()) throw Error("eval: validation data shorter than one window of " + std::to_string(s.cfg.model.seq + 1) + " bytes");
   // Batch k of the windows is rank k mod N's; the batches' losses are summed in batch order on
@@ -312,12 +325,22 @@ EvalResult eval_session(const Session& s, const std::vector<uint8_t>& val, const
   r.windows = starts.size();
   r.loss = total / double(starts.size());
   r.bits_per_byte = r.loss / std::log(2.0);
+  if (!corpus.token_bytes.empty()) {  // tokens: the loss in bits over the bytes the targets stand for
+    double bytes = 0;
+    for (size_t start : starts)
+      for (int64_t t = 1; t <= s.cfg.model.seq; ++t) bytes += corpus.token_bytes[size_t(val[start + size_t(t)])];
+    r.bits_per_byte = bytes > 0 ? total * double(s.cfg.model.seq) / std::log(2.0) / bytes : std::nan("");
+  }
   return r;
 }
 
 Corpus corpus_for(const TrainConfig& cfg) {
   const size_t window = size_t(cfg.model.seq) + 1;
-  return load_corpus(cfg.data.empty() ? default_corpus_path() : cfg.data, cfg.val_fraction, window * size_t(cfg.batch));
+  const std::string data = cfg.data.empty() ? default_corpus_path() : cfg.data;
+  if (cfg.init.empty()) return load_corpus(data, cfg.val_fraction, window * size_t(cfg.batch));
+  const std::unique_ptr<tokenize::Tokenizer> tokenizer =
+      tokenize::has_tokenizer_files(cfg.init) ? tokenize::load_tokenizer(cfg.init) : nullptr;
+  return load_token_corpus(data, tokenizer.get(), cfg.model.vocab, cfg.val_fraction, window * size_t(cfg.batch));
 }
 
 }  // namespace scalify::train

@@ -86,11 +86,13 @@ std::unique_ptr<Session> inference_session(const TrainConfig& cfg, quant::Recipe
 // The session's parameters as f32 values by name (scaled ones: their represented values).
 std::map<std::string, Tensor> parameter_values(const Session& s);
 // Mean loss of the windows starting at `starts` (no gradients recorded by the caller's NoGrad).
-double batch_loss(const Session& s, const std::vector<uint8_t>& bytes, const std::vector<size_t>& starts);
-// Validation loss over the config's eval windows of `val`; with a world of several ranks, each
-// evaluates its share of the windows (a collective: every rank calls it), the same double.
-EvalResult eval_session(const Session& s, const std::vector<uint8_t>& val, const platform::World& world = platform::single_process());
-// The config's corpus (its data, or the default), split as the trainer splits it.
+double batch_loss(const Session& s, const std::vector<int32_t>& tokens, const std::vector<size_t>& starts);
+// Validation loss over the config's eval windows of the corpus's validation tokens (bits per byte
+// from its token_bytes when tokenised); with a world of several ranks, each evaluates its share of
+// the windows (a collective: every rank calls it), the same double.
+EvalResult eval_session(const Session& s, const Corpus& corpus, const platform::World& world = platform::single_process());
+// The config's corpus (its data, or the default), split as the trainer splits it: bytes, or with
+// `init` (a pretrained model's folder) through that model's tokenizer.
 Corpus corpus_for(const TrainConfig& cfg);
 
 }  // namespace scalify::train

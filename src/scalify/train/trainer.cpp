@@ -27,6 +27,7 @@
 #include "scalify/platform/world.hpp"
 #include "scalify/train/corpus.hpp"
 #include "scalify/train/data_parallel.hpp"
+#include "scalify/train/pretrained.hpp"
 #include "scalify/train/ptq.hpp"
 #include "scalify/train/session.hpp"
 
@@ -61,9 +62,10 @@ double median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
-double unigram_bits(const std::vector<uint8_t>& bytes) {
-  std::vector<double> count(256, 0);
-  for (uint8_t b : bytes) count[b] += 1;
+double unigram_bits(const std::vector<int32_t>& bytes) {
+  const int32_t top = bytes.empty() ? 0 : *std::max_element(bytes.begin(), bytes.end());
+  std::vector<double> count(std::max<size_t>(256, size_t(top) + 1), 0);
+  for (int32_t b : bytes) count[size_t(b)] += 1;
   double h = 0;
   for (double c : count)
     if (c > 0) h -= c / double(bytes.size()) * std::log2(c / double(bytes.size()));
@@ -277,14 +279,16 @@ json quant_record(const Session& s, TrainResult& r, RunTotals& totals) {
 
 }  // namespace
 
-TrainResult train(const TrainConfig& config, bool resume, const Progress& progress, int64_t stop_after, bool save_initial) {
+TrainResult train(const TrainConfig& given, bool resume, const Progress& progress, int64_t stop_after, bool save_initial) {
   struct RestoreStatistics {  // the loop switches the quantisers' counting per step; on again after
     ~RestoreStatistics() { quant::set_collect_statistics(true); }
   } restore_statistics;
-  const fs::path dir(config.out);
+  const fs::path dir(given.out);
   const platform::World& world = platform::world();
   Corpus corpus;
+  TrainConfig config;
   platform::every_rank_agrees(world, [&] {  // bad input fails here, before the run folder exists
+    config = with_pretrained_model(given);
     config.validate();
     if (save_initial && resume) throw Error("train: --save-initial writes a new run's step 0; a resumed run is past it");
     rank_micro_batches(config.accum, world);
@@ -312,8 +316,8 @@ TrainResult train(const TrainConfig& config, bool resume, const Progress& progre
         << "\n";
   log << run.how << ": recipe " << cfg.recipe << " (quantised: " << quant::quantized_layers(s.recipe)
       << (s.recipe.unit_scaled ? "; unit-scaled model" : "") << "), " << cfg.model.parameter_count() << " parameters, corpus "
-      << corpus.source << " (" << corpus.files.size() << " text files, " << corpus.train.size() << " training / " << corpus.val.size()
-      << " validation bytes)\n";
+      << corpus.source << " (" << corpus.files.size() << " files, " << corpus.train.size() << " training / " << corpus.val.size()
+      << " validation " << corpus.unit() << (corpus.tokenizer.empty() ? "" : ", " + corpus.tokenizer) << ")\n";
   for (const std::string& f : corpus.skipped) log << "skipped: " << f << "\n";
   log.flush();
 
@@ -377,7 +381,7 @@ TrainResult train(const TrainConfig& config, bool resume, const Progress& progre
     if (stats_step && !s.model.quantized_linears().empty())
       metrics << json{{"step", step}, {"quant", quant_record(s, r, totals)}}.dump() << "\n";
     if ((step + 1) % cfg.eval_every == 0 || step + 1 == cfg.steps) {
-      const EvalResult e = eval_session(s, corpus.val, world);
+      const EvalResult e = eval_session(s, corpus, world);
       metrics << json{{"step", step}, {"val_loss", e.loss}, {"val_bpb", e.bits_per_byte}}.dump() << "\n";
       r.val_loss = e.loss;
       r.val_bpb = e.bits_per_byte;
@@ -397,7 +401,7 @@ TrainResult train(const TrainConfig& config, bool resume, const Progress& progre
   }
   if (end == start) last_loss = NAN;     // a run resumed only to write model.safetensors: no training loss here
   if (!evaluated && end == cfg.steps) {  // ... but its result is still the finished model's
-    const EvalResult e = eval_session(s, corpus.val, world);
+    const EvalResult e = eval_session(s, corpus, world);
     r.val_loss = e.loss;
     r.val_bpb = e.bits_per_byte;
   }
