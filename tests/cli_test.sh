@@ -172,6 +172,17 @@ grep -q "^| fp8_cscale | 1 | " "$out/ptq_hf.log"
 grep -q "^| 1 | ff output | " "$out/ptq_hf.log"
 for f in report.md sweep.csv scaling_biases.csv scaling_biases.png; do test -s "$out/ptq_hf/$f" || { echo "quantize --model wrote no $f"; exit 1; }; done
 "$cli" quantize --model "$hf/tiny_gpt2" --data "$out/text" --method mx --windows 4 | grep -q "^mx: loss [0-9.]*, perplexity"
+"$cli" sample --model "$hf/tiny_gpt2" --prompt "The computer" --tokens 5 --temperature 0 | grep -q "^The computer"
+"$cli" train --init "$hf/tiny_llama_gqa" --data "$out/text" --out "$out/ft" --steps 3 --set batch=2 --set eval_windows=2 > "$out/ft.log" 2> /dev/null
+grep -q "^unigram entropy of the training tokens: " "$out/ft.log"
+grep -q "validation tokens, SentencePiece" "$out/ft/train.log"
+"$cli" sample "$out/ft" --prompt "Fortune" --tokens 4 | grep -q "^Fortune"
+"$cli" export "$out/ft" --out "$out/ft_hf" --dtype bf16 > /dev/null
+test -s "$out/ft_hf/tokenizer.model" || { echo "export left the fine-tuned model's tokenizer behind"; exit 1; }
+"$cli" eval --model "$out/ft_hf" --data "$out/text" --windows 2 | grep -q "^llama model, SentencePiece"
+expect_error "--init has no place beside it" train --resume "$out/ft" --init "$hf/tiny_gpt2" --steps 5
+expect_error "gives the model's shape" train --init "$hf/tiny_gpt2" --data "$out/text" --out "$out/ft2" --set d_model=32
+expect_error "holds no tokenizer" sample --model "$out/notok"
 expect_error "--model needs --data" quantize --model "$hf/tiny_gpt2"
 expect_error "takes neither --method" quantize --model "$hf/tiny_gpt2" --data "$out/text" --sweep -1:1 --method mx
 expect_error "give a checkpoint or --model" quantize --out "$out/q2.safetensors"

@@ -17,6 +17,7 @@
 #include "scalify/nn/rope.hpp"
 #include "scalify/tokenize/bpe.hpp"
 #include "scalify/train/pretrained_ptq.hpp"
+#include "scalify/train/evaluate.hpp"
 #include "scalify/train/trainer.hpp"
 #include "train_fixtures.hpp"
 
@@ -310,6 +311,26 @@ TEST(FineTune, BadConfigsAreClearErrors) {
   c = train::with_pretrained_model(fine_tuning("tiny_llama", scratch("ft_bad")));
   c.data = (kData + "/tiny_gpt2/model.safetensors");  // binary: neither text nor a token file
   EXPECT_ERROR(train::corpus_for(c), "not text");
+}
+
+// Greedy sampling picks the most likely next token after the whole prompt, step after step.
+TEST(FineTune, GreedySamplingFollowsTheLogits) {
+  const train::Pretrained p = train::load_pretrained(kData + "/tiny_llama");
+  train::SampleOptions o;
+  o.temperature = 0;
+  o.tokens = 3;
+  const std::vector<int32_t> prompt = {5, 17, 400, 9};
+  const std::vector<int32_t> out = train::sample_ids(*p.session, prompt, o, "tiny_llama");
+  ASSERT_EQ(out.size(), 3u);
+  std::vector<int64_t> ctx(prompt.begin(), prompt.end());
+  NoGrad no_grad;
+  for (int32_t next : out) {
+    const int64_t T = int64_t(ctx.size());
+    const std::vector<double> l = p.session->model.logits(Tensor::from_indices(ctx, {1, T})).value().to_vector();
+    const auto last = l.begin() + std::ptrdiff_t((T - 1) * 1000);
+    EXPECT_EQ(next, std::max_element(last, last + 1000) - last);
+    ctx.push_back(next);
+  }
 }
 
 // A copy of a tiny model's folder to damage.

@@ -92,8 +92,8 @@ void add_train_commands(CLI::App& app) {
     if (platform::world().root()) std::fprintf(stderr, "\n");
     std::printf("run folder: %s\nsteps: %lld (skipped %lld)\n", r.run_dir.c_str(), (long long)r.steps, (long long)r.skipped);
     if (std::isfinite(r.train_loss)) std::printf("final train loss: %.4f\n", r.train_loss);
-    std::printf("validation loss: %.4f nats, %.4f bits per byte\nunigram entropy of the training bytes: %.4f bits per byte\n", r.val_loss,
-                r.val_bpb, r.unigram_bits);
+    std::printf("validation loss: %.4f nats, %.4f bits per byte\nunigram entropy of the training %s: %.4f bits per %s\n", r.val_loss,
+                r.val_bpb, r.tokenized ? "tokens" : "bytes", r.unigram_bits, r.tokenized ? "token" : "byte");
     if (r.tokens_per_s > 0) std::printf("median speed: %.0f tokens/s\n", r.tokens_per_s);
     if (r.state_bytes_per_parameter > 0) std::printf("training state: %.2f bytes per parameter\n", r.state_bytes_per_parameter);
     std::printf("peak memory: %.0f MB\n", r.peak_memory_mb);
@@ -156,18 +156,30 @@ void add_train_commands(CLI::App& app) {
   });
 
   struct SampleArgs {
-    std::string checkpoint, prompt;
+    std::string checkpoint, model, prompt;
     train::SampleOptions o;
   };
   auto sa = std::make_shared<SampleArgs>();
   auto* s = app.add_subcommand("sample", "Generate text from a checkpoint");
-  s->add_option("checkpoint", sa->checkpoint, "checkpoint .safetensors or run folder")->required();
+  auto* sample_ckpt = s->add_option("checkpoint", sa->checkpoint, "checkpoint .safetensors or run folder");
+  s->add_option("--model", sa->model, "a Hugging Face model folder instead (its tokenizer reads the prompt)")->excludes(sample_ckpt);
   s->add_option("--prompt", sa->prompt, "text to continue");
-  s->add_option("--tokens", sa->o.tokens, "bytes to generate (default 200)")->transform(integer());
+  s->add_option("--tokens", sa->o.tokens, "tokens (bytes for the byte-level GPT) to generate (default 200)")->transform(integer());
   s->add_option("--temperature", sa->o.temperature, "0: greedy (default 0.8)")->transform(finite_number());
   s->add_option("--top-k", sa->o.top_k, "sample among the k most likely (0: all; default 40)")->transform(integer());
   s->add_option("--seed", sa->o.seed, "sampling seed (>= 0)")->transform(non_negative_integer());
-  s->callback([sa] { std::printf("%s%s\n", sa->prompt.c_str(), train::sample(sa->checkpoint, sa->prompt, sa->o).c_str()); });
+  s->callback([sa] {
+    std::string text;
+    if (!sa->model.empty()) {
+      const train::Pretrained p = train::load_pretrained(sa->model);
+      if (!p.tokenizer) throw Error("sample: '" + sa->model + "' holds no tokenizer (vocab.json + merges.txt or tokenizer.model)");
+      text = train::sample_text(*p.session, p.tokenizer.get(), sa->prompt, sa->o, sa->model);
+    } else {
+      if (sa->checkpoint.empty()) throw CLI::ValidationError("sample", "give a checkpoint or --model DIR");
+      text = train::sample(sa->checkpoint, sa->prompt, sa->o);
+    }
+    std::printf("%s%s\n", sa->prompt.c_str(), text.c_str());
+  });
 }
 
 }  // namespace scalify::cli

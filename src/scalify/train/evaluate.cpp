@@ -28,25 +28,26 @@ EvalResult evaluate(const std::string& checkpoint, const std::string& data) {
   return r;
 }
 
-std::string sample(const std::string& checkpoint, const std::string& prompt, const SampleOptions& o) {
+std::vector<int32_t> sample_ids(const Session& s, const std::vector<int32_t>& prompt, const SampleOptions& o, const std::string& what) {
   if (o.tokens < 0 || o.tokens > 100000) throw Error("sample: tokens must be in [0, 100000]");
   if (!(o.temperature >= 0) || !std::isfinite(o.temperature)) throw Error("sample: temperature must be >= 0");
   if (o.top_k < 0) throw Error("sample: top_k must be >= 0");
-  auto [st, cfg] = read_checkpoint(checkpoint);
-  const std::unique_ptr<Session> s = load_session(st, cfg, checkpoint_file(checkpoint));
+  const nn::GptConfig& model = s.cfg.model;
   std::vector<int64_t> ctx(prompt.begin(), prompt.end());
-  for (auto& c : ctx) c = int64_t(uint8_t(c));
-  if (ctx.empty()) ctx.push_back('\n');
-  std::string out;
+  for (int64_t id : ctx)
+    if (id < 0 || id >= model.vocab) throw Error("sample: prompt token " + std::to_string(id) + " is outside the vocabulary");
+  if (ctx.empty()) throw Error("sample: the prompt has no token");
+  std::vector<int32_t> out;
   const NoGrad no_grad;
+  const nn::Gpt forward = s.forward_model();
   for (int64_t i = 0; i < o.tokens; ++i) {
-    const int64_t T = std::min<int64_t>(int64_t(ctx.size()), cfg.model.seq);
+    const int64_t T = std::min<int64_t>(int64_t(ctx.size()), model.seq);
     const std::vector<int64_t> window(ctx.end() - T, ctx.end());
-    const Tensor logits = s->forward_model().logits(Tensor::from_indices(window, {1, T})).value();
-    std::vector<double> l(size_t(cfg.model.vocab));
-    for (int64_t v = 0; v < cfg.model.vocab; ++v) l[size_t(v)] = logits.at({0, T - 1, v});
+    const Tensor logits = forward.logits(Tensor::from_indices(window, {1, T})).value();
+    std::vector<double> l(size_t(model.vocab));
+    for (int64_t v = 0; v < model.vocab; ++v) l[size_t(v)] = logits.at({0, T - 1, v});
     if (!std::all_of(l.begin(), l.end(), [](double x) { return std::isfinite(x); }))
-      throw Error("sample: the logits of '" + checkpoint + "' are not finite (an activation overflows its format)");
+      throw Error("sample: the logits of '" + what + "' are not finite (an activation overflows its format)");
     int64_t next = 0;
     if (o.temperature == 0) {
       next = std::max_element(l.begin(), l.end()) - l.begin();
@@ -65,9 +66,35 @@ std::string sample(const std::string& checkpoint, const std::string& prompt, con
         }
     }
     ctx.push_back(next);
-    out.push_back(char(uint8_t(next)));
+    out.push_back(int32_t(next));
   }
   return out;
+}
+
+std::string sample(const std::string& checkpoint, const std::string& prompt, const SampleOptions& o) {
+  auto [st, cfg] = read_checkpoint(checkpoint);
+  const std::unique_ptr<Session> s = load_session(st, cfg, checkpoint_file(checkpoint));
+  // A model fine-tuned from a pretrained one speaks its tokenizer's tokens; the byte-level GPT bytes.
+  const std::unique_ptr<tokenize::Tokenizer> tokenizer =
+      cfg.init.empty() || !tokenize::has_tokenizer_files(cfg.init) ? nullptr : tokenize::load_tokenizer(cfg.init);
+  if (!cfg.init.empty() && !tokenizer)
+    throw Error("sample: '" + checkpoint + "' was fine-tuned from '" + cfg.init + "', which holds no tokenizer to read the prompt with");
+  return sample_text(*s, tokenizer.get(), prompt, o, checkpoint);
+}
+
+std::string sample_text(const Session& s, const tokenize::Tokenizer* tokenizer, const std::string& prompt, const SampleOptions& o,
+                        const std::string& what) {
+  const std::string text = prompt.empty() ? "\n" : prompt;  // something to continue
+  std::vector<int32_t> ids;
+  if (tokenizer)
+    ids = tokenizer->encode(text);
+  else
+    for (char c : text) ids.push_back(int32_t(uint8_t(c)));
+  const std::vector<int32_t> out = sample_ids(s, ids, o, what);
+  if (tokenizer) return tokenizer->decode(out);
+  std::string bytes;
+  for (int32_t id : out) bytes.push_back(char(uint8_t(id)));
+  return bytes;
 }
 
 }  // namespace scalify::train

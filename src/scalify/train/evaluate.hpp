@@ -3,8 +3,13 @@
 // and text sampled from it. Neither changes the checkpoint or any training state.
 #include <cstdint>
 #include <string>
+#include <vector>
+
+#include "scalify/tokenize/tokenizer.hpp"
 
 namespace scalify::train {
+
+struct Session;
 
 struct EvalResult {
   double loss = 0, bits_per_byte = 0;
@@ -21,5 +26,13 @@ struct SampleOptions {
   uint64_t seed = 1;
 };
 std::string sample(const std::string& checkpoint, const std::string& prompt, const SampleOptions& options);
+// The loop itself, on any session: `options.tokens` ids continuing `prompt` (ids), each from the
+// last `seq` ids; `what` names the model in errors.
+std::vector<int32_t> sample_ids(const Session& s, const std::vector<int32_t>& prompt, const SampleOptions& options,
+                                const std::string& what);
+// Text in, text out: through `tokenizer`, or as bytes when it is null (the byte-level GPT); an
+// empty prompt is a newline.
+std::string sample_text(const Session& s, const tokenize::Tokenizer* tokenizer, const std::string& prompt, const SampleOptions& options,
+                        const std::string& what);
 
 }  // namespace scalify::train

@@ -324,6 +324,7 @@ TrainResult train(const TrainConfig& given, bool resume, const Progress& progres
   TrainResult r;
   r.run_dir = config.out;
   r.unigram_bits = unigram_bits(corpus.train);
+  r.tokenized = !corpus.tokenizer.empty();
   const int64_t tokens_per_step = cfg.batch * cfg.model.seq * cfg.accum;
   const int64_t end = stop_after > 0 ? std::min(cfg.steps, stop_after) : cfg.steps;
   using clock = std::chrono::steady_clock;

@@ -28,7 +28,8 @@ namespace scalify::train {
 struct TrainResult {
   int64_t steps = 0, skipped = 0;
   int64_t nonfinite_steps = 0;  // steps whose loss was not finite (only possible with loss scaling: skipped)
-  double train_loss = 0, val_loss = 0, val_bpb = 0, unigram_bits = 0;
+  double train_loss = 0, val_loss = 0, val_bpb = 0, unigram_bits = 0;  // unigram_bits: per training token
+  bool tokenized = false;                                              // tokens of a pretrained model's tokenizer, not bytes
   double tokens_per_s = 0;               // median over this process's steps but its first (which warms caches), or that one alone
   double scale_statistics_per_step = 0;  // mean count of amax / RMS reductions that set a scale
   double mean_underflow = 0, max_underflow = 0, mean_clipped = 0;  // over every quantised operand's statistics
