@@ -152,7 +152,7 @@ expect_error "fails its checksum (CRC-32C" eval "$out/flipped.safetensors"
 hf="$(dirname "$(realpath "$0")")/data/hf"
 head -c 20000 /usr/share/games/fortunes/computers > "$out/text"
 "$cli" eval --model "$hf/tiny_gpt2" --data "$out/text" --json > "$out/eval_text" 2> /dev/null
-grep -Eq '^\{"loss": [0-9.e+-]+, "perplexity": [0-9.e+-]+, "bits_per_byte": [0-9.e+-]+, "tokens": [0-9]+, "windows": [0-9]+, "context": 64\}$' \
+grep -Eq '^\{"val_loss": [0-9.e+-]+, "val_bpb": [0-9.e+-]+, "windows": [0-9]+, "perplexity": [0-9.e+-]+, "tokens": [0-9]+, "context": 64\}$' \
   "$out/eval_text" || { echo "eval --model --json is not one JSON object"; cat "$out/eval_text"; exit 1; }
 "$cli" tokenize --model "$hf/tiny_gpt2" --data "$out/text" --out "$out/text.bin" | grep -q "20000 bytes -> "
 "$cli" eval --model "$hf/tiny_gpt2" --data "$out/text.bin" --json 2> /dev/null | cmp -s - "$out/eval_text" \
@@ -184,6 +184,9 @@ expect_error "--init has no place beside it" train --resume "$out/ft" --init "$h
 expect_error "gives the model's shape" train --init "$hf/tiny_gpt2" --data "$out/text" --out "$out/ft2" --set d_model=32
 expect_error "holds no tokenizer" sample --model "$out/notok"
 expect_error "--model needs --data" quantize --model "$hf/tiny_gpt2"
+expect_error "needs LO <= HI" quantize --model "$hf/tiny_gpt2" --data "$out/text" --sweep 3:1
+expect_error "names the folder of a --sweep report" quantize --model "$hf/tiny_gpt2" --data "$out/text" --out "$out/q3"
+expect_error "is not an empty folder" export "$out/cmp/runs/f32" --out "$out/exported"
 expect_error "takes neither --method" quantize --model "$hf/tiny_gpt2" --data "$out/text" --sweep -1:1 --method mx
 expect_error "give a checkpoint or --model" quantize --out "$out/q2.safetensors"
 expect_error "--dtype: f8 not in" export "$out/cmp/runs/f32" --out "$out/x2" --dtype f8

@@ -93,7 +93,10 @@ struct QuantizeArgs {
 std::pair<int, int> sweep_range(const std::string& sweep) {
   const size_t colon = sweep.find(':');
   if (colon == std::string::npos) throw Error("quantize: --sweep takes LO:HI (e.g. -8:12), got '" + sweep + "'");
-  return {parse_int_in("--sweep LO", sweep.substr(0, colon), -64, 64), parse_int_in("--sweep HI", sweep.substr(colon + 1), -64, 64)};
+  const int lo = parse_int_in("--sweep LO", sweep.substr(0, colon), -64, 64),
+            hi = parse_int_in("--sweep HI", sweep.substr(colon + 1), -64, 64);
+  if (lo > hi) throw Error("quantize: --sweep LO:HI needs LO <= HI, got " + sweep);
+  return {lo, hi};
 }
 
 // quantize --model DIR --data FILE: one method's loss against f32, or with --sweep seed 003's study.
@@ -105,10 +108,11 @@ void quantize_pretrained(const QuantizeArgs& a, bool method_given, bool bias_giv
   const train::PtqOptions o{train::parse_ptq_method(a.method), parse_int_in("--bias", a.bias, -64, 64), !a.weights_only};
   if (bias_given && o.method != train::PtqMethod::cscale) throw Error("quantize: --bias applies to --method cscale only");
   const auto range = sweep ? sweep_range(a.sweep) : std::pair{o.bias, o.bias};
+  if (!sweep && !a.out.empty()) throw Error("quantize: with --model, --out names the folder of a --sweep report");
   if (!a.out.empty()) check_out_folder(a.out);
   const train::Pretrained p = train::load_pretrained(a.model);
   const std::vector<int32_t> tokens = train::read_tokens(a.data, p.tokenizer.get(), p.hf.model.vocab);
-  const int64_t context = a.context > 0 ? a.context : p.hf.model.seq;
+  const int64_t context = a.context > 0 ? a.context : train::default_context(p.hf.model);
   auto print = status_printer();
   if (sweep) {
     const train::PretrainedPtq study = train::pretrained_ptq(
@@ -122,7 +126,6 @@ void quantize_pretrained(const QuantizeArgs& a, bool method_given, bool bias_giv
     }
     return;
   }
-  if (!a.out.empty()) throw Error("quantize: with --model, --out names the folder of a --sweep report");
   const std::map<std::string, Tensor> f32 = train::parameter_values(*p.session);
   const train::TokenEval base = train::evaluate_tokens(*p.session, tokens, p.tokenizer.get(), context, size_t(a.windows));
   std::vector<train::PtqWeight> report;
@@ -161,7 +164,7 @@ void add_inspect_commands(CLI::App& app) {
   auto* ckpt = q->add_option("checkpoint", qa->checkpoint, "checkpoint .safetensors or run folder");
   auto* model =
       q->add_option("--model", qa->model, "a Hugging Face model folder instead: evaluate --method, or --sweep, on --data")->excludes(ckpt);
-  q->add_option("--context", qa->context, "with --model: tokens per window (default: the model's longest)")
+  q->add_option("--context", qa->context, "with --model: tokens per window (default: the model's longest, at most 2048)")
       ->transform(integer())
       ->needs(model);
   q->add_option("--windows", qa->windows, "with --model: at most this many windows per evaluation (default: all)")

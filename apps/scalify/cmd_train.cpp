@@ -113,7 +113,7 @@ void add_train_commands(CLI::App& app) {
   auto* model =
       e->add_option("--model", ea->model, "a Hugging Face model folder (config.json, *.safetensors, tokenizer) instead")->excludes(ckpt);
   e->add_option("--data", ea->data, "corpus (default: the run's); with --model: a text file or an llm.c token file (.bin)");
-  e->add_option("--context", ea->context, "with --model: tokens per window (default: the model's longest)")
+  e->add_option("--context", ea->context, "with --model: tokens per window (default: the model's longest, at most 2048)")
       ->transform(integer())
       ->needs(model);
   e->add_option("--windows", ea->windows, "with --model: evaluate at most this many windows (default: all)")
@@ -134,7 +134,7 @@ void add_train_commands(CLI::App& app) {
     if (ea->context < 0 || ea->windows < 0) throw CLI::ValidationError("eval", "--context and --windows must be >= 0");
     const train::Pretrained p = train::load_pretrained(ea->model);
     const std::vector<int32_t> tokens = train::read_tokens(ea->data, p.tokenizer.get(), p.hf.model.vocab);
-    const int64_t context = ea->context > 0 ? ea->context : p.hf.model.seq;
+    const int64_t context = ea->context > 0 ? ea->context : train::default_context(p.hf.model);
     // A tenth at a time on stderr, for evaluations long enough to wonder about.
     const auto progress = [shown = size_t(0)](size_t done, size_t total) mutable {
       if (total < 20 || done * 10 / total <= shown) return;
@@ -142,11 +142,11 @@ void add_train_commands(CLI::App& app) {
       std::fprintf(stderr, "eval: %zu / %zu windows\n", done, total);
     };
     const train::TokenEval r = train::evaluate_tokens(*p.session, tokens, p.tokenizer.get(), context, size_t(ea->windows), progress);
-    if (ea->json) {
+    if (ea->json) {           // the checkpoint's keys first, then what a pretrained model's evaluation adds
       char bpb[32] = "null";  // JSON has no NaN: null without a tokenizer
       if (std::isfinite(r.bits_per_byte)) std::snprintf(bpb, sizeof bpb, "%.17g", r.bits_per_byte);
-      std::printf("{\"loss\": %.17g, \"perplexity\": %.17g, \"bits_per_byte\": %s, \"tokens\": %zu, \"windows\": %zu, \"context\": %lld}\n",
-                  r.loss, r.perplexity, bpb, r.tokens, r.windows, (long long)r.context);
+      std::printf("{\"val_loss\": %.17g, \"val_bpb\": %s, \"windows\": %zu, \"perplexity\": %.17g, \"tokens\": %zu, \"context\": %lld}\n",
+                  r.loss, bpb, r.windows, r.perplexity, r.tokens, (long long)r.context);
     } else {
       std::printf("%s model, %s\n", hub::family_name(p.hf.family), p.tokenizer ? p.tokenizer->description().c_str() : "no tokenizer");
       std::printf("loss: %.6f nats per token, perplexity %.4f, ", r.loss, r.perplexity);

@@ -48,6 +48,13 @@ struct Fields {
   }
 };
 
+// An epsilon: a number above 0 (0 would be the engine's "default" sentinel, and a norm needs one).
+double positive(const Fields& f, const std::string& key, double fallback) {
+  const double v = f.number_or(key, fallback);
+  if (!(v > 0) || !(v < 1)) f.fail(key, "must be in (0, 1), got " + std::to_string(v));
+  return v;
+}
+
 constexpr int64_t kMaxWidth = int64_t(1) << 16, kMaxVocab = int64_t(1) << 20, kMaxSeq = 65536;
 
 DType weights_dtype(const Fields& f) {
@@ -66,11 +73,12 @@ nn::GptConfig gpt2(const Fields& f) {
   m.layers = int(f.integer("n_layer", 1, 1024));
   m.heads = int(f.integer("n_head", 1, 1024));
   m.mlp_hidden = f.integer_or("n_inner", 4 * m.d_model, 1, kMaxWidth * 8);
-  m.norm_eps = f.number_or("layer_norm_epsilon", 1e-5);
+  m.norm_eps = positive(f, "layer_norm_epsilon", 1e-5);
   m.tied_head = f.boolean_or("tie_word_embeddings", true);
   const std::string act = f.text_or("activation_function", "gelu_new");
-  if (act != "gelu_new" && act != "gelu_pytorch_tanh")
-    f.fail("activation_function", "must be gelu_new (GPT-2's tanh GELU), got \"" + act + "\"");
+  if (act != "gelu_new" && act != "gelu_pytorch_tanh" && act != "gelu")
+    f.fail("activation_function", "must be gelu_new (GPT-2's tanh GELU) or gelu (erf: Cerebras-GPT), got \"" + act + "\"");
+  m.gelu_erf = act == "gelu";
   if (!f.boolean_or("scale_attn_weights", true)) f.fail("scale_attn_weights", "must be true (scores divided by sqrt(head width))");
   if (f.boolean_or("scale_attn_by_inverse_layer_idx", false)) f.fail("scale_attn_by_inverse_layer_idx", "must be false");
   return m;
@@ -89,7 +97,7 @@ nn::GptConfig llama(const Fields& f) {
   m.bias = f.boolean_or("attention_bias", false);
   if (f.boolean_or("mlp_bias", false) != m.bias)
     f.fail("mlp_bias", "must equal attention_bias (this engine's linear layers have biases all or none)");
-  m.norm_eps = f.number_or("rms_norm_eps", 1e-6);
+  m.norm_eps = positive(f, "rms_norm_eps", 1e-6);
   m.tied_head = f.boolean_or("tie_word_embeddings", false);
   if (m.d_model % m.heads == 0 && f.integer_or("head_dim", m.d_model / m.heads, 1, kMaxWidth) != m.d_model / m.heads)
     f.fail("head_dim", "must be hidden_size / num_attention_heads = " + std::to_string(m.d_model / m.heads));
@@ -97,14 +105,17 @@ nn::GptConfig llama(const Fields& f) {
   if (act != "silu") f.fail("hidden_act", "must be silu, got \"" + act + "\"");
   // rope_theta at the top (transformers 4) or in rope_parameters (transformers 5); only the plain
   // rotation: a scaled rope (linear, dynamic, yarn, llama3) would change the angles.
-  const json* rope = f.j.contains("rope_parameters") && f.j["rope_parameters"].is_object() ? &f.j["rope_parameters"] : nullptr;
+  const json* rope = f.j.contains("rope_parameters") && !f.j["rope_parameters"].is_null() ? &f.j["rope_parameters"] : nullptr;
   if (rope) {
+    if (!rope->is_object()) f.fail("rope_parameters", "must be an object, got " + rope->dump());
     const Fields r{*rope, f.file + " rope_parameters"};
     m.rope_theta = r.number_or("rope_theta", 10000.0);
+    if (!(m.rope_theta > 1)) r.fail("rope_theta", "must be above 1, got " + std::to_string(m.rope_theta));
     const std::string type = r.text_or("rope_type", "default");
     if (type != "default") r.fail("rope_type", "must be default (scaled rotary embeddings are not supported), got \"" + type + "\"");
   } else {
     m.rope_theta = f.number_or("rope_theta", 10000.0);
+    if (!(m.rope_theta > 1)) f.fail("rope_theta", "must be above 1, got " + std::to_string(m.rope_theta));
   }
   if (f.j.contains("rope_scaling") && !f.j["rope_scaling"].is_null())
     f.fail("rope_scaling", "must be null (scaled rotary embeddings are not supported)");
@@ -155,7 +166,7 @@ std::string hf_config_json(const HfConfig& c) {
          {"n_layer", m.layers},
          {"n_head", m.heads},
          {"n_inner", b.mlp_hidden},
-         {"activation_function", "gelu_new"},
+         {"activation_function", m.gelu_erf ? "gelu" : "gelu_new"},
          {"layer_norm_epsilon", b.norm_eps},
          {"tie_word_embeddings", m.tied_head},
          {"resid_pdrop", 0.0},

@@ -90,8 +90,10 @@ bool is_buffer(const std::string& name) {
 
 // The weight files of DIR: the shards model.safetensors.index.json names, or model.safetensors.
 std::vector<std::string> weight_files(const std::string& dir, std::map<std::string, std::string>* listed) {
-  const fs::path index = fs::path(dir) / "model.safetensors.index.json";
+  const fs::path index = fs::path(dir) / "model.safetensors.index.json", single = fs::path(dir) / "model.safetensors";
   std::error_code ec;
+  if (fs::exists(index, ec) && fs::exists(single, ec))
+    throw Error(dir + ": holds both model.safetensors and model.safetensors.index.json; which are the weights? Remove the other");
   if (fs::exists(index, ec)) {
     const json j = json::parse(io::read_input_file(index.string(), "weight index", 64 << 20), nullptr, false);
     if (j.is_discarded() || !j.contains("weight_map") || !j["weight_map"].is_object())
@@ -111,7 +113,6 @@ std::vector<std::string> weight_files(const std::string& dir, std::map<std::stri
     }
     return paths;
   }
-  const fs::path single = fs::path(dir) / "model.safetensors";
   if (!fs::exists(single, ec))
     throw FileError(dir + ": no model.safetensors or model.safetensors.index.json (only safetensors weights are read; " +
                     "transformers' save_pretrained(..., safe_serialization=True) writes them)");
@@ -135,7 +136,10 @@ std::map<std::string, Tensor> load_hf_weights(const std::string& dir, const HfCo
   }
   for (const auto& [name, file] : listed)
     if (!stored.count(name)) throw Error(file + ": tensor '" + name + "' is listed in model.safetensors.index.json but missing");
-  const std::string prefix = config.family == Family::llama ? "model." : stored.count("transformer.wte.weight") ? "transformer." : "";
+  // The causal-LM's names carry the base model's prefix; a base model saved alone has none.
+  const std::string prefix = config.family == Family::llama           ? (stored.count("model.embed_tokens.weight") ? "model." : "")
+                             : stored.count("transformer.wte.weight") ? "transformer."
+                                                                      : "";
   std::map<std::string, Tensor> params;
   std::set<std::string> used;
   for (const Rule& rule : layout(config, prefix)) {
@@ -154,7 +158,8 @@ std::map<std::string, Tensor> load_hf_weights(const std::string& dir, const HfCo
     params[rule.engine] = parts.size() == 1 ? parts[0] : ops::concat(parts, int(parts[0].dim()) - 1);
   }
   for (const auto& [name, entry] : stored)
-    if (!used.count(name) && !is_buffer(name))
+    // A tied head stored anyway is the embedding again (transformers ties it and ignores the copy).
+    if (!used.count(name) && !is_buffer(name) && !(config.model.tied_head && name == "lm_head.weight"))
       throw Error(entry.second + ": tensor '" + name + "' has no place in the " + family_name(config.family) +
                   " model config.json describes");
   return params;
@@ -163,7 +168,7 @@ std::map<std::string, Tensor> load_hf_weights(const std::string& dir, const HfCo
 Family family_of(const nn::GptConfig& m) {
   if (m.unit_scaled) throw Error("a unit-scaled model has no Hugging Face layout");
   const bool gpt2 = !m.rms_norm && !m.swiglu && m.learned_positions() && m.bias && m.final_norm && m.kv_heads == 0;
-  const bool llama = m.rms_norm && m.swiglu && !m.learned_positions() && m.final_norm;
+  const bool llama = m.rms_norm && m.swiglu && !m.learned_positions() && m.final_norm && !m.gelu_erf;
   if (gpt2) return Family::gpt2;
   if (llama) return Family::llama;
   throw Error(
@@ -174,6 +179,11 @@ Family family_of(const nn::GptConfig& m) {
 void save_hf_model(const std::string& dir, const HfConfig& config, const std::map<std::string, Tensor>& params) {
   if (family_of(config.model) != config.family)
     throw Error(std::string("save_hf_model: the model is not ") + family_name(config.family) + "-shaped");
+  // Into a fresh folder only: another model's shards or tokenizer beside these files would be
+  // read in their place.
+  std::error_code ec;
+  if (fs::exists(dir, ec) && !(fs::is_directory(dir, ec) && fs::is_empty(dir, ec)))
+    throw Error("export: '" + dir + "' exists and is not an empty folder; give a new folder");
   io::SafeTensors out;
   out.metadata["format"] = "pt";  // transformers reads PyTorch-format safetensors
   for (const Rule& rule : layout(config, config.family == Family::llama ? "model." : "")) {

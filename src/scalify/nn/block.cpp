@@ -7,7 +7,7 @@ GptBlock GptBlock::make(const BlockSpec& s, Init& init) {
   LayerNorm ln1 = LayerNorm::make(s.d_model, init, s.rms_norm, s.norm_eps);
   CausalSelfAttention attn = CausalSelfAttention::make(s.d_model, s.heads, s.kv_heads, s.rope_theta, s.bias, init);
   LayerNorm ln2 = LayerNorm::make(s.d_model, init, s.rms_norm, s.norm_eps);
-  Mlp mlp = Mlp::make(s.d_model, s.mlp_hidden, s.swiglu, s.bias, init);
+  Mlp mlp = Mlp::make(s.d_model, s.mlp_hidden, s.swiglu, s.gelu_erf, s.bias, init);
   return {ln1, ln2, attn, mlp};
 }
 

@@ -15,7 +15,7 @@ namespace scalify::nn {
 struct BlockSpec {
   int64_t d_model, mlp_hidden;
   int heads, kv_heads;
-  bool rms_norm, swiglu, bias;
+  bool rms_norm, swiglu, gelu_erf, bias;
   double norm_eps, rope_theta;
 };
 

@@ -24,17 +24,23 @@ void GptConfig::validate() const {
   need(norm_eps >= 0 && norm_eps < 1, "norm_eps must be in [0, 1), got " + std::to_string(norm_eps));
   need(rope_theta == 0 || (rope_theta > 1 && rope_theta < 1e12), "rope_theta must be 0 or in (1, 1e12), got " + std::to_string(rope_theta));
   need(rope_theta == 0 || (d_model / heads) % 2 == 0, "rotary positions need an even head width, got " + std::to_string(d_model / heads));
-  need(!(unit_scaled && (rms_norm || swiglu)), "unit scaling supports LayerNorm and GELU only (rms_norm and swiglu off)");
+  need(!(unit_scaled && (rms_norm || swiglu || gelu_erf)),
+       "unit scaling supports LayerNorm and tanh GELU only (rms_norm, swiglu and gelu_erf off)");
   need(!(unit_scaled && (rope_theta > 0 || (kv_heads != 0 && kv_heads != heads))),
        "unit scaling supports learned positions and multi-head attention only (rope_theta 0, kv_heads = heads)");
   need(tau > 0 && tau < 1, "tau must be in (0, 1), got " + std::to_string(tau));
 }
 
 BlockSpec GptConfig::block() const {
-  return {d_model,   mlp_hidden > 0 ? mlp_hidden : Mlp::hidden_width(d_model, swiglu),
-          heads,     kv_heads > 0 ? kv_heads : heads,
-          rms_norm,  swiglu,
-          bias,      norm_eps > 0 ? norm_eps : LayerNorm::default_eps(rms_norm),
+  return {d_model,
+          mlp_hidden > 0 ? mlp_hidden : Mlp::hidden_width(d_model, swiglu),
+          heads,
+          kv_heads > 0 ? kv_heads : heads,
+          rms_norm,
+          swiglu,
+          gelu_erf,
+          bias,
+          norm_eps > 0 ? norm_eps : LayerNorm::default_eps(rms_norm),
           rope_theta};
 }
 
@@ -59,6 +65,8 @@ Gpt::Gpt(const GptConfig& c, uint64_t seed, const quant::Recipe& recipe, Weights
   for (int l = 0; l < c.layers; ++l) blocks_.push_back(GptBlock::make(spec, init));
   if (c.final_norm) lnf_ = LayerNorm::make(D, init, c.rms_norm, spec.norm_eps);
   if (!c.tied_head) head_ = init.weight({D, c.vocab}, false);
+  if (weights == Weights::unset)
+    for (const auto& [name, ref] : refs()) unset_.insert(name);
   // Each layer draws its stochastic-rounding bits from a stream of its own name.
   for (auto& [name, linear] : linears()) {
     const int block = std::stoi(name.substr(1));
@@ -121,6 +129,7 @@ void Gpt::set_parameters(const NamedParams& params) {
         if (v.shape() != ref->shape())
           throw Error("model: parameter '" + name + "' has shape " + shape_str(v.shape()) + ", expected " + shape_str(ref->shape()));
         *ref = v;
+        unset_.erase(name);
         found = true;
       }
     if (!found) throw Error("model: no parameter named '" + name + "'");
@@ -161,6 +170,7 @@ double Gpt::lr_multiplier(const std::string& name) const {
 bool Gpt::decays(const std::string& name) { return name == "wte" || projection_matrix(name); }
 
 Var Gpt::logits(const Tensor& ids, ScaleProbe* probe) const {
+  if (!unset_.empty()) throw Error("model: parameter '" + *unset_.begin() + "' was never given a value");
   if (ids.dim() != 2 || ids.size(1) > c_.seq || ids.size(1) < 1)
     throw Error("gpt: ids must be [B, T] with 1 <= T <= " + std::to_string(c_.seq) + ", got " + shape_str(ids.shape()));
   const int64_t B = ids.size(0), T = ids.size(1);

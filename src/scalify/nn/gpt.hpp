@@ -11,6 +11,7 @@
 //   - SCALIFY's scaled parameters through set_parameters, and its LayerNorm-gradient rescale.
 // Shapes: ids [B, T] (T <= seq); weights [in, out] (y = x W + b).
 #include <cstdint>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -29,6 +30,7 @@ struct GptConfig {
   bool unit_scaled = false;
   bool rms_norm = false;  // RMSNorm instead of LayerNorm (standard variant)
   bool swiglu = false;    // SwiGLU MLP instead of GELU (standard variant)
+  bool gelu_erf = false;  // GELU with erf (Hugging Face's "gelu", Cerebras-GPT's) instead of GPT-2's tanh form
   bool bias = true;       // biases in the blocks' linear layers (Llama has none)
   bool tied_head = true;  // logits = x wte^T; false: a separate [d, vocab] head
   bool final_norm = true;
@@ -85,6 +87,7 @@ class Gpt {
   std::vector<GptBlock> blocks_;
   LayerNorm lnf_;
   bool rescale_norm_grad_ = false;
+  std::set<std::string> unset_;  // Weights::unset: the parameters set_parameters has not given yet
 };
 
 }  // namespace scalify::nn

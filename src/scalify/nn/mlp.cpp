@@ -7,8 +7,8 @@ namespace scalify::nn {
 
 int64_t Mlp::hidden_width(int64_t d, bool swiglu) { return swiglu ? (8 * d / 3 + 7) / 8 * 8 : 4 * d; }
 
-Mlp Mlp::make(int64_t d, int64_t hidden, bool swiglu, bool bias, Init& init) {
-  return {Linear::make(d, swiglu ? 2 * hidden : hidden, init, false, bias), Linear::make(hidden, d, init, true, bias), swiglu};
+Mlp Mlp::make(int64_t d, int64_t hidden, bool swiglu, bool gelu_erf, bool bias, Init& init) {
+  return {Linear::make(d, swiglu ? 2 * hidden : hidden, init, false, bias), Linear::make(hidden, d, init, true, bias), swiglu, gelu_erf};
 }
 
 Var Mlp::operator()(const Var& x, const LayerOptions& o) const {
@@ -20,7 +20,7 @@ Var Mlp::operator()(const Var& x, const LayerOptions& o) const {
     const int last = int(h.shape().size()) - 1;
     a = o.tap(silu(slice(h, last, 0, hidden)) * slice(h, last, hidden, 2 * hidden), "mlp.swiglu");
   } else {
-    a = o.tap(o.unit_scaled ? unit::gelu(h, /*constrained=*/true) : gelu(h), "mlp.gelu");
+    a = o.tap(o.unit_scaled ? unit::gelu(h, /*constrained=*/true) : gelu_erf ? scalify::gelu_erf(h) : gelu(h), "mlp.gelu");
   }
   return o.tap(out(a, o), "mlp.out");
 }

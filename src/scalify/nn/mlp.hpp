@@ -11,8 +11,9 @@ namespace scalify::nn {
 struct Mlp {
   Linear fc, out;
   bool swiglu = false;
+  bool gelu_erf = false;                                // the erf GELU instead of the tanh form
   static int64_t hidden_width(int64_t d, bool swiglu);  // the default width
-  static Mlp make(int64_t d, int64_t hidden, bool swiglu, bool bias, Init& init);
+  static Mlp make(int64_t d, int64_t hidden, bool swiglu, bool gelu_erf, bool bias, Init& init);
   Var operator()(const Var& x, const LayerOptions& o) const;
 };
 

@@ -181,6 +181,17 @@ namespace {
 thread_local int64_t g_micro_batch = -1;
 }
 
+namespace {
+thread_local InferenceObserver* g_observer = nullptr;
+}
+
+InferenceObserver::InferenceObserver(Fn fn) : fn_(std::move(fn)), previous_(g_observer) { g_observer = this; }
+InferenceObserver::~InferenceObserver() { g_observer = previous_; }
+
+void Quantizer::observe(const QuantStats& stats) const {
+  if (g_observer) g_observer->fn_(*this, stats);
+}
+
 MicroBatchScope::MicroBatchScope(int64_t index) : previous_(g_micro_batch) {
   if (index < 0) throw Error("MicroBatchScope: the micro-batch index must be >= 0");
   g_micro_batch = index;
@@ -232,7 +243,8 @@ void Quantizer::commit_step() {
 
 Quantized Quantizer::quantize(const ScaledTensor& x, bool as_values, QuantizeMode mode) {
   if (c_.scaling != Scaling::scalify) return quantize(x.is_scaled() ? x.value() : x.data, as_values, mode);
-  QuantStats& st = mode == QuantizeMode::training ? stats_ : inference_stats_;
+  QuantStats scratch;
+  QuantStats& st = mode == QuantizeMode::training ? stats_ : scratch;
   const uint64_t seed = mode == QuantizeMode::training ? begin_training_call() : rounding_seed();
   Quantized q;
   q.per_tensor = x;
@@ -240,13 +252,16 @@ Quantized Quantizer::quantize(const ScaledTensor& x, bool as_values, QuantizeMod
   q.per_tensor.data = encode(x.data, c_.format, 1.0f, c_, st, as_values, seed);
   st.scale = s;
   st.amax = float(st.amax * s);
+  if (mode == QuantizeMode::inference) observe(scratch);
   return q;
 }
 
 Quantized Quantizer::quantize(const Tensor& x, bool as_values, QuantizeMode mode) {
   if (mode == QuantizeMode::inference) {
-    inference_stats_ = stats_;  // amax_bias falls back to training's last bias when amax is 0
-    return quantize_with(x, as_values, inference_stats_, rounding_seed());
+    QuantStats scratch = stats_;  // amax_bias falls back to the last bias when amax is 0
+    Quantized q = quantize_with(x, as_values, scratch, rounding_seed());
+    observe(scratch);
+    return q;
   }
   const uint64_t seed = begin_training_call();
   if (c_.scaling != Scaling::none && c_.scaling != Scaling::scalify && c_.scaling != Scaling::constant_bias) count_scale_statistic();

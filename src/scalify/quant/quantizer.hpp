@@ -4,6 +4,7 @@
 // configured by plain data; the only state is the amax history of delayed scaling.
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -114,6 +115,24 @@ class MicroBatchScope {
   int64_t previous_;
 };
 
+class Quantizer;
+
+// Inference quantisations change no quantiser; what they measure (FP8-AMAX's per-batch bias of
+// each activation: seed 003's Figure 6) reaches the observer that lives on this thread, if any.
+class InferenceObserver {
+ public:
+  using Fn = std::function<void(const Quantizer& quantizer, const QuantStats& stats)>;
+  explicit InferenceObserver(Fn fn);
+  ~InferenceObserver();
+  InferenceObserver(const InferenceObserver&) = delete;
+  InferenceObserver& operator=(const InferenceObserver&) = delete;
+
+ private:
+  Fn fn_;
+  InferenceObserver* previous_;
+  friend class Quantizer;
+};
+
 class Quantizer {
  public:
   // `stream` tells this quantiser's stochastic-rounding bits apart from every other's (a layer's
@@ -127,9 +146,6 @@ class Quantizer {
   Quantized quantize(const ScaledTensor& x, bool as_values = false, QuantizeMode mode = QuantizeMode::training);
   const QuantizerConfig& config() const { return c_; }
   const QuantStats& last() const { return stats_; }
-  // The statistics of the last inference-mode quantisation (kept apart from last(): an
-  // evaluation changes no training state), e.g. FP8-AMAX's per-batch activation bias.
-  const QuantStats& last_inference() const { return inference_stats_; }
   int64_t steps() const { return steps_; }
   float delayed_scale() const { return scale_; }  // the scale delayed scaling will use next
   QuantizerState state() const;
@@ -141,6 +157,7 @@ class Quantizer {
 
  private:
   float scale_from_amax(double amax, float previous) const;
+  void observe(const QuantStats& stats) const;  // an inference quantisation's statistics, to this thread's observer
   // The quantisation itself, from the current state; fills `stats` and changes nothing else.
   Quantized quantize_with(const Tensor& x, bool as_values, QuantStats& stats, uint64_t seed) const;
   uint64_t rounding_seed() const;  // stochastic rounding's seed after the steps so far
@@ -150,7 +167,7 @@ class Quantizer {
   void record_amax(float amax);  // delayed scaling: one step's amax into the history and scale
   QuantizerConfig c_;
   uint64_t stream_ = 0;
-  QuantStats stats_, inference_stats_;
+  QuantStats stats_;
   std::deque<float> history_;
   float scale_ = 1;  // encode factor (x * scale before the cast), delayed scaling's state
   int64_t steps_ = 0;

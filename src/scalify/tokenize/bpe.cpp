@@ -120,6 +120,9 @@ BpeTokenizer::BpeTokenizer(const std::string& vocab_path, const std::string& mer
     // A pair listed twice keeps its last rank, as in both of Hugging Face's implementations.
     merges_[pair_key(l, r)] = Merge{rank++, merged};
   }
+  encodable_.assign(bytes_.size(), false);
+  for (int32_t id : byte_id_) encodable_[size_t(id)] = true;
+  for (const auto& [pair, merge] : merges_) encodable_[size_t(merge.result)] = true;
 }
 
 void BpeTokenizer::encode_word(std::string_view word, std::vector<int32_t>& out) const {
@@ -183,7 +186,7 @@ std::string BpeTokenizer::decode(const std::vector<int32_t>& ids) const {
 
 size_t BpeTokenizer::token_bytes(int32_t id) const {
   check_id(id);
-  return bytes_[size_t(id)].size();
+  return encodable_[size_t(id)] ? bytes_[size_t(id)].size() : 0;
 }
 
 void BpeTokenizer::check_id(int32_t id) const {

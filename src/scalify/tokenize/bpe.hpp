@@ -48,6 +48,9 @@ class BpeTokenizer : public Tokenizer {
   std::vector<std::string> bytes_;      // by id: the bytes of text the token stands for
   std::array<int32_t, 256> byte_id_{};  // the token of each single byte
   std::unordered_map<uint64_t, Merge> merges_;
+  // Tokens that text can encode to (the bytes' and the merges'): the others, special tokens such
+  // as <|endoftext|>, stand for no text (token_bytes 0), though decode writes their names.
+  std::vector<bool> encodable_;
 };
 
 }  // namespace scalify::tokenize

@@ -11,7 +11,9 @@
 namespace scalify::tokenize {
 
 namespace {
-constexpr int32_t kMagic = 20240520;
+// llm.c's two layouts: GPT-2's uint16 tokens, and the uint32 tokens of larger vocabularies (Llama 3).
+constexpr int32_t kMagic = 20240520, kVersion = 1;
+constexpr int32_t kMagic32 = 20240801, kVersion32 = 7;
 constexpr size_t kHeaderInts = 256;
 constexpr size_t kHeaderBytes = kHeaderInts * 4;
 // 2^31 tokens of uint32: the most the header's int32 count can hold.
@@ -29,7 +31,9 @@ void store_le(std::string& out, uint32_t v, size_t bytes) {
 bool is_token_file(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   char head[4];
-  return in.read(head, 4) && int32_t(load_le32(head)) == kMagic;
+  if (!in.read(head, 4)) return false;
+  const int32_t magic = int32_t(load_le32(head));
+  return magic == kMagic || magic == kMagic32;
 }
 
 std::vector<int32_t> read_token_file(const std::string& path) {
@@ -38,12 +42,15 @@ std::vector<int32_t> read_token_file(const std::string& path) {
   if (bytes.size() < kHeaderBytes)
     throw fail(std::to_string(bytes.size()) + " bytes, shorter than the " + std::to_string(kHeaderBytes) + "-byte header");
   const int32_t magic = int32_t(load_le32(bytes.data()));
-  if (magic != kMagic)
-    throw fail("magic number " + std::to_string(magic) + ", not llm.c's " + std::to_string(kMagic) + " (not a token file)");
+  if (magic != kMagic && magic != kMagic32)
+    throw fail("magic number " + std::to_string(magic) + ", not llm.c's " + std::to_string(kMagic) + " or " + std::to_string(kMagic32) +
+               " (not a token file)");
   const int32_t version = int32_t(load_le32(bytes.data() + 4));
-  if (version != 1 && version != 2) throw fail("version " + std::to_string(version) + " unknown (1: uint16 tokens, 2: uint32 tokens)");
+  const int32_t expected = magic == kMagic ? kVersion : kVersion32;
+  if (version != expected)
+    throw fail("version " + std::to_string(version) + " under magic " + std::to_string(magic) + ", llm.c's is " + std::to_string(expected));
   const int32_t count = int32_t(load_le32(bytes.data() + 8));
-  const size_t width = version == 1 ? 2 : 4;
+  const size_t width = magic == kMagic ? 2 : 4;
   if (count < 0 || bytes.size() != kHeaderBytes + uint64_t(count) * width)
     throw fail("the header counts " + std::to_string(count) + " tokens of " + std::to_string(width) + " bytes, but the file holds " +
                std::to_string(bytes.size() - kHeaderBytes) + " bytes after the header (truncated or not a token file)");
@@ -67,8 +74,8 @@ void write_token_file(const std::string& path, const std::vector<int32_t>& token
   const bool narrow = std::all_of(tokens.begin(), tokens.end(), [](int32_t t) { return t < 65536; });
   const size_t width = narrow ? 2 : 4;
   std::string header;
-  store_le(header, uint32_t(kMagic), 4);
-  store_le(header, narrow ? 1 : 2, 4);
+  store_le(header, uint32_t(narrow ? kMagic : kMagic32), 4);
+  store_le(header, uint32_t(narrow ? kVersion : kVersion32), 4);
   store_le(header, uint32_t(tokens.size()), 4);
   header.resize(kHeaderBytes, '\0');
   io::write_file_atomically(path, [&](const io::ByteSink& out) {

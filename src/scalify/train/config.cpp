@@ -113,6 +113,7 @@ const std::map<std::string, Key>& table() {
         [](const TrainConfig& c) { return std::to_string(c.model.kv_heads); }}},
       INT_KEY("mlp_hidden", model.mlp_hidden),
       BOOL_KEY("bias", model.bias),
+      BOOL_KEY("gelu_erf", model.gelu_erf),
       DBL_KEY("norm_eps", model.norm_eps),
       DBL_KEY("rope_theta", model.rope_theta),
       BOOL_KEY("unit_scaled", model.unit_scaled),

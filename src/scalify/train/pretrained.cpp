@@ -35,6 +35,8 @@ Pretrained load_pretrained(const std::string& dir, const quant::Recipe& recipe) 
   return p;
 }
 
+int64_t default_context(const nn::GptConfig& model) { return std::min<int64_t>(model.seq, 2048); }
+
 TokenEval evaluate_tokens(const Session& s, const std::vector<int32_t>& tokens, const tokenize::Tokenizer* tokenizer, int64_t context,
                           size_t max_windows, const std::function<void(size_t, size_t)>& progress) {
   if (context < 1 || context > s.cfg.model.seq)
@@ -43,7 +45,8 @@ TokenEval evaluate_tokens(const Session& s, const std::vector<int32_t>& tokens, 
   size_t windows = tokens.size() > size_t(context) ? (tokens.size() - 1) / size_t(context) : 0;
   if (max_windows > 0) windows = std::min(windows, max_windows);
   if (windows == 0)
-    throw Error("eval: " + std::to_string(tokens.size()) + " tokens are fewer than one window of " + std::to_string(context + 1));
+    throw Error("eval: " + std::to_string(tokens.size()) + " tokens are fewer than one window of " + std::to_string(context + 1) +
+                " (a smaller --context fits more windows)");
   const NoGrad no_grad;
   const nn::Gpt model = s.forward_model();
   const size_t batch = size_t(eval_batch(context, s.cfg.model.vocab));
@@ -118,6 +121,8 @@ hub::Family export_checkpoint(const std::string& checkpoint, const std::string& 
   } else if (hf.model.vocab == 256) {  // the byte-level GPT: its tokenizer, bytes as themselves
     io::write_text_atomically((to / "vocab.json").string(), tokenize::byte_vocab_json());
     io::write_text_atomically((to / "merges.txt").string(), "#version: 0.2\n");
+    // transformers picks a folder's tokenizer by its model type; a Llama-shaped model's is GPT-2's too.
+    io::write_text_atomically((to / "tokenizer_config.json").string(), "{\"tokenizer_class\": \"GPT2Tokenizer\"}\n");
   }
   return hf.family;
 }

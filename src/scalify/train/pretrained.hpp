@@ -21,6 +21,10 @@ struct Pretrained {
 // DIR's config, weights (f32) and tokenizer, in the model `recipe` builds (f32 by default).
 Pretrained load_pretrained(const std::string& dir, const quant::Recipe& recipe = {});
 
+// The default evaluation context of a model: its longest, at most 2048 tokens (attention's memory
+// grows with the square of the context; a longer one is --context's to ask for).
+int64_t default_context(const nn::GptConfig& model);
+
 struct TokenEval {
   double loss = 0;           // mean next-token cross-entropy, nats per token
   double perplexity = 0;     // exp(loss)

@@ -38,13 +38,16 @@ std::vector<LayerScalingBias> amax_biases(const Pretrained& p, const std::map<st
   std::vector<PtqWeight> weights;
   const auto values = ptq_quantize_values(f32, ptq_weights(p.session->model), amax, &weights);
   const std::unique_ptr<Session> s = inference_session(p.session->cfg, ptq_inference_recipe(amax), values);
-  const auto linears = s->model.quantized_linears();
+  std::map<const quant::Quantizer*, std::string> activation_of;  // each layer's activation quantiser
+  for (const auto& [name, linear] : s->model.quantized_linears())
+    for (const auto& [role, q] : linear->quantizers())
+      if (role == "activation") activation_of[q] = name;
   std::map<std::string, std::map<int, size_t>> counts;
-  evaluate_tokens(*s, tokens, p.tokenizer.get(), context, max_windows, [&](size_t, size_t) {
-    for (const auto& [name, linear] : linears)
-      for (const auto& [role, q] : linear->quantizers())
-        if (role == "activation") ++counts[name][q->last_inference().bias];
+  const quant::InferenceObserver observer([&](const quant::Quantizer& q, const quant::QuantStats& st) {
+    const auto it = activation_of.find(&q);
+    if (it != activation_of.end()) ++counts[it->second][st.bias];
   });
+  evaluate_tokens(*s, tokens, p.tokenizer.get(), context, max_windows);
   std::vector<LayerScalingBias> out;
   for (const PtqWeight& w : weights) {
     const std::string linear = w.name.substr(0, w.name.size() - 2);  // without ".w"

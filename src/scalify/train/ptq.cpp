@@ -342,10 +342,15 @@ std::string ptq_sweep_markdown(const std::vector<PtqSweepRow>& rows, double tole
   char within[32];
   std::snprintf(within, sizeof within, "%g%%", 100 * tolerance);
   md << "\nFP8-CSCALE is within " << within << " of f32 for biases ";
-  if (lo <= hi)
-    md << "[" << lo << ", " << hi << "]: below, weights underflow; above, activations clip.\n";
-  else
+  int first = 64, last = -64;  // the sweep's own range
+  for (const PtqSweepRow& r : rows)
+    if (r.method == "fp8_cscale") first = std::min(first, r.bias), last = std::max(last, r.bias);
+  if (lo > hi)
     md << "none of the sweep.\n";
+  else if (lo == first || hi == last)
+    md << "[" << lo << ", " << hi << "], which reaches the end of the sweep: widen it to find where the band stops.\n";
+  else
+    md << "[" << lo << ", " << hi << "]: below, weights underflow; above, activations clip.\n";
   return md.str();
 }
 

@@ -13,6 +13,8 @@ Writes, beside this script:
   tiny_llama/      Llama, 4 heads, untied head, sharded f32 (model-0000k-of-0000n.safetensors and
                    model.safetensors.index.json), tokenizer.model (SentencePiece BPE trained here)
   tiny_llama_gqa/  Llama with 4 query heads over 2 key/value heads, tied head, bf16 weights
+  tiny_gpt2_erf/   GPT-2 with the erf GELU (activation "gelu", as Cerebras-GPT), an MLP width of 96,
+                   in GPT2LMHeadModel's own names ("transformer." prefix), the same BPE
   */reference.safetensors   ids [2, T] (I64) and the model's logits [2, T, V] (F32), eager attention
   bpe_encodings.jsonl, spm_encodings.jsonl   one {"text", "ids", "decoded"} per test line
 Every parameter is drawn at random (norm gains and biases included), so a mapping that swaps,
@@ -131,6 +133,20 @@ def make_gpt2(vocab, gen):
                     vocab, gen)
 
 
+def make_gpt2_erf(vocab, gen):
+    folder = fresh(os.path.join(HERE, "tiny_gpt2_erf"))
+    for name in ("vocab.json", "merges.txt"):
+        shutil.copy(os.path.join(HERE, "tiny_gpt2", name), folder)
+    config = GPT2Config(vocab_size=vocab, n_positions=32, n_embd=48, n_layer=2, n_head=3, n_inner=96, activation_function="gelu",
+                        resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, layer_norm_epsilon=1e-5, bos_token_id=0, eos_token_id=0)
+    model = GPT2LMHeadModel(config).eval()
+    model.config._attn_implementation = "eager"
+    randomize(model, gen)
+    model.save_pretrained(folder, safe_serialization=True)
+    write_reference(model, GPT2LMHeadModel.from_pretrained(folder, attn_implementation="eager", dtype=torch.float32).eval(), folder,
+                    vocab, gen, T=16)
+
+
 def make_spm(lines, corpus, folder):
     prefix = os.path.join(folder, "tokenizer")
     # Llama 2's tokenizer options: BPE, identity normalisation, a dummy prefix, digits split,
@@ -175,7 +191,8 @@ def main():
     gqa = fresh(os.path.join(HERE, "tiny_llama_gqa"))
     shutil.copy(os.path.join(llama, "tokenizer.model"), gqa)
     make_llama(gqa, vocab, gen, kv_heads=2, dtype=torch.bfloat16, tied=True, theta=500000.0, eps=1e-5, shard="10GB")
-    for folder in ("tiny_gpt2", "tiny_llama", "tiny_llama_gqa"):
+    make_gpt2_erf(1000, gen)  # last: the models above keep the random draws they were made with
+    for folder in ("tiny_gpt2", "tiny_llama", "tiny_llama_gqa", "tiny_gpt2_erf"):
         os.remove(os.path.join(HERE, folder, "generation_config.json"))  # sampling defaults: not read
         print(folder, sorted(os.listdir(os.path.join(HERE, folder))))
 
