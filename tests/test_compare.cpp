@@ -3,6 +3,7 @@
 // training state measured on the tensors against what each recipe declares.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <filesystem>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -18,6 +19,39 @@ namespace {
 namespace fs = std::filesystem;
 using json = nlohmann::json;
 using testing::scratch, testing::slurp, testing::spit, testing::text_corpus, testing::tiny_run, testing::valid_png;
+
+// The window-sampling error of a paired delta, against values worked by hand: differences
+// d = (0.1, 0.2, 0.05, 0.15) over 4 batches of 2 windows: mean 0.125, squared deviations summing
+// to 0.0125, SE^2 = 4/3 * (2/8)^2 * 0.0125, t(0.975, 3) = 3.182.
+TEST(Noise, PairedDeltaOfBatchMeans) {
+  const std::vector<double> recipe = {1.0, 1.2, 1.1, 1.3}, base = {0.9, 1.0, 1.05, 1.15};
+  const compare::PairedDelta d = compare::paired_delta(recipe, base, 2, 8);
+  EXPECT_NEAR(d.delta, 0.125, 1e-12);
+  EXPECT_NEAR(d.se, std::sqrt(4.0 / 3.0 / 16.0 * 0.0125), 1e-12);
+  EXPECT_EQ(d.df, 3);
+  EXPECT_NEAR(d.half_width, 3.182 * d.se, 1e-12);
+  // A last batch of one window weighs half as much: (2 0.1 + 2 0.2 + 2 0.05 + 0.15) / 7.
+  EXPECT_NEAR(compare::paired_delta(recipe, base, 2, 7).delta, 0.85 / 7, 1e-12);
+  EXPECT_TRUE(std::isnan(compare::paired_delta(recipe, {1.0, 2.0}, 2, 8).delta));  // not the same batches
+  EXPECT_TRUE(std::isnan(compare::paired_delta({1.0}, {1.0}, 2, 2).delta));        // one batch: no spread
+  EXPECT_TRUE(std::isnan(compare::paired_delta(recipe, base, 2, 20).delta));       // 4 batches cannot hold 20 windows of 2
+}
+
+TEST(Noise, TQuantilesAreTheTablesAndVerdictsFollowTheStatedRule) {
+  EXPECT_EQ(compare::t975(1), 12.706);
+  EXPECT_EQ(compare::t975(15), 2.131);
+  EXPECT_EQ(compare::t975(30), 2.042);
+  EXPECT_EQ(compare::t975(35), 2.021);
+  EXPECT_EQ(compare::t975(1000), 1.960);
+  const auto v = [](double delta, double half) { return compare::verdict({delta, half / 2, half, 10}, 0.05); };
+  EXPECT_EQ(v(-0.03, 0.01), "better than baseline");
+  EXPECT_EQ(v(0.004, 0.01), "not distinguishable from baseline");
+  EXPECT_EQ(v(-0.004, 0.01), "not distinguishable from baseline");
+  EXPECT_EQ(v(0.03, 0.01), "within +0.05 of baseline");
+  EXPECT_EQ(v(0.05, 0.01), "inconclusive");
+  EXPECT_EQ(v(0.07, 0.01), "worse");
+  EXPECT_EQ(compare::verdict({NAN, NAN, NAN, 0}, 0.05), "no noise estimate");
+}
 
 std::vector<std::string> csv_header(const fs::path& p) {
   std::istringstream in(slurp(p));
@@ -62,19 +96,19 @@ TEST(Compare, WritesTheReportAndReportsADivergingRecipeWhileTheOthersComplete) {
                         "runs/overflow/outcome.json"})
     EXPECT_TRUE(fs::exists(out / f)) << f;
   const std::vector<std::string> cols = csv_header(out / "summary.csv");
-  for (const char* c :
-       {"recipe", "status", "val_loss", "val_delta", "val_bpb", "train_loss", "skipped_steps", "nonfinite_steps", "mean_underflow",
-        "mean_clipped", "scale_statistics_per_step", "tokens_per_s", "peak_memory_mb", "state_bytes_per_parameter"})
+  for (const char* c : {"recipe", "status", "val_loss", "val_delta", "val_delta_ci95", "verdict", "val_bpb", "train_loss", "skipped_steps",
+                        "nonfinite_steps", "mean_underflow", "mean_clipped", "scale_statistics_per_step", "tokens_per_s", "peak_memory_mb",
+                        "state_bytes_per_parameter"})
     EXPECT_NE(std::find(cols.begin(), cols.end(), c), cols.end()) << c;
   const json summary = json::parse(slurp(out / "summary.json"));
   ASSERT_EQ(summary["recipes"].size(), 3u);
   EXPECT_EQ(summary["recipes"][2]["status"], "diverged");
 
   const std::string md = slurp(out / "report.md");
-  for (const char* s :
-       {"| recipe | status |", "| overflow | diverged |", "**Parity**", "**Diverged**: overflow (skipped 12 of 12", "cpu:", "State B/param",
-        "## Numerics", "[histograms](runs/current/inspect/histograms.png)", "[scales](runs/current/inspect/scales.png)", "| fp8_amax | ",
-        "| fp8_cscale | 12 | ", "FP8-CSCALE is within 1% of f32"})
+  for (const char* s : {"| recipe | status |", "| overflow | diverged |", "- Verdicts (the 95 % interval", " ± ",
+                        "**Diverged**: overflow (skipped 12 of 12", "cpu:", "State B/param", "## Numerics",
+                        "[histograms](runs/current/inspect/histograms.png)", "[scales](runs/current/inspect/scales.png)", "| fp8_amax | ",
+                        "| fp8_cscale | 12 | ", "FP8-CSCALE is within 1% of f32"})
     EXPECT_NE(md.find(s), std::string::npos) << s;
   EXPECT_EQ(md.find("[histograms](runs/overflow/"), std::string::npos) << "a diverged recipe has no final model to inspect";
   ASSERT_EQ(rep.plot_error, "") << "gnuplot is part of scripts/setup.sh";

@@ -1,6 +1,7 @@
 // Convergence (slow; CI runs it once, natively): a GPT of over 1M parameters on the default corpus,
 // trained under every seeded recipe through `compare`, ends within +0.05 nats of its baseline's
-// validation loss: FP32 for SCALIFY, per-tensor FP8, MXFP8, blockwise, FP16 with loss scaling,
+// validation loss, and its report's verdict says so (the delta's 95 % interval below +0.05 or
+// holding 0): FP32 for SCALIFY, per-tensor FP8, MXFP8, blockwise, FP16 with loss scaling,
 // NVFP4 and MXFP4; unit-scaled FP32 for unit scaling in FP16 and FP8. NVFP4 also within 2 %
 // (relative) of FP32, the goal issue 31 set (measured -0.05 %). (The unscaled FP16/FP8 baselines
 // and the FP4 ablations are left out: they are there to show what fails.) The table is printed
@@ -42,6 +43,10 @@ TEST(Convergence, EverySeededRecipeReachesItsBaselineOnTheDefaultCorpus) {
     }
     if (o.recipe != o.baseline) {
       EXPECT_LE(o.val_delta, compare::kParityNats) << o.name << " vs " << o.baseline;
+      // The report's rule: the delta's 95 % interval (window-sampling error) lies below +0.05 or holds 0.
+      const std::vector<std::string> v = compare::verdict_names(compare::kParityNats);
+      EXPECT_TRUE(o.verdict == v[0] || o.verdict == v[1] || o.verdict == v[2])
+          << o.name << ": " << o.verdict << " (" << o.val_delta << " ± " << o.noise.half_width << ")";
     }
     if (o.recipe == "nvfp4") {
       EXPECT_LE(o.val_delta, 0.02 * (o.result.val_loss - o.val_delta)) << "NVFP4 within 2 % of FP32";

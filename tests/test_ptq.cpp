@@ -258,11 +258,11 @@ TEST(Ptq, NonFiniteTrainingCheckpointIsRefusedByName) {
 }
 
 TEST(Ptq, SweepTableSaysWhyARowHasNoLoss) {
-  const train::EvalResult f32{2.0, 2.0 / std::log(2.0), 8};
+  const train::EvalResult f32{2.0, 2.0 / std::log(2.0), 8, {}};
   const std::vector<train::PtqSweepRow> rows = {{"f32", 0, f32, 0, ""},
-                                                {"mxfp8", 0, {NAN, NAN, 0}, NAN, "a reduction dimension is not a multiple of 32"},
-                                                {"fp8_cscale", 0, {NAN, NAN, 8}, NAN, ""},
-                                                {"fp8_cscale", 1, {2.01, 2.9, 8}, 0.005, ""}};
+                                                {"mxfp8", 0, {NAN, NAN, 0, {}}, NAN, "a reduction dimension is not a multiple of 32"},
+                                                {"fp8_cscale", 0, {NAN, NAN, 8, {}}, NAN, ""},
+                                                {"fp8_cscale", 1, {2.01, 2.9, 8, {}}, 0.005, ""}};
   const std::string md = train::ptq_sweep_markdown(rows);
   EXPECT_NE(md.find("| mxfp8 |  | n/a (a reduction dimension is not a multiple of 32) | |"), std::string::npos) << md;
   EXPECT_NE(md.find("| fp8_cscale | 0 | not finite | |"), std::string::npos) << md;

@@ -98,7 +98,9 @@ json outcome_json(const RecipeOutcome& o) {
           {"mean_underflow", num(r.mean_underflow)},
           {"max_underflow", num(r.max_underflow)},
           {"mean_clipped", num(r.mean_clipped)},
-          {"state_bytes_per_parameter", num(r.state_bytes_per_parameter)}};
+          {"state_bytes_per_parameter", num(r.state_bytes_per_parameter)},
+          {"val_windows", r.val_windows},
+          {"val_batch_losses", r.val_batch_losses}};
 }
 
 // Reads JSON this module wrote (the text of `file`); anything else is an error naming the file.
@@ -140,6 +142,10 @@ RecipeOutcome outcome_from(const json& j) {
   r.max_underflow = number_or_nan(j.at("max_underflow"));
   r.mean_clipped = number_or_nan(j.at("mean_clipped"));
   r.state_bytes_per_parameter = number_or_nan(j.at("state_bytes_per_parameter"));
+  if (j.contains("val_batch_losses")) {  // absent from the outcomes of builds before the noise estimate
+    r.val_windows = j.at("val_windows");
+    for (const json& v : j.at("val_batch_losses")) r.val_batch_losses.push_back(number_or_nan(v));
+  }
   return o;
 }
 
@@ -215,13 +221,17 @@ RecipeOutcome run_recipe(const CompareConfig& config, const std::string& recipe,
   return o;
 }
 
-void set_baselines(std::vector<RecipeOutcome>& rows) {
-  std::map<std::string, double> val;
+void set_baselines(std::vector<RecipeOutcome>& rows, int64_t batch) {
+  std::map<std::string, const train::TrainResult*> ok;
   for (const RecipeOutcome& o : rows)
-    if (o.status == "ok") val[o.recipe] = o.result.val_loss;
+    if (o.status == "ok") ok[o.recipe] = &o.result;
   for (RecipeOutcome& o : rows) {
     o.baseline = o.unit_scaled ? "unit_f32" : "f32";
-    o.val_delta = val.count(o.baseline) ? o.result.val_loss - val[o.baseline] : NAN;
+    const train::TrainResult* base = ok.count(o.baseline) ? ok[o.baseline] : nullptr;
+    o.val_delta = base ? o.result.val_loss - base->val_loss : NAN;
+    o.noise =
+        base ? paired_delta(o.result.val_batch_losses, base->val_batch_losses, batch, o.result.val_windows) : PairedDelta{NAN, NAN, NAN, 0};
+    o.verdict = o.status != "ok" ? o.status : o.recipe == o.baseline ? "baseline" : !base ? "no baseline" : verdict(o.noise, kParityNats);
   }
 }
 
@@ -322,19 +332,23 @@ std::string write_plots(const fs::path& dir, const std::vector<RecipeOutcome>& r
 
 std::string markdown_table(const std::vector<RecipeOutcome>& rows, double f32_speed) {
   std::ostringstream t;
-  t << "| recipe | status | val loss | Δ vs baseline | bits/byte | train loss | skipped | underflow (mean / max) | clipped | "
-       "scale stats/step | tok/s | speed ×f32 | state B/param | peak MB |\n"
-    << "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
+  t << "| recipe | status | val loss | Δ vs baseline (95 %) | verdict | bits/byte | train loss | skipped | underflow (mean / max) | "
+       "clipped | scale stats/step | tok/s | speed ×f32 | state B/param | peak MB |\n"
+    << "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
   for (const RecipeOutcome& o : rows) {
     const train::TrainResult& r = o.result;
     const std::string status =
         o.status == "diverged" && o.diverged_step >= 0 ? "diverged at step " + std::to_string(o.diverged_step) : o.status;
     t << "| " << o.name << " | " << status << " | " << fixed(r.val_loss, 3) << " | "
-      << (o.recipe == o.baseline ? "(baseline)" : signed_fixed(o.val_delta, 3) + (o.baseline != "f32" ? " vs " + o.baseline : "")) << " | "
-      << fixed(r.val_bpb, 3) << " | " << fixed(r.train_loss, 3) << " | " << r.skipped << " | " << percent(r.mean_underflow) << " / "
-      << percent(r.max_underflow) << " | " << percent(r.mean_clipped) << " | " << fixed(r.scale_statistics_per_step, 1) << " | "
-      << fixed(r.tokens_per_s, 0) << " | " << (f32_speed > 0 ? fixed(r.tokens_per_s / f32_speed, 2) : "–") << " | "
-      << fixed(r.state_bytes_per_parameter, 2) << " | " << fixed(o.peak_memory_mb, 0) << " |\n";
+      << (o.recipe == o.baseline
+              ? "(baseline)"
+              : signed_fixed(o.val_delta, 3) + (std::isfinite(o.noise.half_width) ? " ± " + fixed(o.noise.half_width, 3) : "") +
+                    (o.baseline != "f32" ? " vs " + o.baseline : ""))
+      << " | " << (o.recipe == o.baseline ? "" : o.verdict) << " | " << fixed(r.val_bpb, 3) << " | " << fixed(r.train_loss, 3) << " | "
+      << r.skipped << " | " << percent(r.mean_underflow) << " / " << percent(r.max_underflow) << " | " << percent(r.mean_clipped) << " | "
+      << fixed(r.scale_statistics_per_step, 1) << " | " << fixed(r.tokens_per_s, 0) << " | "
+      << (f32_speed > 0 ? fixed(r.tokens_per_s / f32_speed, 2) : "–") << " | " << fixed(r.state_bytes_per_parameter, 2) << " | "
+      << fixed(o.peak_memory_mb, 0) << " |\n";
   }
   return t.str();
 }
@@ -347,22 +361,29 @@ std::string join(const std::vector<std::string>& v) {
 
 // A few sentences read off the numbers.
 std::string reading(const std::vector<RecipeOutcome>& rows, int64_t layers) {
-  std::vector<std::string> parity, short_of, diverged, skipped, failed;
+  std::map<std::string, std::vector<std::string>> by_verdict;
+  std::vector<std::string> diverged, skipped, failed;
   for (const RecipeOutcome& o : rows) {
     if (o.status == "failed") failed.push_back(o.name + " (" + o.note + ")");
     if (o.status == "diverged")
       diverged.push_back(o.name + (o.diverged_step >= 0 ? " at step " + std::to_string(o.diverged_step) : "") + " (" + o.note + ")");
     if (o.result.skipped > 0) skipped.push_back(o.name + " " + std::to_string(o.result.skipped));
-    if (o.status != "ok" || o.recipe == o.baseline || !std::isfinite(o.val_delta)) continue;
-    (o.val_delta <= kParityNats ? parity : short_of).push_back(o.name + " (" + signed_fixed(o.val_delta, 3) + ")");
+    if (o.status != "ok" || o.recipe == o.baseline) continue;
+    by_verdict[o.verdict].push_back(o.name + " (" + signed_fixed(o.val_delta, 3) +
+                                    (std::isfinite(o.noise.half_width) ? " ± " + fixed(o.noise.half_width, 3) : "") + ")");
   }
   std::ostringstream s;
   for (const RecipeOutcome& o : rows)
     if (o.recipe == o.baseline && o.status != "ok")
       s << "- **The baseline " << o.name << " " << o.status << "**: the recipes measured against it have no delta.\n";
-  s << "- **Parity** (validation loss within +" << kParityNats << " nats of the baseline): " << join(parity) << ".\n"
-    << "- **Short of parity**: " << join(short_of) << ".\n"
-    << "- **Diverged**: " << join(diverged) << ".\n";
+  // Only the verdicts speak: each delta's 95 % interval against 0 and the parity bound.
+  s << "- Verdicts (the 95 % interval of each delta from its window-sampling error, paired over the same validation batches; "
+       "the run's seed-to-seed variation is not in it):\n";
+  std::vector<std::string> verdicts = verdict_names(kParityNats);
+  verdicts.push_back("no baseline");
+  for (const std::string& v : verdicts)
+    if (by_verdict.count(v)) s << "  - **" << v << "**: " << join(by_verdict[v]) << ".\n";
+  s << "- **Diverged**: " << join(diverged) << ".\n";
   if (!failed.empty()) s << "- **Failed**: " << join(failed) << ".\n";
   s << "- **Skipped steps** (loss scaling found non-finite gradients): " << join(skipped) << ".\n";
   std::vector<std::string> stats;
@@ -397,19 +418,20 @@ void write_report(const CompareConfig& config, CompareReport& rep, const std::st
   rep.plot_error = write_plots(dir, rep.rows);
 
   std::ostringstream csv;
-  csv << "recipe,status,baseline,val_loss,val_delta,val_bpb,train_loss,steps,skipped_steps,nonfinite_steps,diverged_step,"
+  csv << "recipe,status,baseline,val_loss,val_delta,val_delta_ci95,verdict,val_bpb,train_loss,steps,skipped_steps,nonfinite_steps,diverged_"
+         "step,"
          "mean_underflow,max_underflow,mean_clipped,scale_statistics_per_step,tokens_per_s,speed_vs_f32,state_bytes_per_parameter,"
          "peak_memory_mb,seconds,quantized_layers\n";
   json rows = json::array();
   for (const RecipeOutcome& o : rep.rows) {
     const train::TrainResult& r = o.result;
     csv << csv_field(o.name) << "," << o.status << "," << o.baseline << "," << csv_number(r.val_loss, 5) << ","
-        << csv_number(o.val_delta, 5) << "," << csv_number(r.val_bpb, 5) << "," << csv_number(r.train_loss, 5) << "," << r.steps << ","
-        << r.skipped << "," << r.nonfinite_steps << "," << o.diverged_step << "," << fixed(r.mean_underflow, 6) << ","
-        << fixed(r.max_underflow, 6) << "," << fixed(r.mean_clipped, 6) << "," << csv_number(r.scale_statistics_per_step, 2) << ","
-        << csv_number(r.tokens_per_s, 0) << "," << (f32_speed > 0 ? csv_number(r.tokens_per_s / f32_speed, 3) : "") << ","
-        << csv_number(r.state_bytes_per_parameter, 3) << "," << csv_number(o.peak_memory_mb, 1) << "," << csv_number(o.seconds, 1) << ","
-        << csv_field(o.quantized) << "\n";
+        << csv_number(o.val_delta, 5) << "," << csv_number(o.noise.half_width, 5) << "," << csv_field(o.verdict) << ","
+        << csv_number(r.val_bpb, 5) << "," << csv_number(r.train_loss, 5) << "," << r.steps << "," << r.skipped << "," << r.nonfinite_steps
+        << "," << o.diverged_step << "," << fixed(r.mean_underflow, 6) << "," << fixed(r.max_underflow, 6) << ","
+        << fixed(r.mean_clipped, 6) << "," << csv_number(r.scale_statistics_per_step, 2) << "," << csv_number(r.tokens_per_s, 0) << ","
+        << (f32_speed > 0 ? csv_number(r.tokens_per_s / f32_speed, 3) : "") << "," << csv_number(r.state_bytes_per_parameter, 3) << ","
+        << csv_number(o.peak_memory_mb, 1) << "," << csv_number(o.seconds, 1) << "," << csv_field(o.quantized) << "\n";
     rows.push_back(outcome_json(o));
   }
   write_text(dir / "summary.csv", csv.str());
@@ -570,7 +592,7 @@ CompareReport compare(const CompareConfig& given, bool resume, const CompareProg
     }
     rep.rows.push_back(std::move(o));
   }
-  set_baselines(rep.rows);
+  set_baselines(rep.rows, config.base.batch);
   if (world.root()) write_report(config, rep, command);
   return rep;
 }

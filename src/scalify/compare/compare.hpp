@@ -1,7 +1,8 @@
 #pragma once
 // `scalify compare`: one model, one corpus, one seed, trained under each recipe in turn, then
 // compared with FP32 in a report folder:
-//   report.md       the table, the plots, the command, `scalify info` and a generated reading
+//   report.md       the table (each delta with its window-sampling error and a verdict), the plots,
+//                   the command, `scalify info` and a reading generated from the verdicts
 //   summary.csv     one row per recipe (summary.json: the same, plus the configuration)
 //   loss.png        training (lines) and validation (points) loss of every recipe, FP32 emphasised
 //   loss_delta.png  each recipe's validation loss minus its baseline's, over steps
@@ -12,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "scalify/compare/noise.hpp"
 #include "scalify/train/config.hpp"
 #include "scalify/train/trainer.hpp"
 
@@ -41,6 +43,8 @@ struct RecipeOutcome {
   train::TrainResult result;
   std::string baseline;  // the recipe its delta is taken against: unit_f32 for unit scaling, else f32
   double val_delta = 0;  // validation loss minus the baseline's (NaN when there is none)
+  PairedDelta noise;     // the delta's window-sampling error (compare/noise.hpp)
+  std::string verdict;   // the stated rule on the delta's 95 % interval (noise.hpp: verdict)
   double seconds = 0, peak_memory_mb = 0;
   std::string quantized;  // quant::quantized_layers
   bool unit_scaled = false;

@@ -19,7 +19,9 @@ struct TrainConfig {
   nn::GptConfig model;  // keys: vocab, seq, d_model, layers, heads, kv_heads, mlp_hidden, ... (GptConfig's fields)
   double lr = 2e-3, min_lr = 2e-4, weight_decay = 0.1, beta1 = 0.9, beta2 = 0.95, eps = 1e-8, grad_clip = 1.0;
   int64_t warmup = 30;  // linear warmup steps, then cosine decay from lr to min_lr
-  int64_t eval_every = 100, eval_windows = 64, checkpoint_every = 100, stats_every = 50;
+  // 256 evaluation windows (16 batches of the default 16): enough batches for compare's
+  // window-sampling error of a delta (compare/noise.hpp); 64 gave 4.
+  int64_t eval_every = 100, eval_windows = 256, checkpoint_every = 100, stats_every = 50;
   double val_fraction = 0.1;
 
   // Sets one key from its text form (command-line overrides); throws naming the key.

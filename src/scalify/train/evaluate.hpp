@@ -14,6 +14,7 @@ struct Session;
 struct EvalResult {
   double loss = 0, bits_per_byte = 0;
   size_t windows = 0;
+  std::vector<double> batch_losses;  // the mean loss of each batch of windows, in order (their spread: the window-sampling error)
 };
 // Validation loss of a checkpoint (a checkpoint file, a run folder, or a quantised checkpoint
 // of train/ptq.hpp) on `data` ("" = the run's).

@@ -28,7 +28,7 @@ std::pair<int, std::string> layer_and_kind(const std::string& linear) {
   throw Error("ptq: no linear-layer kind for '" + linear + "'");
 }
 
-EvalResult as_eval_result(const TokenEval& t) { return {t.loss, t.bits_per_byte, t.windows}; }
+EvalResult as_eval_result(const TokenEval& t) { return {t.loss, t.bits_per_byte, t.windows, {}}; }
 
 // FP8-AMAX's biases: each weight's from quantising it, each activation's counted per batch as
 // the evaluation quantises it, and the most frequent kept (the smallest on a tie).

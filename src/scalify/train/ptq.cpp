@@ -299,7 +299,7 @@ std::vector<PtqSweepRow> ptq_sweep(const std::map<std::string, Tensor>& f32, con
     if (std::all_of(w.begin(), w.end(), [&](const std::string& n) { return f32.at(n).size(0) % block == 0; }))
       run(label, o);
     else  // a model too narrow for the blocks: the row says so
-      rows.push_back({label, 0, {NAN, NAN, 0}, NAN, "a reduction dimension is not a multiple of " + std::to_string(block)});
+      rows.push_back({label, 0, {NAN, NAN, 0, {}}, NAN, "a reduction dimension is not a multiple of " + std::to_string(block)});
   };
   blocked("mxfp8", {PtqMethod::mx, 0});
   blocked("nvfp4", {PtqMethod::nvfp4, 0});

@@ -312,6 +312,7 @@ EvalResult eval_session(const Session& s, const Corpus& corpus, const platform::
   const size_t batches = (starts.size() + size_t(s.cfg.batch) - 1) / size_t(s.cfg.batch), ranks = size_t(world.size());
   const size_t per_rank = (batches + ranks - 1) / ranks;
   std::vector<double> mine(per_rank, 0.0), all(per_rank * ranks);
+  const auto batch_size = [&](size_t k) { return double(std::min(size_t(s.cfg.batch), starts.size() - k * size_t(s.cfg.batch))); };
   for (size_t j = 0; j < per_rank && j * ranks + size_t(world.rank()) < batches; ++j) {
     const size_t i = (j * ranks + size_t(world.rank())) * size_t(s.cfg.batch);
     const std::vector<size_t> chunk(starts.begin() + std::ptrdiff_t(i),
@@ -320,8 +321,11 @@ EvalResult eval_session(const Session& s, const Corpus& corpus, const platform::
   }
   world.allgather(mine.data(), per_rank * sizeof(double), all.data());
   double total = 0;
-  for (size_t k = 0; k < batches; ++k) total += all[(k % ranks) * per_rank + k / ranks];
   EvalResult r;
+  for (size_t k = 0; k < batches; ++k) {
+    total += all[(k % ranks) * per_rank + k / ranks];
+    r.batch_losses.push_back(all[(k % ranks) * per_rank + k / ranks] / batch_size(k));
+  }
   r.windows = starts.size();
   r.loss = total / double(starts.size());
   r.bits_per_byte = r.loss / std::log(2.0);

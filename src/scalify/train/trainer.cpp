@@ -386,6 +386,8 @@ TrainResult train(const TrainConfig& given, bool resume, const Progress& progres
       metrics << json{{"step", step}, {"val_loss", e.loss}, {"val_bpb", e.bits_per_byte}}.dump() << "\n";
       r.val_loss = e.loss;
       r.val_bpb = e.bits_per_byte;
+      r.val_batch_losses = e.batch_losses;
+      r.val_windows = int64_t(e.windows);
       evaluated = true;
       log << "step " << step + 1 << ": val_loss " << e.loss << ", " << e.bits_per_byte << " bits per byte\n";
     }
@@ -405,6 +407,8 @@ TrainResult train(const TrainConfig& given, bool resume, const Progress& progres
     const EvalResult e = eval_session(s, corpus, world);
     r.val_loss = e.loss;
     r.val_bpb = e.bits_per_byte;
+    r.val_batch_losses = e.batch_losses;
+    r.val_windows = int64_t(e.windows);
   }
   r.tokens_per_s = totals.speeds.empty() ? totals.first_speed : median(totals.speeds);  // a 1-step run: its one step
   r.scale_statistics_per_step = end > start ? totals.scale_statistics / double(end - start) : 0;

@@ -29,6 +29,8 @@ struct TrainResult {
   int64_t steps = 0, skipped = 0;
   int64_t nonfinite_steps = 0;  // steps whose loss was not finite (only possible with loss scaling: skipped)
   double train_loss = 0, val_loss = 0, val_bpb = 0, unigram_bits = 0;  // unigram_bits: per training token
+  std::vector<double> val_batch_losses;                                // the last evaluation's batch means (EvalResult::batch_losses)
+  int64_t val_windows = 0;                                             // and its number of windows
   bool tokenized = false;                                              // tokens of a pretrained model's tokenizer, not bytes
   double tokens_per_s = 0;               // median over this process's steps but its first (which warms caches), or that one alone
   double scale_statistics_per_step = 0;  // mean count of amax / RMS reductions that set a scale
