@@ -98,8 +98,17 @@ TEST(Compare, WritesTheReportAndReportsADivergingRecipeWhileTheOthersComplete) {
   const std::vector<std::string> cols = csv_header(out / "summary.csv");
   for (const char* c : {"recipe", "status", "val_loss", "val_delta", "val_delta_ci95", "verdict", "val_bpb", "train_loss", "skipped_steps",
                         "nonfinite_steps", "mean_underflow", "mean_clipped", "scale_statistics_per_step", "tokens_per_s", "peak_memory_mb",
-                        "state_bytes_per_parameter"})
+                        "state_bytes_per_parameter", "cpu_share", "step_time_spread"})
     EXPECT_NE(std::find(cols.begin(), cols.end(), c), cols.end()) << c;
+  // The timing beside the speed: each finished recipe's steps filled some share of the cores (CPU
+  // time over wall time x threads; a little above 1 when spinning threads are counted), and their
+  // wall times spread by a factor of at least 1.
+  for (const compare::RecipeOutcome& o : rep.rows)
+    if (o.status == "ok") {
+      EXPECT_GT(o.result.cpu_share, 0.05) << o.name;
+      EXPECT_LT(o.result.cpu_share, 1.5) << o.name;
+      EXPECT_GE(o.result.step_time_spread, 1.0) << o.name;
+    }
   const json summary = json::parse(slurp(out / "summary.json"));
   ASSERT_EQ(summary["recipes"].size(), 3u);
   EXPECT_EQ(summary["recipes"][2]["status"], "diverged");

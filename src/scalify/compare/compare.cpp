@@ -100,6 +100,8 @@ json outcome_json(const RecipeOutcome& o) {
           {"mean_clipped", num(r.mean_clipped)},
           {"state_bytes_per_parameter", num(r.state_bytes_per_parameter)},
           {"val_windows", r.val_windows},
+          {"cpu_share", num(r.cpu_share)},
+          {"step_time_spread", num(r.step_time_spread)},
           {"val_batch_losses", r.val_batch_losses}};
 }
 
@@ -142,6 +144,10 @@ RecipeOutcome outcome_from(const json& j) {
   r.max_underflow = number_or_nan(j.at("max_underflow"));
   r.mean_clipped = number_or_nan(j.at("mean_clipped"));
   r.state_bytes_per_parameter = number_or_nan(j.at("state_bytes_per_parameter"));
+  if (j.contains("cpu_share")) {  // absent from the outcomes of older builds
+    r.cpu_share = number_or_nan(j.at("cpu_share"));
+    r.step_time_spread = number_or_nan(j.at("step_time_spread"));
+  }
   if (j.contains("val_batch_losses")) {  // absent from the outcomes of builds before the noise estimate
     r.val_windows = j.at("val_windows");
     for (const json& v : j.at("val_batch_losses")) r.val_batch_losses.push_back(number_or_nan(v));
@@ -333,8 +339,8 @@ std::string write_plots(const fs::path& dir, const std::vector<RecipeOutcome>& r
 std::string markdown_table(const std::vector<RecipeOutcome>& rows, double f32_speed) {
   std::ostringstream t;
   t << "| recipe | status | val loss | Δ vs baseline (95 %) | verdict | bits/byte | train loss | skipped | underflow (mean / max) | "
-       "clipped | scale stats/step | tok/s | speed ×f32 | state B/param | peak MB |\n"
-    << "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
+       "clipped | scale stats/step | tok/s | speed ×f32 | CPU use | state B/param | peak MB |\n"
+    << "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
   for (const RecipeOutcome& o : rows) {
     const train::TrainResult& r = o.result;
     const std::string status =
@@ -347,8 +353,8 @@ std::string markdown_table(const std::vector<RecipeOutcome>& rows, double f32_sp
       << " | " << (o.recipe == o.baseline ? "" : o.verdict) << " | " << fixed(r.val_bpb, 3) << " | " << fixed(r.train_loss, 3) << " | "
       << r.skipped << " | " << percent(r.mean_underflow) << " / " << percent(r.max_underflow) << " | " << percent(r.mean_clipped) << " | "
       << fixed(r.scale_statistics_per_step, 1) << " | " << fixed(r.tokens_per_s, 0) << " | "
-      << (f32_speed > 0 ? fixed(r.tokens_per_s / f32_speed, 2) : "–") << " | " << fixed(r.state_bytes_per_parameter, 2) << " | "
-      << fixed(o.peak_memory_mb, 0) << " |\n";
+      << (f32_speed > 0 ? fixed(r.tokens_per_s / f32_speed, 2) : "–") << " | " << (r.cpu_share > 0 ? percent(r.cpu_share) : "–") << " | "
+      << fixed(r.state_bytes_per_parameter, 2) << " | " << fixed(o.peak_memory_mb, 0) << " |\n";
   }
   return t.str();
 }
@@ -357,6 +363,22 @@ std::string join(const std::vector<std::string>& v) {
   std::string out;
   for (const std::string& s : v) out.append(out.empty() ? "" : ", ").append(s);
   return out.empty() ? "none" : out;
+}
+
+// Speeds measured while the host was busy: the recipes whose steps filled less than 75 % of their
+// threads' cores (CPU time over wall time) or whose step times spread more than 1.5-fold (90th
+// over 10th percentile). "" when none: then the speed columns can be compared.
+std::string busy_host_warning(const std::vector<RecipeOutcome>& rows) {
+  std::vector<std::string> busy;
+  for (const RecipeOutcome& o : rows) {
+    const train::TrainResult& r = o.result;
+    if (o.status == "ok" && ((r.cpu_share > 0 && r.cpu_share < 0.75) || r.step_time_spread > 1.5))
+      busy.push_back(o.name + " (CPU use " + percent(r.cpu_share) + ", step times spread " + fixed(r.step_time_spread, 1) + "x)");
+  }
+  if (busy.empty()) return "";
+  return "**Warning: the host was busy** while these recipes trained, so their tok/s and speed ×f32 say more about the "
+         "host than the recipe: " +
+         join(busy) + ". Rerun on a quiet host (or compare CPU use) before reading the speeds.\n\n";
 }
 
 // A few sentences read off the numbers.
@@ -420,7 +442,8 @@ void write_report(const CompareConfig& config, CompareReport& rep, const std::st
   std::ostringstream csv;
   csv << "recipe,status,baseline,val_loss,val_delta,val_delta_ci95,verdict,val_bpb,train_loss,steps,skipped_steps,nonfinite_steps,diverged_"
          "step,"
-         "mean_underflow,max_underflow,mean_clipped,scale_statistics_per_step,tokens_per_s,speed_vs_f32,state_bytes_per_parameter,"
+         "mean_underflow,max_underflow,mean_clipped,scale_statistics_per_step,tokens_per_s,speed_vs_f32,cpu_share,step_time_spread,state_"
+         "bytes_per_parameter,"
          "peak_memory_mb,seconds,quantized_layers\n";
   json rows = json::array();
   for (const RecipeOutcome& o : rep.rows) {
@@ -430,8 +453,9 @@ void write_report(const CompareConfig& config, CompareReport& rep, const std::st
         << csv_number(r.val_bpb, 5) << "," << csv_number(r.train_loss, 5) << "," << r.steps << "," << r.skipped << "," << r.nonfinite_steps
         << "," << o.diverged_step << "," << fixed(r.mean_underflow, 6) << "," << fixed(r.max_underflow, 6) << ","
         << fixed(r.mean_clipped, 6) << "," << csv_number(r.scale_statistics_per_step, 2) << "," << csv_number(r.tokens_per_s, 0) << ","
-        << (f32_speed > 0 ? csv_number(r.tokens_per_s / f32_speed, 3) : "") << "," << csv_number(r.state_bytes_per_parameter, 3) << ","
-        << csv_number(o.peak_memory_mb, 1) << "," << csv_number(o.seconds, 1) << "," << csv_field(o.quantized) << "\n";
+        << (f32_speed > 0 ? csv_number(r.tokens_per_s / f32_speed, 3) : "") << "," << csv_number(r.cpu_share, 3) << ","
+        << csv_number(r.step_time_spread, 2) << "," << csv_number(r.state_bytes_per_parameter, 3) << "," << csv_number(o.peak_memory_mb, 1)
+        << "," << csv_number(o.seconds, 1) << "," << csv_field(o.quantized) << "\n";
     rows.push_back(outcome_json(o));
   }
   write_text(dir / "summary.csv", csv.str());
@@ -460,6 +484,7 @@ void write_report(const CompareConfig& config, CompareReport& rep, const std::st
      << b.stats_every
      << " steps). State B/param: master weights, gradients and AdamW moments (with scales) per parameter, "
         "measured on the tensors. Peak MB: the process's peak resident memory during the recipe.\n\n"
+     << busy_host_warning(rep.rows)
      << (rep.plot_error.empty() ? "![loss](loss.png)\n\n![validation loss minus the baseline](loss_delta.png)\n\n"
                                 : "(No plots: " + rep.plot_error + ".)\n\n")
      << "## Reading\n\n"

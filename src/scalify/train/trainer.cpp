@@ -1,5 +1,8 @@
 #include "scalify/train/trainer.hpp"
 
+#include <omp.h>
+#include <time.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -54,6 +57,13 @@ double state_bytes_per_parameter(const Session& s) {
         bytes(s.params[i].scaled()) + bytes(s.params[i].scaled_grad()) + bytes(s.opt->first_moment(i)) + bytes(s.opt->second_moment(i));
   }
   return total / count;
+}
+
+// The process's CPU time, all threads together.
+double process_cpu_seconds() {
+  timespec t{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
+  return double(t.tv_sec) + 1e-9 * double(t.tv_nsec);
 }
 
 double median(std::vector<double> v) {
@@ -244,6 +254,9 @@ struct RunTotals {
   double scale_statistics = 0, underflow = 0, clipped = 0;
   int64_t operand_stats = 0;
   std::vector<double> speeds;  // tokens/s of every step but the process's first (the only one of a 1-step run: kept apart)
+  // Of the same steps: wall seconds, and CPU seconds over (wall seconds x threads), the share of
+  // the cores the step got (a busy host lowers it and spreads the wall times).
+  std::vector<double> wall_seconds, cpu_shares;
   double first_speed = 0;
   double comm_bytes = 0, comm_seconds = 0, step_seconds = 0;  // the gradient all-reduce's, summed over steps
 };
@@ -334,6 +347,7 @@ TrainResult train(const TrainConfig& given, bool resume, const Progress& progres
   bool evaluated = false;
   for (int64_t step = start; step < end; ++step) {
     const auto t0 = clock::now();
+    const double cpu0 = process_cpu_seconds();
     const double lr = learning_rate(cfg, step);
     const int64_t statistics_before = scale_statistics();
     s.opt->set_lr(lr);
@@ -362,10 +376,13 @@ TrainResult train(const TrainConfig& given, bool resume, const Progress& progres
     const int64_t statistics = scale_statistics() - statistics_before;
     totals.scale_statistics += double(statistics);
     totals.step_seconds += secs;
-    if (step > start)  // the first step warms caches and thread pools
+    if (step > start) {  // the first step warms caches and thread pools
       totals.speeds.push_back(tps);
-    else
+      totals.wall_seconds.push_back(secs);
+      totals.cpu_shares.push_back((process_cpu_seconds() - cpu0) / std::max(secs, 1e-9) / double(omp_get_max_threads()));
+    } else {
       totals.first_speed = tps;
+    }
     json line = {{"step", step},
                  {"loss", o.loss},
                  {"lr", lr},
@@ -411,6 +428,12 @@ TrainResult train(const TrainConfig& given, bool resume, const Progress& progres
     r.val_windows = int64_t(e.windows);
   }
   r.tokens_per_s = totals.speeds.empty() ? totals.first_speed : median(totals.speeds);  // a 1-step run: its one step
+  if (!totals.cpu_shares.empty()) r.cpu_share = median(totals.cpu_shares);
+  if (totals.wall_seconds.size() >= 5) {
+    std::vector<double> w = totals.wall_seconds;
+    std::sort(w.begin(), w.end());
+    r.step_time_spread = w[w.size() * 9 / 10] / std::max(w[w.size() / 10], 1e-9);
+  }
   r.scale_statistics_per_step = end > start ? totals.scale_statistics / double(end - start) : 0;
   r.mean_underflow = totals.operand_stats ? totals.underflow / double(totals.operand_stats) : 0;
   r.mean_clipped = totals.operand_stats ? totals.clipped / double(totals.operand_stats) : 0;

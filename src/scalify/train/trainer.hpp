@@ -31,7 +31,11 @@ struct TrainResult {
   double train_loss = 0, val_loss = 0, val_bpb = 0, unigram_bits = 0;  // unigram_bits: per training token
   std::vector<double> val_batch_losses;                                // the last evaluation's batch means (EvalResult::batch_losses)
   int64_t val_windows = 0;                                             // and its number of windows
-  bool tokenized = false;                                              // tokens of a pretrained model's tokenizer, not bytes
+  // Timing (steps after the first): the median share of the cores a step's CPU time filled (CPU
+  // seconds / (wall seconds x threads)), and the spread of the steps' wall times (90th over 10th
+  // percentile; 0 with fewer than 5 steps). A busy host lowers the first and widens the second.
+  double cpu_share = 0, step_time_spread = 0;
+  bool tokenized = false;                // tokens of a pretrained model's tokenizer, not bytes
   double tokens_per_s = 0;               // median over this process's steps but its first (which warms caches), or that one alone
   double scale_statistics_per_step = 0;  // mean count of amax / RMS reductions that set a scale
   double mean_underflow = 0, max_underflow = 0, mean_clipped = 0;  // over every quantised operand's statistics
