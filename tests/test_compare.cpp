@@ -43,14 +43,67 @@ TEST(Noise, TQuantilesAreTheTablesAndVerdictsFollowTheStatedRule) {
   EXPECT_EQ(compare::t975(30), 2.042);
   EXPECT_EQ(compare::t975(35), 2.021);
   EXPECT_EQ(compare::t975(1000), 1.960);
-  const auto v = [](double delta, double half) { return compare::verdict({delta, half / 2, half, 10}, 0.05); };
+  const auto v = [](double delta, double half) { return compare::verdict(delta, half, 0.05); };
   EXPECT_EQ(v(-0.03, 0.01), "better than baseline");
   EXPECT_EQ(v(0.004, 0.01), "not distinguishable from baseline");
   EXPECT_EQ(v(-0.004, 0.01), "not distinguishable from baseline");
   EXPECT_EQ(v(0.03, 0.01), "within +0.05 of baseline");
   EXPECT_EQ(v(0.05, 0.01), "inconclusive");
   EXPECT_EQ(v(0.07, 0.01), "worse");
-  EXPECT_EQ(compare::verdict({NAN, NAN, NAN, 0}, 0.05), "no noise estimate");
+  EXPECT_EQ(compare::verdict(NAN, NAN, 0.05), "no noise estimate");
+}
+
+// Over seeds, worked by hand: three seeds whose batch differences are constant within each seed
+// (0.01, 0.02, 0.06: no window-sampling spread in any seed alone), so the seeds' spread is
+// t(0.975, 2) sd / sqrt(3) with sd = sqrt(((0.01-0.03)^2 + (0.02-0.03)^2 + (0.06-0.03)^2) / 2),
+// and the window error of the seed-averaged batch means is 0. One seed: only the window error.
+TEST(Noise, DeltaOverSeedsAddsTheSeedsSpreadToTheWindowError) {
+  const std::vector<double> base = {1.0, 1.1, 1.2, 1.3};
+  auto shifted = [&](double d) {
+    std::vector<double> r = base;
+    for (double& x : r) x += d;
+    return r;
+  };
+  const compare::DeltaInterval d = compare::delta_over_seeds({shifted(0.01), shifted(0.02), shifted(0.06)}, {base, base, base}, 2, 8);
+  const double sd = std::sqrt((0.0004 + 0.0001 + 0.0009) / 2);
+  EXPECT_NEAR(d.delta, 0.03, 1e-12);
+  EXPECT_EQ(d.seeds, 3);
+  EXPECT_NEAR(d.seed_half_width, 4.303 * sd / std::sqrt(3.0), 1e-12);
+  EXPECT_NEAR(d.window_half_width, 0.0, 1e-12);
+  EXPECT_NEAR(d.half_width, d.seed_half_width, 1e-12);
+  // One seed: the paired window-sampling interval of PairedDeltaOfBatchMeans, nothing added.
+  const std::vector<double> recipe = {1.0, 1.2, 1.1, 1.3}, b = {0.9, 1.0, 1.05, 1.15};
+  const compare::DeltaInterval one = compare::delta_over_seeds({recipe}, {b}, 2, 8);
+  EXPECT_EQ(one.half_width, compare::paired_delta(recipe, b, 2, 8).half_width);
+  EXPECT_EQ(one.seed_half_width, 0.0);
+  // Window error and seed spread together: in quadrature.
+  const compare::DeltaInterval both = compare::delta_over_seeds({recipe, shifted(0.3)}, {b, base}, 2, 8);
+  EXPECT_NEAR(both.half_width, std::hypot(both.window_half_width, both.seed_half_width), 1e-15);
+  EXPECT_GT(both.window_half_width, 0.0);
+  EXPECT_TRUE(std::isnan(compare::delta_over_seeds({recipe}, {}, 2, 8).delta));
+  EXPECT_TRUE(std::isnan(compare::delta_over_seeds({}, {}, 2, 8).delta));
+  EXPECT_TRUE(std::isnan(compare::delta_over_seeds({recipe, {1.0}}, {b, {1.0}}, 2, 8).delta)) << "a seed without batches";
+}
+
+TEST(Compare, SeedListsAreCountsOrListsAndBadOnesAreErrors) {
+  EXPECT_EQ(compare::seed_list("3", 5), (std::vector<uint64_t>{5, 6, 7}));
+  EXPECT_EQ(compare::seed_list("1", 5), (std::vector<uint64_t>{5}));
+  EXPECT_EQ(compare::seed_list("1,9,4", 5), (std::vector<uint64_t>{1, 9, 4}));
+  for (const char* bad : {"0", "101", "x", "", "1,1", "1,,2", "-1", "2,x", "1.5"}) EXPECT_THROW(compare::seed_list(bad, 1), Error) << bad;
+  EXPECT_EQ(compare::default_eval_every(300), 30);
+  EXPECT_EQ(compare::default_eval_every(5), 1);
+  EXPECT_EQ(compare::default_eval_every(201), 21);
+}
+
+// A comparison of `recipes` under `base` into `out`, without the interleaved speed timing (the
+// tests that look at it set its rounds).
+compare::CompareConfig comparison(const train::TrainConfig& base, const std::vector<std::string>& recipes, const fs::path& out) {
+  compare::CompareConfig c;
+  c.base = base;
+  c.recipes = recipes;
+  c.out = out.string();
+  c.speed.rounds = 0;
+  return c;
 }
 
 std::vector<std::string> csv_header(const fs::path& p) {
@@ -72,7 +125,7 @@ compare::CompareConfig overflowing_comparison(const fs::path& out) {
   r.loss_scaling.scale = 1e38;
   const fs::path recipe = out.parent_path() / "overflow.json";
   spit(recipe, r.to_json());
-  compare::CompareConfig c{tiny_run(text_corpus(), "", "f32"), {"current", recipe.string()}, out.string()};
+  compare::CompareConfig c = comparison(tiny_run(text_corpus(), "", "f32"), {"current", recipe.string()}, out);
   c.base.steps = 12;
   return c;
 }
@@ -80,8 +133,10 @@ compare::CompareConfig overflowing_comparison(const fs::path& out) {
 TEST(Compare, WritesTheReportAndReportsADivergingRecipeWhileTheOthersComplete) {
   const fs::path out = scratch("compare");
   std::vector<std::string> progress;
-  const compare::CompareReport rep =
-      compare::compare(overflowing_comparison(out), false, [&](const std::string& l) { progress.push_back(l); });
+  compare::CompareConfig config = overflowing_comparison(out);
+  config.speed.rounds = 2;  // the interleaved timing after training, kept short
+  config.speed.min_seconds = 0;
+  const compare::CompareReport rep = compare::compare(config, false, [&](const std::string& l) { progress.push_back(l); });
   ASSERT_EQ(rep.rows.size(), 3u);
   EXPECT_EQ(rep.rows[0].recipe, "f32");  // the baseline, added first
   EXPECT_EQ(rep.rows[0].status, "ok");
@@ -96,9 +151,10 @@ TEST(Compare, WritesTheReportAndReportsADivergingRecipeWhileTheOthersComplete) {
                         "runs/overflow/outcome.json"})
     EXPECT_TRUE(fs::exists(out / f)) << f;
   const std::vector<std::string> cols = csv_header(out / "summary.csv");
-  for (const char* c : {"recipe", "status", "val_loss", "val_delta", "val_delta_ci95", "verdict", "val_bpb", "train_loss", "skipped_steps",
-                        "nonfinite_steps", "mean_underflow", "mean_clipped", "scale_statistics_per_step", "tokens_per_s", "peak_memory_mb",
-                        "state_bytes_per_parameter", "cpu_share", "step_time_spread"})
+  for (const char* c : {"recipe", "status", "seeds", "val_loss", "val_delta", "val_delta_ci95", "window_ci95", "seed_ci95", "verdict",
+                        "val_bpb", "train_loss", "skipped_steps", "nonfinite_steps", "mean_underflow", "mean_clipped",
+                        "scale_statistics_per_step", "tokens_per_s", "speed_vs_f32", "speed_vs_f32_low", "speed_vs_f32_high",
+                        "peak_memory_mb", "state_bytes_per_parameter", "cpu_share", "step_time_spread"})
     EXPECT_NE(std::find(cols.begin(), cols.end(), c), cols.end()) << c;
   // The timing beside the speed: each finished recipe's steps filled some share of the cores (CPU
   // time over wall time x threads; a little above 1 when spinning threads are counted), and their
@@ -126,31 +182,108 @@ TEST(Compare, WritesTheReportAndReportsADivergingRecipeWhileTheOthersComplete) {
     uint32_t w = 0, h = 0;
     EXPECT_TRUE(valid_png(out / png, &w, &h)) << png;
   }
-  for (const char* png : {"loss.png", "loss_delta.png"}) {
+  for (const char* png : {"delta.png", "loss.png", "loss_delta.png"}) {
     uint32_t w = 0, h = 0;
     EXPECT_TRUE(valid_png(out / png, &w, &h)) << png;
-    EXPECT_EQ(w, 1280u) << png;
-    EXPECT_EQ(h, 720u) << png;
+    EXPECT_EQ(w, 1400u) << png;
   }
+  // delta.png first (its height: a line per recipe with a delta: current), then the curves.
+  EXPECT_LT(md.find("![validation loss minus the baseline, with its interval](delta.png)"), md.find("| recipe | status |"));
+  EXPECT_NE(md.find("![validation loss minus the baseline over training](loss_delta.png)"), std::string::npos);
+  // Each evaluation's delta with its interval: step, mean, low, high, low <= mean <= high, the
+  // interval wider than nothing (the window-sampling error of real batches).
+  std::istringstream steps(slurp(out / "delta_steps.dat"));
+  int points = 0;
+  for (std::string line; std::getline(steps, line);) {
+    if (line.empty()) continue;
+    double step = 0, mean = 0, low = 0, high = 0;
+    ASSERT_EQ(std::sscanf(line.c_str(), "%lf %lf %lf %lf", &step, &mean, &low, &high), 4) << line;
+    EXPECT_LT(low, mean) << line;
+    EXPECT_LT(mean, high) << line;
+    ++points;
+  }
+  EXPECT_GE(points, 2) << "an evaluation every eval_every steps, and the last";
   ASSERT_FALSE(progress.empty());
-  EXPECT_NE(progress.back().find("[3/3] overflow"), std::string::npos) << progress.back();
-  EXPECT_NE(progress.back().find("eta"), std::string::npos);
+  const auto last_step = std::find_if(progress.rbegin(), progress.rend(), [](const std::string& l) { return !l.starts_with("speed"); });
+  ASSERT_NE(last_step, progress.rend());
+  EXPECT_NE(last_step->find("[3/3] overflow"), std::string::npos) << *last_step;
+  EXPECT_NE(last_step->find("eta"), std::string::npos);
+  // Speeds timed interleaved: 2 rounds over the recipes that trained (not the diverged one); f32
+  // against itself is 1 in every round; a recipe's median ratio lies within its rounds' range.
+  EXPECT_NE(std::find(progress.begin(), progress.end(), "speed, round 2/2 [2/2] f32"), progress.end()) << "round 2 runs in reverse";
+  EXPECT_EQ(rep.speed.rounds, 2);
+  EXPECT_EQ(rep.rows[0].speed.vs_f32, 1.0);
+  EXPECT_EQ(rep.rows[0].speed.vs_f32_low, 1.0);
+  const compare::RecipeSpeed& current = rep.rows[1].speed;
+  EXPECT_GT(current.tokens_per_s, 0);
+  EXPECT_LE(current.vs_f32_low, current.vs_f32);
+  EXPECT_LE(current.vs_f32, current.vs_f32_high);
+  EXPECT_GT(current.cpu_share, 0.05);
+  EXPECT_EQ(rep.rows[2].speed.tokens_per_s, 0) << "a diverged recipe is not timed";
+  EXPECT_NE(md.find("timed after training, interleaved in one process (2 rounds"), std::string::npos);
+}
+
+// --seeds: every recipe under each seed, in a run folder of its own. A run under seed 2 is the run
+// a one-seed comparison under seed 2 makes, bit for bit; a row's delta is the mean of the seeds'
+// paired deltas (read back from the runs' outcome files), and its interval holds their spread.
+TEST(Compare, SeveralSeedsGiveEachRecipeARunPerSeedAndAnIntervalOverThem) {
+  train::TrainConfig base = tiny_run(text_corpus(), "", "f32");
+  base.steps = 6;
+  const fs::path out = scratch("compare_seeds");
+  compare::CompareConfig c = comparison(base, {"current"}, out);
+  c.seeds = {1, 2, 3};
+  const compare::CompareReport rep = compare::compare(c, false);
+  ASSERT_EQ(rep.runs.size(), 6u);
+  ASSERT_EQ(rep.rows.size(), 2u);
+  EXPECT_EQ(rep.rows[1].seeds, (std::vector<uint64_t>{1, 2, 3}));
+  std::vector<double> deltas;
+  for (int seed : {1, 2, 3}) {
+    const std::string s = std::to_string(seed);
+    const json mine = json::parse(slurp(out / ("runs/current_seed" + s) / "outcome.json"));
+    const json f32 = json::parse(slurp(out / ("runs/f32_seed" + s) / "outcome.json"));
+    deltas.push_back(mine["val_loss"].get<double>() - f32["val_loss"].get<double>());
+  }
+  const double mean = (deltas[0] + deltas[1] + deltas[2]) / 3;
+  double ss = 0;
+  for (double d : deltas) ss += (d - mean) * (d - mean);
+  const compare::RecipeOutcome& row = rep.rows[1];
+  EXPECT_NEAR(row.val_delta, mean, 1e-12);
+  EXPECT_NE(deltas[0], deltas[1]) << "the seeds trained alike";
+  EXPECT_NEAR(row.noise.seed_half_width, 4.303 * std::sqrt(ss / 2 / 3), 1e-12);
+  EXPECT_GT(row.noise.window_half_width, 0);
+  EXPECT_NEAR(row.noise.half_width, std::hypot(row.noise.seed_half_width, row.noise.window_half_width), 1e-15);
+  EXPECT_EQ(row.verdict, compare::verdict(row.val_delta, row.noise.half_width, compare::kParityNats));
+
+  train::TrainConfig seed2 = base;
+  seed2.seed = 2;
+  const compare::CompareReport one = compare::compare(comparison(seed2, {"current"}, scratch("compare_seed2")), false);
+  EXPECT_EQ(one.rows[1].result.val_loss, rep.runs[3].result.val_loss) << rep.runs[3].run;
+  EXPECT_EQ(rep.runs[3].run, "current_seed2");
+  EXPECT_EQ(one.rows[1].run, "current");
+
+  const std::string md = slurp(out / "report.md");
+  for (const char* text : {"under each of 3 seeds", "seeds 1, 2, 3", "mean over 3 seeds", "`<recipe>_seed<N>`"})
+    EXPECT_NE(md.find(text), std::string::npos) << text;
+  const json summary = json::parse(slurp(out / "summary.json"));
+  EXPECT_EQ(summary["runs"].size(), 6u);
+  EXPECT_EQ(summary["seeds"], json({1, 2, 3}));
+  EXPECT_EQ(compare::comparison_config(out.string()).seeds, (std::vector<uint64_t>{1, 2, 3}));
 }
 
 TEST(Compare, ResumeRerunsOnlyTheUnfinishedRecipes) {
   const train::TrainConfig base = tiny_run(text_corpus(), "", "f32");
   const fs::path whole = scratch("compare_whole"), cut = scratch("compare_cut");
-  const compare::CompareReport reference = compare::compare({base, {"f32", "current"}, whole.string()}, false);
+  const compare::CompareReport reference = compare::compare(comparison(base, {"f32", "current"}, whole), false);
   // The same comparison, stopped during the second recipe (after its checkpoint at step 3).
   struct Stop {};
-  EXPECT_THROW(compare::compare({base, {"f32", "current"}, cut.string()}, false,
+  EXPECT_THROW(compare::compare(comparison(base, {"f32", "current"}, cut), false,
                                 [](const std::string& line) {
                                   if (line.find("[2/2] current  step 5/") != std::string::npos) throw Stop{};
                                 }),
                Stop);
   EXPECT_FALSE(fs::exists(cut / "runs/current/outcome.json"));
   // Without --resume the folder is refused; with it, f32 is read back and current resumes.
-  EXPECT_THROW(compare::compare({base, {"f32", "current"}, cut.string()}, false), Error);
+  EXPECT_THROW(compare::compare(comparison(base, {"f32", "current"}, cut), false), Error);
   const auto f32_written = fs::last_write_time(cut / "runs/f32/metrics.jsonl");
   std::string first_line;
   const compare::CompareReport resumed = compare::compare(compare::comparison_config(cut.string()), true, [&](const std::string& line) {
@@ -169,7 +302,7 @@ TEST(Compare, ResumeRerunsOnlyTheUnfinishedRecipes) {
 TEST(Compare, CorruptStateAndForeignFoldersAreClearErrors) {
   const train::TrainConfig base = tiny_run(text_corpus(), "", "f32");
   const fs::path out = scratch("compare_corrupt");
-  compare::CompareConfig c{base, {"f32"}, out.string()};
+  compare::CompareConfig c = comparison(base, {"f32"}, out);
   c.base.steps = 2;
   compare::compare(c, false);
   spit(out / "runs/f32/outcome.json", "{\"recipe\": 3}");
@@ -185,7 +318,7 @@ TEST(Compare, CorruptStateAndForeignFoldersAreClearErrors) {
   const fs::path foreign = scratch("compare_foreign");
   fs::create_directories(foreign / "runs/f32");
   spit(foreign / "runs/f32/mine.txt", "keep");
-  EXPECT_THROW(compare::compare({base, {"f32"}, foreign.string()}, false), Error);
+  EXPECT_THROW(compare::compare(comparison(base, {"f32"}, foreign), false), Error);
   EXPECT_EQ(slurp(foreign / "runs/f32/mine.txt"), "keep");
 }
 
@@ -210,7 +343,7 @@ TEST(Compare, ARecipeJsonFileRunsUnderItsStem) {
   quant::Recipe r = quant::preset("current");
   r.name = "my_current";
   spit(dir / "my_current.json", r.to_json());
-  compare::CompareConfig c{tiny_run(text_corpus(), "", "f32"), {(dir / "my_current.json").string()}, (dir / "out").string()};
+  compare::CompareConfig c = comparison(tiny_run(text_corpus(), "", "f32"), {(dir / "my_current.json").string()}, dir / "out");
   c.base.steps = 3;
   const compare::CompareReport rep = compare::compare(c, false);
   ASSERT_EQ(rep.rows.size(), 2u);

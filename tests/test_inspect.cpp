@@ -13,6 +13,7 @@
 #include "expect_error.hpp"
 #include "scalify/inspect/histogram.hpp"
 #include "scalify/inspect/inspect.hpp"
+#include "scalify/inspect/report_section.hpp"
 #include "scalify/inspect/scale_history.hpp"
 #include "scalify/io/safetensors.hpp"
 #include "scalify/train/trainer.hpp"
@@ -230,6 +231,13 @@ TEST(ScaleHistory, ReadsEveryQuantisedTensorsBiasOverSteps) {
   EXPECT_EQ(by_role["weight"]->points[1].bias, 6.0);
   EXPECT_EQ(by_role["weight"]->points[0].underflow, 0.01);
   EXPECT_EQ(by_role["activation"]->points[0].clipped, 0.02);
+  EXPECT_TRUE(std::isnan(by_role["weight"]->points[0].underflow_energy)) << "older runs have no energy counter";
+  spit(dir / "metrics.jsonl",
+       "{\"step\":1,\"quant\":{\"h0.mlp.fc.gradient\":{\"scale\":1,\"underflow\":0.5,\"underflow_energy\":0.001,\"clipped\":0}}}\n");
+  EXPECT_EQ(inspect::read_scale_history(dir.string())[0].points[0].underflow_energy, 0.001);
+  spit(dir / "metrics.jsonl",
+       "{\"step\":1,\"quant\":{\"h0.mlp.fc.gradient\":{\"scale\":1,\"underflow\":0.5,\"underflow_energy\":2,\"clipped\":0}}}\n");
+  EXPECT_ERROR(inspect::read_scale_history(dir.string()), "underflow energy outside [0, 1]");
   spit(dir / "metrics.jsonl", "{\"step\":0}\n{broken\n");
   EXPECT_ERROR(inspect::read_scale_history(dir.string()), "line 2");
   spit(dir / "metrics.jsonl", "{\"step\":1,\"quant\":{\"h0.mlp.fc.weight\":{\"scale\":0,\"underflow\":0,\"clipped\":0}}}\n");
@@ -241,6 +249,31 @@ TEST(ScaleHistory, ReadsEveryQuantisedTensorsBiasOverSteps) {
   spit(dir / "metrics.jsonl", "{\"step\":1,\"quant\":5}\n");
   EXPECT_ERROR(inspect::read_scale_history(dir.string()), "'quant' is not an object");
   EXPECT_ERROR(inspect::read_scale_history((dir / "missing").string()), "metrics.jsonl");
+}
+
+// The report's reading of the counters: the operand losing the most (by its mean over the run),
+// the share of its squared norm, how many operands lose more than 10 % by role, and which
+// conclusion the energy share supports; nothing when no operand loses 5 % on average.
+TEST(ScaleHistory, UnderflowReadingNamesTheWorstOperandAndWhatItsValuesCarried) {
+  using inspect::ScaleSeries;
+  const std::vector<ScaleSeries> series = {
+      {"h0.attn.qkv", "weight", {{10, 4, 0.01, 0, 0.0}, {20, 4, 0.03, 0, 0.0}}},
+      {"h1.mlp.fc", "gradient", {{10, 4, 0.40, 0, 0.002}, {20, 4, 0.80, 0, 0.004}}},
+      {"h1.mlp.out", "gradient", {{10, 4, 0.20, 0, 0.001}, {20, 4, 0.10, 0, 0.001}}},
+  };
+  const std::string text = inspect::underflow_reading("fp8_cscale", series, "within +0.05 of baseline");
+  for (const char* s : {"**fp8_cscale**: h1.mlp.fc's output gradient loses the most: 60.00% of its non-zero values", "(at most 80.00%)",
+                        "carried 0.30% of its squared norm", "2 of 3 quantised operands lose more than 10 % on average (gradient 2)",
+                        "carried almost none of its magnitude", "its input and weight gradients",
+                        "(verdict on the loss: within +0.05 of baseline)"})
+    EXPECT_NE(text.find(s), std::string::npos) << s << "\n" << text;
+  std::vector<ScaleSeries> heavy = series;
+  heavy[1].points = {{10, 4, 0.6, 0, 0.2}};
+  EXPECT_NE(inspect::underflow_reading("x", heavy, "").find("carried a real share"), std::string::npos);
+  std::vector<ScaleSeries> old = series;
+  old[1].points = {{10, 4, 0.6, 0, NAN}};
+  EXPECT_NE(inspect::underflow_reading("x", old, "").find("predates the squared-norm counter"), std::string::npos);
+  EXPECT_EQ(inspect::underflow_reading("x", {series[0]}, ""), "") << "2 % on average: nothing to explain";
 }
 
 TEST(ScaleHistory, ARunsQuantisersAreDrawnPerLayerAndRole) {

@@ -55,6 +55,28 @@ TEST(Quantizer, StatisticsSwitchLeavesCodesAndScalesAlone) {
   EXPECT_EQ(b.last().underflow, a.last().underflow);
 }
 
+// The flushed values' share of the squared norm, worked by hand: at scale 448/4, e4m3's smallest
+// subnormal 2^-9 halves to an underflow limit of 2^-10 * 4/448 = 8.7e-6, so 1e-6 and 5e-6 flush and
+// 2e-5 survives: (1e-12 + 25e-12) / (16 + 1 + 1e-12 + 25e-12 + 4e-10). Block quantisation counts the same way.
+TEST(Quantizer, UnderflowEnergyIsTheFlushedValuesShareOfTheSquaredNorm) {
+  Quantizer q(cfg(Scaling::current));
+  q.quantize(vec({4.0f, 1e-6f, -1.0f, 5e-6f, 2e-5f, 0.0f}));
+  const double e = double(1e-6f) * double(1e-6f) + double(5e-6f) * double(5e-6f);
+  const double all = 16.0 + 1.0 + e + double(2e-5f) * double(2e-5f);
+  EXPECT_NEAR(q.last().underflow, 2.0 / 5.0, 1e-15);
+  EXPECT_NEAR(q.last().underflow_energy, e / all, 1e-6 * e / all);
+  QuantizerConfig mx = cfg(Scaling::mx);
+  Quantizer b(mx);
+  std::vector<float> row(32, 0.0f);
+  row[0] = 4.0f;    // the block's amax: scale 2^(2-8) = 2^-6, smallest subnormal 2^-15
+  row[1] = 1e-6f;   // below 2^-16: flushed
+  row[2] = 0.25f;   // kept
+  b.quantize(Tensor::from_vector(row, {1, 32}));
+  EXPECT_NEAR(b.last().underflow, 1.0 / 3.0, 1e-15);
+  const double e1 = double(1e-6f) * double(1e-6f);
+  EXPECT_NEAR(b.last().underflow_energy, e1 / (16.0 + 0.0625 + e1), 1e-6 * e1 / 16);
+}
+
 // The quantiser encodes in chunks (f16 data decoded a chunk at a time, statistics counted per
 // chunk, in parallel): codes, amax and statistics must equal one whole-tensor quantize_amax of the
 // same values, for f32 and f16 inputs, nearest and stochastic rounding (each chunk draws its bits

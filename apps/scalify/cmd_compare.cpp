@@ -1,4 +1,5 @@
-// `scalify compare`: every recipe on one model, one corpus, one seed, side by side (compare/compare.hpp).
+// `scalify compare`: every recipe on one model, one corpus, one or more seeds, side by side (compare/compare.hpp).
+#include <algorithm>
 #include <cstdio>
 #include <memory>
 #include <string>
@@ -14,7 +15,8 @@ namespace scalify::cli {
 void add_compare_command(CLI::App& app, const std::string& command_line) {
   struct Opts {
     ConfigOptions config;
-    std::string recipes = "seeds", out, resume;
+    std::string recipes = "seeds", out, resume, seeds;
+    int speed_rounds = compare::SpeedConfig{}.rounds;
   };
   auto o = std::make_shared<Opts>();
   std::string lists;
@@ -26,6 +28,13 @@ void add_compare_command(CLI::App& app, const std::string& command_line) {
                     "f32 (and unit_f32 for unit scaling) is added as the baseline when missing");
   o->config.add_to(c);
   c->add_option("--out", o->out, "report folder (default runs/compare)");
+  c->add_option("--seeds", o->seeds,
+                "train every recipe under several seeds (model initialisation and batch order): a count N (seeds from the config's "
+                "seed on) or a list such as 1,5,9; each delta's interval then holds the seeds' spread (default: one seed)");
+  c->add_option("--speed-rounds", o->speed_rounds,
+                "rounds of interleaved speed timing after training (each recipe's steps timed in turn; 0: the training runs' "
+                "own speeds)")
+      ->transform(non_negative_integer());
   c->add_option("--resume", o->resume, "continue the comparison in this folder (finished recipes are not rerun)");
   c->callback([o, c, command_line] {
     compare::CompareConfig cc;
@@ -33,12 +42,20 @@ void add_compare_command(CLI::App& app, const std::string& command_line) {
     platform::every_rank_agrees(platform::world(), [&] {  // each rank reads the same arguments and files
       if (resume) {
         if (o->resume.empty()) throw Error("compare: --resume needs a comparison folder");
-        for (const char* opt : {"--recipes", "--config", "--data", "--steps", "--set", "--out"})
+        for (const char* opt : {"--recipes", "--config", "--data", "--steps", "--set", "--out", "--seeds", "--speed-rounds"})
           if (c->count(opt) > 0) throw Error(std::string("compare: --resume continues the comparison as it was started; drop ") + opt);
         cc = compare::comparison_config(o->resume);
       } else {
         o->config.apply(cc.base);
+        // Enough evaluations for curves, unless a config file or --set chose eval_every.
+        const bool eval_every_given =
+            !o->config.config.empty() ||
+            std::any_of(o->config.set.begin(), o->config.set.end(), [](const std::string& kv) { return kv.starts_with("eval_every="); });
+        if (!eval_every_given) cc.base.eval_every = compare::default_eval_every(cc.base.steps);
         cc.recipes = compare::recipe_list(o->recipes);
+        if (c->count("--seeds") > 0) cc.seeds = compare::seed_list(o->seeds, cc.base.seed);
+        if (o->speed_rounds > 100) throw Error("compare: --speed-rounds must be 0 to 100");
+        cc.speed.rounds = o->speed_rounds;
         if (!o->out.empty()) cc.out = o->out;
       }
     });

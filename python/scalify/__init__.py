@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 from . import _scalify
 from ._scalify import unit  # noqa: F401  (unit scaling's ops: scalify.unit.matmul, ...)
@@ -164,19 +164,37 @@ def train(out: str, *, recipe="f32", steps: Optional[int] = None, data: Optional
 
 
 def compare(out: str, *, recipes: str = "seeds", steps: Optional[int] = None, data: Optional[str] = None,
-            resume: bool = False, progress: Optional[Callable[[str], None]] = None, **settings):
-    """Runs ``scalify compare``: the same model, data and seed under each recipe, into ``out``
-    (report.md, summary.csv, plots, a run folder per recipe). recipes: a named list (seeds, fp8,
-    fp16, fp4, scalify, unit, per_tensor) or comma-separated presets / recipe JSON files.
-    Returns one row per recipe (val_loss, val_delta against its baseline, status, tokens_per_s,
-    ...): a pandas DataFrame when pandas is installed, else a list of dicts."""
+            seeds: Union[int, Sequence[int], None] = None, speed_rounds: int = 3, resume: bool = False,
+            progress: Optional[Callable[[str], None]] = None, **settings):
+    """Runs ``scalify compare``: the same model and data under each recipe, into ``out``
+    (report.md, summary.csv, plots, a run folder per recipe and seed). recipes: a named list
+    (seeds, fp8, fp16, fp4, scalify, unit, per_tensor) or comma-separated presets / recipe JSON
+    files. seeds: a count (seeds from the config's ``seed`` on) or a list of seeds: every recipe
+    trains under each, and each delta's interval holds the seeds' spread. speed_rounds: rounds of
+    interleaved speed timing after training (0: the training runs' own speeds). resume=True
+    continues the comparison in ``out`` as it was started (the other arguments are not used).
+    Returns one row per recipe (val_loss, val_delta against its baseline with val_delta_ci95 and
+    verdict, status, tokens_per_s, speed_vs_f32, ...): a pandas DataFrame when pandas is
+    installed, else a list of dicts."""
     merged = {}
     if steps is not None:
         merged["steps"] = steps
     if data is not None:
         merged["data"] = data
     merged.update(settings)
-    rows = _scalify.compare({k: _setting_text(v) for k, v in merged.items()}, recipes, out, resume, progress)
+    if seeds is None:
+        seed_spec = ""
+    elif isinstance(seeds, bool) or not isinstance(seeds, (int, list, tuple, range)):
+        raise TypeError(f"compare: seeds must be a count or a list of seeds, not {type(seeds).__name__}")
+    elif isinstance(seeds, int):
+        seed_spec = str(seeds)
+    else:
+        seed_spec = ",".join(str(int(s)) for s in seeds)
+        if len(seeds) == 1:  # one seed in a list is that seed, not a count
+            merged["seed"] = int(seeds[0])
+            seed_spec = ""
+    rows = _scalify.compare({k: _setting_text(v) for k, v in merged.items()}, recipes, out, resume, seed_spec, speed_rounds,
+                            progress)
     try:
         import pandas
     except ImportError:

@@ -218,11 +218,19 @@ nb::dict train_result(const train::TrainResult& r) {
 // `scalify compare` on `recipes` (a list spec: "seeds", "fp4", "f32,nvfp4", ...): one dict per
 // recipe (its TrainResult's fields and the comparison's status, baseline and delta).
 nb::list run_compare(const std::map<std::string, std::string>& settings, const std::string& recipes, const std::string& out, bool resume,
-                     std::function<void(const std::string&)> progress) {
+                     const std::string& seeds, int speed_rounds, std::function<void(const std::string&)> progress) {
   scalify::compare::CompareConfig c;
   refuse_several_ranks();
-  for (const auto& [k, v] : settings) c.base.set(k, v);
-  c.recipes = scalify::compare::recipe_list(recipes);
+  if (resume) {
+    c = scalify::compare::comparison_config(out);
+  } else {
+    for (const auto& [k, v] : settings) c.base.set(k, v);
+    if (!settings.count("eval_every")) c.base.eval_every = scalify::compare::default_eval_every(c.base.steps);  // as the CLI
+    c.recipes = scalify::compare::recipe_list(recipes);
+    if (!seeds.empty()) c.seeds = scalify::compare::seed_list(seeds, c.base.seed);
+    if (speed_rounds < 0 || speed_rounds > 100) throw scalify::Error("compare: speed_rounds must be 0 to 100");
+    c.speed.rounds = speed_rounds;
+  }
   c.out = out;
   scalify::compare::CompareReport rep;
   {
@@ -243,7 +251,17 @@ nb::list run_compare(const std::map<std::string, std::string>& settings, const s
     d["status"] = o.status;
     d["note"] = o.note;
     d["baseline"] = o.baseline;
+    d["seeds"] = o.seeds;
     d["val_delta"] = o.val_delta;
+    d["val_delta_ci95"] = o.noise.half_width;
+    d["window_ci95"] = o.noise.window_half_width;
+    d["seed_ci95"] = o.noise.seed_half_width;
+    d["verdict"] = o.verdict;
+    if (o.speed.tokens_per_s > 0) {  // the interleaved timing replaces the training run's speed
+      d["tokens_per_s"] = o.speed.tokens_per_s;
+      d["speed_vs_f32"] = o.speed.vs_f32;
+      d["cpu_share"] = o.speed.cpu_share;
+    }
     d["seconds"] = o.seconds;
     d["peak_memory_mb"] = o.peak_memory_mb;
     rows.append(d);
@@ -662,7 +680,8 @@ NB_MODULE(_scalify, m) {
   m.def("block_dequantize", &block_dequantize, "codes"_a, "scales"_a, "format"_a, "block"_a, "rule"_a, "tensor_scale"_a = 1.0f);
   m.def("formats", &formats);
   m.def("train", &train, "settings"_a, "resume"_a = false, "progress"_a = nb::none(), "save_initial"_a = false);
-  m.def("compare", &run_compare, "settings"_a, "recipes"_a, "out"_a, "resume"_a = false, "progress"_a = nb::none());
+  m.def("compare", &run_compare, "settings"_a, "recipes"_a, "out"_a, "resume"_a = false, "seeds"_a = "", "speed_rounds"_a = 3,
+        "progress"_a = nb::none());
   m.def("load_checkpoint", &load_checkpoint, "path"_a);
   m.def("inspect", &run_inspect, "checkpoint"_a, "format"_a = "e4m3", "initial"_a = false, "batch"_a = 0, "data"_a = "");
   m.def("recipe_lists", &scalify::compare::recipe_list_names);

@@ -11,14 +11,15 @@
 #include <set>
 #include <sstream>
 
+#include "scalify/compare/plots.hpp"
 #include "scalify/error.hpp"
 #include "scalify/inspect/report_section.hpp"
 #include "scalify/io/atomic_file.hpp"
+#include "scalify/io/number_text.hpp"
 #include "scalify/io/folder_lock.hpp"
 #include "scalify/io/input_file.hpp"
 #include "scalify/platform/memory.hpp"
 #include "scalify/quant/recipe.hpp"
-#include "scalify/report/gnuplot.hpp"
 #include "scalify/platform/world.hpp"
 #include "scalify/report/system_info.hpp"
 
@@ -31,24 +32,6 @@ namespace {
 
 std::string fixed(double v, int digits);
 
-const std::map<std::string, std::vector<std::string>>& named_lists() {
-  static const std::map<std::string, std::vector<std::string>> lists = {
-      {"seeds", quant::preset_names()},
-      {"fp8",
-       {"scalify_fp8_3", "scalify_fp8_4", "unit_fp8", "current", "delayed", "fp8_amax", "fp8_cscale", "mxfp8", "blockwise",
-        "fp8_unscaled"}},
-      {"fp16", {"scalify_fp16_1", "scalify_fp16_2", "unit_fp16", "f16_loss_scaled", "fp16_unscaled"}},
-      {"scalify", {"scalify_fp16_1", "scalify_fp16_2", "scalify_fp8_3", "scalify_fp8_4"}},
-      {"unit", {"unit_f32", "unit_fp16", "unit_fp8"}},
-      {"per_tensor", {"current", "delayed", "fp8_amax", "fp8_cscale"}},
-      {"allreduce", {"f32_allreduce_f16", "f32_allreduce_e4m3", "f32_allreduce_e5m2"}},
-      {"fp4",
-       {"nvfp4", "nvfp4_no_hadamard", "nvfp4_no_sr", "nvfp4_1x16_weights", "nvfp4_no_tensor_scale", "nvfp4_all_layers", "mxfp4",
-        "mxfp4_rceil"}},
-  };
-  return lists;
-}
-
 void write_text(const fs::path& path, const std::string& text) { io::write_text_atomically(path.string(), text); }
 
 std::string read_text(const fs::path& path) { return io::read_input_file(path.string(), "compare", uint64_t(16) << 20); }
@@ -59,6 +42,11 @@ std::string run_name(const std::string& recipe) {
   const std::string name = recipe.ends_with(".json") ? fs::path(recipe).stem().string() : recipe;
   if (name.empty() || name[0] == '.') throw Error("compare: recipe file '" + recipe + "' needs a name that does not start with '.'");
   return name;
+}
+
+// A run's folder under runs/: the recipe's name, with its seed when the comparison has several.
+std::string run_folder(const std::string& recipe, uint64_t seed, bool several_seeds) {
+  return several_seeds ? run_name(recipe) + "_seed" + std::to_string(seed) : run_name(recipe);
 }
 
 // A CSV field (RFC 4180): quoted, with quotes doubled.
@@ -78,11 +66,17 @@ json outcome_json(const RecipeOutcome& o) {
   const train::TrainResult& r = o.result;
   return {{"recipe", o.recipe},
           {"name", o.name},
+          {"run", o.run},
+          {"seeds", o.seeds},
           {"status", o.status},
           {"note", o.note},
           {"diverged_step", o.diverged_step},
           {"baseline", o.baseline},
           {"val_delta", num(o.val_delta)},
+          {"val_delta_ci95", num(o.noise.half_width)},
+          {"window_ci95", num(o.noise.window_half_width)},
+          {"seed_ci95", num(o.noise.seed_half_width)},
+          {"verdict", o.verdict},
           {"seconds", num(o.seconds)},
           {"peak_memory_mb", num(o.peak_memory_mb)},
           {"quantized_layers", o.quantized},
@@ -124,6 +118,8 @@ RecipeOutcome outcome_from(const json& j) {
   RecipeOutcome o;
   o.recipe = j.at("recipe");
   o.name = j.at("name");
+  o.run = j.value("run", o.name);  // older outcomes: one seed, the run folder is the name
+  if (j.contains("seeds")) o.seeds = j.at("seeds").get<std::vector<uint64_t>>();
   o.status = j.at("status");
   o.note = j.at("note");
   o.diverged_step = j.at("diverged_step");
@@ -174,16 +170,19 @@ std::string signed_fixed(double v, int digits) { return std::isfinite(v) && v >=
 std::string percent(double fraction) { return fixed(100.0 * fraction, 2) + "%"; }
 
 // Trains one recipe into runs/<name>, resuming it from its checkpoint where one exists.
-RecipeOutcome run_recipe(const CompareConfig& config, const std::string& recipe, bool resume, const train::Progress& progress) {
+RecipeOutcome run_recipe(const CompareConfig& config, const std::string& recipe, uint64_t seed, bool resume, const train::Progress& progress) {
   RecipeOutcome o;
   o.recipe = recipe;
   o.name = run_name(recipe);
+  o.run = run_folder(recipe, seed, config.seeds.size() > 1);
+  o.seeds = {seed};
   const quant::Recipe r = quant::load_recipe(recipe);
   o.quantized = quant::quantized_layers(r);
   o.unit_scaled = r.unit_scaled;
   train::TrainConfig c = config.base;
   c.recipe = recipe;
-  c.out = (fs::path(config.out) / "runs" / o.name).string();
+  c.seed = seed;
+  c.out = (fs::path(config.out) / "runs" / o.run).string();
   // An interrupted run continues from its checkpoint; one with nothing to resume from (or one that
   // finished but whose outcome was never written) starts over.
   const fs::path run(c.out);
@@ -227,133 +226,117 @@ RecipeOutcome run_recipe(const CompareConfig& config, const std::string& recipe,
   return o;
 }
 
-void set_baselines(std::vector<RecipeOutcome>& rows, int64_t batch) {
-  std::map<std::string, const train::TrainResult*> ok;
-  for (const RecipeOutcome& o : rows)
-    if (o.status == "ok") ok[o.recipe] = &o.result;
-  for (RecipeOutcome& o : rows) {
-    o.baseline = o.unit_scaled ? "unit_f32" : "f32";
-    const train::TrainResult* base = ok.count(o.baseline) ? ok[o.baseline] : nullptr;
-    o.val_delta = base ? o.result.val_loss - base->val_loss : NAN;
-    o.noise =
-        base ? paired_delta(o.result.val_batch_losses, base->val_batch_losses, batch, o.result.val_windows) : PairedDelta{NAN, NAN, NAN, 0};
-    o.verdict = o.status != "ok" ? o.status : o.recipe == o.baseline ? "baseline" : !base ? "no baseline" : verdict(o.noise, kParityNats);
-  }
-}
-
-// Metrics of one run: smoothed training loss and validation loss over steps.
-struct Curves {
-  std::vector<std::pair<int64_t, double>> train, val;
-};
-Curves read_curves(const fs::path& run_dir) {
-  Curves c;
-  std::ifstream in;
-  if (fs::is_regular_file(run_dir / "metrics.jsonl")) in.open(run_dir / "metrics.jsonl");  // a pipe there would block
-  std::string line;
-  const int64_t window = 10;  // training loss as the mean of each 10-step bucket
-  double sum = 0;
-  int64_t n = 0, last = 0;
-  while (std::getline(in, line)) {
-    const json j = json::parse(line, nullptr, false);
-    if (j.is_discarded() || !j.contains("step") || !j["step"].is_number_integer()) continue;
-    const int64_t step = j["step"].get<int64_t>() + 1;
-    if (j.contains("val_loss")) c.val.push_back({step, number_or_nan(j["val_loss"])});
-    if (j.contains("loss") && j["loss"].is_number() && std::isfinite(j["loss"].get<double>())) {
-      last = step;
-      sum += j["loss"].get<double>();
-      if (++n == window || step % window == 0) {
-        c.train.push_back({step, sum / double(n)});
-        sum = 0;
-        n = 0;
-      }
+// One table row from a recipe's runs (one per seed, in seed order): the means of what they
+// measured over the seeds that finished; the status and note of the first that did not.
+RecipeOutcome summarise(const std::vector<const RecipeOutcome*>& seeds) {
+  RecipeOutcome row = *seeds.at(0);
+  row.seeds.clear();
+  row.note.clear();
+  row.status = "ok";
+  row.seconds = row.peak_memory_mb = 0;
+  std::vector<const train::TrainResult*> ok;
+  for (const RecipeOutcome* o : seeds) {
+    row.seeds.push_back(o->seeds.at(0));
+    row.seconds += o->seconds;
+    row.peak_memory_mb = std::max(row.peak_memory_mb, o->peak_memory_mb);
+    if (o->status == "ok") {
+      ok.push_back(&o->result);
+    } else if (row.status == "ok") {
+      row.status = o->status;
+      row.diverged_step = o->diverged_step;
+      row.note = (seeds.size() > 1 ? "seed " + std::to_string(o->seeds.at(0)) + ": " : std::string()) + o->note;
     }
   }
-  if (n > 0) c.train.push_back({last, sum / double(n)});  // a last, partial bucket
-  return c;
-}
-
-// loss.png and loss_delta.png; "" or why not.
-std::string write_plots(const fs::path& dir, const std::vector<RecipeOutcome>& rows) {
-  static const char* colours[] = {"#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd",
-                                  "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf"};
-  std::map<std::string, Curves> curves;
-  for (const RecipeOutcome& o : rows) curves[o.name] = read_curves(dir / "runs" / o.name);
-  const std::string train_dat = report::gnuplot_quote((dir / "train.dat").string()),
-                    val_dat = report::gnuplot_quote((dir / "val.dat").string()),
-                    delta_dat = report::gnuplot_quote((dir / "delta.dat").string());
-  std::ostringstream train, val, delta, loss_plot, delta_plot;
-  int blocks = 0, delta_blocks = 0;
-  size_t colour = 0;
-  for (const RecipeOutcome& o : rows) {
-    const Curves& c = curves[o.name];
-    if (c.train.empty()) continue;
-    const bool emphasis = o.recipe == "f32";
-    const std::string style = emphasis
-                                  ? "lw 4 lc rgb 'black'"
-                                  : "lw 1.5 lc rgb '" + std::string(colours[colour % 10]) + "' dt " + std::to_string(1 + colour / 10 % 4);
-    if (!emphasis) ++colour;
-    for (const auto& [s, l] : c.train) train << s << " " << l << "\n";
-    for (const auto& [s, l] : c.val) val << s << " " << (std::isfinite(l) ? fixed(l, 6) : "NaN") << "\n";
-    if (c.val.empty()) val << "0 NaN\n";  // keeps the blocks aligned with train.dat
-    train << "\n\n";
-    val << "\n\n";
-    const std::string title = report::gnuplot_quote(o.name + (o.status == "ok" ? "" : " (" + o.status + ")"));
-    loss_plot << (blocks ? ", \\\n  " : "") << train_dat << " index " << blocks << " with lines " << style << " title " << title << ", "
-              << val_dat << " index " << blocks << " with points pt 7 ps 0.8 " << style << " notitle";
-    ++blocks;
-    // Delta: validation points matched by step with the baseline's.
-    const auto base = std::find_if(rows.begin(), rows.end(), [&](const RecipeOutcome& b) { return b.recipe == o.baseline; });
-    if (base == rows.end() || base->recipe == o.recipe || base->status != "ok") continue;
-    std::ostringstream d;
-    for (const auto& [s, l] : c.val)
-      for (const auto& [bs, bl] : curves[base->name].val)
-        if (bs == s && std::isfinite(l) && std::isfinite(bl)) d << s << " " << fixed(l - bl, 6) << "\n";
-    if (d.str().empty()) continue;
-    delta << d.str() << "\n\n";
-    delta_plot << ", \\\n  " << delta_dat << " index " << delta_blocks++ << " with linespoints pt 7 ps 0.8 " << style << " title " << title;
+  if (seeds.size() == 1 || ok.empty()) return row;
+  train::TrainResult& r = row.result;
+  const double n = double(ok.size());
+  auto mean = [&](double train::TrainResult::*field) {
+    double sum = 0;
+    for (const train::TrainResult* x : ok) sum += x->*field;
+    return sum / n;
+  };
+  for (double train::TrainResult::*f :
+       {&train::TrainResult::train_loss, &train::TrainResult::val_loss, &train::TrainResult::val_bpb, &train::TrainResult::tokens_per_s,
+        &train::TrainResult::scale_statistics_per_step, &train::TrainResult::mean_underflow, &train::TrainResult::mean_clipped,
+        &train::TrainResult::state_bytes_per_parameter, &train::TrainResult::cpu_share, &train::TrainResult::step_time_spread})
+    r.*f = mean(f);
+  r.max_underflow = r.skipped = 0;
+  for (const RecipeOutcome* o : seeds) {
+    r.max_underflow = std::max(r.max_underflow, o->result.max_underflow);
+    r.skipped += o->result.skipped;
   }
-  if (blocks == 0) return "no recipe has a training curve";
-  // The loss axis: from the lowest curve up to the untrained loss (about ln 256 = 5.5), or higher
-  // when every curve is higher (a diverged comparison).
-  double lowest = INFINITY;
-  for (const auto& [name, c] : curves)
-    for (const auto& [step, l] : c.train) lowest = std::min(lowest, l);
-  const double loss_top = std::max(6.0, lowest * 1.5);
-  write_text(dir / "train.dat", train.str());
-  write_text(dir / "val.dat", val.str());
-  write_text(dir / "delta.dat", delta.str());
-  std::ostringstream gp;
-  gp << "set terminal pngcairo noenhanced size 1280,720 font ',11'\nset grid\nset key outside right\nset xlabel 'step'\n"
-     << "set output " << report::gnuplot_quote((dir / "loss.png").string()) << "\n"
-     << "set title 'Training loss (lines, 10-step means) and validation loss (points)'\n"
-     << "set ylabel 'loss (nats per byte)'\nset yrange [*:" << loss_top << "]\nplot " << loss_plot.str() << "\n"
-     << "set output " << report::gnuplot_quote((dir / "loss_delta.png").string()) << "\n"
-     << "set title 'Validation loss minus the baseline''s (f32; unit_f32 for unit scaling)'\n"
-     << "set ylabel 'delta loss (nats)'\nset yrange [-0.2<*:*<1]\n"
-     << "plot 0 with lines lw 4 lc rgb 'black' title 'baseline', " << kParityNats
-     << " with lines dt 2 lw 2 lc rgb 'black' title 'parity bound (+" << kParityNats << ")'" << delta_plot.str() << "\n";
-  write_text(dir / "plots.gp", gp.str());
-  return report::run_gnuplot((dir / "plots.gp").string());
+  r.val_batch_losses.assign(ok[0]->val_batch_losses.size(), 0.0);
+  for (const train::TrainResult* x : ok)
+    for (size_t k = 0; k < r.val_batch_losses.size() && k < x->val_batch_losses.size(); ++k) r.val_batch_losses[k] += x->val_batch_losses[k] / n;
+  return row;
 }
 
-std::string markdown_table(const std::vector<RecipeOutcome>& rows, double f32_speed) {
+// Each outcome's delta against its baseline, seed by seed (`runs`: every run, by recipe and
+// seed), with its interval and verdict.
+void set_baselines(std::vector<RecipeOutcome>& outcomes, const std::vector<RecipeOutcome>& runs, int64_t batch) {
+  std::map<std::pair<std::string, uint64_t>, const RecipeOutcome*> by_seed;
+  for (const RecipeOutcome& r : runs) by_seed[{r.recipe, r.seeds.at(0)}] = &r;
+  for (RecipeOutcome& o : outcomes) {
+    o.baseline = o.unit_scaled ? "unit_f32" : "f32";
+    std::vector<std::vector<double>> mine, theirs;
+    bool base_ok = false;
+    double delta_sum = 0;
+    for (uint64_t seed : o.seeds) {
+      const auto r = by_seed.find({o.recipe, seed}), b = by_seed.find({o.baseline, seed});
+      if (b == by_seed.end() || b->second->status != "ok") continue;
+      base_ok = true;
+      if (r == by_seed.end() || r->second->status != "ok") continue;
+      mine.push_back(r->second->result.val_batch_losses);
+      theirs.push_back(b->second->result.val_batch_losses);
+      delta_sum += r->second->result.val_loss - b->second->result.val_loss;
+    }
+    o.noise = delta_over_seeds(mine, theirs, batch, o.result.val_windows);
+    o.val_delta = mine.empty() ? NAN : delta_sum / double(mine.size());  // the mean of the seeds' deltas
+    o.verdict = o.status != "ok"          ? o.status
+                : o.recipe == o.baseline ? "baseline"
+                : !base_ok               ? "no baseline"
+                                         : verdict(o.val_delta, o.noise.half_width, kParityNats);
+  }
+}
+
+// A row's speed: interleaved timing (tok/s, × f32 with its range over rounds, CPU use) when the
+// comparison timed it, else its training runs' (one recipe after another).
+struct SpeedCells {
+  std::string tokens, vs_f32, cpu;
+};
+SpeedCells speed_cells(const RecipeOutcome& o, double f32_training_speed) {
+  const RecipeSpeed& s = o.speed;
+  if (s.tokens_per_s > 0)
+    return {fixed(s.tokens_per_s, 0),
+            s.vs_f32 > 0 ? fixed(s.vs_f32, 2) + " (" + fixed(s.vs_f32_low, 2) + "–" + fixed(s.vs_f32_high, 2) + ")" : "–",
+            percent(s.cpu_share)};
+  const train::TrainResult& r = o.result;
+  return {fixed(r.tokens_per_s, 0), f32_training_speed > 0 && o.status == "ok" ? fixed(r.tokens_per_s / f32_training_speed, 2) : "–",
+          r.cpu_share > 0 ? percent(r.cpu_share) : "–"};
+}
+
+std::string markdown_table(const std::vector<RecipeOutcome>& rows, double f32_training_speed) {
   std::ostringstream t;
-  t << "| recipe | status | val loss | Δ vs baseline (95 %) | verdict | bits/byte | train loss | skipped | underflow (mean / max) | "
-       "clipped | scale stats/step | tok/s | speed ×f32 | CPU use | state B/param | peak MB |\n"
-    << "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
+  t << "| recipe | status | val loss | Δ vs baseline (95 %) | of which windows / seeds | verdict | bits/byte | train loss | skipped | "
+       "underflow (mean / max) | clipped | scale stats/step | tok/s | speed ×f32 (range) | CPU use | state B/param | peak MB |\n"
+    << "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
   for (const RecipeOutcome& o : rows) {
     const train::TrainResult& r = o.result;
     const std::string status =
         o.status == "diverged" && o.diverged_step >= 0 ? "diverged at step " + std::to_string(o.diverged_step) : o.status;
+    const bool base = o.recipe == o.baseline;
+    const SpeedCells speed = speed_cells(o, f32_training_speed);
     t << "| " << o.name << " | " << status << " | " << fixed(r.val_loss, 3) << " | "
-      << (o.recipe == o.baseline
-              ? "(baseline)"
-              : signed_fixed(o.val_delta, 3) + (std::isfinite(o.noise.half_width) ? " ± " + fixed(o.noise.half_width, 3) : "") +
-                    (o.baseline != "f32" ? " vs " + o.baseline : ""))
-      << " | " << (o.recipe == o.baseline ? "" : o.verdict) << " | " << fixed(r.val_bpb, 3) << " | " << fixed(r.train_loss, 3) << " | "
-      << r.skipped << " | " << percent(r.mean_underflow) << " / " << percent(r.max_underflow) << " | " << percent(r.mean_clipped) << " | "
-      << fixed(r.scale_statistics_per_step, 1) << " | " << fixed(r.tokens_per_s, 0) << " | "
-      << (f32_speed > 0 ? fixed(r.tokens_per_s / f32_speed, 2) : "–") << " | " << (r.cpu_share > 0 ? percent(r.cpu_share) : "–") << " | "
+      << (base ? "(baseline)"
+               : signed_fixed(o.val_delta, 3) + (std::isfinite(o.noise.half_width) ? " ± " + fixed(o.noise.half_width, 3) : "") +
+                     (o.baseline != "f32" ? " vs " + o.baseline : ""))
+      << " | "
+      << (base || !std::isfinite(o.noise.half_width)
+              ? ""
+              : "± " + fixed(o.noise.window_half_width, 3) + " / " + (o.noise.seeds > 1 ? "± " + fixed(o.noise.seed_half_width, 3) : "–"))
+      << " | " << (base ? "" : o.verdict) << " | " << fixed(r.val_bpb, 3) << " | " << fixed(r.train_loss, 3) << " | " << r.skipped
+      << " | " << percent(r.mean_underflow) << " / " << percent(r.max_underflow) << " | " << percent(r.mean_clipped) << " | "
+      << fixed(r.scale_statistics_per_step, 1) << " | " << speed.tokens << " | " << speed.vs_f32 << " | " << speed.cpu << " | "
       << fixed(r.state_bytes_per_parameter, 2) << " | " << fixed(o.peak_memory_mb, 0) << " |\n";
   }
   return t.str();
@@ -365,24 +348,8 @@ std::string join(const std::vector<std::string>& v) {
   return out.empty() ? "none" : out;
 }
 
-// Speeds measured while the host was busy: the recipes whose steps filled less than 75 % of their
-// threads' cores (CPU time over wall time) or whose step times spread more than 1.5-fold (90th
-// over 10th percentile). "" when none: then the speed columns can be compared.
-std::string busy_host_warning(const std::vector<RecipeOutcome>& rows) {
-  std::vector<std::string> busy;
-  for (const RecipeOutcome& o : rows) {
-    const train::TrainResult& r = o.result;
-    if (o.status == "ok" && ((r.cpu_share > 0 && r.cpu_share < 0.75) || r.step_time_spread > 1.5))
-      busy.push_back(o.name + " (CPU use " + percent(r.cpu_share) + ", step times spread " + fixed(r.step_time_spread, 1) + "x)");
-  }
-  if (busy.empty()) return "";
-  return "**Warning: the host was busy** while these recipes trained, so their tok/s and speed ×f32 say more about the "
-         "host than the recipe: " +
-         join(busy) + ". Rerun on a quiet host (or compare CPU use) before reading the speeds.\n\n";
-}
-
 // A few sentences read off the numbers.
-std::string reading(const std::vector<RecipeOutcome>& rows, int64_t layers) {
+std::string reading(const std::vector<RecipeOutcome>& rows, int64_t layers, size_t seeds) {
   std::map<std::string, std::vector<std::string>> by_verdict;
   std::vector<std::string> diverged, skipped, failed;
   for (const RecipeOutcome& o : rows) {
@@ -399,8 +366,12 @@ std::string reading(const std::vector<RecipeOutcome>& rows, int64_t layers) {
     if (o.recipe == o.baseline && o.status != "ok")
       s << "- **The baseline " << o.name << " " << o.status << "**: the recipes measured against it have no delta.\n";
   // Only the verdicts speak: each delta's 95 % interval against 0 and the parity bound.
-  s << "- Verdicts (the 95 % interval of each delta from its window-sampling error, paired over the same validation batches; "
-       "the run's seed-to-seed variation is not in it):\n";
+  if (seeds > 1)
+    s << "- Verdicts (the 95 % interval of each delta, mean over " << seeds
+      << " seeds, each recipe paired with the baseline of its seed: the seeds' spread and the window-sampling error in quadrature):\n";
+  else
+    s << "- Verdicts (the 95 % interval of each delta from its window-sampling error, paired over the same validation batches; "
+         "one seed, so seed-to-seed variation is not in it: `--seeds 3` measures it):\n";
   std::vector<std::string> verdicts = verdict_names(kParityNats);
   verdicts.push_back("no baseline");
   for (const std::string& v : verdicts)
@@ -418,115 +389,157 @@ std::string reading(const std::vector<RecipeOutcome>& rows, int64_t layers) {
   return s.str();
 }
 
-// Histograms and scale histories of every recipe that finished, and the PTQ sweep of f32's model.
-std::string numerics(const CompareConfig& config, const std::vector<RecipeOutcome>& rows) {
+// Histograms and scale histories of every recipe that finished (its first seed's run), with its
+// verdict, and the PTQ sweep of f32's model.
+std::string numerics(const CompareConfig& config, const std::vector<RecipeOutcome>& rows, const std::vector<RecipeOutcome>& runs) {
   const fs::path dir(config.out);
-  std::vector<inspect::RunToInspect> runs;
+  std::vector<inspect::RunToInspect> inspected;
   std::string f32_run;
-  for (const RecipeOutcome& o : rows) {
-    if (o.status != "ok") continue;
-    runs.push_back({o.name, (dir / "runs" / o.name).string()});
-    if (o.recipe == "f32") f32_run = runs.back().run_dir;
-  }
-  return inspect::numerics_section(runs, config.out, f32_run);
+  for (const RecipeOutcome& row : rows)
+    for (const RecipeOutcome& o : runs)
+      if (o.recipe == row.recipe && o.seeds == std::vector<uint64_t>{row.seeds.at(0)} && o.status == "ok") {
+        inspected.push_back({o.name, (dir / "runs" / o.run).string(), row.recipe == row.baseline ? "" : row.verdict});
+        if (o.recipe == "f32") f32_run = inspected.back().run_dir;
+      }
+  return inspect::numerics_section(inspected, config.out, f32_run);
+}
+
+std::string seed_text(const std::vector<uint64_t>& seeds) {
+  std::string s;
+  for (uint64_t x : seeds) s.append(s.empty() ? "" : ", ").append(std::to_string(x));
+  return (seeds.size() > 1 ? "seeds " : "seed ") + s;
 }
 
 void write_report(const CompareConfig& config, CompareReport& rep, const std::string& command) {
   const fs::path dir(config.out);
   const auto f32 =
       std::find_if(rep.rows.begin(), rep.rows.end(), [](const RecipeOutcome& o) { return o.recipe == "f32" && o.status == "ok"; });
-  const double f32_speed = f32 != rep.rows.end() ? f32->result.tokens_per_s : 0;
-  rep.table = markdown_table(rep.rows, f32_speed);
-  rep.plot_error = write_plots(dir, rep.rows);
+  const double f32_training_speed = f32 != rep.rows.end() ? f32->result.tokens_per_s : 0;
+  rep.table = markdown_table(rep.rows, f32_training_speed);
+  rep.plot_error = write_comparison_plots(dir.string(), rep.rows, rep.runs, config.base.batch);
 
   std::ostringstream csv;
-  csv << "recipe,status,baseline,val_loss,val_delta,val_delta_ci95,verdict,val_bpb,train_loss,steps,skipped_steps,nonfinite_steps,diverged_"
-         "step,"
-         "mean_underflow,max_underflow,mean_clipped,scale_statistics_per_step,tokens_per_s,speed_vs_f32,cpu_share,step_time_spread,state_"
-         "bytes_per_parameter,"
-         "peak_memory_mb,seconds,quantized_layers\n";
-  json rows = json::array();
+  csv << "recipe,status,baseline,seeds,val_loss,val_delta,val_delta_ci95,window_ci95,seed_ci95,verdict,val_bpb,train_loss,steps,skipped_"
+         "steps,nonfinite_steps,diverged_step,mean_underflow,max_underflow,mean_clipped,scale_statistics_per_step,tokens_per_s,speed_vs_"
+         "f32,speed_vs_f32_low,speed_vs_f32_high,cpu_share,step_time_spread,state_bytes_per_parameter,peak_memory_mb,seconds,quantized_"
+         "layers\n";
+  json rows = json::array(), runs = json::array();
   for (const RecipeOutcome& o : rep.rows) {
     const train::TrainResult& r = o.result;
-    csv << csv_field(o.name) << "," << o.status << "," << o.baseline << "," << csv_number(r.val_loss, 5) << ","
-        << csv_number(o.val_delta, 5) << "," << csv_number(o.noise.half_width, 5) << "," << csv_field(o.verdict) << ","
+    const bool timed = o.speed.tokens_per_s > 0;
+    csv << csv_field(o.name) << "," << o.status << "," << o.baseline << "," << o.seeds.size() << "," << csv_number(r.val_loss, 5) << ","
+        << csv_number(o.val_delta, 5) << "," << csv_number(o.noise.half_width, 5) << "," << csv_number(o.noise.window_half_width, 5) << ","
+        << (o.noise.seeds > 1 ? csv_number(o.noise.seed_half_width, 5) : "") << "," << csv_field(o.verdict) << ","
         << csv_number(r.val_bpb, 5) << "," << csv_number(r.train_loss, 5) << "," << r.steps << "," << r.skipped << "," << r.nonfinite_steps
         << "," << o.diverged_step << "," << fixed(r.mean_underflow, 6) << "," << fixed(r.max_underflow, 6) << ","
-        << fixed(r.mean_clipped, 6) << "," << csv_number(r.scale_statistics_per_step, 2) << "," << csv_number(r.tokens_per_s, 0) << ","
-        << (f32_speed > 0 ? csv_number(r.tokens_per_s / f32_speed, 3) : "") << "," << csv_number(r.cpu_share, 3) << ","
-        << csv_number(r.step_time_spread, 2) << "," << csv_number(r.state_bytes_per_parameter, 3) << "," << csv_number(o.peak_memory_mb, 1)
-        << "," << csv_number(o.seconds, 1) << "," << csv_field(o.quantized) << "\n";
-    rows.push_back(outcome_json(o));
+        << fixed(r.mean_clipped, 6) << "," << csv_number(r.scale_statistics_per_step, 2) << ","
+        << csv_number(timed ? o.speed.tokens_per_s : r.tokens_per_s, 0) << ","
+        << (timed ? csv_number(o.speed.vs_f32, 3) : f32_training_speed > 0 ? csv_number(r.tokens_per_s / f32_training_speed, 3) : "")
+        << "," << (timed ? csv_number(o.speed.vs_f32_low, 3) : "") << "," << (timed ? csv_number(o.speed.vs_f32_high, 3) : "") << ","
+        << csv_number(timed ? o.speed.cpu_share : r.cpu_share, 3) << "," << csv_number(r.step_time_spread, 2) << ","
+        << csv_number(r.state_bytes_per_parameter, 3) << "," << csv_number(o.peak_memory_mb, 1) << "," << csv_number(o.seconds, 1) << ","
+        << csv_field(o.quantized) << "\n";
+    json j = outcome_json(o);
+    j["speed"] = {{"tokens_per_s", num(o.speed.tokens_per_s)},
+                  {"vs_f32", num(o.speed.vs_f32)},
+                  {"vs_f32_low", num(o.speed.vs_f32_low)},
+                  {"vs_f32_high", num(o.speed.vs_f32_high)},
+                  {"cpu_share", num(o.speed.cpu_share)},
+                  {"error", o.speed.error}};
+    rows.push_back(j);
   }
+  for (const RecipeOutcome& o : rep.runs) runs.push_back(outcome_json(o));
   write_text(dir / "summary.csv", csv.str());
   const json summary = {{"config", config.base.to_toml()},
                         {"parameters", config.base.model.parameter_count()},
                         {"parity_nats", kParityNats},
-                        {"recipes", rows}};
+                        {"seeds", config.seeds},
+                        {"speed_rounds", config.speed.rounds},
+                        {"recipes", rows},
+                        {"runs", runs}};
   write_text(dir / "summary.json", summary.dump(2) + "\n");
 
   const train::TrainConfig& b = config.base;
+  const bool timed = config.speed.rounds > 0;
   std::ostringstream md;
   md << "# Scalify comparison\n\n"
-     << "One model, one corpus, one seed, trained under each recipe in turn. Command:\n\n```\n"
+     << "One model, one corpus, trained under each recipe in turn"
+     << (config.seeds.size() > 1 ? ", under each of " + std::to_string(config.seeds.size()) + " seeds (model initialisation and batch order)"
+                                 : std::string(", one seed"))
+     << ". Command:\n\n```\n"
      << (command.empty() ? "(library call)" : command) << "\n```\n\nModel: GPT, d_model " << b.model.d_model << ", " << b.model.layers
-     << " layers, " << b.model.heads << " heads, context " << b.model.seq << " bytes, " << b.model.parameter_count() << " parameters"
+     << " layers, " << b.model.heads << " heads, context " << b.model.seq << " tokens, " << b.model.parameter_count() << " parameters"
      << (b.model.unit_scaled ? ", unit-scaled" : "") << ". Training: " << b.steps << " steps of " << b.batch * b.accum
-     << " windows, AdamW lr " << b.lr << ", seed " << b.seed
+     << " windows, AdamW lr " << b.lr << ", " << seed_text(config.seeds)
      << ". Corpus: " << (b.data.empty() ? "the default (Debian's fortunes)" : b.data) << ". Validation: " << b.eval_windows
-     << " held-out windows.\n\nMachine (`scalify info`):\n\n```\n"
+     << " held-out windows, every " << b.eval_every << " steps.\n\nMachine (`scalify info`):\n\n```\n"
      << report::system_info_text() << "```\n\n"
      << "## Results\n\n"
-     << rep.table << "\n"
-     << "Δ: validation loss minus the baseline's (f32; unit_f32 for the unit-scaled recipes). Underflow: the fraction of non-zero "
-        "values a quantiser flushed to zero; clipped: beyond the format's range; both averaged over every quantised operand's "
-        "statistics (weights, activations, gradients of each block linear, every "
-     << b.stats_every
-     << " steps). State B/param: master weights, gradients and AdamW moments (with scales) per parameter, "
+     << (rep.plot_error.empty() ? "![validation loss minus the baseline, with its interval](delta.png)\n\n" : "") << rep.table << "\n"
+     << "Δ: validation loss minus the baseline's (f32; unit_f32 for the unit-scaled recipes)"
+     << (config.seeds.size() > 1 ? ", each seed against the baseline of the same seed, mean over the seeds" : "")
+     << "; ± its 95 % interval, of which the window-sampling error (the recipe and its baseline evaluated on the same "
+     << std::max_element(rep.rows.begin(), rep.rows.end(), [](const RecipeOutcome& a, const RecipeOutcome& c) {
+          return a.result.val_windows < c.result.val_windows;
+        })->result.val_windows
+     << " windows in batches of " << b.batch
+     << ": the spread of their paired batch differences) and the seeds' spread (t over seeds − 1 degrees of freedom), "
+        "combined in quadrature. Verdict: *better than baseline* (the interval below 0), *not distinguishable from baseline* "
+        "(it holds 0), *within +"
+     << kParityNats << " of baseline* (above 0, at most +" << kParityNats << "), *inconclusive* (it holds +" << kParityNats
+     << "), *worse* (above +" << kParityNats
+     << "). Underflow: the fraction of non-zero values a quantiser flushed to zero; clipped: beyond the format's range; both "
+        "averaged over every quantised operand's statistics (weights, activations, gradients of each block linear, every "
+     << b.stats_every << " steps). "
+     << (timed ? "Speed: the recipes' training steps timed after training, interleaved in one process (" +
+                     std::to_string(config.speed.rounds) + " rounds, the order reversed every other round; in each, " +
+                     std::to_string(config.speed.warmup) + " untimed steps per recipe, then at least " +
+                     std::to_string(config.speed.steps) + " timed ones adding up to " + fixed(config.speed.min_seconds, 1) +
+                     " s, the fastest counting): tok/s the median over rounds, speed ×f32 f32's step "
+                     "time over the recipe's in the same round, median (lowest–highest round), CPU use the CPU seconds "
+                     "over wall seconds × threads. "
+               : std::string("Speed: the median step of each training run (recipes one after another: a busy host moves them). "))
+     << "State B/param: master weights, gradients and AdamW moments (with scales) per parameter, "
         "measured on the tensors. Peak MB: the process's peak resident memory during the recipe.\n\n"
-     << busy_host_warning(rep.rows)
-     << (rep.plot_error.empty() ? "![loss](loss.png)\n\n![validation loss minus the baseline](loss_delta.png)\n\n"
+     << (timed ? busy_host_warning(rep.speed) : "")
+     << (rep.plot_error.empty() ? "![validation loss minus the baseline over training](loss_delta.png)\n\n![loss](loss.png)\n\n"
                                 : "(No plots: " + rep.plot_error + ".)\n\n")
      << "## Reading\n\n"
-     << reading(rep.rows, b.model.layers) << "\n## What each recipe quantises\n\n";
+     << reading(rep.rows, b.model.layers, config.seeds.size()) << "\n## What each recipe quantises\n\n";
   std::map<std::string, std::vector<std::string>> by_layers;
   for (const RecipeOutcome& o : rep.rows) by_layers[o.quantized + (o.unit_scaled ? "; unit-scaled model" : "")].push_back(o.name);
   for (const auto& [what, names] : by_layers) md << "- " << join(names) << ": " << what << ".\n";
   md << "\n"
-     << numerics(config, rep.rows)
-     << "\nEach recipe's run folder (config, recipe.json, metrics.jsonl, checkpoints, inspect/) is under `runs/`.\n";
+     << numerics(config, rep.rows, rep.runs)
+     << "\nEach recipe's run folder (config, recipe.json, metrics.jsonl, checkpoints, inspect/) is under `runs/`"
+     << (config.seeds.size() > 1 ? " (`<recipe>_seed<N>`; the numerics section inspects the first seed's)" : "") << ".\n";
   write_text(dir / "report.md", md.str());
 }
 
 }  // namespace
 
-std::vector<std::string> recipe_list_names() {
-  std::vector<std::string> names;
-  for (const auto& [name, list] : named_lists()) names.push_back(name);
-  return names;
-}
+int64_t default_eval_every(int64_t steps) { return std::max<int64_t>(1, (steps + kEvalPoints - 1) / kEvalPoints); }
 
-std::vector<std::string> recipe_list(const std::string& spec) {
-  std::vector<std::string> out;
+std::vector<uint64_t> seed_list(const std::string& spec, uint64_t first) {
+  const std::string what = "--seeds '" + spec + "'";
+  std::vector<uint64_t> seeds;
+  if (spec.find(',') == std::string::npos) {
+    const std::optional<uint64_t> n = io::parse_number<uint64_t>(spec);
+    if (!n || *n < 1 || *n > 100) throw Error("compare: " + what + ": give a count from 1 to 100, or a comma-separated list of seeds");
+    for (uint64_t i = 0; i < *n; ++i) seeds.push_back(first + i);
+    return seeds;
+  }
   std::stringstream in(spec);
   std::string item;
   while (std::getline(in, item, ',')) {
-    item.erase(0, item.find_first_not_of(" \t"));
-    item.erase(item.find_last_not_of(" \t") + 1);
-    if (item.empty()) continue;
-    const auto named = named_lists().find(item);
-    const std::vector<std::string> add = named != named_lists().end() ? named->second : std::vector<std::string>{item};
-    for (const std::string& r : add) {
-      try {
-        quant::load_recipe(r);
-      } catch (const Error& e) {
-        throw Error("compare: recipe '" + r + "': " + e.what() + "; named lists: " + join(recipe_list_names()));
-      }
-      if (std::find(out.begin(), out.end(), r) == out.end()) out.push_back(r);
-    }
+    const std::optional<uint64_t> seed = io::parse_number<uint64_t>(item);
+    if (!seed) throw Error("compare: " + what + ": '" + item + "' is not a seed (a decimal integer in [0, 2^64))");
+    if (std::find(seeds.begin(), seeds.end(), *seed) != seeds.end())
+      throw Error("compare: " + what + ": seed " + item + " is given twice");
+    seeds.push_back(*seed);
   }
-  if (out.empty()) throw Error("compare: no recipes in '" + spec + "'");
-  return out;
+  if (seeds.size() > 100) throw Error("compare: " + what + ": at most 100 seeds");
+  return seeds;
 }
 
 CompareConfig comparison_config(const std::string& out) {
@@ -536,6 +549,8 @@ CompareConfig comparison_config(const std::string& out) {
     CompareConfig r;
     r.base = train::parse_config(j.at("config").get<std::string>(), file.string());
     r.recipes = j.at("recipes").get<std::vector<std::string>>();
+    if (j.contains("seeds")) r.seeds = j.at("seeds").get<std::vector<uint64_t>>();  // absent from older comparisons: one seed
+    r.speed.rounds = j.value("speed_rounds", 0);  // older comparisons did not time interleaved
     return r;
   });
   c.out = out;
@@ -545,11 +560,14 @@ CompareConfig comparison_config(const std::string& out) {
 CompareReport compare(const CompareConfig& given, bool resume, const CompareProgress& progress, const std::string& command) {
   CompareConfig config = given;
   config.base.out = config.out;  // each recipe's run folder is set below; this only validates
+  if (config.seeds.empty()) config.seeds = {config.base.seed};
+  const bool several_seeds = config.seeds.size() > 1;
   const platform::World& world = platform::world();
-  std::set<std::string> names;
+  std::set<std::string> folders;
   platform::every_rank_agrees(world, [&] {  // each rank checks the same input
     config.base.validate();
     if (config.recipes.empty()) throw Error("compare: no recipes");
+    if (config.speed.rounds < 0 || config.speed.rounds > 100) throw Error("compare: speed rounds must be 0 to 100");
     for (std::string& r : config.recipes)  // compare.json must still find them from another directory
       if (r.ends_with(".json")) r = fs::absolute(r).lexically_normal().string();
     // f32 is every comparison's baseline (unit_f32 that of the unit-scaled recipes): added when missing.
@@ -558,8 +576,13 @@ CompareReport compare(const CompareConfig& given, bool resume, const CompareProg
     for (const std::string& r : config.recipes) unit = unit || quant::load_recipe(r).unit_scaled;
     if (unit && !has("unit_f32")) config.recipes.insert(config.recipes.begin(), "unit_f32");
     if (!has("f32")) config.recipes.insert(config.recipes.begin(), "f32");
+    std::set<std::string> names;
     for (const std::string& r : config.recipes)
-      if (!names.insert(run_name(r)).second) throw Error("compare: two recipes would share the run folder '" + run_name(r) + "'");
+      if (!names.insert(run_name(r)).second) throw Error("compare: two recipes would share the name '" + run_name(r) + "'");
+    for (uint64_t seed : config.seeds)
+      for (const std::string& r : config.recipes)
+        if (!folders.insert(run_folder(r, seed, several_seeds)).second)
+          throw Error("compare: two runs would share the folder 'runs/" + run_folder(r, seed, several_seeds) + "'");
   });
 
   const fs::path dir(config.out);
@@ -572,11 +595,16 @@ CompareReport compare(const CompareConfig& given, bool resume, const CompareProg
     if (!resume) {
       if (fs::exists(dir / "compare.json"))
         throw Error("compare: '" + config.out + "' already holds a comparison; use --resume to continue it or another --out");
-      for (const std::string& name : names)  // never delete run folders this comparison did not make
+      for (const std::string& name : folders)  // never delete run folders this comparison did not make
         if (fs::exists(dir / "runs" / name))
           throw Error("compare: '" + (dir / "runs" / name).string() + "' already exists; choose another --out");
       io::make_folder((dir / "runs").string());
-      write_text(dir / "compare.json", json{{"recipes", config.recipes}, {"config", config.base.to_toml()}}.dump(2) + "\n");
+      write_text(dir / "compare.json", json{{"recipes", config.recipes},
+                                            {"config", config.base.to_toml()},
+                                            {"seeds", config.seeds},
+                                            {"speed_rounds", config.speed.rounds}}
+                                               .dump(2) +
+                                           "\n");
     }
   });
   CompareReport rep;
@@ -584,40 +612,63 @@ CompareReport compare(const CompareConfig& given, bool resume, const CompareProg
   const auto t_start = std::chrono::steady_clock::now();
   double finished_seconds = 0;
   int finished_here = 0;
-  for (size_t i = 0; i < config.recipes.size(); ++i) {
-    const std::string& recipe = config.recipes[i];
-    const fs::path outcome_file = dir / "runs" / run_name(recipe) / "outcome.json";
-    const std::string done_before = platform::from_root(world, [&] {  // a finished recipe's outcome, read by rank 0
-      return resume && fs::exists(outcome_file) ? read_text(outcome_file) : std::string();
-    });
-    if (!done_before.empty()) {
-      RecipeOutcome done = read_json_text(done_before, outcome_file, "; delete it to rerun that recipe", outcome_from);
-      if (done.status != "failed") {  // a failed recipe (an error, not divergence) is tried again
-        rep.rows.push_back(std::move(done));
-        continue;
+  const size_t total = config.recipes.size() * config.seeds.size();
+  size_t index = 0;
+  for (uint64_t seed : config.seeds)  // seeds outermost: the first seed's comparison is whole first
+    for (const std::string& recipe : config.recipes) {
+      ++index;
+      const std::string folder = run_folder(recipe, seed, several_seeds);
+      const fs::path outcome_file = dir / "runs" / folder / "outcome.json";
+      const std::string done_before = platform::from_root(world, [&] {  // a finished run's outcome, read by rank 0
+        return resume && fs::exists(outcome_file) ? read_text(outcome_file) : std::string();
+      });
+      if (!done_before.empty()) {
+        RecipeOutcome done = read_json_text(done_before, outcome_file, "; delete it to rerun that recipe", outcome_from);
+        if (done.seeds.empty()) done.seeds = {seed};
+        if (done.status != "failed") {  // a failed recipe (an error, not divergence) is tried again
+          rep.runs.push_back(std::move(done));
+          continue;
+        }
       }
+      const size_t left = total - index;
+      train::Progress step_progress;
+      if (progress)
+        step_progress = [&, left](const train::StepProgress& p) {
+          // Overall ETA: this run's, plus the mean time of the runs finished so far (or this
+          // one's projected total) for each run still to come.
+          const double per_run = finished_here ? finished_seconds / finished_here : p.elapsed_s + p.eta_s;
+          const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
+          progress("[" + std::to_string(index) + "/" + std::to_string(total) + "] " + run_name(recipe) +
+                   (several_seeds ? " seed " + std::to_string(seed) : "") + "  " + p.line() + " | all " + duration(elapsed) + ", eta " +
+                   duration(p.eta_s + per_run * double(left)));
+        };
+      RecipeOutcome o = run_recipe(config, recipe, seed, resume, step_progress);
+      finished_seconds += o.seconds;
+      ++finished_here;
+      if (world.root()) {
+        io::make_folder(outcome_file.parent_path().string());  // a recipe that failed early has no run folder
+        write_text(outcome_file, outcome_json(o).dump(2) + "\n");
+      }
+      rep.runs.push_back(std::move(o));
     }
-    const size_t left = config.recipes.size() - i - 1;
-    train::Progress step_progress;
-    if (progress)
-      step_progress = [&, i, left](const train::StepProgress& p) {
-        // Overall ETA: this recipe's, plus the mean time of the recipes finished so far (or this
-        // one's projected total) for each recipe still to come.
-        const double per_recipe = finished_here ? finished_seconds / finished_here : p.elapsed_s + p.eta_s;
-        const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
-        progress("[" + std::to_string(i + 1) + "/" + std::to_string(config.recipes.size()) + "] " + run_name(recipe) + "  " + p.line() +
-                 " | all " + duration(elapsed) + ", eta " + duration(p.eta_s + per_recipe * double(left)));
-      };
-    RecipeOutcome o = run_recipe(config, recipe, resume, step_progress);
-    finished_seconds += o.seconds;
-    ++finished_here;
-    if (world.root()) {
-      io::make_folder(outcome_file.parent_path().string());  // a recipe that failed early has no run folder
-      write_text(outcome_file, outcome_json(o).dump(2) + "\n");
-    }
-    rep.rows.push_back(std::move(o));
+  for (const std::string& recipe : config.recipes) {
+    std::vector<const RecipeOutcome*> mine;
+    for (uint64_t seed : config.seeds)
+      for (const RecipeOutcome& o : rep.runs)
+        if (o.recipe == recipe && o.seeds.at(0) == seed) mine.push_back(&o);
+    rep.rows.push_back(summarise(mine));
   }
-  set_baselines(rep.rows, config.base.batch);
+  set_baselines(rep.runs, rep.runs, config.base.batch);
+  set_baselines(rep.rows, rep.runs, config.base.batch);
+  // Speeds: every recipe that trained, timed interleaved under the first seed.
+  std::vector<std::string> timed;
+  for (const RecipeOutcome& o : rep.rows)
+    if (o.status == "ok") timed.push_back(o.recipe);
+  train::TrainConfig timing = config.base;
+  timing.seed = config.seeds.at(0);
+  rep.speed = time_interleaved(timing, timed, config.speed, progress);
+  for (RecipeOutcome& o : rep.rows)
+    if (rep.speed.recipes.count(o.recipe)) o.speed = rep.speed.recipes.at(o.recipe);
   if (world.root()) write_report(config, rep, command);
   return rep;
 }

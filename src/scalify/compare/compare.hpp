@@ -1,19 +1,24 @@
 #pragma once
-// `scalify compare`: one model, one corpus, one seed, trained under each recipe in turn, then
-// compared with FP32 in a report folder:
-//   report.md       the table (each delta with its window-sampling error and a verdict), the plots,
-//                   the command, `scalify info` and a reading generated from the verdicts
-//   summary.csv     one row per recipe (summary.json: the same, plus the configuration)
-//   loss.png        training (lines) and validation (points) loss of every recipe, FP32 emphasised
-//   loss_delta.png  each recipe's validation loss minus its baseline's, over steps
-//   compare.json    what was asked (recipes, config), so --resume can continue
-//   runs/<recipe>/  each recipe's own run folder (metrics, checkpoint) and its outcome.json
-// A recipe that diverges is reported as such, with its step, and the comparison goes on.
+// `scalify compare`: one model, one corpus, trained under each recipe in turn (under each of
+// several seeds with --seeds), then compared with FP32 in a report folder:
+//   report.md       the table (each delta with its 95 % interval and a verdict), the plots, the
+//                   command, `scalify info`, a reading generated from the verdicts, and the
+//                   numerics section
+//   summary.csv     one row per recipe (summary.json: the same, every seed's run, the configuration)
+//   delta.png       each recipe's final delta with its interval, coloured by verdict
+//   loss_delta.png  each recipe's delta over steps with its interval, a panel per recipe family
+//   loss.png        training (lines) and validation (points) loss, a panel per family
+//   compare.json    what was asked (recipes, config, seeds, speed rounds), so --resume can continue
+//   runs/<recipe>/  each recipe's own run folder (runs/<recipe>_seed<N>/ with several seeds)
+// A recipe that diverges is reported as such, with its step, and the comparison goes on. Speeds
+// are timed afterwards, the recipes interleaved (compare/speed.hpp).
 #include <functional>
 #include <string>
 #include <vector>
 
 #include "scalify/compare/noise.hpp"
+#include "scalify/compare/recipe_lists.hpp"
+#include "scalify/compare/speed.hpp"
 #include "scalify/train/config.hpp"
 #include "scalify/train/trainer.hpp"
 
@@ -22,36 +27,49 @@ namespace scalify::compare {
 // Validation loss within this many nats of the baseline counts as parity (seed 000's claim).
 constexpr double kParityNats = 0.05;
 
+// Evaluations a comparison makes over a run when the config does not say (enough points for the
+// plots to show curves): eval_every for `steps`.
+constexpr int64_t kEvalPoints = 10;
+int64_t default_eval_every(int64_t steps);
+
 struct CompareConfig {
   train::TrainConfig base;           // model, data, steps, seed, ... (recipe and out are set per recipe)
   std::vector<std::string> recipes;  // preset names or recipe JSON files, in order
   std::string out = "runs/compare";
+  std::vector<uint64_t> seeds;  // each recipe runs under each (model init and batch order); empty: base.seed alone
+  SpeedConfig speed;            // the interleaved timing after training
 };
 
-// Named lists: "seeds" (every preset, the default), "fp8", "fp16", "fp4",
-// "scalify", "unit", "per_tensor"; or comma-separated preset names / recipe JSON files. Lists
-// may be mixed ("f32,fp8"). Throws naming an unknown entry.
-std::vector<std::string> recipe_list(const std::string& spec);
-std::vector<std::string> recipe_list_names();
+// --seeds: "N" (a count: N seeds from `first` on) or a comma-separated list of seeds ("1,5,9").
+// Throws naming what is wrong (not a number, a repeated seed, none, more than 100).
+std::vector<uint64_t> seed_list(const std::string& spec, uint64_t first);
 
+// One recipe's outcome: of one run (one seed), or a table row over every seed.
 struct RecipeOutcome {
   std::string recipe;         // as given (preset name or JSON file)
-  std::string name;           // its run folder's name under runs/
-  std::string status = "ok";  // ok | diverged | failed
+  std::string name;           // its name in the report (the preset name, or the JSON file's stem)
+  std::string run;            // its run folder under runs/ (a row's: its first seed's)
+  std::vector<uint64_t> seeds;  // the seeds it covers
+  std::string status = "ok";  // ok | diverged | failed (a row: the first seed's that was not ok)
   std::string note;           // why it diverged or failed
   int64_t diverged_step = -1;
+  // A row's: the mean over the seeds that finished (max_underflow: the largest; skipped steps:
+  // summed; val_batch_losses: each batch's mean).
   train::TrainResult result;
   std::string baseline;  // the recipe its delta is taken against: unit_f32 for unit scaling, else f32
-  double val_delta = 0;  // validation loss minus the baseline's (NaN when there is none)
-  PairedDelta noise;     // the delta's window-sampling error (compare/noise.hpp)
-  std::string verdict;   // the stated rule on the delta's 95 % interval (noise.hpp: verdict)
+  double val_delta = 0;  // validation loss minus the baseline's, of the same seed, mean over seeds (NaN when there is none)
+  DeltaInterval noise;   // its 95 % interval: window sampling and seed spread (compare/noise.hpp)
+  std::string verdict;   // the stated rule on that interval (noise.hpp: verdict)
   double seconds = 0, peak_memory_mb = 0;
   std::string quantized;  // quant::quantized_layers
   bool unit_scaled = false;
+  RecipeSpeed speed;  // a row's interleaved timing (compare/speed.hpp)
 };
 
 struct CompareReport {
-  std::vector<RecipeOutcome> rows;
+  std::vector<RecipeOutcome> rows;  // one per recipe, over every seed
+  std::vector<RecipeOutcome> runs;  // one per recipe and seed, seeds outermost
+  SpeedReport speed;
   std::string dir, table;  // table: markdown
   std::string plot_error;  // why there are no PNGs ("" when there are)
 };

@@ -34,16 +34,43 @@ PairedDelta paired_delta(const std::vector<double>& recipe, const std::vector<do
   return d;
 }
 
+DeltaInterval delta_over_seeds(const std::vector<std::vector<double>>& recipe, const std::vector<std::vector<double>>& baseline,
+                               int64_t batch, int64_t windows) {
+  const size_t n = recipe.size();
+  DeltaInterval d{NAN, NAN, NAN, NAN, int(n)};
+  if (n == 0 || baseline.size() != n) return d;
+  std::vector<double> deltas;
+  std::vector<double> mean_recipe(recipe[0].size(), 0.0), mean_baseline(recipe[0].size(), 0.0);
+  for (size_t s = 0; s < n; ++s) {
+    const PairedDelta p = paired_delta(recipe[s], baseline[s], batch, windows);
+    if (!std::isfinite(p.delta) || recipe[s].size() != mean_recipe.size()) return d;
+    deltas.push_back(p.delta);
+    for (size_t k = 0; k < mean_recipe.size(); ++k) {
+      mean_recipe[k] += recipe[s][k] / double(n);
+      mean_baseline[k] += baseline[s][k] / double(n);
+    }
+  }
+  double mean = 0;
+  for (double x : deltas) mean += x / double(n);
+  double ss = 0;
+  for (double x : deltas) ss += (x - mean) * (x - mean);
+  d.delta = mean;
+  d.window_half_width = paired_delta(mean_recipe, mean_baseline, batch, windows).half_width;
+  d.seed_half_width = n > 1 ? t975(int(n) - 1) * std::sqrt(ss / double(n - 1) / double(n)) : 0.0;
+  d.half_width = std::hypot(d.window_half_width, d.seed_half_width);
+  return d;
+}
+
 std::vector<std::string> verdict_names(double bound) {
   char within[48];
   std::snprintf(within, sizeof within, "within +%g of baseline", bound);
   return {"better than baseline", "not distinguishable from baseline", within, "inconclusive", "worse", "no noise estimate"};
 }
 
-std::string verdict(const PairedDelta& d, double bound) {
+std::string verdict(double delta, double half_width, double bound) {
   const std::vector<std::string> name = verdict_names(bound);
-  if (!std::isfinite(d.delta) || !std::isfinite(d.half_width)) return name[5];
-  const double lo = d.delta - d.half_width, hi = d.delta + d.half_width;
+  if (!std::isfinite(delta) || !std::isfinite(half_width)) return name[5];
+  const double lo = delta - half_width, hi = delta + half_width;
   if (hi < 0) return name[0];
   if (lo <= 0) return name[1];
   if (hi <= bound) return name[2];

@@ -3,8 +3,8 @@
 // be evaluated: both models are evaluated on the same windows, in the same batches, so the
 // difference of their batch means is paired, and its spread over the batches gives the
 // difference's standard error (the batch-means estimate; windows of one batch are consecutive
-// text, batches far apart). It is the window-sampling error of one run: seed-to-seed variation
-// is not in it.
+// text, batches far apart). It is the window-sampling error of one run; over several seeds
+// (delta_over_seeds), the spread of the seeds' deltas adds the seed-to-seed variation.
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -21,6 +21,21 @@ struct PairedDelta {
 // rest of `windows`). NaN everywhere when the two lists differ in length or hold fewer than 2.
 PairedDelta paired_delta(const std::vector<double>& recipe, const std::vector<double>& baseline, int64_t batch, int64_t windows);
 
+// A delta over one or more seeds (each seed's recipe paired with the baseline of the same seed;
+// every seed evaluated on the same windows): the mean of the seeds' deltas and its 95 % interval,
+// whose half-width is two half-widths in quadrature: the window-sampling error of the
+// seed-averaged batch means (paired_delta), and the seeds' spread, t(0.975, seeds - 1) sd / sqrt(seeds)
+// (0 with one seed: then seed-to-seed variation is not measured).
+struct DeltaInterval {
+  double delta = 0, half_width = 0;
+  double window_half_width = 0, seed_half_width = 0;
+  int seeds = 0;
+};
+// recipe[s] and baseline[s]: seed s's batch means (paired_delta's arguments). NaN where any
+// seed's pair gives no paired_delta, or with no seeds.
+DeltaInterval delta_over_seeds(const std::vector<std::vector<double>>& recipe, const std::vector<std::vector<double>>& baseline,
+                               int64_t batch, int64_t windows);
+
 // Student's t quantile at 0.975 for df degrees of freedom (the published table; 1.96 beyond 120).
 double t975(int df);
 
@@ -28,7 +43,7 @@ double t975(int df);
 // bound b (kParityNats): "better than baseline" (interval below 0), "not distinguishable from
 // baseline" (it holds 0), "within +b of baseline" (above 0, at most b), "worse" (above b),
 // "inconclusive" (it holds b); "no noise estimate" when it cannot be formed.
-std::string verdict(const PairedDelta& d, double bound);
+std::string verdict(double delta, double half_width, double bound);
 // Every verdict verdict() can give, best first.
 std::vector<std::string> verdict_names(double bound);
 

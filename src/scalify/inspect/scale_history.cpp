@@ -46,7 +46,9 @@ std::vector<ScaleSeries> read_scale_history(const std::string& run_dir) {
         const double underflow = q.at("underflow").get<double>(), clipped = q.at("clipped").get<double>();
         if (!(underflow >= 0 && underflow <= 1 && clipped >= 0 && clipped <= 1))
           throw Error("'" + name + "' has underflow or clipped fractions outside [0, 1]");
-        series[it->second].points.push_back({step, -std::log2(scale), underflow, clipped});
+        const double energy = q.contains("underflow_energy") ? q.at("underflow_energy").get<double>() : NAN;
+        if (!(energy >= 0 && energy <= 1) && !std::isnan(energy)) throw Error("'" + name + "' has an underflow energy outside [0, 1]");
+        series[it->second].points.push_back({step, -std::log2(scale), underflow, clipped, energy});
       }
     } catch (const std::exception& e) {
       throw Error("'" + file.string() + "' line " + std::to_string(n) + ": bad quant record (" + e.what() + ")");

@@ -12,6 +12,7 @@ struct ScalePoint {
   int64_t step;
   double bias;  // the scaling bias, -log2(decode scale): the cast sees x * 2^bias (the largest block scale's for MX / blocks)
   double underflow, clipped;
+  double underflow_energy;  // the underflowed values' share of the tensor's squared norm (NaN in runs that predate it)
 };
 
 struct ScaleSeries {

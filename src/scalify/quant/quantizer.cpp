@@ -46,8 +46,9 @@ Tensor encode(const Tensor& x, Format fmt, float encode_scale, const QuantizerCo
   const float under_limit = float(0.5 * min_subnormal(fmt) / encode_scale), clip_limit = float(max_value(fmt) / encode_scale);
   uint32_t amax_bits = 0;  // max |x| as bits: a NaN orders above infinity
   int64_t under = 0, clip = 0, nonzero = 0;
+  double energy = 0, under_energy = 0;  // sums of x^2: all inputs, and those that underflow
   std::exception_ptr error;  // a NaN into a format without NaN throws; rethrown after the loop
-#pragma omp parallel for num_threads(num_threads()) reduction(max : amax_bits) reduction(+ : under, clip, nonzero) \
+#pragma omp parallel for num_threads(num_threads()) reduction(max : amax_bits) reduction(+ : under, clip, nonzero, energy, under_energy) \
     if (n > platform::kParallelGrain)
   for (int64_t ch = 0; ch < chunks; ++ch) {
     float buf[kChunk];
@@ -68,17 +69,24 @@ Tensor encode(const Tensor& x, Format fmt, float encode_scale, const QuantizerCo
       continue;
     }
     if (!stats) continue;
+    double e = 0, eu = 0;
     for (int64_t i = 0; i < len; ++i) {  // branch-free, so it vectorises
       const float a = std::fabs(p[i]);
       nonzero += int64_t(a != 0);
       under += int64_t(a != 0) & int64_t(a <= under_limit);
       clip += int64_t(a > clip_limit);
+      const double a2 = double(a) * double(a);
+      e += a2;
+      eu += a <= under_limit ? a2 : 0.0;
     }
+    energy += e;
+    under_energy += eu;
   }
   if (error) std::rethrow_exception(error);
   st.amax = std::bit_cast<float>(amax_bits);
   if (!stats) return codes;
   st.underflow = nonzero ? double(under) / double(nonzero) : 0.0;
+  st.underflow_energy = energy > 0 ? under_energy / energy : 0.0;
   st.clipped = n ? double(clip) / double(n) : 0.0;
   return codes;
 }
@@ -90,6 +98,7 @@ void block_statistics(const Tensor& xs, const BlockQuantized& q, QuantStats& st)
   dequantize_blocks(q, back);
   const double top = max_value(q.element);
   int64_t nonzero = 0, underflow = 0, clipped = 0;
+  double energy = 0, under_energy = 0;
   float amax = 0;
   for (size_t r = 0; r < q.rows; ++r)
     for (size_t c = 0; c < q.cols; ++c) {
@@ -99,6 +108,8 @@ void block_statistics(const Tensor& xs, const BlockQuantized& q, QuantStats& st)
       if (v == 0 || !std::isfinite(v)) continue;
       ++nonzero;
       underflow += back[i] == 0;
+      energy += double(v) * double(v);
+      under_energy += back[i] == 0 ? double(v) * double(v) : 0.0;
       // The block's largest value, computed in double: a relative 2^-20 allows for the f32
       // rounding of an amax-derived scale (f32_amax: amax / 448 * 448 may fall an ulp short). A
       // block whose scale is 0 (E4M3 scales that underflowed) underflows; it does not clip.
@@ -107,6 +118,7 @@ void block_statistics(const Tensor& xs, const BlockQuantized& q, QuantStats& st)
     }
   st.amax = amax;
   st.underflow = nonzero ? double(underflow) / double(nonzero) : 0.0;
+  st.underflow_energy = energy > 0 ? under_energy / energy : 0.0;
   st.clipped = nonzero ? double(clipped) / double(nonzero) : 0.0;
 }
 

@@ -61,6 +61,9 @@ struct QuantStats {
   int bias = 0;          // the scaling bias for the *_bias strategies
   float amax = 0;        // max |x| of the input
   double underflow = 0;  // fraction of non-zero inputs that became zero
+  // Their share of the input's squared norm: what the flushed values carried (the smallest
+  // values underflow first, so a large fraction can carry almost nothing).
+  double underflow_energy = 0;
   double clipped = 0;    // fraction of inputs beyond the format's range after scaling
 };
 

@@ -281,7 +281,8 @@ json quant_record(const Session& s, TrainResult& r, RunTotals& totals) {
       // (block scaling, per-GEMM recipes); per-tensor recipes reuse the forward's.
       if (role.ends_with("_t") && quantizer->state().steps == 0) continue;
       const quant::QuantStats& qs = quantizer->last();
-      q[layer + "." + role] = {{"scale", qs.scale}, {"amax", qs.amax}, {"underflow", qs.underflow}, {"clipped", qs.clipped}};
+      q[layer + "." + role] = {
+          {"scale", qs.scale}, {"amax", qs.amax}, {"underflow", qs.underflow}, {"underflow_energy", qs.underflow_energy}, {"clipped", qs.clipped}};
       totals.underflow += qs.underflow;
       totals.clipped += qs.clipped;
       r.max_underflow = std::max(r.max_underflow, qs.underflow);
@@ -400,7 +401,7 @@ TrainResult train(const TrainConfig& given, bool resume, const Progress& progres
       metrics << json{{"step", step}, {"quant", quant_record(s, r, totals)}}.dump() << "\n";
     if ((step + 1) % cfg.eval_every == 0 || step + 1 == cfg.steps) {
       const EvalResult e = eval_session(s, corpus, world);
-      metrics << json{{"step", step}, {"val_loss", e.loss}, {"val_bpb", e.bits_per_byte}}.dump() << "\n";
+      metrics << json{{"step", step}, {"val_loss", e.loss}, {"val_bpb", e.bits_per_byte}, {"val_batch_losses", e.batch_losses}}.dump() << "\n";
       r.val_loss = e.loss;
       r.val_bpb = e.bits_per_byte;
       r.val_batch_losses = e.batch_losses;
@@ -449,6 +450,31 @@ TrainResult train(const TrainConfig& given, bool resume, const Progress& progres
   }
   log << "stopped at step " << end << " of " << cfg.steps << "\n";
   return r;
+}
+
+std::vector<StepTime> time_training_steps(const TrainConfig& given, const Corpus& corpus, int64_t warmup, int64_t steps, double min_seconds) {
+  struct RestoreStatistics {
+    ~RestoreStatistics() { quant::set_collect_statistics(true); }
+  } restore_statistics;
+  quant::set_collect_statistics(false);  // as on the steps between train()'s statistics steps
+  const platform::World& world = platform::world();
+  TrainConfig config = with_pretrained_model(given);
+  config.validate();
+  std::unique_ptr<Session> s = make_session(config, nullptr);
+  const std::vector<quant::Quantizer*> quantizers = model_quantizers(s->model);
+  std::vector<StepTime> times;
+  double timed = 0;
+  for (int64_t step = 0; step < warmup + steps || (timed < min_seconds && step < warmup + 10 * steps); ++step) {
+    const auto t0 = std::chrono::steady_clock::now();
+    const double cpu0 = process_cpu_seconds();
+    s->opt->set_lr(learning_rate(config, step));
+    AllreduceCost comm;
+    update(*s, forward_backward(*s, corpus, step, quantizers, world, comm), step, false);
+    if (step < warmup) continue;
+    times.push_back({std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), process_cpu_seconds() - cpu0});
+    timed += times.back().wall_s;
+  }
+  return times;
 }
 
 }  // namespace scalify::train

@@ -11,9 +11,11 @@
 // quantisers, see scaled_tensor.hpp), "tokens_per_s", and where gradients are exchanged (several
 // ranks, or a recipe's gradient_allreduce) "allreduce_bytes" (sent by this rank) and
 // "allreduce_s"}, every stats_every steps {"step", "quant": {"h0.attn.qkv.weight": {"scale",
-// "amax", "underflow", "clipped"}, ...}}, with a low-precision data storage also every stats_every
+// "amax", "underflow", "underflow_energy" (the flushed values' share of the squared norm),
+// "clipped"}, ...}}, with a low-precision data storage also every stats_every
 // steps {"step", "data_storage": {"<op>" or "<op> grad": {"values", "underflow", "subnormal", "saturated"}}}
-// (fractions of the values rounded into the storage), at each evaluation {"step", "val_loss", "val_bpb"}.
+// (fractions of the values rounded into the storage), at each evaluation {"step", "val_loss", "val_bpb",
+// "val_batch_losses" (each validation batch's mean loss, EvalResult::batch_losses)}.
 // Everything but tokens_per_s and allreduce_s is a pure function of the config and the thread
 // count, whatever the number of ranks (train/data_parallel.hpp; rank 0 writes the folder).
 #include <functional>
@@ -22,6 +24,7 @@
 #include "scalify/error.hpp"
 #include "scalify/platform/world.hpp"
 #include "scalify/train/config.hpp"
+#include "scalify/train/corpus.hpp"
 
 namespace scalify::train {
 
@@ -71,5 +74,18 @@ using Progress = std::function<void(const StepProgress&)>;
 // model at step 0, before any update, as initial.safetensors (a training checkpoint at step 0), so
 // that another tool can start from the same weights.
 TrainResult train(const TrainConfig& config, bool resume, const Progress& progress = {}, int64_t stop_after = 0, bool save_initial = false);
+
+// One timed training step: its wall seconds and the process's CPU seconds (all threads).
+struct StepTime {
+  double wall_s = 0, cpu_s = 0;
+};
+// Times `steps` training steps of a new session of `config` (its model drawn from its seed, or
+// its --init weights) on `corpus` (corpus_for(config)), after `warmup` untimed ones, and more
+// until the timed ones add up to min_seconds (at most 10 x steps): the same
+// forward, backward and update as train(), but no run folder, nothing written and no statistics
+// gathered. For speed comparisons that interleave recipes in one process (compare/speed.hpp).
+// Throws Diverged as train() does.
+std::vector<StepTime> time_training_steps(const TrainConfig& config, const Corpus& corpus, int64_t warmup, int64_t steps,
+                                          double min_seconds = 0);
 
 }  // namespace scalify::train

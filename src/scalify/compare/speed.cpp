@@ -1,0 +1,109 @@
+#include "scalify/compare/speed.hpp"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <sstream>
+
+#include "scalify/platform/world.hpp"
+#include "scalify/train/pretrained.hpp"
+#include "scalify/train/session.hpp"
+#include "scalify/train/trainer.hpp"
+
+namespace scalify::compare {
+
+namespace {
+
+double median(std::vector<double> v) {
+  if (v.empty()) return NAN;
+  std::sort(v.begin(), v.end());
+  return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
+}
+
+std::string fixed(double v, int digits) {
+  std::ostringstream s;
+  s.setf(std::ios::fixed);
+  s.precision(digits);
+  s << v;
+  return s.str();
+}
+
+}  // namespace
+
+SpeedReport time_interleaved(const train::TrainConfig& base, const std::vector<std::string>& recipes, const SpeedConfig& config,
+                             const std::function<void(const std::string&)>& progress) {
+  SpeedReport rep;
+  rep.rounds = config.rounds;
+  if (config.rounds <= 0 || recipes.empty()) return rep;
+  const platform::World& world = platform::world();
+  const train::Corpus corpus = train::corpus_for(train::with_pretrained_model(base));
+  const double tokens_per_step = double(base.batch * base.accum * train::with_pretrained_model(base).model.seq);
+  // Per recipe and round: the turn's fastest step; and every timed step's CPU share.
+  std::map<std::string, std::vector<double>> fastest, shares;
+  std::vector<std::string> order = recipes;
+  for (int round = 0; round < config.rounds; ++round) {
+    for (size_t i = 0; i < order.size(); ++i) {
+      const std::string& recipe = order[i];
+      if (!rep.recipes[recipe].error.empty()) continue;
+      if (progress)
+        progress("speed, round " + std::to_string(round + 1) + "/" + std::to_string(config.rounds) + " [" + std::to_string(i + 1) + "/" +
+                 std::to_string(order.size()) + "] " + recipe);
+      train::TrainConfig c = base;
+      c.recipe = recipe;
+      try {
+        const std::vector<train::StepTime> t = train::time_training_steps(c, corpus, config.warmup, config.steps, config.min_seconds);
+        double best = INFINITY;
+        for (const train::StepTime& s : t) {
+          best = std::min(best, s.wall_s);
+          shares[recipe].push_back(s.cpu_s / std::max(s.wall_s, 1e-9) / double(omp_get_max_threads()));
+        }
+        fastest[recipe].push_back(best);
+      } catch (const std::exception& e) {
+        // A recipe that cannot run (it diverged in training too) is not timed; an error on some
+        // ranks only would leave the others waiting in a collective.
+        if (world.size() > 1 && !dynamic_cast<const platform::EveryRankError*>(&e)) throw;
+        rep.recipes[recipe].error = e.what();
+      }
+    }
+    std::reverse(order.begin(), order.end());  // drift within a round cancels over two rounds
+  }
+  const std::vector<double>& f32 = fastest["f32"];
+  if (!f32.empty()) rep.f32_spread = *std::max_element(f32.begin(), f32.end()) / *std::min_element(f32.begin(), f32.end());
+  for (const std::string& recipe : recipes) {
+    RecipeSpeed& s = rep.recipes[recipe];
+    const std::vector<double>& mine = fastest[recipe];
+    if (!s.error.empty() || mine.empty()) continue;
+    std::vector<double> tps, ratio;
+    for (size_t r = 0; r < mine.size(); ++r) {
+      tps.push_back(tokens_per_step / mine[r]);
+      if (r < f32.size() && f32.size() == mine.size()) ratio.push_back(f32[r] / mine[r]);
+    }
+    s.tokens_per_s = median(tps);
+    s.cpu_share = median(shares[recipe]);
+    if (!ratio.empty()) {
+      s.vs_f32 = median(ratio);
+      s.vs_f32_low = *std::min_element(ratio.begin(), ratio.end());
+      s.vs_f32_high = *std::max_element(ratio.begin(), ratio.end());
+    }
+  }
+  return rep;
+}
+
+std::string busy_host_warning(const SpeedReport& speed) {
+  std::vector<std::string> why;
+  if (speed.f32_spread > 1.25) why.push_back("f32's fastest step moved " + fixed(speed.f32_spread, 2) + "x between rounds");
+  for (const auto& [recipe, s] : speed.recipes) {
+    if (!s.error.empty()) continue;
+    if (s.vs_f32_low > 0 && s.vs_f32_high / s.vs_f32_low > 1.2)
+      why.push_back(recipe + "'s ratio ranged " + fixed(s.vs_f32_low, 2) + "-" + fixed(s.vs_f32_high, 2));
+    if (s.cpu_share > 0 && s.cpu_share < 0.75) why.push_back(recipe + "'s steps used " + fixed(100 * s.cpu_share, 0) + " % of the cores");
+  }
+  if (why.empty()) return "";
+  std::string list;
+  for (const std::string& w : why) list.append(list.empty() ? "" : "; ").append(w);
+  return "**Warning: the host was busy** while the speeds were timed (" + list +
+         "), so the speed columns may say more about the host than the recipes. Rerun on a quiet host before reading them.\n\n";
+}
+
+}  // namespace scalify::compare

@@ -1,0 +1,49 @@
+#pragma once
+// Speed that a busy host cannot invent: the recipes' training steps timed interleaved, in one
+// process. Each round builds every recipe's model in turn (the order reversed every other round)
+// and times a few of its steps after a warm-up; a recipe's speed against f32 is f32's fastest
+// step over the recipe's fastest step in the same round, its median over the rounds. A load
+// that comes and goes slows the recipes of a round alike, so the ratios hold where the training
+// runs' own speeds (one recipe after another, minutes apart) do not.
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "scalify/train/config.hpp"
+
+namespace scalify::compare {
+
+struct SpeedConfig {
+  int rounds = 3;          // 0: no interleaved timing (the table shows the training runs' speeds)
+  int64_t warmup = 2;      // untimed steps of each recipe's turn (caches, thread pools, buffers)
+  int64_t steps = 4;       // timed steps of each turn (the fastest counts) ...
+  double min_seconds = 0.5;  // ... and more until they add up to this (at most 10 x steps): small models' steps are short
+};
+
+struct RecipeSpeed {
+  double tokens_per_s = 0;                        // median over rounds of the turn's fastest step
+  double vs_f32 = 0, vs_f32_low = 0, vs_f32_high = 0;  // f32's step time over this recipe's: median, lowest, highest round
+  double cpu_share = 0;  // median over the timed steps of CPU seconds / (wall seconds x threads)
+  std::string error;     // why it could not be timed ("" when it was)
+};
+
+struct SpeedReport {
+  std::map<std::string, RecipeSpeed> recipes;  // by recipe
+  int rounds = 0;
+  double f32_spread = 0;  // f32's fastest step: its slowest round over its fastest
+};
+
+// Times `recipes` (f32 among them: the ratios' reference) under `base` (its model, data, seed),
+// calling progress with a line per turn. With several ranks (data parallelism) every rank takes
+// part, as in training.
+SpeedReport time_interleaved(const train::TrainConfig& base, const std::vector<std::string>& recipes, const SpeedConfig& config,
+                             const std::function<void(const std::string&)>& progress);
+
+// Markdown: a warning naming what says the host was busy during the timing (a recipe's ratio
+// moving more than 20 % between rounds, f32's fastest step more than 25 %, or steps filling
+// under 75 % of the cores), or "" when nothing does.
+std::string busy_host_warning(const SpeedReport& speed);
+
+}  // namespace scalify::compare
