@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "scalify/error.hpp"
+#include "scalify/formats/bulk.hpp"
 #include "scalify/quant/recipe.hpp"
 #include "scalify/compare/compare.hpp"
 #include "train_fixtures.hpp"
@@ -136,6 +137,7 @@ TEST(Compare, WritesTheReportAndReportsADivergingRecipeWhileTheOthersComplete) {
   compare::CompareConfig config = overflowing_comparison(out);
   config.speed.rounds = 2;  // the interleaved timing after training, kept short
   config.speed.min_seconds = 0;
+  const int threads = num_threads();
   const compare::CompareReport rep = compare::compare(config, false, [&](const std::string& l) { progress.push_back(l); });
   ASSERT_EQ(rep.rows.size(), 3u);
   EXPECT_EQ(rep.rows[0].recipe, "f32");  // the baseline, added first
@@ -220,7 +222,8 @@ TEST(Compare, WritesTheReportAndReportsADivergingRecipeWhileTheOthersComplete) {
   EXPECT_LE(current.vs_f32, current.vs_f32_high);
   EXPECT_GT(current.cpu_share, 0.05);
   EXPECT_EQ(rep.rows[2].speed.tokens_per_s, 0) << "a diverged recipe is not timed";
-  EXPECT_NE(md.find("timed after training, interleaved in one process (2 rounds"), std::string::npos);
+  EXPECT_EQ(num_threads(), threads) << "the timing's one thread outlived it";
+  EXPECT_NE(md.find("timed after training, interleaved in one process on one thread (2 rounds"), std::string::npos);
 }
 
 // --seeds: every recipe under each seed, in a run folder of its own. A run under seed 2 is the run

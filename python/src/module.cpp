@@ -257,10 +257,10 @@ nb::list run_compare(const std::map<std::string, std::string>& settings, const s
     d["window_ci95"] = o.noise.window_half_width;
     d["seed_ci95"] = o.noise.seed_half_width;
     d["verdict"] = o.verdict;
-    if (o.speed.tokens_per_s > 0) {  // the interleaved timing replaces the training run's speed
-      d["tokens_per_s"] = o.speed.tokens_per_s;
+    if (o.speed.vs_f32 > 0) {  // the interleaved timing (one thread), beside the training run's tokens_per_s
       d["speed_vs_f32"] = o.speed.vs_f32;
-      d["cpu_share"] = o.speed.cpu_share;
+      d["speed_vs_f32_low"] = o.speed.vs_f32_low;
+      d["speed_vs_f32_high"] = o.speed.vs_f32_high;
     }
     d["seconds"] = o.seconds;
     d["peak_memory_mb"] = o.peak_memory_mb;

@@ -71,6 +71,29 @@ def test_compare_returns_its_rows_and_checkpoints_load(tmp_path, corpus):
     assert "config" in meta and "recipe" in meta
 
 
+def test_compare_under_several_seeds_gives_intervals_and_verdicts(tmp_path, corpus):
+    rows = scalify.compare(str(tmp_path / "seeds"), recipes="current", steps=4, data=corpus, seeds=2, speed_rounds=1, **SETTINGS)
+    rows = rows.to_dict("records") if hasattr(rows, "to_dict") else rows
+    assert [r["seeds"] for r in rows] == [[1, 2], [1, 2]]
+    current = rows[1]
+    assert current["val_delta_ci95"] > 0 and current["seed_ci95"] > 0 and current["window_ci95"] > 0
+    assert abs(current["val_delta_ci95"] ** 2 - current["seed_ci95"] ** 2 - current["window_ci95"] ** 2) < 1e-12
+    assert current["verdict"] in ("better than baseline", "not distinguishable from baseline", "within +0.05 of baseline",
+                                  "inconclusive", "worse")
+    assert rows[0]["speed_vs_f32"] == 1.0 and current["speed_vs_f32"] > 0  # timed interleaved, one round
+    assert os.path.isdir(tmp_path / "seeds" / "runs" / "current_seed2")
+    # A list of one seed is that seed: the run equals the two-seed comparison's run under seed 2.
+    one = scalify.compare(str(tmp_path / "seed2"), recipes="current", steps=4, data=corpus, seeds=[2], speed_rounds=0, **SETTINGS)
+    one = one.to_dict("records") if hasattr(one, "to_dict") else one
+    assert one[1]["seeds"] == [2] and os.path.isdir(tmp_path / "seed2" / "runs" / "current")
+    run2 = scalify.read_metrics(str(tmp_path / "seeds" / "runs" / "current_seed2"))
+    assert one[1]["val_loss"] == [m["val_loss"] for m in run2 if "val_loss" in m][-1]
+    with pytest.raises(ValueError, match="given twice"):
+        scalify.compare(str(tmp_path / "bad"), recipes="current", steps=4, data=corpus, seeds=[1, 1], **SETTINGS)
+    with pytest.raises(TypeError, match="seeds"):
+        scalify.compare(str(tmp_path / "bad2"), recipes="current", steps=4, data=corpus, seeds="3", **SETTINGS)
+
+
 def test_ctrl_c_stops_training_between_steps_and_the_run_resumes(tmp_path, corpus):
     import signal
     import sys

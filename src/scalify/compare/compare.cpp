@@ -299,26 +299,24 @@ void set_baselines(std::vector<RecipeOutcome>& outcomes, const std::vector<Recip
   }
 }
 
-// A row's speed: interleaved timing (tok/s, × f32 with its range over rounds, CPU use) when the
-// comparison timed it, else its training runs' (one recipe after another).
+// A row's speed cells: the training runs' tok/s and CPU use, and × f32 from the interleaved
+// timing with its range over rounds when the comparison timed it, else from the training runs.
 struct SpeedCells {
   std::string tokens, vs_f32, cpu;
 };
 SpeedCells speed_cells(const RecipeOutcome& o, double f32_training_speed) {
-  const RecipeSpeed& s = o.speed;
-  if (s.tokens_per_s > 0)
-    return {fixed(s.tokens_per_s, 0),
-            s.vs_f32 > 0 ? fixed(s.vs_f32, 2) + " (" + fixed(s.vs_f32_low, 2) + "–" + fixed(s.vs_f32_high, 2) + ")" : "–",
-            percent(s.cpu_share)};
   const train::TrainResult& r = o.result;
-  return {fixed(r.tokens_per_s, 0), f32_training_speed > 0 && o.status == "ok" ? fixed(r.tokens_per_s / f32_training_speed, 2) : "–",
-          r.cpu_share > 0 ? percent(r.cpu_share) : "–"};
+  const RecipeSpeed& s = o.speed;
+  const std::string ratio = s.vs_f32 > 0 ? fixed(s.vs_f32, 2) + " (" + fixed(s.vs_f32_low, 2) + "–" + fixed(s.vs_f32_high, 2) + ")"
+                            : f32_training_speed > 0 && o.status == "ok" ? fixed(r.tokens_per_s / f32_training_speed, 2)
+                                                                          : "–";
+  return {fixed(r.tokens_per_s, 0), ratio, r.cpu_share > 0 ? percent(r.cpu_share) : "–"};
 }
 
 std::string markdown_table(const std::vector<RecipeOutcome>& rows, double f32_training_speed) {
   std::ostringstream t;
   t << "| recipe | status | val loss | Δ vs baseline (95 %) | of which windows / seeds | verdict | bits/byte | train loss | skipped | "
-       "underflow (mean / max) | clipped | scale stats/step | tok/s | speed ×f32 (range) | CPU use | state B/param | peak MB |\n"
+       "underflow (mean / max) | clipped | scale stats/step | tok/s | CPU use | speed ×f32 (range) | state B/param | peak MB |\n"
     << "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
   for (const RecipeOutcome& o : rows) {
     const train::TrainResult& r = o.result;
@@ -336,7 +334,7 @@ std::string markdown_table(const std::vector<RecipeOutcome>& rows, double f32_tr
               : "± " + fixed(o.noise.window_half_width, 3) + " / " + (o.noise.seeds > 1 ? "± " + fixed(o.noise.seed_half_width, 3) : "–"))
       << " | " << (base ? "" : o.verdict) << " | " << fixed(r.val_bpb, 3) << " | " << fixed(r.train_loss, 3) << " | " << r.skipped
       << " | " << percent(r.mean_underflow) << " / " << percent(r.max_underflow) << " | " << percent(r.mean_clipped) << " | "
-      << fixed(r.scale_statistics_per_step, 1) << " | " << speed.tokens << " | " << speed.vs_f32 << " | " << speed.cpu << " | "
+      << fixed(r.scale_statistics_per_step, 1) << " | " << speed.tokens << " | " << speed.cpu << " | " << speed.vs_f32 << " | "
       << fixed(r.state_bytes_per_parameter, 2) << " | " << fixed(o.peak_memory_mb, 0) << " |\n";
   }
   return t.str();
@@ -346,6 +344,22 @@ std::string join(const std::vector<std::string>& v) {
   std::string out;
   for (const std::string& s : v) out.append(out.empty() ? "" : ", ").append(s);
   return out.empty() ? "none" : out;
+}
+
+// Training runs timed while the host was busy: the recipes whose steps filled less than 75 % of
+// their threads' cores (CPU time over wall time) or whose step times spread more than 1.5-fold
+// (90th over 10th percentile). "" when none: then the tok/s column can be compared.
+std::string training_speed_warning(const std::vector<RecipeOutcome>& rows, bool timed) {
+  std::vector<std::string> busy;
+  for (const RecipeOutcome& o : rows) {
+    const train::TrainResult& r = o.result;
+    if (o.status == "ok" && ((r.cpu_share > 0 && r.cpu_share < 0.75) || r.step_time_spread > 1.5))
+      busy.push_back(o.name + " (CPU use " + percent(r.cpu_share) + ", step times spread " + fixed(r.step_time_spread, 1) + "x)");
+  }
+  if (busy.empty()) return "";
+  return "**Warning: the host was busy** while these recipes trained, so their tok/s say more about the host than the recipe: " +
+         join(busy) + (timed ? ". The interleaved speed ×f32 is meant to hold regardless; read that instead.\n\n"
+                             : ". Rerun on a quiet host (or compare CPU use) before reading the speeds.\n\n");
 }
 
 // A few sentences read off the numbers.
@@ -426,17 +440,17 @@ void write_report(const CompareConfig& config, CompareReport& rep, const std::st
   json rows = json::array(), runs = json::array();
   for (const RecipeOutcome& o : rep.rows) {
     const train::TrainResult& r = o.result;
-    const bool timed = o.speed.tokens_per_s > 0;
+    const bool timed = o.speed.vs_f32 > 0;
     csv << csv_field(o.name) << "," << o.status << "," << o.baseline << "," << o.seeds.size() << "," << csv_number(r.val_loss, 5) << ","
         << csv_number(o.val_delta, 5) << "," << csv_number(o.noise.half_width, 5) << "," << csv_number(o.noise.window_half_width, 5) << ","
         << (o.noise.seeds > 1 ? csv_number(o.noise.seed_half_width, 5) : "") << "," << csv_field(o.verdict) << ","
         << csv_number(r.val_bpb, 5) << "," << csv_number(r.train_loss, 5) << "," << r.steps << "," << r.skipped << "," << r.nonfinite_steps
         << "," << o.diverged_step << "," << fixed(r.mean_underflow, 6) << "," << fixed(r.max_underflow, 6) << ","
         << fixed(r.mean_clipped, 6) << "," << csv_number(r.scale_statistics_per_step, 2) << ","
-        << csv_number(timed ? o.speed.tokens_per_s : r.tokens_per_s, 0) << ","
+        << csv_number(r.tokens_per_s, 0) << ","
         << (timed ? csv_number(o.speed.vs_f32, 3) : f32_training_speed > 0 ? csv_number(r.tokens_per_s / f32_training_speed, 3) : "")
         << "," << (timed ? csv_number(o.speed.vs_f32_low, 3) : "") << "," << (timed ? csv_number(o.speed.vs_f32_high, 3) : "") << ","
-        << csv_number(timed ? o.speed.cpu_share : r.cpu_share, 3) << "," << csv_number(r.step_time_spread, 2) << ","
+        << csv_number(r.cpu_share, 3) << "," << csv_number(r.step_time_spread, 2) << ","
         << csv_number(r.state_bytes_per_parameter, 3) << "," << csv_number(o.peak_memory_mb, 1) << "," << csv_number(o.seconds, 1) << ","
         << csv_field(o.quantized) << "\n";
     json j = outcome_json(o);
@@ -491,17 +505,19 @@ void write_report(const CompareConfig& config, CompareReport& rep, const std::st
      << "). Underflow: the fraction of non-zero values a quantiser flushed to zero; clipped: beyond the format's range; both "
         "averaged over every quantised operand's statistics (weights, activations, gradients of each block linear, every "
      << b.stats_every << " steps). "
-     << (timed ? "Speed: the recipes' training steps timed after training, interleaved in one process (" +
+     << "Tok/s and CPU use: the median training step of each run (CPU use: CPU seconds over wall seconds × threads). "
+     << (timed ? "Speed ×f32: the recipes' training steps timed after training, interleaved in one process on one thread (" +
                      std::to_string(config.speed.rounds) + " rounds, the order reversed every other round; in each, " +
                      std::to_string(config.speed.warmup) + " untimed steps per recipe, then at least " +
                      std::to_string(config.speed.steps) + " timed ones adding up to " + fixed(config.speed.min_seconds, 1) +
-                     " s, the fastest counting): tok/s the median over rounds, speed ×f32 f32's step "
-                     "time over the recipe's in the same round, median (lowest–highest round), CPU use the CPU seconds "
-                     "over wall seconds × threads. "
-               : std::string("Speed: the median step of each training run (recipes one after another: a busy host moves them). "))
+                     " s, the fastest counting): f32's step time over the recipe's in the same round, median (lowest–highest "
+                     "round); one thread, so that a busy host slows every recipe alike: the ratio is the recipe's compute cost "
+                     "per step, which the training runs' own speeds (recipes one after another, threads sharing cores with "
+                     "whatever else runs) cannot give. "
+               : std::string("Speed ×f32: the training runs' tok/s against f32's (recipes one after another: a busy host moves them). "))
      << "State B/param: master weights, gradients and AdamW moments (with scales) per parameter, "
         "measured on the tensors. Peak MB: the process's peak resident memory during the recipe.\n\n"
-     << (timed ? busy_host_warning(rep.speed) : "")
+     << training_speed_warning(rep.rows, timed) << (timed ? busy_host_warning(rep.speed) : "")
      << (rep.plot_error.empty() ? "![validation loss minus the baseline over training](loss_delta.png)\n\n![loss](loss.png)\n\n"
                                 : "(No plots: " + rep.plot_error + ".)\n\n")
      << "## Reading\n\n"

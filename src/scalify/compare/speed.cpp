@@ -37,6 +37,13 @@ SpeedReport time_interleaved(const train::TrainConfig& base, const std::vector<s
   rep.rounds = config.rounds;
   if (config.rounds <= 0 || recipes.empty()) return rep;
   const platform::World& world = platform::world();
+  struct Threads {  // the timing's thread count, the process's own again after
+    int before = omp_get_max_threads();
+    explicit Threads(int n) {
+      if (n > 0) omp_set_num_threads(n);
+    }
+    ~Threads() { omp_set_num_threads(before); }
+  } threads(config.threads);
   const train::Corpus corpus = train::corpus_for(train::with_pretrained_model(base));
   const double tokens_per_step = double(base.batch * base.accum * train::with_pretrained_model(base).model.seq);
   // Per recipe and round: the turn's fastest step; and every timed step's CPU share.

@@ -1,10 +1,16 @@
 #pragma once
 // Speed that a busy host cannot invent: the recipes' training steps timed interleaved, in one
-// process. Each round builds every recipe's model in turn (the order reversed every other round)
-// and times a few of its steps after a warm-up; a recipe's speed against f32 is f32's fastest
-// step over the recipe's fastest step in the same round, its median over the rounds. A load
-// that comes and goes slows the recipes of a round alike, so the ratios hold where the training
-// runs' own speeds (one recipe after another, minutes apart) do not.
+// process, on one thread. Each round builds every recipe's model in turn (the order reversed
+// every other round) and times a few of its steps after a warm-up; a recipe's speed against f32
+// is f32's fastest step over the recipe's fastest step in the same round, its median over the
+// rounds. A load that comes and goes slows the recipes of a round alike, so the ratios hold where
+// the training runs' own speeds (one recipe after another, minutes apart) do not. One thread,
+// because a steady load does not slow every recipe alike when threads share cores with it: a
+// thread waiting at a barrier for its preempted partner costs a recipe of many small parallel
+// loops more than one of a few large GEMMs (measured, docs/BENCHMARKS.md: two threads beside one
+// or two busy processes moved ratios by up to 20 %, one thread by at most 4 %). The ratio is
+// thus each recipe's compute cost per step; the training runs' multi-threaded tokens/s are
+// reported beside it.
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -20,12 +26,13 @@ struct SpeedConfig {
   int64_t warmup = 2;      // untimed steps of each recipe's turn (caches, thread pools, buffers)
   int64_t steps = 4;       // timed steps of each turn (the fastest counts) ...
   double min_seconds = 0.5;  // ... and more until they add up to this (at most 10 x steps): small models' steps are short
+  int threads = 1;           // OpenMP threads while timing (0: the process's own)
 };
 
 struct RecipeSpeed {
   double tokens_per_s = 0;                        // median over rounds of the turn's fastest step
   double vs_f32 = 0, vs_f32_low = 0, vs_f32_high = 0;  // f32's step time over this recipe's: median, lowest, highest round
-  double cpu_share = 0;  // median over the timed steps of CPU seconds / (wall seconds x threads)
+  double cpu_share = 0;  // median over the timed steps of CPU seconds / (wall seconds x timing threads)
   std::string error;     // why it could not be timed ("" when it was)
 };
 

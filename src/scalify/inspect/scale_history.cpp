@@ -118,13 +118,21 @@ std::string write_scale_history(const std::vector<ScaleSeries>& series, const st
   io::write_text_atomically(dat_file, dat.str());
   io::write_text_atomically(frac_file, frac.str());
 
+  // One y-axis for every panel of a picture: panels side by side are compared by eye.
+  double bias_lo = INFINITY, bias_hi = -INFINITY, frac_hi = 0;
+  for (const ScaleSeries& s : series)
+    for (const ScalePoint& p : s.points) {
+      bias_lo = std::min(bias_lo, p.bias);
+      bias_hi = std::max(bias_hi, p.bias);
+      frac_hi = std::max({frac_hi, p.underflow, p.clipped});
+    }
   std::ostringstream gp;
   gp << "set terminal pngcairo noenhanced size " << 360 * kinds.size() + 200 << "," << 280 * roles.size() + 80 << " font ',9'\n"
      << "set output " << report::gnuplot_quote((dir / "scales.png").string()) << "\n"
      << "set multiplot layout " << roles.size() << "," << kinds.size() << " title "
      << report::gnuplot_quote("Scaling bias -log2(scale) of each quantised tensor over training, " + title + " (a line per block)") << "\n"
-     << "set grid\nset xlabel 'step'\nset ylabel 'scaling bias'\nset key top right font ',8'\nset offsets graph 0, graph 0, graph 0.1, "
-        "graph 0.1\n";
+     << "set grid\nset xlabel 'step'\nset ylabel 'scaling bias'\nset key top right font ',8'\nset yrange ["
+     << std::floor(bias_lo) - 1 << ":" << std::ceil(bias_hi) + 1 << "]\n";
   for (const std::string& role : roles)
     for (const std::string& kind : kinds) {
       gp << "set title " << report::gnuplot_quote(kind + " " + role) << "\nplot ";
@@ -141,7 +149,7 @@ std::string write_scale_history(const std::vector<ScaleSeries>& series, const st
      << "set output " << report::gnuplot_quote((dir / "quant_fractions.png").string()) << "\n"
      << "set multiplot layout " << roles.size() << "," << kinds.size() << " title "
      << report::gnuplot_quote("Underflow and clipped fractions over training, " + title + " (the largest over the blocks)") << "\n"
-     << "set ylabel 'fraction of values'\nset yrange [0:*]\n";
+     << "set ylabel 'fraction of values'\nset yrange [0:" << std::max(1e-3, frac_hi * 1.05) << "]\n";
   for (size_t k = 0; k < frac_keys.size(); ++k)
     gp << "set title " << report::gnuplot_quote(frac_keys[k].second + " " + frac_keys[k].first) << "\nplot "
        << report::gnuplot_quote(frac_file) << " index " << k << " using 1:2 with lines lw 1.5 lc rgb '#1f77b4' title 'underflow', "
