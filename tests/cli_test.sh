@@ -41,7 +41,12 @@ grep -q "e5m2fnuz" "$out/err"
 grep -q "^| f32 | ok |" "$out/cmp.log"
 grep -q "^| current | ok |" "$out/cmp.log"
 grep -q "report: $out/cmp/report.md" "$out/cmp.log"
-test -s "$out/cmp/loss.png" || { echo "compare wrote no plot"; exit 1; }
+for png in delta loss_delta loss; do test -s "$out/cmp/$png.png" || { echo "compare wrote no $png.png"; exit 1; }; done
+# Two seeds: a run folder per recipe and seed, and the interval's seed part in the table.
+"$cli" compare --recipes current --steps 2 --seeds 2 --speed-rounds 1 --out "$out/cmp_seeds" --set d_model=16 --set layers=1 \
+  --set heads=1 --set seq=16 --set batch=2 --set eval_windows=4 > "$out/cmp_seeds.log" 2> /dev/null
+test -d "$out/cmp_seeds/runs/current_seed2" || { echo "no run folder for seed 2"; exit 1; }
+grep -q "^| current | ok | [0-9.]* | [+-][0-9.]* ± [0-9.]* | ± [0-9.]* / ± [0-9.]* |" "$out/cmp_seeds.log" || { cat "$out/cmp_seeds.log"; exit 1; }
 if "$cli" compare --recipes f32,fp9 --out "$out/cmp2" 2> "$out/err"; then echo "accepted fp9"; exit 1; fi
 grep -q "recipe 'fp9'" "$out/err"
 test ! -e "$out/cmp2" || { echo "a bad recipe list left a folder"; exit 1; }
@@ -132,6 +137,13 @@ expect_error "'steps' must be a decimal integer within 64 bits, got ' 3'" train 
   --set eval_windows=2 2> /dev/null | grep -q "^steps: 10 (skipped 0)$" || { echo "--steps 010 was not 10 steps"; exit 1; }
 expect_error "--config has no place beside it" train --resume "$out/r10" --config "$out/r10/config.toml"
 expect_error "compare: --resume needs a comparison folder" compare --resume ""
+expect_error "seed 2 is given twice" compare --seeds 2,2 --out "$out/seeds_bad"
+expect_error "give a count from 1 to 100" compare --seeds 0 --out "$out/seeds_bad"
+expect_error "'x' is not a seed" compare --seeds 1,x --out "$out/seeds_bad"
+expect_error "must be a decimal integer" compare --speed-rounds -1 --out "$out/seeds_bad"
+expect_error "--speed-rounds must be 0 to 100" compare --speed-rounds 101 --out "$out/seeds_bad"
+expect_error "drop --seeds" compare --resume "$out/cmp" --seeds 3
+test ! -e "$out/seeds_bad" || { echo "bad --seeds left a folder"; exit 1; }
 expect_error "needs at least" train --set d_model=65536 --set heads=1 --out "$out/r29"
 expect_error "File name too long" train --out "$out/$(printf 'a%.0s' {1..300})" --steps 1
 # A resume must train further, and keep its recipe; a refused one leaves the run as it was.

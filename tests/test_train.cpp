@@ -25,6 +25,7 @@
 #include "scalify/nn/gpt.hpp"
 #include "scalify/quant/recipe.hpp"
 #include "scalify/train/corpus.hpp"
+#include "scalify/train/session.hpp"
 #include "scalify/train/trainer.hpp"
 
 namespace scalify {
@@ -183,6 +184,21 @@ TEST(Checkpoint, AKilledWriteLeavesThePreviousFileReadable) {
   EXPECT_EQ(back.at("w").at({999}), 1.5);
   io::write_safetensors(p.string(), first);  // the next write clears the dead writer's temporary
   for (const auto& e : fs::directory_iterator(p.parent_path())) EXPECT_EQ(e.path().string().find(".tmp."), std::string::npos) << e.path();
+}
+
+// The interleaved speed timing's steps (compare/speed): the steps asked for after the warm-up,
+// more until min_seconds but never past 10 x steps, each timed; nothing is written.
+TEST(Trainer, TimedStepsWriteNothingAndStopAtTenTimesTheStepsAsked) {
+  const train::TrainConfig c = tiny_run(text_corpus(), scratch("timed_steps"), "current");
+  const train::Corpus corpus = train::corpus_for(c);
+  const std::vector<train::StepTime> t = train::time_training_steps(c, corpus, 1, 3);
+  ASSERT_EQ(t.size(), 3u);
+  for (const train::StepTime& s : t) {
+    EXPECT_GT(s.wall_s, 0);
+    EXPECT_GT(s.cpu_s, 0);
+  }
+  EXPECT_EQ(train::time_training_steps(c, corpus, 0, 2, 1e9).size(), 20u);
+  EXPECT_FALSE(fs::exists(c.out)) << "timing wrote a run folder";
 }
 
 TEST(Trainer, ResumeIsBitIdenticalToAnUninterruptedRun) {

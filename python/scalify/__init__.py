@@ -164,7 +164,7 @@ def train(out: str, *, recipe="f32", steps: Optional[int] = None, data: Optional
 
 
 def compare(out: str, *, recipes: str = "seeds", steps: Optional[int] = None, data: Optional[str] = None,
-            seeds: Union[int, Sequence[int], None] = None, speed_rounds: int = 3, resume: bool = False,
+            seeds: Union[int, Sequence[int], None] = None, speed_rounds: int = 5, resume: bool = False,
             progress: Optional[Callable[[str], None]] = None, **settings):
     """Runs ``scalify compare``: the same model and data under each recipe, into ``out``
     (report.md, summary.csv, plots, a run folder per recipe and seed). recipes: a named list

@@ -680,7 +680,7 @@ NB_MODULE(_scalify, m) {
   m.def("block_dequantize", &block_dequantize, "codes"_a, "scales"_a, "format"_a, "block"_a, "rule"_a, "tensor_scale"_a = 1.0f);
   m.def("formats", &formats);
   m.def("train", &train, "settings"_a, "resume"_a = false, "progress"_a = nb::none(), "save_initial"_a = false);
-  m.def("compare", &run_compare, "settings"_a, "recipes"_a, "out"_a, "resume"_a = false, "seeds"_a = "", "speed_rounds"_a = 3,
+  m.def("compare", &run_compare, "settings"_a, "recipes"_a, "out"_a, "resume"_a = false, "seeds"_a = "", "speed_rounds"_a = 5,
         "progress"_a = nb::none());
   m.def("load_checkpoint", &load_checkpoint, "path"_a);
   m.def("inspect", &run_inspect, "checkpoint"_a, "format"_a = "e4m3", "initial"_a = false, "batch"_a = 0, "data"_a = "");

@@ -22,7 +22,7 @@
 namespace scalify::compare {
 
 struct SpeedConfig {
-  int rounds = 3;          // 0: no interleaved timing (the table shows the training runs' speeds)
+  int rounds = 5;          // 0: no interleaved timing (the table shows the training runs' speeds)
   int64_t warmup = 2;      // untimed steps of each recipe's turn (caches, thread pools, buffers)
   int64_t steps = 4;       // timed steps of each turn (the fastest counts) ...
   double min_seconds = 0.5;  // ... and more until they add up to this (at most 10 x steps): small models' steps are short
