@@ -2,15 +2,37 @@
 #include <algorithm>
 #include <cstdio>
 #include <memory>
+#include <sstream>
 #include <string>
 #include <vector>
 
 #include "commands.hpp"
+#include "scalify/io/input_file.hpp"
 #include "scalify/platform/world.hpp"
 #include "scalify/error.hpp"
 #include "scalify/compare/compare.hpp"
 
 namespace scalify::cli {
+
+namespace {
+
+// "KEY = VALUE" -> "KEY" (trimmed).
+std::string key_of(const std::string& line) {
+  std::string key = line.substr(0, line.find('='));
+  key.erase(0, key.find_first_not_of(" \t"));
+  key.erase(key.find_last_not_of(" \t") + 1);
+  return key;
+}
+
+// Whether a flat TOML config file (already read and validated by --config) sets `key`.
+bool file_sets(const std::string& path, const std::string& key) {
+  std::istringstream in(io::read_input_file(path, "config", uint64_t(1) << 20));
+  for (std::string line; std::getline(in, line);)
+    if (line.find('=') != std::string::npos && key_of(line) == key) return true;
+  return false;
+}
+
+}  // namespace
 
 void add_compare_command(CLI::App& app, const std::string& command_line) {
   struct Opts {
@@ -47,10 +69,10 @@ void add_compare_command(CLI::App& app, const std::string& command_line) {
         cc = compare::comparison_config(o->resume);
       } else {
         o->config.apply(cc.base);
-        // Enough evaluations for curves, unless a config file or --set chose eval_every.
+        // Enough evaluations for curves, unless the config file or --set chose eval_every.
         const bool eval_every_given =
-            !o->config.config.empty() ||
-            std::any_of(o->config.set.begin(), o->config.set.end(), [](const std::string& kv) { return kv.starts_with("eval_every="); });
+            std::any_of(o->config.set.begin(), o->config.set.end(), [](const std::string& kv) { return key_of(kv) == "eval_every"; }) ||
+            (!o->config.config.empty() && file_sets(o->config.config, "eval_every"));
         if (!eval_every_given) cc.base.eval_every = compare::default_eval_every(cc.base.steps);
         cc.recipes = compare::recipe_list(o->recipes);
         if (c->count("--seeds") > 0) cc.seeds = compare::seed_list(o->seeds, cc.base.seed);

@@ -15,6 +15,7 @@ are ValueError with its message.
 from __future__ import annotations
 
 import json
+import operator
 import os
 from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 
@@ -182,17 +183,22 @@ def compare(out: str, *, recipes: str = "seeds", steps: Optional[int] = None, da
     if data is not None:
         merged["data"] = data
     merged.update(settings)
-    if seeds is None:
-        seed_spec = ""
-    elif isinstance(seeds, bool) or not isinstance(seeds, (int, list, tuple, range)):
-        raise TypeError(f"compare: seeds must be a count or a list of seeds, not {type(seeds).__name__}")
-    elif isinstance(seeds, int):
-        seed_spec = str(seeds)
-    else:
-        seed_spec = ",".join(str(int(s)) for s in seeds)
-        if len(seeds) == 1:  # one seed in a list is that seed, not a count
-            merged["seed"] = int(seeds[0])
-            seed_spec = ""
+    seed_spec = ""
+    if seeds is not None:
+        if isinstance(seeds, (str, bytes, bool)):
+            raise TypeError(f"compare: seeds must be a count or a list of seeds, not {type(seeds).__name__}")
+        if hasattr(seeds, "__index__"):  # a count: int, numpy integer
+            seed_spec = str(operator.index(seeds))
+        else:
+            values = [operator.index(s) for s in seeds]  # TypeError for anything but integers
+            if not values:
+                raise ValueError("compare: seeds is an empty list")
+            if len(values) == 1:  # one seed in a list is that seed, not a count
+                if "seed" in merged and int(merged["seed"]) != values[0]:
+                    raise ValueError(f"compare: seeds=[{values[0]}] and seed={merged['seed']} disagree")
+                merged["seed"] = values[0]
+            else:
+                seed_spec = ",".join(str(v) for v in values)
     rows = _scalify.compare({k: _setting_text(v) for k, v in merged.items()}, recipes, out, resume, seed_spec, speed_rounds,
                             progress)
     try:

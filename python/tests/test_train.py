@@ -77,7 +77,6 @@ def test_compare_under_several_seeds_gives_intervals_and_verdicts(tmp_path, corp
     assert [r["seeds"] for r in rows] == [[1, 2], [1, 2]]
     current = rows[1]
     assert current["val_delta_ci95"] > 0 and current["seed_ci95"] > 0 and current["window_ci95"] > 0
-    assert abs(current["val_delta_ci95"] ** 2 - current["seed_ci95"] ** 2 - current["window_ci95"] ** 2) < 1e-12
     assert current["verdict"] in ("better than baseline", "not distinguishable from baseline", "within +0.05 of baseline",
                                   "inconclusive", "worse")
     assert rows[0]["speed_vs_f32"] == 1.0 and current["speed_vs_f32"] > 0  # timed interleaved, one round
@@ -92,6 +91,10 @@ def test_compare_under_several_seeds_gives_intervals_and_verdicts(tmp_path, corp
         scalify.compare(str(tmp_path / "bad"), recipes="current", steps=4, data=corpus, seeds=[1, 1], **SETTINGS)
     with pytest.raises(TypeError, match="seeds"):
         scalify.compare(str(tmp_path / "bad2"), recipes="current", steps=4, data=corpus, seeds="3", **SETTINGS)
+    with pytest.raises(ValueError, match="empty"):
+        scalify.compare(str(tmp_path / "bad3"), recipes="current", steps=4, data=corpus, seeds=[], **SETTINGS)
+    with pytest.raises(ValueError, match="disagree"):
+        scalify.compare(str(tmp_path / "bad4"), recipes="current", steps=4, data=corpus, seeds=[3], seed=4, **SETTINGS)
 
 
 def test_ctrl_c_stops_training_between_steps_and_the_run_resumes(tmp_path, corpus):

@@ -167,6 +167,18 @@ std::string fixed(double v, int digits) {
 
 std::string signed_fixed(double v, int digits) { return std::isfinite(v) && v >= 0 ? "+" + fixed(v, digits) : fixed(v, digits); }
 
+// Decimals for a delta and its interval: 3, or more for a half-width that would read as 0.000.
+int delta_digits(double half_width) {
+  int digits = 3;
+  while (std::isfinite(half_width) && half_width > 0 && digits < 8 && half_width < 0.5 * std::pow(10.0, -digits)) ++digits;
+  return digits;
+}
+// "Δ ± half-width".
+std::string delta_text(double delta, double half_width) {
+  const int digits = delta_digits(half_width);
+  return signed_fixed(delta, digits) + (std::isfinite(half_width) ? " ± " + fixed(half_width, digits) : "");
+}
+
 std::string percent(double fraction) { return fixed(100.0 * fraction, 2) + "%"; }
 
 // Trains one recipe into runs/<name>, resuming it from its checkpoint where one exists.
@@ -227,9 +239,11 @@ RecipeOutcome run_recipe(const CompareConfig& config, const std::string& recipe,
 }
 
 // One table row from a recipe's runs (one per seed, in seed order): the means of what they
-// measured over the seeds that finished; the status and note of the first that did not.
+// measured over the seeds that finished (the losses only when every seed did); the status and
+// note of the first that did not.
 RecipeOutcome summarise(const std::vector<const RecipeOutcome*>& seeds) {
-  RecipeOutcome row = *seeds.at(0);
+  const auto first_ok = std::find_if(seeds.begin(), seeds.end(), [](const RecipeOutcome* o) { return o->status == "ok"; });
+  RecipeOutcome row = **(first_ok != seeds.end() ? first_ok : seeds.begin());  // shapes (steps, windows) of a run that finished
   row.seeds.clear();
   row.note.clear();
   row.status = "ok";
@@ -247,23 +261,33 @@ RecipeOutcome summarise(const std::vector<const RecipeOutcome*>& seeds) {
       row.note = (seeds.size() > 1 ? "seed " + std::to_string(o->seeds.at(0)) + ": " : std::string()) + o->note;
     }
   }
-  if (seeds.size() == 1 || ok.empty()) return row;
+  if (seeds.size() == 1) return row;
   train::TrainResult& r = row.result;
+  if (ok.size() < seeds.size()) {  // a mean over the seeds that survived would flatter the recipe
+    r.train_loss = r.val_loss = r.val_bpb = NAN;
+    if (ok.empty()) return row;
+  }
   const double n = double(ok.size());
   auto mean = [&](double train::TrainResult::*field) {
     double sum = 0;
     for (const train::TrainResult* x : ok) sum += x->*field;
     return sum / n;
   };
-  for (double train::TrainResult::*f :
-       {&train::TrainResult::train_loss, &train::TrainResult::val_loss, &train::TrainResult::val_bpb, &train::TrainResult::tokens_per_s,
-        &train::TrainResult::scale_statistics_per_step, &train::TrainResult::mean_underflow, &train::TrainResult::mean_clipped,
-        &train::TrainResult::state_bytes_per_parameter, &train::TrainResult::cpu_share, &train::TrainResult::step_time_spread})
-    r.*f = mean(f);
-  r.max_underflow = r.skipped = 0;
+  std::vector<double train::TrainResult::*> fields = {&train::TrainResult::tokens_per_s,
+                                                       &train::TrainResult::scale_statistics_per_step,
+                                                       &train::TrainResult::mean_underflow,
+                                                       &train::TrainResult::mean_clipped,
+                                                       &train::TrainResult::state_bytes_per_parameter,
+                                                       &train::TrainResult::cpu_share,
+                                                       &train::TrainResult::step_time_spread};
+  if (ok.size() == seeds.size())
+    fields.insert(fields.end(), {&train::TrainResult::train_loss, &train::TrainResult::val_loss, &train::TrainResult::val_bpb});
+  for (double train::TrainResult::*f : fields) r.*f = mean(f);
+  r.max_underflow = 0;
+  r.skipped = 0;
   for (const RecipeOutcome* o : seeds) {
     r.max_underflow = std::max(r.max_underflow, o->result.max_underflow);
-    r.skipped += o->result.skipped;
+    r.skipped = std::max(r.skipped, o->result.skipped);
   }
   r.val_batch_losses.assign(ok[0]->val_batch_losses.size(), 0.0);
   for (const train::TrainResult* x : ok)
@@ -278,20 +302,23 @@ void set_baselines(std::vector<RecipeOutcome>& outcomes, const std::vector<Recip
   for (const RecipeOutcome& r : runs) by_seed[{r.recipe, r.seeds.at(0)}] = &r;
   for (RecipeOutcome& o : outcomes) {
     o.baseline = o.unit_scaled ? "unit_f32" : "f32";
+    // Only complete pairs count: a seed the baseline (or the recipe) did not finish would leave
+    // the others' mean and spread standing for a comparison that was not made.
     std::vector<std::vector<double>> mine, theirs;
-    bool base_ok = false;
+    bool base_ok = true, mine_ok = true;
     double delta_sum = 0;
     for (uint64_t seed : o.seeds) {
       const auto r = by_seed.find({o.recipe, seed}), b = by_seed.find({o.baseline, seed});
-      if (b == by_seed.end() || b->second->status != "ok") continue;
-      base_ok = true;
-      if (r == by_seed.end() || r->second->status != "ok") continue;
+      base_ok = base_ok && b != by_seed.end() && b->second->status == "ok";
+      mine_ok = mine_ok && r != by_seed.end() && r->second->status == "ok";
+      if (!base_ok || !mine_ok) continue;
       mine.push_back(r->second->result.val_batch_losses);
       theirs.push_back(b->second->result.val_batch_losses);
       delta_sum += r->second->result.val_loss - b->second->result.val_loss;
     }
-    o.noise = delta_over_seeds(mine, theirs, batch, o.result.val_windows);
-    o.val_delta = mine.empty() ? NAN : delta_sum / double(mine.size());  // the mean of the seeds' deltas
+    const bool paired = base_ok && mine_ok && !o.seeds.empty();
+    o.noise = paired ? delta_over_seeds(mine, theirs, batch, o.result.val_windows) : DeltaInterval{};
+    o.val_delta = paired ? delta_sum / double(mine.size()) : NAN;  // the mean of the seeds' deltas
     o.verdict = o.status != "ok"          ? o.status
                 : o.recipe == o.baseline ? "baseline"
                 : !base_ok               ? "no baseline"
@@ -326,12 +353,12 @@ std::string markdown_table(const std::vector<RecipeOutcome>& rows, double f32_tr
     const SpeedCells speed = speed_cells(o, f32_training_speed);
     t << "| " << o.name << " | " << status << " | " << fixed(r.val_loss, 3) << " | "
       << (base ? "(baseline)"
-               : signed_fixed(o.val_delta, 3) + (std::isfinite(o.noise.half_width) ? " ± " + fixed(o.noise.half_width, 3) : "") +
-                     (o.baseline != "f32" ? " vs " + o.baseline : ""))
+               : delta_text(o.val_delta, o.noise.half_width) + (o.baseline != "f32" ? " vs " + o.baseline : ""))
       << " | "
       << (base || !std::isfinite(o.noise.half_width)
               ? ""
-              : "± " + fixed(o.noise.window_half_width, 3) + " / " + (o.noise.seeds > 1 ? "± " + fixed(o.noise.seed_half_width, 3) : "–"))
+              : "± " + fixed(o.noise.window_half_width, delta_digits(o.noise.half_width)) + " / " +
+                    (o.noise.seeds > 1 ? "± " + fixed(o.noise.seed_half_width, delta_digits(o.noise.half_width)) : "–"))
       << " | " << (base ? "" : o.verdict) << " | " << fixed(r.val_bpb, 3) << " | " << fixed(r.train_loss, 3) << " | " << r.skipped
       << " | " << percent(r.mean_underflow) << " / " << percent(r.max_underflow) << " | " << percent(r.mean_clipped) << " | "
       << fixed(r.scale_statistics_per_step, 1) << " | " << speed.tokens << " | " << speed.cpu << " | " << speed.vs_f32 << " | "
@@ -372,8 +399,7 @@ std::string reading(const std::vector<RecipeOutcome>& rows, int64_t layers, size
       diverged.push_back(o.name + (o.diverged_step >= 0 ? " at step " + std::to_string(o.diverged_step) : "") + " (" + o.note + ")");
     if (o.result.skipped > 0) skipped.push_back(o.name + " " + std::to_string(o.result.skipped));
     if (o.status != "ok" || o.recipe == o.baseline) continue;
-    by_verdict[o.verdict].push_back(o.name + " (" + signed_fixed(o.val_delta, 3) +
-                                    (std::isfinite(o.noise.half_width) ? " ± " + fixed(o.noise.half_width, 3) : "") + ")");
+    by_verdict[o.verdict].push_back(o.name + " (" + delta_text(o.val_delta, o.noise.half_width) + ")");
   }
   std::ostringstream s;
   for (const RecipeOutcome& o : rows)
@@ -403,18 +429,18 @@ std::string reading(const std::vector<RecipeOutcome>& rows, int64_t layers, size
   return s.str();
 }
 
-// Histograms and scale histories of every recipe that finished (its first seed's run), with its
-// verdict, and the PTQ sweep of f32's model.
+// Histograms and scale histories of every recipe that finished (the first of its seeds' runs that
+// did), with its verdict, and the PTQ sweep of f32's model.
 std::string numerics(const CompareConfig& config, const std::vector<RecipeOutcome>& rows, const std::vector<RecipeOutcome>& runs) {
   const fs::path dir(config.out);
   std::vector<inspect::RunToInspect> inspected;
   std::string f32_run;
-  for (const RecipeOutcome& row : rows)
-    for (const RecipeOutcome& o : runs)
-      if (o.recipe == row.recipe && o.seeds == std::vector<uint64_t>{row.seeds.at(0)} && o.status == "ok") {
-        inspected.push_back({o.name, (dir / "runs" / o.run).string(), row.recipe == row.baseline ? "" : row.verdict});
-        if (o.recipe == "f32") f32_run = inspected.back().run_dir;
-      }
+  for (const RecipeOutcome& row : rows) {
+    const auto o = std::find_if(runs.begin(), runs.end(), [&](const RecipeOutcome& r) { return r.recipe == row.recipe && r.status == "ok"; });
+    if (o == runs.end()) continue;  // runs: seeds outermost, so the first found is the first seed that finished
+    inspected.push_back({o->name, (dir / "runs" / o->run).string(), row.recipe == row.baseline ? "" : row.verdict});
+    if (o->recipe == "f32") f32_run = inspected.back().run_dir;
+  }
   return inspect::numerics_section(inspected, config.out, f32_run);
 }
 
@@ -489,7 +515,8 @@ void write_report(const CompareConfig& config, CompareReport& rep, const std::st
      << " held-out windows, every " << b.eval_every << " steps.\n\nMachine (`scalify info`):\n\n```\n"
      << report::system_info_text() << "```\n\n"
      << "## Results\n\n"
-     << (rep.plot_error.empty() ? "![validation loss minus the baseline, with its interval](delta.png)\n\n" : "") << rep.table << "\n"
+     << (fs::exists(dir / "delta.png") ? "![validation loss minus the baseline, with its interval](delta.png)\n\n" : "") << rep.table
+     << "\n"
      << "Δ: validation loss minus the baseline's (f32; unit_f32 for the unit-scaled recipes)"
      << (config.seeds.size() > 1 ? ", each seed against the baseline of the same seed, mean over the seeds" : "")
      << "; ± its 95 % interval, of which the window-sampling error (the recipe and its baseline evaluated on the same "
@@ -497,8 +524,10 @@ void write_report(const CompareConfig& config, CompareReport& rep, const std::st
           return a.result.val_windows < c.result.val_windows;
         })->result.val_windows
      << " windows in batches of " << b.batch
-     << ": the spread of their paired batch differences) and the seeds' spread (t over seeds − 1 degrees of freedom), "
-        "combined in quadrature. Verdict: *better than baseline* (the interval below 0), *not distinguishable from baseline* "
+     << ": the spread of their paired batch differences)"
+     << (config.seeds.size() > 1 ? " and the seeds' spread (t over seeds − 1 degrees of freedom), combined in quadrature"
+                                 : "; one seed, so seed-to-seed variation is not in it")
+     << ". Verdict: *better than baseline* (the interval below 0), *not distinguishable from baseline* "
         "(it holds 0), *within +"
      << kParityNats << " of baseline* (above 0, at most +" << kParityNats << "), *inconclusive* (it holds +" << kParityNats
      << "), *worse* (above +" << kParityNats
@@ -518,8 +547,9 @@ void write_report(const CompareConfig& config, CompareReport& rep, const std::st
      << "State B/param: master weights, gradients and AdamW moments (with scales) per parameter, "
         "measured on the tensors. Peak MB: the process's peak resident memory during the recipe.\n\n"
      << training_speed_warning(rep.rows, timed) << (timed ? busy_host_warning(rep.speed) : "")
-     << (rep.plot_error.empty() ? "![validation loss minus the baseline over training](loss_delta.png)\n\n![loss](loss.png)\n\n"
-                                : "(No plots: " + rep.plot_error + ".)\n\n")
+     << (fs::exists(dir / "loss_delta.png") ? "![validation loss minus the baseline over training](loss_delta.png)\n\n" : "")
+     << (fs::exists(dir / "loss.png") ? "![loss](loss.png)\n\n" : "")
+     << (rep.plot_error.empty() ? "" : "(Plots missing: " + rep.plot_error + ".)\n\n")
      << "## Reading\n\n"
      << reading(rep.rows, b.model.layers, config.seeds.size()) << "\n## What each recipe quantises\n\n";
   std::map<std::string, std::vector<std::string>> by_layers;
@@ -542,6 +572,7 @@ std::vector<uint64_t> seed_list(const std::string& spec, uint64_t first) {
   if (spec.find(',') == std::string::npos) {
     const std::optional<uint64_t> n = io::parse_number<uint64_t>(spec);
     if (!n || *n < 1 || *n > 100) throw Error("compare: " + what + ": give a count from 1 to 100, or a comma-separated list of seeds");
+    if (first > UINT64_MAX - (*n - 1)) throw Error("compare: " + what + ": seeds from " + std::to_string(first) + " on pass 2^64 - 1");
     for (uint64_t i = 0; i < *n; ++i) seeds.push_back(first + i);
     return seeds;
   }

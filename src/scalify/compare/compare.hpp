@@ -50,14 +50,17 @@ struct RecipeOutcome {
   std::string name;           // its name in the report (the preset name, or the JSON file's stem)
   std::string run;            // its run folder under runs/ (a row's: its first seed's)
   std::vector<uint64_t> seeds;  // the seeds it covers
-  std::string status = "ok";  // ok | diverged | failed (a row: the first seed's that was not ok)
+  std::string status = "ok";  // ok | diverged | failed (a row: ok when every seed is; else the first other status)
   std::string note;           // why it diverged or failed
   int64_t diverged_step = -1;
-  // A row's: the mean over the seeds that finished (max_underflow: the largest; skipped steps:
-  // summed; val_batch_losses: each batch's mean).
+  // A row's: the mean over the seeds (max_underflow and skipped steps: the largest;
+  // val_batch_losses: each batch's mean); with several seeds, the losses are NaN unless every
+  // seed finished.
   train::TrainResult result;
   std::string baseline;  // the recipe its delta is taken against: unit_f32 for unit scaling, else f32
-  double val_delta = 0;  // validation loss minus the baseline's, of the same seed, mean over seeds (NaN when there is none)
+  // Validation loss minus the baseline's of the same seed, mean over the seeds; NaN unless the
+  // recipe and its baseline finished under every seed.
+  double val_delta = NAN;
   DeltaInterval noise;   // its 95 % interval: window sampling and seed spread (compare/noise.hpp)
   std::string verdict;   // the stated rule on that interval (noise.hpp: verdict)
   double seconds = 0, peak_memory_mb = 0;

@@ -5,6 +5,7 @@
 // difference's standard error (the batch-means estimate; windows of one batch are consecutive
 // text, batches far apart). It is the window-sampling error of one run; over several seeds
 // (delta_over_seeds), the spread of the seeds' deltas adds the seed-to-seed variation.
+#include <cmath>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -27,8 +28,8 @@ PairedDelta paired_delta(const std::vector<double>& recipe, const std::vector<do
 // seed-averaged batch means (paired_delta), and the seeds' spread, t(0.975, seeds - 1) sd / sqrt(seeds)
 // (0 with one seed: then seed-to-seed variation is not measured).
 struct DeltaInterval {
-  double delta = 0, half_width = 0;
-  double window_half_width = 0, seed_half_width = 0;
+  double delta = NAN, half_width = NAN;  // NaN until formed
+  double window_half_width = NAN, seed_half_width = NAN;
   int seeds = 0;
 };
 // recipe[s] and baseline[s]: seed s's batch means (paired_delta's arguments). NaN where any

@@ -6,6 +6,7 @@
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <sstream>
 
 #include "scalify/io/atomic_file.hpp"
@@ -76,7 +77,7 @@ std::string marker(size_t i) { return "pt " + std::to_string(5 + 2 * (i % 4)); }
 std::string verdict_colour(const std::string& verdict) {
   if (verdict.starts_with("better")) return "#1f77b4";
   if (verdict.starts_with("not distinguishable")) return "#2ca02c";
-  if (verdict.starts_with("within")) return "#17a589";
+  if (verdict.starts_with("within")) return "#9467bd";
   if (verdict.starts_with("inconclusive")) return "#ff7f0e";
   if (verdict.starts_with("worse")) return "#d62728";
   return "#7f7f7f";
@@ -87,7 +88,8 @@ struct Panel {
   std::vector<const RecipeOutcome*> rows;
 };
 
-// The families present, in drawing order, each with its recipes (baselines left out).
+// The families present, in drawing order, each with its recipes (baselines left out); a
+// comparison of baselines alone gets one panel of them.
 std::vector<Panel> panels(const std::vector<RecipeOutcome>& rows) {
   std::vector<Panel> out;
   for (const std::string& family : recipe_families()) {
@@ -95,6 +97,10 @@ std::vector<Panel> panels(const std::vector<RecipeOutcome>& rows) {
     for (const RecipeOutcome& o : rows)
       if (o.recipe != o.baseline && recipe_family(o.recipe) == family) p.rows.push_back(&o);
     if (!p.rows.empty()) out.push_back(p);
+  }
+  if (out.empty()) {
+    out.push_back({"baselines", {}});
+    for (const RecipeOutcome& o : rows) out.back().rows.push_back(&o);
   }
   return out;
 }
@@ -127,14 +133,22 @@ Curves mean_curves(const std::vector<const Curves*>& seeds) {
 std::string write_comparison_plots(const std::string& dir_name, const std::vector<RecipeOutcome>& rows, const std::vector<RecipeOutcome>& runs,
                                    int64_t batch) {
   const fs::path dir(dir_name);
-  // Every run's curves by (recipe, seed).
+  for (const char* png : {"delta.png", "loss_delta.png", "loss.png"}) fs::remove(dir / png);  // none may outlive this report
+  // Every run's curves by (recipe, seed), and which runs finished: means over seeds take only
+  // those (a seed that diverged midway would make the mean jump where it drops out), unless none
+  // did, when the first seed's curves show how its run ended.
   std::map<std::pair<std::string, uint64_t>, Curves> curves;
-  for (const RecipeOutcome& r : runs)
-    if (!r.seeds.empty()) curves[{r.recipe, r.seeds[0]}] = read_curves(dir / "runs" / r.run);
+  std::set<std::pair<std::string, uint64_t>> finished;
+  for (const RecipeOutcome& r : runs) {
+    if (r.seeds.empty()) continue;
+    curves[{r.recipe, r.seeds[0]}] = read_curves(dir / "runs" / r.run);
+    if (r.status == "ok") finished.insert({r.recipe, r.seeds[0]});
+  }
   auto seeds_of = [&](const RecipeOutcome& row) {
     std::vector<const Curves*> out;
     for (uint64_t s : row.seeds)
-      if (curves.count({row.recipe, s}) && !curves.at({row.recipe, s}).train.empty()) out.push_back(&curves.at({row.recipe, s}));
+      if (finished.count({row.recipe, s}) && !curves.at({row.recipe, s}).train.empty()) out.push_back(&curves.at({row.recipe, s}));
+    if (out.empty() && !row.seeds.empty() && curves.count({row.recipe, row.seeds[0]})) out.push_back(&curves.at({row.recipe, row.seeds[0]}));
     return out;
   };
   const auto row_of = [&](const std::string& recipe) -> const RecipeOutcome* {
@@ -143,6 +157,7 @@ std::string write_comparison_plots(const std::string& dir_name, const std::vecto
     return nullptr;
   };
   const std::vector<Panel> families = panels(rows);
+  const bool deltas = families.front().family != "baselines";
   std::ostringstream gp;
   gp << "set terminal pngcairo noenhanced size 1400,{H} font ',11'\nset grid\nset style fill transparent solid 0.18 noborder\n";
 
@@ -193,18 +208,22 @@ std::string write_comparison_plots(const std::string& dir_name, const std::vecto
   io::write_text_atomically((dir / "delta.dat").string(), forest.str());
 
   // loss_delta.png: the delta at every evaluation, mean over seeds, with its interval as a band.
-  std::ostringstream delta_dat, delta_gp;
+  // The y-axis holds every final delta with its interval and the later curves' lows; early
+  // evaluations, where the curves are still far apart, are cut rather than flattening the rest.
+  std::ostringstream delta_dat;
   int block = 0;
   double d_lo = -0.01, d_hi = 0.06;
+  for (const auto& [o, y] : shown) d_hi = std::max(d_hi, o->val_delta + (std::isfinite(o->noise.half_width) ? o->noise.half_width : 0));
   std::vector<std::string> panel_plots;
   for (const Panel& p : families) {
+    if (!deltas) break;
     std::ostringstream plot;
     plot << "plot 0 with lines lw 3 lc rgb 'black' title 'baseline', " << kParityNats << " with lines lw 2 dt 2 lc rgb 'black' title '+"
          << kParityNats << "'";
     for (size_t i = 0; i < p.rows.size(); ++i) {
       const RecipeOutcome& o = *p.rows[i];
       const RecipeOutcome* base = row_of(o.baseline);
-      if (!base) continue;
+      if (!base || o.status != "ok" || base->status != "ok") continue;  // a delta only where both finished every seed
       const auto first_seed = curves.find({o.recipe, o.seeds.at(0)});
       if (first_seed == curves.end()) continue;
       std::ostringstream d;
@@ -228,8 +247,7 @@ std::string write_comparison_plots(const std::string& dir_name, const std::vecto
         const double h = std::isfinite(di.half_width) ? di.half_width : 0;
         if (!std::isfinite(mean)) continue;
         d << step << " " << fixed(mean) << " " << fixed(mean - h) << " " << fixed(mean + h) << "\n";
-        d_lo = std::min(d_lo, mean);
-        d_hi = std::max(d_hi, mean);
+        if (step > o.result.steps / 5) d_lo = std::min(d_lo, mean);
       }
       if (d.str().empty()) continue;
       delta_dat << d.str() << "\n\n";
@@ -239,19 +257,23 @@ std::string write_comparison_plots(const std::string& dir_name, const std::vecto
     }
     panel_plots.push_back(plot.str());
   }
+  // A family measured against another baseline than f32 says so in its panel's title.
+  auto panel_title = [&](const Panel& p) {
+    const std::string& base = p.rows.front()->baseline;
+    return report::gnuplot_quote(p.family + (base == "f32" ? "" : " (vs " + base + ")"));
+  };
   io::write_text_atomically((dir / "delta_steps.dat").string(), delta_dat.str());
-  const double y_top = std::min(d_hi + 0.01, 0.25), y_bottom = std::max(d_lo - 0.01, -0.1);
+  const double y_top = std::min(d_hi + 0.01, 0.25), y_bottom = std::max(d_lo - 0.005, -0.1);
   const size_t panel_rows = (families.size() + 1) / 2;
-  if (!families.empty()) {
+  if (deltas && block > 0) {
     gp << "set output " << report::gnuplot_quote((dir / "loss_delta.png").string()) << "\n"
        << "set terminal pngcairo noenhanced size 1400," << 60 + 360 * panel_rows << " font ',10'\n"
        << "set multiplot layout " << layout(families.size())
        << " title 'Validation loss minus the baseline''s over training, mean over seeds, shaded: 95 % interval (one y-axis for all "
-          "panels; beyond it is cut)'\n"
+          "panels, cut above the final deltas)'\n"
        << "set xlabel 'step'\nset ylabel 'delta loss (nats)'\nset yrange [" << fixed(y_bottom) << ":" << fixed(y_top)
-       << "]\nset key top right font ',9'\n";
-    for (size_t i = 0; i < families.size(); ++i)
-      gp << "set title " << report::gnuplot_quote(families[i].family) << "\n" << panel_plots[i] << "\n";
+       << "]\nset key inside top right font ',9'\n";
+    for (size_t i = 0; i < families.size(); ++i) gp << "set title " << panel_title(families[i]) << "\n" << panel_plots[i] << "\n";
     gp << "unset multiplot\nset autoscale\n";
   }
 
@@ -265,7 +287,8 @@ std::string write_comparison_plots(const std::string& dir_name, const std::vecto
     std::vector<const RecipeOutcome*> drawn;
     for (const RecipeOutcome* o : p.rows)
       if (const RecipeOutcome* b = row_of(o->baseline); b && std::find(drawn.begin(), drawn.end(), b) == drawn.end()) drawn.insert(drawn.begin(), b);
-    drawn.insert(drawn.end(), p.rows.begin(), p.rows.end());
+    for (const RecipeOutcome* o : p.rows)
+      if (std::find(drawn.begin(), drawn.end(), o) == drawn.end()) drawn.push_back(o);
     std::ostringstream plot;
     size_t colour = 0;
     for (const RecipeOutcome* o : drawn) {
@@ -305,8 +328,8 @@ std::string write_comparison_plots(const std::string& dir_name, const std::vecto
      << "set multiplot layout " << layout(families.size())
      << " title 'Training loss (lines, 10-step means) and validation loss (points), mean over seeds; baselines in black'\n"
      << "set xlabel 'step'\nset ylabel 'loss (nats per token)'\nset yrange [" << fixed(lowest - 0.02 * (top - lowest)) << ":" << fixed(top)
-     << "]\nset key top right font ',9'\n";
-  for (size_t i = 0; i < families.size(); ++i) gp << "set title " << report::gnuplot_quote(families[i].family) << "\n" << loss_plots[i] << "\n";
+     << "]\nset key inside top right font ',9'\n";
+  for (size_t i = 0; i < families.size(); ++i) gp << "set title " << panel_title(families[i]) << "\n" << loss_plots[i] << "\n";
   gp << "unset multiplot\n";
   std::string script = gp.str();
   script.replace(script.find("{H}"), 3, "720");

@@ -76,7 +76,12 @@ SpeedReport time_interleaved(const train::TrainConfig& base, const std::vector<s
     std::reverse(order.begin(), order.end());  // drift within a round cancels over two rounds
   }
   const std::vector<double>& f32 = fastest["f32"];
-  if (!f32.empty()) rep.f32_spread = *std::max_element(f32.begin(), f32.end()) / *std::min_element(f32.begin(), f32.end());
+  if (!f32.empty()) {  // slowest over fastest round, the extreme rounds left out from 4 rounds on
+    std::vector<double> sorted = f32;
+    std::sort(sorted.begin(), sorted.end());
+    const size_t odd = sorted.size() >= 4 ? 1 : 0;
+    rep.f32_spread = sorted[sorted.size() - 1 - odd] / sorted[odd];
+  }
   for (const std::string& recipe : recipes) {
     RecipeSpeed& s = rep.recipes[recipe];
     const std::vector<double>& mine = fastest[recipe];
@@ -90,8 +95,12 @@ SpeedReport time_interleaved(const train::TrainConfig& base, const std::vector<s
     s.cpu_share = median(shares[recipe]);
     if (!ratio.empty()) {
       s.vs_f32 = median(ratio);
-      s.vs_f32_low = *std::min_element(ratio.begin(), ratio.end());
-      s.vs_f32_high = *std::max_element(ratio.begin(), ratio.end());
+      std::sort(ratio.begin(), ratio.end());
+      s.vs_f32_low = ratio.front();
+      s.vs_f32_high = ratio.back();
+      const size_t odd = ratio.size() >= 4 ? 1 : 0;  // from 4 rounds on, the lowest and highest round are left out
+      s.vs_f32_inner_low = ratio[odd];
+      s.vs_f32_inner_high = ratio[ratio.size() - 1 - odd];
     }
   }
   return rep;
@@ -102,8 +111,9 @@ std::string busy_host_warning(const SpeedReport& speed) {
   if (speed.f32_spread > 1.25) why.push_back("f32's fastest step moved " + fixed(speed.f32_spread, 2) + "x between rounds");
   for (const auto& [recipe, s] : speed.recipes) {
     if (!s.error.empty()) continue;
-    if (s.vs_f32_low > 0 && s.vs_f32_high / s.vs_f32_low > 1.2)
-      why.push_back(recipe + "'s ratio ranged " + fixed(s.vs_f32_low, 2) + "-" + fixed(s.vs_f32_high, 2));
+    if (s.vs_f32_inner_low > 0 && s.vs_f32_inner_high / s.vs_f32_inner_low > 1.2)
+      why.push_back(recipe + "'s ratio ranged " + fixed(s.vs_f32_inner_low, 2) + "-" + fixed(s.vs_f32_inner_high, 2) +
+                    (speed.rounds >= 4 ? " (its extreme rounds left out)" : ""));
     if (s.cpu_share > 0 && s.cpu_share < 0.75) why.push_back(recipe + "'s steps used " + fixed(100 * s.cpu_share, 0) + " % of the cores");
   }
   if (why.empty()) return "";

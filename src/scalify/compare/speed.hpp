@@ -8,7 +8,7 @@
 // because a steady load does not slow every recipe alike when threads share cores with it: a
 // thread waiting at a barrier for its preempted partner costs a recipe of many small parallel
 // loops more than one of a few large GEMMs (measured, docs/BENCHMARKS.md: two threads beside one
-// or two busy processes moved ratios by up to 20 %, one thread by at most 4 %). The ratio is
+// or two busy processes moved ratios by up to 20 %, one thread by at most 4.2 %). The ratio is
 // thus each recipe's compute cost per step; the training runs' multi-threaded tokens/s are
 // reported beside it.
 #include <cstdint>
@@ -32,6 +32,7 @@ struct SpeedConfig {
 struct RecipeSpeed {
   double tokens_per_s = 0;                        // median over rounds of the turn's fastest step
   double vs_f32 = 0, vs_f32_low = 0, vs_f32_high = 0;  // f32's step time over this recipe's: median, lowest, highest round
+  double vs_f32_inner_low = 0, vs_f32_inner_high = 0;  // the same without the lowest and highest round (from 4 rounds on)
   double cpu_share = 0;  // median over the timed steps of CPU seconds / (wall seconds x timing threads)
   std::string error;     // why it could not be timed ("" when it was)
 };
@@ -39,7 +40,7 @@ struct RecipeSpeed {
 struct SpeedReport {
   std::map<std::string, RecipeSpeed> recipes;  // by recipe
   int rounds = 0;
-  double f32_spread = 0;  // f32's fastest step: its slowest round over its fastest
+  double f32_spread = 0;  // f32's fastest step: its slowest round over its fastest (the extreme rounds left out from 4 on)
 };
 
 // Times `recipes` (f32 among them: the ratios' reference) under `base` (its model, data, seed),
@@ -49,7 +50,8 @@ SpeedReport time_interleaved(const train::TrainConfig& base, const std::vector<s
                              const std::function<void(const std::string&)>& progress);
 
 // Markdown: a warning naming what says the host was busy during the timing (a recipe's ratio
-// moving more than 20 % between rounds, f32's fastest step more than 25 %, or steps filling
+// moving more than 20 % between rounds, its lowest and highest round left out from 4 rounds on
+// as the median leaves them out; f32's fastest step moving more than 25 %; or steps filling
 // under 75 % of the cores), or "" when nothing does.
 std::string busy_host_warning(const SpeedReport& speed);
 

@@ -464,7 +464,11 @@ std::vector<StepTime> time_training_steps(const TrainConfig& given, const Corpus
   const std::vector<quant::Quantizer*> quantizers = model_quantizers(s->model);
   std::vector<StepTime> times;
   double timed = 0;
-  for (int64_t step = 0; step < warmup + steps || (timed < min_seconds && step < warmup + 10 * steps); ++step) {
+  for (int64_t step = 0;; ++step) {
+    if (step >= warmup + steps) {  // more while the timed steps fall short of min_seconds; rank 0 decides for every rank
+      const bool more = timed < min_seconds && step < warmup + 10 * steps;
+      if (platform::from_root(world, [&] { return std::string(more ? "more" : ""); }) != "more") break;
+    }
     const auto t0 = std::chrono::steady_clock::now();
     const double cpu0 = process_cpu_seconds();
     s->opt->set_lr(learning_rate(config, step));
