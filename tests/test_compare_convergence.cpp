@@ -31,6 +31,7 @@ TEST(Convergence, EverySeededRecipeReachesItsBaselineOnTheDefaultCorpus) {
                "unit_fp16", "unit_fp8",       "current",         "delayed",       "fp8_amax",      "fp8_cscale",
                "mxfp8",     "blockwise",      "f16_loss_scaled", "nvfp4",         "mxfp4"};
   c.out = testing::scratch("convergence").string();
+  c.speed.rounds = 0;  // parity is the question here, not speed
   ASSERT_GE(c.base.model.parameter_count(), 1000000);
   const compare::CompareReport rep = compare::compare(c, false, {}, "tests/test_compare_convergence");
   std::printf("%lld parameters, %lld steps of %lld x %lld bytes\n%s", (long long)c.base.model.parameter_count(), (long long)c.base.steps,

@@ -54,8 +54,8 @@ void add_compare_command(CLI::App& app, const std::string& command_line) {
                 "train every recipe under several seeds (model initialisation and batch order): a count N (seeds from the config's "
                 "seed on) or a list such as 1,5,9; each delta's interval then holds the seeds' spread (default: one seed)");
   c->add_option("--speed-rounds", o->speed_rounds,
-                "rounds of interleaved speed timing after training (each recipe's steps timed in turn; 0: the training runs' "
-                "own speeds)")
+                "rounds of interleaved speed timing after training (each recipe's steps timed in turn on one thread; "
+                "default 5; 0: the training runs' own speeds)")
       ->transform(non_negative_integer());
   c->add_option("--resume", o->resume, "continue the comparison in this folder (finished recipes are not rerun)");
   c->callback([o, c, command_line] {

@@ -485,6 +485,7 @@ void write_report(const CompareConfig& config, CompareReport& rep, const std::st
                   {"vs_f32_low", num(o.speed.vs_f32_low)},
                   {"vs_f32_high", num(o.speed.vs_f32_high)},
                   {"cpu_share", num(o.speed.cpu_share)},
+                  {"round_seconds", o.speed.round_seconds},
                   {"error", o.speed.error}};
     rows.push_back(j);
   }
@@ -539,10 +540,11 @@ void write_report(const CompareConfig& config, CompareReport& rep, const std::st
                      std::to_string(config.speed.rounds) + " rounds, the order reversed every other round; in each, " +
                      std::to_string(config.speed.warmup) + " untimed steps per recipe, then at least " +
                      std::to_string(config.speed.steps) + " timed ones adding up to " + fixed(config.speed.min_seconds, 1) +
-                     " s, the fastest counting): f32's step time over the recipe's in the same round, median (lowest–highest "
-                     "round); one thread, so that a busy host slows every recipe alike: the ratio is the recipe's compute cost "
-                     "per step, which the training runs' own speeds (recipes one after another, threads sharing cores with "
-                     "whatever else runs) cannot give. "
+                     " s): f32's fastest step of all rounds over the recipe's (interference only ever slows a step, so the "
+                     "fastest is the most repeatable), and in brackets the lowest and highest per-round ratio; one thread, so "
+                     "that a busy host slows every recipe alike: the ratio is the recipe's compute cost per step, which the "
+                     "training runs' own speeds (recipes one after another, threads sharing cores with whatever else runs) "
+                     "cannot give. "
                : std::string("Speed ×f32: the training runs' tok/s against f32's (recipes one after another: a busy host moves them). "))
      << "State B/param: master weights, gradients and AdamW moments (with scales) per parameter, "
         "measured on the tensors. Peak MB: the process's peak resident memory during the recipe.\n\n"

@@ -159,7 +159,7 @@ std::string write_comparison_plots(const std::string& dir_name, const std::vecto
   const std::vector<Panel> families = panels(rows);
   const bool deltas = families.front().family != "baselines";
   std::ostringstream gp;
-  gp << "set terminal pngcairo noenhanced size 1400,{H} font ',11'\nset grid\nset style fill transparent solid 0.18 noborder\n";
+  gp << "set grid\nset style fill transparent solid 0.18 noborder\n";
 
   // delta.png: the final deltas, one line per recipe in table order (top to bottom).
   std::ostringstream forest;
@@ -195,8 +195,8 @@ std::string write_comparison_plots(const std::string& dir_name, const std::vecto
     std::string legend;
     for (const std::string& v : verdict_names(kParityNats))
       legend += ", NaN with points pt 7 ps 1.3 lc rgb '" + verdict_colour(v) + "' title " + report::gnuplot_quote(v);
-    gp << "set output " << report::gnuplot_quote((dir / "delta.png").string()) << "\n"
-       << "set terminal pngcairo noenhanced size 1400," << 160 + 26 * shown.size() << " font ',11'\n"
+    gp << "set terminal pngcairo noenhanced size 1400," << 160 + 26 * shown.size() << " font ',11'\n"
+       << "set output " << report::gnuplot_quote((dir / "delta.png").string()) << "\n"
        << "set title 'Validation loss minus the baseline''s, with its 95 % interval (f32; unit_f32 for unit scaling)'\n"
        << "set xlabel 'delta loss (nats)'\nunset ylabel\nset ytics (" << ytics.str() << ")\nset yrange [" << double(shown.size()) - 0.5
        << ":-0.5]\nset xrange [" << fixed(x_bottom) << ":" << fixed(x_top) << "]\nset key outside right\n"
@@ -266,8 +266,8 @@ std::string write_comparison_plots(const std::string& dir_name, const std::vecto
   const double y_top = std::min(d_hi + 0.01, 0.25), y_bottom = std::max(d_lo - 0.005, -0.1);
   const size_t panel_rows = (families.size() + 1) / 2;
   if (deltas && block > 0) {
-    gp << "set output " << report::gnuplot_quote((dir / "loss_delta.png").string()) << "\n"
-       << "set terminal pngcairo noenhanced size 1400," << 60 + 360 * panel_rows << " font ',10'\n"
+    gp << "set terminal pngcairo noenhanced size 1400," << 60 + 360 * panel_rows << " font ',10'\n"
+       << "set output " << report::gnuplot_quote((dir / "loss_delta.png").string()) << "\n"
        << "set multiplot layout " << layout(families.size())
        << " title 'Validation loss minus the baseline''s over training, mean over seeds, shaded: 95 % interval (one y-axis for all "
           "panels, cut above the final deltas)'\n"
@@ -323,17 +323,15 @@ std::string write_comparison_plots(const std::string& dir_name, const std::vecto
   io::write_text_atomically((dir / "train.dat").string(), train_dat.str());
   io::write_text_atomically((dir / "val.dat").string(), val_dat.str());
   if (!std::isfinite(top) || top <= lowest) top = lowest + 1;
-  gp << "set output " << report::gnuplot_quote((dir / "loss.png").string()) << "\n"
-     << "set terminal pngcairo noenhanced size 1400," << 60 + 360 * panel_rows << " font ',10'\n"
+  gp << "set terminal pngcairo noenhanced size 1400," << 60 + 360 * panel_rows << " font ',10'\n"
+     << "set output " << report::gnuplot_quote((dir / "loss.png").string()) << "\n"
      << "set multiplot layout " << layout(families.size())
      << " title 'Training loss (lines, 10-step means) and validation loss (points), mean over seeds; baselines in black'\n"
      << "set xlabel 'step'\nset ylabel 'loss (nats per token)'\nset yrange [" << fixed(lowest - 0.02 * (top - lowest)) << ":" << fixed(top)
      << "]\nset key inside top right font ',9'\n";
   for (size_t i = 0; i < families.size(); ++i) gp << "set title " << panel_title(families[i]) << "\n" << loss_plots[i] << "\n";
   gp << "unset multiplot\n";
-  std::string script = gp.str();
-  script.replace(script.find("{H}"), 3, "720");
-  io::write_text_atomically((dir / "plots.gp").string(), script);
+  io::write_text_atomically((dir / "plots.gp").string(), gp.str());
   return report::run_gnuplot((dir / "plots.gp").string());
 }
 

@@ -86,15 +86,14 @@ SpeedReport time_interleaved(const train::TrainConfig& base, const std::vector<s
     RecipeSpeed& s = rep.recipes[recipe];
     const std::vector<double>& mine = fastest[recipe];
     if (!s.error.empty() || mine.empty()) continue;
-    std::vector<double> tps, ratio;
-    for (size_t r = 0; r < mine.size(); ++r) {
-      tps.push_back(tokens_per_step / mine[r]);
-      if (r < f32.size() && f32.size() == mine.size()) ratio.push_back(f32[r] / mine[r]);
-    }
-    s.tokens_per_s = median(tps);
+    s.round_seconds = mine;
+    const double best = *std::min_element(mine.begin(), mine.end());
+    s.tokens_per_s = tokens_per_step / best;
     s.cpu_share = median(shares[recipe]);
+    std::vector<double> ratio;
+    for (size_t r = 0; r < mine.size() && f32.size() == mine.size(); ++r) ratio.push_back(f32[r] / mine[r]);
     if (!ratio.empty()) {
-      s.vs_f32 = median(ratio);
+      s.vs_f32 = *std::min_element(f32.begin(), f32.end()) / best;
       std::sort(ratio.begin(), ratio.end());
       s.vs_f32_low = ratio.front();
       s.vs_f32_high = ratio.back();

@@ -1,16 +1,17 @@
 #pragma once
 // Speed that a busy host cannot invent: the recipes' training steps timed interleaved, in one
 // process, on one thread. Each round builds every recipe's model in turn (the order reversed
-// every other round) and times a few of its steps after a warm-up; a recipe's speed against f32
-// is f32's fastest step over the recipe's fastest step in the same round, its median over the
-// rounds. A load that comes and goes slows the recipes of a round alike, so the ratios hold where
-// the training runs' own speeds (one recipe after another, minutes apart) do not. One thread,
-// because a steady load does not slow every recipe alike when threads share cores with it: a
-// thread waiting at a barrier for its preempted partner costs a recipe of many small parallel
-// loops more than one of a few large GEMMs (measured, docs/BENCHMARKS.md: two threads beside one
-// or two busy processes moved ratios by up to 20 %, one thread by at most 4.2 %). The ratio is
-// thus each recipe's compute cost per step; the training runs' multi-threaded tokens/s are
-// reported beside it.
+// every other round) and times a few of its steps after a warm-up. A recipe's speed against f32
+// is f32's fastest step over the recipe's fastest step, each the fastest of all rounds: a load
+// that comes and goes, or a turn whose buffers landed badly (some turns run 20-40 % slower with
+// the same code and inputs), only ever slows a step down, so the fastest is the most repeatable
+// measure of what a step costs; the per-round ratios (f32's and the recipe's fastest step of the
+// same round) give the range beside it and the busy-host warning. One thread, because a steady
+// load does not slow every recipe alike when threads share cores with it: a thread waiting at a
+// barrier for its preempted partner costs a recipe of many small parallel loops more than one of
+// a few large GEMMs (measured, docs/BENCHMARKS.md: two threads beside one or two busy processes
+// moved ratios by up to 20 %, one thread by at most 4.2 %). The ratio is thus each recipe's
+// compute cost per step; the training runs' multi-threaded tokens/s are reported beside it.
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -30,8 +31,10 @@ struct SpeedConfig {
 };
 
 struct RecipeSpeed {
-  double tokens_per_s = 0;                        // median over rounds of the turn's fastest step
-  double vs_f32 = 0, vs_f32_low = 0, vs_f32_high = 0;  // f32's step time over this recipe's: median, lowest, highest round
+  double tokens_per_s = 0;  // of the fastest step of all rounds
+  double vs_f32 = 0;        // f32's fastest step of all rounds over this recipe's
+  double vs_f32_low = 0, vs_f32_high = 0;              // the per-round ratio's lowest and highest round
+  std::vector<double> round_seconds;                   // each round's fastest step
   double vs_f32_inner_low = 0, vs_f32_inner_high = 0;  // the same without the lowest and highest round (from 4 rounds on)
   double cpu_share = 0;  // median over the timed steps of CPU seconds / (wall seconds x timing threads)
   std::string error;     // why it could not be timed ("" when it was)

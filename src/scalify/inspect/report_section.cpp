@@ -85,12 +85,13 @@ std::string underflow_reading(const std::string& name, const std::vector<ScaleSe
   s << ". ";
   const bool gap = verdict.starts_with("worse") || verdict.starts_with("inconclusive");
   if (std::isfinite(worst->energy) && worst->energy < 0.01)
-    s << "Underflow flushes a tensor's smallest values first, and here they carried almost none of its magnitude, so " << feeds
-      << " keep nearly all of theirs"
+    s << "Underflow flushes a tensor's smallest values first, and here they carried almost none of its magnitude, so the GEMMs "
+         "that read it ("
+      << feeds << ") lose almost nothing"
       << (gap ? ": this underflow does not explain the gap to the baseline"
               : ": the loss can stay with the baseline's although " + percent(worst->mean) + " of the values are lost");
   else if (std::isfinite(worst->energy))
-    s << "The flushed values carried a real share of the tensor's magnitude, so " << feeds << " lose signal too";
+    s << "The flushed values carried a real share of the tensor's magnitude, so the GEMMs that read it (" << feeds << ") lose signal too";
   else
     s << "(This run predates the squared-norm counter, so how much the flushed values carried is not known.)";
   if (!verdict.empty()) s << " (verdict on the loss: " << verdict << ")";
