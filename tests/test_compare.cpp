@@ -153,10 +153,30 @@ TEST(Compare, WritesTheReportAndReportsADivergingRecipeWhileTheOthersComplete) {
                         "runs/overflow/outcome.json"})
     EXPECT_TRUE(fs::exists(out / f)) << f;
   const std::vector<std::string> cols = csv_header(out / "summary.csv");
-  for (const char* c : {"recipe", "status", "seeds", "val_loss", "val_delta", "val_delta_ci95", "window_ci95", "seed_ci95", "verdict",
-                        "val_bpb", "train_loss", "skipped_steps", "nonfinite_steps", "mean_underflow", "mean_clipped",
-                        "scale_statistics_per_step", "tokens_per_s", "speed_vs_f32", "speed_vs_f32_low", "speed_vs_f32_high",
-                        "peak_memory_mb", "state_bytes_per_parameter", "cpu_share", "step_time_spread"})
+  for (const char* c : {"recipe",
+                        "status",
+                        "seeds",
+                        "val_loss",
+                        "val_delta",
+                        "val_delta_ci95",
+                        "window_ci95",
+                        "seed_ci95",
+                        "verdict",
+                        "val_bpb",
+                        "train_loss",
+                        "skipped_steps",
+                        "nonfinite_steps",
+                        "mean_underflow",
+                        "mean_clipped",
+                        "scale_statistics_per_step",
+                        "tokens_per_s",
+                        "speed_vs_f32",
+                        "speed_vs_f32_low",
+                        "speed_vs_f32_high",
+                        "peak_memory_mb",
+                        "state_bytes_per_parameter",
+                        "cpu_share",
+                        "step_time_spread"})
     EXPECT_NE(std::find(cols.begin(), cols.end(), c), cols.end()) << c;
   // The timing beside the speed: each finished recipe's steps filled some share of the cores (CPU
   // time over wall time x threads; a little above 1 when spinning threads are counted), and their
@@ -256,11 +276,11 @@ TEST(Compare, SeveralSeedsGiveEachRecipeARunPerSeedAndAnIntervalOverThem) {
   EXPECT_GT(row.noise.window_half_width, 0);
   // The verdict by the stated rule, worked here from the interval.
   const double lo = row.val_delta - row.noise.half_width, hi = row.val_delta + row.noise.half_width;
-  EXPECT_EQ(row.verdict, hi < 0           ? "better than baseline"
-                         : lo <= 0        ? "not distinguishable from baseline"
-                         : hi <= 0.05     ? "within +0.05 of baseline"
-                         : lo > 0.05      ? "worse"
-                                          : "inconclusive");
+  EXPECT_EQ(row.verdict, hi < 0       ? "better than baseline"
+                         : lo <= 0    ? "not distinguishable from baseline"
+                         : hi <= 0.05 ? "within +0.05 of baseline"
+                         : lo > 0.05  ? "worse"
+                                      : "inconclusive");
 
   train::TrainConfig seed2 = base;
   seed2.seed = 2;

@@ -262,10 +262,10 @@ TEST(ScaleHistory, UnderflowReadingNamesTheWorstOperandAndWhatItsValuesCarried) 
       {"h1.mlp.out", "gradient", {{10, 4, 0.20, 0, 0.001}, {20, 4, 0.10, 0, 0.001}}},
   };
   const std::string text = inspect::underflow_reading("fp8_cscale", series, "within +0.05 of baseline");
-  for (const char* s : {"**fp8_cscale**: h1.mlp.fc's output gradient loses the most: 60.00% of its non-zero values", "(at most 80.00%)",
-                        "carried 0.30% of its squared norm", "2 of 3 quantised operands lose more than 10 % on average (gradient 2)",
-                        "carried almost none of its magnitude", "its input and weight gradients",
-                        "(verdict on the loss: within +0.05 of baseline)"})
+  for (const char* s :
+       {"**fp8_cscale**: h1.mlp.fc's output gradient loses the most: 60.00% of its non-zero values", "(at most 80.00%)",
+        "carried 0.30% of its squared norm", "2 of 3 quantised operands lose more than 10 % on average (gradient 2)",
+        "carried almost none of its magnitude", "its input and weight gradients", "(verdict on the loss: within +0.05 of baseline)"})
     EXPECT_NE(text.find(s), std::string::npos) << s << "\n" << text;
   std::vector<ScaleSeries> heavy = series;
   heavy[1].points = {{10, 4, 0.6, 0, 0.2}};

@@ -68,9 +68,9 @@ TEST(Quantizer, UnderflowEnergyIsTheFlushedValuesShareOfTheSquaredNorm) {
   QuantizerConfig mx = cfg(Scaling::mx);
   Quantizer b(mx);
   std::vector<float> row(32, 0.0f);
-  row[0] = 4.0f;    // the block's amax: scale 2^(2-8) = 2^-6, smallest subnormal 2^-15
-  row[1] = 1e-6f;   // below 2^-16: flushed
-  row[2] = 0.25f;   // kept
+  row[0] = 4.0f;   // the block's amax: scale 2^(2-8) = 2^-6, smallest subnormal 2^-15
+  row[1] = 1e-6f;  // below 2^-16: flushed
+  row[2] = 0.25f;  // kept
   b.quantize(Tensor::from_vector(row, {1, 32}));
   EXPECT_NEAR(b.last().underflow, 1.0 / 3.0, 1e-15);
   const double e1 = double(1e-6f) * double(1e-6f);

@@ -182,7 +182,8 @@ std::string delta_text(double delta, double half_width) {
 std::string percent(double fraction) { return fixed(100.0 * fraction, 2) + "%"; }
 
 // Trains one recipe into runs/<name>, resuming it from its checkpoint where one exists.
-RecipeOutcome run_recipe(const CompareConfig& config, const std::string& recipe, uint64_t seed, bool resume, const train::Progress& progress) {
+RecipeOutcome run_recipe(const CompareConfig& config, const std::string& recipe, uint64_t seed, bool resume,
+                         const train::Progress& progress) {
   RecipeOutcome o;
   o.recipe = recipe;
   o.name = run_name(recipe);
@@ -273,13 +274,10 @@ RecipeOutcome summarise(const std::vector<const RecipeOutcome*>& seeds) {
     for (const train::TrainResult* x : ok) sum += x->*field;
     return sum / n;
   };
-  std::vector<double train::TrainResult::*> fields = {&train::TrainResult::tokens_per_s,
-                                                       &train::TrainResult::scale_statistics_per_step,
-                                                       &train::TrainResult::mean_underflow,
-                                                       &train::TrainResult::mean_clipped,
-                                                       &train::TrainResult::state_bytes_per_parameter,
-                                                       &train::TrainResult::cpu_share,
-                                                       &train::TrainResult::step_time_spread};
+  std::vector<double train::TrainResult::*> fields = {
+      &train::TrainResult::tokens_per_s,    &train::TrainResult::scale_statistics_per_step, &train::TrainResult::mean_underflow,
+      &train::TrainResult::mean_clipped,    &train::TrainResult::state_bytes_per_parameter, &train::TrainResult::cpu_share,
+      &train::TrainResult::step_time_spread};
   if (ok.size() == seeds.size())
     fields.insert(fields.end(), {&train::TrainResult::train_loss, &train::TrainResult::val_loss, &train::TrainResult::val_bpb});
   for (double train::TrainResult::*f : fields) r.*f = mean(f);
@@ -291,7 +289,8 @@ RecipeOutcome summarise(const std::vector<const RecipeOutcome*>& seeds) {
   }
   r.val_batch_losses.assign(ok[0]->val_batch_losses.size(), 0.0);
   for (const train::TrainResult* x : ok)
-    for (size_t k = 0; k < r.val_batch_losses.size() && k < x->val_batch_losses.size(); ++k) r.val_batch_losses[k] += x->val_batch_losses[k] / n;
+    for (size_t k = 0; k < r.val_batch_losses.size() && k < x->val_batch_losses.size(); ++k)
+      r.val_batch_losses[k] += x->val_batch_losses[k] / n;
   return row;
 }
 
@@ -319,7 +318,7 @@ void set_baselines(std::vector<RecipeOutcome>& outcomes, const std::vector<Recip
     const bool paired = base_ok && mine_ok && !o.seeds.empty();
     o.noise = paired ? delta_over_seeds(mine, theirs, batch, o.result.val_windows) : DeltaInterval{};
     o.val_delta = paired ? delta_sum / double(mine.size()) : NAN;  // the mean of the seeds' deltas
-    o.verdict = o.status != "ok"          ? o.status
+    o.verdict = o.status != "ok"         ? o.status
                 : o.recipe == o.baseline ? "baseline"
                 : !base_ok               ? "no baseline"
                                          : verdict(o.val_delta, o.noise.half_width, kParityNats);
@@ -336,7 +335,7 @@ SpeedCells speed_cells(const RecipeOutcome& o, double f32_training_speed) {
   const RecipeSpeed& s = o.speed;
   const std::string ratio = s.vs_f32 > 0 ? fixed(s.vs_f32, 2) + " (" + fixed(s.vs_f32_low, 2) + "–" + fixed(s.vs_f32_high, 2) + ")"
                             : f32_training_speed > 0 && o.status == "ok" ? fixed(r.tokens_per_s / f32_training_speed, 2)
-                                                                          : "–";
+                                                                         : "–";
   return {fixed(r.tokens_per_s, 0), ratio, r.cpu_share > 0 ? percent(r.cpu_share) : "–"};
 }
 
@@ -352,15 +351,13 @@ std::string markdown_table(const std::vector<RecipeOutcome>& rows, double f32_tr
     const bool base = o.recipe == o.baseline;
     const SpeedCells speed = speed_cells(o, f32_training_speed);
     t << "| " << o.name << " | " << status << " | " << fixed(r.val_loss, 3) << " | "
-      << (base ? "(baseline)"
-               : delta_text(o.val_delta, o.noise.half_width) + (o.baseline != "f32" ? " vs " + o.baseline : ""))
-      << " | "
+      << (base ? "(baseline)" : delta_text(o.val_delta, o.noise.half_width) + (o.baseline != "f32" ? " vs " + o.baseline : "")) << " | "
       << (base || !std::isfinite(o.noise.half_width)
               ? ""
               : "± " + fixed(o.noise.window_half_width, delta_digits(o.noise.half_width)) + " / " +
                     (o.noise.seeds > 1 ? "± " + fixed(o.noise.seed_half_width, delta_digits(o.noise.half_width)) : "–"))
-      << " | " << (base ? "" : o.verdict) << " | " << fixed(r.val_bpb, 3) << " | " << fixed(r.train_loss, 3) << " | " << r.skipped
-      << " | " << percent(r.mean_underflow) << " / " << percent(r.max_underflow) << " | " << percent(r.mean_clipped) << " | "
+      << " | " << (base ? "" : o.verdict) << " | " << fixed(r.val_bpb, 3) << " | " << fixed(r.train_loss, 3) << " | " << r.skipped << " | "
+      << percent(r.mean_underflow) << " / " << percent(r.max_underflow) << " | " << percent(r.mean_clipped) << " | "
       << fixed(r.scale_statistics_per_step, 1) << " | " << speed.tokens << " | " << speed.cpu << " | " << speed.vs_f32 << " | "
       << fixed(r.state_bytes_per_parameter, 2) << " | " << fixed(o.peak_memory_mb, 0) << " |\n";
   }
@@ -385,8 +382,9 @@ std::string training_speed_warning(const std::vector<RecipeOutcome>& rows, bool 
   }
   if (busy.empty()) return "";
   return "**Warning: the host was busy** while these recipes trained, so their tok/s say more about the host than the recipe: " +
-         join(busy) + (timed ? ". The interleaved speed ×f32 is meant to hold regardless; read that instead.\n\n"
-                             : ". Rerun on a quiet host (or compare CPU use) before reading the speeds.\n\n");
+         join(busy) +
+         (timed ? ". The interleaved speed ×f32 is meant to hold regardless; read that instead.\n\n"
+                : ". Rerun on a quiet host (or compare CPU use) before reading the speeds.\n\n");
 }
 
 // A few sentences read off the numbers.
@@ -436,7 +434,8 @@ std::string numerics(const CompareConfig& config, const std::vector<RecipeOutcom
   std::vector<inspect::RunToInspect> inspected;
   std::string f32_run;
   for (const RecipeOutcome& row : rows) {
-    const auto o = std::find_if(runs.begin(), runs.end(), [&](const RecipeOutcome& r) { return r.recipe == row.recipe && r.status == "ok"; });
+    const auto o =
+        std::find_if(runs.begin(), runs.end(), [&](const RecipeOutcome& r) { return r.recipe == row.recipe && r.status == "ok"; });
     if (o == runs.end()) continue;  // runs: seeds outermost, so the first found is the first seed that finished
     inspected.push_back({o->name, (dir / "runs" / o->run).string(), row.recipe == row.baseline ? "" : row.verdict});
     if (o->recipe == "f32") f32_run = inspected.back().run_dir;
@@ -472,13 +471,13 @@ void write_report(const CompareConfig& config, CompareReport& rep, const std::st
         << (o.noise.seeds > 1 ? csv_number(o.noise.seed_half_width, 5) : "") << "," << csv_field(o.verdict) << ","
         << csv_number(r.val_bpb, 5) << "," << csv_number(r.train_loss, 5) << "," << r.steps << "," << r.skipped << "," << r.nonfinite_steps
         << "," << o.diverged_step << "," << fixed(r.mean_underflow, 6) << "," << fixed(r.max_underflow, 6) << ","
-        << fixed(r.mean_clipped, 6) << "," << csv_number(r.scale_statistics_per_step, 2) << ","
-        << csv_number(r.tokens_per_s, 0) << ","
-        << (timed ? csv_number(o.speed.vs_f32, 3) : f32_training_speed > 0 ? csv_number(r.tokens_per_s / f32_training_speed, 3) : "")
+        << fixed(r.mean_clipped, 6) << "," << csv_number(r.scale_statistics_per_step, 2) << "," << csv_number(r.tokens_per_s, 0) << ","
+        << (timed                    ? csv_number(o.speed.vs_f32, 3)
+            : f32_training_speed > 0 ? csv_number(r.tokens_per_s / f32_training_speed, 3)
+                                     : "")
         << "," << (timed ? csv_number(o.speed.vs_f32_low, 3) : "") << "," << (timed ? csv_number(o.speed.vs_f32_high, 3) : "") << ","
-        << csv_number(r.cpu_share, 3) << "," << csv_number(r.step_time_spread, 2) << ","
-        << csv_number(r.state_bytes_per_parameter, 3) << "," << csv_number(o.peak_memory_mb, 1) << "," << csv_number(o.seconds, 1) << ","
-        << csv_field(o.quantized) << "\n";
+        << csv_number(r.cpu_share, 3) << "," << csv_number(r.step_time_spread, 2) << "," << csv_number(r.state_bytes_per_parameter, 3)
+        << "," << csv_number(o.peak_memory_mb, 1) << "," << csv_number(o.seconds, 1) << "," << csv_field(o.quantized) << "\n";
     json j = outcome_json(o);
     j["speed"] = {{"tokens_per_s", num(o.speed.tokens_per_s)},
                   {"vs_f32", num(o.speed.vs_f32)},
@@ -505,8 +504,9 @@ void write_report(const CompareConfig& config, CompareReport& rep, const std::st
   std::ostringstream md;
   md << "# Scalify comparison\n\n"
      << "One model, one corpus, trained under each recipe in turn"
-     << (config.seeds.size() > 1 ? ", under each of " + std::to_string(config.seeds.size()) + " seeds (model initialisation and batch order)"
-                                 : std::string(", one seed"))
+     << (config.seeds.size() > 1
+             ? ", under each of " + std::to_string(config.seeds.size()) + " seeds (model initialisation and batch order)"
+             : std::string(", one seed"))
      << ". Command:\n\n```\n"
      << (command.empty() ? "(library call)" : command) << "\n```\n\nModel: GPT, d_model " << b.model.d_model << ", " << b.model.layers
      << " layers, " << b.model.heads << " heads, context " << b.model.seq << " tokens, " << b.model.parameter_count() << " parameters"
@@ -521,11 +521,10 @@ void write_report(const CompareConfig& config, CompareReport& rep, const std::st
      << "Δ: validation loss minus the baseline's (f32; unit_f32 for the unit-scaled recipes)"
      << (config.seeds.size() > 1 ? ", each seed against the baseline of the same seed, mean over the seeds" : "")
      << "; ± its 95 % interval, of which the window-sampling error (the recipe and its baseline evaluated on the same "
-     << std::max_element(rep.rows.begin(), rep.rows.end(), [](const RecipeOutcome& a, const RecipeOutcome& c) {
-          return a.result.val_windows < c.result.val_windows;
-        })->result.val_windows
-     << " windows in batches of " << b.batch
-     << ": the spread of their paired batch differences)"
+     << std::max_element(rep.rows.begin(), rep.rows.end(),
+                         [](const RecipeOutcome& a, const RecipeOutcome& c) { return a.result.val_windows < c.result.val_windows; })
+            ->result.val_windows
+     << " windows in batches of " << b.batch << ": the spread of their paired batch differences)"
      << (config.seeds.size() > 1 ? " and the seeds' spread (t over seeds − 1 degrees of freedom), combined in quadrature"
                                  : "; one seed, so seed-to-seed variation is not in it")
      << ". Verdict: *better than baseline* (the interval below 0), *not distinguishable from baseline* "
@@ -551,8 +550,7 @@ void write_report(const CompareConfig& config, CompareReport& rep, const std::st
      << training_speed_warning(rep.rows, timed) << (timed ? busy_host_warning(rep.speed) : "")
      << (fs::exists(dir / "loss_delta.png") ? "![validation loss minus the baseline over training](loss_delta.png)\n\n" : "")
      << (fs::exists(dir / "loss.png") ? "![loss](loss.png)\n\n" : "")
-     << (rep.plot_error.empty() ? "" : "(Plots missing: " + rep.plot_error + ".)\n\n")
-     << "## Reading\n\n"
+     << (rep.plot_error.empty() ? "" : "(Plots missing: " + rep.plot_error + ".)\n\n") << "## Reading\n\n"
      << reading(rep.rows, b.model.layers, config.seeds.size()) << "\n## What each recipe quantises\n\n";
   std::map<std::string, std::vector<std::string>> by_layers;
   for (const RecipeOutcome& o : rep.rows) by_layers[o.quantized + (o.unit_scaled ? "; unit-scaled model" : "")].push_back(o.name);
@@ -583,8 +581,7 @@ std::vector<uint64_t> seed_list(const std::string& spec, uint64_t first) {
   while (std::getline(in, item, ',')) {
     const std::optional<uint64_t> seed = io::parse_number<uint64_t>(item);
     if (!seed) throw Error("compare: " + what + ": '" + item + "' is not a seed (a decimal integer in [0, 2^64))");
-    if (std::find(seeds.begin(), seeds.end(), *seed) != seeds.end())
-      throw Error("compare: " + what + ": seed " + item + " is given twice");
+    if (std::find(seeds.begin(), seeds.end(), *seed) != seeds.end()) throw Error("compare: " + what + ": seed " + item + " is given twice");
     seeds.push_back(*seed);
   }
   if (seeds.size() > 100) throw Error("compare: " + what + ": at most 100 seeds");
@@ -599,7 +596,7 @@ CompareConfig comparison_config(const std::string& out) {
     r.base = train::parse_config(j.at("config").get<std::string>(), file.string());
     r.recipes = j.at("recipes").get<std::vector<std::string>>();
     if (j.contains("seeds")) r.seeds = j.at("seeds").get<std::vector<uint64_t>>();  // absent from older comparisons: one seed
-    r.speed.rounds = j.value("speed_rounds", 0);  // older comparisons did not time interleaved
+    r.speed.rounds = j.value("speed_rounds", 0);                                    // older comparisons did not time interleaved
     return r;
   });
   c.out = out;

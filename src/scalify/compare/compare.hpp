@@ -46,12 +46,12 @@ std::vector<uint64_t> seed_list(const std::string& spec, uint64_t first);
 
 // One recipe's outcome: of one run (one seed), or a table row over every seed.
 struct RecipeOutcome {
-  std::string recipe;         // as given (preset name or JSON file)
-  std::string name;           // its name in the report (the preset name, or the JSON file's stem)
-  std::string run;            // its run folder under runs/ (a row's: its first seed's)
+  std::string recipe;           // as given (preset name or JSON file)
+  std::string name;             // its name in the report (the preset name, or the JSON file's stem)
+  std::string run;              // its run folder under runs/ (a row's: its first seed's)
   std::vector<uint64_t> seeds;  // the seeds it covers
-  std::string status = "ok";  // ok | diverged | failed (a row: ok when every seed is; else the first other status)
-  std::string note;           // why it diverged or failed
+  std::string status = "ok";    // ok | diverged | failed (a row: ok when every seed is; else the first other status)
+  std::string note;             // why it diverged or failed
   int64_t diverged_step = -1;
   // A row's: the mean over the seeds (max_underflow and skipped steps: the largest;
   // val_batch_losses: each batch's mean); with several seeds, the losses are NaN unless every
@@ -61,8 +61,8 @@ struct RecipeOutcome {
   // Validation loss minus the baseline's of the same seed, mean over the seeds; NaN unless the
   // recipe and its baseline finished under every seed.
   double val_delta = NAN;
-  DeltaInterval noise;   // its 95 % interval: window sampling and seed spread (compare/noise.hpp)
-  std::string verdict;   // the stated rule on that interval (noise.hpp: verdict)
+  DeltaInterval noise;  // its 95 % interval: window sampling and seed spread (compare/noise.hpp)
+  std::string verdict;  // the stated rule on that interval (noise.hpp: verdict)
   double seconds = 0, peak_memory_mb = 0;
   std::string quantized;  // quant::quantized_layers
   bool unit_scaled = false;

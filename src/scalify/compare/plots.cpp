@@ -130,8 +130,8 @@ Curves mean_curves(const std::vector<const Curves*>& seeds) {
 
 }  // namespace
 
-std::string write_comparison_plots(const std::string& dir_name, const std::vector<RecipeOutcome>& rows, const std::vector<RecipeOutcome>& runs,
-                                   int64_t batch) {
+std::string write_comparison_plots(const std::string& dir_name, const std::vector<RecipeOutcome>& rows,
+                                   const std::vector<RecipeOutcome>& runs, int64_t batch) {
   const fs::path dir(dir_name);
   for (const char* png : {"delta.png", "loss_delta.png", "loss.png"}) fs::remove(dir / png);  // none may outlive this report
   // Every run's curves by (recipe, seed), and which runs finished: means over seeds take only
@@ -148,7 +148,8 @@ std::string write_comparison_plots(const std::string& dir_name, const std::vecto
     std::vector<const Curves*> out;
     for (uint64_t s : row.seeds)
       if (finished.count({row.recipe, s}) && !curves.at({row.recipe, s}).train.empty()) out.push_back(&curves.at({row.recipe, s}));
-    if (out.empty() && !row.seeds.empty() && curves.count({row.recipe, row.seeds[0]})) out.push_back(&curves.at({row.recipe, row.seeds[0]}));
+    if (out.empty() && !row.seeds.empty() && curves.count({row.recipe, row.seeds[0]}))
+      out.push_back(&curves.at({row.recipe, row.seeds[0]}));
     return out;
   };
   const auto row_of = [&](const std::string& recipe) -> const RecipeOutcome* {
@@ -180,13 +181,13 @@ std::string write_comparison_plots(const std::string& dir_name, const std::vecto
     const double x = std::clamp(o->val_delta, x_bottom, x_top);
     forest << y << " " << fixed(x) << " " << fixed(std::max(o->val_delta - h, x_bottom)) << " " << fixed(std::min(o->val_delta + h, x_top))
            << "\n\n\n";
-    forest_plot << (forest_plot.str().empty() ? "" : ", ") << report::gnuplot_quote((dir / "delta.dat").string()) << " index "
-                << int(y) << " using 2:1:3:4 with xerrorbars pt 7 ps 1.3 lw 2 lc rgb '" << verdict_colour(o->verdict) << "' notitle";
+    forest_plot << (forest_plot.str().empty() ? "" : ", ") << report::gnuplot_quote((dir / "delta.dat").string()) << " index " << int(y)
+                << " using 2:1:3:4 with xerrorbars pt 7 ps 1.3 lw 2 lc rgb '" << verdict_colour(o->verdict) << "' notitle";
     if (o->val_delta > x_top || o->val_delta < x_bottom) {
       std::string value = fixed(o->val_delta);
       if (o->val_delta > 0) value.insert(value.begin(), '+');
-      labels << "set label " << report::gnuplot_quote(value) << " at " << fixed(x) << ","
-             << y << " offset " << (o->val_delta > 0 ? "-7" : "1") << ",0.8 font ',9'\n";
+      labels << "set label " << report::gnuplot_quote(value) << " at " << fixed(x) << "," << y << " offset "
+             << (o->val_delta > 0 ? "-7" : "1") << ",0.8 font ',9'\n";
     }
   }
   if (!shown.empty()) {
@@ -213,7 +214,10 @@ std::string write_comparison_plots(const std::string& dir_name, const std::vecto
   std::ostringstream delta_dat;
   int block = 0;
   double d_lo = -0.01, d_hi = 0.06;
-  for (const auto& [o, y] : shown) d_hi = std::max(d_hi, o->val_delta + (std::isfinite(o->noise.half_width) ? o->noise.half_width : 0));
+  for (const auto& [o, y] : shown) {  // a recipe beyond delta.png's axis (+0.2) leaves this one's panels, cut, to the rest
+    const double top = o->val_delta + (std::isfinite(o->noise.half_width) ? o->noise.half_width : 0);
+    if (top <= 0.2) d_hi = std::max(d_hi, top);
+  }
   std::vector<std::string> panel_plots;
   for (const Panel& p : families) {
     if (!deltas) break;
@@ -286,7 +290,8 @@ std::string write_comparison_plots(const std::string& dir_name, const std::vecto
   for (const Panel& p : families) {
     std::vector<const RecipeOutcome*> drawn;
     for (const RecipeOutcome* o : p.rows)
-      if (const RecipeOutcome* b = row_of(o->baseline); b && std::find(drawn.begin(), drawn.end(), b) == drawn.end()) drawn.insert(drawn.begin(), b);
+      if (const RecipeOutcome* b = row_of(o->baseline); b && std::find(drawn.begin(), drawn.end(), b) == drawn.end())
+        drawn.insert(drawn.begin(), b);
     for (const RecipeOutcome* o : p.rows)
       if (std::find(drawn.begin(), drawn.end(), o) == drawn.end()) drawn.push_back(o);
     std::ostringstream plot;

@@ -23,21 +23,21 @@
 namespace scalify::compare {
 
 struct SpeedConfig {
-  int rounds = 5;          // 0: no interleaved timing (the table shows the training runs' speeds)
-  int64_t warmup = 2;      // untimed steps of each recipe's turn (caches, thread pools, buffers)
-  int64_t steps = 4;       // timed steps of each turn (the fastest counts) ...
+  int rounds = 5;            // 0: no interleaved timing (the table shows the training runs' speeds)
+  int64_t warmup = 2;        // untimed steps of each recipe's turn (caches, thread pools, buffers)
+  int64_t steps = 4;         // timed steps of each turn (the fastest counts) ...
   double min_seconds = 0.5;  // ... and more until they add up to this (at most 10 x steps): small models' steps are short
   int threads = 1;           // OpenMP threads while timing (0: the process's own)
 };
 
 struct RecipeSpeed {
-  double tokens_per_s = 0;  // of the fastest step of all rounds
-  double vs_f32 = 0;        // f32's fastest step of all rounds over this recipe's
+  double tokens_per_s = 0;                             // of the fastest step of all rounds
+  double vs_f32 = 0;                                   // f32's fastest step of all rounds over this recipe's
   double vs_f32_low = 0, vs_f32_high = 0;              // the per-round ratio's lowest and highest round
   std::vector<double> round_seconds;                   // each round's fastest step
   double vs_f32_inner_low = 0, vs_f32_inner_high = 0;  // the same without the lowest and highest round (from 4 rounds on)
-  double cpu_share = 0;  // median over the timed steps of CPU seconds / (wall seconds x timing threads)
-  std::string error;     // why it could not be timed ("" when it was)
+  double cpu_share = 0;                                // median over the timed steps of CPU seconds / (wall seconds x timing threads)
+  std::string error;                                   // why it could not be timed ("" when it was)
 };
 
 struct SpeedReport {
@@ -54,7 +54,7 @@ SpeedReport time_interleaved(const train::TrainConfig& base, const std::vector<s
 
 // Markdown: a warning naming what says the host was busy during the timing (a recipe's ratio
 // moving more than 20 % between rounds, its lowest and highest round left out from 4 rounds on
-// as the median leaves them out; f32's fastest step moving more than 25 %; or steps filling
+// (one odd round is not a busy host); f32's fastest step moving more than 25 %; or steps filling
 // under 75 % of the cores), or "" when nothing does.
 std::string busy_host_warning(const SpeedReport& speed);
 

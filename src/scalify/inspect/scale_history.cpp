@@ -131,8 +131,8 @@ std::string write_scale_history(const std::vector<ScaleSeries>& series, const st
      << "set output " << report::gnuplot_quote((dir / "scales.png").string()) << "\n"
      << "set multiplot layout " << roles.size() << "," << kinds.size() << " title "
      << report::gnuplot_quote("Scaling bias -log2(scale) of each quantised tensor over training, " + title + " (a line per block)") << "\n"
-     << "set grid\nset xlabel 'step'\nset ylabel 'scaling bias'\nset key top right font ',8'\nset yrange ["
-     << std::floor(bias_lo) - 1 << ":" << std::ceil(bias_hi) + 1 << "]\n";
+     << "set grid\nset xlabel 'step'\nset ylabel 'scaling bias'\nset key top right font ',8'\nset yrange [" << std::floor(bias_lo) - 1
+     << ":" << std::ceil(bias_hi) + 1 << "]\n";
   for (const std::string& role : roles)
     for (const std::string& kind : kinds) {
       gp << "set title " << report::gnuplot_quote(kind + " " + role) << "\nplot ";

@@ -47,7 +47,7 @@ Tensor encode(const Tensor& x, Format fmt, float encode_scale, const QuantizerCo
   uint32_t amax_bits = 0;  // max |x| as bits: a NaN orders above infinity
   int64_t under = 0, clip = 0, nonzero = 0;
   double energy = 0, under_energy = 0;  // sums of x^2: all inputs, and those that underflow
-  std::exception_ptr error;  // a NaN into a format without NaN throws; rethrown after the loop
+  std::exception_ptr error;             // a NaN into a format without NaN throws; rethrown after the loop
 #pragma omp parallel for num_threads(num_threads()) reduction(max : amax_bits) reduction(+ : under, clip, nonzero, energy, under_energy) \
     if (n > platform::kParallelGrain)
   for (int64_t ch = 0; ch < chunks; ++ch) {

@@ -64,7 +64,7 @@ struct QuantStats {
   // Their share of the input's squared norm: what the flushed values carried (the smallest
   // values underflow first, so a large fraction can carry almost nothing).
   double underflow_energy = 0;
-  double clipped = 0;    // fraction of inputs beyond the format's range after scaling
+  double clipped = 0;  // fraction of inputs beyond the format's range after scaling
 };
 
 // A quantised tensor: codes in the format's dtype (or their f32 values, Quantizer::quantize's

@@ -281,8 +281,11 @@ json quant_record(const Session& s, TrainResult& r, RunTotals& totals) {
       // (block scaling, per-GEMM recipes); per-tensor recipes reuse the forward's.
       if (role.ends_with("_t") && quantizer->state().steps == 0) continue;
       const quant::QuantStats& qs = quantizer->last();
-      q[layer + "." + role] = {
-          {"scale", qs.scale}, {"amax", qs.amax}, {"underflow", qs.underflow}, {"underflow_energy", qs.underflow_energy}, {"clipped", qs.clipped}};
+      q[layer + "." + role] = {{"scale", qs.scale},
+                               {"amax", qs.amax},
+                               {"underflow", qs.underflow},
+                               {"underflow_energy", qs.underflow_energy},
+                               {"clipped", qs.clipped}};
       totals.underflow += qs.underflow;
       totals.clipped += qs.clipped;
       r.max_underflow = std::max(r.max_underflow, qs.underflow);
@@ -401,7 +404,8 @@ TrainResult train(const TrainConfig& given, bool resume, const Progress& progres
       metrics << json{{"step", step}, {"quant", quant_record(s, r, totals)}}.dump() << "\n";
     if ((step + 1) % cfg.eval_every == 0 || step + 1 == cfg.steps) {
       const EvalResult e = eval_session(s, corpus, world);
-      metrics << json{{"step", step}, {"val_loss", e.loss}, {"val_bpb", e.bits_per_byte}, {"val_batch_losses", e.batch_losses}}.dump() << "\n";
+      metrics << json{{"step", step}, {"val_loss", e.loss}, {"val_bpb", e.bits_per_byte}, {"val_batch_losses", e.batch_losses}}.dump()
+              << "\n";
       r.val_loss = e.loss;
       r.val_bpb = e.bits_per_byte;
       r.val_batch_losses = e.batch_losses;
@@ -452,7 +456,8 @@ TrainResult train(const TrainConfig& given, bool resume, const Progress& progres
   return r;
 }
 
-std::vector<StepTime> time_training_steps(const TrainConfig& given, const Corpus& corpus, int64_t warmup, int64_t steps, double min_seconds) {
+std::vector<StepTime> time_training_steps(const TrainConfig& given, const Corpus& corpus, int64_t warmup, int64_t steps,
+                                          double min_seconds) {
   struct RestoreStatistics {
     ~RestoreStatistics() { quant::set_collect_statistics(true); }
   } restore_statistics;
