@@ -364,9 +364,9 @@ std::string markdown_table(const std::vector<RecipeOutcome>& rows, double f32_tr
   return t.str();
 }
 
-std::string join(const std::vector<std::string>& v) {
+std::string join(const std::vector<std::string>& v, const char* separator = ", ") {
   std::string out;
-  for (const std::string& s : v) out.append(out.empty() ? "" : ", ").append(s);
+  for (const std::string& s : v) out.append(out.empty() ? "" : separator).append(s);
   return out.empty() ? "none" : out;
 }
 
@@ -385,6 +385,29 @@ std::string training_speed_warning(const std::vector<RecipeOutcome>& rows, bool 
          join(busy) +
          (timed ? ". The interleaved speed ×f32 is meant to hold regardless; read that instead.\n\n"
                 : ". Rerun on a quiet host (or compare CPU use) before reading the speeds.\n\n");
+}
+
+// The interleaved timing's own warning, from its round times: a recipe's per-round ratio to f32
+// moving more than 20 %, f32's fastest step moving more than 25 % (both over the middle rounds,
+// speed.hpp: middle_range), or steps filling under 75 % of the cores. "" when nothing does.
+std::string timing_speed_warning(const SpeedReport& speed) {
+  std::vector<std::string> why;
+  const std::vector<double>& f32 = speed.recipes.count("f32") ? speed.recipes.at("f32").round_seconds : std::vector<double>{};
+  const auto [f32_fast, f32_slow] = middle_range(f32);
+  if (f32_slow / f32_fast > 1.25) why.push_back("f32's fastest step moved " + fixed(f32_slow / f32_fast, 2) + "x between rounds");
+  const std::string middle = speed.rounds >= 4 ? " (its extreme rounds left out)" : "";
+  for (const auto& [recipe, s] : speed.recipes) {
+    if (!s.error.empty()) continue;
+    std::vector<double> ratio;
+    for (size_t r = 0; r < s.round_seconds.size() && s.round_seconds.size() == f32.size(); ++r)
+      ratio.push_back(f32[r] / s.round_seconds[r]);
+    const auto [low, high] = middle_range(ratio);
+    if (high / low > 1.2) why.push_back(recipe + "'s ratio ranged " + fixed(low, 2) + "-" + fixed(high, 2) + middle);
+    if (s.cpu_share > 0 && s.cpu_share < 0.75) why.push_back(recipe + "'s steps used " + fixed(100 * s.cpu_share, 0) + " % of the cores");
+  }
+  if (why.empty()) return "";
+  return "**Warning: the host was busy** while the speeds were timed (" + join(why, "; ") +
+         "), so the speed columns may say more about the host than the recipes. Rerun on a quiet host before reading them.\n\n";
 }
 
 // A few sentences read off the numbers.
@@ -547,7 +570,7 @@ void write_report(const CompareConfig& config, CompareReport& rep, const std::st
                : std::string("Speed ×f32: the training runs' tok/s against f32's (recipes one after another: a busy host moves them). "))
      << "State B/param: master weights, gradients and AdamW moments (with scales) per parameter, "
         "measured on the tensors. Peak MB: the process's peak resident memory during the recipe.\n\n"
-     << training_speed_warning(rep.rows, timed) << (timed ? busy_host_warning(rep.speed) : "")
+     << training_speed_warning(rep.rows, timed) << (timed ? timing_speed_warning(rep.speed) : "")
      << (fs::exists(dir / "loss_delta.png") ? "![validation loss minus the baseline over training](loss_delta.png)\n\n" : "")
      << (fs::exists(dir / "loss.png") ? "![loss](loss.png)\n\n" : "")
      << (rep.plot_error.empty() ? "" : "(Plots missing: " + rep.plot_error + ".)\n\n") << "## Reading\n\n"

@@ -4,7 +4,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <sstream>
 
 #include "scalify/platform/world.hpp"
 #include "scalify/train/pretrained.hpp"
@@ -19,14 +18,6 @@ double median(std::vector<double> v) {
   if (v.empty()) return NAN;
   std::sort(v.begin(), v.end());
   return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
-}
-
-std::string fixed(double v, int digits) {
-  std::ostringstream s;
-  s.setf(std::ios::fixed);
-  s.precision(digits);
-  s << v;
-  return s.str();
 }
 
 }  // namespace
@@ -44,8 +35,9 @@ SpeedReport time_interleaved(const train::TrainConfig& base, const std::vector<s
     }
     ~Threads() { omp_set_num_threads(before); }
   } threads(config.threads);
-  const train::Corpus corpus = train::corpus_for(train::with_pretrained_model(base));
-  const double tokens_per_step = double(base.batch * base.accum * train::with_pretrained_model(base).model.seq);
+  const train::TrainConfig model = train::with_pretrained_model(base);  // a pretrained model's shape, read once
+  const train::Corpus corpus = train::corpus_for(model);
+  const double tokens_per_step = double(base.batch * base.accum * model.model.seq);
   // Per recipe and round: the turn's fastest step; and every timed step's CPU share.
   std::map<std::string, std::vector<double>> fastest, shares;
   std::vector<std::string> order = recipes;
@@ -76,12 +68,6 @@ SpeedReport time_interleaved(const train::TrainConfig& base, const std::vector<s
     std::reverse(order.begin(), order.end());  // drift within a round cancels over two rounds
   }
   const std::vector<double>& f32 = fastest["f32"];
-  if (!f32.empty()) {  // slowest over fastest round, the extreme rounds left out from 4 rounds on
-    std::vector<double> sorted = f32;
-    std::sort(sorted.begin(), sorted.end());
-    const size_t odd = sorted.size() >= 4 ? 1 : 0;
-    rep.f32_spread = sorted[sorted.size() - 1 - odd] / sorted[odd];
-  }
   for (const std::string& recipe : recipes) {
     RecipeSpeed& s = rep.recipes[recipe];
     const std::vector<double>& mine = fastest[recipe];
@@ -94,32 +80,18 @@ SpeedReport time_interleaved(const train::TrainConfig& base, const std::vector<s
     for (size_t r = 0; r < mine.size() && f32.size() == mine.size(); ++r) ratio.push_back(f32[r] / mine[r]);
     if (!ratio.empty()) {
       s.vs_f32 = *std::min_element(f32.begin(), f32.end()) / best;
-      std::sort(ratio.begin(), ratio.end());
-      s.vs_f32_low = ratio.front();
-      s.vs_f32_high = ratio.back();
-      const size_t odd = ratio.size() >= 4 ? 1 : 0;  // from 4 rounds on, the lowest and highest round are left out
-      s.vs_f32_inner_low = ratio[odd];
-      s.vs_f32_inner_high = ratio[ratio.size() - 1 - odd];
+      s.vs_f32_low = *std::min_element(ratio.begin(), ratio.end());
+      s.vs_f32_high = *std::max_element(ratio.begin(), ratio.end());
     }
   }
   return rep;
 }
 
-std::string busy_host_warning(const SpeedReport& speed) {
-  std::vector<std::string> why;
-  if (speed.f32_spread > 1.25) why.push_back("f32's fastest step moved " + fixed(speed.f32_spread, 2) + "x between rounds");
-  for (const auto& [recipe, s] : speed.recipes) {
-    if (!s.error.empty()) continue;
-    if (s.vs_f32_inner_low > 0 && s.vs_f32_inner_high / s.vs_f32_inner_low > 1.2)
-      why.push_back(recipe + "'s ratio ranged " + fixed(s.vs_f32_inner_low, 2) + "-" + fixed(s.vs_f32_inner_high, 2) +
-                    (speed.rounds >= 4 ? " (its extreme rounds left out)" : ""));
-    if (s.cpu_share > 0 && s.cpu_share < 0.75) why.push_back(recipe + "'s steps used " + fixed(100 * s.cpu_share, 0) + " % of the cores");
-  }
-  if (why.empty()) return "";
-  std::string list;
-  for (const std::string& w : why) list.append(list.empty() ? "" : "; ").append(w);
-  return "**Warning: the host was busy** while the speeds were timed (" + list +
-         "), so the speed columns may say more about the host than the recipes. Rerun on a quiet host before reading them.\n\n";
+std::pair<double, double> middle_range(std::vector<double> v) {
+  if (v.empty()) return {NAN, NAN};
+  std::sort(v.begin(), v.end());
+  const size_t odd = v.size() >= 4 ? 1 : 0;
+  return {v[odd], v[v.size() - 1 - odd]};
 }
 
 }  // namespace scalify::compare

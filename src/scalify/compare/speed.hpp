@@ -16,6 +16,7 @@
 #include <functional>
 #include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "scalify/train/config.hpp"
@@ -31,19 +32,17 @@ struct SpeedConfig {
 };
 
 struct RecipeSpeed {
-  double tokens_per_s = 0;                             // of the fastest step of all rounds
-  double vs_f32 = 0;                                   // f32's fastest step of all rounds over this recipe's
-  double vs_f32_low = 0, vs_f32_high = 0;              // the per-round ratio's lowest and highest round
-  std::vector<double> round_seconds;                   // each round's fastest step
-  double vs_f32_inner_low = 0, vs_f32_inner_high = 0;  // the same without the lowest and highest round (from 4 rounds on)
-  double cpu_share = 0;                                // median over the timed steps of CPU seconds / (wall seconds x timing threads)
-  std::string error;                                   // why it could not be timed ("" when it was)
+  double tokens_per_s = 0;                 // of the fastest step of all rounds
+  double vs_f32 = 0;                       // f32's fastest step of all rounds over this recipe's
+  double vs_f32_low = 0, vs_f32_high = 0;  // the per-round ratio's lowest and highest round
+  std::vector<double> round_seconds;       // each round's fastest step (the rounds it ran in)
+  double cpu_share = 0;                    // median over the timed steps of CPU seconds / (wall seconds x timing threads)
+  std::string error;                       // why it could not be timed ("" when it was)
 };
 
 struct SpeedReport {
   std::map<std::string, RecipeSpeed> recipes;  // by recipe
   int rounds = 0;
-  double f32_spread = 0;  // f32's fastest step: its slowest round over its fastest (the extreme rounds left out from 4 on)
 };
 
 // Times `recipes` (f32 among them: the ratios' reference) under `base` (its model, data, seed),
@@ -52,10 +51,8 @@ struct SpeedReport {
 SpeedReport time_interleaved(const train::TrainConfig& base, const std::vector<std::string>& recipes, const SpeedConfig& config,
                              const std::function<void(const std::string&)>& progress);
 
-// Markdown: a warning naming what says the host was busy during the timing (a recipe's ratio
-// moving more than 20 % between rounds, its lowest and highest round left out from 4 rounds on
-// (one odd round is not a busy host); f32's fastest step moving more than 25 %; or steps filling
-// under 75 % of the cores), or "" when nothing does.
-std::string busy_host_warning(const SpeedReport& speed);
+// The lowest and highest of v, from 4 values on without the lowest and highest one: the spread
+// over rounds that says a host was busy, since one odd round is not a busy host. NaN when empty.
+std::pair<double, double> middle_range(std::vector<double> v);
 
 }  // namespace scalify::compare
