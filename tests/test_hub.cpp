@@ -378,7 +378,7 @@ TEST(HfBadInput, ConfigErrorsNameTheFileAndField) {
   set_config(d, "n_embd", 66);  // not divisible by 4 heads
   EXPECT_ERROR(hub::read_hf_config(d.string()), "heads must divide d_model");
   spit(d / "config.json", "{not json");
-  EXPECT_ERROR(hub::read_hf_config(d.string()), (d / "config.json").string() + ": not a JSON object");
+  EXPECT_ERROR(hub::read_hf_config(d.string()), (d / "config.json").string() + ": not valid JSON");
   const fs::path l = copy_of("tiny_llama", "bad_llama_config");
   set_config(l, "rope_scaling", nlohmann::json{{"type", "linear"}, {"factor", 2.0}});
   EXPECT_ERROR(hub::read_hf_config(l.string()), "rope_scaling");

@@ -336,7 +336,8 @@ TEST(Recipe, FuzzedJsonGivesOnlyScalifyErrors) {
                                             "\"7\"",
                                             "null",
                                             "[]",
-                                            "{}"};
+                                            "{}",
+                                            std::string(100000, '[') + std::string(100000, ']')};
   std::vector<std::string> seeds;
   for (const std::string& name : preset_names()) seeds.push_back(preset(name).to_json());
   int accepted = 0, rejected = 0;

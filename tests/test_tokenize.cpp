@@ -214,7 +214,7 @@ TEST(Gpt2Bpe, BrokenFilesAreErrorsNamingTheFileAndLine) {
   fs::path dir = bpe_folder("unknown_symbol", vocab, merges.substr(0, second) + "Ġ zzzzzz" + rest);
   EXPECT_ERROR(load_tokenizer(dir.string()), "line 3: symbol 'zzzzzz' is not in '" + (dir / "vocab.json").string());
   dir = bpe_folder("not_json", "{\"a\": 0,", merges);
-  EXPECT_ERROR(load_tokenizer(dir.string()), (dir / "vocab.json").string() + "' is not valid JSON");
+  EXPECT_ERROR(load_tokenizer(dir.string()), (dir / "vocab.json").string() + "': not valid JSON");
   dir = bpe_folder("not_object", "[1, 2]", merges);
   EXPECT_ERROR(load_tokenizer(dir.string()), "must be a JSON object");
   nlohmann::json v = nlohmann::json::parse(vocab);

@@ -11,6 +11,7 @@
 #include <set>
 #include <sstream>
 
+#include "scalify/io/json_text.hpp"
 #include "scalify/compare/plots.hpp"
 #include "scalify/error.hpp"
 #include "scalify/inspect/report_section.hpp"
@@ -103,6 +104,7 @@ json outcome_json(const RecipeOutcome& o) {
 template <class Fn>
 auto read_json_text(const std::string& text, const fs::path& file, const char* advice, Fn&& use) {
   try {
+    io::check_json_depth(text, "compare: '" + file.string() + "'");
     const json j = json::parse(text);
     return use(j);
   } catch (const json::exception& e) {

@@ -9,6 +9,7 @@
 #include <set>
 #include <sstream>
 
+#include "scalify/io/json_text.hpp"
 #include "scalify/io/atomic_file.hpp"
 #include "scalify/report/gnuplot.hpp"
 
@@ -38,7 +39,7 @@ Curves read_curves(const fs::path& run_dir) {
   double sum = 0;
   int64_t n = 0, last = 0;
   while (std::getline(in, line)) {
-    const json j = json::parse(line, nullptr, false);
+    const json j = io::try_parse_json(line);
     if (j.is_discarded() || !j.contains("step") || !j["step"].is_number_integer()) continue;
     const int64_t step = j["step"].get<int64_t>() + 1;
     if (j.contains("val_loss")) {

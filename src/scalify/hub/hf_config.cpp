@@ -4,6 +4,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "scalify/io/json_text.hpp"
 #include "scalify/error.hpp"
 #include "scalify/io/input_file.hpp"
 
@@ -23,9 +24,9 @@ struct Fields {
   int64_t integer(const std::string& key, int64_t lo, int64_t hi) const {
     if (!j.contains(key)) fail(key, "is missing");
     const json& v = j[key];
-    if (!v.is_number_integer()) fail(key, "must be an integer, got " + v.dump());
+    if (!v.is_number_integer()) fail(key, "must be an integer, got " + io::json_excerpt(v));
     const int64_t x = v.get<int64_t>();
-    if (x < lo || x > hi) fail(key, "must be in [" + std::to_string(lo) + ", " + std::to_string(hi) + "], got " + v.dump());
+    if (x < lo || x > hi) fail(key, "must be in [" + std::to_string(lo) + ", " + std::to_string(hi) + "], got " + io::json_excerpt(v));
     return x;
   }
   int64_t integer_or(const std::string& key, int64_t fallback, int64_t lo, int64_t hi) const {
@@ -33,17 +34,17 @@ struct Fields {
   }
   double number_or(const std::string& key, double fallback) const {
     if (!j.contains(key) || j[key].is_null()) return fallback;
-    if (!j[key].is_number()) fail(key, "must be a number, got " + j[key].dump());
+    if (!j[key].is_number()) fail(key, "must be a number, got " + io::json_excerpt(j[key]));
     return j[key].get<double>();
   }
   bool boolean_or(const std::string& key, bool fallback) const {
     if (!j.contains(key) || j[key].is_null()) return fallback;
-    if (!j[key].is_boolean()) fail(key, "must be true or false, got " + j[key].dump());
+    if (!j[key].is_boolean()) fail(key, "must be true or false, got " + io::json_excerpt(j[key]));
     return j[key].get<bool>();
   }
   std::string text_or(const std::string& key, const std::string& fallback) const {
     if (!j.contains(key) || j[key].is_null()) return fallback;
-    if (!j[key].is_string()) fail(key, "must be a string, got " + j[key].dump());
+    if (!j[key].is_string()) fail(key, "must be a string, got " + io::json_excerpt(j[key]));
     return j[key].get<std::string>();
   }
 };
@@ -107,7 +108,7 @@ nn::GptConfig llama(const Fields& f) {
   // rotation: a scaled rope (linear, dynamic, yarn, llama3) would change the angles.
   const json* rope = f.j.contains("rope_parameters") && !f.j["rope_parameters"].is_null() ? &f.j["rope_parameters"] : nullptr;
   if (rope) {
-    if (!rope->is_object()) f.fail("rope_parameters", "must be an object, got " + rope->dump());
+    if (!rope->is_object()) f.fail("rope_parameters", "must be an object, got " + io::json_excerpt(*rope));
     const Fields r{*rope, f.file + " rope_parameters"};
     m.rope_theta = r.number_or("rope_theta", 10000.0);
     if (!(m.rope_theta > 1)) r.fail("rope_theta", "must be above 1, got " + std::to_string(m.rope_theta));
@@ -129,8 +130,8 @@ HfConfig read_hf_config(const std::string& dir) {
   std::error_code ec;
   if (!fs::is_directory(dir, ec)) throw FileError(dir + ": not a model folder (expected a folder holding config.json and *.safetensors)");
   const std::string file = (fs::path(dir) / "config.json").string();
-  const json j = json::parse(io::read_input_file(file, "model config", 1 << 20), nullptr, false);
-  if (j.is_discarded() || !j.is_object()) throw Error(file + ": not a JSON object");
+  const json j = io::parse_json(io::read_input_file(file, "model config", 1 << 20), file);
+  if (!j.is_object()) throw Error(file + ": not a JSON object");
   const Fields f{j, file};
   HfConfig c;
   const std::string type = f.text_or("model_type", "");

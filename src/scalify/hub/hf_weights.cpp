@@ -7,6 +7,7 @@
 #include <utility>
 #include <vector>
 
+#include "scalify/io/json_text.hpp"
 #include "scalify/error.hpp"
 #include "scalify/io/atomic_file.hpp"
 #include "scalify/io/input_file.hpp"
@@ -95,13 +96,13 @@ std::vector<std::string> weight_files(const std::string& dir, std::map<std::stri
   if (fs::exists(index, ec) && fs::exists(single, ec))
     throw Error(dir + ": holds both model.safetensors and model.safetensors.index.json; which are the weights? Remove the other");
   if (fs::exists(index, ec)) {
-    const json j = json::parse(io::read_input_file(index.string(), "weight index", 64 << 20), nullptr, false);
-    if (j.is_discarded() || !j.contains("weight_map") || !j["weight_map"].is_object())
+    const json j = io::parse_json(io::read_input_file(index.string(), "weight index", 64 << 20), index.string());
+    if (!j.is_object() || !j.contains("weight_map") || !j["weight_map"].is_object())
       throw Error(index.string() + ": not a safetensors index (a JSON object with a \"weight_map\" object)");
     std::set<std::string> files;
     for (const auto& [name, file] : j["weight_map"].items()) {
       if (!file.is_string() || file.get<std::string>().find('/') != std::string::npos)
-        throw Error(index.string() + ": \"" + name + "\" maps to " + file.dump() + ", not a file name in the folder");
+        throw Error(index.string() + ": \"" + name + "\" maps to " + io::json_excerpt(file) + ", not a file name in the folder");
       files.insert(file.get<std::string>());
       (*listed)[name] = file.get<std::string>();
     }

@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "scalify/io/json_text.hpp"
 #include "scalify/error.hpp"
 #include "scalify/io/atomic_file.hpp"
 #include "scalify/report/gnuplot.hpp"
@@ -27,7 +28,7 @@ std::vector<ScaleSeries> read_scale_history(const std::string& run_dir) {
   std::string line;
   // A last line without its newline is one a running trainer is still writing: left out.
   for (int64_t n = 1; std::getline(in, line) && !in.eof(); ++n) {
-    const json j = json::parse(line, nullptr, false);
+    const json j = io::try_parse_json(line);
     if (j.is_discarded() || !j.is_object() || !j.contains("step"))
       throw Error("'" + file.string() + "' line " + std::to_string(n) + " is not a metrics record");
     if (!j.contains("quant")) continue;
@@ -42,7 +43,7 @@ std::vector<ScaleSeries> read_scale_history(const std::string& run_dir) {
         if (added) series.push_back({name.substr(0, dot), name.substr(dot + 1), {}});
         const double scale = q.at("scale").get<double>();
         if (!(scale > 0) || !std::isfinite(scale))
-          throw Error("'" + name + "' has scale " + q.at("scale").dump() + ", not a positive number");
+          throw Error("'" + name + "' has scale " + io::json_excerpt(q.at("scale")) + ", not a positive number");
         const double underflow = q.at("underflow").get<double>(), clipped = q.at("clipped").get<double>();
         if (!(underflow >= 0 && underflow <= 1 && clipped >= 0 && clipped <= 1))
           throw Error("'" + name + "' has underflow or clipped fractions outside [0, 1]");

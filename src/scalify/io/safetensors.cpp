@@ -6,6 +6,7 @@
 #include <limits>
 #include <nlohmann/json.hpp>
 
+#include "scalify/io/json_text.hpp"
 #include "scalify/error.hpp"
 #include "scalify/io/atomic_file.hpp"
 #include "scalify/io/crc32c.hpp"
@@ -21,7 +22,11 @@ namespace {
 constexpr uint64_t kMaxHeader = uint64_t(100) << 20;  // the reference implementation's limit
 constexpr const char* kDtypesKey = "scalify.dtypes";
 constexpr const char* kChecksumsKey = "scalify.crc32c";
-constexpr const char* kMetadataEntry = "__metadata__";  // the checksums' entry for the other metadata
+// The checksums' entry for everything else in the metadata, the tensors' checksums included, so no
+// key of the header goes unchecked. Files of earlier versions carry kLegacyMetadataEntry instead,
+// which covers the metadata but not the tensors' checksums.
+constexpr const char* kHeaderEntry = "__header__";
+constexpr const char* kLegacyMetadataEntry = "__metadata__";
 
 std::string hex32(uint32_t v) {
   char s[9];
@@ -30,14 +35,21 @@ std::string hex32(uint32_t v) {
 }
 // The CRC-32C of the metadata (the checksums' own key aside), key and value of each in key order,
 // each followed by a NUL: a flipped digit in the stored config is caught like one in a tensor.
-uint32_t metadata_crc(const std::map<std::string, std::string>& meta) {
+// With tensor_checksums (name -> hex, in name order) those entries follow, the same way.
+uint32_t metadata_crc(const std::map<std::string, std::string>& meta, const std::map<std::string, std::string>* tensor_checksums) {
   uint32_t c = 0;
-  for (const auto& [k, v] : meta) {
-    if (k == kChecksumsKey) continue;
+  auto add = [&](const std::string& k, const std::string& v) {
     c = crc32c(k.data(), k.size() + 1, c);  // the terminating NUL of the string included
     c = crc32c(v.data(), v.size() + 1, c);
-  }
+  };
+  for (const auto& [k, v] : meta)
+    if (k != kChecksumsKey) add(k, v);
+  if (tensor_checksums)
+    for (const auto& [k, v] : *tensor_checksums) add(k, v);
   return c;
+}
+bool is_hex32(const std::string& s) {
+  return s.size() == 8 && std::all_of(s.begin(), s.end(), [](char c) { return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'); });
 }
 uint32_t tensor_crc(const Tensor& contiguous) {
   return crc32c(contiguous.raw_bytes(), size_t(contiguous.numel()) * size_t(dtype_size(contiguous.dtype())));
@@ -77,7 +89,8 @@ void write_safetensors(const std::string& path, const SafeTensors& content) {
   std::vector<std::pair<std::string, Tensor>> sorted = content.tensors;
   for (auto& entry : sorted) entry.second = entry.second.contiguous();  // once: checksummed, then written
   std::sort(sorted.begin(), sorted.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
-  json header = json::object(), custom = json::object(), checksums = json::object();
+  json header = json::object(), custom = json::object();
+  std::map<std::string, std::string> checksums;
   uint64_t offset = 0;
   for (size_t i = 0; i < sorted.size(); ++i) {
     const auto& [name, t] = sorted[i];
@@ -95,8 +108,9 @@ void write_safetensors(const std::string& path, const SafeTensors& content) {
   }
   std::map<std::string, std::string> meta = content.metadata;
   if (!custom.empty()) meta[kDtypesKey] = custom.dump();
-  checksums[kMetadataEntry] = hex32(metadata_crc(meta));
-  meta[kChecksumsKey] = checksums.dump();
+  const std::string header_crc = hex32(metadata_crc(meta, &checksums));
+  checksums[kHeaderEntry] = header_crc;
+  meta[kChecksumsKey] = json(checksums).dump();
   header["__metadata__"] = meta;
   std::string text = header.dump();
   text.append((8 - text.size() % 8) % 8, ' ');  // align the data to 8 bytes, as the reference does
@@ -118,7 +132,9 @@ SafeTensors parse_safetensors(const std::string& bytes, const std::string& what)
     throw bad("header length " + std::to_string(n) + " exceeds the file (" + std::to_string(bytes.size()) + " bytes)");
   json header;
   try {
-    header = json::parse(bytes.begin() + 8, bytes.begin() + 8 + std::ptrdiff_t(n));
+    const std::string_view text(bytes.data() + 8, size_t(n));
+    check_json_depth(text, what + ": not a valid safetensors file: header");
+    header = json::parse(text);
   } catch (const json::exception& e) {
     throw bad(std::string("header is not JSON: ") + e.what());
   }
@@ -136,6 +152,7 @@ SafeTensors parse_safetensors(const std::string& bytes, const std::string& what)
     }
     if (out.metadata.count(kDtypesKey)) {
       try {
+        check_json_depth(out.metadata[kDtypesKey], what + ": " + kDtypesKey);
         custom = json::parse(out.metadata[kDtypesKey]);
       } catch (const json::exception&) {
         throw bad(std::string(kDtypesKey) + " is not JSON");
@@ -197,27 +214,43 @@ SafeTensors parse_safetensors(const std::string& bytes, const std::string& what)
   for (size_t i = 1; i < entries.size(); ++i)
     if (entries[i].begin < entries[i - 1].end) throw bad("tensors '" + entries[i - 1].name + "' and '" + entries[i].name + "' overlap");
   const auto stored = out.metadata.find(kChecksumsKey);
-  json checksums;
+  std::map<std::string, std::string> checksums;  // tensor name -> CRC-32C in hex
   if (stored != out.metadata.end()) {
-    checksums = json::parse(stored->second, nullptr, false);
-    if (!checksums.is_object()) throw bad(std::string(kChecksumsKey) + " is not a JSON object");
-    if (!checksums.contains(kMetadataEntry) || checksums[kMetadataEntry] != hex32(metadata_crc(out.metadata)))
-      throw Error(what + ": the metadata fails its checksum (CRC-32C): the file is corrupt");
+    const json j = try_parse_json(stored->second);
+    if (!j.is_object()) throw bad(std::string(kChecksumsKey) + " is not a JSON object");
+    for (const auto& [name, crc] : j.items()) {
+      if (!crc.is_string() || !is_hex32(crc.get<std::string>()))
+        throw Error(what + ": " + kChecksumsKey + " holds " + json_excerpt(crc) + " for '" + name.substr(0, 64) +
+                    "', not a CRC-32C in 8 hex digits: the file is corrupt");
+      checksums[name] = crc.get<std::string>();
+    }
+    std::string expected;
+    if (checksums.count(kHeaderEntry)) {
+      expected = checksums[kHeaderEntry];
+      checksums.erase(kHeaderEntry);
+      if (expected != hex32(metadata_crc(out.metadata, &checksums))) expected.clear();
+    } else if (checksums.count(kLegacyMetadataEntry)) {
+      expected = checksums[kLegacyMetadataEntry];
+      checksums.erase(kLegacyMetadataEntry);
+      if (expected != hex32(metadata_crc(out.metadata, nullptr))) expected.clear();
+    }
+    if (expected.empty()) throw Error(what + ": the metadata fails its checksum (CRC-32C): the file is corrupt");
   }
   for (const Entry& en : entries) {
     Tensor t = Tensor::empty(en.shape, en.dtype);
     if (en.end > en.begin) std::memcpy(t.raw_bytes(), data + en.begin, en.end - en.begin);
     if (stored != out.metadata.end()) {
       const std::string actual = hex32(tensor_crc(t));
-      if (!checksums.contains(en.name)) throw Error(what + ": tensor '" + en.name + "' has no checksum in " + kChecksumsKey);
-      if (checksums[en.name] != actual)
-        throw Error(what + ": tensor '" + en.name + "' fails its checksum (CRC-32C " + actual + ", stored " + checksums[en.name].dump() +
+      const auto crc = checksums.find(en.name);
+      if (crc == checksums.end()) throw Error(what + ": tensor '" + en.name + "' has no checksum in " + kChecksumsKey);
+      if (crc->second != actual)
+        throw Error(what + ": tensor '" + en.name + "' fails its checksum (CRC-32C " + actual + ", stored " + crc->second +
                     "): the file is corrupt");
     }
     out.tensors.emplace_back(en.name, std::move(t));
   }
   if (stored != out.metadata.end()) {
-    if (checksums.size() != entries.size() + 1) throw bad(std::string(kChecksumsKey) + " names tensors the file does not hold");
+    if (checksums.size() != entries.size()) throw bad(std::string(kChecksumsKey) + " names tensors the file does not hold");
     out.metadata.erase(stored);
     out.verified = true;
   }

@@ -9,6 +9,7 @@
 #include <tuple>
 #include <utility>
 
+#include "scalify/io/json_text.hpp"
 #include "scalify/error.hpp"
 #include "scalify/io/input_file.hpp"
 #include "scalify/scaled/scaled_ops.hpp"
@@ -69,11 +70,12 @@ int int_field(const json& j, const char* key, const char* where, int64_t lo, int
   const json& v = j.at(key);
   const std::string range = std::string("[").append(std::to_string(lo)).append(", ").append(std::to_string(hi)).append("]");
   if (!v.is_number_integer())
-    throw Error(std::string("recipe: field '") + key + "' in " + where + " must be an integer in " + range + ", got " + v.dump());
+    throw Error(std::string("recipe: field '") + key + "' in " + where + " must be an integer in " + range + ", got " +
+                io::json_excerpt(v));
   // nlohmann keeps non-negative integers unsigned (up to 2^64 - 1): compare them as such.
   const bool fits = v.is_number_unsigned() ? v.get<uint64_t>() <= uint64_t(hi) && int64_t(v.get<uint64_t>()) >= lo
                                            : v.get<int64_t>() >= lo && v.get<int64_t>() <= hi;
-  if (!fits) throw Error(std::string("recipe: field '") + key + "' in " + where + " must be in " + range + ", got " + v.dump());
+  if (!fits) throw Error(std::string("recipe: field '") + key + "' in " + where + " must be in " + range + ", got " + io::json_excerpt(v));
   return int(v.get<int64_t>());
 }
 
@@ -91,6 +93,7 @@ void only_known_fields(const json& j, std::initializer_list<const char*> known, 
 // Parses JSON text, refusing an object that names a key twice (which JSON parsers settle by
 // keeping one of the values in silence).
 json parse_without_duplicate_keys(const std::string& text) {
+  io::check_json_depth(text, "recipe");
   std::vector<std::set<std::string>> open;  // the keys of each object being parsed, innermost last
   return json::parse(text, [&](int, json::parse_event_t event, json& parsed) {
     if (event == json::parse_event_t::object_start) open.emplace_back();
@@ -267,7 +270,7 @@ Recipe from_parsed(const json& j) {
     throw Error("recipe: loss_scaling.kind must be none, static or dynamic, got '" + kind + "'");
   r.loss_scaling.scale = field<double>(ls, "scale", "loss_scaling");
   if (!(r.loss_scaling.scale > 0) || !std::isfinite(r.loss_scaling.scale))
-    throw Error("recipe: field 'scale' in loss_scaling must be finite and > 0, got " + ls.at("scale").dump());
+    throw Error("recipe: field 'scale' in loss_scaling must be finite and > 0, got " + io::json_excerpt(ls.at("scale")));
   r.loss_scaling.growth_interval = int_field(ls, "growth_interval", "loss_scaling", 1, 1 << 30);
   if (j.contains("high_precision")) {
     const json hp = field<json>(j, "high_precision", "recipe");

@@ -3,6 +3,7 @@
 #include <nlohmann/json.hpp>
 #include <queue>
 
+#include "scalify/io/json_text.hpp"
 #include "scalify/error.hpp"
 #include "scalify/io/input_file.hpp"
 #include "scalify/tokenize/pretokenize.hpp"
@@ -57,19 +58,15 @@ std::array<char32_t, 256> byte_to_unicode() {
 BpeTokenizer::BpeTokenizer(const std::string& vocab_path, const std::string& merges_path)
     : vocab_path_(vocab_path), merges_path_(merges_path) {
   // vocab.json: {"token": id, ...}, the ids 0..n-1 each once.
-  nlohmann::json vocab;
-  try {
-    vocab = nlohmann::json::parse(io::read_input_file(vocab_path, "tokenizer", kMaxFileBytes));
-  } catch (const nlohmann::json::exception& e) {
-    throw Error("tokenizer: '" + vocab_path + "' is not valid JSON: " + e.what());
-  }
+  const nlohmann::json vocab =
+      io::parse_json(io::read_input_file(vocab_path, "tokenizer", kMaxFileBytes), "tokenizer: '" + vocab_path + "'");
   if (!vocab.is_object() || vocab.empty())
     throw Error("tokenizer: '" + vocab_path + "' must be a JSON object of tokens and their ids, {\"token\": id, ...}");
   std::unordered_map<std::string, int32_t> ids;
   std::vector<const std::string*> token_of(vocab.size(), nullptr);
   for (const auto& [token, value] : vocab.items()) {
     if (!value.is_number_integer() || value.get<int64_t>() < 0 || value.get<int64_t>() >= int64_t(vocab.size()))
-      throw Error("tokenizer: '" + vocab_path + "': the id of token " + in_quotes(token) + " is " + value.dump() +
+      throw Error("tokenizer: '" + vocab_path + "': the id of token " + in_quotes(token) + " is " + io::json_excerpt(value) +
                   ", not an integer in [0, " + std::to_string(vocab.size()) + ") (the number of tokens)");
     const int32_t id = value.get<int32_t>();
     if (token_of[size_t(id)])

@@ -9,6 +9,7 @@
 #include <sstream>
 #include <nlohmann/json.hpp>
 
+#include "scalify/io/json_text.hpp"
 #include "scalify/error.hpp"
 #include "scalify/formats/block.hpp"
 #include "scalify/quant/quantizer.hpp"
@@ -242,12 +243,13 @@ EvalResult evaluate_quantized(const io::SafeTensors& st, const std::string& file
   PtqOptions o;
   int version = 0;
   try {
-    const json ptq = json::parse(st.metadata.at("scalify.ptq"));
+    const json ptq = io::parse_json(st.metadata.at("scalify.ptq"), "metadata");
     version = ptq.at("version").get<int>();
-    if (version != 1 && version != kPtqVersion) throw Error("version " + ptq.at("version").dump() + ", this build reads 1 and 2");
+    if (version != 1 && version != kPtqVersion)
+      throw Error("version " + io::json_excerpt(ptq.at("version")) + ", this build reads 1 and 2");
     o.method = parse_ptq_method(ptq.at("method").get<std::string>());
     if (ptq.at("element").get<std::string>() != format_name(element_of(o.method)))
-      throw Error("element format " + ptq.at("element").dump());
+      throw Error("element format " + io::json_excerpt(ptq.at("element")));
     o.bias = ptq.at("bias").get<int>();
     o.activations = !ptq.contains("activations") || ptq.at("activations").get<bool>();
     check(o);

@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
+#include "scalify/io/json_text.hpp"
 #include "scalify/autograd/scaling.hpp"
 #include "scalify/error.hpp"
 #include "scalify/hub/hf_weights.hpp"
@@ -72,7 +73,8 @@ std::unique_ptr<Session> make_session(const TrainConfig& cfg, const io::SafeTens
   // A new run from a pretrained model starts from its weights, never drawn at random.
   const bool pretrained = !ckpt && !cfg.init.empty();
   auto s = std::make_unique<Session>(cfg, std::move(recipe), pretrained ? nn::Weights::unset : nn::Weights::random);
-  const json any_scale = ckpt ? json::parse(ckpt->metadata.at("scalify.any_scale")) : json::array();
+  const json any_scale =
+      ckpt ? io::parse_json(ckpt->metadata.at("scalify.any_scale"), "checkpoint metadata 'scalify.any_scale'") : json::array();
   std::vector<Var> raw;
   for (const auto& [name, v] : s->model.parameters()) {
     s->names.push_back(name);
@@ -117,7 +119,7 @@ std::unique_ptr<Session> make_session(const TrainConfig& cfg, const io::SafeTens
   if (s->recipe.loss_scaling.kind != quant::LossScalerConfig::Kind::none)
     s->scaler = std::make_unique<quant::LossScaler>(s->recipe.loss_scaling);
   if (ckpt) {
-    const json& meta = json::parse(ckpt->metadata.at("scalify.state"));
+    const json meta = io::parse_json(ckpt->metadata.at("scalify.state"), "checkpoint metadata 'scalify.state'");
     std::vector<ScaledTensor> m, v;
     for (const std::string& n : s->names) {
       m.push_back(get(*ckpt, any_scale, "optim.m." + n));
@@ -216,14 +218,14 @@ TrainConfig training_checkpoint_config(io::SafeTensors& st, const std::string& f
   TrainConfig cfg = checkpoint_config(st, file);
   const int64_t step = checkpoint_step(st, file);
   for (const char* k : {"scalify.state", "scalify.any_scale"})
-    if (!json::accept(st.metadata[k])) throw Error("checkpoint '" + file + "': corrupt metadata '" + k + "'");
+    if (io::try_parse_json(st.metadata[k]).is_discarded()) throw Error("checkpoint '" + file + "': corrupt metadata '" + k + "'");
   // The counters a resume continues from: whole numbers >= 0, the step the same as the metadata's.
-  const json state = json::parse(st.metadata["scalify.state"]);
+  const json state = io::parse_json(st.metadata["scalify.state"], "checkpoint '" + file + "': metadata 'scalify.state'");
   for (const char* k : {"step", "skipped", "optimizer_steps"})
     if (!state.is_object() || !state.contains(k) || !state[k].is_number_integer() || state[k].get<int64_t>() < 0)
       throw Error("checkpoint '" + file + "': metadata 'scalify.state' lacks a whole number '" + k + "' >= 0");
   if (state["step"].get<int64_t>() != step)
-    throw Error("checkpoint '" + file + "': 'scalify.state' step " + state["step"].dump() + " differs from metadata step " +
+    throw Error("checkpoint '" + file + "': 'scalify.state' step " + io::json_excerpt(state["step"]) + " differs from metadata step " +
                 st.metadata["step"]);
   return cfg;
 }

@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "scalify/io/json_text.hpp"
 #include "scalify/autograd/data_precision.hpp"
 #include "scalify/autograd/scaling.hpp"
 #include "scalify/error.hpp"
@@ -88,8 +89,9 @@ void truncate_metrics(const std::string& path, int64_t step) {
   std::string line, kept;
   while (std::getline(in, line)) {
     if (line.empty()) continue;
-    const json j = json::parse(line, nullptr, false);
-    if (j.is_discarded() || !j.contains("step")) throw Error("resume: corrupt metrics line in '" + path + "'");
+    const json j = io::try_parse_json(line);
+    if (j.is_discarded() || !j.is_object() || !j.contains("step") || !j["step"].is_number_integer())
+      throw Error("resume: corrupt metrics line in '" + path + "'");
     if (j["step"].get<int64_t>() <= step) kept += line + "\n";
   }
   io::write_file_atomically(path, [&](const io::ByteSink& out) { out(kept.data(), kept.size()); });
@@ -149,7 +151,7 @@ void load_resumed_state(OpenRun& run, const TrainConfig& config, const std::stri
     throw Error("resume: recipe '" + config.recipe + "' differs from the one '" + config.out +
                 "' was trained with (recorded in its checkpoint); " + "a run keeps its recipe: start a new run to train under another");
   run.session = load_session(st, config, ckpt_path);
-  const json state = json::parse(st.metadata.at("scalify.state"));
+  const json state = io::parse_json(st.metadata.at("scalify.state"), "checkpoint metadata 'scalify.state'");
   run.start = state.at("step").get<int64_t>();
   run.skipped = state.at("skipped").get<int64_t>();
 }
