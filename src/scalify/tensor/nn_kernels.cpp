@@ -106,8 +106,10 @@ Tensor log_softmax(const Tensor& x, int dim, double in_mul) {
     const T m = k * top;
     double s = 0;
     for (int64_t i = 0; i < D; ++i) s += std::exp(double(k * in[i] - m));
-    const T lse = m + T(std::log(s));
-    for (int64_t i = 0; i < D; ++i) out[i] = k * in[i] - lse;
+    // Shifted first, then the log of the sum: m + log(s) rounded to m's precision (equal logits of
+    // 1e6 gave ln 8 - 0.017, of 2^23 gave 2 instead of ln 8).
+    const T log_s = T(std::log(s));
+    for (int64_t i = 0; i < D; ++i) out[i] = (k * in[i] - m) - log_s;
   });
 }
 
@@ -294,6 +296,20 @@ Tensor embedding_backward(const Tensor& grad, const Tensor& ids, int64_t vocab) 
 }
 
 namespace {
+// A loss cannot be right when a logit reaches 2^24 in magnitude (2^53 computing in f64): the
+// logits then no longer resolve a difference of one nat, so the loss is rounding noise (equal
+// logits of 3e38 gave a loss of 0, not ln C). Such a loss is NaN, which every caller already
+// treats as a loss that is not finite: training diverges, evaluation refuses.
+bool logits_resolvable(const Tensor& logits, double in_mul) {
+  const Tensor x = logits.contiguous();
+  return dispatch_compute(computes_in_f64(x), [&]<class T>() {
+    const Dense<T> v(x);
+    const double limit = std::ldexp(1.0, std::numeric_limits<T>::digits) / std::abs(in_mul);
+    for (int64_t i = 0; i < x.numel(); ++i)
+      if (!(std::abs(double(v[i])) < limit)) return false;
+    return true;
+  });
+}
 void check_xent(const Tensor& logits, const Tensor& targets, const std::vector<int64_t>& t) {
   if (logits.dim() != 2 || targets.dim() != 1 || targets.size(0) != logits.size(0))
     throw Error("cross_entropy: logits must be [N, C] and targets [N], got " + shape_str(logits.shape()) + " and " +
@@ -311,6 +327,7 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& targets, double in_mul)
     const int64_t N = logits.size(0), C = logits.size(1);
     double loss = 0;
     for (int64_t i = 0; i < N; ++i) loss -= l[i * C + t[size_t(i)]];
+    if (!logits_resolvable(logits, in_mul)) loss = NAN;
     return Tensor::scalar(N ? loss / double(N) : 0.0, dtype_for<T>());
   });
 }

@@ -13,6 +13,14 @@
 
 namespace scalify::train {
 
+void require_finite_loss(double loss, const std::string& what) {
+  // Finite parameters can still overflow a low-precision activation format, or make logits too
+  // large for their differences to be resolved.
+  if (!std::isfinite(loss))
+    throw Error(what + " is not finite or cannot be right (an activation overflows its format, or a logit reaches 2^24, where f32 " +
+                "no longer resolves one nat)");
+}
+
 EvalResult evaluate(const std::string& checkpoint, const std::string& data) {
   const std::string file = checkpoint_file(checkpoint);
   io::SafeTensors st = io::read_safetensors(file);
@@ -23,8 +31,7 @@ EvalResult evaluate(const std::string& checkpoint, const std::string& data) {
     const std::unique_ptr<Session> s = load_session(st, cfg, file);
     return eval_session(*s, corpus_for(cfg));
   }();
-  // Finite parameters can still overflow a low-precision activation format.
-  if (!std::isfinite(r.loss)) throw Error("eval: the validation loss of '" + file + "' is not finite (an activation overflows its format)");
+  require_finite_loss(r.loss, "eval: the validation loss of '" + file + "'");
   return r;
 }
 

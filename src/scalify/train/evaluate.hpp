@@ -16,6 +16,11 @@ struct EvalResult {
   size_t windows = 0;
   std::vector<double> batch_losses;  // the mean loss of each batch of windows, in order (their spread: the window-sampling error)
 };
+// Throws unless `loss` is finite; `what` names it ("eval: the validation loss of 'x'"). The loss
+// kernel makes a loss that cannot be right NaN (logits beyond what f32 resolves), so this one check
+// serves every path that reports a loss.
+void require_finite_loss(double loss, const std::string& what);
+
 // Validation loss of a checkpoint (a checkpoint file, a run folder, or a quantised checkpoint
 // of train/ptq.hpp) on `data` ("" = the run's).
 EvalResult evaluate(const std::string& checkpoint, const std::string& data = "");

@@ -13,6 +13,7 @@
 #include "scalify/platform/memory.hpp"
 #include "scalify/io/atomic_file.hpp"
 #include "scalify/tokenize/bpe.hpp"
+#include "scalify/train/evaluate.hpp"
 #include "scalify/tokenize/token_file.hpp"
 
 namespace scalify::train {
@@ -66,8 +67,7 @@ TokenEval evaluate_tokens(const Session& s, const std::vector<int32_t>& tokens, 
       }
     const Shape shape{int64_t(B), context};
     const double mean = model.loss(Tensor::from_indices(ids, shape), Tensor::from_indices(targets, shape)).value().item();
-    if (!std::isfinite(mean))
-      throw Error("eval: the loss of windows " + std::to_string(w0) + ".. is not finite (an activation overflows its format)");
+    require_finite_loss(mean, "eval: the loss of windows " + std::to_string(w0) + "..");
     total += mean * double(B * size_t(context));
     if (progress) progress(w0 + B, windows);
   }

@@ -289,8 +289,7 @@ std::vector<PtqSweepRow> ptq_sweep(const std::map<std::string, Tensor>& f32, con
   check({PtqMethod::cscale, hi});
   std::vector<PtqSweepRow> rows;
   rows.push_back({"f32", 0, evaluate(quant::preset("f32"), f32), 0, ""});
-  if (!std::isfinite(rows[0].eval.loss))
-    throw Error("ptq sweep: the f32 validation loss is not finite (an activation overflows), nothing to compare against");
+  require_finite_loss(rows[0].eval.loss, "ptq sweep: the f32 validation loss (what the sweep compares against)");
   auto run = [&](const char* label, const PtqOptions& o) {
     const EvalResult e = evaluate(ptq_inference_recipe(o), ptq_quantize_values(f32, w, o));
     rows.push_back({label, o.bias, e, (e.loss - rows[0].eval.loss) / rows[0].eval.loss, ""});

@@ -1,0 +1,83 @@
+// A loss that cannot be right is an error on every path that reports one: finite weights can
+// still make every logit equal to the same overflowed value, and the evaluation then printed
+// "validation loss: 0.000000" (the true loss of equal logits is ln(vocab)).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+
+#include "expect_error.hpp"
+#include "scalify/io/safetensors.hpp"
+#include "scalify/tensor/ops.hpp"
+#include "scalify/train/evaluate.hpp"
+#include "scalify/train/ptq.hpp"
+#include "scalify/train/session.hpp"
+#include "scalify/train/trainer.hpp"
+#include "train_fixtures.hpp"
+
+namespace scalify {
+namespace {
+
+using namespace scalify::testing;
+
+// A trained run whose checkpoints hold `value` in every entry of the token embedding, with valid
+// checksums (so only the loss check can refuse them).
+fs::path run_with_embedding(const std::string& name, float value) {
+  const fs::path run = scratch(name);
+  train::TrainConfig c = tiny_run(text_corpus(), run, "f32");
+  c.steps = 2;
+  c.eval_every = 2;
+  train::train(c, false);
+  for (const char* file : {"checkpoint.safetensors", "model.safetensors"}) {
+    io::SafeTensors st = io::read_safetensors((run / file).string());
+    for (auto& [n, t] : st.tensors)
+      if (n == "param.wte") t = Tensor::full(t.shape(), value);
+    io::write_safetensors((run / file).string(), st);
+  }
+  return run;
+}
+
+TEST(ImplausibleLoss, TheLossKernelRefusesLogitsItCannotResolve) {
+  // Equal logits: the loss is ln C whatever their value, until f32 can no longer tell one nat.
+  const Tensor targets = Tensor::from_indices({0, 3}, {2});
+  const double ln8 = std::log(8.0);
+  EXPECT_NEAR(ops::cross_entropy(Tensor::full({2, 8}, 1e6), targets).item(), ln8, 1e-6);
+  EXPECT_NEAR(ops::cross_entropy(Tensor::full({2, 8}, 8388608.0), targets).item(), ln8, 1e-6);    // 2^23
+  EXPECT_TRUE(std::isnan(ops::cross_entropy(Tensor::full({2, 8}, 16777216.0), targets).item()));  // 2^24
+  EXPECT_TRUE(std::isnan(ops::cross_entropy(Tensor::full({2, 8}, -3e38), targets).item()));
+  // One huge logit anywhere in the batch is enough; the scale a scaled tensor hands in counts.
+  std::vector<float> row(16, 0.0f);
+  row[13] = 3e7f;
+  const Tensor one = Tensor::from_vector(row, {2, 8});
+  EXPECT_TRUE(std::isnan(ops::cross_entropy(one, targets).item()));
+  EXPECT_TRUE(std::isnan(ops::cross_entropy(Tensor::full({2, 8}, 2.0), targets, 1 << 24).item()));
+  EXPECT_NEAR(ops::cross_entropy(Tensor::full({2, 8}, 2.0), targets, 1 << 20).item(), ln8, 1e-6);
+  // Computing in f64 the bound is 2^53.
+  EXPECT_NEAR(ops::cross_entropy(Tensor::full({2, 8}, 1e15, DType::f64), targets).item(), ln8, 1e-6);
+  EXPECT_TRUE(std::isnan(ops::cross_entropy(Tensor::full({2, 8}, 1e16, DType::f64), targets).item()));
+}
+
+TEST(ImplausibleLoss, HugeFiniteWeightsAreRefusedByEveryPathThatReportsALoss) {
+  const fs::path run = run_with_embedding("huge_wte", 3e38f);
+  EXPECT_ERROR(train::evaluate(run.string()), "cannot be right");
+  // Its post-training quantised copy.
+  const fs::path ptq = run / "ptq.safetensors";
+  train::quantize_checkpoint(run.string(), ptq.string(), {});
+  EXPECT_ERROR(train::evaluate(ptq.string()), "cannot be right");
+  EXPECT_ERROR(train::ptq_sweep(run.string(), 0, 1), "cannot be right");
+  // Training on from it: the first step's loss is the divergence it is.
+  train::TrainConfig c = tiny_run(text_corpus(), run, "f32");
+  c.steps = 4;
+  EXPECT_ERROR(train::train(c, true), "training diverged: the loss is nan at step 2");
+}
+
+TEST(ImplausibleLoss, OrdinaryWeightsStillEvaluate) {
+  // The bound sits far above any trained model's logits: the same run unchanged evaluates.
+  const fs::path run = run_with_embedding("ordinary_wte", 0.02f);
+  const train::EvalResult r = train::evaluate(run.string());
+  EXPECT_GT(r.loss, 0);
+  EXPECT_LT(r.loss, 2 * std::log(256.0));
+}
+
+}  // namespace
+}  // namespace scalify
