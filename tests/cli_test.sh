@@ -175,6 +175,17 @@ grep -Eq '^\{"val_loss": [0-9.e+-]+, "val_bpb": [0-9.e+-]+, "windows": [0-9]+, "
 mkdir -p "$out/notok" && cp "$hf/tiny_gpt2/config.json" "$hf/tiny_gpt2/model.safetensors" "$out/notok/"
 expect_error "the model folder has no tokenizer" eval --model "$out/notok" --data "$out/text"
 expect_error "--model needs --data" eval --model "$hf/tiny_gpt2"
+# A FIFO as --data of the token-reading paths is refused, not waited on (the token-file sniff
+# opened it blocking); tokenize never writes over its input or the model folder's files.
+expect_error "data: '$out/fifo' is not a regular file" eval --model "$hf/tiny_gpt2" --data "$out/fifo"
+expect_error "data: '$out/fifo' is not a regular file" quantize --model "$hf/tiny_gpt2" --data "$out/fifo"
+expect_error "data: '$out/fifo' is not a regular file" train --init "$hf/tiny_gpt2" --data "$out/fifo" --out "$out/fifo_run" --steps 1
+cp "$out/text" "$out/text_copy"
+expect_error "is the input" tokenize --model "$hf/tiny_gpt2" --data "$out/text_copy" --out "$out/text_copy"
+cmp -s "$out/text" "$out/text_copy" || { echo "tokenize overwrote its input"; exit 1; }
+mkdir -p "$out/model_copy" && cp "$hf/tiny_gpt2/"* "$out/model_copy/"
+expect_error "is a file of the model folder" tokenize --model "$out/model_copy" --data "$out/text" --out "$out/model_copy/vocab.json"
+cmp -s "$hf/tiny_gpt2/vocab.json" "$out/model_copy/vocab.json" || { echo "tokenize overwrote the vocabulary"; exit 1; }
 expect_error "context must be in [1, 64]" eval --model "$hf/tiny_gpt2" --data "$out/text" --context 65
 expect_error "not a model folder" eval --model "$out/none" --data "$out/text"
 expect_error "outside the model's vocabulary of 256" eval --model "$out/exported" --data "$out/text.bin"

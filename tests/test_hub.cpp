@@ -273,6 +273,57 @@ TEST(FineTune, StartsFromThePretrainedWeightsAndResumesBitForBit) {
   }
 }
 
+// A fine-tuned run records what it was trained from (the init folder's absolute path and a
+// CRC-32C of each tokenizer and weight file) and refuses a folder that changed, naming the file,
+// where it used a different tokenizer in silence (and an export came out without one).
+TEST(FineTune, ARunRefusesAnInitFolderThatChangedNamingTheFile) {
+  const fs::path model = scratch("ft_source"), run = scratch("ft_recorded");
+  fs::copy(kData + "/tiny_gpt2", model);
+  train::TrainConfig c = fine_tuning("tiny_gpt2", run);
+  c.init = fs::relative(model).string();  // as typed, relative to this directory
+  train::train(c, false, {}, 2);
+  const train::TrainConfig recorded = train::run_config(run.string());
+  EXPECT_EQ(recorded.init, fs::absolute(model).lexically_normal().string());
+  EXPECT_NE(recorded.init_tokenizer.find("vocab.json="), std::string::npos);
+  EXPECT_NE(recorded.init_weights.find("model.safetensors="), std::string::npos);
+  const double loss = train::evaluate(run.string()).loss;
+  {  // from another directory the run still finds its model
+    const fs::path here = fs::current_path();
+    fs::current_path("/");
+    EXPECT_EQ(train::evaluate(run.string()).loss, loss);
+    fs::current_path(here);
+  }
+  // The tokenizer changed: every use of the run refuses, naming the file.
+  const std::string merges = slurp(model / "merges.txt");
+  spit(model / "merges.txt", merges + "a b\n");
+  const std::string changed = (model / "merges.txt").string() + "' changed";
+  EXPECT_ERROR(train::evaluate(run.string()), changed);
+  EXPECT_ERROR(train::sample(run.string(), "the", {}), changed);
+  EXPECT_ERROR(train::export_checkpoint(run.string(), (run / "hf").string()), changed);
+  EXPECT_FALSE(fs::exists(run / "hf")) << "the refused export wrote a folder";
+  train::TrainConfig resume = recorded;
+  resume.steps = 4;
+  EXPECT_ERROR(train::train(resume, true), changed);
+  fs::remove(model / "merges.txt");
+  EXPECT_ERROR(train::evaluate(run.string()), (model / "merges.txt").string() + "' is missing");
+  spit(model / "merges.txt", merges);
+  spit(model / "tokenizer.model", "x");
+  EXPECT_ERROR(train::evaluate(run.string()), (model / "tokenizer.model").string() + "' appeared");
+  fs::remove(model / "tokenizer.model");
+  EXPECT_EQ(train::evaluate(run.string()).loss, loss) << "restored, the run evaluates as before";
+  // A new run from the recorded config checks the weights it starts from.
+  const std::string weights = slurp(model / "model.safetensors");
+  std::string flipped = weights;
+  flipped[flipped.size() - 1] = char(flipped[flipped.size() - 1] ^ 1);
+  spit(model / "model.safetensors", flipped);
+  train::TrainConfig again = recorded;
+  again.out = scratch("ft_again").string();
+  EXPECT_ERROR(train::train(again, false), (model / "model.safetensors").string() + "' changed");
+  spit(model / "model.safetensors", weights);
+  fs::remove_all(model);
+  EXPECT_ERROR(train::evaluate(run.string()), model.string() + "' that '" + run.string() + "' was fine-tuned from no longer exists");
+}
+
 // Tokens as bytes (a byte vocabulary): the tokenised corpus's bits per byte are the loss in bits.
 TEST(FineTune, BitsPerByteOfByteTokensAreTheLossInBits) {
   nn::GptConfig c;

@@ -301,6 +301,40 @@ TEST(Trainer, AResumeMustTrainFurtherAndKeepItsRecipe) {
   EXPECT_EQ(train::run_config(run.string()).steps, 12);
 }
 
+TEST(Trainer, RunFilesThatAreNotRegularFilesAreNeitherReplacedNorFollowed) {
+  const fs::path data = text_corpus(), run = scratch("odd_files"), outside = scratch("outside.log");
+  train::TrainConfig c = tiny_run(data, run, "f32");
+  train::train(c, false);  // finished: a resume with more steps removes model.safetensors
+  train::TrainConfig r = train::run_config(run.string());
+  r.steps = 12;
+  const std::string model = slurp(run / "model.safetensors");
+  fs::remove(run / "model.safetensors");
+  // A FIFO and a link to a device in the run's file's place: refused, left as they were.
+  ASSERT_EQ(::mkfifo((run / "model.safetensors").c_str(), 0600), 0);
+  EXPECT_ERROR(train::train(r, true), "model.safetensors' exists and is not a regular file");
+  EXPECT_TRUE(fs::is_fifo(run / "model.safetensors")) << "the resume replaced a FIFO";
+  fs::remove(run / "model.safetensors");
+  fs::create_symlink("/dev/null", run / "model.safetensors");
+  EXPECT_ERROR(train::train(r, true), "model.safetensors' exists and is not a regular file");
+  EXPECT_TRUE(fs::is_symlink(run / "model.safetensors"));
+  EXPECT_TRUE(fs::is_character_file("/dev/null"));
+  fs::remove(run / "model.safetensors");
+  spit(run / "model.safetensors", model);
+  // The appended files: a link is refused, and its target is not written.
+  for (const char* f : {"train.log", "metrics.jsonl"}) {
+    const std::string kept = slurp(run / f);
+    spit(outside, "precious\n");
+    fs::rename(run / f, run / (std::string(f) + ".real"));
+    fs::create_symlink(outside, run / f);
+    EXPECT_ERROR(train::train(r, true), std::string(f) + "' is a symbolic link");
+    EXPECT_EQ(slurp(outside), "precious\n") << "the run wrote through the link " << f;
+    fs::remove(run / f);
+    fs::rename(run / (std::string(f) + ".real"), run / f);
+    EXPECT_EQ(slurp(run / f), kept);
+  }
+  EXPECT_EQ(train::train(r, true).steps, 12) << "the folder, made whole again, resumes";
+}
+
 TEST(Trainer, AFolderWhoseRunSavedNoCheckpointStartsOverOrSaysHow) {
   const fs::path data = text_corpus(), run = scratch("no_checkpoint");
   train::TrainConfig c = tiny_run(data, run, "f32");

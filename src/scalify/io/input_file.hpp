@@ -11,4 +11,8 @@ namespace scalify::io {
 // "checkpoint"); `max_bytes` is the largest size accepted.
 std::string read_input_file(const std::string& path, const std::string& what, uint64_t max_bytes);
 
+// The first (at most) `bytes` bytes of `path`, under the same checks: a pipe or device is refused,
+// never waited on (sniffing a format must not hang on a FIFO).
+std::string read_input_head(const std::string& path, const std::string& what, size_t bytes);
+
 }  // namespace scalify::io

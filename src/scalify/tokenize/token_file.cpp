@@ -1,5 +1,6 @@
 #include "scalify/tokenize/token_file.hpp"
 
+#include <filesystem>
 #include <algorithm>
 #include <array>
 #include <fstream>
@@ -29,10 +30,13 @@ void store_le(std::string& out, uint32_t v, size_t bytes) {
 }  // namespace
 
 bool is_token_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  char head[4];
-  if (!in.read(head, 4)) return false;
-  const int32_t magic = int32_t(load_le32(head));
+  // A missing path or a folder is no token file (the text reader names it); a pipe or device is
+  // refused here, since waiting on it for four bytes could last forever.
+  std::error_code ec;
+  if (!std::filesystem::exists(path, ec) || std::filesystem::is_directory(path, ec)) return false;
+  const std::string head = io::read_input_head(path, "data", 4);
+  if (head.size() < 4) return false;
+  const int32_t magic = int32_t(load_le32(head.data()));
   return magic == kMagic || magic == kMagic32;
 }
 

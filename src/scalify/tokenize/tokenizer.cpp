@@ -31,9 +31,14 @@ std::unique_ptr<Tokenizer> load_tokenizer(const std::string& model_dir) {
 bool has_tokenizer_files(const std::string& model_dir) {
   namespace fs = std::filesystem;
   std::error_code ec;
-  for (const char* name : {"vocab.json", "merges.txt", "tokenizer.model"})
+  for (const char* name : tokenizer_file_names())
     if (fs::exists(fs::path(model_dir) / name, ec)) return true;
   return false;
+}
+
+const std::vector<const char*>& tokenizer_file_names() {
+  static const std::vector<const char*> names = {"vocab.json", "merges.txt", "tokenizer.model"};
+  return names;
 }
 
 }  // namespace scalify::tokenize

@@ -32,5 +32,8 @@ class Tokenizer {
 std::unique_ptr<Tokenizer> load_tokenizer(const std::string& model_dir);
 // Whether the folder holds any of those files (a model without a tokenizer still reads token files).
 bool has_tokenizer_files(const std::string& model_dir);
+// The files of a model folder that make its tokenizer (what has_tokenizer_files looks for, what an
+// export takes along).
+const std::vector<const char*>& tokenizer_file_names();
 
 }  // namespace scalify::tokenize

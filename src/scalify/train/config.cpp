@@ -93,6 +93,8 @@ const std::map<std::string, Key>& table() {
       STR_KEY("out", out),
       STR_KEY("recipe", recipe),
       STR_KEY("init", init),
+      STR_KEY("init_tokenizer", init_tokenizer),
+      STR_KEY("init_weights", init_weights),
       INT_KEY("vocab", model.vocab),
       {"seed",
        {[](TrainConfig& c, const std::string& v) { c.seed = to_seed("seed", v); },

@@ -8,6 +8,7 @@
 #include "scalify/error.hpp"
 #include "scalify/formats/kernels.hpp"
 #include "scalify/io/safetensors.hpp"
+#include "scalify/train/init_record.hpp"
 #include "scalify/train/ptq.hpp"
 #include "scalify/train/session.hpp"
 
@@ -82,8 +83,7 @@ std::string sample(const std::string& checkpoint, const std::string& prompt, con
   auto [st, cfg] = read_checkpoint(checkpoint);
   const std::unique_ptr<Session> s = load_session(st, cfg, checkpoint_file(checkpoint));
   // A model fine-tuned from a pretrained one speaks its tokenizer's tokens; the byte-level GPT bytes.
-  const std::unique_ptr<tokenize::Tokenizer> tokenizer =
-      cfg.init.empty() || !tokenize::has_tokenizer_files(cfg.init) ? nullptr : tokenize::load_tokenizer(cfg.init);
+  const std::unique_ptr<tokenize::Tokenizer> tokenizer = run_tokenizer(cfg, checkpoint);
   if (!cfg.init.empty() && !tokenizer)
     throw Error("sample: '" + checkpoint + "' was fine-tuned from '" + cfg.init + "', which holds no tokenizer to read the prompt with");
   return sample_text(*s, tokenizer.get(), prompt, o, checkpoint);

@@ -14,6 +14,7 @@
 #include "scalify/io/atomic_file.hpp"
 #include "scalify/tokenize/bpe.hpp"
 #include "scalify/train/evaluate.hpp"
+#include "scalify/train/init_record.hpp"
 #include "scalify/tokenize/token_file.hpp"
 
 namespace scalify::train {
@@ -94,6 +95,14 @@ TrainConfig with_pretrained_model(const TrainConfig& config) {
 }
 
 Tokenized tokenize_file(const std::string& model_dir, const std::string& path, const std::string& out) {
+  // The output replaces whatever file it names: never one of the inputs.
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (fs::exists(out, ec)) {
+    if (fs::equivalent(out, path, ec)) throw Error("tokenize: --out '" + out + "' is the input '" + path + "'; write the tokens elsewhere");
+    if (fs::equivalent(fs::absolute(out).parent_path(), model_dir, ec))
+      throw Error("tokenize: --out '" + out + "' is a file of the model folder '" + model_dir + "'; write the tokens elsewhere");
+  }
   const std::unique_ptr<tokenize::Tokenizer> tokenizer = tokenize::load_tokenizer(model_dir);
   const std::string text = io::read_input_file(path, "data", uint64_t(platform::memory_limit_bytes() / 4));
   const std::vector<int32_t> tokens = tokenizer->encode(text);
@@ -104,6 +113,7 @@ Tokenized tokenize_file(const std::string& model_dir, const std::string& path, c
 hub::Family export_checkpoint(const std::string& checkpoint, const std::string& dir, DType dtype) {
   if (dtype != DType::f32 && dtype != DType::f16 && dtype != DType::bf16) throw Error("export: the dtype must be f32, f16 or bf16");
   auto [st, cfg] = read_checkpoint(checkpoint);
+  check_init_tokenizer(cfg, checkpoint);  // before anything is written
   const std::unique_ptr<Session> s = load_session(st, cfg, checkpoint_file(checkpoint));
   hub::HfConfig hf;
   hf.model = s->model.config();
@@ -112,7 +122,7 @@ hub::Family export_checkpoint(const std::string& checkpoint, const std::string& 
   hub::save_hf_model(dir, hf, parameter_values(*s));
   const std::filesystem::path to(dir);
   if (!cfg.init.empty()) {  // fine-tuned: the pretrained model's tokenizer goes with it
-    for (const char* name : {"vocab.json", "merges.txt", "tokenizer.model"}) {
+    for (const char* name : tokenize::tokenizer_file_names()) {
       const std::filesystem::path from = std::filesystem::path(cfg.init) / name;
       std::error_code ec;
       if (std::filesystem::exists(from, ec))

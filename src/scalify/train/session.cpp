@@ -1,5 +1,7 @@
 #include "scalify/train/session.hpp"
 
+#include "scalify/train/init_record.hpp"
+
 #include <algorithm>
 #include <charconv>
 #include <cmath>
@@ -90,6 +92,7 @@ std::unique_ptr<Session> make_session(const TrainConfig& cfg, const io::SafeTens
     }
   } else {
     if (pretrained) {
+      check_init_weights(cfg, cfg.out);
       const std::map<std::string, Tensor> values = hub::load_hf_weights(cfg.init, hub::read_hf_config(cfg.init));
       for (size_t i = 0; i < raw.size(); ++i) {
         const auto v = values.find(s->names[i]);
@@ -344,8 +347,7 @@ Corpus corpus_for(const TrainConfig& cfg) {
   const size_t window = size_t(cfg.model.seq) + 1;
   const std::string data = cfg.data.empty() ? default_corpus_path() : cfg.data;
   if (cfg.init.empty()) return load_corpus(data, cfg.val_fraction, window * size_t(cfg.batch));
-  const std::unique_ptr<tokenize::Tokenizer> tokenizer =
-      tokenize::has_tokenizer_files(cfg.init) ? tokenize::load_tokenizer(cfg.init) : nullptr;
+  const std::unique_ptr<tokenize::Tokenizer> tokenizer = run_tokenizer(cfg, cfg.out);
   return load_token_corpus(data, tokenizer.get(), cfg.model.vocab, cfg.val_fraction, window * size_t(cfg.batch));
 }
 

@@ -31,6 +31,7 @@
 #include "scalify/platform/world.hpp"
 #include "scalify/train/corpus.hpp"
 #include "scalify/train/data_parallel.hpp"
+#include "scalify/train/init_record.hpp"
 #include "scalify/train/pretrained.hpp"
 #include "scalify/train/ptq.hpp"
 #include "scalify/train/session.hpp"
@@ -117,10 +118,24 @@ struct OpenRun {
   std::string how;  // the run log's first words: "new run ..." or "resume at step N ..."
 };
 
-// metrics.jsonl and train.log are appended to (and read on resume): a pipe there would block.
-void check_appended_files(const fs::path& dir) {
-  for (const char* f : {"metrics.jsonl", "train.log"})
-    if (fs::exists(dir / f) && !fs::is_regular_file(dir / f)) throw Error("'" + (dir / f).string() + "' is not a regular file");
+// The files a run writes, checked before anything is written or removed. metrics.jsonl and
+// train.log are appended to (and read on resume): a pipe there would block, and appending through a
+// symbolic link would write wherever it points, so they must be regular files. The others are
+// replaced by renaming (which replaces a link, not its target) or removed on a resume: a device,
+// pipe or socket in their place must never be destroyed.
+void check_run_files(const fs::path& dir) {
+  for (const char* f : {"metrics.jsonl", "train.log"}) {
+    const fs::file_status st = fs::symlink_status(dir / f);
+    if (fs::is_symlink(st))
+      throw Error("'" + (dir / f).string() + "' is a symbolic link; a run appends to its " + f + ", never through a link: remove it");
+    if (fs::exists(st) && !fs::is_regular_file(st)) throw Error("'" + (dir / f).string() + "' is not a regular file");
+  }
+  for (const char* f : {"checkpoint.safetensors", "model.safetensors", "initial.safetensors", "config.toml", "recipe.json"}) {
+    const fs::path p = dir / f;
+    if (fs::exists(p) && !fs::is_regular_file(p))
+      throw Error("'" + p.string() + "' exists and is not a regular file (a folder, device, pipe or socket); a run folder's " + f +
+                  " is the run's own: move it away");
+  }
 }
 
 OpenRun open_new_run(const TrainConfig& config, const fs::path& dir) {
@@ -129,7 +144,7 @@ OpenRun open_new_run(const TrainConfig& config, const fs::path& dir) {
   run.session->recipe.validate();  // before the folder exists
   io::make_folder(dir.string());
   run.lock = std::make_unique<io::FolderLock>(dir.string(), "train");
-  check_appended_files(dir);
+  check_run_files(dir);
   if (fs::exists(dir / "checkpoint.safetensors") || fs::exists(dir / "model.safetensors"))
     throw Error("'" + config.out + "' already holds a run; use --resume to continue it or another --out");
   run.how = "new run";
@@ -161,7 +176,7 @@ OpenRun open_resumed_run(const TrainConfig& config, const fs::path& dir) {
   if (!fs::is_directory(dir)) throw Error("resume: '" + config.out + "' is not a run folder");
   OpenRun run;
   run.lock = std::make_unique<io::FolderLock>(dir.string(), "train --resume");
-  check_appended_files(dir);
+  check_run_files(dir);
   if (!fs::exists(ckpt_path))
     throw Error("resume: '" + config.out + "' holds no checkpoint.safetensors" +
                 (fs::exists(dir / "metrics.jsonl") ? ": its run stopped before its first checkpoint, so it cannot be continued; start it "
@@ -307,7 +322,9 @@ TrainResult train(const TrainConfig& given, bool resume, const Progress& progres
   Corpus corpus;
   TrainConfig config;
   platform::every_rank_agrees(world, [&] {  // bad input fails here, before the run folder exists
-    config = with_pretrained_model(given);
+    config = record_init(given);
+    check_init_tokenizer(config, given.out);
+    config = with_pretrained_model(config);
     config.validate();
     if (save_initial && resume) throw Error("train: --save-initial writes a new run's step 0; a resumed run is past it");
     rank_micro_batches(config.accum, world);
