@@ -28,14 +28,16 @@ inline TokenBatch token_batch(uint64_t seed, int64_t B, int64_t T, int64_t V) {
   return {Tensor::from_indices(in, {B, T}), Tensor::from_indices(tg, {B * T}), Tensor::from_indices(pos, {B, T})};
 }
 
-// A one-block GPT (2 heads, untied head) for the tiny task, its linear layers built for `recipe`.
-inline nn::Gpt tiny_gpt(int64_t V, int64_t T, int64_t D, uint64_t seed, bool unit_scaled = false, const quant::Recipe& recipe = {}) {
+// A GPT of `layers` blocks (one unless said; 2 heads, untied head) for the tiny task, its linear
+// layers built for `recipe`.
+inline nn::Gpt tiny_gpt(int64_t V, int64_t T, int64_t D, uint64_t seed, bool unit_scaled = false, const quant::Recipe& recipe = {},
+                        int layers = 1) {
   nn::GptConfig c;
   c.unit_scaled = unit_scaled;
   c.vocab = V;
   c.seq = T;
   c.d_model = D;
-  c.layers = 1;
+  c.layers = layers;
   c.heads = 2;
   c.tied_head = false;
   return nn::Gpt(c, seed, recipe);
