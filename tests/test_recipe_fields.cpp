@@ -255,5 +255,57 @@ TEST(RecipeFields, EachFp4AblationTrainsToOtherTensorsThanItsBase) {
   EXPECT_NE(trained("mxfp4_rceil"), trained("mxfp4"));
 }
 
+// The pieces that SCALIFY's rows of seed 000's Table 3 add one by one, and the two parameters only
+// FP8-AMAX and FP8-CSCALE set: each switched back alone changes the tensors a full recipe run
+// (master weights, optimizer state, weight-gradient casts) trains to. rescale_every is switched
+// between 2 and 0 (the preset's 100 steps would not come round in a short run).
+TEST(RecipeFields, EachScalifyRowPieceAndFp8ParameterChangesTraining) {
+  struct Switch {
+    const char* preset;
+    const char* field;
+    void (*on)(Recipe&);
+    void (*off)(Recipe&);
+  };
+  const Switch switches[] = {
+      {"scalify_fp16_2", "rescale_norm_grad", [](Recipe&) {}, [](Recipe& r) { r.rescale_norm_grad = false; }},
+      {"scalify_fp16_2", "master_weight", [](Recipe&) {}, [](Recipe& r) { r.master_weight = DType::f32; }},
+      {"scalify_fp8_3", "weight_gradient", [](Recipe&) {}, [](Recipe& r) { r.weight_gradient = Format::f32; }},
+      {"scalify_fp8_4", "optimizer_state", [](Recipe&) {}, [](Recipe& r) { r.optimizer_state = DType::f32; }},
+      {"scalify_fp8_4", "rescale_gradients", [](Recipe&) {}, [](Recipe& r) { r.rescale_gradients = false; }},
+      {"scalify_fp8_4", "rescale_every", [](Recipe& r) { r.rescale_every = 2; }, [](Recipe& r) { r.rescale_every = 0; }},
+      {"fp8_amax", "gradient margin", [](Recipe&) {},
+       [](Recipe& r) { r.linear.input_grad.gradient.margin = r.linear.weight_grad.gradient.margin = 0; }},
+      {"fp8_cscale", "bias", [](Recipe&) {},
+       [](Recipe& r) {
+         for (QuantizerConfig* c : {&r.linear.forward.activation, &r.linear.forward.weight, &r.linear.input_grad.gradient,
+                                    &r.linear.input_grad.weight, &r.linear.weight_grad.activation, &r.linear.weight_grad.gradient})
+           c->bias = 0;
+       }},
+  };
+  auto train = [](Recipe r) {
+    r.validate();
+    const int64_t V = 12, T = 8, B = 8, D = 32;
+    nn::Gpt model = testing::tiny_gpt(V, T, D, 5, r.unit_scaled, r, 2);
+    const testing::RecipeRun run = testing::train_tiny_recipe(model, r, V, T, B, 4);
+    std::vector<std::vector<double>> out;
+    for (const Var& p : run.params) out.push_back(p.value().to_vector());
+    return out;
+  };
+  std::map<std::string, std::vector<std::vector<double>>> trained_on;  // by recipe, each trained twice
+  for (const Switch& s : switches) {
+    SCOPED_TRACE(std::string(s.preset) + ": " + s.field);
+    Recipe on = preset(s.preset);
+    s.on(on);
+    Recipe off = on;
+    s.off(off);
+    ASSERT_NE(on.to_json(), off.to_json());
+    if (!trained_on.contains(on.to_json())) {
+      trained_on[on.to_json()] = train(on);
+      ASSERT_EQ(train(on), trained_on[on.to_json()]) << "training is deterministic";
+    }
+    EXPECT_NE(train(off), trained_on[on.to_json()]);
+  }
+}
+
 }  // namespace
 }  // namespace scalify::quant

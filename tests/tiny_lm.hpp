@@ -64,4 +64,35 @@ inline std::vector<double> train_tiny(const nn::Gpt& model, int64_t V, int64_t T
   return losses;
 }
 
+// A run of the tiny task under a full recipe, as a training run applies it: the parameters in the
+// recipe's master-weight storage, its optimizer state, the weight-gradient casts and loss scaling
+// (a step whose gradients overflow is skipped).
+struct RecipeRun {
+  std::vector<double> losses;  // every step's
+  std::vector<Var> params;     // after the last step, in model.parameters() order
+  int64_t skipped_steps = 0;
+};
+inline RecipeRun train_tiny_recipe(nn::Gpt& model, const quant::Recipe& recipe, int64_t V, int64_t T, int64_t B, int steps) {
+  RecipeRun run;
+  run.params = quant::prepare_parameters(parameters_of(model), recipe);
+  nn::NamedParams named = model.parameters();
+  for (size_t i = 0; i < named.size(); ++i) named[i].second = run.params[i];
+  model.set_parameters(named);
+  std::vector<double> lr_scale;
+  for (const auto& [name, p] : model.parameters()) lr_scale.push_back(model.lr_multiplier(name));
+  optim::AdamW opt(run.params, quant::optimizer_config(recipe, {.lr = 3e-3}), lr_scale);
+  quant::LossScaler scaler(recipe.loss_scaling);
+  for (int step = 0; step < steps; ++step) {
+    const TokenBatch batch = token_batch(uint64_t(step % 4), B, T, V);
+    Var loss = model.loss(batch.inputs, batch.targets.reshape({B, T}));
+    run.losses.push_back(loss.value().item());
+    scaler.scale_loss(loss).backward();
+    if (!scaler.unscale(run.params)) continue;  // overflow: skipped step (dynamic loss scaling)
+    quant::cast_weight_gradients(run.params, recipe);
+    opt.step();
+  }
+  run.skipped_steps = scaler.skipped_steps();
+  return run;
+}
+
 }  // namespace scalify::testing
