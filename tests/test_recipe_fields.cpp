@@ -1,17 +1,20 @@
-// Every recipe field that an FP4 ablation preset switches reaches the computation. The linear
-// layer's GEMMs are observed (quant::GemmOperandObserver) and each operand they read is checked
-// against its definition, computed here from the published recipe (arXiv 2509.25149 and
-// TransformerEngine's NVFP4BlockScaling; OCP MX for MXFP4): block shape and scale rule, the random
-// Hadamard transform along the tokens of the weight-gradient GEMM, and stochastic rounding
-// (unbiased, and not nearest). Then each ablation trains the tiny model to other tensors than its
-// base preset, which trains to the same tensors twice. The fields, and the preset that switches
-// each:
-//   weight_grad.{activation, gradient}.transform           nvfp4_no_hadamard
-//   {input_grad, weight_grad}.gradient.rounding            nvfp4_no_sr
+// Every recipe field that only an ablation (or a single preset) switches reaches the computation.
+// FP4: the linear layer's GEMMs are observed (quant::GemmOperandObserver) and each operand they
+// read is checked against its definition, computed here from the published recipe (arXiv
+// 2509.25149 and TransformerEngine's NVFP4BlockScaling; OCP MX for MXFP4): block shape and scale
+// rule, the random Hadamard transform along the tokens of the weight-gradient GEMM, and stochastic
+// rounding (unbiased, and not nearest). Then each ablation trains the tiny model to other tensors
+// than its base preset, which trains to the same tensors twice. The fields, and the preset that
+// switches each:
+//   weight_grad.{activation, gradient}.transform            nvfp4_no_hadamard
+//   {input_grad, weight_grad}.gradient.rounding             nvfp4_no_sr
 //   {forward, input_grad}.weight.block (16 x 16 or 1 x 16)  nvfp4_1x16_weights
-//   every operand's block.rule (nvfp4 or e4m3_amax)        nvfp4_no_tensor_scale
-//   high_precision.last_blocks                             nvfp4_all_layers
-//   every operand's block.rule (mx_floor or mx_ceil)       mxfp4_rceil, against mxfp4
+//   every operand's block.rule (nvfp4 or e4m3_amax)         nvfp4_no_tensor_scale
+//   high_precision.last_blocks                              nvfp4_all_layers
+//   every operand's block.rule (mx_floor or mx_ceil)        mxfp4_rceil, against mxfp4
+// Likewise, switched back alone, each piece SCALIFY's rows of seed 000's Table 3 add
+// (rescale_norm_grad, master_weight, weight_gradient, optimizer_state, rescale_gradients,
+// rescale_every) and the parameter only FP8-AMAX (the gradients' margin) or FP8-CSCALE (bias) sets.
 #include <gtest/gtest.h>
 
 #include <bit>
@@ -118,7 +121,7 @@ const Quantized& observed(const Observed& seen, size_t operand) {
 std::pair<double, double> e2m1_neighbours(double v) {
   const double grid[] = {0, 0.5, 1, 1.5, 2, 3, 4, 6}, a = std::min(std::fabs(v), 6.0);
   size_t i = 0;
-  while (grid[i + 1] < a) ++i;
+  while (i + 1 < std::size(grid) && grid[i + 1] <= a) ++i;
   return grid[i] == a ? std::pair(a, a) : std::pair(grid[i], grid[i + 1]);
 }
 // The decode scale of element i: its block's scale times the tensor scale.
