@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "expect_error.hpp"
+#include "hadamard_reference.hpp"
 #include "scalify/formats/block.hpp"
 #include "scalify/quant/block_gemm.hpp"
 #include "scalify/quant/hadamard.hpp"
@@ -174,6 +175,24 @@ TEST(Fp4, HadamardTransformIsOrthogonalAndLeavesTheGemmUnchanged) {
   for (int r = 0; r < 16; ++r) EXPECT_EQ(std::fabs(spread[size_t(r * 3 + 1)]), 25.0f) << r;
   // A scaled tensor keeps its scale.
   EXPECT_EQ(quant::hadamard16_rows(ScaledTensor(x, 0.25f)).scalar_scale(), 0.25f);
+}
+
+// The transform pinned to its definition (tests/hadamard_reference.hpp: H16 by Sylvester's
+// construction, the committed D, along the rows). The input has both axes a multiple of 16 (a
+// transform along the columns would differ), a tail of rows, and dyadic values whose sums f32
+// holds exactly, so the transform must equal the reference bit for bit: a flipped sign, another
+// order of H16's rows or the wrong axis fails.
+TEST(Fp4, HadamardTransformIsQuarterH16DAlongTheRowsBitForBit) {
+  EXPECT_EQ(quant::kHadamardSigns, testing::kReferenceHadamardSigns);
+  const std::vector<std::vector<double>> h = testing::sylvester_hadamard16();
+  for (int i = 0; i < 16; ++i)
+    for (int j = 0; j < 16; ++j) ASSERT_EQ(quant::hadamard16_entry(i, j), h[size_t(i)][size_t(j)]) << i << "," << j;
+  const int64_t rows = 40, cols = 16;  // 2 whole blocks of rows and a tail of 8
+  const std::vector<float> x = testing::dyadic_values(rows * cols, 31, 3);
+  const std::vector<double> want = testing::hadamard16_rows_reference(x, rows, cols);
+  const std::vector<float> got = quant::hadamard16_rows(ScaledTensor(Tensor::from_vector(x, {rows, cols}))).data.to_floats();
+  for (size_t i = 0; i < want.size(); ++i) ASSERT_EQ(got[i], want[i]) << "row " << i / size_t(cols) << " column " << i % size_t(cols);
+  EXPECT_NE(want[0], x[0]) << "the input is transformed";
 }
 
 // Stochastic rounding of NVFP4 blocks is unbiased: over many streams the mean decoded value of

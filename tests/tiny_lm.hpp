@@ -28,14 +28,16 @@ inline TokenBatch token_batch(uint64_t seed, int64_t B, int64_t T, int64_t V) {
   return {Tensor::from_indices(in, {B, T}), Tensor::from_indices(tg, {B * T}), Tensor::from_indices(pos, {B, T})};
 }
 
-// A one-block GPT (2 heads, untied head) for the tiny task, its linear layers built for `recipe`.
-inline nn::Gpt tiny_gpt(int64_t V, int64_t T, int64_t D, uint64_t seed, bool unit_scaled = false, const quant::Recipe& recipe = {}) {
+// A GPT of `layers` blocks (one unless said; 2 heads, untied head) for the tiny task, its linear
+// layers built for `recipe`.
+inline nn::Gpt tiny_gpt(int64_t V, int64_t T, int64_t D, uint64_t seed, bool unit_scaled = false, const quant::Recipe& recipe = {},
+                        int layers = 1) {
   nn::GptConfig c;
   c.unit_scaled = unit_scaled;
   c.vocab = V;
   c.seq = T;
   c.d_model = D;
-  c.layers = 1;
+  c.layers = layers;
   c.heads = 2;
   c.tied_head = false;
   return nn::Gpt(c, seed, recipe);
@@ -60,6 +62,37 @@ inline std::vector<double> train_tiny(const nn::Gpt& model, int64_t V, int64_t T
     opt.step();
   }
   return losses;
+}
+
+// A run of the tiny task under a full recipe, as a training run applies it: the parameters in the
+// recipe's master-weight storage, its optimizer state, the weight-gradient casts and loss scaling
+// (a step whose gradients overflow is skipped).
+struct RecipeRun {
+  std::vector<double> losses;  // every step's
+  std::vector<Var> params;     // after the last step, in model.parameters() order
+  int64_t skipped_steps = 0;
+};
+inline RecipeRun train_tiny_recipe(nn::Gpt& model, const quant::Recipe& recipe, int64_t V, int64_t T, int64_t B, int steps) {
+  RecipeRun run;
+  run.params = quant::prepare_parameters(parameters_of(model), recipe);
+  nn::NamedParams named = model.parameters();
+  for (size_t i = 0; i < named.size(); ++i) named[i].second = run.params[i];
+  model.set_parameters(named);
+  std::vector<double> lr_scale;
+  for (const auto& [name, p] : model.parameters()) lr_scale.push_back(model.lr_multiplier(name));
+  optim::AdamW opt(run.params, quant::optimizer_config(recipe, {.lr = 3e-3}), lr_scale);
+  quant::LossScaler scaler(recipe.loss_scaling);
+  for (int step = 0; step < steps; ++step) {
+    const TokenBatch batch = token_batch(uint64_t(step % 4), B, T, V);
+    Var loss = model.loss(batch.inputs, batch.targets.reshape({B, T}));
+    run.losses.push_back(loss.value().item());
+    scaler.scale_loss(loss).backward();
+    if (!scaler.unscale(run.params)) continue;  // overflow: skipped step (dynamic loss scaling)
+    quant::cast_weight_gradients(run.params, recipe);
+    opt.step();
+  }
+  run.skipped_steps = scaler.skipped_steps();
+  return run;
 }
 
 }  // namespace scalify::testing

@@ -165,6 +165,17 @@ bool reuses(const LinearRecipe& r, Slot later, Slot earlier) {
 
 }  // namespace
 
+namespace {
+thread_local GemmOperandObserver* g_gemm_observer = nullptr;
+}
+
+GemmOperandObserver::GemmOperandObserver(Fn fn) : fn_(std::move(fn)), previous_(g_gemm_observer) { g_gemm_observer = this; }
+GemmOperandObserver::~GemmOperandObserver() { g_gemm_observer = previous_; }
+
+void GemmOperandObserver::notify(LinearGemm gemm, const Quantized& a, const Quantized& b) {
+  if (g_gemm_observer) g_gemm_observer->fn_(gemm, a, b);
+}
+
 uint64_t layer_stream(std::string_view name) {
   uint64_t h = 0xcbf29ce484222325ull;
   for (unsigned char c : name) h = (h ^ c) * 0x100000001b3ull;
@@ -215,6 +226,7 @@ Var QLinear::operator()(const Var& x, const Var& w, const Var& b) const {
   };
   const ScaledTensor xs = scaled::reshape(x.scaled(), {rows, K}), &ws = w.scaled();
   const Operand qx = quantize(fwd_x, xs, fwd), qw = quantize(fwd_w, ws, fwd);
+  GemmOperandObserver::notify(LinearGemm::forward, qx.q, qw.q);
   const ScaledTensor y = scaled::reshape(gemm(fwd, propagate, false, false, rows, N, K, qx, qw), out_shape);
   // The backward keeps the forward's quantised operands it reuses, else the sources to quantise.
   const bool reuse_w = reuses(r, dgrad_w, fwd_w), reuse_x = reuses(r, wgrad_x, fwd_x), reuse_g = reuses(r, wgrad_g, dgrad_g);
@@ -226,12 +238,14 @@ Var QLinear::operator()(const Var& x, const Var& w, const Var& b) const {
         const ScaledTensor g = scaled::reshape(g_in, {rows, N});
         const Operand qg = quantize(dgrad_g, g, dgrad);
         const Operand qwt = w_src.data.defined() ? quantize(dgrad_w, w_src, dgrad) : qw;
+        GemmOperandObserver::notify(LinearGemm::input_grad, qg.q, qwt.q);
         const ScaledTensor dx = gemm(dgrad, propagate, false, true, rows, K, N, qg, qwt);
         // The weight-gradient GEMM reduces over the rows (tokens): a transform of both operands
         // along them leaves dw as it is (Recipe::validate: both or neither).
         auto along_tokens = [hadamard](const ScaledTensor& t) { return hadamard ? hadamard16_rows(t) : t; };
         const Operand qxt = x_src.data.defined() ? quantize(wgrad_x, along_tokens(x_src), wgrad) : qx;
         const Operand qgt = reuse_g ? qg : quantize(wgrad_g, along_tokens(g), wgrad);
+        GemmOperandObserver::notify(LinearGemm::weight_grad, qxt.q, qgt.q);
         const ScaledTensor dw = gemm(wgrad, propagate, true, false, K, N, rows, qxt, qgt);
         return std::vector<ScaledTensor>{scaled::reshape(dx, x_shape), dw};
       });

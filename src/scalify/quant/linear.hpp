@@ -5,6 +5,7 @@
 // added. Every operand has its own quantiser (format + scaling strategy + state), so every recipe
 // of the seeds runs through this one layer.
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -19,6 +20,28 @@ namespace scalify::quant {
 
 // A layer's stochastic-rounding stream: FNV-1a of its name, the same on every machine and run.
 uint64_t layer_stream(std::string_view layer_name);
+
+// The three GEMMs of a linear layer (quant/linear_recipe.hpp).
+enum class LinearGemm : uint8_t { forward, input_grad, weight_grad };
+
+// A test seam: while a GemmOperandObserver lives on this thread, each quantised GEMM a QLinear runs
+// on it hands the observer its two operands as the GEMM reads them (transformed and quantised:
+// forward x, w; input_grad g, w; weight_grad x, g). Unused, it costs one thread-local pointer
+// test per GEMM; it never changes what is computed.
+class GemmOperandObserver {
+ public:
+  using Fn = std::function<void(LinearGemm gemm, const Quantized& a, const Quantized& b)>;
+  explicit GemmOperandObserver(Fn fn);
+  ~GemmOperandObserver();
+  GemmOperandObserver(const GemmOperandObserver&) = delete;
+  GemmOperandObserver& operator=(const GemmOperandObserver&) = delete;
+  // What QLinear calls before each GEMM: to this thread's observer, if any.
+  static void notify(LinearGemm gemm, const Quantized& a, const Quantized& b);
+
+ private:
+  Fn fn_;
+  GemmOperandObserver* previous_;
+};
 
 class QLinear {
  public:
