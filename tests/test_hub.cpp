@@ -16,8 +16,8 @@
 #include "scalify/nn/gpt.hpp"
 #include "scalify/nn/rope.hpp"
 #include "scalify/tokenize/bpe.hpp"
-#include "scalify/train/pretrained_ptq.hpp"
 #include "scalify/train/evaluate.hpp"
+#include "scalify/train/pretrained_ptq.hpp"
 #include "scalify/train/trainer.hpp"
 #include "train_fixtures.hpp"
 

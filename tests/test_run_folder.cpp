@@ -19,12 +19,12 @@
 #include "scalify/io/folder_lock.hpp"
 #include "scalify/io/input_file.hpp"
 #include "scalify/io/safetensors.hpp"
+#include "scalify/nn/layer_context.hpp"
 #include "scalify/note.hpp"
 #include "scalify/quant/recipe.hpp"
 #include "scalify/train/config.hpp"
 #include "scalify/train/corpus.hpp"
 #include "scalify/train/session.hpp"
-#include "scalify/nn/layer_context.hpp"
 #include "scalify/train/trainer.hpp"
 #include "train_fixtures.hpp"
 

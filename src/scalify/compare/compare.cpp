@@ -11,17 +11,17 @@
 #include <set>
 #include <sstream>
 
-#include "scalify/io/json_text.hpp"
 #include "scalify/compare/plots.hpp"
 #include "scalify/error.hpp"
 #include "scalify/inspect/report_section.hpp"
 #include "scalify/io/atomic_file.hpp"
-#include "scalify/io/number_text.hpp"
 #include "scalify/io/folder_lock.hpp"
 #include "scalify/io/input_file.hpp"
+#include "scalify/io/json_text.hpp"
+#include "scalify/io/number_text.hpp"
 #include "scalify/platform/memory.hpp"
-#include "scalify/quant/recipe.hpp"
 #include "scalify/platform/world.hpp"
+#include "scalify/quant/recipe.hpp"
 #include "scalify/report/system_info.hpp"
 
 namespace scalify::compare {

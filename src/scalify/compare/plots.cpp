@@ -9,8 +9,8 @@
 #include <set>
 #include <sstream>
 
-#include "scalify/io/json_text.hpp"
 #include "scalify/io/atomic_file.hpp"
+#include "scalify/io/json_text.hpp"
 #include "scalify/report/gnuplot.hpp"
 
 namespace scalify::compare {

@@ -4,9 +4,9 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
-#include "scalify/io/json_text.hpp"
 #include "scalify/error.hpp"
 #include "scalify/io/input_file.hpp"
+#include "scalify/io/json_text.hpp"
 
 namespace scalify::hub {
 

@@ -7,10 +7,10 @@
 #include <utility>
 #include <vector>
 
-#include "scalify/io/json_text.hpp"
 #include "scalify/error.hpp"
 #include "scalify/io/atomic_file.hpp"
 #include "scalify/io/input_file.hpp"
+#include "scalify/io/json_text.hpp"
 #include "scalify/io/safetensors.hpp"
 #include "scalify/tensor/ops.hpp"
 

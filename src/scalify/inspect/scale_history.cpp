@@ -8,9 +8,9 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
-#include "scalify/io/json_text.hpp"
 #include "scalify/error.hpp"
 #include "scalify/io/atomic_file.hpp"
+#include "scalify/io/json_text.hpp"
 #include "scalify/report/gnuplot.hpp"
 
 namespace scalify::inspect {

@@ -6,11 +6,11 @@
 #include <limits>
 #include <nlohmann/json.hpp>
 
-#include "scalify/io/json_text.hpp"
 #include "scalify/error.hpp"
 #include "scalify/io/atomic_file.hpp"
 #include "scalify/io/crc32c.hpp"
 #include "scalify/io/input_file.hpp"
+#include "scalify/io/json_text.hpp"
 #include "scalify/note.hpp"
 #include "scalify/platform/memory.hpp"
 

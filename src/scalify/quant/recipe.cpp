@@ -9,9 +9,9 @@
 #include <tuple>
 #include <utility>
 
-#include "scalify/io/json_text.hpp"
 #include "scalify/error.hpp"
 #include "scalify/io/input_file.hpp"
+#include "scalify/io/json_text.hpp"
 #include "scalify/scaled/scaled_ops.hpp"
 
 namespace scalify::quant {

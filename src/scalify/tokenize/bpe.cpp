@@ -3,9 +3,9 @@
 #include <nlohmann/json.hpp>
 #include <queue>
 
-#include "scalify/io/json_text.hpp"
 #include "scalify/error.hpp"
 #include "scalify/io/input_file.hpp"
+#include "scalify/io/json_text.hpp"
 #include "scalify/tokenize/pretokenize.hpp"
 #include "scalify/tokenize/utf8.hpp"
 

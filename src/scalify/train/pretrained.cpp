@@ -9,13 +9,13 @@
 
 #include "scalify/error.hpp"
 #include "scalify/hub/hf_weights.hpp"
+#include "scalify/io/atomic_file.hpp"
 #include "scalify/io/input_file.hpp"
 #include "scalify/platform/memory.hpp"
-#include "scalify/io/atomic_file.hpp"
 #include "scalify/tokenize/bpe.hpp"
+#include "scalify/tokenize/token_file.hpp"
 #include "scalify/train/evaluate.hpp"
 #include "scalify/train/init_record.hpp"
-#include "scalify/tokenize/token_file.hpp"
 
 namespace scalify::train {
 

@@ -9,9 +9,9 @@
 #include <sstream>
 #include <nlohmann/json.hpp>
 
-#include "scalify/io/json_text.hpp"
 #include "scalify/error.hpp"
 #include "scalify/formats/block.hpp"
+#include "scalify/io/json_text.hpp"
 #include "scalify/quant/quantizer.hpp"
 #include "scalify/tensor/ops.hpp"
 #include "scalify/train/session.hpp"

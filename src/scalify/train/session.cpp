@@ -9,10 +9,10 @@
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
-#include "scalify/io/json_text.hpp"
 #include "scalify/autograd/scaling.hpp"
 #include "scalify/error.hpp"
 #include "scalify/hub/hf_weights.hpp"
+#include "scalify/io/json_text.hpp"
 #include "scalify/io/safetensors.hpp"
 #include "scalify/platform/memory.hpp"
 #include "scalify/quant/quantizer.hpp"

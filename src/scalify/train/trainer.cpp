@@ -14,21 +14,21 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
-#include "scalify/io/json_text.hpp"
 #include "scalify/autograd/data_precision.hpp"
 #include "scalify/autograd/scaling.hpp"
 #include "scalify/error.hpp"
 #include "scalify/formats/kernels.hpp"
 #include "scalify/io/atomic_file.hpp"
 #include "scalify/io/folder_lock.hpp"
+#include "scalify/io/json_text.hpp"
 #include "scalify/io/safetensors.hpp"
 #include "scalify/optim/grad_norm.hpp"
 #include "scalify/platform/memory.hpp"
+#include "scalify/platform/world.hpp"
 #include "scalify/quant/quantizer.hpp"
 #include "scalify/quant/recipe.hpp"
 #include "scalify/scaled/scaled_ops.hpp"
 #include "scalify/tensor/ops.hpp"
-#include "scalify/platform/world.hpp"
 #include "scalify/train/corpus.hpp"
 #include "scalify/train/data_parallel.hpp"
 #include "scalify/train/init_record.hpp"
