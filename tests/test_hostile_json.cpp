@@ -67,6 +67,7 @@ TEST(HostileJson, DepthIsBoundedButRealNestingParses) {
 TEST(HostileJson, DeepChecksumMetadataOfACheckpointIsAnErrorForEveryReader) {
   // The checksums' own key was outside the metadata checksum: no forging needed to reach its parse.
   const fs::path run = trained_run("deep_crc");
+  const std::string model = slurp(run / "model.safetensors");
   for (const char* file : {"checkpoint.safetensors", "model.safetensors"}) {
     const std::string bytes = slurp(run / file);
     nlohmann::json h = header_of(bytes);
@@ -78,6 +79,15 @@ TEST(HostileJson, DeepChecksumMetadataOfACheckpointIsAnErrorForEveryReader) {
   train::TrainConfig c = tiny_run(text_corpus(), run, "f32");
   c.steps = 4;
   EXPECT_ERROR(train::train(c, true), "scalify.crc32c is not a JSON object");
+  // One tensor's entry nested deep, the metadata's entry intact: the tensor check quoted it.
+  nlohmann::json h = header_of(model);
+  nlohmann::json sums = nlohmann::json::parse(h["__metadata__"]["scalify.crc32c"].get<std::string>());
+  sums["param.wte"] = nlohmann::json::parse(nested(60));
+  std::string text = sums.dump();
+  text.replace(text.find(nested(60)), nested(60).size(), kDeep);
+  h["__metadata__"]["scalify.crc32c"] = text;
+  spit(run / "model.safetensors", with_header(model, h));
+  EXPECT_ERROR(train::read_checkpoint((run / "model.safetensors").string()), "scalify.crc32c is not a JSON object");
 }
 
 TEST(HostileJson, EveryMetadataKeyOfAValidlyChecksummedFileIsBounded) {

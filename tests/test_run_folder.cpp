@@ -320,6 +320,19 @@ TEST(Trainer, RunFilesThatAreNotRegularFilesAreNeitherReplacedNorFollowed) {
   EXPECT_TRUE(fs::is_character_file("/dev/null"));
   fs::remove(run / "model.safetensors");
   spit(run / "model.safetensors", model);
+  // Every file a run replaces, as a FIFO or a folder: refused before anything is written.
+  for (const char* f : {"checkpoint.safetensors", "config.toml", "recipe.json", "initial.safetensors"}) {
+    const fs::path p = run / f, kept = run / (std::string(f) + ".kept");
+    if (fs::exists(p)) fs::rename(p, kept);
+    ASSERT_EQ(::mkfifo(p.c_str(), 0600), 0);
+    EXPECT_ERROR(train::train(r, true), std::string(f) + "' exists and is not a regular file");
+    EXPECT_TRUE(fs::is_fifo(p)) << f;
+    fs::remove(p);
+    fs::create_directory(p);
+    EXPECT_ERROR(train::train(r, true), std::string(f) + "' exists and is not a regular file");
+    fs::remove(p);
+    if (fs::exists(kept)) fs::rename(kept, p);
+  }
   // The appended files: a link is refused, and its target is not written.
   for (const char* f : {"train.log", "metrics.jsonl"}) {
     const std::string kept = slurp(run / f);

@@ -142,17 +142,16 @@ TEST(SafeTensors, CorruptTruncatedAndHostileFilesAreErrorsNotCrashes) {
     std::memcpy(b.data(), &n, 8);
     return b + h + std::string(64, '\0');
   };
+  const std::string deep = std::string(100000, '[') + std::string(100000, ']'), deep_header = "{\"a\":" + deep + "}",
+                    deep_checksums = R"({"__metadata__":{"scalify.crc32c":"{\"a\":)" + deep + "}\"}}";
   const char* hostile[] = {
       R"({"a":{"dtype":"F32","shape":[4294967296,4294967296],"data_offsets":[0,64]}})",
       R"({"a":{"dtype":"F32","shape":[4],"data_offsets":[0,16]},"b":{"dtype":"F32","shape":[4],"data_offsets":[8,24]}})",
-      R"({"a":{"dtype":"F32","shape":[4],"data_offsets":[16,0]}})",
-      R"({"a":{"dtype":"F32","shape":[-1],"data_offsets":[0,4]}})",
-      R"({"a":{"dtype":"X9","shape":[1],"data_offsets":[0,4]}})",
-      R"({"a":{"dtype":"F32","shape":[100],"data_offsets":[0,400]}})",
-      R"({"a":[1,2,3]})",
-      R"([1,2])",
-      R"({"__metadata__":{"k":5}})",
-      R"({"a":{"dtype":"F32","shape":[1]}})"};
+      R"({"a":{"dtype":"F32","shape":[4],"data_offsets":[16,0]}})", R"({"a":{"dtype":"F32","shape":[-1],"data_offsets":[0,4]}})",
+      R"({"a":{"dtype":"X9","shape":[1],"data_offsets":[0,4]}})", R"({"a":{"dtype":"F32","shape":[100],"data_offsets":[0,400]}})",
+      R"({"a":[1,2,3]})", R"([1,2])", R"({"__metadata__":{"k":5}})",
+      // Nested 100,000 deep, in the header and inside a metadata value that is itself JSON.
+      deep_header.c_str(), deep_checksums.c_str(), R"({"a":{"dtype":"F32","shape":[1]}})"};
   for (const char* h : hostile) {
     EXPECT_THROW(io::parse_safetensors(with_header(h), "hostile"), Error) << h;
   }
