@@ -296,18 +296,21 @@ Tensor embedding_backward(const Tensor& grad, const Tensor& ids, int64_t vocab) 
 }
 
 namespace {
-// A loss cannot be right when a logit reaches 2^24 in magnitude (2^53 computing in f64): the
-// logits then no longer resolve a difference of one nat, so the loss is rounding noise (equal
-// logits of 3e38 gave a loss of 0, not ln C). Such a loss is NaN, which every caller already
-// treats as a loss that is not finite: training diverges, evaluation refuses.
-bool logits_resolvable(const Tensor& logits, double in_mul) {
+// Whether a mean cross-entropy `loss` of these logits is more than rounding noise. Each logit is
+// known to half an ulp of the largest, so the loss only to about an ulp of it: when that reaches
+// the loss itself and one nat, the loss cannot be right (finite weights of 3e38 made every logit
+// equal, and the loss came out 0 where equal logits give ln C). Such a loss becomes NaN, which
+// every caller already treats as a loss that is not finite: training diverges, evaluation refuses.
+bool loss_resolved(const Tensor& logits, double in_mul, double loss) {
   const Tensor x = logits.contiguous();
   return dispatch_compute(computes_in_f64(x), [&]<class T>() {
     const Dense<T> v(x);
-    const double limit = std::ldexp(1.0, std::numeric_limits<T>::digits) / std::abs(in_mul);
-    for (int64_t i = 0; i < x.numel(); ++i)
-      if (!(std::abs(double(v[i])) < limit)) return false;
-    return true;
+    double top = 0;
+    for (int64_t i = 0; i < x.numel(); ++i) top = std::max(top, std::abs(double(v[i])));
+    top *= std::abs(in_mul);
+    if (!std::isfinite(top)) return false;
+    const double ulp = top > 0 ? std::ldexp(1.0, std::ilogb(top) - (std::numeric_limits<T>::digits - 1)) : 0.0;
+    return ulp < std::max(loss, 1.0);
   });
 }
 void check_xent(const Tensor& logits, const Tensor& targets, const std::vector<int64_t>& t) {
@@ -327,8 +330,8 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& targets, double in_mul)
     const int64_t N = logits.size(0), C = logits.size(1);
     double loss = 0;
     for (int64_t i = 0; i < N; ++i) loss -= l[i * C + t[size_t(i)]];
-    if (!logits_resolvable(logits, in_mul)) loss = NAN;
-    return Tensor::scalar(N ? loss / double(N) : 0.0, dtype_for<T>());
+    loss = N ? loss / double(N) : 0.0;
+    return Tensor::scalar(loss_resolved(logits, in_mul, loss) ? loss : NAN, dtype_for<T>());
   });
 }
 

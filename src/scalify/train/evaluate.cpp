@@ -18,8 +18,8 @@ void require_finite_loss(double loss, const std::string& what) {
   // Finite parameters can still overflow a low-precision activation format, or make logits too
   // large for their differences to be resolved.
   if (!std::isfinite(loss))
-    throw Error(what + " is not finite or cannot be right (an activation overflows its format, or a logit reaches 2^24, where f32 " +
-                "no longer resolves one nat)");
+    throw Error(what + " is not finite or cannot be right (an activation overflows its format, or the logits are so large that " +
+                "their rounding exceeds the loss)");
 }
 
 EvalResult evaluate(const std::string& checkpoint, const std::string& data) {
