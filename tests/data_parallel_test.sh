@@ -126,6 +126,12 @@ expect_ranks_disagree "ranks disagree on recipe: rank 0 has 'f32', rank 1 has 'd
 expect_ranks_disagree "ranks disagree on the command: rank 0 has 'train', rank 1 has 'eval'" -np 1 "$cli" "${run[@]}" : -np 1 "$cli" eval f32
 expect_ranks_disagree "ranks disagree on the command: rank 0 has 'compare', rank 1 has 'train'" \
   -np 1 "$cli" compare --out differ --steps 2 "${tiny[@]}" : -np 1 "$cli" "${run[@]}"
+# Arguments that rank 1 alone refuses end the run at once, not when rank 0's wait times out.
+if (cd "$out/two" && timeout 300 "$mpirun" --oversubscribe -np 1 "$cli" "${run[@]}" : -np 1 "$cli" "${run[@]}" --steps 13 > bad.log 2>&1); then
+  echo "accepted --steps twice"; exit 1
+fi
+grep -q -- "--steps: At Most 1 required but received 2" "$out/two/bad.log" || { cat "$out/two/bad.log"; exit 1; }
+if grep -q "does not answer" "$out/two/bad.log"; then echo "ended by the collective timeout:"; cat "$out/two/bad.log"; exit 1; fi
 # Another kernel ISA on rank 1 (SCALIFY_ISA=scalar differs from any this test runs under).
 isa=$("$cli" info | sed -n 's/^format kernels: //p')
 [[ "$isa" != scalar ]] || { echo "the kernels here are scalar: the ISA check needs another"; exit 1; }

@@ -94,7 +94,10 @@ int main(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    return app.exit(e);
+    const int code = app.exit(e);
+    // Arguments only this rank refuses (an MPMD launch): the others wait in a collective for it.
+    if (ranks > 1 && code != 0) scalify::platform::world().abort(code);
+    return code;
   } catch (const scalify::platform::EveryRankError& e) {
     if (root) std::fprintf(stderr, "scalify: error: %s\n", e.what());
     return 2;

@@ -45,8 +45,8 @@ bool launched_by_mpi() {
 constexpr size_t kPiece = size_t(1) << 30;
 // The roll call's tags, on the world's own copy of MPI_COMM_WORLD.
 constexpr int kWhereAreYou = 1, kHere = 2;
-// The receive that listens for a roll call, pending for the process's life (outside the world,
-// which the exit handler that cancels it outlives).
+// The receive that listens for a roll call, pending for the process's life: not the world's
+// member, since the exit handler that cancels it runs after the world is destroyed.
 MPI_Request question = MPI_REQUEST_NULL;
 
 void check(int rc, const char* what) {
