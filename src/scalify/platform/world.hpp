@@ -65,7 +65,7 @@ struct Agreed {
 void check_ranks_agree(const World& world, const std::vector<Agreed>& items);
 
 // The seconds a rank waits in a collective before ending the run: the environment variable
-// SCALIFY_MPI_TIMEOUT, default 300. Longer than any work one rank does while the others wait
+// SCALIFY_MPI_TIMEOUT, default 300. It must exceed any work one rank does while the others wait
 // (rank 0 writing a checkpoint); throws naming a value that is not a positive number.
 double collective_timeout_s();
 
