@@ -4,10 +4,29 @@
 #include <filesystem>
 #include <new>
 #include <string>
+#include <vector>
 
 #include "commands.hpp"
 #include "scalify/error.hpp"
 #include "scalify/platform/world.hpp"
+#include "scalify/report/system_info.hpp"
+
+namespace {
+
+// The first collective of every command under mpirun: the ranks run the same command (a `train`
+// beside an `eval` would wait for it forever) with the same kernels (ranks on CPUs that choose
+// others compute other bits, and drift apart).
+void check_ranks_agree_on_process(const scalify::platform::World& world, const std::string& command) {
+  std::vector<scalify::platform::Agreed> items{{"the command", "'" + command + "'", "every rank of a run runs the same command"}};
+  for (const auto& [what, value] : scalify::report::bit_deciding_info())
+    items.push_back({"'" + what + "' (scalify info)", value,
+                     "the build and the kernels its CPU chooses decide a run's bits: give every rank the same build and the same choice "
+                     "(mpirun -x SCALIFY_ISA=avx2 -x SCALIFY_GEMM=f32 -x DNNL_MAX_CPU_ISA=AVX2 makes every CPU with AVX2 choose alike; "
+                     "docs/DATA_PARALLEL.md)"});
+  scalify::platform::check_ranks_agree(world, items);
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   CLI::App app{"scalify: low-precision training with scale propagation"};
@@ -43,20 +62,24 @@ int main(int argc, char** argv) {
     // Under mpirun: MPI starts here. Rank 0 speaks for the run; the others print only errors.
     const scalify::platform::World& world = scalify::platform::world();
     ranks = world.size();
+    root = world.root();
     // Data parallelism is train's and compare's; any other command on several ranks would only
     // do the same work N times, each rank writing the same files.
     const std::string command = argc > 1 ? argv[1] : "";
+    if (ranks > 1) check_ranks_agree_on_process(world, command);
     if (ranks > 1 && command != "train" && command != "compare" && command != "info" && !command.starts_with("-")) {
       if (world.root())
         std::fprintf(stderr, "scalify: error: '%s' runs on one process; only train and compare use several (mpirun -np %d)\n",
                      command.c_str(), ranks);
       return 2;
     }
-    root = world.root();
     if (!root) {
       who = "scalify (rank " + std::to_string(world.rank()) + ")";
       if (!std::freopen("/dev/null", "w", stdout)) world.abort(2);
     }
+  } catch (const scalify::platform::EveryRankError& e) {
+    if (root) std::fprintf(stderr, "scalify: error: %s\n", e.what());
+    return 2;
   } catch (const scalify::Error& e) {
     std::fprintf(stderr, "scalify: error: %s\n", e.what());
     return 2;
@@ -71,7 +94,10 @@ int main(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    return app.exit(e);
+    const int code = app.exit(e);
+    // Arguments only this rank refuses (an MPMD launch): the others wait in a collective for it.
+    if (ranks > 1 && code != 0) scalify::platform::world().abort(code);
+    return code;
   } catch (const scalify::platform::EveryRankError& e) {
     if (root) std::fprintf(stderr, "scalify: error: %s\n", e.what());
     return 2;

@@ -3,6 +3,11 @@
 // MPI launcher) in a build with MPI, else this process alone. Data parallelism (train/
 // data_parallel.hpp) talks to the other ranks only through this interface; every call but abort
 // is a collective that each rank makes in the same order.
+//
+// Under MPI no collective waits forever: a rank that has waited collective_timeout_s() for the
+// others asks every rank where it is, prints which rank does not answer (stopped, hung) or waits
+// elsewhere, and ends every rank (MPI_Abort). While it waits it sleeps between polls, leaving
+// the core to others.
 #include <cstddef>
 #include <functional>
 #include <string>
@@ -47,6 +52,23 @@ void every_rank_agrees(const World& world, const std::function<void()>& fn);
 // run folder it owns), its error is every rank's (as every_rank_agrees), its text is broadcast.
 std::string from_root(const World& world, const std::function<std::string()>& fn);
 
+// What the ranks of one run must hold alike (the command, the kernels chosen, the config, the
+// corpus): `what` names the item in an error, `value` is compared byte for byte and printed,
+// `hint` says how to fix a difference.
+struct Agreed {
+  std::string what, value, hint;
+};
+// A collective: throws EveryRankError on every rank, naming the first item that differs and two
+// ranks' values ("ranks disagree on steps: rank 0 has 20, rank 1 has 30"). The exchange is a
+// fixed-size digest, then the descriptions padded to the longest, so a disagreement can never
+// truncate the exchange itself.
+void check_ranks_agree(const World& world, const std::vector<Agreed>& items);
+
+// The seconds a rank waits in a collective before ending the run: the environment variable
+// SCALIFY_MPI_TIMEOUT, default 300. It must exceed any work one rank does while the others wait
+// (rank 0 writing a checkpoint); throws naming a value that is not a positive number.
+double collective_timeout_s();
+
 // The run's world. MPI is initialised on first use when the environment says an MPI launcher
 // started the process (OMPI_COMM_WORLD_SIZE, PMI_SIZE or PMIX_RANK), and finalised at exit.
 const World& world();
@@ -55,5 +77,11 @@ const World& single_process();
 // "1 process" or "2 processes (MPI)", and whether this build can run on several (for `info`).
 std::string world_description();
 bool built_with_mpi();
+
+// The MPI world's exchanges with blocks cut into pieces of at most `piece` bytes (MPI counts are
+// int: world() cuts at 1 GiB); tests pass a small piece to compare a cut exchange with a whole one.
+// Only under an MPI launcher in a build with MPI (else they throw).
+void mpi_allgather(const void* send, size_t bytes, void* recv, size_t piece);
+void mpi_alltoall(const void* send, size_t bytes, void* recv, size_t piece);
 
 }  // namespace scalify::platform

@@ -26,6 +26,14 @@ std::vector<std::pair<std::string, std::string>> system_info() {
   };
 }
 
+std::vector<std::pair<std::string, std::string>> bit_deciding_info() {
+  std::vector<std::pair<std::string, std::string>> rows;
+  for (auto& row : system_info())
+    if (row.first == "scalify" || row.first == "format kernels" || row.first == "oneDNN" || row.first.starts_with("gemm "))
+      rows.push_back(std::move(row));
+  return rows;
+}
+
 std::string system_info_text() {
   std::string out;
   for (const auto& [k, v] : system_info()) out += k + ": " + v + "\n";

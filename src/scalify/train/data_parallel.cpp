@@ -3,13 +3,17 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
+#include <nlohmann/json.hpp>
 #include <span>
+#include <sstream>
 
 #include "scalify/error.hpp"
 #include "scalify/formats/bulk.hpp"
 #include "scalify/io/crc32c.hpp"
 #include "scalify/quant/linear.hpp"
+#include "scalify/quant/recipe.hpp"
 #include "scalify/scaled/scaled_tensor.hpp"
 #include "scalify/tensor/ops.hpp"
 
@@ -323,19 +327,61 @@ void commit_quantizers(const std::vector<quant::Quantizer*>& all, const World& w
   for (quant::Quantizer* q : all) q->commit_step();
 }
 
+namespace {
+
+// A CRC-32C of a parameter's data and scale, continuing from `crc`.
+uint32_t parameter_crc(const Var& p, uint32_t crc = 0) {
+  const ScaledTensor& v = p.scaled();
+  const Tensor d = v.data.contiguous();
+  crc = io::crc32c(d.raw_bytes(), size_t(d.numel()) * dtype_size(d.dtype()), crc);
+  if (v.scale.defined()) {
+    const Tensor s = v.scale.contiguous();
+    crc = io::crc32c(s.raw_bytes(), size_t(s.numel()) * dtype_size(s.dtype()), crc);
+  }
+  return crc;
+}
+
+std::string hex(uint32_t crc) {
+  char b[16];
+  std::snprintf(b, sizeof b, "%08x", crc);
+  return b;
+}
+
+}  // namespace
+
+std::vector<platform::Agreed> run_description(const TrainConfig& config, const Corpus& corpus) {
+  const std::string same_input = "give every rank the same arguments and files";
+  std::vector<platform::Agreed> items;
+  std::istringstream toml(config.to_toml());  // one "key = value" line per key
+  for (std::string line; std::getline(toml, line);) {
+    const size_t eq = line.find(" = ");
+    if (!line.starts_with("#") && eq != std::string::npos) items.push_back({line.substr(0, eq), line.substr(eq + 3), same_input});
+  }
+  const nlohmann::json recipe = nlohmann::json::parse(quant::load_recipe(config.recipe).to_json());
+  for (const auto& [field, value] : recipe.items())
+    items.push_back({"the recipe's " + field, value.dump(), "give every rank the same recipe (a recipe file may differ between machines)"});
+  uint32_t crc = io::crc32c(corpus.train.data(), corpus.train.size() * sizeof(int32_t));
+  crc = io::crc32c(corpus.val.data(), corpus.val.size() * sizeof(int32_t), crc);
+  items.push_back({"the corpus",
+                   "CRC-32C " + hex(crc) + " of " + std::to_string(corpus.train.size()) + " training and " +
+                       std::to_string(corpus.val.size()) + " validation " + corpus.unit(),
+                   "every machine must read the same text: a copy on one machine differs (keep the corpus on storage every rank sees)"});
+  return items;
+}
+
+platform::Agreed starting_parameters(const std::vector<Var>& params, int64_t step, const TrainConfig& config) {
+  uint32_t crc = 0;
+  for (const Var& p : params) crc = parameter_crc(p, crc);
+  return {"the parameters at step " + std::to_string(step), "CRC-32C " + hex(crc) + " over " + std::to_string(params.size()) + " tensors",
+          step > 0               ? "each rank read its own checkpoint, and they differ (keep the run folder on storage every rank sees)"
+          : !config.init.empty() ? "each rank read its own --init model, and they differ (keep it on storage every rank sees)"
+                                 : "the same config and seed built different models (a bug: please report it)"};
+}
+
 void check_parameters_agree(const std::vector<std::string>& names, const std::vector<Var>& params, int64_t step, const World& world) {
   if (world.size() == 1) return;
   std::vector<uint32_t> mine(params.size()), all(params.size() * size_t(world.size()));
-  for (size_t i = 0; i < params.size(); ++i) {
-    const ScaledTensor& v = params[i].scaled();
-    const Tensor d = v.data.contiguous();
-    uint32_t crc = io::crc32c(d.raw_bytes(), size_t(d.numel()) * dtype_size(d.dtype()));
-    if (v.scale.defined()) {
-      const Tensor s = v.scale.contiguous();
-      crc = io::crc32c(s.raw_bytes(), size_t(s.numel()) * dtype_size(s.dtype()), crc);
-    }
-    mine[i] = crc;
-  }
+  for (size_t i = 0; i < params.size(); ++i) mine[i] = parameter_crc(params[i]);
   world.allgather(mine.data(), mine.size() * sizeof(uint32_t), all.data());
   for (size_t r = 1; r < size_t(world.size()); ++r)
     for (size_t i = 0; i < params.size(); ++i)

@@ -12,7 +12,9 @@
 // - then every quantiser's amax of the step, reduced by maximum, before the quantisers commit
 //   the step (commit_quantizers): delayed scaling's history is the same on every rank;
 // - at evaluation: each rank's share of the validation windows' losses (eval_session);
-// - before every checkpoint: a checksum of every parameter (check_parameters_agree).
+// - before every checkpoint: a checksum of every parameter (check_parameters_agree);
+// - before the first step: what the run is (run_description: config, recipe, corpus) and the
+//   parameters it starts from (starting_parameters), through platform::check_ranks_agree.
 // Rank 0 alone writes the run folder; its statistics records (quant, data_storage,
 // scale_statistics) describe rank 0's micro-batches. With one process all of it reduces to the
 // plain trainer.
@@ -26,6 +28,8 @@
 #include "scalify/nn/gpt.hpp"
 #include "scalify/platform/world.hpp"
 #include "scalify/quant/quantizer.hpp"
+#include "scalify/train/config.hpp"
+#include "scalify/train/corpus.hpp"
 
 namespace scalify::train {
 
@@ -71,5 +75,13 @@ void commit_quantizers(const std::vector<quant::Quantizer*>& quantizers, const p
 // rank (a CRC-32C of its data and scale): drift between ranks stops the run instead of going on.
 void check_parameters_agree(const std::vector<std::string>& names, const std::vector<Var>& params, int64_t step,
                             const platform::World& world);
+
+// What every rank must hold alike before a run's first step, one item per config key and per
+// recipe field, and a CRC-32C of the corpus' training and validation tokens: ranks given other
+// arguments, files or a stale copy of the corpus stop with the item that differs.
+std::vector<platform::Agreed> run_description(const TrainConfig& config, const Corpus& corpus);
+// The parameters the run starts from at `step` (a new model, the --init model, or the checkpoint
+// each rank read), as one CRC-32C over every parameter's data and scale.
+platform::Agreed starting_parameters(const std::vector<Var>& params, int64_t step, const TrainConfig& config);
 
 }  // namespace scalify::train

@@ -321,6 +321,7 @@ TrainResult train(const TrainConfig& given, bool resume, const Progress& progres
   const platform::World& world = platform::world();
   Corpus corpus;
   TrainConfig config;
+  std::vector<platform::Agreed> run_items;
   platform::every_rank_agrees(world, [&] {  // bad input fails here, before the run folder exists
     config = record_init(given);
     check_init_tokenizer(config, given.out);
@@ -329,9 +330,12 @@ TrainResult train(const TrainConfig& given, bool resume, const Progress& progres
     if (save_initial && resume) throw Error("train: --save-initial writes a new run's step 0; a resumed run is past it");
     rank_micro_batches(config.accum, world);
     corpus = corpus_for(config);
+    if (world.size() > 1) run_items = run_description(config, corpus);
   });
+  platform::check_ranks_agree(world, run_items);  // every rank trains the same run, or none does
   OpenRun run = open_run(config, dir, resume, world);
   Session& s = *run.session;
+  if (world.size() > 1) platform::check_ranks_agree(world, {starting_parameters(s.params, run.start, s.cfg)});
   const std::vector<quant::Quantizer*> quantizers = model_quantizers(s.model);
   if (save_initial && world.root()) save_checkpoint(s, (dir / "initial.safetensors").string(), 0, 0);
   const TrainConfig& cfg = s.cfg;
