@@ -1,8 +1,8 @@
 #include "scalify/tokenize/token_file.hpp"
 
-#include <filesystem>
 #include <algorithm>
 #include <array>
+#include <filesystem>
 #include <fstream>
 
 #include "scalify/error.hpp"

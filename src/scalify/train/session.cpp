@@ -1,7 +1,5 @@
 #include "scalify/train/session.hpp"
 
-#include "scalify/train/init_record.hpp"
-
 #include <algorithm>
 #include <charconv>
 #include <cmath>
@@ -17,6 +15,7 @@
 #include "scalify/platform/memory.hpp"
 #include "scalify/quant/quantizer.hpp"
 #include "scalify/train/corpus.hpp"
+#include "scalify/train/init_record.hpp"
 
 namespace scalify::train {
 
