@@ -7,8 +7,8 @@
 #include <unistd.h>
 
 #include "alternating.hpp"
-#include "scalify/io/crc32c.hpp"
 #include "scalify/io/safetensors.hpp"
+#include "scalify/platform/crc32c.hpp"
 
 namespace {
 
@@ -40,8 +40,8 @@ void crc_vs_read(benchmark::State& st, uint32_t (*crc)(const void*, size_t, uint
   st.counters["crc_share_of_read"] = t.first / t.second;
   st.counters["crc_GB_per_s"] = double(st.iterations()) * 16.0 * 1024 * 1024 / t.first / 1e9;
 }
-void BM_Crc32cVsRead(benchmark::State& st) { crc_vs_read(st, io::crc32c); }
-void BM_Crc32cReferenceVsRead(benchmark::State& st) { crc_vs_read(st, io::crc32c_reference); }
+void BM_Crc32cVsRead(benchmark::State& st) { crc_vs_read(st, platform::crc32c); }
+void BM_Crc32cReferenceVsRead(benchmark::State& st) { crc_vs_read(st, platform::crc32c_reference); }
 BENCHMARK(BM_Crc32cVsRead)->UseManualTime()->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_Crc32cReferenceVsRead)->UseManualTime()->Unit(benchmark::kMillisecond);
 

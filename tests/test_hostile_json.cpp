@@ -11,8 +11,8 @@
 #include "expect_error.hpp"
 #include "scalify/hub/hf_config.hpp"
 #include "scalify/hub/hf_weights.hpp"
-#include "scalify/io/crc32c.hpp"
 #include "scalify/io/safetensors.hpp"
+#include "scalify/platform/crc32c.hpp"
 #include "scalify/quant/recipe.hpp"
 #include "scalify/tokenize/bpe.hpp"
 #include "scalify/train/session.hpp"
@@ -146,8 +146,8 @@ TEST(HostileJson, AFileOfTheEarlierChecksumLayoutStillVerifies) {
   nlohmann::json h = header_of(bytes);
   nlohmann::json sums = nlohmann::json::parse(h["__metadata__"]["scalify.crc32c"].get<std::string>());
   sums.erase("__header__");
-  uint32_t c = io::crc32c("k", 2);  // key and value, each with its NUL
-  c = io::crc32c("v", 2, c);
+  uint32_t c = platform::crc32c("k", 2);  // key and value, each with its NUL
+  c = platform::crc32c("v", 2, c);
   char hex[9];
   std::snprintf(hex, sizeof hex, "%08x", c);
   sums["__metadata__"] = hex;

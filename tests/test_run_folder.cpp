@@ -15,12 +15,12 @@
 
 #include "expect_error.hpp"
 #include "scalify/io/atomic_file.hpp"
-#include "scalify/io/crc32c.hpp"
 #include "scalify/io/folder_lock.hpp"
 #include "scalify/io/input_file.hpp"
 #include "scalify/io/safetensors.hpp"
 #include "scalify/nn/layer_context.hpp"
 #include "scalify/note.hpp"
+#include "scalify/platform/crc32c.hpp"
 #include "scalify/quant/recipe.hpp"
 #include "scalify/train/config.hpp"
 #include "scalify/train/corpus.hpp"
@@ -42,9 +42,9 @@ namespace fs = std::filesystem;
 
 TEST(Crc32c, MatchesThePublishedCheckValueAndTheReference) {
   // The CRC catalogue's check value of CRC-32/ISCSI (CRC-32C) over "123456789".
-  EXPECT_EQ(io::crc32c("123456789", 9), 0xE3069283u);
-  EXPECT_EQ(io::crc32c_reference("123456789", 9), 0xE3069283u);
-  EXPECT_EQ(io::crc32c("", 0), 0u);
+  EXPECT_EQ(platform::crc32c("123456789", 9), 0xE3069283u);
+  EXPECT_EQ(platform::crc32c_reference("123456789", 9), 0xE3069283u);
+  EXPECT_EQ(platform::crc32c("", 0), 0u);
   // The hardware path against the table, at every length and alignment around its 8-byte words,
   // and continued across calls as the safetensors metadata checksum uses it.
   std::mt19937 rng(3);
@@ -52,9 +52,9 @@ TEST(Crc32c, MatchesThePublishedCheckValueAndTheReference) {
   for (auto& b : bytes) b = uint8_t(rng());
   for (size_t offset = 0; offset < 9; ++offset)
     for (size_t n : {size_t(0), size_t(1), size_t(7), size_t(8), size_t(9), size_t(63), size_t(4096)}) {
-      EXPECT_EQ(io::crc32c(bytes.data() + offset, n), io::crc32c_reference(bytes.data() + offset, n)) << offset << " " << n;
-      const uint32_t first = io::crc32c(bytes.data() + offset, n / 3);
-      EXPECT_EQ(io::crc32c(bytes.data() + offset + n / 3, n - n / 3, first), io::crc32c_reference(bytes.data() + offset, n));
+      EXPECT_EQ(platform::crc32c(bytes.data() + offset, n), platform::crc32c_reference(bytes.data() + offset, n)) << offset << " " << n;
+      const uint32_t first = platform::crc32c(bytes.data() + offset, n / 3);
+      EXPECT_EQ(platform::crc32c(bytes.data() + offset + n / 3, n - n / 3, first), platform::crc32c_reference(bytes.data() + offset, n));
     }
 }
 

@@ -8,10 +8,10 @@
 
 #include "scalify/error.hpp"
 #include "scalify/io/atomic_file.hpp"
-#include "scalify/io/crc32c.hpp"
 #include "scalify/io/input_file.hpp"
 #include "scalify/io/json_text.hpp"
 #include "scalify/note.hpp"
+#include "scalify/platform/crc32c.hpp"
 #include "scalify/platform/memory.hpp"
 
 namespace scalify::io {
@@ -39,8 +39,8 @@ std::string hex32(uint32_t v) {
 uint32_t metadata_crc(const std::map<std::string, std::string>& meta, const std::map<std::string, std::string>* tensor_checksums) {
   uint32_t c = 0;
   auto add = [&](const std::string& k, const std::string& v) {
-    c = crc32c(k.data(), k.size() + 1, c);  // the terminating NUL of the string included
-    c = crc32c(v.data(), v.size() + 1, c);
+    c = platform::crc32c(k.data(), k.size() + 1, c);  // the terminating NUL of the string included
+    c = platform::crc32c(v.data(), v.size() + 1, c);
   };
   for (const auto& [k, v] : meta)
     if (k != kChecksumsKey) add(k, v);
@@ -52,7 +52,7 @@ bool is_hex32(const std::string& s) {
   return s.size() == 8 && std::all_of(s.begin(), s.end(), [](char c) { return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'); });
 }
 uint32_t tensor_crc(const Tensor& contiguous) {
-  return crc32c(contiguous.raw_bytes(), size_t(contiguous.numel()) * size_t(dtype_size(contiguous.dtype())));
+  return platform::crc32c(contiguous.raw_bytes(), size_t(contiguous.numel()) * size_t(dtype_size(contiguous.dtype())));
 }
 
 // The standard dtype string of a scalify dtype, or "" when it has none (stored as U8).

@@ -26,7 +26,7 @@ struct SafeTensors {
 };
 
 // Checksums: the metadata key "scalify.crc32c" holds a JSON object {tensor name: CRC-32C of its
-// bytes as 8 hex digits, "__metadata__": the CRC-32C of the other metadata} (io/crc32c.hpp says
+// bytes as 8 hex digits, "__metadata__": the CRC-32C of the other metadata} (platform/crc32c.hpp says
 // why that checksum). Every write stores them; every read that finds them verifies them all and
 // names the first tensor that fails. A file without them (an older scalify's, another tool's)
 // loads with a note (scalify/note.hpp).

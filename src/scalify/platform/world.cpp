@@ -8,7 +8,7 @@
 #include <string>
 
 #include "scalify/error.hpp"
-#include "scalify/io/crc32c.hpp"
+#include "scalify/platform/crc32c.hpp"
 
 #ifdef SCALIFY_HAVE_MPI
 #include <mpi.h>
@@ -322,7 +322,7 @@ void check_ranks_agree(const World& world, const std::vector<Agreed>& items) {
     uint64_t bytes;
     uint32_t crc, pad;
   };
-  const Digest digest{mine.size(), io::crc32c(mine.data(), mine.size()), 0};
+  const Digest digest{mine.size(), crc32c(mine.data(), mine.size()), 0};
   std::vector<Digest> digests(size_t(world.size()));
   world.allgather(&digest, sizeof digest, digests.data());
   size_t longest = 0;

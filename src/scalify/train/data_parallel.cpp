@@ -11,7 +11,7 @@
 
 #include "scalify/error.hpp"
 #include "scalify/formats/bulk.hpp"
-#include "scalify/io/crc32c.hpp"
+#include "scalify/platform/crc32c.hpp"
 #include "scalify/quant/linear.hpp"
 #include "scalify/quant/recipe.hpp"
 #include "scalify/scaled/scaled_tensor.hpp"
@@ -333,10 +333,10 @@ namespace {
 uint32_t parameter_crc(const Var& p, uint32_t crc = 0) {
   const ScaledTensor& v = p.scaled();
   const Tensor d = v.data.contiguous();
-  crc = io::crc32c(d.raw_bytes(), size_t(d.numel()) * dtype_size(d.dtype()), crc);
+  crc = platform::crc32c(d.raw_bytes(), size_t(d.numel()) * dtype_size(d.dtype()), crc);
   if (v.scale.defined()) {
     const Tensor s = v.scale.contiguous();
-    crc = io::crc32c(s.raw_bytes(), size_t(s.numel()) * dtype_size(s.dtype()), crc);
+    crc = platform::crc32c(s.raw_bytes(), size_t(s.numel()) * dtype_size(s.dtype()), crc);
   }
   return crc;
 }
@@ -360,8 +360,8 @@ std::vector<platform::Agreed> run_description(const TrainConfig& config, const C
   const nlohmann::json recipe = nlohmann::json::parse(quant::load_recipe(config.recipe).to_json());
   for (const auto& [field, value] : recipe.items())
     items.push_back({"the recipe's " + field, value.dump(), "give every rank the same recipe (a recipe file may differ between machines)"});
-  uint32_t crc = io::crc32c(corpus.train.data(), corpus.train.size() * sizeof(int32_t));
-  crc = io::crc32c(corpus.val.data(), corpus.val.size() * sizeof(int32_t), crc);
+  uint32_t crc = platform::crc32c(corpus.train.data(), corpus.train.size() * sizeof(int32_t));
+  crc = platform::crc32c(corpus.val.data(), corpus.val.size() * sizeof(int32_t), crc);
   items.push_back({"the corpus",
                    "CRC-32C " + hex(crc) + " of " + std::to_string(corpus.train.size()) + " training and " +
                        std::to_string(corpus.val.size()) + " validation " + corpus.unit(),

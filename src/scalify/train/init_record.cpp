@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "scalify/error.hpp"
-#include "scalify/io/crc32c.hpp"
+#include "scalify/platform/crc32c.hpp"
 
 namespace scalify::train {
 
@@ -31,7 +31,7 @@ std::string file_crc(const fs::path& p) {
   uint32_t c = 0;
   while (in) {
     in.read(buf.data(), std::streamsize(buf.size()));
-    c = io::crc32c(buf.data(), size_t(in.gcount()), c);
+    c = platform::crc32c(buf.data(), size_t(in.gcount()), c);
   }
   if (in.bad()) throw FileError("init: cannot read '" + p.string() + "'");
   return hex32(c);

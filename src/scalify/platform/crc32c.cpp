@@ -1,4 +1,4 @@
-#include "scalify/io/crc32c.hpp"
+#include "scalify/platform/crc32c.hpp"
 
 #include <array>
 #include <cstring>
@@ -7,7 +7,7 @@
 #include <immintrin.h>
 #endif
 
-namespace scalify::io {
+namespace scalify::platform {
 
 namespace {
 constexpr uint32_t kPolynomial = 0x82F63B78;  // Castagnoli, bit-reversed
@@ -53,4 +53,4 @@ uint32_t crc32c(const void* data, size_t size, uint32_t crc) {
   return crc32c_reference(data, size, crc);
 }
 
-}  // namespace scalify::io
+}  // namespace scalify::platform

@@ -8,7 +8,7 @@
 #include <cstddef>
 #include <cstdint>
 
-namespace scalify::io {
+namespace scalify::platform {
 
 // The CRC-32C of `size` bytes, continuing from `crc` (0 to start): crc32c("123456789") = 0xE3069283.
 // Uses the crc32 instruction where the CPU has SSE4.2.
@@ -16,4 +16,4 @@ uint32_t crc32c(const void* data, size_t size, uint32_t crc = 0);
 // The same, one byte at a time from a table: the plain reference the fast path is tested against.
 uint32_t crc32c_reference(const void* data, size_t size, uint32_t crc = 0);
 
-}  // namespace scalify::io
+}  // namespace scalify::platform
