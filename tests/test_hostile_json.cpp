@@ -111,20 +111,32 @@ TEST(HostileJson, EveryMetadataKeyOfAValidlyChecksummedFileIsBounded) {
   EXPECT_ERROR(io::parse_safetensors(bytes + text, "deep"), "nested deeper than 64 levels");
 }
 
-TEST(HostileJson, TheMetadataChecksumCoversTheTensorsChecksums) {
+TEST(HostileJson, TheHeaderChecksumCoversEveryTensorEntry) {
   const fs::path p = scratch("cover.safetensors");
   io::SafeTensors st;
-  st.tensors = {{"a", Tensor::randn({4, 4}, 1)}};
+  st.tensors = {{"a", Tensor::randn({4, 4}, 1)}, {"e", Tensor::randn({4, 4}, 2).to(DType::e4m3)}};
   st.metadata = {{"k", "v"}};
   io::write_safetensors(p.string(), st);
   const std::string bytes = slurp(p);
-  nlohmann::json h = header_of(bytes);
+  const nlohmann::json good = header_of(bytes);
+  // Another dtype of the same width: every tensor's bytes and the metadata still match their CRCs.
+  nlohmann::json h = good;
+  ASSERT_EQ(h["e"]["dtype"], "F8_E4M3");
+  h["e"]["dtype"] = "F8_E5M2";
+  spit(p, with_header(bytes, h));
+  EXPECT_ERROR(io::read_safetensors(p.string()), "the header fails its checksum");
+  // Another shape of the same size.
+  h = good;
+  h["a"]["shape"] = {2, 8};
+  spit(p, with_header(bytes, h));
+  EXPECT_ERROR(io::read_safetensors(p.string()), "the header fails its checksum");
+  // One more checksum entry, well formed.
+  h = good;
   nlohmann::json sums = nlohmann::json::parse(h["__metadata__"]["scalify.crc32c"].get<std::string>());
-  // One more entry, well formed, is no longer invisible to the metadata checksum.
   sums["b"] = "00000000";
   h["__metadata__"]["scalify.crc32c"] = sums.dump();
   spit(p, with_header(bytes, h));
-  EXPECT_ERROR(io::read_safetensors(p.string()), "the metadata fails its checksum");
+  EXPECT_ERROR(io::read_safetensors(p.string()), "names tensors the file does not hold");
   // A checksum that is not 8 hex digits is named, quoted by a bounded excerpt.
   sums.erase("b");
   sums["a"] = nested(50);
@@ -133,10 +145,18 @@ TEST(HostileJson, TheMetadataChecksumCoversTheTensorsChecksums) {
   const std::string e = error_of([&] { io::read_safetensors(p.string()); });
   EXPECT_NE(e.find("not a CRC-32C in 8 hex digits"), std::string::npos) << e;
   EXPECT_LT(e.size(), 300u) << e;
+  // Untrusted names reach messages cut and with control bytes escaped.
+  h = good;
+  h[std::string(100000, 'n') + "\x01"] = h["a"];
+  h.erase("a");
+  spit(p, with_header(bytes, h));
+  const std::string named = error_of([&] { io::read_safetensors(p.string()); });
+  EXPECT_LT(named.size(), 400u) << named.substr(0, 400);
 }
 
 TEST(HostileJson, AFileOfTheEarlierChecksumLayoutStillVerifies) {
-  // Before this version the metadata entry was "__metadata__" and covered the other keys only.
+  // Before this version a file had no header checksum: its "__metadata__" entry covered the
+  // other metadata keys only. The new layout keeps that entry, so earlier readers read new files.
   const fs::path p = scratch("legacy.safetensors");
   io::SafeTensors st;
   st.tensors = {{"a", Tensor::randn({4, 4}, 1)}};
@@ -144,18 +164,17 @@ TEST(HostileJson, AFileOfTheEarlierChecksumLayoutStillVerifies) {
   io::write_safetensors(p.string(), st);
   const std::string bytes = slurp(p);
   nlohmann::json h = header_of(bytes);
+  ASSERT_TRUE(h["__metadata__"].contains("scalify.crc32c.header"));
+  h["__metadata__"].erase("scalify.crc32c.header");
   nlohmann::json sums = nlohmann::json::parse(h["__metadata__"]["scalify.crc32c"].get<std::string>());
-  sums.erase("__header__");
   uint32_t c = platform::crc32c("k", 2);  // key and value, each with its NUL
   c = platform::crc32c("v", 2, c);
-  char hex[9];
-  std::snprintf(hex, sizeof hex, "%08x", c);
-  sums["__metadata__"] = hex;
+  sums["__metadata__"] = platform::crc32c_text(c);
   h["__metadata__"]["scalify.crc32c"] = sums.dump();
   spit(p, with_header(bytes, h));
   const io::SafeTensors back = io::read_safetensors(p.string());
   EXPECT_TRUE(back.verified);
-  EXPECT_EQ(back.metadata.at("k"), "v");
+  EXPECT_EQ(back.metadata, (std::map<std::string, std::string>{{"k", "v"}}));
   // ... and its metadata checksum still catches a changed value.
   std::string changed = slurp(p);
   changed[changed.find("\"v\"") + 1] = 'w';

@@ -8,6 +8,7 @@
 
 #include "expect_error.hpp"
 #include "scalify/io/safetensors.hpp"
+#include "scalify/quant/recipe.hpp"
 #include "scalify/tensor/ops.hpp"
 #include "scalify/train/evaluate.hpp"
 #include "scalify/train/ptq.hpp"
@@ -22,9 +23,9 @@ using namespace scalify::testing;
 
 // A trained run whose checkpoints hold `value` in every entry of the token embedding, with valid
 // checksums (so only the loss check can refuse them).
-fs::path run_with_embedding(const std::string& name, float value) {
+fs::path run_with_embedding(const std::string& name, float value, const std::string& recipe = "f32") {
   const fs::path run = scratch(name);
-  train::TrainConfig c = tiny_run(text_corpus(), run, "f32");
+  train::TrainConfig c = tiny_run(text_corpus(), run, recipe);
   c.steps = 2;
   c.eval_every = 2;
   train::train(c, false);
@@ -71,6 +72,21 @@ TEST(ImplausibleLoss, HugeFiniteWeightsAreRefusedByEveryPathThatReportsALoss) {
   train::TrainConfig c = tiny_run(text_corpus(), run, "f32");
   c.steps = 4;
   EXPECT_ERROR(train::train(c, true), "training diverged: the loss is nan at step 2");
+}
+
+TEST(ImplausibleLoss, ALossScalerDoesNotHideIt) {
+  // A loss scaler skips steps whose gradients overflow; a loss that cannot be right is no such
+  // overflow: the run stops as diverged instead of reporting a validation loss of nan.
+  quant::Recipe r = quant::preset("f32");
+  r.name = "f32_dynamic_loss_scaling";
+  r.loss_scaling.kind = quant::LossScalerConfig::Kind::dynamic;
+  r.loss_scaling.scale = 1024;
+  const fs::path recipe = scratch("scaled_recipe.json");
+  spit(recipe, r.to_json());
+  const fs::path run = run_with_embedding("huge_wte_scaled", 3e38f, recipe.string());
+  train::TrainConfig c = tiny_run(text_corpus(), run, recipe.string());
+  c.steps = 4;
+  EXPECT_ERROR(train::train(c, true), "training diverged");
 }
 
 TEST(ImplausibleLoss, OrdinaryWeightsStillEvaluate) {

@@ -89,7 +89,8 @@ bool is_buffer(const std::string& name) {
   return ends(".attn.bias") || ends(".attn.masked_bias") || ends(".rotary_emb.inv_freq");
 }
 
-// The weight files of DIR: the shards model.safetensors.index.json names, or model.safetensors.
+}  // namespace
+
 std::vector<std::string> weight_files(const std::string& dir, std::map<std::string, std::string>* listed) {
   const fs::path index = fs::path(dir) / "model.safetensors.index.json", single = fs::path(dir) / "model.safetensors";
   std::error_code ec;
@@ -119,8 +120,6 @@ std::vector<std::string> weight_files(const std::string& dir, std::map<std::stri
                     "transformers' save_pretrained(..., safe_serialization=True) writes them)");
   return {single.string()};
 }
-
-}  // namespace
 
 std::map<std::string, Tensor> load_hf_weights(const std::string& dir, const HfConfig& config) {
   std::map<std::string, std::string> listed;                     // index: tensor name -> shard

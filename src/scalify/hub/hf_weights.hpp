@@ -31,6 +31,10 @@ namespace scalify::hub {
 // BF16, and whatever io/safetensors finds wrong with a file (truncation, bad header).
 std::map<std::string, Tensor> load_hf_weights(const std::string& dir, const HfConfig& config);
 
+// The weight files of DIR that load_hf_weights reads: the shards model.safetensors.index.json names
+// (each tensor's file into *listed), or model.safetensors.
+std::vector<std::string> weight_files(const std::string& dir, std::map<std::string, std::string>* listed);
+
 // The family whose layout holds a model of this configuration; an error naming what has no
 // Hugging Face counterpart (unit scaling, a GPT-2-shaped model with rotary positions, ...).
 Family family_of(const nn::GptConfig& model);

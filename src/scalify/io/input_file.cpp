@@ -9,6 +9,7 @@
 #include <cstring>
 
 #include "scalify/error.hpp"
+#include "scalify/platform/crc32c.hpp"
 
 namespace scalify::io {
 
@@ -67,6 +68,19 @@ std::string read_input_file(const std::string& path, const std::string& what, ui
   std::string bytes(size_t(st.st_size), '\0');
   read_into(file.fd, bytes, path, what);
   return bytes;
+}
+
+uint32_t input_file_crc32c(const std::string& path, const std::string& what) {
+  struct stat st {};
+  const Fd file = open_regular(path, what, st);
+  std::string chunk;
+  uint32_t crc = 0;
+  do {
+    chunk.assign(size_t(1) << 20, '\0');
+    read_into(file.fd, chunk, path, what);
+    crc = platform::crc32c(chunk.data(), chunk.size(), crc);
+  } while (chunk.size() == size_t(1) << 20);
+  return crc;
 }
 
 std::string read_input_head(const std::string& path, const std::string& what, size_t n) {

@@ -15,4 +15,8 @@ std::string read_input_file(const std::string& path, const std::string& what, ui
 // never waited on (sniffing a format must not hang on a FIFO).
 std::string read_input_head(const std::string& path, const std::string& what, size_t bytes);
 
+// The CRC-32C of the whole of `path` (platform/crc32c), read in chunks under the same checks, so
+// files of any size (a model's weights) cost no memory.
+uint32_t input_file_crc32c(const std::string& path, const std::string& what);
+
 }  // namespace scalify::io

@@ -1,5 +1,8 @@
 #include "scalify/io/json_text.hpp"
 
+#include <cstdint>
+#include <cstdio>
+
 #include "scalify/error.hpp"
 
 namespace scalify::io {
@@ -33,7 +36,7 @@ nlohmann::json parse_json(std::string_view text, const std::string& what) {
   try {
     return nlohmann::json::parse(text);
   } catch (const nlohmann::json::exception& e) {
-    throw Error(what + ": not valid JSON: " + e.what());
+    throw Error(what + ": not valid JSON: " + text_excerpt(e.what(), 200));
   }
 }
 
@@ -49,9 +52,22 @@ nlohmann::json try_parse_json(std::string_view text) {
 std::string json_excerpt(const nlohmann::json& v, size_t max_chars) {
   // Every value Scalify holds was parsed under kMaxJsonDepth, so this dump's recursion is bounded;
   // invalid UTF-8 in a string is replaced rather than thrown.
-  std::string text = v.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
-  if (text.size() > max_chars) text = text.substr(0, max_chars > 3 ? max_chars - 3 : 0) + "...";
-  return text;
+  return text_excerpt(v.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace), max_chars);
+}
+
+std::string text_excerpt(std::string_view text, size_t max_chars) {
+  std::string out;
+  for (const char c : text) {
+    if (out.size() >= max_chars) return out.substr(0, max_chars > 3 ? max_chars - 3 : 0) + "...";
+    if (uint8_t(c) < 0x20 || c == 0x7f) {
+      char hex[5];
+      std::snprintf(hex, sizeof hex, "\\x%02x", unsigned(uint8_t(c)));
+      out += hex;
+    } else {
+      out += c;
+    }
+  }
+  return out;
 }
 
 }  // namespace scalify::io

@@ -28,4 +28,8 @@ nlohmann::json try_parse_json(std::string_view text);
 // v's JSON text cut to at most max_chars characters ("..." marks a cut), for error messages.
 std::string json_excerpt(const nlohmann::json& v, size_t max_chars = 64);
 
+// Untrusted text (a key, a tensor name, a parser's message quoting its input) for an error
+// message: control bytes escaped as \xNN, cut to at most max_chars ("..." marks a cut).
+std::string text_excerpt(std::string_view text, size_t max_chars = 64);
+
 }  // namespace scalify::io

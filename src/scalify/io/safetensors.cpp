@@ -21,34 +21,34 @@ using json = nlohmann::json;
 namespace {
 constexpr uint64_t kMaxHeader = uint64_t(100) << 20;  // the reference implementation's limit
 constexpr const char* kDtypesKey = "scalify.dtypes";
+// The checksums: {tensor name: CRC-32C of its bytes, ..., "__metadata__": CRC-32C of the other
+// metadata}. kHeaderKey, a metadata key of its own (so readers of earlier versions, which check the
+// entries of kChecksumsKey one for one, still read the file), holds the CRC-32C of the whole header
+// besides: the metadata and every tensor's entry (dtype, shape, offsets) with its checksum, so no
+// part of the header goes unchecked (a dtype changed from F8_E4M3 to F8_E5M2 passed every other CRC).
 constexpr const char* kChecksumsKey = "scalify.crc32c";
-// The checksums' entry for everything else in the metadata, the tensors' checksums included, so no
-// key of the header goes unchecked. Files of earlier versions carry kLegacyMetadataEntry instead,
-// which covers the metadata but not the tensors' checksums.
-constexpr const char* kHeaderEntry = "__header__";
-constexpr const char* kLegacyMetadataEntry = "__metadata__";
+constexpr const char* kHeaderKey = "scalify.crc32c.header";
+constexpr const char* kMetadataEntry = "__metadata__";
 
-std::string hex32(uint32_t v) {
-  char s[9];
-  std::snprintf(s, sizeof s, "%08x", v);
-  return s;
+using TextMap = std::map<std::string, std::string>;
+
+// Adds key and value to a running CRC-32C, each with its terminating NUL.
+uint32_t add_pair(uint32_t c, const std::string& k, const std::string& v) {
+  c = platform::crc32c(k.data(), k.size() + 1, c);
+  return platform::crc32c(v.data(), v.size() + 1, c);
 }
-// The CRC-32C of the metadata (the checksums' own key aside), key and value of each in key order,
-// each followed by a NUL: a flipped digit in the stored config is caught like one in a tensor.
-// With tensor_checksums (name -> hex, in name order) those entries follow, the same way.
-uint32_t metadata_crc(const std::map<std::string, std::string>& meta, const std::map<std::string, std::string>* tensor_checksums) {
+// The CRC-32C of the metadata but the checksums' own key (and, with `header`, kHeaderKey), key and
+// value of each in key order: a flipped digit in the stored config is caught like one in a tensor.
+// With `header`, each tensor's entry (canonical JSON) and checksum follow, in name order.
+uint32_t metadata_crc(const TextMap& meta, const TextMap* entries = nullptr, const TextMap* checksums = nullptr) {
   uint32_t c = 0;
-  auto add = [&](const std::string& k, const std::string& v) {
-    c = platform::crc32c(k.data(), k.size() + 1, c);  // the terminating NUL of the string included
-    c = platform::crc32c(v.data(), v.size() + 1, c);
-  };
   for (const auto& [k, v] : meta)
-    if (k != kChecksumsKey) add(k, v);
-  if (tensor_checksums)
-    for (const auto& [k, v] : *tensor_checksums) add(k, v);
+    if (k != kChecksumsKey && !(entries && k == kHeaderKey)) c = add_pair(c, k, v);
+  if (entries)
+    for (const auto& [name, entry] : *entries) c = add_pair(add_pair(c, name, entry), name, checksums->at(name));
   return c;
 }
-bool is_hex32(const std::string& s) {
+bool is_crc32c_text(const std::string& s) {
   return s.size() == 8 && std::all_of(s.begin(), s.end(), [](char c) { return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'); });
 }
 uint32_t tensor_crc(const Tensor& contiguous) {
@@ -90,7 +90,7 @@ void write_safetensors(const std::string& path, const SafeTensors& content) {
   for (auto& entry : sorted) entry.second = entry.second.contiguous();  // once: checksummed, then written
   std::sort(sorted.begin(), sorted.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
   json header = json::object(), custom = json::object();
-  std::map<std::string, std::string> checksums;
+  TextMap checksums, entries;
   uint64_t offset = 0;
   for (size_t i = 0; i < sorted.size(); ++i) {
     const auto& [name, t] = sorted[i];
@@ -103,13 +103,14 @@ void write_safetensors(const std::string& path, const SafeTensors& content) {
     }
     const uint64_t bytes = uint64_t(t.numel()) * uint64_t(dtype_size(t.dtype()));
     header[name] = {{"dtype", dt}, {"shape", t.shape()}, {"data_offsets", {offset, offset + bytes}}};
-    checksums[name] = hex32(tensor_crc(t));
+    entries[name] = header[name].dump();
+    checksums[name] = platform::crc32c_text(tensor_crc(t));
     offset += bytes;
   }
   std::map<std::string, std::string> meta = content.metadata;
   if (!custom.empty()) meta[kDtypesKey] = custom.dump();
-  const std::string header_crc = hex32(metadata_crc(meta, &checksums));
-  checksums[kHeaderEntry] = header_crc;
+  meta[kHeaderKey] = platform::crc32c_text(metadata_crc(meta, &entries, &checksums));
+  checksums[kMetadataEntry] = platform::crc32c_text(metadata_crc(meta));  // kHeaderKey included
   meta[kChecksumsKey] = json(checksums).dump();
   header["__metadata__"] = meta;
   std::string text = header.dump();
@@ -136,7 +137,7 @@ SafeTensors parse_safetensors(const std::string& bytes, const std::string& what)
     check_json_depth(text, what + ": not a valid safetensors file: header");
     header = json::parse(text);
   } catch (const json::exception& e) {
-    throw bad(std::string("header is not JSON: ") + e.what());
+    throw bad("header is not JSON: " + text_excerpt(e.what(), 200));
   }
   if (!header.is_object()) throw bad("header is not a JSON object");
   const uint64_t data_size = bytes.size() - 8 - n;
@@ -147,7 +148,7 @@ SafeTensors parse_safetensors(const std::string& bytes, const std::string& what)
     const json& m = header["__metadata__"];
     if (!m.is_object()) throw bad("__metadata__ is not an object");
     for (const auto& [k, v] : m.items()) {
-      if (!v.is_string()) throw bad("metadata value of '" + k + "' is not a string");
+      if (!v.is_string()) throw bad("metadata value of '" + text_excerpt(k) + "' is not a string");
       out.metadata[k] = v.get<std::string>();
     }
     if (out.metadata.count(kDtypesKey)) {
@@ -167,9 +168,11 @@ SafeTensors parse_safetensors(const std::string& bytes, const std::string& what)
     uint64_t begin, end;
   };
   std::vector<Entry> entries;
+  TextMap entry_text;  // each tensor's entry as canonical JSON, for the header's checksum
   for (const auto& [name, e] : header.items()) {
     if (name == "__metadata__") continue;
-    const std::string where = "tensor '" + name + "'";
+    entry_text[name] = e.dump(-1, ' ', false, json::error_handler_t::replace);
+    const std::string where = "tensor '" + text_excerpt(name) + "'";
     if (!e.is_object() || !e.contains("dtype") || !e.contains("shape") || !e.contains("data_offsets"))
       throw bad(where + " needs dtype, shape and data_offsets");
     if (!e["dtype"].is_string()) throw bad(where + ": dtype is not a string");
@@ -212,39 +215,43 @@ SafeTensors parse_safetensors(const std::string& bytes, const std::string& what)
   std::sort(entries.begin(), entries.end(),
             [](const Entry& a, const Entry& b) { return a.begin < b.begin || (a.begin == b.begin && a.end < b.end); });
   for (size_t i = 1; i < entries.size(); ++i)
-    if (entries[i].begin < entries[i - 1].end) throw bad("tensors '" + entries[i - 1].name + "' and '" + entries[i].name + "' overlap");
+    if (entries[i].begin < entries[i - 1].end)
+      throw bad("tensors '" + text_excerpt(entries[i - 1].name) + "' and '" + text_excerpt(entries[i].name) + "' overlap");
   const auto stored = out.metadata.find(kChecksumsKey);
-  std::map<std::string, std::string> checksums;  // tensor name -> CRC-32C in hex
+  TextMap checksums;  // tensor name -> CRC-32C in hex
   if (stored != out.metadata.end()) {
     const json j = try_parse_json(stored->second);
     if (!j.is_object()) throw bad(std::string(kChecksumsKey) + " is not a JSON object");
     for (const auto& [name, crc] : j.items()) {
-      if (!crc.is_string() || !is_hex32(crc.get<std::string>()))
-        throw Error(what + ": " + kChecksumsKey + " holds " + json_excerpt(crc) + " for '" + name.substr(0, 64) +
+      if (!crc.is_string() || !is_crc32c_text(crc.get<std::string>()))
+        throw Error(what + ": " + kChecksumsKey + " holds " + json_excerpt(crc) + " for '" + text_excerpt(name) +
                     "', not a CRC-32C in 8 hex digits: the file is corrupt");
       checksums[name] = crc.get<std::string>();
     }
-    std::string expected;
-    if (checksums.count(kHeaderEntry)) {
-      expected = checksums[kHeaderEntry];
-      checksums.erase(kHeaderEntry);
-      if (expected != hex32(metadata_crc(out.metadata, &checksums))) expected.clear();
-    } else if (checksums.count(kLegacyMetadataEntry)) {
-      expected = checksums[kLegacyMetadataEntry];
-      checksums.erase(kLegacyMetadataEntry);
-      if (expected != hex32(metadata_crc(out.metadata, nullptr))) expected.clear();
+    const auto fails = [&] { return Error(what + ": the metadata fails its checksum (CRC-32C): the file is corrupt"); };
+    if (!checksums.count(kMetadataEntry) || checksums[kMetadataEntry] != platform::crc32c_text(metadata_crc(out.metadata))) throw fails();
+    checksums.erase(kMetadataEntry);
+    // Files of earlier versions carry no header checksum.
+    const auto header_crc = out.metadata.find(kHeaderKey);
+    if (header_crc != out.metadata.end()) {
+      for (const auto& [name, crc] : checksums)
+        if (!entry_text.count(name)) throw bad(std::string(kChecksumsKey) + " names tensors the file does not hold");
+      for (const auto& [name, e] : entry_text)
+        if (!checksums.count(name)) throw Error(what + ": tensor '" + text_excerpt(name) + "' has no checksum in " + kChecksumsKey);
+      if (header_crc->second != platform::crc32c_text(metadata_crc(out.metadata, &entry_text, &checksums)))
+        throw Error(what + ": the header fails its checksum (CRC-32C): a tensor's dtype, shape or offsets changed; the file is corrupt");
+      out.metadata.erase(header_crc);
     }
-    if (expected.empty()) throw Error(what + ": the metadata fails its checksum (CRC-32C): the file is corrupt");
   }
   for (const Entry& en : entries) {
     Tensor t = Tensor::empty(en.shape, en.dtype);
     if (en.end > en.begin) std::memcpy(t.raw_bytes(), data + en.begin, en.end - en.begin);
     if (stored != out.metadata.end()) {
-      const std::string actual = hex32(tensor_crc(t));
+      const std::string actual = platform::crc32c_text(tensor_crc(t));
       const auto crc = checksums.find(en.name);
-      if (crc == checksums.end()) throw Error(what + ": tensor '" + en.name + "' has no checksum in " + kChecksumsKey);
+      if (crc == checksums.end()) throw Error(what + ": tensor '" + text_excerpt(en.name) + "' has no checksum in " + kChecksumsKey);
       if (crc->second != actual)
-        throw Error(what + ": tensor '" + en.name + "' fails its checksum (CRC-32C " + actual + ", stored " + crc->second +
+        throw Error(what + ": tensor '" + text_excerpt(en.name) + "' fails its checksum (CRC-32C " + actual + ", stored " + crc->second +
                     "): the file is corrupt");
     }
     out.tensors.emplace_back(en.name, std::move(t));

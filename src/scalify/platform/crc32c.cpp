@@ -1,6 +1,7 @@
 #include "scalify/platform/crc32c.hpp"
 
 #include <array>
+#include <cstdio>
 #include <cstring>
 
 #if defined(__x86_64__)
@@ -51,6 +52,12 @@ uint32_t crc32c(const void* data, size_t size, uint32_t crc) {
   if (hardware) return crc32c_sse42(static_cast<const uint8_t*>(data), size, crc);
 #endif
   return crc32c_reference(data, size, crc);
+}
+
+std::string crc32c_text(uint32_t crc) {
+  char s[9];
+  std::snprintf(s, sizeof s, "%08x", crc);
+  return s;
 }
 
 }  // namespace scalify::platform

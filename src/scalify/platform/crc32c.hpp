@@ -7,6 +7,7 @@
 // reading it.
 #include <cstddef>
 #include <cstdint>
+#include <string>
 
 namespace scalify::platform {
 
@@ -15,5 +16,7 @@ namespace scalify::platform {
 uint32_t crc32c(const void* data, size_t size, uint32_t crc = 0);
 // The same, one byte at a time from a table: the plain reference the fast path is tested against.
 uint32_t crc32c_reference(const void* data, size_t size, uint32_t crc = 0);
+// A CRC as stored in files: 8 lowercase hex digits.
+std::string crc32c_text(uint32_t crc);
 
 }  // namespace scalify::platform

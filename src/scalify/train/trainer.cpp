@@ -214,6 +214,17 @@ OpenRun open_run(const TrainConfig& config, const fs::path& dir, bool resume, co
   return run;
 }
 
+// The validation loss of the run's model at `step`: one that is not finite (or cannot be right) is
+// the run's divergence, not a number to report.
+EvalResult evaluate_run(const Session& s, const Corpus& corpus, int64_t step, const platform::World& world) {
+  EvalResult e = eval_session(s, corpus, world);
+  if (!std::isfinite(e.loss))
+    throw Diverged("training diverged: the validation loss is not finite or cannot be right at step " + std::to_string(step) + " (recipe " +
+                       s.cfg.recipe + ")",
+                   step);
+  return e;
+}
+
 // What one optimizer step did.
 struct StepOutcome {
   double loss = 0, grad_norm = 0;
@@ -251,7 +262,9 @@ StepOutcome update(Session& s, double loss, int64_t step, bool measure_state) {
   StepOutcome o;
   o.loss = loss;
   o.applied = !s.scaler || s.scaler->unscale(s.params);
-  if (!s.scaler && !std::isfinite(o.loss))
+  // A loss scaler skips a step whose gradients overflowed; a loss that is not finite (or cannot be
+  // right) while the gradients were finite is no overflow it can skip.
+  if (!std::isfinite(o.loss) && o.applied)
     throw Diverged(
         "training diverged: the loss is " + std::to_string(o.loss) + " at step " + std::to_string(step) + " (recipe " + cfg.recipe + ")",
         step);
@@ -426,7 +439,7 @@ TrainResult train(const TrainConfig& given, bool resume, const Progress& progres
     if (stats_step && !s.model.quantized_linears().empty())
       metrics << json{{"step", step}, {"quant", quant_record(s, r, totals)}}.dump() << "\n";
     if ((step + 1) % cfg.eval_every == 0 || step + 1 == cfg.steps) {
-      const EvalResult e = eval_session(s, corpus, world);
+      const EvalResult e = evaluate_run(s, corpus, step, world);
       metrics << json{{"step", step}, {"val_loss", e.loss}, {"val_bpb", e.bits_per_byte}, {"val_batch_losses", e.batch_losses}}.dump()
               << "\n";
       r.val_loss = e.loss;
@@ -449,7 +462,7 @@ TrainResult train(const TrainConfig& given, bool resume, const Progress& progres
   }
   if (end == start) last_loss = NAN;     // a run resumed only to write model.safetensors: no training loss here
   if (!evaluated && end == cfg.steps) {  // ... but its result is still the finished model's
-    const EvalResult e = eval_session(s, corpus, world);
+    const EvalResult e = evaluate_run(s, corpus, end, world);
     r.val_loss = e.loss;
     r.val_bpb = e.bits_per_byte;
     r.val_batch_losses = e.batch_losses;
