@@ -13,6 +13,7 @@
 #include "scalify/hub/hf_config.hpp"
 #include "scalify/hub/hf_weights.hpp"
 #include "scalify/io/safetensors.hpp"
+#include "scalify/platform/crc32c.hpp"
 #include "scalify/nn/gpt.hpp"
 #include "scalify/nn/rope.hpp"
 #include "scalify/tokenize/bpe.hpp"
@@ -284,14 +285,23 @@ TEST(FineTune, ARunRefusesAnInitFolderThatChangedNamingTheFile) {
   train::train(c, false, {}, 2);
   const train::TrainConfig recorded = train::run_config(run.string());
   EXPECT_EQ(recorded.init, fs::absolute(model).lexically_normal().string());
-  EXPECT_NE(recorded.init_tokenizer.find("vocab.json="), std::string::npos);
-  EXPECT_NE(recorded.init_weights.find("model.safetensors="), std::string::npos);
+  EXPECT_EQ(
+      nlohmann::json::parse(recorded.init_files),
+      (nlohmann::json{
+          {"config.json",
+           platform::crc32c_text(platform::crc32c(slurp(model / "config.json").data(), slurp(model / "config.json").size()))},
+          {"merges.txt", platform::crc32c_text(platform::crc32c(slurp(model / "merges.txt").data(), slurp(model / "merges.txt").size()))},
+          {"vocab.json",
+           platform::crc32c_text(platform::crc32c(slurp(model / "vocab.json").data(), slurp(model / "vocab.json").size()))}}));
+  EXPECT_EQ(nlohmann::json::parse(recorded.init_weights).size(), 1u) << "model.safetensors alone: " << recorded.init_weights;
   const double loss = train::evaluate(run.string()).loss;
   {  // from another directory the run still finds its model
-    const fs::path here = fs::current_path();
+    struct InDirectory {
+      fs::path before = fs::current_path();
+      ~InDirectory() { fs::current_path(before); }
+    } restore;
     fs::current_path("/");
     EXPECT_EQ(train::evaluate(run.string()).loss, loss);
-    fs::current_path(here);
   }
   // The tokenizer changed: every use of the run refuses, naming the file.
   const std::string merges = slurp(model / "merges.txt");
@@ -311,15 +321,17 @@ TEST(FineTune, ARunRefusesAnInitFolderThatChangedNamingTheFile) {
   EXPECT_ERROR(train::evaluate(run.string()), (model / "tokenizer.model").string() + "' appeared");
   fs::remove(model / "tokenizer.model");
   EXPECT_EQ(train::evaluate(run.string()).loss, loss) << "restored, the run evaluates as before";
-  // A new run from the recorded config checks the weights it starts from.
-  const std::string weights = slurp(model / "model.safetensors");
-  std::string flipped = weights;
-  flipped[flipped.size() - 1] = char(flipped[flipped.size() - 1] ^ 1);
-  spit(model / "model.safetensors", flipped);
+  // config.json gives a resumed run its shape: a changed one is named, not blamed on the config.
+  const std::string config = slurp(model / "config.json");
+  spit(model / "config.json", config + " ");
+  EXPECT_ERROR(train::train(resume, true), (model / "config.json").string() + "' changed");
+  // A new run from the recorded config records the folder as it now is.
   train::TrainConfig again = recorded;
   again.out = scratch("ft_again").string();
-  EXPECT_ERROR(train::train(again, false), (model / "model.safetensors").string() + "' changed");
-  spit(model / "model.safetensors", weights);
+  again.steps = 1;
+  train::train(again, false);
+  EXPECT_NE(train::run_config(again.out).init_files, recorded.init_files);
+  spit(model / "config.json", config);
   fs::remove_all(model);
   EXPECT_ERROR(train::evaluate(run.string()), model.string() + "' that '" + run.string() + "' was fine-tuned from no longer exists");
 }

@@ -93,7 +93,7 @@ const std::map<std::string, Key>& table() {
       STR_KEY("out", out),
       STR_KEY("recipe", recipe),
       STR_KEY("init", init),
-      STR_KEY("init_tokenizer", init_tokenizer),
+      STR_KEY("init_files", init_files),
       STR_KEY("init_weights", init_weights),
       INT_KEY("vocab", model.vocab),
       {"seed",

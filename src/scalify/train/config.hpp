@@ -14,9 +14,10 @@ struct TrainConfig {
   std::string out = "runs/train";
   std::string recipe = "f32";  // a quant::preset name or a recipe JSON file
   std::string init;            // a pretrained model's folder (hub/): its shape, weights and tokenizer; "" = a new model
-  // What the run found in `init` when it started (train/init_record.hpp; recorded, not set by hand):
-  // "file=crc32c,..." of its tokenizer and weight files, "-" for none, "" for a run of an earlier version.
-  std::string init_tokenizer, init_weights;
+  // What a new run found in `init` (train/init_record.hpp; recorded, not set by hand): the CRC-32C
+  // of each file it reads again (config.json, tokenizer) and of each weight file, as JSON objects;
+  // "" in runs of earlier versions.
+  std::string init_files, init_weights;
   uint64_t seed = 1;
   int64_t steps = 300, batch = 16, accum = 1;
   nn::GptConfig model;  // keys: vocab, seq, d_model, layers, heads, kv_heads, mlp_hidden, ... (GptConfig's fields)

@@ -1,14 +1,15 @@
 #include "scalify/train/init_record.hpp"
 
 #include <algorithm>
-#include <cstdio>
 #include <filesystem>
-#include <fstream>
 #include <map>
-#include <sstream>
+#include <nlohmann/json.hpp>
 #include <vector>
 
 #include "scalify/error.hpp"
+#include "scalify/hub/hf_weights.hpp"
+#include "scalify/io/input_file.hpp"
+#include "scalify/io/json_text.hpp"
 #include "scalify/platform/crc32c.hpp"
 
 namespace scalify::train {
@@ -17,76 +18,75 @@ namespace fs = std::filesystem;
 
 namespace {
 
-std::string hex32(uint32_t v) {
-  char s[9];
-  std::snprintf(s, sizeof s, "%08x", v);
-  return s;
-}
-
-// The CRC-32C of a regular file's bytes, read in chunks (weights can be gigabytes).
-std::string file_crc(const fs::path& p) {
-  if (!fs::is_regular_file(p)) throw FileError("init: '" + p.string() + "' is not a regular file");
-  std::ifstream in(p, std::ios::binary);
-  std::vector<char> buf(size_t(1) << 20);
-  uint32_t c = 0;
-  while (in) {
-    in.read(buf.data(), std::streamsize(buf.size()));
-    c = platform::crc32c(buf.data(), size_t(in.gcount()), c);
-  }
-  if (in.bad()) throw FileError("init: cannot read '" + p.string() + "'");
-  return hex32(c);
-}
-
 using Record = std::map<std::string, std::string>;  // file name -> CRC-32C
 
-// "a=crc,b=crc" <-> the map: the config's text form of a record.
-std::string to_text(const Record& r) {
-  std::string s;
-  for (const auto& [name, crc] : r) s += (s.empty() ? "" : ",") + name + "=" + crc;
-  return s;
-}
-Record from_text(const std::string& text, const char* key) {
-  Record r;
-  std::stringstream in(text);
-  for (std::string item; std::getline(in, item, ',');) {
-    const size_t eq = item.find('=');
-    if (eq == std::string::npos || eq == 0 || item.size() - eq - 1 != 8)
-      throw Error(std::string("config: '") + key + "' must be file=crc32c entries separated by commas, got '" + text.substr(0, 80) + "'");
-    r[item.substr(0, eq)] = item.substr(eq + 1);
-  }
-  return r;
-}
+std::string crc_of(const fs::path& file) { return platform::crc32c_text(io::input_file_crc32c(file.string(), "init")); }
 
-Record tokenizer_record(const fs::path& dir) {
-  Record r;
-  for (const char* name : tokenize::tokenizer_file_names())
-    if (fs::exists(dir / name)) r[name] = file_crc(dir / name);
-  return r;
-}
-Record weights_record(const fs::path& dir) {
+// The files a run reads again after its start: config.json and the tokenizer's.
+Record files_record(const fs::path& dir) {
   Record r;
   std::error_code ec;
-  for (const auto& e : fs::directory_iterator(dir, ec)) {
-    const std::string name = e.path().filename().string();
-    const bool weights = name.size() > 12 && (name.ends_with(".safetensors") || name.ends_with(".safetensors.index.json"));
-    if (weights) r[name] = file_crc(e.path());
+  for (const char* name : {"config.json"})
+    if (fs::exists(dir / name, ec)) r[name] = crc_of(dir / name);
+  for (const char* name : tokenize::tokenizer_file_names())
+    if (fs::exists(dir / name, ec)) r[name] = crc_of(dir / name);
+  return r;
+}
+// The weight files load_hf_weights reads, and the index naming them.
+Record weights_record(const fs::path& dir) {
+  Record r;
+  std::map<std::string, std::string> listed;
+  for (const std::string& file : hub::weight_files(dir.string(), &listed)) r[fs::path(file).filename().string()] = crc_of(file);
+  std::error_code ec;
+  if (fs::exists(dir / "model.safetensors.index.json", ec))
+    r["model.safetensors.index.json"] = crc_of(dir / "model.safetensors.index.json");
+  return r;
+}
+
+// A record as config text (a JSON object: file names may hold any character) and back.
+std::string to_text(const Record& r) { return nlohmann::json(r).dump(); }
+Record from_text(const std::string& text, const std::string& key) {
+  const nlohmann::json j = io::parse_json(text, "config: '" + key + "'");
+  if (!j.is_object()) throw Error("config: '" + key + "' must be a JSON object of file names and CRC-32Cs");
+  Record r;
+  for (const auto& [name, crc] : j.items()) {
+    if (!crc.is_string()) throw Error("config: '" + key + "' holds " + io::json_excerpt(crc) + " for '" + io::text_excerpt(name) + "'");
+    r[name] = crc.get<std::string>();
   }
   return r;
 }
 
-// Throws naming the first file whose CRC, presence or absence differs from the record.
-void check(const Record& recorded, const Record& now, const std::string& dir, const std::string& run, const char* what) {
-  if (!fs::is_directory(dir))
-    throw Error("init: the model folder '" + dir + "' that '" + run + "' was fine-tuned from no longer exists; its " + what +
-                " are part of the run");
+}  // namespace
+
+TrainConfig record_init(const TrainConfig& config) {
+  if (config.init.empty()) return config;
+  TrainConfig c = config;
+  c.init = fs::absolute(c.init).lexically_normal().string();
+  if (c.init.size() > 1 && c.init.back() == '/') c.init.pop_back();
+  std::error_code ec;
+  if (!fs::is_directory(c.init, ec)) return c;  // with_pretrained_model names the missing folder
+  c.init_files = to_text(files_record(c.init));
+  c.init_weights = to_text(weights_record(c.init));
+  return c;
+}
+
+void check_init_files(const TrainConfig& config, const std::string& run) {
+  if (config.init.empty() || config.init_files.empty()) return;
+  const Record recorded = from_text(config.init_files, "init_files");
+  std::error_code ec;
+  if (!fs::is_directory(config.init, ec))
+    throw Error("init: the model folder '" + config.init + "' that '" + run +
+                "' was fine-tuned from no longer exists; its config.json and tokenizer are part of the run");
+  const Record now = files_record(config.init);
   std::vector<std::string> names;
   for (const auto& [n, c] : recorded) names.push_back(n);
   for (const auto& [n, c] : now) names.push_back(n);
   std::sort(names.begin(), names.end());
   for (const std::string& n : names) {
     const auto was = recorded.find(n), is = now.find(n);
-    const std::string file = (fs::path(dir) / n).string();
-    const std::string tail = " since '" + run + "' was fine-tuned from it; the run's " + what + " must be the ones it was trained with";
+    const std::string file = (fs::path(config.init) / n).string();
+    const std::string tail =
+        " since '" + run + "' was fine-tuned from it; the run reads it again (the model's shape, its text): restore the folder as it was";
     if (is == now.end()) throw Error("init: '" + file + "' is missing" + tail);
     if (was == recorded.end()) throw Error("init: '" + file + "' appeared" + tail);
     if (was->second != is->second)
@@ -94,35 +94,9 @@ void check(const Record& recorded, const Record& now, const std::string& dir, co
   }
 }
 
-}  // namespace
-
-TrainConfig record_init(const TrainConfig& config) {
-  if (config.init.empty() || !config.init_tokenizer.empty() || !config.init_weights.empty()) return config;
-  TrainConfig c = config;
-  c.init = fs::absolute(c.init).lexically_normal().string();
-  if (c.init.size() > 1 && c.init.back() == '/') c.init.pop_back();
-  const Record tokenizer = tokenizer_record(c.init), weights = weights_record(c.init);
-  // An empty record would read as "nothing recorded": "-" records that there was no tokenizer.
-  c.init_tokenizer = tokenizer.empty() ? "-" : to_text(tokenizer);
-  c.init_weights = weights.empty() ? "-" : to_text(weights);
-  return c;
-}
-
-void check_init_tokenizer(const TrainConfig& config, const std::string& run) {
-  if (config.init.empty() || config.init_tokenizer.empty()) return;
-  const Record recorded = config.init_tokenizer == "-" ? Record{} : from_text(config.init_tokenizer, "init_tokenizer");
-  check(recorded, fs::is_directory(config.init) ? tokenizer_record(config.init) : Record{}, config.init, run, "tokenizer files");
-}
-
-void check_init_weights(const TrainConfig& config, const std::string& run) {
-  if (config.init.empty() || config.init_weights.empty()) return;
-  const Record recorded = config.init_weights == "-" ? Record{} : from_text(config.init_weights, "init_weights");
-  check(recorded, fs::is_directory(config.init) ? weights_record(config.init) : Record{}, config.init, run, "weight files");
-}
-
 std::unique_ptr<tokenize::Tokenizer> run_tokenizer(const TrainConfig& config, const std::string& run) {
   if (config.init.empty()) return nullptr;
-  check_init_tokenizer(config, run);
+  check_init_files(config, run);
   return tokenize::has_tokenizer_files(config.init) ? tokenize::load_tokenizer(config.init) : nullptr;
 }
 

@@ -113,7 +113,7 @@ Tokenized tokenize_file(const std::string& model_dir, const std::string& path, c
 hub::Family export_checkpoint(const std::string& checkpoint, const std::string& dir, DType dtype) {
   if (dtype != DType::f32 && dtype != DType::f16 && dtype != DType::bf16) throw Error("export: the dtype must be f32, f16 or bf16");
   auto [st, cfg] = read_checkpoint(checkpoint);
-  check_init_tokenizer(cfg, checkpoint);  // before anything is written
+  check_init_files(cfg, checkpoint);  // before anything is written
   const std::unique_ptr<Session> s = load_session(st, cfg, checkpoint_file(checkpoint));
   hub::HfConfig hf;
   hf.model = s->model.config();

@@ -91,7 +91,6 @@ std::unique_ptr<Session> make_session(const TrainConfig& cfg, const io::SafeTens
     }
   } else {
     if (pretrained) {
-      check_init_weights(cfg, cfg.out);
       const std::map<std::string, Tensor> values = hub::load_hf_weights(cfg.init, hub::read_hf_config(cfg.init));
       for (size_t i = 0; i < raw.size(); ++i) {
         const auto v = values.find(s->names[i]);

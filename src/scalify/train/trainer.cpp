@@ -336,8 +336,10 @@ TrainResult train(const TrainConfig& given, bool resume, const Progress& progres
   TrainConfig config;
   std::vector<platform::Agreed> run_items;
   platform::every_rank_agrees(world, [&] {  // bad input fails here, before the run folder exists
-    config = record_init(given);
-    check_init_tokenizer(config, given.out);
+    // A new run records what it starts from; a resumed one checks that the files it reads again
+    // are the ones it recorded.
+    config = resume ? given : record_init(given);
+    check_init_files(config, given.out);
     config = with_pretrained_model(config);
     config.validate();
     if (save_initial && resume) throw Error("train: --save-initial writes a new run's step 0; a resumed run is past it");
