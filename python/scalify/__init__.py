@@ -169,7 +169,9 @@ def compare(out: str, *, recipes: str = "seeds", steps: Optional[int] = None, da
     (seeds, fp8, fp16, fp4, scalify, unit, per_tensor) or comma-separated presets / recipe JSON
     files. seeds: a count (seeds from the config's ``seed`` on) or a list of seeds: every recipe
     trains under each, and each delta's interval holds the seeds' spread. speed_rounds: rounds of
-    interleaved speed timing after training (0: the training runs' own speeds). resume=True
+    interleaved speed timing after training (0: the training runs' own speeds). progress(line) is
+    called after every step. Ctrl-C (KeyboardInterrupt) or an exception raised by progress stops
+    the whole comparison and is raised, the recipe then training left resumable; resume=True
     continues the comparison in ``out`` as it was started (the other arguments are not used).
     Returns one row per recipe (val_loss, val_delta against its baseline with val_delta_ci95 and
     verdict, status, tokens_per_s, speed_vs_f32, ...): a pandas DataFrame when pandas is

@@ -181,6 +181,23 @@ void refuse_several_ranks() {
     throw Error("the Python package trains on one process; for several, run `mpirun -np N scalify train` (docs/DATA_PARALLEL.md)");
 }
 
+// Python strings may hold NUL, which the file system reads as their end ("runs/a\0b" would be the
+// folder "runs/a"): refused by name wherever text becomes a path or a config value.
+const std::string& without_nul(const std::string& text, const std::string& what) {
+  if (text.find('\0') == std::string::npos) return text;
+  std::string shown;
+  for (char ch : text) shown += ch == '\0' ? std::string("\\0") : std::string(1, ch);
+  throw Error(what + " holds a NUL character: '" + shown + "'");
+}
+
+// Train config keys given as text (--set KEY=VALUE).
+void apply_settings(train::TrainConfig& c, const std::map<std::string, std::string>& settings) {
+  for (const auto& [k, v] : settings) {
+    without_nul(k, "a config key");
+    c.set(k, without_nul(v, "config key '" + k + "'"));
+  }
+}
+
 // Where a new run's Recipe object goes for its config.toml to name: the run folder's recipe.json,
 // which the trainer writes there for every new run anyway (the same text) and which stays with
 // the run; never a path made from the recipe's name. One found there must be this recipe: another
@@ -203,9 +220,8 @@ std::string recipe_file_in_run(const std::string& out, const quant::Recipe& reci
 // object (`recipe`) is written into a new run's folder; on a resume it must be the run's.
 train::TrainConfig train_config(const std::string& out, const std::map<std::string, std::string>& settings,
                                 const std::optional<quant::Recipe>& recipe, bool resume) {
-  auto apply = [&](train::TrainConfig& c) {
-    for (const auto& [k, v] : settings) c.set(k, v);
-  };
+  without_nul(out, "out");
+  auto apply = [&](train::TrainConfig& c) { apply_settings(c, settings); };
   if (resume) {
     train::TrainConfig c = train::resume_config(out, apply);
     if (recipe && recipe->to_json() != quant::load_recipe(c.recipe).to_json())
@@ -266,10 +282,12 @@ nb::list run_compare(const std::map<std::string, std::string>& settings, const s
                      const std::string& seeds, int speed_rounds, std::function<void(const std::string&)> progress) {
   scalify::compare::CompareConfig c;
   refuse_several_ranks();
+  without_nul(out, "compare: out");
+  without_nul(recipes, "compare: recipes");
   if (resume) {
     c = scalify::compare::comparison_config(out);
   } else {
-    for (const auto& [k, v] : settings) c.base.set(k, v);
+    apply_settings(c.base, settings);
     if (!settings.count("eval_every")) c.base.eval_every = scalify::compare::default_eval_every(c.base.steps);  // as the CLI
     c.recipes = scalify::compare::recipe_list(recipes);
     if (!seeds.empty()) c.seeds = scalify::compare::seed_list(seeds, c.base.seed);
@@ -324,6 +342,7 @@ nb::list run_compare(const std::map<std::string, std::string>& settings, const s
 // A safetensors file (a checkpoint, a quantised checkpoint): every tensor's values as float32
 // (codes decoded: FP8 / FP4 codes as their format values, without their scales), and the metadata.
 nb::tuple load_checkpoint(const std::string& path) {
+  without_nul(path, "load_checkpoint: the path");
   const io::SafeTensors st = io::read_safetensors(path);
   nb::dict tensors;
   for (const auto& [name, t] : st.tensors) {
@@ -529,7 +548,7 @@ void bind_gpt(nb::module_& m) {
           "__init__",
           [](PyGpt* g, const std::map<std::string, std::string>& settings, const quant::Recipe& recipe) {
             train::TrainConfig c;
-            for (const auto& [k, v] : settings) c.set(k, v);
+            apply_settings(c, settings);
             c.validate();
             recipe.validate();
             train::check_fits_in_memory(c, recipe, false);  // the CLI's refusal, not std::bad_alloc
@@ -557,7 +576,7 @@ void bind_gpt(nb::module_& m) {
       "training_batch",
       [](const std::map<std::string, std::string>& settings, uint64_t index) {
         train::TrainConfig c;
-        for (const auto& [k, v] : settings) c.set(k, v);
+        apply_settings(c, settings);
         const train::Corpus corpus = train::corpus_for(c);
         const train::Batch b =
             train::make_batch(corpus.train, train::train_starts(corpus.train.size(), c.batch, c.model.seq, c.seed, index), c.model.seq);
@@ -574,6 +593,8 @@ void bind_gpt(nb::module_& m) {
 // `scalify inspect` as data: one dict per tensor (name, kind, storage, scale_log2, rms, the
 // counts against the format's range) with its exponent histogram as (exponents, counts) arrays.
 nb::dict run_inspect(const std::string& checkpoint, const std::string& format, bool initial, uint64_t batch, const std::string& data) {
+  without_nul(checkpoint, "inspect: the checkpoint");
+  without_nul(data, "inspect: data");
   inspect::InspectOptions o;
   o.format = parse_format(format);
   o.initial = initial;

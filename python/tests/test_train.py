@@ -150,6 +150,25 @@ def test_a_recipe_object_goes_into_its_run_folder_whatever_its_name(tmp_path, co
     assert (tmp_path / "runs" / "0" / "recipe.json").read_text() == written
 
 
+def test_a_nul_in_a_path_or_setting_is_refused_before_any_file_is_touched(tmp_path, corpus):
+    # C and the file system read NUL as the end: "a\0b" would be the folder "a".
+    out, there = str(tmp_path / "a\0b"), str(tmp_path / "fine")
+    calls = [lambda: scalify.train(out, steps=1, data=corpus),
+             lambda: scalify.train(out, recipe=scalify.preset("current"), steps=1, data=corpus),
+             lambda: scalify.train(out, resume=True),
+             lambda: scalify.train(there, steps=1, data=corpus + "\0.txt"),
+             lambda: scalify.train(there, steps=1, data=corpus, **{"steps\0": 2}),
+             lambda: scalify.compare(out, recipes="f32", steps=1, data=corpus),
+             lambda: scalify.compare(there, recipes="f32,\0current", steps=1, data=corpus),
+             lambda: scalify.load_checkpoint(out),
+             lambda: scalify.inspect(out),
+             lambda: scalify.Gpt("f32", data="x\0")]
+    for call in calls:
+        with pytest.raises(ValueError, match=r"NUL character: '.*\\0"):
+            call()
+    assert list(tmp_path.iterdir()) == []
+
+
 class StopHere(Exception):
     pass
 
