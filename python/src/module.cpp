@@ -296,7 +296,6 @@ nb::list run_compare(const std::map<std::string, std::string>& settings, const s
   }
   c.out = out;
   scalify::compare::CompareReport rep;
-
   try {
     nb::gil_scoped_release release;
     rep = scalify::compare::compare(
