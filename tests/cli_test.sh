@@ -150,6 +150,9 @@ expect_error "File name too long" train --out "$out/$(printf 'a%.0s' {1..300})" 
 cp "$out/cmp/runs/current/model.safetensors" "$out/model_before"
 expect_error "is at step 3 and --steps is 2; a resume trains further" train --resume "$out/cmp/runs/current" --steps 2
 expect_error "recipe 'delayed' differs from the one" train --resume "$out/cmp/runs/current" --recipe delayed --steps 5
+# ... and its model's shape: fewer layers would drop tensors of the checkpoint, other heads read them otherwise.
+expect_error "has layers = 1, not 2; a run keeps its model's shape" train --resume "$out/cmp/runs/current" --set layers=2 --steps 5
+expect_error "has heads = 1, not 2; a run keeps its model's shape" train --resume "$out/cmp/runs/current" --set heads=2 --steps 5
 cmp -s "$out/model_before" "$out/cmp/runs/current/model.safetensors" || { echo "a refused resume changed the model"; exit 1; }
 test ! -e "$out/r29" || { echo "a refused train created its run folder"; exit 1; }
 # A flipped bit in a checkpoint's tensor data is caught by its checksum, naming the tensor.

@@ -334,13 +334,14 @@ TEST(Compare, ResumeRerunsOnlyTheUnfinishedRecipes) {
   const train::TrainConfig base = tiny_run(text_corpus(), "", "f32");
   const fs::path whole = scratch("compare_whole"), cut = scratch("compare_cut");
   const compare::CompareReport reference = compare::compare(comparison(base, {"f32", "current"}, whole), false);
-  // The same comparison, stopped during the second recipe (after its checkpoint at step 3).
-  struct Stop {};
+  // The same comparison, stopped by its caller during the second recipe (after its checkpoint at
+  // step 3): compare::Stopped passes through, where the recipe's own errors would make a failed row.
   EXPECT_THROW(compare::compare(comparison(base, {"f32", "current"}, cut), false,
                                 [](const std::string& line) {
-                                  if (line.find("[2/2] current  step 5/") != std::string::npos) throw Stop{};
+                                  if (line.find("[2/2] current  step 5/") != std::string::npos)
+                                    throw compare::Stopped(std::make_exception_ptr(std::runtime_error("the caller's")));
                                 }),
-               Stop);
+               compare::Stopped);
   EXPECT_FALSE(fs::exists(cut / "runs/current/outcome.json"));
   // Without --resume the folder is refused; with it, f32 is read back and current resumes.
   EXPECT_THROW(compare::compare(comparison(base, {"f32", "current"}, cut), false), Error);

@@ -78,15 +78,19 @@ void add_train_commands(CLI::App& app) {
               "keys)");
         if (o->resume.empty()) throw Error("train: --resume needs a run folder");
         if (!o->config.init.empty()) throw Error("train: --resume continues from the run's checkpoint; --init has no place beside it");
-        c = train::run_config(o->resume);
       }
-      o->config.apply(c, resume->count() == 0);
-      if (resume->count() > 0) c.out = o->resume;  // the run's folder, whatever --set out says
-      if (out->count() > 0) c.out = o->out;
-      if (recipe->count() > 0) {
-        if (o->recipe.empty()) throw Error("train: --recipe is empty; give a preset name or a recipe .json file");
-        c.recipe = o->recipe;
-      }
+      auto apply_options = [&](train::TrainConfig& config) {
+        o->config.apply(config, resume->count() == 0);
+        if (out->count() > 0) config.out = o->out;
+        if (recipe->count() > 0) {
+          if (o->recipe.empty()) throw Error("train: --recipe is empty; give a preset name or a recipe .json file");
+          config.recipe = o->recipe;
+        }
+      };
+      if (resume->count() > 0)
+        c = train::resume_config(o->resume, apply_options);
+      else
+        apply_options(c);
     });
     const train::TrainResult r = train::train(c, resume->count() > 0, progress_printer(), 0, o->save_initial);
     if (platform::world().root()) std::fprintf(stderr, "\n");

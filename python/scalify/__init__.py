@@ -135,31 +135,28 @@ def preset_names() -> List[str]:
     return _scalify.preset_names()
 
 
-def train(out: str, *, recipe="f32", steps: Optional[int] = None, data: Optional[str] = None, resume: bool = False,
+def train(out: str, *, recipe=None, steps: Optional[int] = None, data: Optional[str] = None, resume: bool = False,
           progress: Optional[Callable[[int, int, float], None]] = None, save_initial: bool = False, **settings) -> Dict:
     """Trains the GPT as ``scalify train`` does and returns the run's summary with its metrics.
 
-    recipe: a preset name, a recipe JSON file, or a ``Recipe`` (written to ``out``/../NAME.json).
-    settings: any train config key (d_model=64, layers=2, seq=64, batch=16, lr=2e-3, seed=1, ...),
-    as for ``--set``. progress(step, steps, loss) is called after every step. Ctrl-C stops the run
-    between steps (KeyboardInterrupt); ``resume=True`` continues it from its last checkpoint.
-    ``save_initial=True`` also writes the model at step 0 as ``out``/initial.safetensors.
+    recipe: a preset name (default f32), a recipe JSON file, or a ``Recipe`` (written into the run
+    folder as ``out``/recipe.json). settings: any train config key (d_model=64, layers=2, seq=64,
+    batch=16, lr=2e-3, seed=1, ...), as for ``--set``. progress(step, steps, loss) is called after
+    every step. Ctrl-C stops the run between steps (KeyboardInterrupt); ``resume=True`` continues
+    it from its last checkpoint as ``scalify train --resume`` does: under the run's own config.toml
+    and recipe, the keys given (steps=... to train further) overriding it; a recipe given must be
+    the run's. ``save_initial=True`` also writes the model at step 0 as ``out``/initial.safetensors.
     The result holds val_loss, train_loss, tokens_per_s, ..., run_dir and ``metrics``
     (``read_metrics(run_dir)``)."""
-    if isinstance(recipe, Recipe):
-        recipe.validate()
-        path = os.path.abspath(os.path.join(os.path.dirname(os.path.abspath(out)) or ".", recipe.name + ".json"))
-        with open(path, "w") as f:
-            f.write(recipe.to_json() + "\n")
-        recipe = path
-    merged = {"out": out, "recipe": recipe}
+    given = dict(settings)
     if steps is not None:
-        merged["steps"] = steps
+        given["steps"] = steps
     if data is not None:
-        merged["data"] = data
-    merged.update(settings)
-    text = {k: _setting_text(v) for k, v in merged.items()}
-    result = dict(_scalify.train(text, resume, progress, save_initial))
+        given["data"] = data
+    if recipe is not None and not isinstance(recipe, Recipe):
+        given["recipe"] = recipe
+    text = {k: _setting_text(v) for k, v in given.items()}
+    result = dict(_scalify.train(os.fspath(out), text, recipe if isinstance(recipe, Recipe) else None, resume, progress, save_initial))
     result["metrics"] = read_metrics(result["run_dir"])
     return result
 
@@ -172,7 +169,9 @@ def compare(out: str, *, recipes: str = "seeds", steps: Optional[int] = None, da
     (seeds, fp8, fp16, fp4, scalify, unit, per_tensor) or comma-separated presets / recipe JSON
     files. seeds: a count (seeds from the config's ``seed`` on) or a list of seeds: every recipe
     trains under each, and each delta's interval holds the seeds' spread. speed_rounds: rounds of
-    interleaved speed timing after training (0: the training runs' own speeds). resume=True
+    interleaved speed timing after training (0: the training runs' own speeds). progress(line) is
+    called after every step. Ctrl-C (KeyboardInterrupt) or an exception raised by progress stops
+    the whole comparison and is raised, the recipe then training left resumable; resume=True
     continues the comparison in ``out`` as it was started (the other arguments are not used).
     Returns one row per recipe (val_loss, val_delta against its baseline with val_delta_ci95 and
     verdict, status, tokens_per_s, speed_vs_f32, ...): a pandas DataFrame when pandas is

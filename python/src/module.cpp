@@ -13,6 +13,7 @@
 #include <nanobind/stl/vector.h>
 
 #include <cstring>
+#include <filesystem>
 #include <map>
 #include <optional>
 #include <memory>
@@ -27,6 +28,7 @@
 #include "scalify/compare/compare.hpp"
 #include "scalify/formats/format.hpp"
 #include "scalify/inspect/inspect.hpp"
+#include "scalify/io/atomic_file.hpp"
 #include "scalify/io/safetensors.hpp"
 #include "scalify/platform/world.hpp"
 #include "scalify/quant/recipe.hpp"
@@ -36,6 +38,7 @@
 #include "scalify/train/trainer.hpp"
 
 namespace nb = nanobind;
+namespace fs = std::filesystem;
 using namespace nb::literals;
 
 namespace scalify::python {
@@ -178,11 +181,69 @@ void refuse_several_ranks() {
     throw Error("the Python package trains on one process; for several, run `mpirun -np N scalify train` (docs/DATA_PARALLEL.md)");
 }
 
-nb::dict train(const std::map<std::string, std::string>& settings, bool resume, std::function<void(int64_t, int64_t, double)> progress,
-               bool save_initial) {
-  refuse_several_ranks();
+// Python strings may hold NUL, which the file system reads as their end ("runs/a\0b" would be the
+// folder "runs/a"): refused by name wherever text becomes a path or a config value.
+const std::string& without_nul(const std::string& text, const std::string& what) {
+  if (text.find('\0') == std::string::npos) return text;
+  std::string shown;
+  for (char ch : text) shown += ch == '\0' ? std::string("\\0") : std::string(1, ch);
+  throw Error(what + " holds a NUL character: '" + shown + "'");
+}
+
+// Train config keys given as text (--set KEY=VALUE).
+void apply_settings(train::TrainConfig& c, const std::map<std::string, std::string>& settings) {
+  for (const auto& [k, v] : settings) {
+    without_nul(k, "a config key");
+    c.set(k, without_nul(v, "config key '" + k + "'"));
+  }
+}
+
+// Where a new run's Recipe object goes for its config.toml to name: the run folder's recipe.json,
+// which the trainer writes there for every new run anyway (the same text) and which stays with
+// the run; never a path made from the recipe's name. One found there must be this recipe: another
+// run's is refused, never overwritten.
+std::string recipe_file_in_run(const std::string& out, const quant::Recipe& recipe) {
+  const std::string file = (fs::absolute(out) / "recipe.json").lexically_normal().string();
+  if (fs::exists(file)) {
+    if (quant::load_recipe(file).to_json() != recipe.to_json())
+      throw Error("train: '" + file + "' holds another recipe than '" + recipe.name +
+                  "' (another run's); give another out, or delete it if that run is not wanted");
+    return file;
+  }
+  io::make_folder(out);
+  io::write_text_atomically(file, recipe.to_json() + "\n");
+  return file;
+}
+
+// The config `scalify train` would train with: `settings` as --set KEY=VALUE; with resume, over
+// the run's own config.toml as `scalify train --resume` does (train::resume_config). A Recipe
+// object (`recipe`) is written into a new run's folder; on a resume it must be the run's.
+train::TrainConfig train_config(const std::string& out, const std::map<std::string, std::string>& settings,
+                                const std::optional<quant::Recipe>& recipe, bool resume) {
+  without_nul(out, "out");
+  auto apply = [&](train::TrainConfig& c) { apply_settings(c, settings); };
+  if (resume) {
+    train::TrainConfig c = train::resume_config(out, apply);
+    if (recipe && recipe->to_json() != quant::load_recipe(c.recipe).to_json())
+      throw Error("resume: recipe '" + recipe->name + "' differs from the one '" + out +
+                  "' was trained with; a run keeps its recipe: start a new run to train under another");
+    return c;
+  }
   train::TrainConfig c;
-  for (const auto& [k, v] : settings) c.set(k, v);
+  apply(c);
+  c.out = out;
+  if (recipe) {
+    recipe->validate();
+    c.validate();  // the other keys, before the run folder exists
+    c.recipe = recipe_file_in_run(out, *recipe);
+  }
+  return c;
+}
+
+nb::dict train(const std::string& out, const std::map<std::string, std::string>& settings, const std::optional<quant::Recipe>& recipe,
+               bool resume, std::function<void(int64_t, int64_t, double)> progress, bool save_initial) {
+  refuse_several_ranks();
+  const train::TrainConfig c = train_config(out, settings, recipe, resume);
   train::TrainResult r;
   {
     nb::gil_scoped_release release;
@@ -221,10 +282,12 @@ nb::list run_compare(const std::map<std::string, std::string>& settings, const s
                      const std::string& seeds, int speed_rounds, std::function<void(const std::string&)> progress) {
   scalify::compare::CompareConfig c;
   refuse_several_ranks();
+  without_nul(out, "compare: out");
+  without_nul(recipes, "compare: recipes");
   if (resume) {
     c = scalify::compare::comparison_config(out);
   } else {
-    for (const auto& [k, v] : settings) c.base.set(k, v);
+    apply_settings(c.base, settings);
     if (!settings.count("eval_every")) c.base.eval_every = scalify::compare::default_eval_every(c.base.steps);  // as the CLI
     c.recipes = scalify::compare::recipe_list(recipes);
     if (!seeds.empty()) c.seeds = scalify::compare::seed_list(seeds, c.base.seed);
@@ -233,16 +296,22 @@ nb::list run_compare(const std::map<std::string, std::string>& settings, const s
   }
   c.out = out;
   scalify::compare::CompareReport rep;
-  {
+  try {
     nb::gil_scoped_release release;
     rep = scalify::compare::compare(
         c, resume,
         [&](const std::string& line) {
           nb::gil_scoped_acquire acquire;
-          if (PyErr_CheckSignals() != 0) throw nb::python_error();
-          if (progress) progress(line);
+          try {
+            if (PyErr_CheckSignals() != 0) throw nb::python_error();
+            if (progress) progress(line);
+          } catch (const nb::python_error&) {  // Ctrl-C, the callback's own error: the whole comparison stops
+            throw scalify::compare::Stopped(std::current_exception());
+          }
         },
         "python: scalify.compare");
+  } catch (const scalify::compare::Stopped& stopped) {  // the GIL held again: raised as itself
+    std::rethrow_exception(stopped.cause);
   }
   nb::list rows;
   for (const scalify::compare::RecipeOutcome& o : rep.rows) {
@@ -272,6 +341,7 @@ nb::list run_compare(const std::map<std::string, std::string>& settings, const s
 // A safetensors file (a checkpoint, a quantised checkpoint): every tensor's values as float32
 // (codes decoded: FP8 / FP4 codes as their format values, without their scales), and the metadata.
 nb::tuple load_checkpoint(const std::string& path) {
+  without_nul(path, "load_checkpoint: the path");
   const io::SafeTensors st = io::read_safetensors(path);
   nb::dict tensors;
   for (const auto& [name, t] : st.tensors) {
@@ -477,7 +547,10 @@ void bind_gpt(nb::module_& m) {
           "__init__",
           [](PyGpt* g, const std::map<std::string, std::string>& settings, const quant::Recipe& recipe) {
             train::TrainConfig c;
-            for (const auto& [k, v] : settings) c.set(k, v);
+            apply_settings(c, settings);
+            c.validate();
+            recipe.validate();
+            train::check_fits_in_memory(c, recipe, false);  // the CLI's refusal, not std::bad_alloc
             new (g) PyGpt{nn::Gpt(train::Session::model_config(c, recipe), c.seed, recipe)};
           },
           "settings"_a, "recipe"_a)
@@ -502,7 +575,7 @@ void bind_gpt(nb::module_& m) {
       "training_batch",
       [](const std::map<std::string, std::string>& settings, uint64_t index) {
         train::TrainConfig c;
-        for (const auto& [k, v] : settings) c.set(k, v);
+        apply_settings(c, settings);
         const train::Corpus corpus = train::corpus_for(c);
         const train::Batch b =
             train::make_batch(corpus.train, train::train_starts(corpus.train.size(), c.batch, c.model.seq, c.seed, index), c.model.seq);
@@ -519,6 +592,8 @@ void bind_gpt(nb::module_& m) {
 // `scalify inspect` as data: one dict per tensor (name, kind, storage, scale_log2, rms, the
 // counts against the format's range) with its exponent histogram as (exponents, counts) arrays.
 nb::dict run_inspect(const std::string& checkpoint, const std::string& format, bool initial, uint64_t batch, const std::string& data) {
+  without_nul(checkpoint, "inspect: the checkpoint");
+  without_nul(data, "inspect: data");
   inspect::InspectOptions o;
   o.format = parse_format(format);
   o.initial = initial;
@@ -679,7 +754,8 @@ NB_MODULE(_scalify, m) {
   m.def("block_quantize", &block_quantize, "x"_a, "format"_a, "block"_a, "rule"_a, "rounding"_a = "nearest", "seed"_a = 0);
   m.def("block_dequantize", &block_dequantize, "codes"_a, "scales"_a, "format"_a, "block"_a, "rule"_a, "tensor_scale"_a = 1.0f);
   m.def("formats", &formats);
-  m.def("train", &train, "settings"_a, "resume"_a = false, "progress"_a = nb::none(), "save_initial"_a = false);
+  m.def("train", &train, "out"_a, "settings"_a, "recipe"_a = nb::none(), "resume"_a = false, "progress"_a = nb::none(),
+        "save_initial"_a = false);
   m.def("compare", &run_compare, "settings"_a, "recipes"_a, "out"_a, "resume"_a = false, "seeds"_a = "", "speed_rounds"_a = 5,
         "progress"_a = nb::none());
   m.def("load_checkpoint", &load_checkpoint, "path"_a);

@@ -124,6 +124,154 @@ def test_ctrl_c_stops_training_between_steps_and_the_run_resumes(tmp_path, corpu
     assert run["steps"] == 30
 
 
+HOSTILE_NAMES = ["../precious", "/", "..", ".", "", "a/b/c", "..\\precious", "x.json", "~", "name\0nul", "\u00e9t\u00e9 \U0001f600"]
+
+
+def test_a_recipe_object_goes_into_its_run_folder_whatever_its_name(tmp_path, corpus):
+    names = HOSTILE_NAMES + [str(tmp_path / "precious"), str(tmp_path / "runs" / "0" / "config")]
+    for i, name in enumerate(names):
+        before = {p for p in tmp_path.rglob("*")}
+        r = scalify.preset("current")
+        r.name = name
+        run_dir = tmp_path / "runs" / str(i)
+        scalify.train(str(run_dir), recipe=r, steps=1, data=corpus, **SETTINGS)
+        outside = [p for p in set(tmp_path.rglob("*")) - before if run_dir not in p.parents and p != run_dir]
+        assert outside == [] or outside == [tmp_path / "runs"], (name, outside)
+        assert scalify.Recipe.from_json((run_dir / "recipe.json").read_text()) == r, name
+        assert f"recipe = '{run_dir / 'recipe.json'}'" in (run_dir / "config.toml").read_text(), name
+    # Another run's recipe.json is never overwritten; nor is a finished run's.
+    other = scalify.preset("mxfp8")
+    written = (tmp_path / "runs" / "0" / "recipe.json").read_text()
+    with pytest.raises(ValueError, match="holds another recipe"):
+        scalify.train(str(tmp_path / "runs" / "0"), recipe=other, steps=1, data=corpus, **SETTINGS)
+    same = scalify.Recipe.from_json(written)
+    with pytest.raises(ValueError, match="already holds a run"):
+        scalify.train(str(tmp_path / "runs" / "0"), recipe=same, steps=1, data=corpus, **SETTINGS)
+    assert (tmp_path / "runs" / "0" / "recipe.json").read_text() == written
+
+
+def test_a_nul_in_a_path_or_setting_is_refused_before_any_file_is_touched(tmp_path, corpus):
+    # C and the file system read NUL as the end: "a\0b" would be the folder "a".
+    out, there = str(tmp_path / "a\0b"), str(tmp_path / "fine")
+    calls = [lambda: scalify.train(out, steps=1, data=corpus),
+             lambda: scalify.train(out, recipe=scalify.preset("current"), steps=1, data=corpus),
+             lambda: scalify.train(out, resume=True),
+             lambda: scalify.train(there, steps=1, data=corpus + "\0.txt"),
+             lambda: scalify.train(there, steps=1, data=corpus, **{"steps\0": 2}),
+             lambda: scalify.compare(out, recipes="f32", steps=1, data=corpus),
+             lambda: scalify.compare(there, recipes="f32,\0current", steps=1, data=corpus),
+             lambda: scalify.load_checkpoint(out),
+             lambda: scalify.inspect(out),
+             lambda: scalify.Gpt("f32", data="x\0")]
+    for call in calls:
+        with pytest.raises(ValueError, match=r"NUL character: '.*\\0"):
+            call()
+    assert list(tmp_path.iterdir()) == []
+
+
+class StopHere(Exception):
+    pass
+
+
+def stop_at(step):
+    def progress(s, steps, loss):
+        if s == step:
+            raise StopHere(s)
+    return progress
+
+
+def test_resume_continues_under_the_runs_own_config_and_recipe_bit_for_bit(tmp_path, corpus):
+    # Not the defaults: a recipe with state (delayed scaling's amax history), another shape, another lr.
+    own = dict(SETTINGS, d_model=48, layers=3, seq=24, lr=0.01, checkpoint_every=5)
+    whole = scalify.train(str(tmp_path / "whole"), recipe="delayed", steps=12, data=corpus, **own)
+    with pytest.raises(StopHere):
+        scalify.train(str(tmp_path / "cut"), recipe="delayed", steps=12, data=corpus, progress=stop_at(7), **own)
+    assert scalify.load_checkpoint(str(tmp_path / "cut" / "checkpoint.safetensors"))[1]["step"] == "5"
+    resumed = scalify.train(str(tmp_path / "cut"), resume=True)  # nothing repeated
+    assert resumed["steps"] == 12 and "resume at step 5" in (tmp_path / "cut" / "train.log").read_text()
+    assert losses(resumed["metrics"]) == losses(whole["metrics"]) and resumed["val_loss"] == whole["val_loss"]
+    a, _ = scalify.load_checkpoint(str(tmp_path / "whole" / "model.safetensors"))
+    b, _ = scalify.load_checkpoint(str(tmp_path / "cut" / "model.safetensors"))
+    assert a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a)
+    config = (tmp_path / "cut" / "config.toml").read_text()
+    assert config == (tmp_path / "whole" / "config.toml").read_text().replace(str(tmp_path / "whole"), str(tmp_path / "cut"))
+    assert "lr = 0.01\n" in config and "recipe = 'delayed'\n" in config and "d_model = 48\n" in config
+    # Keys given on a resume override the run's (steps to train further); the run keeps its recipe and shape.
+    assert scalify.train(str(tmp_path / "cut"), resume=True, steps=14)["steps"] == 14
+    assert "lr = 0.01\n" in (tmp_path / "cut" / "config.toml").read_text()
+    refusals = [(dict(recipe="f32"), "a run keeps its recipe"), (dict(recipe=scalify.preset("current")), "a run keeps its recipe"),
+                (dict(d_model=32), "d_model = 48, not 32"), (dict(layers=2), "layers = 3, not 2"), (dict(heads=4), "heads = 2, not 4"),
+                (dict(seq=16), "seq = 24, not 16"), (dict(swiglu=True), "swiglu = false, not true"), (dict(vocab=300), "vocab"),
+                (dict(lr=-1.0), "lr"), (dict(steps=10), "give --steps above 14"), (dict(no_such_key=1), "no_such_key")]
+    for given, message in refusals:
+        with pytest.raises(ValueError, match=message):
+            scalify.train(str(tmp_path / "cut"), resume=True, **dict({"steps": 16}, **given))
+    assert scalify.train(str(tmp_path / "cut"), resume=True, steps=16, recipe="delayed")["steps"] == 16  # the run's own: accepted
+    with pytest.raises(ValueError, match="not a run folder"):
+        scalify.train(str(tmp_path / "never"), resume=True)
+
+
+def rows_of(rows):
+    return rows.to_dict("records") if hasattr(rows, "to_dict") else rows
+
+
+def test_an_error_in_the_compare_callback_stops_the_comparison_and_it_resumes(tmp_path, corpus):
+    settings = dict(SETTINGS, checkpoint_every=2)
+    whole = rows_of(scalify.compare(str(tmp_path / "whole"), recipes="f32,current", steps=8, data=corpus, speed_rounds=0, **settings))
+    seen = []
+
+    def progress(line):
+        seen.append(line)
+        if line.startswith("[2/2] current  step 5/"):
+            raise StopHere(line)
+
+    out = tmp_path / "cut"
+    with pytest.raises(StopHere):
+        scalify.compare(str(out), recipes="f32,current", steps=8, data=corpus, speed_rounds=0, progress=progress, **settings)
+    assert seen[-1].startswith("[2/2] current  step 5/")  # nothing ran after the error
+    assert (out / "runs" / "f32" / "outcome.json").exists() and not (out / "runs" / "current" / "outcome.json").exists()
+    rows = rows_of(scalify.compare(str(out), resume=True))
+    assert "resume at step 4" in (out / "runs" / "current" / "train.log").read_text()
+    assert [r["status"] for r in rows] == ["ok", "ok"]
+    assert [r["val_loss"] for r in rows] == [r["val_loss"] for r in whole]
+
+
+def test_ctrl_c_stops_a_comparison_and_it_resumes(tmp_path, corpus):
+    import signal
+    import sys
+
+    out = str(tmp_path / "interrupted")
+    code = (
+        "import scalify\n"
+        f"scalify.compare({out!r}, recipes='f32,current', steps=40, data={corpus!r}, speed_rounds=0, checkpoint_every=5, "
+        "progress=lambda line: print(line, flush=True) if line.startswith('[1/2] f32  step 12/') else None, "
+        + ", ".join(f"{k}={v!r}" for k, v in SETTINGS.items())
+        + ")\n"
+    )
+    child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert child.stdout.readline().startswith("[1/2] f32  step 12/")  # training is under way
+    child.send_signal(signal.SIGINT)
+    try:
+        _, err = child.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        child.kill()
+        raise AssertionError("Ctrl-C did not stop the comparison")
+    assert child.returncode != 0 and "KeyboardInterrupt" in err, err
+    assert not os.path.exists(os.path.join(out, "runs", "f32", "outcome.json"))  # no failed row, no next recipe
+    assert not os.path.exists(os.path.join(out, "runs", "current"))
+    rows = rows_of(scalify.compare(out, resume=True))
+    assert [r["status"] for r in rows] == ["ok", "ok"] and rows[0]["steps"] == 40
+    assert "resume at step" in open(os.path.join(out, "runs", "f32", "train.log")).read()
+
+
+def test_a_model_too_large_for_memory_is_refused_by_name():
+    for shape in (dict(d_model=65536), dict(d_model=4096, layers=1024)):
+        with pytest.raises(ValueError, match="more than the .* of memory this process may use"):
+            scalify.Gpt("f32", **shape)
+    with pytest.raises(ValueError, match="d_model"):
+        scalify.Gpt("f32", d_model=-3)
+
+
 def test_inspect_gives_histograms_as_arrays(tmp_path, corpus):
     run = scalify.train(str(tmp_path / "seen"), recipe="scalify_fp16_1", steps=3, data=corpus, **SETTINGS)
     r = scalify.inspect(run["run_dir"], format="f16")

@@ -229,6 +229,8 @@ RecipeOutcome run_recipe(const CompareConfig& config, const std::string& recipe,
     o.diverged_step = e.step + 1;  // 1-based, as the progress line and the plots count steps
     o.note = e.what();
     o.result.train_loss = o.result.val_loss = o.result.val_bpb = NAN;
+  } catch (const Stopped&) {  // the caller stops everything: no row, the run left resumable
+    throw;
   } catch (const std::exception& e) {  // a recipe that cannot run is a row; the comparison goes on
     // ... unless it failed on some ranks only: the others may wait for them in a collective.
     if (world.size() > 1 && !dynamic_cast<const platform::EveryRankError*>(&e)) throw;

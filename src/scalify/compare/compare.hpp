@@ -12,8 +12,11 @@
 //   runs/<recipe>/  each recipe's own run folder (runs/<recipe>_seed<N>/ with several seeds)
 // A recipe that diverges is reported as such, with its step, and the comparison goes on. Speeds
 // are timed afterwards, the recipes interleaved (compare/speed.hpp).
+#include <exception>
 #include <functional>
+#include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "scalify/compare/noise.hpp"
@@ -79,6 +82,15 @@ struct CompareReport {
 
 // Called with one line per step: the recipe, its step, and the overall ETA.
 using CompareProgress = std::function<void(const std::string& line)>;
+// What a progress callback throws to stop the whole comparison (Python: Ctrl-C, an error in the
+// caller's own callback), where an error in one recipe's run makes that recipe a failed row:
+// compare lets it through, the recipe then training left as an interrupted run that a resume
+// continues. `cause`: the caller's own exception, for it to rethrow.
+class Stopped : public std::runtime_error {
+ public:
+  explicit Stopped(std::exception_ptr cause) : std::runtime_error("compare: stopped by its caller"), cause(std::move(cause)) {}
+  std::exception_ptr cause;
+};
 
 // Runs the comparison into config.out, which must not hold one yet; or, with resume, continues
 // the one in config.out from its compare.json (finished recipes are read back, an interrupted

@@ -264,6 +264,23 @@ TrainConfig run_config(const std::string& run_dir) {
   return load_config_file((std::filesystem::path(run_dir) / "config.toml").string());
 }
 
+TrainConfig resume_config(const std::string& run_dir, const std::function<void(TrainConfig&)>& overrides) {
+  const TrainConfig run = run_config(run_dir);
+  TrainConfig c = run;
+  overrides(c);
+  c.out = run_dir;
+  // The checkpoint holds the run's model: another shape would drop its tensors (fewer layers) or
+  // read them otherwise (other heads) without a word.
+  for (const auto& [key, entry] : table()) {
+    TrainConfig one = run;
+    entry.set(one, entry.get(c));
+    if (!(one.model == run.model))
+      throw Error("resume: the run in '" + run_dir + "' has " + key + " = " + entry.get(run) + ", not " + entry.get(c) +
+                  "; a run keeps its model's shape: start a new run for another");
+  }
+  return c;
+}
+
 double learning_rate(const TrainConfig& c, int64_t step) {
   if (step < c.warmup) return c.lr * double(step + 1) / double(c.warmup);
   const double span = double(std::max<int64_t>(c.steps - c.warmup, 1));

@@ -2,6 +2,7 @@
 // A training run's configuration: every key of the TOML file (`--config`), each overridable from
 // the command line. Keys are flat (`steps = 600`); unknown keys, wrong types and out-of-range
 // values are errors naming the key. The effective configuration is written to the run folder.
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -38,6 +39,10 @@ struct TrainConfig {
 
 TrainConfig load_config_file(const std::string& path);  // validates
 TrainConfig run_config(const std::string& run_dir);     // a run folder's config.toml, validated
+// The config a resumed run trains with (the CLI's --resume, Python's resume=True): the run
+// folder's config.toml with `overrides` applied (more steps, other keys; the trainer refuses a
+// recipe other than the run's), in that folder whatever the overrides say.
+TrainConfig resume_config(const std::string& run_dir, const std::function<void(TrainConfig&)>& overrides);
 TrainConfig parse_config(const std::string& toml_text, const std::string& what);
 
 // Learning rate at `step` (0-based): linear warmup to lr over `warmup` steps, then cosine to min_lr.

@@ -45,13 +45,8 @@ std::string gigabytes(double bytes) {
   return s;
 }
 
-// Refuses a model that cannot fit before any of it is allocated (std::bad_alloc minutes into the
-// allocation otherwise, or the machine's memory eaten). The estimate is a lower bound: a session
-// with an optimizer (training, and checkpoints loaded with their state) holds the parameters and
-// their gradients in the master-weight storage and AdamW's two moments in the recipe's state
-// storage, and per token of a batch at least 16 activations of d_model values per layer (in the
-// data storage) and the f32 logits with their softmax and gradient; an inference session, the
-// f32 parameter values and one batch's logits.
+}  // namespace
+
 void check_fits_in_memory(const TrainConfig& cfg, const quant::Recipe& r, bool with_optimizer) {
   const nn::GptConfig& m = cfg.model;
   const double params = double(m.parameter_count()), tokens = double(cfg.batch) * double(m.seq);
@@ -65,8 +60,6 @@ void check_fits_in_memory(const TrainConfig& cfg, const quant::Recipe& r, bool w
                 " under recipe " + r.name + " needs at least " + gigabytes(bytes) + ", more than the " + gigabytes(limit) +
                 " of memory this process may use");
 }
-
-}  // namespace
 
 std::unique_ptr<Session> make_session(const TrainConfig& cfg, const io::SafeTensors* ckpt) {
   quant::Recipe recipe = quant::load_recipe(cfg.recipe);

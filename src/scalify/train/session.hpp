@@ -54,6 +54,14 @@ struct Session {
   }
 };
 
+// Refuses a model that cannot fit before any of it is allocated (std::bad_alloc minutes into the
+// allocation otherwise, or the machine's memory eaten). The estimate is a lower bound: a session
+// with an optimizer (training, and checkpoints loaded with their state) holds the parameters and
+// their gradients in the master-weight storage and AdamW's two moments in the recipe's state
+// storage, and per token of a batch at least 16 activations of d_model values per layer (in the
+// data storage) and the f32 logits with their softmax and gradient; a model without one (an
+// inference session, Python's Gpt), the f32 parameter values and one batch's logits.
+void check_fits_in_memory(const TrainConfig& cfg, const quant::Recipe& r, bool with_optimizer);
 // A new session (ckpt null: initialised from the config's seed) or one restored from a training
 // checkpoint (parameters, optimizer and quantiser state, loss scaler).
 std::unique_ptr<Session> make_session(const TrainConfig& cfg, const io::SafeTensors* ckpt);
