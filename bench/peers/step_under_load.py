@@ -21,7 +21,7 @@ from step_ratio import SIZES, engine_step, torch_step
 # column: (what runs, extra environment)
 COLUMNS = {
     "engine": ("engine", {}),
-    "engine, libgomp's spin": ("engine", {"GOMP_SPINCOUNT": "300000"}),
+    "engine with libgomp's spin": ("engine", {"GOMP_SPINCOUNT": "300000"}),
     "PyTorch": ("torch", {}),
 }
 
@@ -65,8 +65,8 @@ def main():
                     else:
                         ms = torch_step(a.python, "small", env, a.warmup, a.threads)[0]
                     tps[(c, n)].append(tokens_per_s(ms))
-                    print(f"[round {k + 1}/{a.rounds}, {n} busy] {c}: {tps[(c, n)][-1]:.0f} tokens/s ({time.time() - t0:.0f} s)",
-                          file=sys.stderr)
+                    print(f"[round {k + 1}/{a.rounds}, {n} busy] {c}: {tps[(c, n)][-1]:.0f} tokens/s ({time.time() - t0:.0f} s, "
+                          f"load average {os.getloadavg()[0]:.1f})", file=sys.stderr)
             finally:
                 for b in busy:
                     b.kill()
