@@ -4,7 +4,13 @@
 # tests), prints `scalify info`, then the alternating comparison of step_ratio.py.
 #   bench/peers/step_vs_pytorch.sh                       # three sizes, f32, 3 rounds
 #   bench/peers/step_vs_pytorch.sh --sizes small --recipes f32,current,scalify_fp8_3 --rounds 2
+# With --under-load first it runs step_under_load.py instead (step_under_load.sh).
 set -euo pipefail
+script=step_ratio.py
+if [[ "${1:-}" == --under-load ]]; then
+  script=step_under_load.py
+  shift
+fi
 cd "$(dirname "$0")/../.."
 venv=${SCALIFY_PEERS_VENV:-$HOME/.cache/scalify-peers-venv}
 if ! "$venv/bin/python" -c "import torch" 2>/dev/null; then
@@ -17,4 +23,4 @@ fi
 scripts/build.sh
 build/apps/scalify/scalify info
 "$venv/bin/python" -c "import torch; print('pytorch:', torch.__version__, torch.backends.cpu.get_cpu_capability())"
-exec "$venv/bin/python" bench/peers/step_ratio.py --python "$venv/bin/python" "$@"
+exec "$venv/bin/python" "bench/peers/$script" --python "$venv/bin/python" "$@"

@@ -19,6 +19,8 @@ import operator
 import os
 from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 
+# First: libgomp, loaded with _scalify, reads OpenMP's spin count once (platform/openmp_wait.hpp).
+from . import _openmp_wait  # noqa: F401,I001
 from . import _scalify
 from ._scalify import unit  # noqa: F401  (unit scaling's ops: scalify.unit.matmul, ...)
 from ._scalify import (  # noqa: F401  (re-exported types and ops)

@@ -4,6 +4,7 @@
 
 #include "scalify/formats/kernels.hpp"
 #include "scalify/platform/cpu.hpp"
+#include "scalify/platform/openmp_wait.hpp"
 #include "scalify/platform/world.hpp"
 #include "scalify/tensor/gemm.hpp"
 
@@ -22,6 +23,7 @@ std::vector<std::pair<std::string, std::string>> system_info() {
       {"gemm f32", "oneDNN sgemm"},
       {"gemm fp8 codes", gemm::code_gemm_name(gemm::code_gemm())},
       {"threads", std::to_string(omp_get_max_threads())},
+      {"openmp wait", platform::openmp_wait_description()},
       {"processes", platform::world_description()},
   };
 }
