@@ -109,7 +109,13 @@ expect_error "--bias applies to --method cscale only" quantize "$out/cmp/runs/f3
 expect_error "it takes neither --method, --bias nor --weights-only" quantize "$out/cmp/runs/f32" --sweep 0:1 --method mx
 expect_error "it takes neither --method, --bias nor --weights-only" quantize "$out/cmp/runs/f32" --sweep 0:1 --weights-only
 expect_error "unknown quantisation method 'nvfp8' (valid: amax, cscale, mx, nvfp4, mxfp4)" quantize "$out/cmp/runs/f32" --out "$out/q3.safetensors" --method nvfp8
-expect_error "is the checkpoint being quantised" quantize "$out/cmp/runs/f32" --out "$out/cmp/runs/f32/checkpoint.safetensors"
+expect_error "which this command reads or the run owns" quantize "$out/cmp/runs/f32" --out "$out/cmp/runs/f32/checkpoint.safetensors"
+# ... nor any other file of the run folder.
+cp "$out/cmp/runs/f32/model.safetensors" "$out/model_kept"
+for f in model.safetensors config.toml metrics.jsonl; do
+  expect_error "which this command reads or the run owns" quantize "$out/cmp/runs/f32/checkpoint.safetensors" --out "$out/cmp/runs/f32/$f"
+done
+cmp -s "$out/model_kept" "$out/cmp/runs/f32/model.safetensors" || { echo "quantize replaced the run's model"; exit 1; }
 mkdir -p "$out/emptyrun"
 expect_error "'$out/emptyrun' holds no checkpoint.safetensors" inspect "$out/emptyrun"
 expect_error "'$out/emptyrun' holds no checkpoint.safetensors" eval "$out/emptyrun"
@@ -184,10 +190,10 @@ expect_error "data: '$out/fifo' is not a regular file" eval --model "$hf/tiny_gp
 expect_error "data: '$out/fifo' is not a regular file" quantize --model "$hf/tiny_gpt2" --data "$out/fifo"
 expect_error "data: '$out/fifo' is not a regular file" train --init "$hf/tiny_gpt2" --data "$out/fifo" --out "$out/fifo_run" --steps 1
 cp "$out/text" "$out/text_copy"
-expect_error "is the input" tokenize --model "$hf/tiny_gpt2" --data "$out/text_copy" --out "$out/text_copy"
+expect_error "which this command reads or the run owns" tokenize --model "$hf/tiny_gpt2" --data "$out/text_copy" --out "$out/text_copy"
 cmp -s "$out/text" "$out/text_copy" || { echo "tokenize overwrote its input"; exit 1; }
 mkdir -p "$out/model_copy" && cp "$hf/tiny_gpt2/"* "$out/model_copy/"
-expect_error "is a file of the model folder" tokenize --model "$out/model_copy" --data "$out/text" --out "$out/model_copy/vocab.json"
+expect_error "which this command reads or the run owns" tokenize --model "$out/model_copy" --data "$out/text" --out "$out/model_copy/vocab.json"
 cmp -s "$hf/tiny_gpt2/vocab.json" "$out/model_copy/vocab.json" || { echo "tokenize overwrote the vocabulary"; exit 1; }
 expect_error "context must be in [1, 64]" eval --model "$hf/tiny_gpt2" --data "$out/text" --context 65
 expect_error "not a model folder" eval --model "$out/none" --data "$out/text"

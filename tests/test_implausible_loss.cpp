@@ -55,6 +55,10 @@ TEST(ImplausibleLoss, TheLossKernelRefusesALossBelowItsLogitsResolution) {
   // The scale a scaled tensor hands in counts.
   EXPECT_TRUE(std::isnan(ops::cross_entropy(Tensor::full({2, 8}, 2.0), targets, 1 << 24).item()));
   EXPECT_NEAR(ops::cross_entropy(Tensor::full({2, 8}, 2.0), targets, 1 << 20).item(), ln8, 1e-6);
+  // A masked class (a logit of -inf) is no huge logit.
+  std::vector<float> masked(16, 0.0f);
+  masked[2] = masked[10] = -INFINITY;
+  EXPECT_NEAR(ops::cross_entropy(Tensor::from_vector(masked, {2, 8}), targets).item(), std::log(7.0), 1e-6);
   // Computing in f64 a logit has 53 bits.
   EXPECT_NEAR(ops::cross_entropy(Tensor::full({2, 8}, 1e15, DType::f64), targets).item(), ln8, 1e-6);
   EXPECT_TRUE(std::isnan(ops::cross_entropy(Tensor::full({2, 8}, 1e17, DType::f64), targets).item()));

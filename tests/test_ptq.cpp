@@ -221,7 +221,7 @@ TEST(Ptq, BadInputsNameWhatWasWrong) {
   EXPECT_FALSE(fs::exists(dir / "x.safetensors")) << "a failed quantisation leaves no file";
   // The output may not be the input checkpoint, nor a folder.
   const std::string ckpt = (fs::path(src) / "checkpoint.safetensors").string();
-  EXPECT_ERROR(train::quantize_checkpoint(src, ckpt, {}), "is the checkpoint being quantised");
+  EXPECT_ERROR(train::quantize_checkpoint(src, ckpt, {}), "which this command reads or the run owns");
   EXPECT_ERROR(train::quantize_checkpoint(src, dir.string(), {}), "is a folder");
   EXPECT_NO_THROW(io::read_safetensors(ckpt).metadata.at("scalify.state")) << "the training checkpoint is intact";
 }

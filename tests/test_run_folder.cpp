@@ -22,6 +22,7 @@
 #include "scalify/note.hpp"
 #include "scalify/platform/crc32c.hpp"
 #include "scalify/quant/recipe.hpp"
+#include "scalify/report/gnuplot.hpp"
 #include "scalify/train/config.hpp"
 #include "scalify/train/corpus.hpp"
 #include "scalify/train/session.hpp"
@@ -159,6 +160,22 @@ TEST(AtomicWrite, RefusesATargetThatIsNotARegularFile) {
   io::write_text_atomically((dir / "file").string(), "old");
   io::write_text_atomically((dir / "file").string(), "new");
   EXPECT_EQ(slurp(dir / "file"), "new");
+}
+
+TEST(Gnuplot, TheLogReplacesALinkAndRefusesAFifo) {
+  const fs::path dir = scratch("gnuplot_log"), victim = scratch("victim.txt");
+  fs::create_directories(dir);
+  const fs::path script = dir / "plot.gp", log = dir / "plot.gp.log";
+  spit(script, "print 1\n");
+  spit(victim, "precious\n");
+  fs::create_symlink(victim, log);
+  EXPECT_EQ(report::run_gnuplot(script.string()), "");
+  EXPECT_EQ(slurp(victim), "precious\n") << "gnuplot's log was written through a link";
+  EXPECT_TRUE(fs::is_regular_file(fs::symlink_status(log)));
+  fs::remove(log);
+  ASSERT_EQ(::mkfifo(log.c_str(), 0600), 0);
+  EXPECT_NE(report::run_gnuplot(script.string()).find("is not a regular file"), std::string::npos);
+  EXPECT_TRUE(fs::is_fifo(log));
 }
 
 TEST(AtomicWrite, RemovesOnlyTemporariesWhoseWriterHasEnded) {
@@ -317,7 +334,6 @@ TEST(Trainer, RunFilesThatAreNotRegularFilesAreNeitherReplacedNorFollowed) {
   fs::create_symlink("/dev/null", run / "model.safetensors");
   EXPECT_ERROR(train::train(r, true), "model.safetensors' exists and is not a regular file");
   EXPECT_TRUE(fs::is_symlink(run / "model.safetensors"));
-  EXPECT_TRUE(fs::is_character_file("/dev/null"));
   fs::remove(run / "model.safetensors");
   spit(run / "model.safetensors", model);
   // Every file a run replaces, as a FIFO or a folder: refused before anything is written.

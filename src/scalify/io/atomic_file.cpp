@@ -103,6 +103,14 @@ void write_file_atomically(const std::string& path, const std::function<void(con
   }
 }
 
+void refuse_to_overwrite(const std::string& out, const std::vector<std::string>& inputs, const std::string& what) {
+  std::error_code ec;
+  if (!fs::exists(out, ec)) return;
+  for (const std::string& in : inputs)
+    if (fs::equivalent(out, in, ec))
+      throw Error(what + ": the output '" + out + "' is '" + in + "', which this command reads or the run owns; write elsewhere");
+}
+
 void write_text_atomically(const std::string& path, const std::string& text) {
   write_file_atomically(path, [&](const ByteSink& out) { out(text.data(), text.size()); });
 }

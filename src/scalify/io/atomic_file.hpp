@@ -4,6 +4,7 @@
 // temporary is renamed over the target (atomic on POSIX file systems), then the folder is synced.
 #include <functional>
 #include <string>
+#include <vector>
 
 namespace scalify::io {
 
@@ -16,6 +17,10 @@ using ByteSink = std::function<void(const void* data, size_t size)>;
 void write_file_atomically(const std::string& path, const std::function<void(const ByteSink&)>& write);
 // The same for a whole text (reports, CSV, plot scripts).
 void write_text_atomically(const std::string& path, const std::string& text);
+
+// Throws unless `out` (a file about to be written) is none of `inputs` (the same file under any
+// name counts): an output never replaces what the command reads. `what` names the command.
+void refuse_to_overwrite(const std::string& out, const std::vector<std::string>& inputs, const std::string& what);
 
 // Creates a folder and its parents; an error naming it when a file is in the way or it cannot
 // be made (instead of std::filesystem's exception).

@@ -306,7 +306,8 @@ bool loss_resolved(const Tensor& logits, double in_mul, double loss) {
   return dispatch_compute(computes_in_f64(x), [&]<class T>() {
     const Dense<T> v(x);
     double top = 0;
-    for (int64_t i = 0; i < x.numel(); ++i) top = std::max(top, std::abs(double(v[i])));
+    for (int64_t i = 0; i < x.numel(); ++i)  // a logit of -inf (a masked class) has no rounding
+      if (double(v[i]) != -INFINITY) top = std::max(top, std::abs(double(v[i])));
     top *= std::abs(in_mul);
     if (!std::isfinite(top)) return false;
     const double ulp = top > 0 ? std::ldexp(1.0, std::ilogb(top) - (std::numeric_limits<T>::digits - 1)) : 0.0;

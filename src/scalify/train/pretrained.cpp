@@ -97,12 +97,10 @@ TrainConfig with_pretrained_model(const TrainConfig& config) {
 Tokenized tokenize_file(const std::string& model_dir, const std::string& path, const std::string& out) {
   // The output replaces whatever file it names: never one of the inputs.
   namespace fs = std::filesystem;
+  std::vector<std::string> inputs = {path};  // and every file of the model folder
   std::error_code ec;
-  if (fs::exists(out, ec)) {
-    if (fs::equivalent(out, path, ec)) throw Error("tokenize: --out '" + out + "' is the input '" + path + "'; write the tokens elsewhere");
-    if (fs::equivalent(fs::absolute(out).parent_path(), model_dir, ec))
-      throw Error("tokenize: --out '" + out + "' is a file of the model folder '" + model_dir + "'; write the tokens elsewhere");
-  }
+  for (const auto& e : fs::directory_iterator(model_dir, ec)) inputs.push_back(e.path().string());
+  io::refuse_to_overwrite(out, inputs, "tokenize");
   const std::unique_ptr<tokenize::Tokenizer> tokenizer = tokenize::load_tokenizer(model_dir);
   const std::string text = io::read_input_file(path, "data", uint64_t(platform::memory_limit_bytes() / 4));
   const std::vector<int32_t> tokens = tokenizer->encode(text);

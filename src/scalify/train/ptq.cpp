@@ -11,6 +11,7 @@
 
 #include "scalify/error.hpp"
 #include "scalify/formats/block.hpp"
+#include "scalify/io/atomic_file.hpp"
 #include "scalify/io/json_text.hpp"
 #include "scalify/quant/quantizer.hpp"
 #include "scalify/tensor/ops.hpp"
@@ -138,8 +139,9 @@ std::vector<PtqWeight> quantize_checkpoint(const std::string& checkpoint, const 
   std::error_code ec;
   if (fs::is_directory(out, ec))
     throw Error("quantize: the output '" + out + "' is a folder; give a file name such as model_fp8.safetensors");
-  if (fs::exists(out, ec) && fs::equivalent(out, checkpoint_file(checkpoint), ec))
-    throw Error("quantize: the output '" + out + "' is the checkpoint being quantised; give another file name");
+  std::vector<std::string> inputs = {checkpoint_file(checkpoint)};  // and the files of its run folder
+  for (const char* f : run_file_names()) inputs.push_back((fs::path(checkpoint_file(checkpoint)).parent_path() / f).string());
+  io::refuse_to_overwrite(out, inputs, "quantize");
   const auto [src, cfg] = read_checkpoint(checkpoint);
   const std::unique_ptr<Session> s = load_session(src, cfg, checkpoint_file(checkpoint));
   std::map<std::string, Tensor> values = parameter_values(*s);

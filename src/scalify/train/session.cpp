@@ -61,6 +61,12 @@ void check_fits_in_memory(const TrainConfig& cfg, const quant::Recipe& r, bool w
                 " of memory this process may use");
 }
 
+const std::vector<const char*>& run_file_names() {
+  static const std::vector<const char*> names = {
+      "checkpoint.safetensors", "model.safetensors", "initial.safetensors", "config.toml", "recipe.json", "metrics.jsonl", "train.log"};
+  return names;
+}
+
 std::unique_ptr<Session> make_session(const TrainConfig& cfg, const io::SafeTensors* ckpt) {
   quant::Recipe recipe = quant::load_recipe(cfg.recipe);
   check_fits_in_memory(cfg, recipe, true);

@@ -79,6 +79,9 @@ void save_checkpoint(const Session& s, const std::string& path, int64_t step, in
 std::string checkpoint_file(const std::string& path);
 // Reads a training checkpoint and its config; errors name the file.
 std::pair<io::SafeTensors, TrainConfig> read_checkpoint(const std::string& path);
+
+// The files of a run folder: the trainer's own, which no other command may replace.
+const std::vector<const char*>& run_file_names();
 // The same checks on a file already read.
 TrainConfig training_checkpoint_config(io::SafeTensors& st, const std::string& file);
 // A checkpoint's metadata 'step' (the steps it has trained), checked to be a whole number >= 0.

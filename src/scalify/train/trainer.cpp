@@ -130,7 +130,7 @@ void check_run_files(const fs::path& dir) {
       throw Error("'" + (dir / f).string() + "' is a symbolic link; a run appends to its " + f + ", never through a link: remove it");
     if (fs::exists(st) && !fs::is_regular_file(st)) throw Error("'" + (dir / f).string() + "' is not a regular file");
   }
-  for (const char* f : {"checkpoint.safetensors", "model.safetensors", "initial.safetensors", "config.toml", "recipe.json"}) {
+  for (const char* f : run_file_names()) {
     const fs::path p = dir / f;
     if (fs::exists(p) && !fs::is_regular_file(p))
       throw Error("'" + p.string() + "' exists and is not a regular file (a folder, device, pipe or socket); a run folder's " + f +
