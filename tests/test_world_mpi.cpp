@@ -77,7 +77,12 @@ TEST(WorldMpi, DescriptionsOfDifferentLengthsCannotTruncateTheExchange) {
   const World& w = mpi();
   const std::string longer(w.rank() == 0 ? 3 : 100000, 'x');
   EXPECT_EQ(disagreement(w, {{"a", "same", ""}, {"b", longer, ""}}),
-            "ranks disagree on b: rank 0 has xxx, rank 1 has " + std::string(100000, 'x'));
+            "ranks disagree on b: rank 0 has xxx, rank 1 has " + std::string(80, 'x') + "... (100000 characters)");
+  // A long value is shown around its first difference, not from its start.
+  const std::string recipe = std::string(5000, 'r') + (w.rank() == 0 ? "e4m3" : "e5m2") + std::string(5000, 'r');
+  EXPECT_EQ(disagreement(w, {{"the recipe", recipe, ""}}),
+            "ranks disagree on the recipe: rank 0 has ..." + std::string(19, 'r') + "e4m3" + std::string(57, 'r') +
+                "... (10004 characters), rank 1 has ..." + std::string(19, 'r') + "e5m2" + std::string(57, 'r') + "... (10004 characters)");
   // One rank with an item more.
   std::vector<Agreed> items{{"a", "same", ""}};
   if (w.rank() == 1) items.push_back({"b", "more", ""});

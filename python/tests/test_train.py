@@ -97,11 +97,25 @@ def test_compare_under_several_seeds_gives_intervals_and_verdicts(tmp_path, corp
         scalify.compare(str(tmp_path / "bad4"), recipes="current", steps=4, data=corpus, seeds=[3], seed=4, **SETTINGS)
 
 
-def test_ctrl_c_stops_training_between_steps_and_the_run_resumes(tmp_path, corpus):
+def interrupt(code, under_way, what):
+    """Runs `code` in a child Python, sends it Ctrl-C once its first line says `under_way`, and
+    checks that it stopped with KeyboardInterrupt. The wait after the signal only guards against a
+    hang: one step of the tiny model, however slow the host, is far below it."""
     import signal
     import sys
-    import time
 
+    child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert under_way(child.stdout.readline())  # the event: the work is under way
+    child.send_signal(signal.SIGINT)
+    try:
+        _, err = child.communicate(timeout=600)
+    except subprocess.TimeoutExpired:
+        child.kill()
+        raise AssertionError(f"Ctrl-C did not stop {what}")
+    assert child.returncode != 0 and "KeyboardInterrupt" in err, err
+
+
+def test_ctrl_c_stops_training_between_steps_and_the_run_resumes(tmp_path, corpus):
     out = str(tmp_path / "interrupted")
     code = (
         "import scalify, sys\n"
@@ -110,15 +124,7 @@ def test_ctrl_c_stops_training_between_steps_and_the_run_resumes(tmp_path, corpu
         + ", ".join(f"{k}={v!r}" for k, v in SETTINGS.items() if k != "eval_every")
         + ", eval_every=100000)\n"
     )
-    child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    assert child.stdout.readline().strip() == "12"  # training is under way
-    child.send_signal(signal.SIGINT)
-    try:
-        _, err = child.communicate(timeout=60)
-    except subprocess.TimeoutExpired:
-        child.kill()
-        raise AssertionError("Ctrl-C did not stop the training")
-    assert child.returncode != 0 and "KeyboardInterrupt" in err, err
+    interrupt(code, lambda line: line.strip() == "12", "the training")
     # The run stopped between steps: its last checkpoint is whole, and it resumes from it.
     run = scalify.train(out, steps=30, data=corpus, resume=True, **{k: v for k, v in SETTINGS.items()})
     assert run["steps"] == 30
@@ -237,9 +243,6 @@ def test_an_error_in_the_compare_callback_stops_the_comparison_and_it_resumes(tm
 
 
 def test_ctrl_c_stops_a_comparison_and_it_resumes(tmp_path, corpus):
-    import signal
-    import sys
-
     out = str(tmp_path / "interrupted")
     code = (
         "import scalify\n"
@@ -248,15 +251,7 @@ def test_ctrl_c_stops_a_comparison_and_it_resumes(tmp_path, corpus):
         + ", ".join(f"{k}={v!r}" for k, v in SETTINGS.items())
         + ")\n"
     )
-    child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    assert child.stdout.readline().startswith("[1/2] f32  step 12/")  # training is under way
-    child.send_signal(signal.SIGINT)
-    try:
-        _, err = child.communicate(timeout=60)
-    except subprocess.TimeoutExpired:
-        child.kill()
-        raise AssertionError("Ctrl-C did not stop the comparison")
-    assert child.returncode != 0 and "KeyboardInterrupt" in err, err
+    interrupt(code, lambda line: line.startswith("[1/2] f32  step 12/"), "the comparison")
     assert not os.path.exists(os.path.join(out, "runs", "f32", "outcome.json"))  # no failed row, no next recipe
     assert not os.path.exists(os.path.join(out, "runs", "current"))
     rows = rows_of(scalify.compare(out, resume=True))

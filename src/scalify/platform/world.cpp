@@ -311,6 +311,20 @@ std::vector<std::pair<std::string, std::string>> parse_items(const char* text, s
   return items;
 }
 
+// Two values that differ, each shown around the first character where they do (a recipe's JSON,
+// a path): at most 80 characters of each, with its length when it is cut.
+std::pair<std::string, std::string> where_they_differ(const std::string& a, const std::string& b) {
+  constexpr size_t kShown = 80, kBefore = 20;
+  const size_t at = size_t(std::mismatch(a.begin(), a.begin() + std::min(a.size(), b.size()), b.begin()).first - a.begin());
+  auto around = [&](const std::string& v) {
+    if (v.size() <= kShown) return v;
+    const size_t from = at > kBefore ? std::min(at - kBefore, v.size() - kShown) : 0;
+    return (from > 0 ? "..." : "") + v.substr(from, kShown) + (from + kShown < v.size() ? "..." : "") + " (" + std::to_string(v.size()) +
+           " characters)";
+  };
+  return {around(a), around(b)};
+}
+
 }  // namespace
 
 void check_ranks_agree(const World& world, const std::vector<Agreed>& items) {
@@ -351,9 +365,9 @@ void check_ranks_agree(const World& world, const std::vector<Agreed>& items) {
       size_t others = 0;
       for (size_t q = r + 1; q < ranks.size(); ++q) others += i < ranks[q].size() && ranks[q][i].second != ranks[0][i].second;
       const std::string& hint = i < items.size() ? items[i].hint : "";
-      throw EveryRankError("ranks disagree on " + ranks[0][i].first + ": rank 0 has " + ranks[0][i].second + ", rank " + std::to_string(r) +
-                           " has " + ranks[r][i].second +
-                           (others ? " (and " + std::to_string(others) + " more ranks differ from rank 0)" : "") +
+      const auto [theirs0, theirs] = where_they_differ(ranks[0][i].second, ranks[r][i].second);
+      throw EveryRankError("ranks disagree on " + ranks[0][i].first + ": rank 0 has " + theirs0 + ", rank " + std::to_string(r) + " has " +
+                           theirs + (others ? " (and " + std::to_string(others) + " more ranks differ from rank 0)" : "") +
                            (hint.empty() ? "" : "; " + hint));
     }
     if (i >= ranks[0].size()) break;

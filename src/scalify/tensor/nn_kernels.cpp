@@ -305,8 +305,10 @@ bool loss_resolved(const Tensor& logits, double in_mul, double loss) {
   const Tensor x = logits.contiguous();
   return dispatch_compute(computes_in_f64(x), [&]<class T>() {
     const Dense<T> v(x);
-    double top = 0;
-    for (int64_t i = 0; i < x.numel(); ++i)  // a logit of -inf (a masked class) has no rounding
+    const int64_t n = x.numel();
+    double top = 0;  // a logit of -inf (a masked class) has no rounding
+#pragma omp parallel for reduction(max : top) if (n > platform::kParallelGrain)
+    for (int64_t i = 0; i < n; ++i)
       if (double(v[i]) != -INFINITY) top = std::max(top, std::abs(double(v[i])));
     top *= std::abs(in_mul);
     if (!std::isfinite(top)) return false;

@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
-#include <cstdio>
 #include <cstring>
 #include <nlohmann/json.hpp>
 #include <span>
@@ -341,12 +340,6 @@ uint32_t parameter_crc(const Var& p, uint32_t crc = 0) {
   return crc;
 }
 
-std::string hex(uint32_t crc) {
-  char b[16];
-  std::snprintf(b, sizeof b, "%08x", crc);
-  return b;
-}
-
 }  // namespace
 
 std::vector<platform::Agreed> run_description(const TrainConfig& config, const Corpus& corpus) {
@@ -363,7 +356,7 @@ std::vector<platform::Agreed> run_description(const TrainConfig& config, const C
   uint32_t crc = platform::crc32c(corpus.train.data(), corpus.train.size() * sizeof(int32_t));
   crc = platform::crc32c(corpus.val.data(), corpus.val.size() * sizeof(int32_t), crc);
   items.push_back({"the corpus",
-                   "CRC-32C " + hex(crc) + " of " + std::to_string(corpus.train.size()) + " training and " +
+                   "CRC-32C " + platform::crc32c_text(crc) + " of " + std::to_string(corpus.train.size()) + " training and " +
                        std::to_string(corpus.val.size()) + " validation " + corpus.unit(),
                    "every machine must read the same text: a copy on one machine differs (keep the corpus on storage every rank sees)"});
   return items;
@@ -372,7 +365,8 @@ std::vector<platform::Agreed> run_description(const TrainConfig& config, const C
 platform::Agreed starting_parameters(const std::vector<Var>& params, int64_t step, const TrainConfig& config) {
   uint32_t crc = 0;
   for (const Var& p : params) crc = parameter_crc(p, crc);
-  return {"the parameters at step " + std::to_string(step), "CRC-32C " + hex(crc) + " over " + std::to_string(params.size()) + " tensors",
+  return {"the parameters at step " + std::to_string(step),
+          "CRC-32C " + platform::crc32c_text(crc) + " over " + std::to_string(params.size()) + " tensors",
           step > 0               ? "each rank read its own checkpoint, and they differ (keep the run folder on storage every rank sees)"
           : !config.init.empty() ? "each rank read its own --init model, and they differ (keep it on storage every rank sees)"
                                  : "the same config and seed built different models (a bug: please report it)"};

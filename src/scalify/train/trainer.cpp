@@ -124,12 +124,9 @@ struct OpenRun {
 // replaced by renaming (which replaces a link, not its target) or removed on a resume: a device,
 // pipe or socket in their place must never be destroyed.
 void check_run_files(const fs::path& dir) {
-  for (const char* f : {"metrics.jsonl", "train.log"}) {
-    const fs::file_status st = fs::symlink_status(dir / f);
-    if (fs::is_symlink(st))
+  for (const char* f : {"metrics.jsonl", "train.log"})
+    if (fs::is_symlink(fs::symlink_status(dir / f)))
       throw Error("'" + (dir / f).string() + "' is a symbolic link; a run appends to its " + f + ", never through a link: remove it");
-    if (fs::exists(st) && !fs::is_regular_file(st)) throw Error("'" + (dir / f).string() + "' is not a regular file");
-  }
   for (const char* f : run_file_names()) {
     const fs::path p = dir / f;
     if (fs::exists(p) && !fs::is_regular_file(p))
