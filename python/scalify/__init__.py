@@ -14,67 +14,99 @@ are ValueError with its message.
 
 from __future__ import annotations
 
-import json
-import operator
-import os
-from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
-
 # First: libgomp, loaded with _scalify, reads OpenMP's spin count once (platform/openmp_wait.hpp).
-from . import _openmp_wait  # noqa: F401,I001
-from . import _scalify
-from ._scalify import unit  # noqa: F401  (unit scaling's ops: scalify.unit.matmul, ...)
-from ._scalify import (  # noqa: F401  (re-exported types and ops)
-    Tensor,
-    add,
-    as_scaled,
-    cast_on_backward,
-    cast_on_forward,
-    cross_entropy,
-    dynamic_rescale,
-    dynamic_rescale_grad,
-    exp,
-    gelu,
-    gelu_erf,
-    layer_norm,
-    log,
-    log_softmax,
-    matmul,
-    mean,
-    mul,
-    rebalance,
-    relu,
-    reshape,
-    set_scaling,
-    sigmoid,
-    silu,
-    softmax,
-    sum,
-    tanh,
-    transpose,
-    ForwardGemm,
-    HighPrecisionLayers,
-    InputGradGemm,
-    LinearRecipe,
-    QuantizerConfig,
-    Recipe,
-    WeightGradGemm,
+from . import _openmp_wait as _openmp_wait  # noqa: I001
+from ._scalify import unit as unit
+from ._scalify import (
+    Tensor as Tensor,
+    add as add,
+    as_scaled as as_scaled,
+    cast_on_backward as cast_on_backward,
+    cast_on_forward as cast_on_forward,
+    cross_entropy as cross_entropy,
+    dynamic_rescale as dynamic_rescale,
+    dynamic_rescale_grad as dynamic_rescale_grad,
+    exp as exp,
+    gelu as gelu,
+    gelu_erf as gelu_erf,
+    layer_norm as layer_norm,
+    log as log,
+    log_softmax as log_softmax,
+    matmul as matmul,
+    mean as mean,
+    mul as mul,
+    rebalance as rebalance,
+    relu as relu,
+    reshape as reshape,
+    set_scaling as set_scaling,
+    sigmoid as sigmoid,
+    silu as silu,
+    softmax as softmax,
+    sum as sum,
+    tanh as tanh,
+    transpose as transpose,
+    ForwardGemm as ForwardGemm,
+    HighPrecisionLayers as HighPrecisionLayers,
+    InputGradGemm as InputGradGemm,
+    LinearRecipe as LinearRecipe,
+    QuantizerConfig as QuantizerConfig,
+    Recipe as Recipe,
+    WeightGradGemm as WeightGradGemm,
 )
+from ._formats import amax, block_dequantize, block_quantize, dequantize, formats, quantize
+from ._recipes import preset, preset_names
+from ._training import Gpt, compare, inspect, load_checkpoint, read_metrics, train, training_batch
 
 __all__ = [
+    # number formats
     "quantize",
     "dequantize",
     "amax",
     "block_quantize",
     "block_dequantize",
     "formats",
-    "preset",
-    "preset_names",
+    # recipes
     "Recipe",
     "LinearRecipe",
+    "ForwardGemm",
+    "InputGradGemm",
+    "WeightGradGemm",
     "QuantizerConfig",
     "HighPrecisionLayers",
+    "preset",
+    "preset_names",
+    # tensors, autograd and ops
     "Tensor",
     "as_scaled",
+    "add",
+    "mul",
+    "matmul",
+    "sum",
+    "mean",
+    "reshape",
+    "transpose",
+    "relu",
+    "gelu",
+    "gelu_erf",
+    "silu",
+    "tanh",
+    "sigmoid",
+    "exp",
+    "log",
+    "softmax",
+    "log_softmax",
+    "layer_norm",
+    "cross_entropy",
+    # SCALIFY's scale primitives
+    "set_scaling",
+    "rebalance",
+    "dynamic_rescale",
+    "dynamic_rescale_grad",
+    "cast_on_forward",
+    "cast_on_backward",
+    # unit scaling's ops
+    "unit",
+    # training
     "Gpt",
     "training_batch",
     "train",
@@ -83,180 +115,3 @@ __all__ = [
     "load_checkpoint",
     "inspect",
 ]
-
-
-def quantize(x, format: str, scale: float = 1.0, rounding: str = "nearest", seed: int = 0, saturate: bool = True):
-    """Codes of ``encode(x * scale)`` in ``format`` (e4m3, e5m2, e2m1, f16, bf16, ...; see
-    ``formats()``), as uint8 / uint16 / uint32 per the format's storage, in x's shape.
-
-    rounding: "nearest" (ties to even), "stochastic" (element i draws counter-based bits from
-    (seed, i): the same seed gives the same codes) or "toward_zero". saturate: values beyond the
-    format's largest become its largest; False gives inf or NaN as a plain hardware cast does."""
-    return _scalify.quantize(x, format, scale, rounding, seed, saturate)
-
-
-def dequantize(codes, format: str, scale: float = 1.0):
-    """float32 values ``decode(codes) * scale``, exactly (codes as ``quantize`` returns them)."""
-    return _scalify.dequantize(codes, format, scale)
-
-
-def amax(x) -> float:
-    """The largest |x| (NaN when x holds one)."""
-    return _scalify.amax(x)
-
-
-def block_quantize(x, format: str = "e4m3", block: Tuple[int, int] = (1, 32), rule: str = "mx_floor",
-                   rounding: str = "nearest", seed: int = 0):
-    """Block quantisation of a 2-D float32 array: blocks of ``block`` = (rows, cols) share a scale
-    by ``rule``: "mx_floor" (OCP MX), "mx_ceil" (never clips), "f32_amax" (amax / element max),
-    "nvfp4" (E4M3 block scales under an f32 tensor scale) or "e4m3_amax".
-    Returns (codes, block scales [ceil(rows/br), ceil(cols/bc)] as float32, tensor_scale):
-    value = decode(code) * block scale * tensor_scale."""
-    return _scalify.block_quantize(x, format, tuple(block), rule, rounding, seed)
-
-
-def block_dequantize(codes, scales, format: str = "e4m3", block: Tuple[int, int] = (1, 32), rule: str = "mx_floor",
-                     tensor_scale: float = 1.0):
-    """The float32 values of a block quantisation (the inverse of ``block_quantize``'s output)."""
-    return _scalify.block_dequantize(codes, scales, format, tuple(block), rule, tensor_scale)
-
-
-def formats() -> List[dict]:
-    """Every number format: name, bits, exponent and mantissa bits, max, smallest normal and
-    subnormal, and whether it has infinities and NaN."""
-    return _scalify.formats()
-
-
-def preset(name: str) -> Recipe:
-    """A named recipe (``preset_names()``): f32, scalify_fp8_3, current, mxfp8, nvfp4, ..."""
-    return Recipe.preset(name)
-
-
-def preset_names() -> List[str]:
-    """The names of every preset recipe, in the order the CLI lists them."""
-    return _scalify.preset_names()
-
-
-def train(out: str, *, recipe=None, steps: Optional[int] = None, data: Optional[str] = None, resume: bool = False,
-          progress: Optional[Callable[[int, int, float], None]] = None, save_initial: bool = False, **settings) -> Dict:
-    """Trains the GPT as ``scalify train`` does and returns the run's summary with its metrics.
-
-    recipe: a preset name (default f32), a recipe JSON file, or a ``Recipe`` (written into the run
-    folder as ``out``/recipe.json). settings: any train config key (d_model=64, layers=2, seq=64,
-    batch=16, lr=2e-3, seed=1, ...), as for ``--set``. progress(step, steps, loss) is called after
-    every step. Ctrl-C stops the run between steps (KeyboardInterrupt); ``resume=True`` continues
-    it from its last checkpoint as ``scalify train --resume`` does: under the run's own config.toml
-    and recipe, the keys given (steps=... to train further) overriding it; a recipe given must be
-    the run's. ``save_initial=True`` also writes the model at step 0 as ``out``/initial.safetensors.
-    The result holds val_loss, train_loss, tokens_per_s, ..., run_dir and ``metrics``
-    (``read_metrics(run_dir)``)."""
-    given = dict(settings)
-    if steps is not None:
-        given["steps"] = steps
-    if data is not None:
-        given["data"] = data
-    if recipe is not None and not isinstance(recipe, Recipe):
-        given["recipe"] = recipe
-    text = {k: _setting_text(v) for k, v in given.items()}
-    result = dict(_scalify.train(os.fspath(out), text, recipe if isinstance(recipe, Recipe) else None, resume, progress, save_initial))
-    result["metrics"] = read_metrics(result["run_dir"])
-    return result
-
-
-def compare(out: str, *, recipes: str = "seeds", steps: Optional[int] = None, data: Optional[str] = None,
-            seeds: Union[int, Sequence[int], None] = None, speed_rounds: int = 5, resume: bool = False,
-            progress: Optional[Callable[[str], None]] = None, **settings):
-    """Runs ``scalify compare``: the same model and data under each recipe, into ``out``
-    (report.md, summary.csv, plots, a run folder per recipe and seed). recipes: a named list
-    (seeds, fp8, fp16, fp4, scalify, unit, per_tensor) or comma-separated presets / recipe JSON
-    files. seeds: a count (seeds from the config's ``seed`` on) or a list of seeds: every recipe
-    trains under each, and each delta's interval holds the seeds' spread. speed_rounds: rounds of
-    interleaved speed timing after training (0: the training runs' own speeds). progress(line) is
-    called after every step. Ctrl-C (KeyboardInterrupt) or an exception raised by progress stops
-    the whole comparison and is raised, the recipe then training left resumable; resume=True
-    continues the comparison in ``out`` as it was started (the other arguments are not used).
-    Returns one row per recipe (val_loss, val_delta against its baseline with val_delta_ci95 and
-    verdict, status, tokens_per_s, speed_vs_f32, ...): a pandas DataFrame when pandas is
-    installed, else a list of dicts."""
-    merged = {}
-    if steps is not None:
-        merged["steps"] = steps
-    if data is not None:
-        merged["data"] = data
-    merged.update(settings)
-    seed_spec = ""
-    if seeds is not None:
-        if isinstance(seeds, (str, bytes, bool)):
-            raise TypeError(f"compare: seeds must be a count or a list of seeds, not {type(seeds).__name__}")
-        if hasattr(seeds, "__index__"):  # a count: int, numpy integer
-            seed_spec = str(operator.index(seeds))
-        else:
-            values = [operator.index(s) for s in seeds]  # TypeError for anything but integers
-            if not values:
-                raise ValueError("compare: seeds is an empty list")
-            if len(values) == 1:  # one seed in a list is that seed, not a count
-                if "seed" in merged and int(merged["seed"]) != values[0]:
-                    raise ValueError(f"compare: seeds=[{values[0]}] and seed={merged['seed']} disagree")
-                merged["seed"] = values[0]
-            else:
-                seed_spec = ",".join(str(v) for v in values)
-    rows = _scalify.compare({k: _setting_text(v) for k, v in merged.items()}, recipes, out, resume, seed_spec, speed_rounds,
-                            progress)
-    try:
-        import pandas
-    except ImportError:
-        return [dict(r) for r in rows]
-    return pandas.DataFrame([dict(r) for r in rows])
-
-
-def load_checkpoint(path: str) -> Tuple[Dict[str, "numpy.ndarray"], Dict[str, str]]:
-    """A checkpoint or quantised checkpoint (.safetensors) as ({name: float32 array}, metadata).
-    Parameters are "param.<name>" (scaled ones with "param.<name>.scale"), optimizer moments
-    "optim.m.<name>" / "optim.v.<name>"; FP8 / FP4 codes come as their format values, without
-    their scales."""
-    tensors, meta = _scalify.load_checkpoint(path)
-    return dict(tensors), dict(meta)
-
-
-class Gpt:
-    """The trainer's GPT, built for a recipe: ``Gpt(recipe="nvfp4", d_model=64, layers=2, seq=64,
-    seed=1)`` (any train config key). ``parameters()`` gives its Tensors by name, ``loss(ids,
-    targets)`` a Tensor to ``backward()`` — the same model and initialisation as ``scalify train``
-    with the same keys (a recipe's quantised linear layers included)."""
-
-    def __init__(self, recipe="f32", **settings):
-        r = recipe if isinstance(recipe, Recipe) else preset(recipe)
-        self._model = _scalify.Gpt({k: _setting_text(v) for k, v in settings.items()}, r)
-
-    def parameters(self) -> Dict[str, Tensor]:
-        return dict(self._model.parameters())
-
-    def loss(self, ids, targets) -> Tensor:
-        return self._model.loss(ids, targets)
-
-
-def training_batch(index: int = 0, **settings):
-    """The trainer's batch ``index`` (ids, targets: int64 arrays [batch, seq]) for the config keys
-    given (data, seed, batch, seq, val_fraction): the batches ``scalify train`` draws."""
-    return _scalify.training_batch({k: _setting_text(v) for k, v in settings.items()}, index)
-
-
-def inspect(checkpoint: str, format: str = "e4m3", initial: bool = False, batch: int = 0, data: str = "") -> Dict:
-    """``scalify inspect`` as data: one training batch forward and backward through a checkpoint (a
-    run folder or .safetensors; ``initial`` for the run's model at step 0). Returns the recipe,
-    step and a list of tensors (activations, their gradients, weights, weight gradients), each
-    with its storage, log2 scale, RMS, counts against ``format``'s range (underflow, subnormal,
-    normal, clipped) and its exponent histogram (``exponents``, ``counts`` arrays)."""
-    return _scalify.inspect(checkpoint, format, initial, batch, data)
-
-
-def read_metrics(run_dir: str) -> List[dict]:
-    """A run folder's metrics.jsonl as a list of dicts (steps, evaluations, quantiser statistics)."""
-    with open(os.path.join(run_dir, "metrics.jsonl")) as f:
-        return [json.loads(line) for line in f if line.strip()]
-
-
-def _setting_text(v) -> str:
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    return repr(v) if isinstance(v, float) else str(v)

@@ -1,0 +1,128 @@
+// Number formats: quantize / dequantize (elementwise and block-scaled) and the formats' table.
+#include <nanobind/stl/pair.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/tuple.h>
+
+#include <cstring>
+#include <span>
+
+#include "bindings.hpp"
+#include "scalify/error.hpp"
+#include "scalify/formats/block.hpp"
+#include "scalify/formats/bulk.hpp"
+#include "scalify/formats/format.hpp"
+
+namespace scalify::python {
+namespace {
+
+// Codes of `fmt` in their storage type (uint8, uint16 or uint32 per code).
+nb::object codes_array(Bytes bytes, Format fmt, const std::vector<size_t>& shape) {
+  switch (info(fmt).storage_bytes()) {
+    case 1: return owned_array<uint8_t>(std::move(bytes), shape);
+    case 2: return owned_array<uint16_t>(std::move(bytes), shape);
+    default: return owned_array<uint32_t>(std::move(bytes), shape);
+  }
+}
+
+std::span<const std::byte> code_bytes(const CodeArray& codes, Format fmt) {
+  const size_t cb = size_t(info(fmt).storage_bytes());
+  if (codes.itemsize() != cb)
+    throw Error(std::string("codes of ") + std::string(format_name(fmt)) + " take " + std::to_string(cb) +
+                " byte(s) each, got an array of " + std::to_string(codes.itemsize()) + "-byte items");
+  return {static_cast<const std::byte*>(codes.data()), codes.size() * cb};
+}
+
+nb::object quantize(FloatArray x, const std::string& format, float scale, const std::string& rounding, uint64_t seed, bool saturate) {
+  const Format fmt = parse_format(format);
+  QuantizeOptions o;
+  o.rounding = parse_rounding(rounding);
+  o.seed = seed;
+  o.overflow = saturate ? Overflow::saturate : Overflow::non_saturating;
+  Bytes out(x.size() * size_t(info(fmt).storage_bytes()));
+  {
+    nb::gil_scoped_release release;
+    scalify::quantize(std::span(x.data(), x.size()), fmt, scale, out, o);
+  }
+  return codes_array(std::move(out), fmt, shape_of(x));
+}
+
+nb::object dequantize(CodeArray codes, const std::string& format, float scale) {
+  const Format fmt = parse_format(format);
+  const std::span<const std::byte> bytes = code_bytes(codes, fmt);
+  Floats out(codes.size());
+  {
+    nb::gil_scoped_release release;
+    scalify::dequantize(bytes, fmt, scale, out);
+  }
+  return owned_array<float>(std::move(out), shape_of(codes));
+}
+
+nb::tuple block_quantize(FloatArray x, const std::string& format, std::pair<size_t, size_t> block, const std::string& rule,
+                         const std::string& rounding, uint64_t seed) {
+  if (x.ndim() != 2) throw Error("block_quantize: needs a 2-D array, got " + std::to_string(x.ndim()) + " dimensions");
+  const Format fmt = parse_format(format);
+  BlockQuantized q;
+  {
+    nb::gil_scoped_release release;
+    q = quantize_blocks(std::span(x.data(), x.size()), x.shape(0), x.shape(1), fmt,
+                        BlockSpec{block.first, block.second, parse_block_rule(rule)}, parse_rounding(rounding), seed);
+  }
+  Bytes codes(q.codes.begin(), q.codes.end());
+  const std::vector<size_t> scale_shape{q.scale_rows(), q.scale_cols()};
+  return nb::make_tuple(codes_array(std::move(codes), fmt, shape_of(x)), owned_array<float>(std::move(q.scales), scale_shape),
+                        q.tensor_scale);
+}
+
+nb::object block_dequantize(CodeArray codes, FloatArray scales, const std::string& format, std::pair<size_t, size_t> block,
+                            const std::string& rule, float tensor_scale) {
+  if (codes.ndim() != 2) throw Error("block_dequantize: codes must be a 2-D array");
+  const Format fmt = parse_format(format);
+  BlockQuantized q;
+  q.element = fmt;
+  q.rows = codes.shape(0);
+  q.cols = codes.shape(1);
+  q.block = BlockSpec{block.first, block.second, parse_block_rule(rule)};
+  const std::span<const std::byte> bytes = code_bytes(codes, fmt);
+  q.codes.assign(bytes.begin(), bytes.end());
+  q.scales.assign(scales.data(), scales.data() + scales.size());
+  q.tensor_scale = tensor_scale;
+  Floats out(q.rows * q.cols);
+  dequantize_blocks(q, out);
+  return owned_array<float>(std::move(out), {q.rows, q.cols});
+}
+
+nb::list formats() {
+  nb::list out;
+  for (const FormatInfo& f : kFormats) {
+    nb::dict d;
+    d["name"] = std::string(f.name);
+    d["bits"] = f.bits;
+    d["exponent_bits"] = f.exp_bits;
+    d["mantissa_bits"] = f.man_bits;
+    d["max"] = max_value(f.id);
+    d["min_normal"] = f.is_float() ? min_normal(f.id) : 1.0;
+    d["min_subnormal"] = f.is_float() ? min_subnormal(f.id) : 1.0;
+    d["has_inf"] = f.has_inf();
+    d["has_nan"] = f.has_nan();
+    out.append(d);
+  }
+  return out;
+}
+
+}  // namespace
+
+void bind_formats(nb::module_& m) {
+  using namespace nb::literals;
+  m.def("quantize", &quantize, "x"_a, "format"_a, "scale"_a = 1.0f, "rounding"_a = "nearest", "seed"_a = 0, "saturate"_a = true);
+  m.def("dequantize", &dequantize, "codes"_a, "format"_a, "scale"_a = 1.0f);
+  m.def(
+      "amax", [](FloatArray x) { return scalify::amax(std::span(x.data(), x.size())); }, "x"_a);
+  m.def("block_quantize", &block_quantize, "x"_a, "format"_a, "block"_a, "rule"_a, "rounding"_a = "nearest", "seed"_a = 0);
+  m.def("block_dequantize", &block_dequantize, "codes"_a, "scales"_a, "format"_a, "block"_a, "rule"_a, "tensor_scale"_a = 1.0f);
+  m.def("formats", &formats);
+  // The address of the memory the bindings read for x: equal to x's own when no copy was made.
+  m.def(
+      "data_pointer", [](FloatArray x) { return reinterpret_cast<uintptr_t>(x.data()); }, "x"_a);
+}
+
+}  // namespace scalify::python
