@@ -12,8 +12,6 @@ with DLPack such as a CPU torch.Tensor); other inputs are converted first. Error
 are ValueError with its message.
 """
 
-from __future__ import annotations
-
 # First: libgomp, loaded with _scalify, reads OpenMP's spin count once (platform/openmp_wait.hpp).
 from . import _openmp_wait as _openmp_wait  # noqa: I001
 from ._scalify import unit as unit
