@@ -10,6 +10,7 @@
 
 #include "scalify/formats/block.hpp"
 #include "scalify/formats/format.hpp"
+#include "scalify/autograd/var.hpp"
 #include "scalify/tensor/tensor.hpp"
 
 namespace scalify::python {
@@ -50,9 +51,29 @@ Tensor ids_from(const IdArray& a);
 // folder "runs/a"): refused by name wherever text becomes a path or a config value.
 const std::string& without_nul(const std::string& text, const std::string& what);
 
+// --- Python values and the engine's tensors (tensor_values.cpp). ---
+// A tensor from an array or DLPack tensor (float32 and float64 kept, copied), or from a list or
+// number (float32, as torch.tensor makes them); TypeError naming `what` for anything else.
+Tensor tensor_from_object(nb::handle value, const char* what);
+bool is_tensor_like(nb::handle value);  // what tensor_from_object or a Tensor operand takes
+// A tensor's values as a new NumPy array: float64 for f64 data, else float32.
+nb::object array_from(const Tensor& t);
+// The other operand of a binary op with `like`: a Tensor as it is; a number or array as a constant
+// of like's precision family (f64 for f64, else f32).
+Var operand(nb::handle value, const Var& like);
+// dim=None (every dimension), an int or a sequence of ints.
+std::vector<int> dims_from(nb::handle dim);
+// A shape (a sequence of ints, one of them possibly -1) for `numel` elements.
+Shape shape_argument(nb::handle shape, int64_t numel);
+// x[key] for ints, slices of step 1, ... and None (differentiable: slices and a reshape).
+Var index(const Var& x, nb::handle key);
+// A dimension index in [0, ndim) from one that may count from the end; IndexError outside.
+int64_t dim_index(int64_t d, size_t ndim);
+
 // Each binds one part of the module scalify._scalify.
 void bind_formats(nb::module_& m);
 void bind_tensor(nb::module_& m);
+void bind_ops(nb::module_& m);
 void bind_recipes(nb::module_& m);
 void bind_training(nb::module_& m);
 

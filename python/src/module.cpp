@@ -21,5 +21,6 @@ NB_MODULE(_scalify, m) {
   bind_formats(m);
   bind_recipes(m);
   bind_tensor(m);
+  bind_ops(m);
   bind_training(m);
 }

@@ -105,7 +105,8 @@ ScaledTensor accumulate_gradient(const ScaledTensor& sum, const ScaledTensor& g,
 void Var::backward() const {
   const Tensor& d = scaled().data;
   if (d.numel() != 1)
-    throw Error("backward(): needs a single-element value, got shape " + shape_str(d.shape()) + "; pass an explicit gradient");
+    throw Error("backward(): needs a single-element value, got shape " + shape_str(d.shape()) +
+                "; pass the gradient of the value: backward(gradient), a tensor of its shape");
   const Tensor one = Tensor::ones(d.shape(), d.dtype() == DType::f64 ? DType::f64 : DType::f32);
   // A scaled loss seeds a scaled gradient (scale 1), so the backward pass runs the scale rules.
   backward(scaled().is_scaled() ? ScaledTensor(one, 1.0f) : ScaledTensor(one));

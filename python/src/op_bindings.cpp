@@ -1,0 +1,135 @@
+// The engine's ops as functions (scalify.matmul, scalify.softmax, ...), SCALIFY's scale primitives
+// and unit scaling's ops (scalify.unit). Every op takes keywords; Tensor methods call the same ops.
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/pair.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "bindings.hpp"
+#include "scalify/autograd/functions.hpp"
+#include "scalify/autograd/scaling.hpp"
+#include "scalify/error.hpp"
+#include "scalify/unit/unit_ops.hpp"
+
+namespace scalify::python {
+
+using namespace nb::literals;
+
+void bind_ops(nb::module_& m) {
+  m.def(
+      "as_scaled",
+      [](nb::handle values, const std::string& dtype, bool requires_grad) {
+        return Var(as_scaled(tensor_from_object(values, "as_scaled"), parse_dtype(dtype)), requires_grad);
+      },
+      "values"_a, "dtype"_a = "f32", "requires_grad"_a = true,
+      nb::sig("def as_scaled(values: numpy.typing.ArrayLike, dtype: str = 'f32', requires_grad: bool = True) -> Tensor"),
+      "A scaled tensor of unit-RMS data (scale = pow2(rms)), its data stored in dtype (f32, f16, bf16, ...)");
+  m.def(
+      "matmul", [](const Var& a, nb::handle b) { return matmul(a, operand(b, a)); }, "a"_a, "b"_a,
+      nb::sig("def matmul(a: Tensor, b: Tensor | numpy.typing.ArrayLike) -> Tensor"),
+      "a @ b over the last two dimensions, batch dimensions broadcast");
+  m.def(
+      "add", [](const Var& a, nb::handle b) { return a + operand(b, a); }, "a"_a, "b"_a,
+      nb::sig("def add(a: Tensor, b: Tensor | float | numpy.typing.ArrayLike) -> Tensor"), "a + b, broadcast");
+  m.def(
+      "mul", [](const Var& a, nb::handle b) { return a * operand(b, a); }, "a"_a, "b"_a,
+      nb::sig("def mul(a: Tensor, b: Tensor | float | numpy.typing.ArrayLike) -> Tensor"), "a * b, broadcast");
+  for (const auto& [name, op] : std::initializer_list<std::pair<const char*, ops::Unary>>{{"relu", ops::Unary::relu},
+                                                                                          {"gelu", ops::Unary::gelu_tanh},
+                                                                                          {"gelu_erf", ops::Unary::gelu_erf},
+                                                                                          {"silu", ops::Unary::silu},
+                                                                                          {"tanh", ops::Unary::tanh},
+                                                                                          {"sigmoid", ops::Unary::sigmoid},
+                                                                                          {"exp", ops::Unary::exp},
+                                                                                          {"log", ops::Unary::log}})
+    m.def(
+        name, [op](const Var& x) { return unary(op, x); }, "x"_a);
+  m.def(
+      "softmax", [](const Var& x, int dim) { return softmax(x, dim); }, "x"_a, "dim"_a = -1);
+  m.def(
+      "log_softmax", [](const Var& x, int dim) { return log_softmax(x, dim); }, "x"_a, "dim"_a = -1);
+  m.def(
+      "layer_norm",
+      [](const Var& x, std::optional<Var> w, std::optional<Var> b, double eps) {
+        return layer_norm(x, w.value_or(Var()), b.value_or(Var()), eps);
+      },
+      "x"_a, "weight"_a = nb::none(), "bias"_a = nb::none(), "eps"_a = 1e-5);
+  m.def(
+      "cross_entropy",
+      [](const Var& logits, const nb::ndarray<const int64_t, nb::c_contig, nb::device::cpu>& targets) {
+        return cross_entropy(logits, ids_from(targets));
+      },
+      "logits"_a, "targets"_a, "Mean cross-entropy of logits [N, V] against int64 targets [N]");
+  m.def(
+      "sum", [](const Var& x, nb::handle dim, bool keepdim) { return sum(x, dims_from(dim), keepdim); }, "x"_a, "dim"_a = nb::none(),
+      "keepdim"_a = false,
+      nb::sig("def sum(x: Tensor, dim: int | collections.abc.Sequence[int] | None = None, keepdim: bool = False) -> Tensor"),
+      "The sum over dim (every dimension when None)");
+  m.def(
+      "mean", [](const Var& x, nb::handle dim, bool keepdim) { return mean(x, dims_from(dim), keepdim); }, "x"_a, "dim"_a = nb::none(),
+      "keepdim"_a = false,
+      nb::sig("def mean(x: Tensor, dim: int | collections.abc.Sequence[int] | None = None, keepdim: bool = False) -> Tensor"),
+      "The mean over dim (every dimension when None)");
+  m.def(
+      "reshape", [](const Var& x, nb::handle shape) { return reshape(x, shape_argument(shape, x.scaled().data.numel())); }, "x"_a,
+      "shape"_a, nb::sig("def reshape(x: Tensor, shape: collections.abc.Sequence[int]) -> Tensor"),
+      "The same values in `shape` (one dimension may be -1)");
+  m.def(
+      "transpose", [](const Var& x, int dim0, int dim1) { return transpose(x, dim0, dim1); }, "x"_a, "dim0"_a, "dim1"_a,
+      "x with dimensions dim0 and dim1 swapped");
+  // SCALIFY's primitives (seed 000): no-ops on the represented value.
+  m.def(
+      "set_scaling", [](const Var& x, float s) { return set_scaling(x, s); }, "x"_a, "scale"_a);
+  m.def(
+      "rebalance", [](const Var& x, float d) { return rebalance(x, d); }, "x"_a, "delta"_a);
+  m.def(
+      "dynamic_rescale", [](const Var& x) { return dynamic_rescale_l2(x); }, "x"_a, "Rebalance by pow2(rms(data))");
+  m.def(
+      "dynamic_rescale_grad", [](const Var& x) { return dynamic_rescale_l2_grad(x); }, "x"_a, "The same on the gradient");
+  m.def(
+      "cast_on_forward", [](const Var& x, const std::string& f) { return cast_on_forward(x, parse_format(f)); }, "x"_a, "format"_a);
+  m.def(
+      "cast_on_backward", [](const Var& x, const std::string& f) { return cast_on_backward(x, parse_format(f)); }, "x"_a, "format"_a);
+
+  // Unit scaling's ops (seeds 001/002, Table A.2): each keeps a unit-variance input's output and
+  // gradient at unit variance.
+  nb::module_ u = m.def_submodule("unit", "Unit scaling's ops (Table A.2): unit-variance outputs and gradients");
+  u.def(
+      "scaled", [](const Var& x, double alpha, double beta) { return unit::scaled(x, alpha, beta); }, "x"_a, "alpha"_a = 1.0,
+      "beta"_a = 1.0, "id*(x, alpha, beta): the value times alpha, the gradient times beta");
+  u.def(
+      "matmul",
+      [](const Var& x, const Var& w, const std::string& constrain) {
+        const std::pair<const char*, unit::Constrain> names[] = {
+            {"none", unit::Constrain::none}, {"x", unit::Constrain::x}, {"w", unit::Constrain::w}, {"both", unit::Constrain::both}};
+        for (const auto& [n, c] : names)
+          if (constrain == n) return unit::matmul(x, w, c);
+        throw Error("unit.matmul: constrain must be none, x, w or both, got '" + constrain + "'");
+      },
+      "x"_a, "w"_a, "constrain"_a = "x");
+  u.def(
+      "gelu", [](const Var& x, bool constrained) { return unit::gelu(x, constrained); }, "x"_a, "constrained"_a = false);
+  u.def(
+      "relu", [](const Var& x, bool constrained) { return unit::relu(x, constrained); }, "x"_a, "constrained"_a = false);
+  u.def(
+      "softmax", [](const Var& x) { return unit::softmax(x); }, "x"_a);
+  u.def(
+      "layer_norm",
+      [](const Var& x, std::optional<Var> w, std::optional<Var> b) { return unit::layer_norm(x, w.value_or(Var()), b.value_or(Var())); },
+      "x"_a, "weight"_a = nb::none(), "bias"_a = nb::none());
+  u.def(
+      "softmax_cross_entropy",
+      [](const Var& logits, const nb::ndarray<const int64_t, nb::c_contig, nb::device::cpu>& targets) {
+        return unit::softmax_cross_entropy(logits, ids_from(targets));
+      },
+      "logits"_a, "targets"_a);
+  u.def(
+      "weighted_add", [](const std::vector<Var>& xs, const std::vector<double>& gammas) { return unit::weighted_add(xs, gammas); }, "xs"_a,
+      "gammas"_a);
+}
+
+}  // namespace scalify::python
