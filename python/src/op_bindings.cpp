@@ -38,26 +38,33 @@ void bind_ops(nb::module_& m) {
   m.def(
       "mul", [](const Var& a, nb::handle b) { return a * operand(b, a); }, "a"_a, "b"_a,
       nb::sig("def mul(a: Tensor, b: Tensor | float | numpy.typing.ArrayLike) -> Tensor"), "a * b, broadcast");
-  for (const auto& [name, op] : std::initializer_list<std::pair<const char*, ops::Unary>>{{"relu", ops::Unary::relu},
-                                                                                          {"gelu", ops::Unary::gelu_tanh},
-                                                                                          {"gelu_erf", ops::Unary::gelu_erf},
-                                                                                          {"silu", ops::Unary::silu},
-                                                                                          {"tanh", ops::Unary::tanh},
-                                                                                          {"sigmoid", ops::Unary::sigmoid},
-                                                                                          {"exp", ops::Unary::exp},
-                                                                                          {"log", ops::Unary::log}})
+  struct UnaryOp {
+    const char* name;
+    ops::Unary op;
+    const char* doc;
+  };
+  for (const UnaryOp& u : {UnaryOp{"relu", ops::Unary::relu, "max(x, 0), elementwise"},
+                           UnaryOp{"gelu", ops::Unary::gelu_tanh, "GELU, tanh approximation (GPT-2's), elementwise"},
+                           UnaryOp{"gelu_erf", ops::Unary::gelu_erf, "GELU, exact (erf), elementwise"},
+                           UnaryOp{"silu", ops::Unary::silu, "x sigmoid(x), elementwise"},
+                           UnaryOp{"tanh", ops::Unary::tanh, "The hyperbolic tangent, elementwise"},
+                           UnaryOp{"sigmoid", ops::Unary::sigmoid, "1 / (1 + exp(-x)), elementwise"},
+                           UnaryOp{"exp", ops::Unary::exp, "e to the power x, elementwise"},
+                           UnaryOp{"log", ops::Unary::log, "The natural logarithm, elementwise"}})
     m.def(
-        name, [op](const Var& x) { return unary(op, x); }, "x"_a);
+        u.name, [op = u.op](const Var& x) { return unary(op, x); }, "x"_a, u.doc);
   m.def(
-      "softmax", [](const Var& x, int dim) { return softmax(x, dim); }, "x"_a, "dim"_a = -1);
+      "softmax", [](const Var& x, int dim) { return softmax(x, dim); }, "x"_a, "dim"_a = -1, "Softmax over dimension dim");
   m.def(
-      "log_softmax", [](const Var& x, int dim) { return log_softmax(x, dim); }, "x"_a, "dim"_a = -1);
+      "log_softmax", [](const Var& x, int dim) { return log_softmax(x, dim); }, "x"_a, "dim"_a = -1,
+      "log(softmax(x)) over dimension dim, computed stably");
   m.def(
       "layer_norm",
       [](const Var& x, std::optional<Var> w, std::optional<Var> b, double eps) {
         return layer_norm(x, w.value_or(Var()), b.value_or(Var()), eps);
       },
-      "x"_a, "weight"_a = nb::none(), "bias"_a = nb::none(), "eps"_a = 1e-5);
+      "x"_a, "weight"_a = nb::none(), "bias"_a = nb::none(), "eps"_a = 1e-5,
+      "Layer normalisation over the last dimension, then x weight + bias when given");
   m.def(
       "cross_entropy",
       [](const Var& logits, const nb::ndarray<const int64_t, nb::c_contig, nb::device::cpu>& targets) {
@@ -83,17 +90,23 @@ void bind_ops(nb::module_& m) {
       "x with dimensions dim0 and dim1 swapped");
   // SCALIFY's primitives (seed 000): no-ops on the represented value.
   m.def(
-      "set_scaling", [](const Var& x, float s) { return set_scaling(x, s); }, "x"_a, "scale"_a);
+      "set_scaling", [](const Var& x, float s) { return set_scaling(x, s); }, "x"_a, "scale"_a,
+      "SCALIFY's set_scaling: the same value with its data re-expressed against `scale`; backward: identity");
   m.def(
-      "rebalance", [](const Var& x, float d) { return rebalance(x, d); }, "x"_a, "delta"_a);
+      "rebalance", [](const Var& x, float d) { return rebalance(x, d); }, "x"_a, "delta"_a,
+      "SCALIFY's rebalance: scale x delta, data / delta (the same value); backward: identity");
   m.def(
-      "dynamic_rescale", [](const Var& x) { return dynamic_rescale_l2(x); }, "x"_a, "Rebalance by pow2(rms(data))");
+      "dynamic_rescale", [](const Var& x) { return dynamic_rescale_l2(x); }, "x"_a,
+      "SCALIFY's dynamic rescaling: rebalance by the power of two nearest rms(data); backward: identity");
   m.def(
-      "dynamic_rescale_grad", [](const Var& x) { return dynamic_rescale_l2_grad(x); }, "x"_a, "The same on the gradient");
+      "dynamic_rescale_grad", [](const Var& x) { return dynamic_rescale_l2_grad(x); }, "x"_a,
+      "Forward: identity; backward: the gradient rebalanced by the power of two nearest its data's rms");
   m.def(
-      "cast_on_forward", [](const Var& x, const std::string& f) { return cast_on_forward(x, parse_format(f)); }, "x"_a, "format"_a);
+      "cast_on_forward", [](const Var& x, const std::string& f) { return cast_on_forward(x, parse_format(f)); }, "x"_a, "format"_a,
+      "The data quantised into `format` (nearest even, saturating), the scale kept; backward: identity");
   m.def(
-      "cast_on_backward", [](const Var& x, const std::string& f) { return cast_on_backward(x, parse_format(f)); }, "x"_a, "format"_a);
+      "cast_on_backward", [](const Var& x, const std::string& f) { return cast_on_backward(x, parse_format(f)); }, "x"_a, "format"_a,
+      "Forward: identity; backward: the gradient's data quantised into `format`");
 
   // Unit scaling's ops (seeds 001/002, Table A.2): each keeps a unit-variance input's output and
   // gradient at unit variance.
@@ -110,26 +123,32 @@ void bind_ops(nb::module_& m) {
           if (constrain == n) return unit::matmul(x, w, c);
         throw Error("unit.matmul: constrain must be none, x, w or both, got '" + constrain + "'");
       },
-      "x"_a, "w"_a, "constrain"_a = "x");
+      "x"_a, "w"_a, "constrain"_a = "x",
+      "x [..., m] @ w [m, n] with Table A.2's factors: output m^-1/2, x's gradient n^-1/2, w's gradient\n"
+      "rows^-1/2; `constrain` (none, x, w, both) names the non-cut edges whose factors are tied");
   u.def(
-      "gelu", [](const Var& x, bool constrained) { return unit::gelu(x, constrained); }, "x"_a, "constrained"_a = false);
+      "gelu", [](const Var& x, bool constrained) { return unit::gelu(x, constrained); }, "x"_a, "constrained"_a = false,
+      "GELU with Table A.2's factors; constrained: one factor forward and backward (their geometric mean)");
   u.def(
-      "relu", [](const Var& x, bool constrained) { return unit::relu(x, constrained); }, "x"_a, "constrained"_a = false);
+      "relu", [](const Var& x, bool constrained) { return unit::relu(x, constrained); }, "x"_a, "constrained"_a = false,
+      "ReLU with Table A.2's factors; constrained: one factor forward and backward (their geometric mean)");
   u.def(
-      "softmax", [](const Var& x) { return unit::softmax(x); }, "x"_a);
+      "softmax", [](const Var& x) { return unit::softmax(x); }, "x"_a,
+      "Softmax over the last dimension of size s, scaled by s forward and backward (an output of ~ones)");
   u.def(
       "layer_norm",
       [](const Var& x, std::optional<Var> w, std::optional<Var> b) { return unit::layer_norm(x, w.value_or(Var()), b.value_or(Var())); },
-      "x"_a, "weight"_a = nb::none(), "bias"_a = nb::none());
+      "x"_a, "weight"_a = nb::none(), "bias"_a = nb::none(),
+      "Layer normalisation over the last dimension; the weight and bias gradients scaled by rows^-1/2");
   u.def(
       "softmax_cross_entropy",
       [](const Var& logits, const nb::ndarray<const int64_t, nb::c_contig, nb::device::cpu>& targets) {
         return unit::softmax_cross_entropy(logits, ids_from(targets));
       },
-      "logits"_a, "targets"_a);
+      "logits"_a, "targets"_a, "Cross-entropy of logits [N, V] against int64 targets [N] scaled by s / sqrt(s - 1) backward (s classes)");
   u.def(
       "weighted_add", [](const std::vector<Var>& xs, const std::vector<double>& gammas) { return unit::weighted_add(xs, gammas); }, "xs"_a,
-      "gammas"_a);
+      "gammas"_a, "sum_i gammas[i] xs[i] scaled by (sum gammas^2)^-1/2; each gradient by 1 / gammas[i]");
 }
 
 }  // namespace scalify::python

@@ -64,9 +64,6 @@ void bind_tensor(nb::module_& m) {
        "values"_a, "requires_grad"_a = false, "scale"_a = nb::none(),
        nb::sig("def __init__(self, values: numpy.typing.ArrayLike, requires_grad: bool = False, scale: float | None = None) -> None"))
       // --- values out ---
-      .def(
-          "numpy", [](const Var& v) { return array_from(v.value()); }, nb::sig("def numpy(self) -> numpy.typing.NDArray[numpy.floating]"),
-          "The represented value (data x scale) as a new NumPy array (float64 for f64 data, else float32)")
       .def("item", &item, "The value of a one-element Tensor as a Python float")
       .def("__float__", &item)
       .def("__int__", [](const Var& v) { return int64_t(item(v)); })
@@ -98,7 +95,7 @@ void bind_tensor(nb::module_& m) {
       // --- what it is ---
       .def_prop_ro(
           "data", [](const Var& v) { return array_from(v.scaled().data); },
-          nb::sig("def data(self) -> numpy.typing.NDArray[numpy.floating]"),
+          nb::sig("def data(self) -> numpy.typing.NDArray[numpy.floating[typing.Any]]"),
           "The data component (as stored, widened to float32 or float64)")
       .def_prop_ro(
           "scale",
@@ -134,7 +131,7 @@ void bind_tensor(nb::module_& m) {
       // --- autograd ---
       .def_prop_ro(
           "grad", [](const Var& v) -> nb::object { return v.scaled_grad().data.defined() ? array_from(v.grad()) : nb::none(); },
-          nb::sig("def grad(self) -> numpy.typing.NDArray[numpy.floating] | None"),
+          nb::sig("def grad(self) -> numpy.typing.NDArray[numpy.floating[typing.Any]] | None"),
           "The gradient's represented value after backward(), else None")
       .def_prop_ro(
           "grad_scale",
@@ -285,6 +282,10 @@ void bind_tensor(nb::module_& m) {
       .def(
           "matmul", [](const Var& a, nb::handle b) { return matmul(a, operand(b, a)); }, "other"_a,
           nb::sig("def matmul(self, other: Tensor | numpy.typing.ArrayLike) -> Tensor"))
+      // Last: in the stubs, names after a method called `numpy` inside the class would resolve to it.
+      .def(
+          "numpy", [](const Var& v) { return array_from(v.value()); }, nb::sig("def numpy(self) -> numpy.typing.NDArray[numpy.floating[typing.Any]]"),
+          "The represented value (data x scale) as a new NumPy array (float64 for f64 data, else float32)")
       .def("__repr__", &repr);
   // NumPy defers to the Tensor's own operators (ndarray + Tensor keeps the graph) instead of
   // converting it through __array__ into a plain array.
