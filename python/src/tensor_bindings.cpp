@@ -127,6 +127,15 @@ void bind_tensor(nb::module_& m) {
              if (v.shape().empty()) throw nb::type_error("len() of a 0-d Tensor");
              return v.shape()[0];
            })
+      .def(
+          "__iter__",
+          [](const Var& v) {
+            if (v.shape().empty()) throw nb::type_error("iteration over a 0-d Tensor");
+            nb::list rows;
+            for (int64_t i = 0; i < v.shape()[0]; ++i) rows.append(index(v, nb::int_(i)));
+            return nb::iter(rows);
+          },
+          nb::sig("def __iter__(self) -> collections.abc.Iterator[Tensor]"), "The Tensor's rows (its first dimension)")
       .def_prop_rw("requires_grad", &Var::requires_grad, &Var::set_requires_grad, "Whether backward() computes this leaf's gradient")
       // --- autograd ---
       .def_prop_ro(
@@ -284,7 +293,8 @@ void bind_tensor(nb::module_& m) {
           nb::sig("def matmul(self, other: Tensor | numpy.typing.ArrayLike) -> Tensor"))
       // Last: in the stubs, names after a method called `numpy` inside the class would resolve to it.
       .def(
-          "numpy", [](const Var& v) { return array_from(v.value()); }, nb::sig("def numpy(self) -> numpy.typing.NDArray[numpy.floating[typing.Any]]"),
+          "numpy", [](const Var& v) { return array_from(v.value()); },
+          nb::sig("def numpy(self) -> numpy.typing.NDArray[numpy.floating[typing.Any]]"),
           "The represented value (data x scale) as a new NumPy array (float64 for f64 data, else float32)")
       .def("__repr__", &repr);
   // NumPy defers to the Tensor's own operators (ndarray + Tensor keeps the graph) instead of

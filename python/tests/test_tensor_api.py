@@ -88,8 +88,10 @@ def test_indexing_matches_numpy_and_is_differentiable():
     want = np.zeros(a.shape)
     want[1:, 2, :3] = 2.0
     np.testing.assert_array_equal(leaf.grad, want)
-    rows = [r.numpy() for r in t]  # iteration stops at IndexError like a sequence
+    rows = [r.numpy() for r in t]
     assert len(rows) == 3 and all(np.array_equal(r, a[i]) for i, r in enumerate(rows))
+    with pytest.raises(TypeError, match="0-d"):
+        iter(scalify.Tensor(1.0))
 
 
 def test_indexing_refuses_what_it_cannot_do():
