@@ -55,7 +55,10 @@ const std::string& without_nul(const std::string& text, const std::string& what)
 // A tensor from an array or DLPack tensor (float32 and float64 kept, copied), or from a list or
 // number (float32, as torch.tensor makes them); TypeError naming `what` for anything else.
 Tensor tensor_from_object(nb::handle value, const char* what);
-bool is_tensor_like(nb::handle value);  // what tensor_from_object or a Tensor operand takes
+bool is_tensor_like(nb::handle value);
+// A Python or NumPy number (an operand taken as a scalar), and its value (OverflowError beyond a double).
+bool is_number(nb::handle value);
+double number_value(nb::handle value);  // what tensor_from_object or a Tensor operand takes
 // A tensor's values as a new NumPy array: float64 for f64 data, else float32.
 nb::object array_from(const Tensor& t);
 // The other operand of a binary op with `like`: a Tensor as it is; a number or array as a constant

@@ -173,49 +173,43 @@ void bind_tensor(nb::module_& m) {
       .def(
           "__add__",
           [](const Var& a, nb::handle b) {
-            return binary(a, b, [](const Var& x, nb::handle y) {
-              return PyFloat_Check(y.ptr()) || PyLong_Check(y.ptr()) ? add_scalar(x, nb::cast<double>(y)) : x + operand(y, x);
-            });
+            return binary(a, b,
+                          [](const Var& x, nb::handle y) { return is_number(y) ? add_scalar(x, number_value(y)) : x + operand(y, x); });
           },
           nb::sig("def __add__(self, other: " SCALIFY_OPERAND ", /) -> Tensor"))
       .def(
           "__radd__",
           [](const Var& a, nb::handle b) {
-            return binary(a, b, [](const Var& x, nb::handle y) {
-              return PyFloat_Check(y.ptr()) || PyLong_Check(y.ptr()) ? add_scalar(x, nb::cast<double>(y)) : operand(y, x) + x;
-            });
+            return binary(a, b,
+                          [](const Var& x, nb::handle y) { return is_number(y) ? add_scalar(x, number_value(y)) : operand(y, x) + x; });
           },
           nb::sig("def __radd__(self, other: " SCALIFY_OPERAND ", /) -> Tensor"))
       .def(
           "__sub__",
           [](const Var& a, nb::handle b) {
-            return binary(a, b, [](const Var& x, nb::handle y) {
-              return PyFloat_Check(y.ptr()) || PyLong_Check(y.ptr()) ? add_scalar(x, -nb::cast<double>(y)) : x - operand(y, x);
-            });
+            return binary(a, b,
+                          [](const Var& x, nb::handle y) { return is_number(y) ? add_scalar(x, -number_value(y)) : x - operand(y, x); });
           },
           nb::sig("def __sub__(self, other: " SCALIFY_OPERAND ", /) -> Tensor"))
       .def(
           "__rsub__",
           [](const Var& a, nb::handle b) {
-            return binary(a, b, [](const Var& x, nb::handle y) {
-              return PyFloat_Check(y.ptr()) || PyLong_Check(y.ptr()) ? add_scalar(-x, nb::cast<double>(y)) : operand(y, x) - x;
-            });
+            return binary(a, b,
+                          [](const Var& x, nb::handle y) { return is_number(y) ? add_scalar(-x, number_value(y)) : operand(y, x) - x; });
           },
           nb::sig("def __rsub__(self, other: " SCALIFY_OPERAND ", /) -> Tensor"))
       .def(
           "__mul__",
           [](const Var& a, nb::handle b) {
-            return binary(a, b, [](const Var& x, nb::handle y) {
-              return PyFloat_Check(y.ptr()) || PyLong_Check(y.ptr()) ? mul_scalar(x, nb::cast<double>(y)) : x * operand(y, x);
-            });
+            return binary(a, b,
+                          [](const Var& x, nb::handle y) { return is_number(y) ? mul_scalar(x, number_value(y)) : x * operand(y, x); });
           },
           nb::sig("def __mul__(self, other: " SCALIFY_OPERAND ", /) -> Tensor"))
       .def(
           "__rmul__",
           [](const Var& a, nb::handle b) {
-            return binary(a, b, [](const Var& x, nb::handle y) {
-              return PyFloat_Check(y.ptr()) || PyLong_Check(y.ptr()) ? mul_scalar(x, nb::cast<double>(y)) : operand(y, x) * x;
-            });
+            return binary(a, b,
+                          [](const Var& x, nb::handle y) { return is_number(y) ? mul_scalar(x, number_value(y)) : operand(y, x) * x; });
           },
           nb::sig("def __rmul__(self, other: " SCALIFY_OPERAND ", /) -> Tensor"))
       .def(

@@ -42,9 +42,7 @@ Tensor tensor_from_array(const AnyArray& a, const char* what) {
                            .c_str());
 }
 
-bool is_python_number_or_list(nb::handle h) {
-  return PyFloat_Check(h.ptr()) || PyLong_Check(h.ptr()) || PyList_Check(h.ptr()) || PyTuple_Check(h.ptr());
-}
+bool is_python_number_or_list(nb::handle h) { return is_number(h) || PyList_Check(h.ptr()) || PyTuple_Check(h.ptr()); }
 
 int64_t wrapped_dim(int64_t d, size_t ndim) {
   const int64_t n = int64_t(ndim);
@@ -55,6 +53,20 @@ int64_t wrapped_dim(int64_t d, size_t ndim) {
 }
 
 }  // namespace
+
+bool is_number(nb::handle h) {
+  if (PyFloat_Check(h.ptr()) || PyLong_Check(h.ptr())) return true;
+  // NumPy's scalars (numpy.float32(2), a reduction's result): numbers, not arrays.
+  nb::handle type = h.type();
+  return nb::hasattr(type, "__module__") && nb::cast<std::string>(nb::str(type.attr("__module__"))) == "numpy" && PyNumber_Check(h.ptr()) &&
+         !nb::hasattr(h, "__len__");
+}
+
+double number_value(nb::handle h) {
+  const double v = PyFloat_AsDouble(h.ptr());
+  if (v == -1.0 && PyErr_Occurred()) throw nb::python_error();  // OverflowError for ints beyond a double
+  return v;
+}
 
 bool is_tensor_like(nb::handle value) {
   AnyArray a;
@@ -83,17 +95,19 @@ nb::object array_from(const Tensor& t) {
 Var operand(nb::handle value, const Var& like) {
   if (nb::isinstance<Var>(value)) return nb::cast<Var>(value);
   const DType family = like.scaled().data.dtype() == DType::f64 ? DType::f64 : DType::f32;
-  if (PyFloat_Check(value.ptr()) || PyLong_Check(value.ptr())) return Var(Tensor::scalar(nb::cast<double>(value), family));
+  if (is_number(value)) return Var(Tensor::scalar(number_value(value), family));
   const Tensor t = tensor_from_object(value, "scalify.Tensor operand");
   return Var(t.dtype() == family ? t : t.to(family));
 }
 
 std::vector<int> dims_from(nb::handle dim) {
   if (dim.is_none()) return {};
-  if (PyLong_Check(dim.ptr())) return {nb::cast<int>(dim)};
+  auto is_int = [](nb::handle h) { return PyLong_Check(h.ptr()) && !PyBool_Check(h.ptr()); };
+  if (is_int(dim)) return {nb::cast<int>(dim)};
+  if (!PySequence_Check(dim.ptr())) throw nb::type_error("dim: needs an int or a sequence of ints");
   std::vector<int> dims;
   for (nb::handle d : dim) {
-    if (!PyLong_Check(d.ptr())) throw nb::type_error("dim: needs an int or a sequence of ints");
+    if (!is_int(d)) throw nb::type_error("dim: needs an int or a sequence of ints");
     dims.push_back(nb::cast<int>(d));
   }
   return dims;
@@ -102,8 +116,9 @@ std::vector<int> dims_from(nb::handle dim) {
 Shape shape_argument(nb::handle given, int64_t numel) {
   Shape shape;
   int64_t known = 1, inferred = -1;
+  if (!PySequence_Check(given.ptr())) throw nb::type_error("shape: needs a sequence of ints");
   for (nb::handle d : given) {
-    if (!PyLong_Check(d.ptr())) throw nb::type_error("shape: needs ints");
+    if (!PyLong_Check(d.ptr()) || PyBool_Check(d.ptr())) throw nb::type_error("shape: needs ints");
     const int64_t n = nb::cast<int64_t>(d);
     if (n == -1) {
       if (inferred >= 0) throw nb::value_error("shape: only one dimension can be -1");
@@ -152,7 +167,7 @@ Var index(const Var& x, nb::handle key) {
       for (size_t n = shape.size() - consumed; n > 0; --n) result.push_back(shape[dim++]);
     } else if (k.is_none()) {
       result.push_back(1);
-    } else if (PyLong_Check(k.ptr())) {
+    } else if (PyLong_Check(k.ptr()) && !PyBool_Check(k.ptr())) {
       const int64_t n = shape[dim], i = nb::cast<int64_t>(k);
       if (i < -n || i >= n)
         throw nb::index_error(

@@ -60,8 +60,20 @@ def test_arrays_and_lists_on_either_side():
     np.testing.assert_allclose((x @ scalify.Tensor(w)).numpy(), x @ w, rtol=1e-6)
 
 
+def test_numpy_scalars_are_numbers():
+    x = values((2, 3))
+    t = scalify.Tensor(x)
+    np.testing.assert_array_equal((np.float32(2) * t).numpy(), x * np.float32(2))
+    np.testing.assert_array_equal((t - np.float64(0.5)).numpy(), x - np.float32(0.5))
+    assert scalify.Tensor(np.float32(3)).item() == 3.0
+
+
 def test_unsupported_operands_raise_type_error():
     t = scalify.Tensor([1.0, 2.0])
+    with pytest.raises(OverflowError):
+        t + 10**400
+    with pytest.raises(TypeError, match="dim"):
+        t.sum(dim=True)
     with pytest.raises(TypeError):
         t + "a"
     with pytest.raises(TypeError):
@@ -104,6 +116,8 @@ def test_indexing_refuses_what_it_cannot_do():
         t[::2]
     with pytest.raises(TypeError, match="indexed by ints"):
         t[np.array([0, 1])]
+    with pytest.raises(TypeError, match="bool"):  # not t[1]
+        t[True]
 
 
 def test_shape_queries_and_layout_match_numpy():
