@@ -57,20 +57,26 @@ nb::object dequantize(CodeArray codes, const std::string& format, float scale) {
   return owned_array<float>(std::move(out), shape_of(codes));
 }
 
+// scale_codes: the block scales as E8M0 codes (MX rules only, whose scales are powers of two).
 nb::tuple block_quantize(FloatArray x, const std::string& format, std::pair<size_t, size_t> block, const std::string& rule,
-                         const std::string& rounding, uint64_t seed) {
+                         const std::string& rounding, uint64_t seed, bool scale_codes) {
   if (x.ndim() != 2) throw Error("block_quantize: needs a 2-D array, got " + std::to_string(x.ndim()) + " dimensions");
   const Format fmt = parse_format(format);
+  const BlockScaleRule scale_rule = parse_block_rule(rule);
+  if (scale_codes && !pow2_block_scales(scale_rule))
+    throw Error("block_quantize: E8M0 scale codes need an MX rule (mx_floor or mx_ceil), whose scales are powers of two; rule '" + rule +
+                "' has float32 scales");
   BlockQuantized q;
   {
     nb::gil_scoped_release release;
-    q = quantize_blocks(std::span(x.data(), x.size()), x.shape(0), x.shape(1), fmt,
-                        BlockSpec{block.first, block.second, parse_block_rule(rule)}, parse_rounding(rounding), seed);
+    q = quantize_blocks(std::span(x.data(), x.size()), x.shape(0), x.shape(1), fmt, BlockSpec{block.first, block.second, scale_rule},
+                        parse_rounding(rounding), seed);
   }
   Bytes codes(q.codes.begin(), q.codes.end());
   const std::vector<size_t> scale_shape{q.scale_rows(), q.scale_cols()};
-  return nb::make_tuple(codes_array(std::move(codes), fmt, shape_of(x)), owned_array<float>(std::move(q.scales), scale_shape),
-                        q.tensor_scale);
+  nb::object scales =
+      scale_codes ? owned_array<uint8_t>(q.e8m0_scales(), scale_shape) : owned_array<float>(std::move(q.scales), scale_shape);
+  return nb::make_tuple(codes_array(std::move(codes), fmt, shape_of(x)), scales, q.tensor_scale);
 }
 
 nb::object block_dequantize(CodeArray codes, FloatArray scales, const std::string& format, std::pair<size_t, size_t> block,
@@ -117,9 +123,16 @@ void bind_formats(nb::module_& m) {
   m.def("dequantize", &dequantize, "codes"_a, "format"_a, "scale"_a = 1.0f);
   m.def(
       "amax", [](FloatArray x) { return scalify::amax(std::span(x.data(), x.size())); }, "x"_a);
-  m.def("block_quantize", &block_quantize, "x"_a, "format"_a, "block"_a, "rule"_a, "rounding"_a = "nearest", "seed"_a = 0);
+  m.def("block_quantize", &block_quantize, "x"_a, "format"_a, "block"_a, "rule"_a, "rounding"_a = "nearest", "seed"_a = 0,
+        "scale_codes"_a = false);
   m.def("block_dequantize", &block_dequantize, "codes"_a, "scales"_a, "format"_a, "block"_a, "rule"_a, "tensor_scale"_a = 1.0f);
   m.def("formats", &formats);
+  // A format's name from any of its names or aliases ("float8_e4m3fn" -> "e4m3"); ValueError listing them if unknown.
+  m.def(
+      "format_name", [](const std::string& name) { return std::string(format_name(parse_format(name))); }, "name"_a);
+  // Whether a block rule's scales are powers of two, stored as E8M0 codes (the MX rules).
+  m.def(
+      "has_e8m0_scales", [](const std::string& rule) { return pow2_block_scales(parse_block_rule(rule)); }, "rule"_a);
   // The address of the memory the bindings read for x: equal to x's own when no copy was made.
   m.def(
       "data_pointer", [](FloatArray x) { return reinterpret_cast<uintptr_t>(x.data()); }, "x"_a);
