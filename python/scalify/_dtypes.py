@@ -70,7 +70,7 @@ def resolve(format: object, what: str = "format") -> Tuple[str, bool]:
         dtype = np.dtype(format)  # type: ignore[call-overload]
     except TypeError:
         raise TypeError(
-            f"{what} must be a format name, a NumPy/ml_dtypes dtype or a torch dtype, got {type(format).__name__} {format!r}"
+            f"{what}: format must be a format name, a NumPy/ml_dtypes dtype or a torch dtype, got {type(format).__name__} {format!r}"
         ) from None
     if dtype in _FORMAT_OF_NUMPY:
         return _FORMAT_OF_NUMPY[dtype], False
