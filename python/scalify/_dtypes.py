@@ -118,8 +118,7 @@ def raw_codes(codes: Any, storage_bytes: int) -> Any:
 def pack_fp4(codes: np.ndarray[Any, np.dtype[np.uint8]]) -> np.ndarray[Any, np.dtype[np.uint8]]:
     if codes.ndim == 0 or codes.shape[-1] % 2:
         raise ValueError(f"packed FP4 holds two codes per byte along the last dimension, which must be even; got shape {codes.shape}")
-    packed: np.ndarray[Any, np.dtype[np.uint8]] = codes[..., 0::2] | (codes[..., 1::2] << 4)
-    return packed
+    return (codes[..., 0::2] | (codes[..., 1::2] << 4)).astype(np.uint8, copy=False)
 
 
 def unpack_fp4(packed: np.ndarray[Any, np.dtype[np.uint8]]) -> np.ndarray[Any, np.dtype[np.uint8]]:

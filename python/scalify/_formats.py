@@ -112,7 +112,7 @@ def _codes_and_format(codes: object, format: Optional[FormatLike], packed: bool,
     return (_dtypes.unpack_fp4(raw) if packed else raw), fmt, is_torch
 
 
-def _values(out: NDArray[np.float32], torch_out: bool) -> Any:
+def _values(out: Any, torch_out: bool) -> Any:
     return sys.modules["torch"].from_numpy(out) if torch_out else out
 
 
@@ -201,7 +201,7 @@ def block_quantize(x: Any, format: FormatLike = "e4m3", block: Tuple[int, int] =
     data, torch_in = _float32_input(x, "block_quantize")
     if packed and len(np.shape(data)) == 2 and np.shape(data)[-1] % 2:
         raise ValueError(f"block_quantize: packed FP4 needs an even last dimension, got shape {tuple(np.shape(data))}")
-    codes, scales, tensor_scale = _scalify.block_quantize(data, fmt, tuple(block), rule, rounding, seed, scale_codes)
+    codes, scales, tensor_scale = _scalify.block_quantize(data, fmt, (block[0], block[1]), rule, rounding, seed, scale_codes)
     codes = _typed(codes, fmt, packed, torch_in, raw)
     scales = _typed(scales, "e8m0", False, torch_in, raw) if scale_codes else _values(scales, torch_in)
     return codes, scales, float(tensor_scale)
@@ -228,12 +228,12 @@ def block_dequantize(codes: Any, scales: Any, format: Optional[FormatLike] = Non
     if scale_format == "e8m0" or str(scale_dtype) in ("uint8", "torch.uint8"):
         if not _scalify.has_e8m0_scales(rule):
             raise ValueError(f"block_dequantize: E8M0 scale codes ({scale_dtype}) go with an MX rule (mx_floor, mx_ceil), not '{rule}'")
-        scale_values = _scalify.dequantize(_dtypes.raw_codes(scales, 1), "e8m0", 1.0)
+        scale_values: Any = _scalify.dequantize(_dtypes.raw_codes(scales, 1), "e8m0", 1.0)
     elif _dtypes.is_torch(scales):
         scale_values = scales.detach().float().contiguous()
     else:
         scale_values = np.asarray(scales, dtype=np.float32)
-    out = _scalify.block_dequantize(raw, scale_values, fmt, tuple(block), rule, tensor_scale)
+    out = _scalify.block_dequantize(raw, scale_values, fmt, (block[0], block[1]), rule, tensor_scale)
     return _values(out, torch_in)
 
 

@@ -119,14 +119,32 @@ nb::list formats() {
 
 void bind_formats(nb::module_& m) {
   using namespace nb::literals;
-  m.def("quantize", &quantize, "x"_a, "format"_a, "scale"_a = 1.0f, "rounding"_a = "nearest", "seed"_a = 0, "saturate"_a = true);
-  m.def("dequantize", &dequantize, "codes"_a, "format"_a, "scale"_a = 1.0f);
+  // Signatures written out where nanobind's would say `object` / bare `tuple` (the stubs' types).
+#define SCALIFY_F32_IN "Annotated[NDArray[numpy.float32], dict(order='C', device='cpu', writable=False)]"
+#define SCALIFY_CODES_OUT "NDArray[numpy.uint8] | NDArray[numpy.uint16] | NDArray[numpy.uint32]"
+#define SCALIFY_CODES_IN "Annotated[" SCALIFY_CODES_OUT ", dict(order='C', device='cpu')]"
+  m.def("quantize", &quantize,
+        nb::sig("def quantize(x: " SCALIFY_F32_IN ", format: str, scale: float = 1.0, rounding: str = 'nearest', seed: int = 0, "
+                "saturate: bool = True) -> " SCALIFY_CODES_OUT),
+        "x"_a, "format"_a, "scale"_a = 1.0f, "rounding"_a = "nearest", "seed"_a = 0, "saturate"_a = true);
+  m.def("dequantize", &dequantize,
+        nb::sig("def dequantize(codes: " SCALIFY_CODES_IN ", format: str, scale: float = 1.0) -> NDArray[numpy.float32]"), "codes"_a,
+        "format"_a, "scale"_a = 1.0f);
   m.def(
       "amax", [](FloatArray x) { return scalify::amax(std::span(x.data(), x.size())); }, "x"_a);
-  m.def("block_quantize", &block_quantize, "x"_a, "format"_a, "block"_a, "rule"_a, "rounding"_a = "nearest", "seed"_a = 0,
-        "scale_codes"_a = false);
-  m.def("block_dequantize", &block_dequantize, "codes"_a, "scales"_a, "format"_a, "block"_a, "rule"_a, "tensor_scale"_a = 1.0f);
-  m.def("formats", &formats);
+  m.def("block_quantize", &block_quantize,
+        nb::sig("def block_quantize(x: " SCALIFY_F32_IN ", format: str, block: tuple[int, int], rule: str, rounding: str = 'nearest', "
+                "seed: int = 0, scale_codes: bool = False) -> tuple[" SCALIFY_CODES_OUT
+                ", NDArray[numpy.float32] | NDArray[numpy.uint8], float]"),
+        "x"_a, "format"_a, "block"_a, "rule"_a, "rounding"_a = "nearest", "seed"_a = 0, "scale_codes"_a = false);
+  m.def("block_dequantize", &block_dequantize,
+        nb::sig("def block_dequantize(codes: " SCALIFY_CODES_IN ", scales: " SCALIFY_F32_IN
+                ", format: str, block: tuple[int, int], rule: str, tensor_scale: float = 1.0) -> NDArray[numpy.float32]"),
+        "codes"_a, "scales"_a, "format"_a, "block"_a, "rule"_a, "tensor_scale"_a = 1.0f);
+#undef SCALIFY_F32_IN
+#undef SCALIFY_CODES_IN
+#undef SCALIFY_CODES_OUT
+  m.def("formats", &formats, nb::sig("def formats() -> list[dict[str, str | int | float | bool]]"));
   // A format's name from any of its names or aliases ("float8_e4m3fn" -> "e4m3"); ValueError listing them if unknown.
   m.def(
       "format_name", [](const std::string& name) { return std::string(format_name(parse_format(name))); }, "name"_a);

@@ -57,8 +57,10 @@ def values_in_range(fmt, n=4000, seed=0):
     return x.astype(np.float32)
 
 
-def test_every_scalify_format_has_a_dtype():
+def test_every_scalify_format_has_a_typed_dtype():
     assert sorted(NUMPY_DTYPES) == sorted(f["name"] for f in scalify.formats())
+    for fmt in NUMPY_DTYPES:
+        assert scalify.quantize([1.0], fmt).dtype == np.dtype(NUMPY_DTYPES[fmt]), fmt
 
 
 @pytest.mark.parametrize("fmt", sorted(NUMPY_DTYPES))
