@@ -152,8 +152,10 @@ void bind_formats(nb::module_& m) {
   m.def(
       "has_e8m0_scales", [](const std::string& rule) { return pow2_block_scales(parse_block_rule(rule)); }, "rule"_a);
   // The address of the memory the bindings read for x: equal to x's own when no copy was made.
+  // x: anything the bindings read as float32 (a NumPy array, a DLPack tensor such as torch's).
   m.def(
-      "data_pointer", [](FloatArray x) { return reinterpret_cast<uintptr_t>(x.data()); }, "x"_a);
+      "data_pointer", [](FloatArray x) { return reinterpret_cast<uintptr_t>(x.data()); }, nb::sig("def data_pointer(x: object) -> int"),
+      "x"_a);
 }
 
 }  // namespace scalify::python
