@@ -67,6 +67,8 @@ def resolve(format: object, what: str = "format") -> Tuple[str, bool]:
             return _FORMAT_OF_TORCH[name], False
         raise ValueError(f"{what}: {format} has no Scalify format; {supported()}")
     try:
+        if format is None:  # np.dtype(None) would be float64
+            raise TypeError
         dtype = np.dtype(format)  # type: ignore[call-overload]
     except TypeError:
         raise TypeError(

@@ -127,6 +127,8 @@ def test_format_arguments_that_are_not_formats():
         scalify.quantize([1.0], torch.complex64)
     with pytest.raises(TypeError, match="format must be a format name.*int 3"):
         scalify.quantize([1.0], 3)
+    with pytest.raises(TypeError, match="format must be a format name.*NoneType"):
+        scalify.quantize([1.0], None)
     with pytest.raises(TypeError, match="codes must be unsigned integers.*int64"):
         scalify.dequantize(np.array([1, 2]), "e4m3")
 
