@@ -3,8 +3,8 @@ GPT trainer, over the C++ library.
 
     import numpy as np, scalify
     x = np.random.randn(1024).astype(np.float32)
-    codes = scalify.quantize(x, "e4m3")              # uint8 codes, round to nearest even, saturating
-    back = scalify.dequantize(codes, "e4m3")
+    codes = scalify.quantize(x, "e4m3")              # float8_e4m3fn codes, nearest even, saturating
+    back = scalify.dequantize(codes)                 # the codes' dtype says their format
     run = scalify.train("runs/a", recipe="nvfp4", steps=100, d_model=64, layers=2)
 
 Arrays cross without a copy when they are C-contiguous float32 on the CPU (NumPy, or any tensor

@@ -69,7 +69,7 @@ def test_block_quantisation_round_trip():
     x = np.random.default_rng(1).standard_normal((32, 64)).astype(np.float32)
     for block, rule in (((1, 32), "mx_floor"), ((1, 16), "nvfp4"), ((16, 16), "nvfp4")):
         codes, scales, ts = scalify.block_quantize(x, "e2m1", block, rule)
-        assert codes.dtype == np.uint8 and codes.shape == x.shape
+        assert codes.dtype == ml_dtypes.float4_e2m1fn and codes.shape == x.shape
         assert scales.shape == (32 // block[0], 64 // block[1])
         back = scalify.block_dequantize(codes, scales, "e2m1", block, rule, ts)
         # FP4 keeps 2 significant bits: each value within half a step of its block's grid.
@@ -99,4 +99,5 @@ def test_arrays_cross_without_a_copy():
 
     t = torch.randn(1000)
     assert scalify._scalify.data_pointer(t) == t.data_ptr()
-    assert np.array_equal(scalify.quantize(t, "e5m2"), scalify.quantize(t.numpy(), "e5m2"))
+    codes = scalify.quantize(t, "e5m2")  # torch in, torch codes out
+    assert np.array_equal(codes.view(torch.uint8).numpy(), scalify.quantize(t.numpy(), "e5m2", raw=True))
