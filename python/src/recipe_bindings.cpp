@@ -344,6 +344,7 @@ void bind_recipes(nb::module_& m) {
   bind_high_precision(m);
   bind_recipe(m);
   m.def("preset_names", &quant::preset_names);
+  m.def("load_recipe", &quant::load_recipe, "name_or_file"_a, "A preset by name, or a recipe JSON file (a path ending in .json)");
 }
 
 }  // namespace scalify::python
