@@ -54,18 +54,23 @@ void plain_data(nb::class_<T>& cls, const char* name, std::vector<const char*> f
            if (!nb::isinstance<T>(b)) return nb::not_implemented();
            return nb::bool_(a == nb::cast<const T&>(b));
          },
-         nb::sig("def __eq__(self, other: object, /) -> bool"))
+         nb::arg("other").none(), nb::sig("def __eq__(self, other: object, /) -> bool"))
       .def("__repr__", [name, fields](nb::handle self) { return std::string(name) + "(" + changed_fields(self, fields) + ")"; })
-      .def("__getstate__",
-           [fields](nb::handle self) {
-             nb::dict state;
-             for (const char* f : fields) state[f] = self.attr(f);
-             return state;
-           })
-      .def("__setstate__", [](T& self, const nb::dict& state) {
-        const nb::object built = nb::type<T>()(**state);
-        new (&self) T(nb::cast<const T&>(built));
-      });
+      .def(
+          "__getstate__",
+          [fields](nb::handle self) {
+            nb::dict state;
+            for (const char* f : fields) state[f] = self.attr(f);
+            return state;
+          },
+          nb::sig("def __getstate__(self) -> dict[str, object]"))
+      .def(
+          "__setstate__",
+          [](T& self, const nb::dict& state) {
+            const nb::object built = nb::type<T>()(**state);
+            new (&self) T(nb::cast<const T&>(built));
+          },
+          nb::sig("def __setstate__(self, state: dict[str, object], /) -> None"));
   cls.attr("__hash__") = nb::none();
 }
 
@@ -314,7 +319,7 @@ void bind_recipe(nb::module_& m) {
             if (!nb::isinstance<Recipe>(b)) return nb::not_implemented();
             return nb::bool_(a.to_json() == nb::cast<const Recipe&>(b).to_json());
           },
-          nb::sig("def __eq__(self, other: object, /) -> bool"))
+          nb::arg("other").none(), nb::sig("def __eq__(self, other: object, /) -> bool"))
       // The fields that differ from Recipe(); Recipe.from_json(...) where those cannot say it all
       // (loss scaling has no field here).
       .def("__repr__",
