@@ -222,6 +222,32 @@ TEST(Recipe, HighPrecisionLayersAreLeftUnquantised) {
 
 // SCALIFY propagates scales through a GEMM only when every operand carries them; a pattern that
 // names nothing is a mistake.
+// Block sizes the engine cannot honour are refused by validate(), from code or from JSON alike:
+// MX blocks are 32 elements (OCP MX), NVFP4's 16, no block is empty. A quantiser refuses an empty
+// block too.
+TEST(Recipe, BlockSizesTheEngineCannotHonourAreRefused) {
+  Recipe mx7 = preset("mxfp8");
+  mx7.linear.forward.weight.block = {1, 7, BlockScaleRule::mx_floor};
+  EXPECT_ERROR(mx7.validate(),
+               "recipe 'mxfp8': linear.forward.weight: MX blocks are 32 elements: block must be [1, 32] or [32, 1], got [1, 7]");
+  EXPECT_ERROR(Recipe::from_json(mx7.to_json()).validate(), "MX blocks are 32 elements");
+  for (BlockSpec ok : {BlockSpec{1, 32}, BlockSpec{32, 1}}) {
+    Recipe mx = preset("mxfp8");
+    mx.linear.weight_grad.gradient.block = ok;
+    EXPECT_NO_THROW(mx.validate());
+  }
+  Recipe nv = preset("nvfp4");
+  nv.linear.input_grad.gradient.block.cols = 32;
+  EXPECT_ERROR(nv.validate(),
+               "linear.input_grad.gradient: NVFP4 blocks are 16 elements: block must be [1, 16], [16, 1] or [16, 16], got [1, 32]");
+  Recipe empty = preset("blockwise");
+  empty.linear.forward.activation.block.rows = 0;
+  EXPECT_ERROR(empty.validate(), "linear.forward.activation: block must be [rows, cols] with each in [1, 4096], got [0, 128]");
+  QuantizerConfig zero;
+  zero.block.cols = 0;
+  EXPECT_ERROR(Quantizer{zero}, "quantizer: block must be [rows, cols] with each in [1, 4096], got [1, 0]");
+}
+
 TEST(Recipe, PerGemmPartsThatCannotBeMeantTogetherAreRefusedByName) {
   Recipe half = preset("scalify_fp8_3");
   half.linear.weight_grad.gradient.scaling = Scaling::current;

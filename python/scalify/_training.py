@@ -8,7 +8,6 @@ import os
 from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 from . import _scalify
-from ._recipes import preset
 from ._scalify import Recipe, Tensor
 
 
@@ -40,14 +39,18 @@ def train(out: str, *, recipe=None, steps: Optional[int] = None, data: Optional[
 
 def compare(out: str, *, recipes: str = "seeds", steps: Optional[int] = None, data: Optional[str] = None,
             seeds: Union[int, Sequence[int], None] = None, speed_rounds: int = 5, resume: bool = False,
-            progress: Optional[Callable[[str], None]] = None, **settings):
+            progress: Optional[Callable[..., None]] = None, **settings):
     """Runs ``scalify compare``: the same model and data under each recipe, into ``out``
     (report.md, summary.csv, plots, a run folder per recipe and seed). recipes: a named list
     (seeds, fp8, fp16, fp4, scalify, unit, per_tensor) or comma-separated presets / recipe JSON
     files. seeds: a count (seeds from the config's ``seed`` on) or a list of seeds: every recipe
     trains under each, and each delta's interval holds the seeds' spread. speed_rounds: rounds of
-    interleaved speed timing after training (0: the training runs' own speeds). progress(line) is
-    called after every step. Ctrl-C (KeyboardInterrupt) or an exception raised by progress stops
+    interleaved speed timing after training (0: the training runs' own speeds). progress is called
+    after every training step as ``progress(step, steps, loss, recipe=..., seed=..., run=...,
+    runs=..., tokens_per_s=..., eta_s=..., line=...)``: train's three values first (the recipe
+    run's step of its steps and its loss), then which run it is (its recipe name and seed, run of
+    runs, 1-based), its speed, the whole comparison's remaining seconds and the CLI's progress
+    line; ``def progress(step, steps, loss, **run)`` serves train and compare alike. Ctrl-C (KeyboardInterrupt) or an exception raised by progress stops
     the whole comparison and is raised, the recipe then training left resumable; resume=True
     continues the comparison in ``out`` as it was started (the other arguments are not used).
     Returns one row per recipe (val_loss, val_delta against its baseline with val_delta_ci95 and
@@ -94,13 +97,14 @@ def load_checkpoint(path: str) -> Tuple[Dict[str, "numpy.ndarray"], Dict[str, st
 
 
 class Gpt:
-    """The trainer's GPT, built for a recipe: ``Gpt(recipe="nvfp4", d_model=64, layers=2, seq=64,
+    """The trainer's GPT, built for a recipe (a preset name, a recipe JSON file or a ``Recipe``):
+    ``Gpt(recipe="nvfp4", d_model=64, layers=2, seq=64,
     seed=1)`` (any train config key). ``parameters()`` gives its Tensors by name, ``loss(ids,
     targets)`` a Tensor to ``backward()`` — the same model and initialisation as ``scalify train``
     with the same keys (a recipe's quantised linear layers included)."""
 
     def __init__(self, recipe="f32", **settings):
-        r = recipe if isinstance(recipe, Recipe) else preset(recipe)
+        r = recipe if isinstance(recipe, Recipe) else _scalify.load_recipe(os.fspath(recipe))
         self._model = _scalify.Gpt({k: _setting_text(v) for k, v in settings.items()}, r)
 
     def parameters(self) -> Dict[str, Tensor]:

@@ -12,12 +12,16 @@ NB_MODULE(_scalify, m) {
   nb::register_exception_translator([](const std::exception_ptr& p, void*) {
     try {
       std::rethrow_exception(p);
+    } catch (const scalify::MissingFileError& e) {
+      PyErr_SetString(PyExc_FileNotFoundError, e.what());
     } catch (const scalify::FileError& e) {
       PyErr_SetString(PyExc_OSError, e.what());
     } catch (const scalify::Error& e) {
       PyErr_SetString(PyExc_ValueError, e.what());
     }
   });
+  // Messages that advise name Python's keywords (resume=True), not the CLI's flags (error.hpp).
+  scalify::set_message_surface(scalify::Surface::python);
   bind_formats(m);
   bind_recipes(m);
   bind_tensor(m);

@@ -1,4 +1,9 @@
 // Recipes: QuantizerConfig, the GEMMs' LinearRecipe, HighPrecisionLayers and Recipe, with presets.
+// Each is plain data that behaves as Python values do: a keyword constructor (every field optional,
+// an unknown keyword a TypeError), a docstring per field naming its allowed values (written from
+// the name tables the parsers read, so the two cannot drift), ==, a repr that evaluates back to an
+// equal object, pickling and copy.deepcopy (independent copies: the state is the fields' values,
+// rebuilt through the keyword constructor, or the JSON form for Recipe).
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/pair.h>
 #include <nanobind/stl/string.h>
@@ -6,6 +11,8 @@
 
 #include <optional>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "bindings.hpp"
 #include "scalify/quant/recipe.hpp"
@@ -13,102 +20,336 @@
 namespace scalify::python {
 
 using namespace nb::literals;
+using quant::QuantizerConfig, quant::LinearRecipe, quant::HighPrecisionLayers, quant::Recipe;
 
-void bind_recipes(nb::module_& m) {
-  using quant::QuantizerConfig, quant::LinearRecipe, quant::HighPrecisionLayers, quant::Recipe;
-  nb::class_<QuantizerConfig>(m, "QuantizerConfig", "How one GEMM operand is quantised: format, scaling, block, rounding, ...")
-      .def(nb::init<>())
+namespace {
+
+// The names of an enum's values 0..last, quoted and comma-separated, from the enum's name table.
+template <class Enum, class NameOf>
+std::string quoted_names(Enum last, NameOf name_of) {
+  std::string out;
+  for (int i = 0; i <= int(last); ++i) out.append(out.empty() ? "" : ", ").append("'").append(name_of(Enum(i))).append("'");
+  return out;
+}
+
+// The fields of `self` that differ from a default-constructed object's, as name=repr(value).
+std::string changed_fields(nb::handle self, const std::vector<const char*>& fields) {
+  const nb::object defaults = nb::borrow(self.type())();
+  std::string out;
+  for (const char* f : fields) {
+    const nb::object value = self.attr(f);
+    if (!value.equal(defaults.attr(f))) out.append(out.empty() ? "" : ", ").append(f).append("=").append(nb::repr(value).c_str());
+  }
+  return out;
+}
+
+// ==, unhashable (mutable), repr, and pickling through the keyword constructor: the state is a
+// dict of every field's value (nested configs pickle or deep-copy as themselves), and
+// __setstate__ builds a new object from it, so a copy shares nothing with its original.
+template <class T>
+void plain_data(nb::class_<T>& cls, const char* name, std::vector<const char*> fields) {
+  cls.def(
+         "__eq__",
+         [](const T& a, nb::handle b) -> nb::object {
+           if (!nb::isinstance<T>(b)) return nb::not_implemented();
+           return nb::bool_(a == nb::cast<const T&>(b));
+         },
+         nb::arg("other").none(), nb::sig("def __eq__(self, other: object, /) -> bool"))
+      .def("__repr__", [name, fields](nb::handle self) { return std::string(name) + "(" + changed_fields(self, fields) + ")"; })
+      .def(
+          "__getstate__",
+          [fields](nb::handle self) {
+            nb::dict state;
+            for (const char* f : fields) state[f] = self.attr(f);
+            return state;
+          },
+          nb::sig("def __getstate__(self) -> dict[str, object]"))
+      .def(
+          "__setstate__",
+          [](T& self, const nb::dict& state) {
+            const nb::object built = nb::type<T>()(**state);
+            new (&self) T(nb::cast<const T&>(built));
+          },
+          nb::sig("def __setstate__(self, state: dict[str, object], /) -> None"));
+  cls.attr("__hash__") = nb::none();
+}
+
+// The setters, shared by the properties and the keyword constructor.
+void set_block(QuantizerConfig& c, std::pair<size_t, size_t> b) {
+  quant::check_block_size(b.first, b.second);
+  c.block.rows = b.first;
+  c.block.cols = b.second;
+}
+
+DType Recipe::*const kDTypeFields[] = {&Recipe::master_weight, &Recipe::optimizer_state, &Recipe::data_storage};
+
+void set_allreduce(Recipe& r, const std::optional<std::string>& s) {
+  r.gradient_allreduce = s ? std::optional<Format>(parse_format(*s)) : std::nullopt;
+}
+
+void bind_quantizer_config(nb::module_& m) {
+  using quant::Scaling, quant::Transform, quant::HistoryReduce;
+  const std::string formats = "Allowed: " + valid_format_names() + " (aliases in parentheses).";
+  const std::string scaling_doc =
+      "The scaling strategy. Allowed: " + quoted_names(Scaling::mx, quant::scaling_name) +
+      ". none: a plain cast; scalify: the propagated scale; current / delayed: per-tensor amax now / from a history; "
+      "amax_bias / constant_bias: a power-of-two bias; block: generic blocks with f32 scales; mx: OCP MX blocks.";
+  const std::string format_doc = "The element format of the quantised operand. " + formats;
+  const std::string reduce_doc =
+      "delayed: how the amax history becomes one amax. Allowed: " + quoted_names(HistoryReduce::most_recent, quant::reduce_name) + ".";
+  const std::string block_doc = "The block (rows, cols) for block and mx scaling, each in [1, " + std::to_string(quant::kMaxBlockSize) +
+                                "]. mx: (1, 32) or (32, 1); NVFP4 (block_scale 'nvfp4' or 'e4m3_amax'): (1, 16), (16, 1) or (16, 16) "
+                                "(Recipe.validate() checks).";
+  const std::string block_scale_doc =
+      "How a block's scale is chosen. Allowed: " + quoted_names(BlockScaleRule::e4m3_amax, block_rule_name) +
+      ". mx_floor / mx_ceil: E8M0 powers of two (mx scaling); f32_amax: f32 scales (block scaling); nvfp4 / e4m3_amax: E4M3 scales "
+      "of e2m1 blocks, with / without NVFP4's f32 tensor scale.";
+  const std::string rounding_doc = "How values round into the format. Allowed: " + quoted_names(Rounding::toward_zero, rounding_name) +
+                                   " ('nearest_even' also reads as 'nearest').";
+  const std::string transform_doc = "A transform of the operand before its cast (the weight-gradient GEMM's only). Allowed: " +
+                                    quoted_names(Transform::hadamard16, quant::transform_name) + ".";
+  nb::class_<QuantizerConfig> cls(m, "QuantizerConfig",
+                                  "How one GEMM operand is quantised: QuantizerConfig(format='e4m3', scaling='current', ...), every field "
+                                  "a keyword (see each field's docstring for its allowed values).");
+  cls.def(
+         "__init__",
+         [](QuantizerConfig* self, std::optional<std::string> scaling, std::optional<std::string> format, std::optional<int> margin,
+            std::optional<int> history, std::optional<std::string> reduce, std::optional<int> update_interval, std::optional<int> bias,
+            std::optional<std::pair<size_t, size_t>> block, std::optional<std::string> block_scale, std::optional<std::string> rounding,
+            std::optional<bool> saturate, std::optional<std::string> transform) {
+           QuantizerConfig c;
+           if (scaling) c.scaling = quant::parse_scaling(*scaling);
+           if (format) c.format = parse_format(*format);
+           if (margin) c.margin = *margin;
+           if (history) c.history = *history;
+           if (reduce) c.reduce = quant::parse_reduce(*reduce);
+           if (update_interval) c.update_interval = *update_interval;
+           if (bias) c.bias = *bias;
+           if (block) set_block(c, *block);
+           if (block_scale) c.block.rule = parse_block_rule(*block_scale);
+           if (rounding) c.rounding = parse_rounding(*rounding);
+           if (saturate) c.saturate = *saturate;
+           if (transform) c.transform = quant::parse_transform(*transform);
+           new (self) QuantizerConfig(c);
+         },
+         nb::kw_only(), "scaling"_a = nb::none(), "format"_a = nb::none(), "margin"_a = nb::none(), "history"_a = nb::none(),
+         "reduce"_a = nb::none(), "update_interval"_a = nb::none(), "bias"_a = nb::none(), "block"_a = nb::none(),
+         "block_scale"_a = nb::none(), "rounding"_a = nb::none(), "saturate"_a = nb::none(), "transform"_a = nb::none(),
+         "A quantiser configuration: the defaults (current scaling, e4m3, nearest) with the fields given changed.")
       .def_prop_rw(
           "scaling", [](const QuantizerConfig& c) { return std::string(quant::scaling_name(c.scaling)); },
-          [](QuantizerConfig& c, const std::string& s) { c.scaling = quant::parse_scaling(s); })
+          [](QuantizerConfig& c, const std::string& s) { c.scaling = quant::parse_scaling(s); }, scaling_doc.c_str())
       .def_prop_rw(
           "format", [](const QuantizerConfig& c) { return std::string(format_name(c.format)); },
-          [](QuantizerConfig& c, const std::string& s) { c.format = parse_format(s); })
-      .def_rw("margin", &QuantizerConfig::margin)
-      .def_rw("history", &QuantizerConfig::history)
-      .def_rw("update_interval", &QuantizerConfig::update_interval)
-      .def_rw("bias", &QuantizerConfig::bias)
+          [](QuantizerConfig& c, const std::string& s) { c.format = parse_format(s); }, format_doc.c_str())
+      .def_rw("margin", &QuantizerConfig::margin, "current, delayed, amax_bias: powers of two of headroom, in [-64, 64]")
+      .def_rw("history", &QuantizerConfig::history, "delayed: the amax history's length, at least 1")
       .def_prop_rw(
-          "block", [](const QuantizerConfig& c) { return std::pair(c.block.rows, c.block.cols); },
-          [](QuantizerConfig& c, std::pair<size_t, size_t> b) {
-            c.block.rows = b.first;
-            c.block.cols = b.second;
-          })
+          "reduce", [](const QuantizerConfig& c) { return std::string(quant::reduce_name(c.reduce)); },
+          [](QuantizerConfig& c, const std::string& s) { c.reduce = quant::parse_reduce(s); }, reduce_doc.c_str())
+      .def_rw("update_interval", &QuantizerConfig::update_interval, "delayed: the scale is recomputed every N quantisations, N >= 1")
+      .def_rw("bias", &QuantizerConfig::bias, "constant_bias: the scaling bias b (x * 2^b), in [-64, 64]")
+      .def_prop_rw(
+          "block", [](const QuantizerConfig& c) { return std::pair(c.block.rows, c.block.cols); }, set_block, block_doc.c_str())
       .def_prop_rw(
           "block_scale", [](const QuantizerConfig& c) { return std::string(block_rule_name(c.block.rule)); },
-          [](QuantizerConfig& c, const std::string& s) { c.block.rule = parse_block_rule(s); })
+          [](QuantizerConfig& c, const std::string& s) { c.block.rule = parse_block_rule(s); }, block_scale_doc.c_str())
       .def_prop_rw(
           "rounding", [](const QuantizerConfig& c) { return std::string(rounding_name(c.rounding)); },
-          [](QuantizerConfig& c, const std::string& s) { c.rounding = parse_rounding(s); })
-      .def_rw("saturate", &QuantizerConfig::saturate)
+          [](QuantizerConfig& c, const std::string& s) { c.rounding = parse_rounding(s); }, rounding_doc.c_str())
+      .def_rw("saturate", &QuantizerConfig::saturate,
+              "True: overflow saturates to the format's largest value; False: it gives inf or NaN, as a plain hardware cast does")
       .def_prop_rw(
           "transform", [](const QuantizerConfig& c) { return std::string(quant::transform_name(c.transform)); },
-          [](QuantizerConfig& c, const std::string& s) { c.transform = quant::parse_transform(s); })
-      .def("__eq__", [](const QuantizerConfig& a, const QuantizerConfig& b) { return a == b; })
-      .def("__repr__", [](const QuantizerConfig& c) {
-        return "QuantizerConfig(scaling='" + std::string(quant::scaling_name(c.scaling)) + "', format='" +
-               std::string(format_name(c.format)) + "', block=(" + std::to_string(c.block.rows) + ", " + std::to_string(c.block.cols) +
-               "), rounding='" + rounding_name(c.rounding) + "')";
-      });
-  nb::class_<LinearRecipe::Forward>(m, "ForwardGemm", "y = x w: the activation's and the weight's quantisation")
-      .def_rw("activation", &LinearRecipe::Forward::activation)
-      .def_rw("weight", &LinearRecipe::Forward::weight);
-  nb::class_<LinearRecipe::InputGrad>(m, "InputGradGemm", "dx = g w^T: the output gradient's and the weight's quantisation")
-      .def_rw("gradient", &LinearRecipe::InputGrad::gradient)
-      .def_rw("weight", &LinearRecipe::InputGrad::weight);
-  nb::class_<LinearRecipe::WeightGrad>(m, "WeightGradGemm", "dw = x^T g: the activation's and the output gradient's quantisation")
-      .def_rw("activation", &LinearRecipe::WeightGrad::activation)
-      .def_rw("gradient", &LinearRecipe::WeightGrad::gradient);
-  nb::class_<LinearRecipe>(m, "LinearRecipe", "How a linear layer quantises the operands of its three GEMMs")
-      .def(nb::init<>())
-      .def_rw("quantized", &LinearRecipe::quantized)
-      .def_rw("forward", &LinearRecipe::forward)
-      .def_rw("input_grad", &LinearRecipe::input_grad)
-      .def_rw("weight_grad", &LinearRecipe::weight_grad)
+          [](QuantizerConfig& c, const std::string& s) { c.transform = quant::parse_transform(s); }, transform_doc.c_str());
+  plain_data(cls, "QuantizerConfig",
+             {"scaling", "format", "margin", "history", "reduce", "update_interval", "bias", "block", "block_scale", "rounding", "saturate",
+              "transform"});
+}
+
+// A GEMM's two operands: a class with a keyword constructor taking both QuantizerConfigs.
+template <class Gemm>
+void bind_gemm(nb::module_& m, const char* name, const char* doc, QuantizerConfig Gemm::*first, const char* first_name,
+               const char* first_doc, QuantizerConfig Gemm::*second, const char* second_name, const char* second_doc) {
+  nb::class_<Gemm> cls(m, name, doc);
+  cls.def(
+         "__init__",
+         [first, second](Gemm* self, std::optional<QuantizerConfig> a, std::optional<QuantizerConfig> b) {
+           Gemm g;
+           if (a) g.*first = *a;
+           if (b) g.*second = *b;
+           new (self) Gemm(g);
+         },
+         nb::kw_only(), nb::arg(first_name) = nb::none(), nb::arg(second_name) = nb::none())
+      .def_rw(first_name, first, first_doc)
+      .def_rw(second_name, second, second_doc);
+  plain_data(cls, name, {first_name, second_name});
+}
+
+void bind_linear_recipe(nb::module_& m) {
+  const char* operand = "A QuantizerConfig (changed in place through this attribute: r.linear.forward.activation.format = 'e5m2')";
+  bind_gemm<LinearRecipe::Forward>(m, "ForwardGemm", "y = x w: the activation's and the weight's quantisation",
+                                   &LinearRecipe::Forward::activation, "activation", operand, &LinearRecipe::Forward::weight, "weight",
+                                   operand);
+  bind_gemm<LinearRecipe::InputGrad>(m, "InputGradGemm", "dx = g w^T: the output gradient's and the weight's quantisation",
+                                     &LinearRecipe::InputGrad::gradient, "gradient", operand, &LinearRecipe::InputGrad::weight, "weight",
+                                     operand);
+  bind_gemm<LinearRecipe::WeightGrad>(m, "WeightGradGemm", "dw = x^T g: the activation's and the output gradient's quantisation",
+                                      &LinearRecipe::WeightGrad::activation, "activation", operand, &LinearRecipe::WeightGrad::gradient,
+                                      "gradient", operand);
+  nb::class_<LinearRecipe> cls(m, "LinearRecipe", "How a linear layer quantises the operands of its three GEMMs");
+  cls.def(
+         "__init__",
+         [](LinearRecipe* self, std::optional<bool> quantized, std::optional<LinearRecipe::Forward> forward,
+            std::optional<LinearRecipe::InputGrad> input_grad, std::optional<LinearRecipe::WeightGrad> weight_grad) {
+           LinearRecipe r;
+           if (quantized) r.quantized = *quantized;
+           if (forward) r.forward = *forward;
+           if (input_grad) r.input_grad = *input_grad;
+           if (weight_grad) r.weight_grad = *weight_grad;
+           new (self) LinearRecipe(r);
+         },
+         nb::kw_only(), "quantized"_a = nb::none(), "forward"_a = nb::none(), "input_grad"_a = nb::none(), "weight_grad"_a = nb::none())
+      .def_rw("quantized", &LinearRecipe::quantized, "False: a plain matmul in the data's precision (the other fields unused)")
+      .def_rw("forward", &LinearRecipe::forward, "ForwardGemm: y = x w")
+      .def_rw("input_grad", &LinearRecipe::input_grad, "InputGradGemm: dx = g w^T")
+      .def_rw("weight_grad", &LinearRecipe::weight_grad, "WeightGradGemm: dw = x^T g")
       .def_static("uniform", &LinearRecipe::uniform, "weight"_a, "activation"_a, "gradient"_a,
-                  "The same configuration for each tensor in every GEMM it enters")
-      .def("__eq__", [](const LinearRecipe& a, const LinearRecipe& b) { return a == b; });
-  nb::class_<HighPrecisionLayers>(m, "HighPrecisionLayers", "Linear layers left unquantised: first / last blocks, name patterns")
-      .def(nb::init<>())
-      .def_rw("first_blocks", &HighPrecisionLayers::first_blocks)
-      .def_rw("last_blocks", &HighPrecisionLayers::last_blocks)
-      .def_rw("layers", &HighPrecisionLayers::layers);
+                  "The same configuration for each tensor in every GEMM it enters");
+  plain_data(cls, "LinearRecipe", {"quantized", "forward", "input_grad", "weight_grad"});
+}
+
+void bind_high_precision(nb::module_& m) {
+  nb::class_<HighPrecisionLayers> cls(m, "HighPrecisionLayers", "Linear layers left unquantised: first / last blocks, name patterns");
+  cls.def(
+         "__init__",
+         [](HighPrecisionLayers* self, std::optional<int> first_blocks, std::optional<int> last_blocks,
+            std::optional<std::vector<std::string>> layers) {
+           HighPrecisionLayers h;
+           if (first_blocks) h.first_blocks = *first_blocks;
+           if (last_blocks) h.last_blocks = *last_blocks;
+           if (layers) h.layers = *layers;
+           new (self) HighPrecisionLayers(h);
+         },
+         nb::kw_only(), "first_blocks"_a = nb::none(), "last_blocks"_a = nb::none(), "layers"_a = nb::none())
+      .def_rw("first_blocks", &HighPrecisionLayers::first_blocks, "How many of the first decoder blocks stay in high precision")
+      .def_rw("last_blocks", &HighPrecisionLayers::last_blocks, "How many of the last decoder blocks stay in high precision")
+      .def_rw("layers", &HighPrecisionLayers::layers,
+              "Name patterns of layers kept in high precision ('*' matches any run of characters: '*.attn.qkv'); 1 to 256 characters "
+              "each");
+  plain_data(cls, "HighPrecisionLayers", {"first_blocks", "last_blocks", "layers"});
+}
+
+void bind_recipe(nb::module_& m) {
+  const std::string dtypes = quoted_names(DType::i64, dtype_name);
+  const std::string master_doc = "Storage of the master weights. Allowed: " + dtypes + ".";
+  const std::string state_doc = "Storage of AdamW's m and v. Allowed: " + dtypes + ".";
+  const std::string data_doc =
+      "Storage of every activation and gradient: 'f32', 'f16' or 'bf16' (Recipe.validate() checks; the names "
+      "read: " +
+      dtypes + ").";
+  const std::string wgrad_doc = "Cast of the weight gradients before the update ('f32': none). Allowed: " + valid_format_names() + ".";
+  const std::string allreduce_doc =
+      "None: gradients exchanged in their own storage; 'f16', 'bf16', 'e4m3' or 'e5m2': cast with a shared power of two "
+      "(Recipe.validate() checks; the names read: " +
+      valid_format_names() + ").";
   // A recipe's storage fields as their dtype names.
   auto dtype_get = [](DType Recipe::*field) { return [field](const Recipe& r) { return std::string(dtype_name(r.*field)); }; };
   auto dtype_set = [](DType Recipe::*field) { return [field](Recipe& r, const std::string& s) { r.*field = parse_dtype(s); }; };
-  nb::class_<Recipe>(m, "Recipe", "A training recipe: how every tensor role is stored and scaled")
-      .def(nb::init<>())
-      .def_rw("name", &Recipe::name)
-      .def_rw("linear", &Recipe::linear)
-      .def_rw("high_precision", &Recipe::high_precision)
-      .def_rw("scaled_state", &Recipe::scaled_state)
-      .def_rw("rescale_every", &Recipe::rescale_every)
-      .def_rw("rescale_norm_grad", &Recipe::rescale_norm_grad)
-      .def_rw("rescale_gradients", &Recipe::rescale_gradients)
-      .def_rw("unit_scaled", &Recipe::unit_scaled)
-      .def_prop_rw("master_weight", dtype_get(&Recipe::master_weight), dtype_set(&Recipe::master_weight))
-      .def_prop_rw("optimizer_state", dtype_get(&Recipe::optimizer_state), dtype_set(&Recipe::optimizer_state))
-      .def_prop_rw("data_storage", dtype_get(&Recipe::data_storage), dtype_set(&Recipe::data_storage))
+  nb::class_<Recipe> cls(m, "Recipe",
+                         "A training recipe: how every tensor role is stored and scaled. Recipe(name='mine', linear=LinearRecipe(...), "
+                         "...), every field a keyword; Recipe.preset(name) and Recipe.from_json(text) give the others.");
+  cls.def(
+         "__init__",
+         [](Recipe* self, std::optional<std::string> name, std::optional<LinearRecipe> linear,
+            std::optional<HighPrecisionLayers> high_precision, std::optional<std::string> master_weight, std::optional<bool> scaled_state,
+            std::optional<std::string> optimizer_state, std::optional<std::string> weight_gradient, std::optional<int> rescale_every,
+            std::optional<bool> rescale_norm_grad, std::optional<bool> rescale_gradients, std::optional<bool> unit_scaled,
+            std::optional<std::string> data_storage, std::optional<std::string> gradient_allreduce) {
+           Recipe r;
+           if (name) r.name = *name;
+           if (linear) r.linear = *linear;
+           if (high_precision) r.high_precision = *high_precision;
+           const std::optional<std::string>* dtypes[] = {&master_weight, &optimizer_state, &data_storage};
+           for (size_t i = 0; i < std::size(kDTypeFields); ++i)
+             if (*dtypes[i]) r.*kDTypeFields[i] = parse_dtype(**dtypes[i]);
+           if (scaled_state) r.scaled_state = *scaled_state;
+           if (weight_gradient) r.weight_gradient = parse_format(*weight_gradient);
+           if (rescale_every) r.rescale_every = *rescale_every;
+           if (rescale_norm_grad) r.rescale_norm_grad = *rescale_norm_grad;
+           if (rescale_gradients) r.rescale_gradients = *rescale_gradients;
+           if (unit_scaled) r.unit_scaled = *unit_scaled;
+           set_allreduce(r, gradient_allreduce);
+           new (self) Recipe(r);
+         },
+         nb::kw_only(), "name"_a = nb::none(), "linear"_a = nb::none(), "high_precision"_a = nb::none(), "master_weight"_a = nb::none(),
+         "scaled_state"_a = nb::none(), "optimizer_state"_a = nb::none(), "weight_gradient"_a = nb::none(), "rescale_every"_a = nb::none(),
+         "rescale_norm_grad"_a = nb::none(), "rescale_gradients"_a = nb::none(), "unit_scaled"_a = nb::none(),
+         "data_storage"_a = nb::none(), "gradient_allreduce"_a = nb::none(),
+         "A recipe: f32 training (the defaults) with the fields given changed.")
+      .def_rw("name", &Recipe::name, "The recipe's name, as run logs and reports show it")
+      .def_rw("linear", &Recipe::linear, "LinearRecipe: the operands of every quantised linear layer's three GEMMs")
+      .def_rw("high_precision", &Recipe::high_precision, "HighPrecisionLayers: the linear layers left out of `linear`")
+      .def_rw("scaled_state", &Recipe::scaled_state, "SCALIFY: master weights and optimizer state as scaled tensors")
+      .def_rw("rescale_every", &Recipe::rescale_every, "SCALIFY: rescale the scaled state every N steps (0: never; needs scaled_state)")
+      .def_rw("rescale_norm_grad", &Recipe::rescale_norm_grad, "SCALIFY #2-#4: rescale the gradient before every norm")
+      .def_rw("rescale_gradients", &Recipe::rescale_gradients,
+              "SCALIFY #4: rescale scaled weight gradients before their cast (needs scaled_state)")
+      .def_rw("unit_scaled", &Recipe::unit_scaled, "Unit scaling: the model is unit-scaled, its casts need no scale")
+      .def_prop_rw("master_weight", dtype_get(&Recipe::master_weight), dtype_set(&Recipe::master_weight), master_doc.c_str())
+      .def_prop_rw("optimizer_state", dtype_get(&Recipe::optimizer_state), dtype_set(&Recipe::optimizer_state), state_doc.c_str())
+      .def_prop_rw("data_storage", dtype_get(&Recipe::data_storage), dtype_set(&Recipe::data_storage), data_doc.c_str())
       .def_prop_rw(
           "weight_gradient", [](const Recipe& r) { return std::string(format_name(r.weight_gradient)); },
-          [](Recipe& r, const std::string& s) { r.weight_gradient = parse_format(s); })
+          [](Recipe& r, const std::string& s) { r.weight_gradient = parse_format(s); }, wgrad_doc.c_str())
       .def_prop_rw(
           "gradient_allreduce",
           [](const Recipe& r) -> std::optional<std::string> {
             if (!r.gradient_allreduce) return std::nullopt;
             return std::string(format_name(*r.gradient_allreduce));
           },
-          [](Recipe& r, const std::optional<std::string>& s) {
-            r.gradient_allreduce = s ? std::optional<Format>(parse_format(*s)) : std::nullopt;
-          },
-          "None: gradients exchanged in their own storage; 'f16', 'bf16', 'e4m3' or 'e5m2': cast with a shared power of two")
+          set_allreduce, allreduce_doc.c_str())
       .def("to_json", &Recipe::to_json)
       .def_static("from_json", &Recipe::from_json, "text"_a)
       .def("validate", &Recipe::validate, "Raises ValueError naming the parts that cannot be meant together")
       .def_static("preset", &quant::preset, "name"_a)
-      .def("__eq__", [](const Recipe& a, const Recipe& b) { return a.to_json() == b.to_json(); })
-      .def("__repr__", [](const Recipe& r) { return "Recipe('" + r.name + "')"; });
+      .def(
+          "__eq__",
+          [](const Recipe& a, nb::handle b) -> nb::object {
+            if (!nb::isinstance<Recipe>(b)) return nb::not_implemented();
+            return nb::bool_(a.to_json() == nb::cast<const Recipe&>(b).to_json());
+          },
+          nb::arg("other").none(), nb::sig("def __eq__(self, other: object, /) -> bool"))
+      // The fields that differ from Recipe(); Recipe.from_json(...) where those cannot say it all
+      // (loss scaling has no field here).
+      .def("__repr__",
+           [](nb::handle self) {
+             const std::string text = "Recipe(" +
+                                      changed_fields(self, {"name", "linear", "high_precision", "master_weight", "scaled_state",
+                                                            "optimizer_state", "weight_gradient", "rescale_every", "rescale_norm_grad",
+                                                            "rescale_gradients", "unit_scaled", "data_storage", "gradient_allreduce"}) +
+                                      ")";
+             const Recipe& r = nb::cast<const Recipe&>(self);
+             Recipe without_loss_scaling = r;
+             without_loss_scaling.loss_scaling = Recipe{}.loss_scaling;
+             if (without_loss_scaling.to_json() == r.to_json()) return text;
+             return "Recipe.from_json(" + std::string(nb::repr(nb::str(r.to_json().c_str())).c_str()) + ")";
+           })
+      // The JSON form is the state: every field, loss scaling included.
+      .def("__getstate__", &Recipe::to_json)
+      .def("__setstate__", [](Recipe& self, const std::string& json) { new (&self) Recipe(Recipe::from_json(json)); });
+  cls.attr("__hash__") = nb::none();
+}
+
+}  // namespace
+
+void bind_recipes(nb::module_& m) {
+  bind_quantizer_config(m);
+  bind_linear_recipe(m);
+  bind_high_precision(m);
+  bind_recipe(m);
   m.def("preset_names", &quant::preset_names);
+  m.def("load_recipe", &quant::load_recipe, "name_or_file"_a, "A preset by name, or a recipe JSON file (a path ending in .json)");
 }
 
 }  // namespace scalify::python

@@ -132,8 +132,10 @@ nb::dict train_result(const train::TrainResult& r) {
 
 // `scalify compare` on `recipes` (a list spec: "seeds", "fp4", "f32,nvfp4", ...): one dict per
 // recipe (its TrainResult's fields and the comparison's status, baseline and delta).
+// progress(step, steps, loss, recipe=, seed=, run=, runs=, tokens_per_s=, eta_s=, line=) after
+// every training step: train's three values first, so one callback can serve both.
 nb::list run_compare(const std::map<std::string, std::string>& settings, const std::string& recipes, const std::string& out, bool resume,
-                     const std::string& seeds, int speed_rounds, std::function<void(const std::string&)> progress) {
+                     const std::string& seeds, int speed_rounds, nb::object progress) {
   scalify::compare::CompareConfig c;
   refuse_several_ranks();
   without_nul(out, "compare: out");
@@ -154,16 +156,25 @@ nb::list run_compare(const std::map<std::string, std::string>& settings, const s
     nb::gil_scoped_release release;
     rep = scalify::compare::compare(
         c, resume,
-        [&](const std::string& line) {
+        [&](const std::string&) {
           nb::gil_scoped_acquire acquire;
           try {
             if (PyErr_CheckSignals() != 0) throw nb::python_error();
-            if (progress) progress(line);
-          } catch (const nb::python_error&) {  // Ctrl-C, the callback's own error: the whole comparison stops
+          } catch (const nb::python_error&) {  // Ctrl-C: the whole comparison stops
             throw scalify::compare::Stopped(std::current_exception());
           }
         },
-        "python: scalify.compare");
+        "python: scalify.compare",
+        [&](const scalify::compare::CompareStep& s) {
+          nb::gil_scoped_acquire acquire;
+          try {
+            if (!progress.is_none())
+              progress(s.step.step, s.step.steps, s.step.loss, "recipe"_a = s.recipe, "seed"_a = s.seed, "run"_a = s.run, "runs"_a = s.runs,
+                       "tokens_per_s"_a = s.step.tokens_per_s, "eta_s"_a = s.eta_s, "line"_a = s.line);
+          } catch (const nb::python_error&) {  // the callback's own error: the whole comparison stops
+            throw scalify::compare::Stopped(std::current_exception());
+          }
+        });
   } catch (const scalify::compare::Stopped& stopped) {  // the GIL held again: raised as itself
     std::rethrow_exception(stopped.cause);
   }
@@ -313,7 +324,9 @@ void bind_training(nb::module_& m) {
   m.def("train", &train, "out"_a, "settings"_a, "recipe"_a = nb::none(), "resume"_a = false, "progress"_a = nb::none(),
         "save_initial"_a = false);
   m.def("compare", &run_compare, "settings"_a, "recipes"_a, "out"_a, "resume"_a = false, "seeds"_a = "", "speed_rounds"_a = 5,
-        "progress"_a = nb::none());
+        "progress"_a.none() = nb::none(),
+        nb::sig("def compare(settings: collections.abc.Mapping[str, str], recipes: str, out: str, resume: bool = False, seeds: str = '', "
+                "speed_rounds: int = 5, progress: collections.abc.Callable[..., None] | None = None) -> list"));
   m.def("load_checkpoint", &load_checkpoint, "path"_a);
   m.def("inspect", &run_inspect, "checkpoint"_a, "format"_a = "e4m3", "initial"_a = false, "batch"_a = 0, "data"_a = "");
   m.def("recipe_lists", &scalify::compare::recipe_list_names);

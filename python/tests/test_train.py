@@ -208,12 +208,12 @@ def test_resume_continues_under_the_runs_own_config_and_recipe_bit_for_bit(tmp_p
     refusals = [(dict(recipe="f32"), "a run keeps its recipe"), (dict(recipe=scalify.preset("current")), "a run keeps its recipe"),
                 (dict(d_model=32), "d_model = 48, not 32"), (dict(layers=2), "layers = 3, not 2"), (dict(heads=4), "heads = 2, not 4"),
                 (dict(seq=16), "seq = 24, not 16"), (dict(swiglu=True), "swiglu = false, not true"), (dict(vocab=300), "vocab"),
-                (dict(lr=-1.0), "lr"), (dict(steps=10), "give --steps above 14"), (dict(no_such_key=1), "no_such_key")]
+                (dict(lr=-1.0), "lr"), (dict(steps=10), "give steps= above 14"), (dict(no_such_key=1), "no_such_key")]
     for given, message in refusals:
         with pytest.raises(ValueError, match=message):
             scalify.train(str(tmp_path / "cut"), resume=True, **dict({"steps": 16}, **given))
     assert scalify.train(str(tmp_path / "cut"), resume=True, steps=16, recipe="delayed")["steps"] == 16  # the run's own: accepted
-    with pytest.raises(ValueError, match="not a run folder"):
+    with pytest.raises(FileNotFoundError, match="does not exist"):
         scalify.train(str(tmp_path / "never"), resume=True)
 
 
@@ -226,9 +226,9 @@ def test_an_error_in_the_compare_callback_stops_the_comparison_and_it_resumes(tm
     whole = rows_of(scalify.compare(str(tmp_path / "whole"), recipes="f32,current", steps=8, data=corpus, speed_rounds=0, **settings))
     seen = []
 
-    def progress(line):
+    def progress(step, steps, loss, *, run, line, **_):
         seen.append(line)
-        if line.startswith("[2/2] current  step 5/"):
+        if run == 2 and step == 5:
             raise StopHere(line)
 
     out = tmp_path / "cut"
@@ -247,7 +247,7 @@ def test_ctrl_c_stops_a_comparison_and_it_resumes(tmp_path, corpus):
     code = (
         "import scalify\n"
         f"scalify.compare({out!r}, recipes='f32,current', steps=40, data={corpus!r}, speed_rounds=0, checkpoint_every=5, "
-        "progress=lambda line: print(line, flush=True) if line.startswith('[1/2] f32  step 12/') else None, "
+        "progress=lambda step, steps, loss, line, **_: print(line, flush=True) if line.startswith('[1/2] f32  step 12/') else None, "
         + ", ".join(f"{k}={v!r}" for k, v in SETTINGS.items())
         + ")\n"
     )

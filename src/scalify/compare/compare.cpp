@@ -594,7 +594,7 @@ void write_report(const CompareConfig& config, CompareReport& rep, const std::st
 int64_t default_eval_every(int64_t steps) { return std::max<int64_t>(1, (steps + kEvalPoints - 1) / kEvalPoints); }
 
 std::vector<uint64_t> seed_list(const std::string& spec, uint64_t first) {
-  const std::string what = "--seeds '" + spec + "'";
+  const std::string what = for_surface("--seeds", "seeds") + " '" + spec + "'";
   std::vector<uint64_t> seeds;
   if (spec.find(',') == std::string::npos) {
     const std::optional<uint64_t> n = io::parse_number<uint64_t>(spec);
@@ -630,7 +630,8 @@ CompareConfig comparison_config(const std::string& out) {
   return c;
 }
 
-CompareReport compare(const CompareConfig& given, bool resume, const CompareProgress& progress, const std::string& command) {
+CompareReport compare(const CompareConfig& given, bool resume, const CompareProgress& progress, const std::string& command,
+                      const CompareSteps& steps) {
   CompareConfig config = given;
   config.base.out = config.out;  // each recipe's run folder is set below; this only validates
   if (config.seeds.empty()) config.seeds = {config.base.seed};
@@ -667,10 +668,12 @@ CompareReport compare(const CompareConfig& given, bool resume, const CompareProg
     lock = std::make_unique<io::FolderLock>(dir.string(), resume ? "compare --resume" : "compare");  // one comparison writes here at a time
     if (!resume) {
       if (fs::exists(dir / "compare.json"))
-        throw Error("compare: '" + config.out + "' already holds a comparison; use --resume to continue it or another --out");
+        throw Error("compare: '" + config.out + "' already holds a comparison; " +
+                    for_surface("use --resume to continue it or another --out", "use resume=True to continue it or another out folder"));
       for (const std::string& name : folders)  // never delete run folders this comparison did not make
         if (fs::exists(dir / "runs" / name))
-          throw Error("compare: '" + (dir / "runs" / name).string() + "' already exists; choose another --out");
+          throw Error("compare: '" + (dir / "runs" / name).string() + "' already exists; choose another " +
+                      for_surface("--out", "out folder"));
       io::make_folder((dir / "runs").string());
       write_text(dir / "compare.json", json{{"recipes", config.recipes},
                                             {"config", config.base.to_toml()},
@@ -705,15 +708,18 @@ CompareReport compare(const CompareConfig& given, bool resume, const CompareProg
       }
       const size_t left = total - index;
       train::Progress step_progress;
-      if (progress)
+      if (progress || steps)
         step_progress = [&, left](const train::StepProgress& p) {
           // Overall ETA: this run's, plus the mean time of the runs finished so far (or this
           // one's projected total) for each run still to come.
           const double per_run = finished_here ? finished_seconds / finished_here : p.elapsed_s + p.eta_s;
           const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
-          progress("[" + std::to_string(index) + "/" + std::to_string(total) + "] " + run_name(recipe) +
-                   (several_seeds ? " seed " + std::to_string(seed) : "") + "  " + p.line() + " | all " + duration(elapsed) + ", eta " +
-                   duration(p.eta_s + per_run * double(left)));
+          const double eta = p.eta_s + per_run * double(left);
+          const std::string line = "[" + std::to_string(index) + "/" + std::to_string(total) + "] " + run_name(recipe) +
+                                   (several_seeds ? " seed " + std::to_string(seed) : "") + "  " + p.line() + " | all " +
+                                   duration(elapsed) + ", eta " + duration(eta);
+          if (progress) progress(line);
+          if (steps) steps({size_t(index), total, run_name(recipe), seed, p, eta, line});
         };
       RecipeOutcome o = run_recipe(config, recipe, seed, resume, step_progress);
       finished_seconds += o.seconds;

@@ -82,6 +82,16 @@ struct CompareReport {
 
 // Called with one line per step: the recipe, its step, and the overall ETA.
 using CompareProgress = std::function<void(const std::string& line)>;
+// The same step as values, for callers that read them rather than print them (Python's progress).
+struct CompareStep {
+  size_t run = 0, runs = 0;  // this recipe run (1-based) of the comparison's runs (recipes x seeds)
+  std::string recipe;        // its run name
+  uint64_t seed = 0;
+  train::StepProgress step;  // its step of its steps, loss, tokens/s, ...
+  double eta_s = 0;          // the whole comparison's
+  std::string line;          // the progress line
+};
+using CompareSteps = std::function<void(const CompareStep& step)>;
 // What a progress callback throws to stop the whole comparison (Python: Ctrl-C, an error in the
 // caller's own callback), where an error in one recipe's run makes that recipe a failed row:
 // compare lets it through, the recipe then training left as an interrupted run that a resume
@@ -94,8 +104,10 @@ class Stopped : public std::runtime_error {
 
 // Runs the comparison into config.out, which must not hold one yet; or, with resume, continues
 // the one in config.out from its compare.json (finished recipes are read back, an interrupted
-// one resumes from its checkpoint). `command` is quoted in the report.
-CompareReport compare(const CompareConfig& config, bool resume, const CompareProgress& progress = {}, const std::string& command = "");
+// one resumes from its checkpoint). `command` is quoted in the report. `steps`: each training step
+// as values (after `progress` has its line).
+CompareReport compare(const CompareConfig& config, bool resume, const CompareProgress& progress = {}, const std::string& command = "",
+                      const CompareSteps& steps = {});
 // The configuration a comparison folder was started with.
 CompareConfig comparison_config(const std::string& out);
 

@@ -65,7 +65,7 @@ std::vector<std::string> recipe_list(const std::string& spec) {
       try {
         quant::load_recipe(r);
       } catch (const Error& e) {
-        throw Error("compare: recipe '" + r + "': " + e.what() + "; named lists: " + join(recipe_list_names()));
+        rethrow_as(e, "compare: recipe '" + r + "': " + e.what() + "; named lists: " + join(recipe_list_names()));
       }
       if (std::find(out.begin(), out.end(), r) == out.end()) out.push_back(r);
     }

@@ -47,7 +47,8 @@ Inspection inspect_checkpoint(const std::string& checkpoint, const InspectOption
   std::unique_ptr<train::Session> s;
   Inspection r;
   r.format = o.format;
-  if (!fs::exists(checkpoint)) throw Error("inspect: '" + checkpoint + "' does not exist (give a checkpoint file or a run folder)");
+  if (!fs::exists(checkpoint))
+    throw MissingFileError("inspect: '" + checkpoint + "' does not exist (give a checkpoint file or a run folder)");
   if (o.initial) {
     s = train::make_session(fs::is_directory(checkpoint) ? train::run_config(checkpoint) : train::read_checkpoint(checkpoint).second,
                             nullptr);

@@ -35,7 +35,11 @@ Fd open_regular(const std::string& path, const std::string& what, struct stat& s
     if (S_ISDIR(st.st_mode)) throw FileError(what + ": '" + path + "' is a folder, not a file");
     if (!S_ISREG(st.st_mode)) throw FileError(what + ": '" + path + "' is not a regular file (a pipe, socket or device); give a file");
   };
-  if (::stat(path.c_str(), &st) != 0) throw FileError(what + ": cannot open '" + path + "': " + std::strerror(errno));
+  if (::stat(path.c_str(), &st) != 0) {
+    const std::string message = what + ": cannot open '" + path + "': " + std::strerror(errno);
+    if (errno == ENOENT) throw MissingFileError(message);
+    throw FileError(message);
+  }
   check_type();
   const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
   if (fd < 0) throw FileError(what + ": cannot open '" + path + "': " + std::strerror(errno));

@@ -19,7 +19,6 @@ namespace scalify::quant {
 
 namespace {
 constexpr int kMaxShift = 64;
-constexpr size_t kMaxBlock = 4096;
 constexpr const char* kNames[] = {"none", "scalify", "current", "delayed", "amax_bias", "constant_bias", "block", "mx"};
 static_assert(std::size(kNames) == size_t(Scaling::mx) + 1, "a name for every Scaling, in the enum's order");
 
@@ -145,6 +144,17 @@ Transform parse_transform(const std::string& name) {
   throw Error("unknown transform '" + name + "' (valid: none, hadamard16)");
 }
 
+namespace {
+constexpr const char* kReduceNames[] = {"max", "most_recent"};
+static_assert(std::size(kReduceNames) == size_t(HistoryReduce::most_recent) + 1, "a name for every HistoryReduce");
+}  // namespace
+const char* reduce_name(HistoryReduce r) { return kReduceNames[static_cast<int>(r)]; }
+HistoryReduce parse_reduce(const std::string& name) {
+  for (size_t i = 0; i < std::size(kReduceNames); ++i)
+    if (name == kReduceNames[i]) return HistoryReduce(i);
+  throw Error("reduce must be max or most_recent, got '" + name + "'");
+}
+
 Scaling parse_scaling(const std::string& name) {
   for (size_t i = 0; i < std::size(kNames); ++i)
     if (name == kNames[i]) return static_cast<Scaling>(i);
@@ -175,9 +185,17 @@ Quantizer::Quantizer(QuantizerConfig config, uint64_t stream) : c_(config), stre
   if (c_.margin < -kMaxShift || c_.margin > kMaxShift)
     throw Error("quantizer: margin must be in [-64, 64], got " + std::to_string(c_.margin));
   if (c_.bias < -kMaxShift || c_.bias > kMaxShift) throw Error("quantizer: bias must be in [-64, 64], got " + std::to_string(c_.bias));
-  if (c_.block.rows < 1 || c_.block.rows > kMaxBlock || c_.block.cols < 1 || c_.block.cols > kMaxBlock)
-    throw Error("quantizer: block must be [rows, cols] with each in [1, 4096], got [" + std::to_string(c_.block.rows) + ", " +
-                std::to_string(c_.block.cols) + "]");
+  try {
+    check_block_size(c_.block.rows, c_.block.cols);
+  } catch (const Error& e) {
+    throw Error(std::string("quantizer: ") + e.what());
+  }
+}
+
+void check_block_size(size_t rows, size_t cols) {
+  if (rows < 1 || rows > kMaxBlockSize || cols < 1 || cols > kMaxBlockSize)
+    throw Error("block must be [rows, cols] with each in [1, " + std::to_string(kMaxBlockSize) + "], got [" + std::to_string(rows) + ", " +
+                std::to_string(cols) + "]");
 }
 
 // The encode factor (F / amax) / 2^margin; the previous one when amax is 0 or not finite.

@@ -27,6 +27,8 @@ const char* scaling_name(Scaling s);
 Scaling parse_scaling(const std::string& name);  // throws listing the valid names
 
 enum class HistoryReduce : uint8_t { max, most_recent };
+const char* reduce_name(HistoryReduce r);
+HistoryReduce parse_reduce(const std::string& name);  // throws listing the valid names
 
 // A transform of an operand before it is quantised, undone by its GEMM partner's: hadamard16
 // multiplies each 16 consecutive elements along the GEMM's reduction by (1/4) H16 D (H16 the
@@ -54,6 +56,11 @@ struct QuantizerConfig {
   bool operator==(const QuantizerConfig&) const = default;
   bool blockwise() const { return scaling == Scaling::block || scaling == Scaling::mx; }
 };
+
+// A block's rows and cols are each in [1, kMaxBlockSize]: throws naming both otherwise. The one
+// check of a block's size that the Quantizer, Recipe::validate and the Python setter share.
+constexpr size_t kMaxBlockSize = 4096;
+void check_block_size(size_t rows, size_t cols);
 
 // What a quantiser reports for each tensor it quantises (cheap enough to leave on).
 struct QuantStats {

@@ -36,7 +36,7 @@ json role_json(const QuantizerConfig& c) {
             {"format", std::string(format_name(c.format))},
             {"margin", c.margin},
             {"history", c.history},
-            {"reduce", c.reduce == HistoryReduce::max ? "max" : "most_recent"},
+            {"reduce", reduce_name(c.reduce)},
             {"update_interval", c.update_interval},
             {"bias", c.bias},
             {"block", {int(c.block.rows), int(c.block.cols)}},
@@ -115,8 +115,11 @@ QuantizerConfig role_from(const json& j, const char* where) {
   c.margin = int_field(j, "margin", where, -64, 64);
   c.history = int_field(j, "history", where, 1, 1 << 20);
   const std::string reduce = field<std::string>(j, "reduce", where);
-  if (reduce != "max" && reduce != "most_recent") throw Error(std::string("recipe: reduce must be max or most_recent in ") + where);
-  c.reduce = reduce == "max" ? HistoryReduce::max : HistoryReduce::most_recent;
+  try {
+    c.reduce = parse_reduce(reduce);
+  } catch (const Error& e) {
+    throw Error(std::string("recipe: ") + e.what() + " in " + where);
+  }
   c.update_interval = int_field(j, "update_interval", where, 1, 1 << 30);
   c.bias = int_field(j, "bias", where, -64, 64);
   const json block = field<json>(j, "block", where);
@@ -315,6 +318,26 @@ void Recipe::validate() const {
     const bool e4m3_scales = c.block.rule == BlockScaleRule::nvfp4 || c.block.rule == BlockScaleRule::e4m3_amax;
     if (e4m3_scales && (c.scaling != Scaling::block || c.format != Format::e2m1))
       refuse(where + ": NVFP4's E4M3 block scales (block_scale nvfp4, e4m3_amax) are for block scaling of e2m1 elements");
+    try {
+      check_block_size(c.block.rows, c.block.cols);
+    } catch (const Error& e) {
+      refuse(where + ": " + e.what());
+    }
+    const std::string block_shown = "[" + std::to_string(c.block.rows) + ", " + std::to_string(c.block.cols) + "]";
+    // An MX block is 32 elements along the reduction (OCP MX v1.0): [1, 32], or [32, 1] for a
+    // quantiser used on its own. The quantiser reads no other size, so another would be silently
+    // replaced. The untouched default [1, 128] is read as [1, 32]: the MX presets and every MX
+    // recipe written so far hold it (a run resumes only under the very recipe it was started with).
+    const BlockSpec default_block = QuantizerConfig{}.block;
+    const bool mx_block = (c.block.rows == 1 && c.block.cols == 32) || (c.block.rows == 32 && c.block.cols == 1) ||
+                          (c.block.rows == default_block.rows && c.block.cols == default_block.cols);
+    if (c.scaling == Scaling::mx && !mx_block)
+      refuse(where + ": MX blocks are 32 elements: block must be [1, 32] or [32, 1], got " + block_shown);
+    // NVFP4 blocks are 16 elements along the reduction, or 16 x 16 (weights).
+    const bool nvfp4_block =
+        (c.block.rows == 1 || c.block.rows == 16) && (c.block.cols == 1 || c.block.cols == 16) && c.block.rows * c.block.cols > 1;
+    if (e4m3_scales && !nvfp4_block)
+      refuse(where + ": NVFP4 blocks are 16 elements: block must be [1, 16], [16, 1] or [16, 16], got " + block_shown);
     if (c.transform != Transform::none && c.scaling == Scaling::scalify)
       refuse(where + ": a transform changes the data, which SCALIFY's propagated scale describes");
   }

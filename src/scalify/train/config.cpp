@@ -195,10 +195,8 @@ void TrainConfig::validate() const {
   need(model.vocab == 256 || !init.empty(), "vocab", "must be 256 (byte tokens) unless init names a pretrained model");
   try {
     quant::load_recipe(recipe);
-  } catch (const FileError& e) {  // the recipe file itself: still a file error
-    throw FileError(std::string("config: 'recipe': ") + e.what());
-  } catch (const Error& e) {
-    throw Error(std::string("config: 'recipe': ") + e.what());
+  } catch (const Error& e) {  // the recipe file itself: still a file error
+    rethrow_as(e, std::string("config: 'recipe': ") + e.what());
   }
   try {
     model.validate();
@@ -260,6 +258,7 @@ TrainConfig load_config_file(const std::string& path) {
 }
 
 TrainConfig run_config(const std::string& run_dir) {
+  if (!std::filesystem::exists(run_dir)) throw MissingFileError("'" + run_dir + "' does not exist (give a run folder)");
   if (!std::filesystem::is_directory(run_dir)) throw Error("'" + run_dir + "' is not a run folder");
   return load_config_file((std::filesystem::path(run_dir) / "config.toml").string());
 }

@@ -49,14 +49,14 @@ std::vector<uint8_t> read_text(const std::string& path, Corpus& c) {
   std::error_code ec;
   const fs::file_status st = fs::status(path, ec);
   if (ec || !fs::exists(st))
-    throw Error("data: '" + path + "' does not exist" +
-                (path == default_corpus_path() ? " (the default corpus; scripts/setup.sh installs Debian's fortunes)" : ""));
+    throw MissingFileError("data: '" + path + "' does not exist" +
+                           (path == default_corpus_path() ? " (the default corpus; scripts/setup.sh installs Debian's fortunes)" : ""));
   std::vector<uint8_t> all;
   if (fs::is_directory(st)) {
     std::vector<fs::path> files;
     for (const auto& e : fs::directory_iterator(path, ec))
       if (e.is_regular_file(ec)) files.push_back(e.path());
-    if (ec) throw Error("data: cannot list '" + path + "': " + ec.message());
+    if (ec) throw FileError("data: cannot list '" + path + "': " + ec.message());
     std::sort(files.begin(), files.end());
     std::set<fs::path> seen;  // links to a file already read (fortunes' .u8 links) count once
     for (const fs::path& f : files) {
@@ -77,9 +77,9 @@ std::vector<uint8_t> read_text(const std::string& path, Corpus& c) {
       throw Error("data: folder '" + path + "' holds no text file (" + std::to_string(c.skipped.size()) + " binary or unreadable)");
   } else {
     // A device or pipe (/dev/zero) could be read without end.
-    if (!fs::is_regular_file(st)) throw Error("data: '" + path + "' is neither a regular file nor a folder");
+    if (!fs::is_regular_file(st)) throw FileError("data: '" + path + "' is neither a regular file nor a folder");
     const std::string error = read_bytes(path, all);
-    if (!error.empty()) throw Error("data: cannot read '" + path + "': " + error);
+    if (!error.empty()) throw FileError("data: cannot read '" + path + "': " + error);
     if (all.empty()) throw Error("data: '" + path + "' is empty");
     if (!is_text(all)) throw Error("data: '" + path + "' is not text (it contains NUL bytes)");
     c.files.push_back(path);

@@ -143,7 +143,8 @@ OpenRun open_new_run(const TrainConfig& config, const fs::path& dir) {
   run.lock = std::make_unique<io::FolderLock>(dir.string(), "train");
   check_run_files(dir);
   if (fs::exists(dir / "checkpoint.safetensors") || fs::exists(dir / "model.safetensors"))
-    throw Error("'" + config.out + "' already holds a run; use --resume to continue it or another --out");
+    throw Error("'" + config.out + "' already holds a run; " +
+                for_surface("use --resume to continue it or another --out", "use resume=True to continue it or another out folder"));
   run.how = "new run";
   if (fs::exists(dir / "metrics.jsonl")) {  // a run that stopped before its first checkpoint: nothing to continue
     fs::remove(dir / "metrics.jsonl");
@@ -170,21 +171,25 @@ void load_resumed_state(OpenRun& run, const TrainConfig& config, const std::stri
 
 OpenRun open_resumed_run(const TrainConfig& config, const fs::path& dir) {
   const std::string ckpt_path = (dir / "checkpoint.safetensors").string(), model_path = (dir / "model.safetensors").string();
+  if (!fs::exists(dir)) throw MissingFileError("resume: '" + config.out + "' does not exist");
   if (!fs::is_directory(dir)) throw Error("resume: '" + config.out + "' is not a run folder");
   OpenRun run;
   run.lock = std::make_unique<io::FolderLock>(dir.string(), "train --resume");
   check_run_files(dir);
   if (!fs::exists(ckpt_path))
     throw Error("resume: '" + config.out + "' holds no checkpoint.safetensors" +
-                (fs::exists(dir / "metrics.jsonl") ? ": its run stopped before its first checkpoint, so it cannot be continued; start it "
-                                                     "again with `scalify train --config " +
-                                                         (dir / "config.toml").string() + "`"
-                                                   : ""));
+                (fs::exists(dir / "metrics.jsonl")
+                     ? ": its run stopped before its first checkpoint, so it cannot be continued; start it "
+                       "again " +
+                           for_surface("with `scalify train --config " + (dir / "config.toml").string() + "`",
+                                       "into a new out folder, with the settings of " + (dir / "config.toml").string())
+                     : ""));
   load_resumed_state(run, config, ckpt_path);
   // Only a run killed between its last checkpoint and model.safetensors resumes at its last step.
   if (config.steps < run.start || (config.steps == run.start && fs::exists(model_path)))
-    throw Error("resume: '" + config.out + "' is at step " + std::to_string(run.start) + " and --steps is " + std::to_string(config.steps) +
-                "; a resume trains further: give --steps above " + std::to_string(run.start));
+    throw Error("resume: '" + config.out + "' is at step " + std::to_string(run.start) + " and " + for_surface("--steps is ", "steps is ") +
+                std::to_string(config.steps) + "; a resume trains further: give " + for_surface("--steps", "steps=") + " above " +
+                std::to_string(run.start));
   truncate_metrics((dir / "metrics.jsonl").string(), run.start - 1);
   run.how = "resume at step " + std::to_string(run.start);
   if (run.start < config.steps && fs::exists(model_path)) {  // a finished run trained further: no longer its final model
@@ -339,7 +344,8 @@ TrainResult train(const TrainConfig& given, bool resume, const Progress& progres
     check_init_files(config, given.out);
     config = with_pretrained_model(config);
     config.validate();
-    if (save_initial && resume) throw Error("train: --save-initial writes a new run's step 0; a resumed run is past it");
+    if (save_initial && resume)
+      throw Error("train: " + for_surface("--save-initial", "save_initial=True") + " writes a new run's step 0; a resumed run is past it");
     rank_micro_batches(config.accum, world);
     corpus = corpus_for(config);
     if (world.size() > 1) run_items = run_description(config, corpus);
