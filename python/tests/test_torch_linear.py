@@ -287,3 +287,12 @@ def test_pickled_and_copied_modules_keep_recipe_and_state():
         assert torch.equal(other.quantizer_state, layer.quantizer_state)
         with torch.no_grad():
             assert torch.equal(other(x), layer(x))
+
+
+def test_a_state_dict_from_before_conversion_loads():
+    plain = TinyModel()
+    converted = st.convert(TinyModel(), "current")
+    converted.load_state_dict(plain.state_dict())  # weights only: the quantisers keep their state
+    assert torch.equal(converted.blocks[0]["mlp"].weight, plain.blocks[0]["mlp"].weight)
+    with pytest.raises(RuntimeError, match="blocks.0.mlp.weight"):
+        converted.load_state_dict({k: v for k, v in plain.state_dict().items() if k != "blocks.0.mlp.weight"})

@@ -152,6 +152,10 @@ class Linear(torch.nn.Module):
 
     @staticmethod
     def _state_loaded(module: torch.nn.Module, incompatible_keys: Any) -> None:
+        # A state_dict of the model before conversion has weights only: loading it keeps the
+        # quantisers' state as it is instead of failing on the missing buffer.
+        missing = incompatible_keys.missing_keys
+        missing[:] = [k for k in missing if k != "quantizer_state" and not k.endswith(".quantizer_state")]
         assert isinstance(module, Linear)
         module._core.load_state(module.quantizer_state.contiguous())
 
