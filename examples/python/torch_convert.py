@@ -6,10 +6,9 @@ Run: python examples/python/torch_convert.py [recipe]   (needs torch; default re
 
 import sys
 
-import torch
-
-import scalify
+import scalify  # before torch: OpenMP's threads then wait briefly in both libraries (scalify.torch warns otherwise)
 import scalify.torch
+import torch
 
 
 class Block(torch.nn.Module):

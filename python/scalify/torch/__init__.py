@@ -14,7 +14,15 @@ the optimizer) runs in torch's own precision: scale propagation through a whole 
 another piece of work.
 """
 
+import warnings
+
+from .. import _torch_spins_long
 from ._convert import convert, statistics
 from ._linear import Linear
+
+if _torch_spins_long:
+    warnings.warn("torch was imported before scalify: torch's OpenMP threads spin 300,000 times at every barrier "
+                  "and slow scalify.torch's layers down (2x measured on 2 cores); import scalify first, or set "
+                  "GOMP_SPINCOUNT=1000 before starting Python", RuntimeWarning, stacklevel=2)
 
 __all__ = ["Linear", "convert", "statistics"]

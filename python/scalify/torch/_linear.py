@@ -17,16 +17,21 @@ _INPUT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
 class _QuantizedMatmul(torch.autograd.Function):
-    """y = x w^T through the engine: x [rows, in] float32; the weight as the module holds it."""
+    """y = x w^T + b through the engine: x [rows, in] float32; the weight and bias as the module holds them."""
 
     @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, weight: torch.Tensor, layer: "Linear", training: bool) -> torch.Tensor:
+    def forward(ctx: Any, x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], layer: "Linear",
+                training: bool) -> torch.Tensor:
         weight_t = layer._weight_in_out(weight)
         out, call = layer._core.forward(x, weight_t, training)
         if training:
             layer._core.save_state(layer.quantizer_state)
         ctx.call, ctx.layer, ctx.weight_dtype = call, layer, weight.dtype
-        return torch.from_numpy(out)
+        ctx.bias_dtype = None if bias is None else bias.dtype
+        y = torch.from_numpy(out)
+        if bias is not None:  # in place: the output is a buffer the engine reuses; a new one costs page faults
+            y.add_(bias.to(torch.float32))
+        return y
 
     @staticmethod
     def backward(ctx: Any, grad_output: torch.Tensor) -> Tuple[Optional[torch.Tensor], ...]:
@@ -38,7 +43,8 @@ class _QuantizedMatmul(torch.autograd.Function):
         grad_weight = torch.from_numpy(dw)  # [in, out]
         if not ctx.layer.weight_in_out:
             grad_weight = grad_weight.t()
-        return torch.from_numpy(dx), grad_weight.to(ctx.weight_dtype), None, None
+        grad_bias = None if ctx.bias_dtype is None else grad_output.sum(0).to(ctx.bias_dtype)
+        return torch.from_numpy(dx), grad_weight.to(ctx.weight_dtype), grad_bias, None, None
 
 
 class Linear(torch.nn.Module):
@@ -128,11 +134,8 @@ class Linear(torch.nn.Module):
             raise TypeError(f"scalify.torch.Linear runs on the CPU; its weight is on {self.weight.device}")
         training = torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad)
         x2d = x.reshape(-1, self.in_features).to(torch.float32).contiguous()
-        y = _QuantizedMatmul.apply(x2d, self.weight, self, training)
-        y = y.reshape(*x.shape[:-1], self.out_features)
-        if self.bias is not None:
-            y = y + self.bias.to(torch.float32)
-        return y.to(x.dtype)
+        y = _QuantizedMatmul.apply(x2d, self.weight, self.bias, self, training)
+        return y.reshape(*x.shape[:-1], self.out_features).to(x.dtype)
 
     def _weight_in_out(self, weight: torch.Tensor) -> torch.Tensor:
         w = weight.detach().to(torch.float32)
