@@ -3,7 +3,9 @@ process, alternating: for each shape, `--rounds` rounds of every contender in tu
 reversed every other round), each timed over `--iters` iterations after one warm-up; the ratio per
 round, then its median. Contenders: nn.Linear f32, nn.Linear under torch.autocast(bfloat16),
 scalify.torch.Linear under each recipe, and the engine's layer alone on the same arrays (no
-module, no autograd.Function): the bridge's overhead is the module's time over it.
+module, no autograd.Function): the bridge's overhead is the module's time over it. Every layer
+has no bias (a bias costs each contender one pass over the output and one over its gradient; the
+engine's layer here has none).
 
     python bench/torch_linear.py --threads 2 --rounds 5     (needs torch; prints a Markdown table)
 """
@@ -11,10 +13,9 @@ import argparse
 import statistics
 import time
 
-import torch
-
-import scalify
+import scalify  # before torch: both libraries' OpenMP threads then wait briefly (scalify.torch warns otherwise)
 import scalify.torch as st
+import torch
 from scalify import _scalify
 
 SHAPES = [(768, 3072), (3072, 768)]
@@ -44,7 +45,7 @@ def main():
         torch.manual_seed(0)
         x = torch.randn(a.tokens, n_in, requires_grad=True)
         g = torch.randn(a.tokens, n_out) * 1e-3
-        reference = torch.nn.Linear(n_in, n_out)
+        reference = torch.nn.Linear(n_in, n_out, bias=False)
         contenders = {"nn.Linear f32": lambda: reference(x).backward(g)}
 
         def autocast():
@@ -54,7 +55,7 @@ def main():
 
         contenders["nn.Linear autocast bf16"] = autocast
         for name in a.recipes.split(","):
-            layer = st.Linear(n_in, n_out, recipe=name, name="bench")
+            layer = st.Linear(n_in, n_out, bias=False, recipe=name, name="bench")
             contenders[f"scalify.torch {name}"] = lambda layer=layer: layer(x).backward(g)
             engine = _scalify._QuantizedLinear(scalify.preset(name).linear, "bench")
             xs, ws, gs = x.detach().numpy(), layer.weight.detach().t().contiguous().numpy(), g.numpy()

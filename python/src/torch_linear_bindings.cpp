@@ -1,7 +1,7 @@
 // The C++ side of scalify.torch.Linear: the engine's quantised linear layer (quant::QLinear, the
-// one the trainer runs) on arrays handed over by DLPack. A forward keeps its graph in a
-// LinearCall for the backward; outputs go back to torch without a copy (they own the engine's
-// buffers). The quantisers' state crosses as int64 rows a torch buffer holds (state_rows).
+// one the trainer runs) on torch's memory handed over by DLPack, in and out without a copy (the
+// engine reads the inputs where they are; outputs own the engine's buffers). A forward keeps its
+// graph in a LinearCall for the backward. The quantisers' state crosses as int64 rows a torch buffer holds (state_rows).
 #include <nanobind/stl/pair.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/tuple.h>
@@ -34,8 +34,16 @@ nb::object shared_array(const Tensor& t) {
   return nb::cast(nb::ndarray<nb::numpy, float>(held->data<float>(), shape.size(), shape.data(), owner));
 }
 
-Tensor copied(const F32Matrix& a) {
-  return Tensor::from_vector(std::vector<float>(a.data(), a.data() + a.size()), {int64_t(a.shape(0)), int64_t(a.shape(1))});
+// An engine tensor over the array's memory, no copy: the array (a torch tensor's storage) stays
+// alive while the tensor does, released with the GIL held by whichever thread frees the tensor.
+Tensor borrowed(const F32Matrix& a) {
+  auto* held = new F32Matrix(a);
+  std::shared_ptr<const void> owner(held->data(), [held](const void*) {
+    if (!Py_IsInitialized()) return;  // the interpreter is gone: leak rather than touch it
+    nb::gil_scoped_acquire gil;
+    delete held;
+  });
+  return Tensor::borrow(a.data(), {int64_t(a.shape(0)), int64_t(a.shape(1))}, DType::f32, std::move(owner));
 }
 
 // One training forward's graph: what its backward needs.
@@ -69,7 +77,7 @@ void bind_torch_linear(nb::module_& m) {
             if (c.done) throw Error("linear: this forward's backward already ran (its graph is freed)");
             if (grad_output.shape(0) != size_t(c.y.shape()[0]) || grad_output.shape(1) != size_t(c.y.shape()[1]))
               throw Error("linear: the output gradient's shape differs from the output's " + shape_str(c.y.shape()));
-            const Tensor g = copied(grad_output);
+            const Tensor g = borrowed(grad_output);
             {
               nb::gil_scoped_release release;
               c.y.backward(g);
@@ -93,7 +101,7 @@ void bind_torch_linear(nb::module_& m) {
             if (x.shape(1) != weight_t.shape(0))
               throw Error("linear: input [" + std::to_string(x.shape(0)) + ", " + std::to_string(x.shape(1)) +
                           "] does not match the layer's " + std::to_string(weight_t.shape(0)) + " input features");
-            const Var xv(copied(x), training), wv(copied(weight_t), training);
+            const Var xv(borrowed(x), training), wv(borrowed(weight_t), training);
             Var y;
             {
               nb::gil_scoped_release release;

@@ -10,9 +10,10 @@ import io
 import numpy as np
 import pytest
 
+import scalify  # before torch (scalify.torch warns otherwise)
+
 torch = pytest.importorskip("torch")
 
-import scalify  # noqa: E402
 import scalify.torch as st  # noqa: E402
 from scalify import _scalify  # noqa: E402
 

@@ -26,6 +26,7 @@ class _QuantizedMatmul(torch.autograd.Function):
         out, call = layer._core.forward(x, weight_t, training)
         if training:
             layer._core.save_state(layer.quantizer_state)
+        ctx.save_for_backward(x, weight_t)  # the engine reads them where they are: torch refuses a backward after an in-place change
         ctx.call, ctx.layer, ctx.weight_dtype = call, layer, weight.dtype
         ctx.bias_dtype = None if bias is None else bias.dtype
         y = torch.from_numpy(out)
@@ -37,6 +38,7 @@ class _QuantizedMatmul(torch.autograd.Function):
     def backward(ctx: Any, grad_output: torch.Tensor) -> Tuple[Optional[torch.Tensor], ...]:
         if ctx.call is None:
             raise RuntimeError("scalify.torch.Linear: this forward ran without gradients (no_grad or inference_mode)")
+        ctx.saved_tensors  # raises if x or the weight changed in place since the forward
         dx, dw = ctx.call.backward(grad_output.to(torch.float32).contiguous())
         ctx.layer._core.save_state(ctx.layer.quantizer_state)
         ctx.call = None  # the engine's graph is freed
