@@ -57,7 +57,7 @@ def main():
         for name in a.recipes.split(","):
             layer = st.Linear(n_in, n_out, bias=False, recipe=name, name="bench")
             contenders[f"scalify.torch {name}"] = lambda layer=layer: layer(x).backward(g)
-            engine = _scalify._QuantizedLinear(scalify.preset(name).linear, "bench")
+            engine = _scalify.QuantizedLinear(scalify.preset(name).linear, "bench")
             xs, ws, gs = x.detach().numpy(), layer.weight.detach().t().contiguous().numpy(), g.numpy()
             contenders[f"engine layer {name}"] = lambda engine=engine, xs=xs, ws=ws, gs=gs: engine.forward(xs, ws, True)[1].backward(gs)
         times = {k: [] for k in contenders}

@@ -24,7 +24,8 @@ class Block(torch.nn.Module):
         q, k, v = (z.view(b, t, self.heads, d // self.heads).transpose(1, 2) for z in self.qkv(self.ln1(x)).split(d, dim=2))
         y = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
         x = x + self.proj(y.transpose(1, 2).reshape(b, t, d))
-        return x + self.out(torch.nn.functional.gelu(self.fc(self.ln2(x)), approximate="tanh"))
+        out: torch.Tensor = x + self.out(torch.nn.functional.gelu(self.fc(self.ln2(x)), approximate="tanh"))
+        return out
 
 
 class TinyLM(torch.nn.Module):
@@ -38,7 +39,8 @@ class TinyLM(torch.nn.Module):
         x = self.wte(ids) + self.wpe(torch.arange(ids.shape[1]))
         for block in self.blocks:
             x = block(x)
-        return self.lnf(x) @ self.wte.weight.t()
+        logits: torch.Tensor = self.lnf(x) @ self.wte.weight.t()
+        return logits
 
 
 def train(model: torch.nn.Module, steps: int = 60) -> float:
@@ -48,7 +50,7 @@ def train(model: torch.nn.Module, steps: int = 60) -> float:
         ids, targets = (torch.from_numpy(a) for a in scalify.training_batch(step, batch=16, seq=64))
         loss = torch.nn.functional.cross_entropy(model(ids).flatten(0, 1), targets.flatten())
         opt.zero_grad()
-        loss.backward()
+        loss.backward()  # type: ignore[no-untyped-call]
         opt.step()
     return loss.item()
 

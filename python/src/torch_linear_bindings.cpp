@@ -70,7 +70,7 @@ int64_t state_width(const TorchLinear& l) {
 }  // namespace
 
 void bind_torch_linear(nb::module_& m) {
-  nb::class_<LinearCall>(m, "_LinearCall", "One forward of a quantised linear layer, kept for its backward")
+  nb::class_<LinearCall>(m, "LinearCall", "One forward of a quantised linear layer, kept for its backward")
       .def(
           "backward",
           [](LinearCall& c, F32Matrix grad_output) {
@@ -85,9 +85,10 @@ void bind_torch_linear(nb::module_& m) {
             c.done = true;
             return nb::make_tuple(shared_array(c.x.grad()), shared_array(c.w.grad()));
           },
-          "grad_output"_a, "(input gradient [rows, in], weight gradient [in, out]) from the output's gradient [rows, out]");
+          "grad_output"_a, nb::sig("def backward(self, grad_output: typing.Any) -> tuple[typing.Any, typing.Any]"),
+          "(input gradient [rows, in], weight gradient [in, out]) from the output's gradient [rows, out]");
 
-  nb::class_<TorchLinear>(m, "_QuantizedLinear", "The engine's quantised linear layer (quant::QLinear) for scalify.torch.Linear")
+  nb::class_<TorchLinear>(m, "QuantizedLinear", "The engine's quantised linear layer (quant::QLinear) for scalify.torch.Linear")
       .def(
           "__init__",
           [](TorchLinear* t, const quant::LinearRecipe& recipe, const std::string& name) {
@@ -116,7 +117,9 @@ void bind_torch_linear(nb::module_& m) {
             if (!training) return nb::make_tuple(out, nb::none());
             return nb::make_tuple(out, nb::cast(LinearCall{xv, wv, y}));
           },
-          "x"_a, "weight_t"_a, "training"_a, "(output [rows, out], the call for backward or None)")
+          "x"_a, "weight_t"_a, "training"_a,
+          nb::sig("def forward(self, x: typing.Any, weight_t: typing.Any, training: bool) -> tuple[typing.Any, LinearCall | None]"),
+          "(output [rows, out], the call for backward or None)")
       .def("state_width", &state_width, "Columns of the state rows (3 + the longest amax history)")
       .def(
           "save_state",
@@ -134,7 +137,8 @@ void bind_torch_linear(nb::module_& m) {
               for (size_t h = 0; h < s.history.size(); ++h) out[kStateHead + int64_t(h)] = std::bit_cast<uint32_t>(s.history[h]);
             }
           },
-          "rows"_a, "Writes every quantiser's state into rows (int64 [6, state_width])")
+          "rows"_a, nb::sig("def save_state(self, rows: typing.Any) -> None"),
+          "Writes every quantiser's state into rows (int64 [6, state_width])")
       .def(
           "load_state",
           [](TorchLinear& t, StateRows rows) {
@@ -152,7 +156,8 @@ void bind_torch_linear(nb::module_& m) {
               qs[i].second->load_state(s);
             }
           },
-          "rows"_a, "Restores every quantiser's state from rows (as save_state wrote them)")
+          "rows"_a, nb::sig("def load_state(self, rows: typing.Any) -> None"),
+          "Restores every quantiser's state from rows (as save_state wrote them)")
       .def(
           "statistics",
           [](const TorchLinear& t) {

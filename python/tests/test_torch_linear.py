@@ -27,7 +27,7 @@ def randn(*shape, scale=1.0):
 
 def engine_linear(recipe, name, x2d, weight_in_out, grad_output):
     """The engine's quantised linear layer on its own layouts (x [rows, in], w [in, out])."""
-    layer = _scalify._QuantizedLinear(recipe, name)
+    layer = _scalify.QuantizedLinear(recipe, name)
     y, call = layer.forward(x2d.numpy(), weight_in_out.numpy(), True)
     dx, dw = call.backward(grad_output.numpy())
     return y, dx, dw

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import importlib
 import re
-from typing import Any, Callable, List, Optional
+from typing import Any, Callable, List, Optional, cast
 
 import torch
 
@@ -66,8 +67,8 @@ def _swapped(module: torch.nn.Module, linear: Any, name: str) -> Linear:
     in_features, out_features = (weight.shape[0], weight.shape[1]) if conv1d else (weight.shape[1], weight.shape[0])
     layer = Linear(in_features, out_features, bias=module.bias is not None, recipe=linear, name=name,
                    dtype=weight.dtype, weight_in_out=conv1d)
-    layer.weight = weight  # the same Parameters: an optimizer made before still updates them
-    layer.bias = module.bias
+    layer.weight = cast(torch.nn.Parameter, weight)  # the same Parameters: an optimizer made before still updates them
+    layer.bias = cast(Optional[torch.nn.Parameter], module.bias)
     layer.train(module.training)
     return layer
 
@@ -88,7 +89,7 @@ def statistics(model: torch.nn.Module) -> Any:
         if isinstance(m, Linear):
             rows.extend({"layer": name, **d} for d in m.statistics())
     try:
-        import pandas
+        pandas = importlib.import_module("pandas")
     except ImportError:
         return rows
     return pandas.DataFrame(rows)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from typing import Any, Optional, Tuple
+from typing import Any, Callable, Optional, Tuple
 
 import torch
 
@@ -93,10 +93,10 @@ class Linear(torch.nn.Module):
         self.reset_parameters()
         self._recipe = as_recipe(recipe).linear
         self._name = name
-        self._core = _scalify._QuantizedLinear(self._recipe, name)
+        self._core = _scalify.QuantizedLinear(self._recipe, name)
         self.register_buffer("quantizer_state", torch.zeros(6, self._core.state_width(), dtype=torch.int64))
         self._core.save_state(self.quantizer_state)
-        self.register_load_state_dict_post_hook(Linear._state_loaded)
+        self.register_load_state_dict_post_hook(Linear._state_loaded)  # type: ignore[no-untyped-call]
 
     @property
     def recipe(self) -> LinearRecipe:
@@ -119,9 +119,8 @@ class Linear(torch.nn.Module):
                 self.bias.uniform_(-bound, bound)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self._forward(x)
+        return _run_eagerly(self, x)
 
-    @torch.compiler.disable  # the engine is opaque to torch.compile: a graph break, never a wrong trace
     def _forward(self, x: torch.Tensor) -> torch.Tensor:
         if not isinstance(x, torch.Tensor):
             raise TypeError(f"scalify.torch.Linear: needs a torch.Tensor, not {type(x).__name__}")
@@ -136,7 +135,7 @@ class Linear(torch.nn.Module):
             raise TypeError(f"scalify.torch.Linear runs on the CPU; its weight is on {self.weight.device}")
         training = torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad)
         x2d = x.reshape(-1, self.in_features).to(torch.float32).contiguous()
-        y = _QuantizedMatmul.apply(x2d, self.weight, self.bias, self, training)
+        y: torch.Tensor = _QuantizedMatmul.apply(x2d, self.weight, self.bias, self, training)
         return y.reshape(*x.shape[:-1], self.out_features).to(x.dtype)
 
     def _weight_in_out(self, weight: torch.Tensor) -> torch.Tensor:
@@ -174,8 +173,16 @@ class Linear(torch.nn.Module):
     def __setstate__(self, state: dict[str, Any]) -> None:
         state["_recipe"] = _scalify.Recipe.from_json(state["_recipe"]).linear
         self.__dict__.update(state)
-        self._core = _scalify._QuantizedLinear(self._recipe, self._name)
+        self._core = _scalify.QuantizedLinear(self._recipe, self._name)
         self._core.load_state(self.quantizer_state.contiguous())
+
+
+def _forward_of(layer: Linear, x: torch.Tensor) -> torch.Tensor:
+    return layer._forward(x)
+
+
+# The engine is opaque to torch.compile: the layer is a graph break, never a wrong trace.
+_run_eagerly: Callable[[Linear, torch.Tensor], torch.Tensor] = torch.compiler.disable(_forward_of)  # type: ignore[no-untyped-call]
 
 
 def _recipe_json(linear: LinearRecipe) -> str:
