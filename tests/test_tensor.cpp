@@ -4,6 +4,8 @@
 #include <bit>
 #include <cmath>
 #include <cstring>
+#include <memory>
+#include <vector>
 
 #include "expect_error.hpp"
 #include "scalify/error.hpp"
@@ -180,7 +182,6 @@ TEST(Tensor, MatmulOverAnEmptyInnerDimensionIsZeros) {
     }
   }
 }
-
 }  // namespace
 }  // namespace scalify
 
@@ -200,6 +201,23 @@ TEST(Tensor, StridedViewsOfNumberFormatsReadLikeElementwiseDecoding) {
           ASSERT_EQ(fast[size_t(k)], float(view.at({i, j}))) << dtype_name(dt) << " view " << shape_str(view.shape());
     }
   }
+}
+
+TEST(Tensor, BorrowReadsForeignMemoryAndKeepsItsOwnerAlive) {
+  auto memory = std::make_shared<std::vector<float>>(std::vector<float>{1, -2, 3, 4, 5, 6});
+  std::weak_ptr<std::vector<float>> watch = memory;
+  Tensor sum;
+  {
+    const Tensor t = Tensor::borrow(memory->data(), {2, 3}, DType::f32, memory);
+    memory.reset();  // the tensor alone keeps it
+    EXPECT_FALSE(watch.expired());
+    EXPECT_TRUE(t.is_contiguous());
+    EXPECT_EQ(t.data<float>(), watch.lock()->data());  // no copy
+    EXPECT_EQ(t.transpose(0, 1).contiguous().to_vector(), (std::vector<double>{1, 4, -2, 5, 3, 6}));
+    sum = ops::add(t, t);  // a new tensor: owns its own buffer
+  }
+  EXPECT_TRUE(watch.expired());  // released with the last tensor over it
+  EXPECT_EQ(sum.to_vector(), (std::vector<double>{2, -4, 6, 8, 10, 12}));
 }
 
 }  // namespace

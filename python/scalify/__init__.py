@@ -12,8 +12,14 @@ with DLPack such as a CPU torch.Tensor); other inputs are converted first. Error
 are ValueError with its message.
 """
 
+import os as _os
+import sys as _sys
+
+# Whether torch's own libgomp loaded before scalify chose OpenMP's spin count (scalify.torch warns).
+_torch_spins_long = "torch" in _sys.modules and not {"GOMP_SPINCOUNT", "OMP_WAIT_POLICY"} & set(_os.environ)
+
 # First: libgomp, loaded with _scalify, reads OpenMP's spin count once (platform/openmp_wait.hpp).
-from . import _openmp_wait as _openmp_wait  # noqa: I001
+from . import _openmp_wait as _openmp_wait  # noqa: E402,I001
 from ._scalify import unit as unit
 from ._scalify import (
     Tensor as Tensor,

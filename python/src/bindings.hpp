@@ -79,5 +79,6 @@ void bind_tensor(nb::module_& m);
 void bind_ops(nb::module_& m);
 void bind_recipes(nb::module_& m);
 void bind_training(nb::module_& m);
+void bind_torch_linear(nb::module_& m);
 
 }  // namespace scalify::python

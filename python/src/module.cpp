@@ -9,6 +9,9 @@
 NB_MODULE(_scalify, m) {
   using namespace scalify::python;
   m.doc() = "Scalify's C++ core (see the scalify package for the documented API)";
+  // Objects torch modules hold (a scalify.torch.Linear's layer) live until the interpreter's last
+  // collection, after nanobind's leak check: its warnings would be false alarms at every exit.
+  nb::set_leak_warnings(false);
   nb::register_exception_translator([](const std::exception_ptr& p, void*) {
     try {
       std::rethrow_exception(p);
@@ -27,4 +30,5 @@ NB_MODULE(_scalify, m) {
   bind_tensor(m);
   bind_ops(m);
   bind_training(m);
+  bind_torch_linear(m);
 }

@@ -16,8 +16,12 @@ namespace scalify {
 // Uninitialised on allocation (kernels overwrite every element; Tensor::zeros fills explicitly)
 // and recycled through the buffer pool.
 struct Tensor::Storage {
-  explicit Storage(size_t n) : bytes(acquire_buffer(n)) {}
-  Buffer bytes;
+  explicit Storage(size_t n) : bytes(acquire_buffer(n)), base(bytes.get()) {}
+  Storage(const void* borrowed, std::shared_ptr<const void> keep_alive)
+      : base(static_cast<std::byte*>(const_cast<void*>(borrowed))), owner(std::move(keep_alive)) {}
+  Buffer bytes;                       // owned memory (empty when borrowed)
+  std::byte* base;                    // where the elements are
+  std::shared_ptr<const void> owner;  // what keeps borrowed memory alive
 };
 
 std::string shape_str(const Shape& s) {
@@ -57,6 +61,16 @@ Shape broadcast_shapes(const Shape& a, const Shape& b, const char* op) {
     out[i] = da == 1 ? db : da;
   }
   return out;
+}
+
+Tensor Tensor::borrow(const void* data, const Shape& shape, DType dtype, std::shared_ptr<const void> owner) {
+  Tensor t;
+  numel_of(shape);  // throws on negative sizes and int64 overflow
+  t.storage_ = std::make_shared<Storage>(data, std::move(owner));
+  t.dtype_ = dtype;
+  t.shape_ = shape;
+  t.strides_ = contiguous_strides(shape);
+  return t;
 }
 
 Tensor Tensor::empty(const Shape& shape, DType dtype) {
@@ -141,7 +155,7 @@ bool Tensor::is_contiguous() const {
 
 std::byte* Tensor::raw() const {
   if (!storage_) throw Error("use of an undefined tensor");
-  return storage_->bytes.get();
+  return storage_->base;
 }
 
 void Tensor::check_data(size_t elem_size) const {

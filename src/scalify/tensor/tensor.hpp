@@ -33,6 +33,10 @@ class Tensor {
   static Tensor from_vector(const std::vector<float>& v, const Shape& shape);
   static Tensor from_vector(const std::vector<double>& v, const Shape& shape);    // f64
   static Tensor from_indices(const std::vector<int64_t>& v, const Shape& shape);  // i64
+  // A contiguous tensor over memory it does not own: another framework's buffer handed over
+  // without a copy (DLPack). `owner` is kept alive while any tensor uses the memory; the memory is
+  // only read and must not change meanwhile.
+  static Tensor borrow(const void* data, const Shape& shape, DType dtype, std::shared_ptr<const void> owner);
   // Seeded N(mean, std^2) and U[lo, hi): the same seed gives the same values.
   static Tensor randn(const Shape& shape, uint64_t seed, double std = 1.0, DType dtype = DType::f32);
   static Tensor rand(const Shape& shape, uint64_t seed, double lo = 0.0, double hi = 1.0, DType dtype = DType::f32);

@@ -1,0 +1,192 @@
+"""scalify.torch.Linear: an nn.Module whose three GEMMs run the engine's quantised linear layer."""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable, Optional, Tuple
+
+import torch
+
+from .. import _scalify
+from .._scalify import LinearRecipe
+from ._recipe import RecipeLike, as_recipe
+
+# Input dtypes the layer takes: converted exactly to float32 (the quantisers' input), the output
+# given back in the input's dtype, as nn.Linear does.
+_INPUT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+class _QuantizedMatmul(torch.autograd.Function):
+    """y = x w^T + b through the engine: x [rows, in] float32; the weight and bias as the module holds them."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], layer: "Linear",
+                training: bool) -> torch.Tensor:
+        weight_t = layer._weight_in_out(weight)
+        out, call = layer._core.forward(x, weight_t, training)
+        if training:
+            layer._core.save_state(layer.quantizer_state)
+        ctx.save_for_backward(x, weight_t)  # the engine reads them where they are: torch refuses a backward after an in-place change
+        ctx.call, ctx.layer, ctx.weight_dtype = call, layer, weight.dtype
+        ctx.bias_dtype = None if bias is None else bias.dtype
+        y = torch.from_numpy(out)
+        if bias is not None:  # in place: the output is a buffer the engine reuses; a new one costs page faults
+            y.add_(bias.to(torch.float32))
+        return y
+
+    @staticmethod
+    def backward(ctx: Any, grad_output: torch.Tensor) -> Tuple[Optional[torch.Tensor], ...]:
+        if ctx.call is None:
+            raise RuntimeError("scalify.torch.Linear: this forward ran without gradients (no_grad or inference_mode)")
+        ctx.saved_tensors  # raises if x or the weight changed in place since the forward
+        dx, dw = ctx.call.backward(grad_output.to(torch.float32).contiguous())
+        ctx.layer._core.save_state(ctx.layer.quantizer_state)
+        ctx.call = None  # the engine's graph is freed
+        grad_weight = torch.from_numpy(dw)  # [in, out]
+        if not ctx.layer.weight_in_out:
+            grad_weight = grad_weight.t()
+        grad_bias = None if ctx.bias_dtype is None else grad_output.sum(0).to(ctx.bias_dtype)
+        return torch.from_numpy(dx), grad_weight.to(ctx.weight_dtype), grad_bias, None, None
+
+
+class Linear(torch.nn.Module):
+    """``nn.Linear`` under a Scalify recipe: y = x W^T + b, with each operand of the forward GEMM and
+    of both backward GEMMs quantised as ``recipe`` says and the GEMMs run by Scalify's C++ engine,
+    bit-identical to ``scalify train``'s quantised layers.
+
+    recipe: a preset name (``scalify.preset_names()``), a ``Recipe`` (its ``linear``) or a
+    ``LinearRecipe``. name: the layer's name, which sets its stochastic-rounding stream (the
+    trainer's rule: the same name gives the same bits; ``convert`` passes the module's qualified
+    name). Parameters are float32 or bfloat16 (``dtype``); inputs float32, bfloat16 or float16 on
+    the CPU, any layout; the output has the input's dtype. The quantisers' state (delayed
+    scaling's amax history and scale, every quantiser's step count, which also moves its
+    stochastic-rounding stream) is the int64 buffer ``quantizer_state``, so ``state_dict()`` and
+    ``torch.save`` carry it and a resumed run continues bit for bit. A forward that records
+    gradients advances the quantisers; one under ``torch.no_grad()`` / ``inference_mode()`` uses
+    their state as it stands, as the trainer's evaluation does. ``torch.autocast`` does not reach
+    inside (the recipe sets this layer's precision); ``torch.compile`` runs it as a graph break."""
+
+    weight: torch.nn.Parameter
+    bias: Optional[torch.nn.Parameter]
+    quantizer_state: torch.Tensor
+
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        bias: bool = True,
+        *,
+        recipe: RecipeLike = "current",
+        name: str = "",
+        dtype: Optional[torch.dtype] = None,
+        weight_in_out: bool = False,
+    ) -> None:
+        super().__init__()
+        dtype = torch.float32 if dtype is None else dtype
+        if dtype not in (torch.float32, torch.bfloat16):
+            raise TypeError(f"scalify.torch.Linear: parameters are float32 or bfloat16, not {dtype}")
+        self.in_features, self.out_features = int(in_features), int(out_features)
+        self.weight_in_out = weight_in_out  # GPT-2's Conv1D holds its weight [in, out]
+        shape = (self.in_features, self.out_features) if weight_in_out else (self.out_features, self.in_features)
+        self.weight = torch.nn.Parameter(torch.empty(shape, dtype=dtype))
+        self.bias = torch.nn.Parameter(torch.empty(self.out_features, dtype=dtype)) if bias else None
+        self.reset_parameters()
+        self._recipe = as_recipe(recipe).linear
+        self._name = name
+        self._core = _scalify.QuantizedLinear(self._recipe, name)
+        self.register_buffer("quantizer_state", torch.zeros(6, self._core.state_width(), dtype=torch.int64))
+        self._core.save_state(self.quantizer_state)
+        self.register_load_state_dict_post_hook(Linear._state_loaded)  # type: ignore[no-untyped-call]
+
+    @property
+    def recipe(self) -> LinearRecipe:
+        """The LinearRecipe the three GEMMs follow (fixed at construction)."""
+        return self._recipe
+
+    @property
+    def name(self) -> str:
+        """The layer's name: its stochastic-rounding stream (fixed at construction)."""
+        return self._name
+
+    def reset_parameters(self) -> None:
+        """nn.Linear's initialisation: uniform(-1/sqrt(in), 1/sqrt(in)) for the weight and bias."""
+        bound = 1 / math.sqrt(self.in_features) if self.in_features > 0 else 0
+        with torch.no_grad():
+            w = torch.empty(self.out_features, self.in_features)
+            torch.nn.init.kaiming_uniform_(w, a=math.sqrt(5))
+            self.weight.copy_(w.t() if self.weight_in_out else w)
+            if self.bias is not None:
+                self.bias.uniform_(-bound, bound)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return _run_eagerly(self, x)
+
+    def _forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f"scalify.torch.Linear: needs a torch.Tensor, not {type(x).__name__}")
+        if x.device.type != "cpu":
+            raise TypeError(f"scalify.torch.Linear runs on the CPU; got a tensor on {x.device} (move it with .cpu())")
+        if x.dtype not in _INPUT_DTYPES:
+            raise TypeError(f"scalify.torch.Linear: inputs are float32, bfloat16 or float16, not {x.dtype}"
+                            + (" (the quantised GEMMs compute in float32: convert with .float())" if x.dtype == torch.float64 else ""))
+        if x.dim() == 0 or x.shape[-1] != self.in_features:
+            raise ValueError(f"scalify.torch.Linear: input of shape {tuple(x.shape)} does not end in in_features={self.in_features}")
+        if self.weight.device.type != "cpu":
+            raise TypeError(f"scalify.torch.Linear runs on the CPU; its weight is on {self.weight.device}")
+        training = torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad)
+        x2d = x.reshape(-1, self.in_features).to(torch.float32).contiguous()
+        y: torch.Tensor = _QuantizedMatmul.apply(x2d, self.weight, self.bias, self, training)
+        return y.reshape(*x.shape[:-1], self.out_features).to(x.dtype)
+
+    def _weight_in_out(self, weight: torch.Tensor) -> torch.Tensor:
+        w = weight.detach().to(torch.float32)
+        return (w if self.weight_in_out else w.t()).contiguous()
+
+    def statistics(self) -> list[dict[str, Any]]:
+        """Each operand's quantiser (weight, activation, gradient, weight_t, activation_t,
+        gradient_t): format, scaling, steps and its last quantisation's amax, scale, underflow
+        (fraction of non-zeros flushed to zero), underflow_energy (their share of the squared norm)
+        and clipped (fraction beyond the format's range)."""
+        return [dict(d) for d in self._core.statistics()]
+
+    def extra_repr(self) -> str:
+        f = self._recipe.forward
+        recipe = f"{f.activation.format}/{self._recipe.input_grad.gradient.format} {f.activation.scaling}" if self._recipe.quantized else "f32"
+        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, recipe={recipe}"
+
+    @staticmethod
+    def _state_loaded(module: torch.nn.Module, incompatible_keys: Any) -> None:
+        # A state_dict of the model before conversion has weights only: loading it keeps the
+        # quantisers' state as it is instead of failing on the missing buffer.
+        missing = incompatible_keys.missing_keys
+        missing[:] = [k for k in missing if k != "quantizer_state" and not k.endswith(".quantizer_state")]
+        assert isinstance(module, Linear)
+        module._core.load_state(module.quantizer_state.contiguous())
+
+    # torch.save(model) and copy.deepcopy: the engine's layer is rebuilt from the recipe and the state buffer.
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        del state["_core"]
+        state["_recipe"] = _recipe_json(self._recipe)
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        state["_recipe"] = _scalify.Recipe.from_json(state["_recipe"]).linear
+        self.__dict__.update(state)
+        self._core = _scalify.QuantizedLinear(self._recipe, self._name)
+        self._core.load_state(self.quantizer_state.contiguous())
+
+
+def _forward_of(layer: Linear, x: torch.Tensor) -> torch.Tensor:
+    return layer._forward(x)
+
+
+# The engine is opaque to torch.compile: the layer is a graph break, never a wrong trace.
+_run_eagerly: Callable[[Linear, torch.Tensor], torch.Tensor] = torch.compiler.disable(_forward_of)  # type: ignore[no-untyped-call]
+
+
+def _recipe_json(linear: LinearRecipe) -> str:
+    whole = _scalify.Recipe()
+    whole.name = "custom"
+    whole.linear = linear
+    return whole.to_json()

@@ -1,0 +1,26 @@
+"""The recipe a torch layer runs: a preset name, a Recipe or a LinearRecipe, as one LinearRecipe."""
+
+from __future__ import annotations
+
+from typing import Union
+
+from .._recipes import preset
+from .._scalify import LinearRecipe, Recipe
+
+RecipeLike = Union[str, Recipe, LinearRecipe]
+
+
+def as_recipe(recipe: RecipeLike) -> Recipe:
+    """A Recipe from a preset name or a Recipe (a LinearRecipe becomes a recipe with only it)."""
+    if isinstance(recipe, str):
+        return preset(recipe)
+    if isinstance(recipe, Recipe):
+        recipe.validate()
+        return recipe
+    if isinstance(recipe, LinearRecipe):
+        whole = Recipe()
+        whole.name = "custom"
+        whole.linear = recipe
+        whole.validate()
+        return whole
+    raise TypeError(f"recipe: needs a preset name, a scalify.Recipe or a scalify.LinearRecipe, not {type(recipe).__name__}")

@@ -1,0 +1,299 @@
+"""scalify.torch: any torch model's linear layers under any Scalify recipe. The layer must pass
+torch's layouts, dtypes and autograd through to the engine's quantised linear layer unchanged
+(checked against the engine's layer driven directly, bit for bit, for every quantised preset),
+compute what the recipe defines (checked against a NumPy reference built from scalify.quantize),
+keep its quantisers' state in state_dict(), and behave like an nn.Module."""
+
+import copy
+import io
+
+import numpy as np
+import pytest
+
+import scalify  # before torch (scalify.torch warns otherwise)
+
+torch = pytest.importorskip("torch")
+
+import scalify.torch as st  # noqa: E402
+from scalify import _scalify  # noqa: E402
+
+QUANTIZED_PRESETS = [n for n in scalify.preset_names() if scalify.preset(n).linear.quantized]
+GEN = torch.Generator().manual_seed(5)
+
+
+def randn(*shape, scale=1.0):
+    return torch.randn(*shape, generator=GEN) * scale
+
+
+def engine_linear(recipe, name, x2d, weight_in_out, grad_output):
+    """The engine's quantised linear layer on its own layouts (x [rows, in], w [in, out])."""
+    layer = _scalify.QuantizedLinear(recipe, name)
+    y, call = layer.forward(x2d.numpy(), weight_in_out.numpy(), True)
+    dx, dw = call.backward(grad_output.numpy())
+    return y, dx, dw
+
+
+@pytest.mark.parametrize("preset", QUANTIZED_PRESETS)
+def test_layer_equals_the_engines_linear_bit_for_bit(preset):
+    layer = st.Linear(48, 40, recipe=preset, name="blocks.0.fc")
+    with torch.no_grad():
+        layer.weight.copy_(randn(40, 48, scale=0.2))
+        layer.bias.copy_(randn(40))
+    x = randn(2, 16, 48).requires_grad_()  # 3-D: the layer flattens the leading dimensions
+    g = randn(2, 16, 40, scale=1e-3)
+    y = layer(x)
+    y.backward(g)
+    want_y, want_dx, want_dw = engine_linear(scalify.preset(preset).linear, "blocks.0.fc", x.detach().reshape(32, 48),
+                                             layer.weight.detach().t().contiguous(), g.reshape(32, 40))
+    np.testing.assert_array_equal(y.detach().reshape(32, 40).numpy(), want_y + layer.bias.detach().numpy())
+    np.testing.assert_array_equal(x.grad.reshape(32, 48).numpy(), want_dx)
+    np.testing.assert_array_equal(layer.weight.grad.numpy(), want_dw.T)
+    np.testing.assert_array_equal(layer.bias.grad.numpy(), g.sum(dim=(0, 1)).numpy())
+
+
+def test_the_name_sets_the_stochastic_rounding_stream():
+    x, w, g = randn(32, 64), randn(64, 64, scale=0.1), randn(32, 64, scale=1e-3)
+    grads = []
+    for name in ("a", "a", "b"):
+        layer = st.Linear(64, 64, bias=False, recipe="nvfp4_no_hadamard", name=name)
+        with torch.no_grad():
+            layer.weight.copy_(w)
+        layer(x).backward(g)
+        grads.append(layer.weight.grad.clone())
+    assert torch.equal(grads[0], grads[1]) and not torch.equal(grads[0], grads[2])
+
+
+def test_current_scaling_computes_the_quantised_product():
+    """y = decode(q(x)) decode(q(w))^T with each operand's scale from its amax: the reference
+    quantises with scalify.quantize at the scales the layer reports and multiplies in f64; the
+    layer's GEMM adds exact products in f32, so it may differ by K * 2^-24 * sum |products|."""
+    layer = st.Linear(96, 32, bias=False, recipe="current", name="l")
+    with torch.no_grad():
+        layer.weight.copy_(randn(32, 96, scale=0.05))
+    x = randn(24, 96)
+    x[3, 7] = 40.0  # an outlier sets the activation's scale
+    y = layer(x.requires_grad_()).detach().numpy().astype(np.float64)
+    stats = {s["operand"]: s for s in layer.statistics()}
+    assert stats["activation"]["amax"] == 40.0
+    assert stats["weight"]["amax"] == layer.weight.detach().abs().max().item()
+
+    def decoded(t, operand):
+        scale = stats[operand]["scale"]  # the decode factor: value = code * scale
+        codes = scalify.quantize(np.ascontiguousarray(t, dtype=np.float32), "e4m3", scale=1.0 / scale)
+        return scalify.dequantize(codes, "e4m3").astype(np.float64) * scale
+
+    qx, qw = decoded(x.detach().numpy(), "activation"), decoded(layer.weight.detach().numpy(), "weight")
+    want = qx @ qw.T
+    bound = 96 * 2.0**-24 * (np.abs(qx) @ np.abs(qw).T)
+    assert np.all(np.abs(y - want) <= bound)
+    assert np.abs(y - want).max() < np.abs(want).max() * 1e-5
+    assert not np.array_equal(y, x.detach().numpy().astype(np.float64) @ layer.weight.detach().numpy().T.astype(np.float64))
+
+
+@pytest.mark.parametrize("preset", ["delayed", "nvfp4"])
+def test_a_resumed_layer_continues_bit_for_bit(preset):
+    def make():
+        torch.manual_seed(3)
+        return torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.GELU(), torch.nn.Linear(64, 16))
+
+    batches = [(randn(8, 32), randn(8, 16)) for _ in range(8)]
+
+    def train(model, opt, steps):
+        losses = []
+        for x, t in steps:
+            opt.zero_grad()
+            loss = torch.nn.functional.mse_loss(model(x), t)
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())
+        return losses
+
+    whole = st.convert(make(), preset)
+    assert isinstance(whole[0], st.Linear)  # nvfp4 keeps its last block, whole[2], in high precision
+    opt = torch.optim.AdamW(whole.parameters(), lr=1e-2)
+    train(whole, opt, batches[:4])
+    saved = io.BytesIO()
+    torch.save({"model": whole.state_dict(), "opt": opt.state_dict()}, saved)
+    rest = train(whole, opt, batches[4:])
+
+    resumed = st.convert(make(), preset)
+    opt2 = torch.optim.AdamW(resumed.parameters(), lr=1e-2)
+    saved.seek(0)
+    state = torch.load(saved)
+    resumed.load_state_dict(state["model"])
+    opt2.load_state_dict(state["opt"])
+    assert train(resumed, opt2, batches[4:]) == rest
+    assert torch.equal(resumed[0].quantizer_state, whole[0].quantizer_state)
+    assert resumed[0].quantizer_state[:, 0].max() > 0  # the quantisers did count steps
+
+
+def test_gradients_accumulate_as_torch_accumulates():
+    layer = st.Linear(16, 8, recipe="current", name="l")
+    twin = copy.deepcopy(layer)
+    a, b = randn(4, 16), randn(4, 16)
+    layer(a).sum().backward()
+    layer(b).sum().backward()
+    twin(a).sum().backward()
+    first = twin.weight.grad.clone()
+    twin.weight.grad = None
+    twin(b).sum().backward()
+    assert torch.equal(layer.weight.grad, first + twin.weight.grad)
+
+
+def test_no_grad_and_inference_mode_leave_the_state_alone():
+    layer = st.Linear(16, 8, recipe="delayed", name="l")
+    x = randn(4, 16)
+    layer(x.requires_grad_()).sum().backward()
+    before = layer.quantizer_state.clone()
+    with torch.no_grad():
+        a = layer(x)
+    with torch.inference_mode():
+        b = layer(x)
+    layer.eval()
+    with torch.no_grad():
+        c = layer(x)
+    assert torch.equal(layer.quantizer_state, before)
+    assert torch.equal(a, b) and torch.equal(a, c)
+
+
+def test_autocast_and_compile_give_the_eager_result():
+    layer = st.Linear(32, 16, recipe="mxfp8", name="l")
+    x = randn(8, 32)
+    with torch.no_grad():
+        eager = layer(x)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            autocast = layer(x)
+        compiled = torch.compile(layer, backend="eager")(x)
+    assert autocast.dtype == torch.float32 and torch.equal(autocast, eager)
+    assert torch.equal(compiled, eager)
+
+
+def test_inputs_of_any_layout_and_narrow_dtypes():
+    layer = st.Linear(16, 8, recipe="current", name="l")
+    x = randn(16, 6)
+    with torch.no_grad():
+        assert torch.equal(layer(x.t()), layer(x.t().contiguous()))
+        bf = layer(x.t().to(torch.bfloat16))
+        assert bf.dtype == torch.bfloat16
+        assert torch.equal(bf, layer(x.t().to(torch.bfloat16).float()).to(torch.bfloat16))
+
+
+def test_bad_inputs_are_refused_by_name():
+    layer = st.Linear(16, 8, recipe="current", name="l")
+    with pytest.raises(TypeError, match="float64"):
+        layer(torch.zeros(2, 16, dtype=torch.float64))
+    with pytest.raises(TypeError, match="int64"):
+        layer(torch.zeros(2, 16, dtype=torch.int64))
+    with pytest.raises(TypeError, match="CPU.*meta"):
+        layer(torch.zeros(2, 16, device="meta"))
+    with pytest.raises(ValueError, match="in_features=16"):
+        layer(torch.zeros(2, 15))
+    with pytest.raises(TypeError, match="recipe"):
+        st.Linear(16, 8, recipe=3)
+    with pytest.raises(ValueError):
+        st.Linear(16, 8, recipe="no_such_recipe")
+    with pytest.raises(TypeError, match="float64"):
+        st.Linear(16, 8, dtype=torch.float64)
+
+
+def test_bf16_parameters_train():
+    layer = st.Linear(16, 8, recipe="mxfp8", name="l", dtype=torch.bfloat16)
+    x = randn(4, 16).to(torch.bfloat16)
+    layer(x).float().sum().backward()
+    assert layer.weight.grad.dtype == torch.bfloat16 and layer.weight.grad.abs().sum() > 0
+
+
+class Conv1D(torch.nn.Module):
+    """transformers' GPT-2 Conv1D: y = x W + b with W [in, out]."""
+
+    def __init__(self, nf, nx):
+        super().__init__()
+        self.nf = nf
+        self.weight = torch.nn.Parameter(torch.randn(nx, nf, generator=GEN) * 0.1)
+        self.bias = torch.nn.Parameter(torch.zeros(nf))
+
+    def forward(self, x):
+        return torch.addmm(self.bias, x.reshape(-1, x.shape[-1]), self.weight).reshape(*x.shape[:-1], self.nf)
+
+
+class TinyModel(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.blocks = torch.nn.ModuleList(torch.nn.ModuleDict({"attn": Conv1D(24, 8), "mlp": torch.nn.Linear(24, 8)}) for _ in range(3))
+        self.head = torch.nn.Linear(8, 5)
+
+    def forward(self, x):
+        for b in self.blocks:
+            x = x + b["mlp"](torch.nn.functional.gelu(b["attn"](x)))
+        return self.head(x)
+
+
+def test_convert_swaps_linears_and_conv1d_keeping_parameters():
+    model = TinyModel()
+    x = randn(4, 8)
+    params = {n: p for n, p in model.named_parameters()}
+    with torch.no_grad():
+        reference = model(x)
+    st.convert(model, "current")
+    assert {n: p for n, p in model.named_parameters()} == params  # the same Parameter objects
+    swapped = {n for n, m in model.named_modules() if isinstance(m, st.Linear)}
+    assert swapped == {f"blocks.{i}.{k}" for i in range(3) for k in ("attn", "mlp")}
+    assert type(model.head) is torch.nn.Linear  # outside the numbered blocks: high precision, as the trainer's head
+    assert model.blocks[0]["attn"].weight_in_out and model.blocks[0]["attn"].name == "blocks.0.attn"
+    with torch.no_grad():
+        y = model(x)
+    assert y.shape == reference.shape and 0 < (y - reference).abs().max() < 0.1 * reference.abs().max()
+
+
+def test_convert_honours_the_recipes_high_precision_layers_and_the_filter():
+    model = st.convert(TinyModel(), "nvfp4")  # keeps its last block in high precision
+    swapped = {n for n, m in model.named_modules() if isinstance(m, st.Linear)}
+    assert swapped == {f"blocks.{i}.{k}" for i in range(2) for k in ("attn", "mlp")}
+    recipe = scalify.preset("mxfp8")
+    recipe.high_precision.layers = ["*.attn"]
+    recipe.high_precision.first_blocks = 1
+    model = st.convert(TinyModel(), recipe, module_filter_fn=lambda m, name: name != "blocks.2.mlp")
+    swapped = {n for n, m in model.named_modules() if isinstance(m, st.Linear)}
+    assert swapped == {"blocks.1.mlp"}
+    with pytest.raises(TypeError, match="Module"):
+        st.convert(object(), "current")
+
+
+def test_statistics_report_every_operand():
+    model = st.convert(TinyModel(), "current")
+    x = randn(4, 8)
+    x[0, 0] = 7.5
+    model(x.requires_grad_()).sum().backward()
+    rows = st.statistics(model)
+    rows = rows.to_dict("records") if hasattr(rows, "to_dict") else rows
+    assert len(rows) == 6 * 6
+    first = {r["operand"]: r for r in rows if r["layer"] == "blocks.0.attn"}
+    assert set(first) == {"weight", "activation", "gradient", "weight_t", "activation_t", "gradient_t"}
+    assert first["activation"]["amax"] == 7.5 and first["activation"]["format"] == "e4m3"
+    assert first["gradient"]["format"] == "e5m2" and first["gradient"]["steps"] == 1
+    for r in rows:
+        assert set(r) >= {"amax", "scale", "underflow", "underflow_energy", "clipped", "scaling"}
+
+
+def test_pickled_and_copied_modules_keep_recipe_and_state():
+    layer = st.Linear(16, 8, recipe="delayed", name="l")
+    x = randn(4, 16)
+    layer(x.requires_grad_()).sum().backward()
+    buffer = io.BytesIO()
+    torch.save(layer, buffer)
+    buffer.seek(0)
+    loaded = torch.load(buffer, weights_only=False)
+    for other in (loaded, copy.deepcopy(layer)):
+        assert other.recipe == layer.recipe and other.name == "l"
+        assert torch.equal(other.quantizer_state, layer.quantizer_state)
+        with torch.no_grad():
+            assert torch.equal(other(x), layer(x))
+
+
+def test_a_state_dict_from_before_conversion_loads():
+    plain = TinyModel()
+    converted = st.convert(TinyModel(), "current")
+    converted.load_state_dict(plain.state_dict())  # weights only: the quantisers keep their state
+    assert torch.equal(converted.blocks[0]["mlp"].weight, plain.blocks[0]["mlp"].weight)
+    with pytest.raises(RuntimeError, match="blocks.0.mlp.weight"):
+        converted.load_state_dict({k: v for k, v in plain.state_dict().items() if k != "blocks.0.mlp.weight"})
