@@ -26,7 +26,7 @@ import scalify  # before torch: it sets OpenMP's spin count (see scalify.torch)
 
 torch = pytest.importorskip("torch")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # models come from configs only: never a hub
-transformers = pytest.importorskip("transformers")
+transformers = pytest.importorskip("transformers", reason="needs transformers (pip install transformers; scripts/test_python.sh installs it)")
 
 import scalify.torch as st  # noqa: E402
 
