@@ -144,3 +144,30 @@ def test_the_float32_models_use_context(name):
     unigram = -np.log(counts / counts.sum())[held_out].mean()
     _, loss = trained(name, "f32")
     assert loss < unigram - 0.3, f"{name}: {loss:.4f} nats, unigram {unigram:.4f}"
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+def test_gradient_checkpointing_gives_the_gradients_and_state_of_a_run_without_it(name):
+    """transformers' activation (gradient) checkpointing recomputes each block's forward during
+    backward; under delayed scaling (state in the forward quantisers) the converted model's
+    gradients and quantiser state stay those of the run without it."""
+    runs = []
+    for checkpointing in (False, True):
+        model = st.convert(copy.deepcopy(initial_model(name)), "delayed")
+        if checkpointing:  # transformers 5 renames gradient_checkpointing_enable (deprecated)
+            enable = getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable
+            enable()
+        model.train()
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        grads = []
+        for step in range(2):
+            optimizer.zero_grad()
+            loss_of(model, *batch(step)).backward()
+            grads.append([p.grad.clone() for p in model.parameters() if p.grad is not None])
+            optimizer.step()
+        runs.append((grads, [m.quantizer_state.clone() for m in model.modules() if isinstance(m, st.Linear)]))
+    (plain_grads, plain_state), (checkpointed_grads, checkpointed_state) = runs
+    for step in range(2):
+        assert len(plain_grads[step]) == len(checkpointed_grads[step])
+        assert all(torch.equal(a, b) for a, b in zip(plain_grads[step], checkpointed_grads[step])), f"step {step}"
+    assert len(plain_state) > 0 and all(torch.equal(a, b) for a, b in zip(plain_state, checkpointed_state))
