@@ -129,7 +129,8 @@ def test_converted_model_trains_within_tolerance_of_float32(name, recipe):
     assert swapped == {block.format(b) + layer for b in range(QUANTIZED_BLOCKS[recipe]) for layer in layers}
     kept = {n for n, m in model.named_modules() if type(m) is torch.nn.Linear or type(m).__name__ == "Conv1D"}
     assert kept == {block.format(b) + layer for b in range(QUANTIZED_BLOCKS[recipe], LAYERS) for layer in layers} | set(outside)
-    rows = st.statistics(model).to_dict("records")
+    rows = st.statistics(model)
+    rows = rows.to_dict("records") if hasattr(rows, "to_dict") else rows  # a DataFrame with pandas, else dicts
     assert {r["steps"] for r in rows} == {STEPS}  # every quantiser ran in every training step
     _, reference = trained(name, "f32")
     assert loss <= reference + TOLERANCE, f"{name} under {recipe}: {loss:.4f} nats, f32 {reference:.4f}"
