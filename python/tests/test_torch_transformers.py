@@ -12,7 +12,7 @@ nvfp4), so the comparison could not tell a working quantised encoder from a brok
 objective uses the encoder from the first steps. test_the_float32_models_use_context keeps every
 comparison meaningful: each f32 model must end below the unigram cross-entropy.
 
-Needs transformers (skipped without it); about 30 s on 2 cores."""
+Needs transformers (skipped without it); about 40 s of CPU on 2 cores."""
 
 import copy
 import functools
@@ -34,7 +34,9 @@ transformers.logging.set_verbosity_error()
 
 SEED = 0
 STEPS, BATCH, SEQ, D_MODEL, LAYERS, HEADS = 100, 8, 64, 64, 3, 4
-EVAL_BATCHES = range(10_000, 10_016)  # windows the 100 training batches did not draw
+# Held out: the trainer's batches 10000-10015, other random windows of its training split than the
+# 100 the models train on (Python has no accessor for the validation split).
+EVAL_BATCHES = range(10_000, 10_016)
 TOLERANCE = 0.05  # nats: the issue's bound on the converted model's final loss above f32's
 # The trainer's optimiser (TrainConfig): AdamW(lr 2e-3, betas 0.9/0.95, eps 1e-8, weight decay
 # 0.1), gradients clipped to norm 1, linear warmup then cosine decay to lr / 10; warmup 10 of 100.
