@@ -21,11 +21,17 @@ class _QuantizedMatmul(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx: Any, x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], layer: "Linear",
-                training: bool) -> torch.Tensor:
+                training: bool, replay: Optional[torch.Tensor]) -> torch.Tensor:
         weight_t = layer._weight_in_out(weight)
-        out, call = layer._core.forward(x, weight_t, training)
-        if training:
-            layer._core.save_state(layer.quantizer_state)
+        if replay is not None:  # activation checkpointing recomputes a forward: the same codes, the state kept
+            after = layer.quantizer_state.clone()
+            layer._core.load_state(replay)
+            out, call = layer._core.forward(x, weight_t, True)
+            layer._core.load_state(after)
+        else:
+            out, call = layer._core.forward(x, weight_t, training)
+            if training:
+                layer._core.save_state(layer.quantizer_state)
         ctx.save_for_backward(x, weight_t)  # the engine reads them where they are: torch refuses a backward after an in-place change
         ctx.call, ctx.layer, ctx.weight_dtype = call, layer, weight.dtype
         ctx.bias_dtype = None if bias is None else bias.dtype
@@ -46,7 +52,7 @@ class _QuantizedMatmul(torch.autograd.Function):
         if not ctx.layer.weight_in_out:
             grad_weight = grad_weight.t()
         grad_bias = None if ctx.bias_dtype is None else grad_output.sum(0).to(ctx.bias_dtype)
-        return torch.from_numpy(dx), grad_weight.to(ctx.weight_dtype), grad_bias, None, None
+        return torch.from_numpy(dx), grad_weight.to(ctx.weight_dtype), grad_bias, None, None, None
 
 
 class Linear(torch.nn.Module):
@@ -64,7 +70,12 @@ class Linear(torch.nn.Module):
     ``torch.save`` carry it and a resumed run continues bit for bit. A forward that records
     gradients advances the quantisers; one under ``torch.no_grad()`` / ``inference_mode()`` uses
     their state as it stands, as the trainer's evaluation does. ``torch.autocast`` does not reach
-    inside (the recipe sets this layer's precision); ``torch.compile`` runs it as a graph break."""
+    inside (the recipe sets this layer's precision); ``torch.compile`` runs it as a graph break.
+    Activation checkpointing (``torch.utils.checkpoint``, transformers'
+    ``gradient_checkpointing_enable()``) gives the gradients and quantiser state of a run without
+    it: a forward recomputed during backward repeats the layer's last forward's quantisation and
+    does not advance the quantisers (a layer called more than once inside one checkpointed
+    region is not supported)."""
 
     weight: torch.nn.Parameter
     bias: Optional[torch.nn.Parameter]
@@ -95,6 +106,10 @@ class Linear(torch.nn.Module):
         self._name = name
         self._core = _scalify.QuantizedLinear(self._recipe, name)
         self.register_buffer("quantizer_state", torch.zeros(6, self._core.state_width(), dtype=torch.int64))
+        # The state before the last forward that recorded gradients, until activation checkpointing
+        # recomputes that forward during backward: the recomputation quantises as it did (delayed
+        # scaling's scale, the stochastic-rounding streams) and leaves the quantisers where it found them.
+        self._state_before_forward: Optional[torch.Tensor] = None
         self._core.save_state(self.quantizer_state)
         self.register_load_state_dict_post_hook(Linear._state_loaded)  # type: ignore[no-untyped-call]
 
@@ -134,8 +149,13 @@ class Linear(torch.nn.Module):
         if self.weight.device.type != "cpu":
             raise TypeError(f"scalify.torch.Linear runs on the CPU; its weight is on {self.weight.device}")
         training = torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad)
+        replay = None
+        if torch._C._current_graph_task_id() == -1:  # not inside a backward pass: a forward of its own
+            self._state_before_forward = self.quantizer_state.clone() if training else None
+        elif training:  # activation checkpointing recomputing the last forward (torch.utils.checkpoint)
+            replay, self._state_before_forward = self._state_before_forward, None
         x2d = x.reshape(-1, self.in_features).to(torch.float32).contiguous()
-        y: torch.Tensor = _QuantizedMatmul.apply(x2d, self.weight, self.bias, self, training)
+        y: torch.Tensor = _QuantizedMatmul.apply(x2d, self.weight, self.bias, self, training, replay)
         return y.reshape(*x.shape[:-1], self.out_features).to(x.dtype)
 
     def _weight_in_out(self, weight: torch.Tensor) -> torch.Tensor:
