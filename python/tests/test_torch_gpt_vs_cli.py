@@ -41,6 +41,7 @@ The tolerances, from those measurements:
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 from typing import Any, Dict, List
@@ -71,6 +72,24 @@ def f32_ulps(a: float, b: float) -> float:
 def relative_norm(mine: "torch.Tensor", theirs: np.ndarray) -> float:
     t = torch.from_numpy(np.asarray(theirs, dtype=np.float32))
     return float((mine - t).norm() / t.norm())
+
+
+def quantizer_states(model: "torch_gpt.TorchGpt") -> Dict[str, Dict[str, Any]]:
+    """Every quantiser's state as the CLI's checkpoint keys it ("quant.<layer>.<role>"): steps,
+    scale and amax history, decoded from scalify.torch.Linear's quantizer_state rows (steps,
+    history length, the scale's f32 bits, the history's f32 bits), one row per operand in the
+    order of its statistics()."""
+    states: Dict[str, Dict[str, Any]] = {}
+    for b in model.blocks:
+        for lin in (b.qkv, b.proj, b.fc, b.out):
+            if lin.layer is None:
+                continue
+            rows = lin.layer.quantizer_state.numpy()
+            for row, stats in zip(rows, lin.layer.statistics()):
+                bits = lambda v: np.asarray(v, dtype=np.int64).astype(np.uint32).view(np.float32)  # noqa: E731
+                states[f"quant.{lin.layer.name}.{stats['operand']}"] = dict(
+                    steps=int(row[0]), scale=float(bits(row[2])), history=bits(row[3:3 + row[1]]))
+    return states
 
 
 @pytest.fixture(scope="module")
@@ -113,9 +132,10 @@ def runs(tmp_path_factory: Any, corpus: str) -> Dict[str, Dict[str, Any]]:
             opt.step(torch_gpt.learning_rate(step, lr=LR, min_lr=MIN_LR, warmup=WARMUP, steps=STEPS))
             if step == 0:
                 first_moment = {n: m.clone() for n, m in opt.m.items()}
+                quantizers = quantizer_states(model)
         metrics = [m for m in scalify.read_metrics(long_run) if "loss" in m]
         result[recipe] = dict(initial=initial, step1=step1, meta1=meta1, model=model, losses=losses, grad_norms=opt.grad_norms,
-                              first_moment=first_moment, cli_losses=[m["loss"] for m in metrics],
+                              first_moment=first_moment, quantizers=quantizers, cli_losses=[m["loss"] for m in metrics],
                               cli_grad_norms=[m["grad_norm"] for m in metrics])
     return result
 
@@ -154,3 +174,23 @@ def test_twenty_steps_of_losses_match_the_cli(runs: Dict[str, Dict[str, Any]], r
             assert f32_ulps(mine, cli) <= 4, step
         else:
             assert abs(mine - cli) <= 4e-3 * cli, step
+
+
+@pytest.mark.parametrize("recipe", RECIPES[1:])
+def test_quantiser_state_after_the_first_step_is_the_clis(runs: Dict[str, Dict[str, Any]], recipe: str) -> None:
+    """Steps, delayed scaling's scale and amax history of every quantiser after step 1 against the
+    CLI's step-1 checkpoint: the weights' exactly (the same weights), the activations' and
+    gradients' within the first step's gradient bound (their amaxes come from the torch ops'
+    values, see the module docstring)."""
+    run = runs[recipe]
+    cli = json.loads(run["meta1"]["scalify.state"])["quantizers"]
+    mine = run["quantizers"]
+    assert set(mine) == set(cli)
+    for key, state in mine.items():
+        assert state["steps"] == cli[key]["steps"], key
+        history = np.asarray(run["step1"][key + ".history"], dtype=np.float32)
+        if key.endswith((".weight", ".weight_t")):
+            assert state["scale"] == cli[key]["scale"] and np.array_equal(state["history"], history), key
+        else:
+            assert abs(state["scale"] - cli[key]["scale"]) <= 3e-2 * cli[key]["scale"], key
+            assert state["history"].shape == history.shape and np.allclose(state["history"], history, rtol=3e-2, atol=0), key
