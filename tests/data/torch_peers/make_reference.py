@@ -33,7 +33,8 @@ Quantiser edge cases, outside the linear ("edge/..."): a [6, 64] f32 tensor of b
 exercise the scale rules (an all-zero block, blocks whose amax is below the E8M0 range, f32
 subnormals, an amax exactly at 448 * 2^k and one f32 ulp above, amax significands 1.75 and 1.875),
 cast by torchao's to_mx with FLOOR and RCEIL ("edge/mxfloor/{codes,scale}", "edge/mxrceil/..."),
-and a per-tensor all-zero tensor's tensorwise scale ("edge/f8_zero_scale").
+a per-tensor all-zero tensor's tensorwise scale ("edge/f8_zero_scale"), and the power-of-two
+tensorwise scale of a tensor whose amax is one f32 ulp above 3.5 ("edge/f8pow2_near_{x,scale}").
 """
 import json
 import os
@@ -174,6 +175,12 @@ def main():
         out[f"edge/{name}/scale"] = bits(scale)
     out["edge/f8_zero_scale"] = np.array(tensor_to_scale(torch.zeros(4, 4), torch.float8_e4m3fn).numpy(),
                                          dtype=np.float32).reshape(1)
+    # power-of-two rounding of a scale just below a power of two: amax one f32 ulp above 3.5 makes
+    # 448 / amax = 128 (1 - 6.8e-8), which f32 keeps below 128 but whose f32 log2 rounds to 7
+    near = torch.tensor([[torch.nextafter(torch.tensor(3.5), torch.tensor(4.0)).item(), 1.0], [-0.5, 0.25]])
+    out["edge/f8pow2_near_x"] = near.numpy()
+    out["edge/f8pow2_near_scale"] = np.array(
+        tensor_to_scale(near, torch.float8_e4m3fn, round_scales_to_power_of_2=True).numpy(), dtype=np.float32).reshape(1)
     meta = {"torch": torch.__version__, "torchao": torchao.__version__, "numpy": np.__version__,
             "script": "tests/data/torch_peers/make_reference.py"}
     out["meta"] = np.array(json.dumps(meta))
