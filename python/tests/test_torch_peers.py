@@ -20,9 +20,9 @@ Where the definitions differ the tests name the elements and the reason:
     GEMM on the codes with alpha = (1/s_a)(1/s_b) in f32 (three roundings). Same codes, same scales;
     the outputs differ by at most (gamma32(2) + gamma32(3)) |A|.|B| beyond the accumulation bound.
   - an all-zero tensor: torchao's scale is 448 / 1e-12 (its amax clamp), Scalify keeps 1 (codes 0 both).
-  - f8pow2: torchao rounds the f32 scale down to a power of two with an f32 log2, which rounds
-    448 / amax within ~2^-23 below 2^k up to 2^k: one power of two above Scalify's floor(log2(448 / amax)).
-  - MX blocks whose E8M0 exponent clamps at 2^-127 (amax < 2^-118): FLOOR divides by 2^-126 (torchao
+  - f8pow2: torchao rounds the f32 scale down to a power of two with an f32 log2, which rounds a
+    448 / amax just below 2^k up to k: one power of two above Scalify's floor(log2(448 / amax)).
+  - MX blocks whose E8M0 byte is 0, 2^-127 (FLOOR: amax < 2^-118; RCEIL: amax <= 448 * 2^-127): FLOOR divides by 2^-126 (torchao
     clamps the f32 scale to the smallest normal) but stores 2^-127, so its codes are those of
     x * 2^126 and decode to about half of x; RCEIL multiplies by 1 (its exponent-0 case). Scalify
     divides by 2^-127 exactly.
