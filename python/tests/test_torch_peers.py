@@ -22,10 +22,10 @@ Where the definitions differ the tests name the elements and the reason:
   - an all-zero tensor: torchao's scale is 448 / 1e-12 (its amax clamp), Scalify keeps 1 (codes 0 both).
   - f8pow2: torchao rounds the f32 scale down to a power of two with an f32 log2, which rounds a
     448 / amax just below 2^k up to k: one power of two above Scalify's floor(log2(448 / amax)).
-  - MX blocks whose E8M0 byte is 0, 2^-127 (FLOOR: amax < 2^-118; RCEIL: amax <= 448 * 2^-127): FLOOR divides by 2^-126 (torchao
-    clamps the f32 scale to the smallest normal) but stores 2^-127, so its codes are those of
-    x * 2^126 and decode to about half of x; RCEIL multiplies by 1 (its exponent-0 case). Scalify
-    divides by 2^-127 exactly.
+  - MX blocks whose E8M0 byte is 0, 2^-127 (FLOOR: amax < 2^-118; RCEIL: amax <= 448 * 2^-127):
+    FLOOR divides by 2^-126 (torchao clamps the f32 scale to the smallest normal) but stores 2^-127,
+    so its codes are those of x * 2^126 and decode to about half of x; RCEIL multiplies by 1 (its
+    exponent-0 case). Scalify divides by 2^-127 exactly.
 """
 
 import json
@@ -53,7 +53,7 @@ def _f8_gemms(v):  # v[i]: operand i decoded (torch orientation of its cast)
     return [("y", v[0] @ v[1]), ("dx", v[2] @ v[3].T), ("dw", (v[4].T @ v[5]))]
 
 
-def _mx_gemms(v):  # MX operands carry blocks along the reduction: x, w along K; g, w^T along N; g^T, x^T along tokens
+def _mx_gemms(v):  # blocks along each reduction: x, w along K; g, w^T along N; g^T, x^T along tokens
     return [("y", v[0] @ v[1].T), ("dx", v[2] @ v[3].T), ("dw", v[4] @ v[5].T)]
 
 
@@ -122,6 +122,11 @@ def f64(a):
     return np.asarray(a, dtype=np.float64)
 
 
+def is_pow2(s):
+    m, _ = np.frexp(np.float64(s))
+    return m == 0.5
+
+
 def test_reference_versions(ref):
     assert ref["meta"]["torchao"] == "0.18.0" and ref["meta"]["torch"].startswith("2.15.0")
 
@@ -136,7 +141,8 @@ def test_recipes_have_torchao_definitions():
         roles = [(lin.forward.activation, fmt), (lin.forward.weight, fmt), (lin.input_grad.gradient, gfmt),
                  (lin.input_grad.weight, fmt), (lin.weight_grad.activation, fmt), (lin.weight_grad.gradient, gfmt)]
         for q, f in roles:
-            assert (q.scaling, q.format, q.margin, q.saturate, q.rounding, q.transform) == (scaling, f, 0, True, "nearest", "none"), cfg
+            got = (q.scaling, q.format, q.margin, q.saturate, q.rounding, q.transform)
+            assert got == (scaling, f, 0, True, "nearest", "none"), cfg
             if rule:
                 assert q.block_scale == rule, cfg
 
@@ -173,7 +179,7 @@ def test_float8_tensorwise_codes_and_scales_exact(ref, cfg):
         codes = np.asarray(scalify.quantize(a, fmt, float(s)))
         np.testing.assert_array_equal(codes, ref[f"{cfg}/op{i}/codes"], err_msg=f"{cfg} operand {i}")
     if cfg == "f8":  # the data exercises saturation-free casts at non-power-of-two scales
-        assert ref["f8/op0/scale"][0] != 2.0 ** np.round(np.log2(ref["f8/op0/scale"][0]))
+        assert not is_pow2(ref["f8/op0/scale"][0])
 
 
 def _f8_decoded(ref, cfg, scalify_def):
@@ -195,18 +201,20 @@ def test_float8_tensorwise_gemms(ref, cfg):
     tv, _ = _f8_decoded(ref, cfg, scalify_def=False)
     sv, inv = _f8_decoded(ref, cfg, scalify_def=True)
     alphas = [np.float32(inv[0] * inv[1]), np.float32(inv[2] * inv[3]), np.float32(inv[4] * inv[5])]
-    bias = {"y": ref["b"], "dx": None, "dw": None}
-    for (name, t_exact), (_, s_codes), alpha in zip(_f8_gemms([f64(v) for v in tv]), _f8_gemms([f64(v) for v in sv]), alphas):
+    pow2 = all(is_pow2(ref[f"{cfg}/op{i}/scale"][0]) for i in range(6))
+    torchao_gemms = _f8_gemms([f64(v) for v in tv])
+    scalify_gemms = _f8_gemms([f64(v) for v in sv])  # on the codes' values, alpha below
+    for (name, t_exact), (_, s_codes), alpha in zip(torchao_gemms, scalify_gemms, alphas):
         got = f64(ref[f"{cfg}/{name}"])
         a_b = {"y": (tv[0], tv[1]), "dx": (tv[2], tv[3].T), "dw": (tv[4].T, tv[5])}[name]
-        tol, k = gemm_bound(*a_b, bias[name])
-        t_def = t_exact + (f64(bias[name]) if bias[name] is not None else 0)
+        bias = f64(ref["b"]) if name == "y" else 0.0
+        tol, _ = gemm_bound(*a_b, ref["b"] if name == "y" else None)
+        t_def = t_exact + bias
         err = np.abs(got - t_def)
-        assert np.all(err <= tol), (cfg, name, float(np.max(err / np.maximum(tol, 1e-300))))
+        assert np.all(err <= tol), (cfg, name, float(np.max(err / tol)))
         # Scalify's definition: codes GEMM (exact here in float64) times alpha, + bias in f32.
-        s_def = s_codes * float(alpha) + (f64(bias[name]) if bias[name] is not None else 0)
+        s_def = s_codes * float(alpha) + bias
         s_abs = np.abs(f64(a_b[0])) @ np.abs(f64(a_b[1]))
-        pow2 = all(float(ref[f"{cfg}/op{i}/scale"][0]) == 2.0 ** np.round(np.log2(ref[f"{cfg}/op{i}/scale"][0])) for i in range(6))
         decode = 0.0 if pow2 else (gamma(2, U32) + gamma(3, U32)) * s_abs * (1 + gamma(3, U32))
         assert np.all(np.abs(got - s_def) <= tol + decode), (cfg, name)
         if pow2:  # power-of-two scales: the two definitions are the same numbers
@@ -275,7 +283,8 @@ def test_mx_gemms(ref, cfg, rule):
         v = np.asarray(scalify.block_dequantize(codes, scales, "e4m3", (1, 32), rule))
         # torchao's decode (to_dtype): code value * 2^(e8m0 - 127) in f32
         c = np.asarray(scalify.dequantize(ref[f"{cfg}/op{i}/codes"], "e4m3")).astype(np.float64)
-        t = (c * np.exp2(np.repeat(ref[f"{cfg}/op{i}/scale"].astype(np.float64) - 127, 32, axis=1))).astype(np.float32)
+        k = np.repeat(ref[f"{cfg}/op{i}/scale"].astype(np.float64) - 127, 32, axis=1)
+        t = (c * np.exp2(k)).astype(np.float32)
         np.testing.assert_array_equal(v, t)
         vals.append(v)
     for name, exact in _mx_gemms([f64(v) for v in vals]):
@@ -306,8 +315,8 @@ def test_mx_edge_blocks(ref, cfg, rule):
             named.append((r, k))
             assert e8m0[r, k] == 0 and np.any(blk != 0), (r, k)
             torchao_rule = 2.0**126 if cfg == "mxfloor" else 1.0
-            np.testing.assert_array_equal(t_codes[r, 32 * k:32 * k + 32], np.asarray(scalify.quantize(blk, "e4m3", torchao_rule)))
-            np.testing.assert_array_equal(codes[r, 32 * k:32 * k + 32], np.asarray(scalify.quantize(blk, "e4m3", 2.0**127)))
+            np.testing.assert_array_equal(t_codes[r, 32 * k:32 * k + 32], scalify.quantize(blk, "e4m3", torchao_rule))
+            np.testing.assert_array_equal(codes[r, 32 * k:32 * k + 32], scalify.quantize(blk, "e4m3", 2.0**127))
     # the two such blocks: row 0 block 1 (amax ~2^-122) and row 1 block 0 (f32 subnormals); the all-zero
     # block (byte 0 too) agrees
     assert named == [(0, 1), (1, 0)]

@@ -22,8 +22,8 @@ grad_output [64, 128], seeded. Four torchao configurations run forward + backwar
 For each: "<cfg>/y" (output, bias added), "<cfg>/dx", "<cfg>/dw" (the three GEMMs), and every
 quantised operand in the order torchao casts them, "<cfg>/op<i>/{codes,scale}": the FP8 codes as
 uint8 bits of the cast's input (the operand below, transposed where torchao transposes it: the
-script asserts the cast saw exactly that tensor), and the scale (f8: the f32 encode scale, x * scale before the cast; MX: the biased E8M0 bytes, one per
-32-element block along the last dim of hp). Operand order:
+script asserts the cast saw exactly that tensor), and the scale (f8: the f32 encode scale, x * scale
+before the cast; MX: the biased E8M0 bytes, one per 32-element block along the last dim). Operand order:
   f8: 0 x, 1 w^T (fwd), 2 g, 3 w^T (grad_input), 4 g, 5 x (grad_weight)
   mx: 0 x, 1 w (fwd), 2 g, 3 w^T (grad_input), 4 g^T, 5 x^T (grad_weight)
 Casts are recorded by wrapping torchao's own cast functions while the module runs, so they are the
@@ -179,8 +179,8 @@ def main():
     # 448 / amax = 128 (1 - 6.8e-8), which f32 keeps below 128 but whose f32 log2 rounds to 7
     near = torch.tensor([[torch.nextafter(torch.tensor(3.5), torch.tensor(4.0)).item(), 1.0], [-0.5, 0.25]])
     out["edge/f8pow2_near_x"] = near.numpy()
-    out["edge/f8pow2_near_scale"] = np.array(
-        tensor_to_scale(near, torch.float8_e4m3fn, round_scales_to_power_of_2=True).numpy(), dtype=np.float32).reshape(1)
+    near_scale = tensor_to_scale(near, torch.float8_e4m3fn, round_scales_to_power_of_2=True)
+    out["edge/f8pow2_near_scale"] = np.array(near_scale.numpy(), dtype=np.float32).reshape(1)
     meta = {"torch": torch.__version__, "torchao": torchao.__version__, "numpy": np.__version__,
             "script": "tests/data/torch_peers/make_reference.py"}
     out["meta"] = np.array(json.dumps(meta))
