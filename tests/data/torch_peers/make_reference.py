@@ -27,7 +27,8 @@ before the cast; MX: the biased E8M0 bytes, one per 32-element block along the l
   f8: 0 x, 1 w^T (fwd), 2 g, 3 w^T (grad_input), 4 g, 5 x (grad_weight)
   mx: 0 x, 1 w (fwd), 2 g, 3 w^T (grad_input), 4 g^T, 5 x^T (grad_weight)
 Casts are recorded by wrapping torchao's own cast functions while the module runs, so they are the
-operands its GEMMs used.
+operands its GEMMs used; the script asserts that y, dx, dw are bit for bit an f32 torch.mm of the
+operands decoded from those codes and scales by torchao's definition (check_gemms).
 
 Quantiser edge cases, outside the linear ("edge/..."): a [6, 64] f32 tensor of blocks chosen to
 exercise the scale rules (an all-zero block, blocks whose amax is below the E8M0 range, f32
@@ -146,6 +147,27 @@ EXPECT_MX = [lambda x, w, g: x, lambda x, w, g: w, lambda x, w, g: g,
              lambda x, w, g: w.t(), lambda x, w, g: g.t(), lambda x, w, g: x.t()]
 
 
+def check_gemms(name, res, rec, b):
+    """torchao's y, dx, dw are, bit for bit, an f32 torch.mm of the operands its definition decodes from
+    the recorded codes and scales (f8: code / scale; MX: code * 2^(byte - 127)), + bias for y. What is
+    left to the test is the summation order of torch.mm, which differs between BLAS builds and ISAs."""
+    def dec(i):
+        r = rec[i]
+        if name.startswith("f8"):
+            dt = torch.float8_e5m2 if i in (2, 4) else torch.float8_e4m3fn
+            return torch.from_numpy(r["codes"]).view(dt).float() / torch.from_numpy(r["scale"])[0]
+        c = torch.from_numpy(r["codes"]).view(torch.float8_e4m3fn).float()
+        k = torch.from_numpy(r["scale"]).to(torch.float32) - 127
+        return (c.reshape(-1, 32) * torch.exp2(k).reshape(-1, 1)).reshape(c.shape)
+    v = [dec(i) for i in range(6)]
+    if name.startswith("f8"):
+        want = {"y": torch.mm(v[0], v[1]) + b, "dx": torch.mm(v[2], v[3].t()), "dw": torch.mm(v[4].t(), v[5])}
+    else:
+        want = {"y": torch.mm(v[0], v[1].t()) + b, "dx": torch.mm(v[2], v[3].t()), "dw": torch.mm(v[4], v[5].t())}
+    for k, t in want.items():
+        assert np.array_equal(t.numpy(), res[k]), (name, k)
+
+
 def main():
     torch.manual_seed(0)
     x, w, b, go = inputs()
@@ -167,6 +189,7 @@ def main():
             assert np.array_equal(r.pop("hp"), expect[i](x, w, go).numpy()), (name, i)
             for k, v in r.items():
                 out[f"{name}/op{i}/{k}"] = v
+        check_gemms(name, res, rec, b)
     e = edge_tensor()
     out["edge/x"] = e.numpy()
     for name, mode in (("mxfloor", ScaleCalculationMode.FLOOR), ("mxrceil", ScaleCalculationMode.RCEIL)):
