@@ -3,7 +3,7 @@
 # shared with others crawl and a small one run out of memory). One compile job of this project
 # peaks at about SCALIFY_COMPILE_JOB_MIB (measured with /usr/bin/time -v: docs/BENCHMARKS.md).
 # Make's -j is the caller's (scripts/build.sh passes -j$(nproc)).
-set(SCALIFY_COMPILE_JOB_MIB 1200 CACHE STRING "Memory one compile job may take (MiB), to cap parallel jobs under Ninja")
+set(SCALIFY_COMPILE_JOB_MIB 1024 CACHE STRING "Memory one compile job may take (MiB), to cap parallel jobs under Ninja")
 if(CMAKE_GENERATOR MATCHES "Ninja")
   cmake_host_system_information(RESULT _scalify_cores QUERY NUMBER_OF_LOGICAL_CORES)
   cmake_host_system_information(RESULT _scalify_free_mib QUERY AVAILABLE_PHYSICAL_MEMORY)
