@@ -1,13 +1,19 @@
 #!/usr/bin/env bash
-# The Python package's tests: a fresh virtual environment (build/venv, Debian's python3), `pip
-# install .[test]` from the checkout (nanobind and scikit-build-core from PyPI build the extension
-# against the Debian C++ dependencies), CPU PyTorch for the DLPack tests, then pytest. Run by scripts/test.sh after the C++ suite.
+# The Python package's tests: scripts/build.sh (the CLI the tests run, and the library the package
+# links: nothing to do when scripts/test.sh just built it), a fresh virtual environment (build/venv,
+# Debian's python3), `pip install .[test,plot]` linking build/'s libscalify.a instead of compiling
+# the library again (SCALIFY_LIBRARY_DIR, cmake/library_dir.cmake), CPU PyTorch for the DLPack
+# tests, mypy on the installed package and (--strict) on the examples, then pytest.
+# Run by scripts/test.sh after the C++ suite; works alone too.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-scripts/setup.sh
+scripts/build.sh
 rm -rf build/venv
 /usr/bin/python3 -m venv build/venv
 build/venv/bin/pip install --quiet --upgrade pip
-build/venv/bin/pip install --quiet ".[test]"
+build/venv/bin/pip install --quiet --config-settings=cmake.define.SCALIFY_LIBRARY_DIR="$PWD/build" ".[test,plot]"
 scripts/install_torch_cpu.sh build/venv  # the DLPack tests hand CPU torch tensors over without a copy
+echo "== mypy: the installed package's stubs and wrappers, the examples under --strict"
+build/venv/bin/mypy --cache-dir build/mypy_cache -p scalify
+build/venv/bin/mypy --cache-dir build/mypy_cache --strict examples/python
 SCALIFY_CLI="$PWD/build/apps/scalify/scalify" build/venv/bin/python -m pytest -q python/tests

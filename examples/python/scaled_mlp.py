@@ -3,6 +3,8 @@
 scaled. Trains a toy regression-as-classification task with plain SGD, and prints the loss beside
 an f32 run of the same model. Run: python examples/python/scaled_mlp.py"""
 
+from typing import Optional
+
 import numpy as np
 
 import scalify
@@ -13,11 +15,11 @@ x = rng.standard_normal((n, d)).astype(np.float32)
 targets = np.argmax(x[:, :k] + 0.3 * rng.standard_normal((n, k)), axis=1).astype(np.int64)
 
 
-def train(scaled: bool, steps: int = 200, lr: float = 0.5):
+def train(scaled: bool, steps: int = 200, lr: float = 0.5) -> tuple[list[float], tuple[str, Optional[float], Optional[float]]]:
     init = np.random.default_rng(1)  # the same initial weights for both runs
     w1 = (init.standard_normal((d, h)) / np.sqrt(d)).astype(np.float32)
     w2 = (init.standard_normal((h, k)) / np.sqrt(h)).astype(np.float32)
-    losses = []
+    losses: list[float] = []
     for _ in range(steps):
         if scaled:  # f16 data with power-of-two scales; the ops propagate them
             xs, p1, p2 = scalify.as_scaled(x, "f16", False), scalify.as_scaled(w1, "f16"), scalify.as_scaled(w2, "f16")

@@ -7,12 +7,11 @@ import sys
 import scalify
 
 out = sys.argv[1] if len(sys.argv) > 1 else "runs/python_three"
-settings = dict(steps=200, d_model=64, layers=2, heads=2, seq=64, batch=16, eval_every=25, eval_windows=128)
-curves = {}
+curves: dict[str, list[tuple[int, float]]] = {}
 for recipe in ("f32", "scalify_fp8_3", "nvfp4"):
-    run = scalify.train(os.path.join(out, recipe), recipe=recipe,
+    run = scalify.train(os.path.join(out, recipe), recipe=recipe, steps=200,
                         progress=lambda step, steps, loss: print(f"\r{recipe}: step {step}/{steps} loss {loss:.3f}", end=""),
-                        **settings)
+                        d_model=64, layers=2, heads=2, seq=64, batch=16, eval_every=25, eval_windows=128)
     print()
     curves[recipe] = [(m["step"], m["val_loss"]) for m in run["metrics"] if "val_loss" in m]
 

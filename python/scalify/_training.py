@@ -5,14 +5,20 @@ from __future__ import annotations
 import json
 import operator
 import os
-from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 from . import _scalify
 from ._scalify import Recipe, Tensor
 
+if TYPE_CHECKING:  # for the annotations only: pandas is optional
+    import numpy
+    import pandas
+    from numpy.typing import NDArray
 
-def train(out: str, *, recipe=None, steps: Optional[int] = None, data: Optional[str] = None, resume: bool = False,
-          progress: Optional[Callable[[int, int, float], None]] = None, save_initial: bool = False, **settings) -> Dict:
+
+def train(out: Union[str, "os.PathLike[str]"], *, recipe: Union[str, "os.PathLike[str]", Recipe, None] = None, steps: Optional[int] = None, data: Optional[str] = None, resume: bool = False,
+          progress: Optional[Callable[[int, int, float], None]] = None, save_initial: bool = False,
+          **settings: object) -> Dict[str, Any]:
     """Trains the GPT as ``scalify train`` does and returns the run's summary with its metrics.
 
     recipe: a preset name (default f32), a recipe JSON file, or a ``Recipe`` (written into the run
@@ -39,7 +45,8 @@ def train(out: str, *, recipe=None, steps: Optional[int] = None, data: Optional[
 
 def compare(out: str, *, recipes: str = "seeds", steps: Optional[int] = None, data: Optional[str] = None,
             seeds: Union[int, Sequence[int], None] = None, speed_rounds: int = 5, resume: bool = False,
-            progress: Optional[Callable[..., None]] = None, **settings):
+            progress: Optional[Callable[..., None]] = None,
+            **settings: object) -> Union["pandas.DataFrame", List[Dict[str, Any]]]:
     """Runs ``scalify compare``: the same model and data under each recipe, into ``out``
     (report.md, summary.csv, plots, a run folder per recipe and seed). recipes: a named list
     (seeds, fp8, fp16, fp4, scalify, unit, per_tensor) or comma-separated presets / recipe JSON
@@ -56,7 +63,7 @@ def compare(out: str, *, recipes: str = "seeds", steps: Optional[int] = None, da
     Returns one row per recipe (val_loss, val_delta against its baseline with val_delta_ci95 and
     verdict, status, tokens_per_s, speed_vs_f32, ...): a pandas DataFrame when pandas is
     installed, else a list of dicts."""
-    merged = {}
+    merged: Dict[str, Any] = {}
     if steps is not None:
         merged["steps"] = steps
     if data is not None:
@@ -87,7 +94,7 @@ def compare(out: str, *, recipes: str = "seeds", steps: Optional[int] = None, da
     return pandas.DataFrame([dict(r) for r in rows])
 
 
-def load_checkpoint(path: str) -> Tuple[Dict[str, "numpy.ndarray"], Dict[str, str]]:
+def load_checkpoint(path: str) -> Tuple[Dict[str, "NDArray[numpy.float32]"], Dict[str, str]]:
     """A checkpoint or quantised checkpoint (.safetensors) as ({name: float32 array}, metadata).
     Parameters are "param.<name>" (scaled ones with "param.<name>.scale"), optimizer moments
     "optim.m.<name>" / "optim.v.<name>"; FP8 / FP4 codes come as their format values, without
@@ -103,24 +110,24 @@ class Gpt:
     targets)`` a Tensor to ``backward()`` — the same model and initialisation as ``scalify train``
     with the same keys (a recipe's quantised linear layers included)."""
 
-    def __init__(self, recipe="f32", **settings):
+    def __init__(self, recipe: Union[str, "os.PathLike[str]", Recipe] = "f32", **settings: object) -> None:
         r = recipe if isinstance(recipe, Recipe) else _scalify.load_recipe(os.fspath(recipe))
         self._model = _scalify.Gpt({k: _setting_text(v) for k, v in settings.items()}, r)
 
     def parameters(self) -> Dict[str, Tensor]:
         return dict(self._model.parameters())
 
-    def loss(self, ids, targets) -> Tensor:
+    def loss(self, ids: "NDArray[numpy.int64]", targets: "NDArray[numpy.int64]") -> Tensor:
         return self._model.loss(ids, targets)
 
 
-def training_batch(index: int = 0, **settings):
+def training_batch(index: int = 0, **settings: object) -> Tuple["NDArray[numpy.int64]", "NDArray[numpy.int64]"]:
     """The trainer's batch ``index`` (ids, targets: int64 arrays [batch, seq]) for the config keys
     given (data, seed, batch, seq, val_fraction): the batches ``scalify train`` draws."""
     return _scalify.training_batch({k: _setting_text(v) for k, v in settings.items()}, index)
 
 
-def inspect(checkpoint: str, format: str = "e4m3", initial: bool = False, batch: int = 0, data: str = "") -> Dict:
+def inspect(checkpoint: str, format: str = "e4m3", initial: bool = False, batch: int = 0, data: str = "") -> Dict[str, Any]:
     """``scalify inspect`` as data: one training batch forward and backward through a checkpoint (a
     run folder or .safetensors; ``initial`` for the run's model at step 0). Returns the recipe,
     step and a list of tensors (activations, their gradients, weights, weight gradients), each
@@ -129,13 +136,13 @@ def inspect(checkpoint: str, format: str = "e4m3", initial: bool = False, batch:
     return _scalify.inspect(checkpoint, format, initial, batch, data)
 
 
-def read_metrics(run_dir: str) -> List[dict]:
+def read_metrics(run_dir: str) -> List[Dict[str, Any]]:
     """A run folder's metrics.jsonl as a list of dicts (steps, evaluations, quantiser statistics)."""
     with open(os.path.join(run_dir, "metrics.jsonl")) as f:
         return [json.loads(line) for line in f if line.strip()]
 
 
-def _setting_text(v) -> str:
+def _setting_text(v: object) -> str:
     if isinstance(v, bool):
         return "true" if v else "false"
     return repr(v) if isinstance(v, float) else str(v)

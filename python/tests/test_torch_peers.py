@@ -176,7 +176,7 @@ def test_float8_tensorwise_codes_and_scales_exact(ref, cfg):
         fmt = F8_FORMATS[i]
         s = rule(a, E4M3_MAX if fmt == "e4m3" else E5M2_MAX)
         assert ref[f"{cfg}/op{i}/scale"][0] == s, (cfg, i)
-        codes = np.asarray(scalify.quantize(a, fmt, float(s)))
+        codes = np.asarray(scalify.quantize(a, fmt, float(s), raw=True))
         np.testing.assert_array_equal(codes, ref[f"{cfg}/op{i}/codes"], err_msg=f"{cfg} operand {i}")
     if cfg == "f8":  # the data exercises saturation-free casts at non-power-of-two scales
         assert not is_pow2(ref["f8/op0/scale"][0])
@@ -231,7 +231,7 @@ def test_float8_zero_tensor_scale(ref):
     assert ref["edge/f8_zero_scale"][0] == np.float32(448.0 / 1e-12)
     assert scalify_current_scale(np.zeros((4, 4), np.float32), E4M3_MAX) == 1.0
     for s in (1.0, float(ref["edge/f8_zero_scale"][0])):
-        assert not np.any(np.asarray(scalify.quantize(np.zeros((4, 4), np.float32), "e4m3", s)))
+        assert not np.any(np.asarray(scalify.quantize(np.zeros((4, 4), np.float32), "e4m3", s, raw=True)))
 
 
 def test_float8_pow2_scale_rounding_edge(ref):
@@ -252,7 +252,7 @@ def test_float8_pow2_scale_rounding_edge(ref):
 
 
 def scalify_mx(a, rule):
-    codes, scales, ts = scalify.block_quantize(np.ascontiguousarray(a, dtype=np.float32), "e4m3", (1, 32), rule)
+    codes, scales, ts = scalify.block_quantize(np.ascontiguousarray(a, dtype=np.float32), "e4m3", (1, 32), rule, raw=True)
     assert ts == 1.0
     scales = np.asarray(scales)
     e8m0 = (np.log2(scales.astype(np.float64)) + 127).astype(np.int64)
@@ -318,8 +318,8 @@ def test_mx_edge_blocks(ref, cfg, rule):
             named.append((r, k))
             assert e8m0[r, k] == 0 and np.any(blk != 0), (r, k)
             torchao_rule = 2.0**126 if cfg == "mxfloor" else 1.0
-            np.testing.assert_array_equal(t_codes[r, 32 * k:32 * k + 32], scalify.quantize(blk, "e4m3", torchao_rule))
-            np.testing.assert_array_equal(codes[r, 32 * k:32 * k + 32], scalify.quantize(blk, "e4m3", 2.0**127))
+            np.testing.assert_array_equal(t_codes[r, 32 * k:32 * k + 32], scalify.quantize(blk, "e4m3", torchao_rule, raw=True))
+            np.testing.assert_array_equal(codes[r, 32 * k:32 * k + 32], scalify.quantize(blk, "e4m3", 2.0**127, raw=True))
     # the two such blocks: row 0 block 1 (amax ~2^-122) and row 1 block 0 (f32 subnormals); the all-zero
     # block (byte 0 too) agrees
     assert named == [(0, 1), (1, 0)]
