@@ -3,7 +3,8 @@
 # links: nothing to do when scripts/test.sh just built it), a fresh virtual environment (build/venv,
 # Debian's python3), `pip install .[test,plot]` linking build/'s libscalify.a instead of compiling
 # the library again (SCALIFY_LIBRARY_DIR, cmake/library_dir.cmake), CPU PyTorch for the DLPack
-# tests, mypy on the installed package and (--strict) on the examples, then pytest.
+# and scalify.torch tests, transformers for the latter, mypy --strict on the installed package and
+# the examples, then pytest.
 # Run by scripts/test.sh after the C++ suite; works alone too.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -13,7 +14,9 @@ rm -rf build/venv
 build/venv/bin/pip install --quiet --upgrade pip
 build/venv/bin/pip install --quiet --config-settings=cmake.define.SCALIFY_LIBRARY_DIR="$PWD/build" ".[test,plot]"
 scripts/install_torch_cpu.sh build/venv  # the DLPack tests hand CPU torch tensors over without a copy
-echo "== mypy: the installed package's stubs and wrappers, the examples under --strict"
-build/venv/bin/mypy --cache-dir build/mypy_cache -p scalify
+# scalify.torch on transformers' GPT-2, Llama and BERT, built from configs (no hub): ~7 s, no torch pulled in
+build/venv/bin/pip install --quiet "transformers>=5"
+echo "== mypy --strict: the installed package's stubs and wrappers, the examples"
+build/venv/bin/mypy --cache-dir build/mypy_cache --strict -p scalify
 build/venv/bin/mypy --cache-dir build/mypy_cache --strict examples/python
 SCALIFY_CLI="$PWD/build/apps/scalify/scalify" build/venv/bin/python -m pytest -q python/tests

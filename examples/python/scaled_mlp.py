@@ -27,7 +27,8 @@ def train(scaled: bool, steps: int = 200, lr: float = 0.5) -> tuple[list[float],
             xs, p1, p2 = scalify.Tensor(x), scalify.Tensor(w1, requires_grad=True), scalify.Tensor(w2, requires_grad=True)
         loss = scalify.cross_entropy(scalify.gelu(xs @ p1) @ p2, targets)
         loss.backward()
-        losses.append(float(loss.numpy()))
+        losses.append(loss.item())
+        assert p1.grad is not None and p2.grad is not None  # set by backward()
         w1 -= lr * p1.grad  # the gradients' represented values (data x propagated scale)
         w2 -= lr * p2.grad
     return losses, (p1.dtype, p1.scale, p1.grad_scale)

@@ -178,6 +178,7 @@ void bind_torch_linear(nb::module_& m) {
             }
             return out;
           },
+          nb::sig("def statistics(self) -> list[dict[str, typing.Any]]"),
           "Each operand's quantiser: its format, scaling and the statistics of its last quantisation");
   m.def(
       "linear_recipe_for",

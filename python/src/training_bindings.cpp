@@ -244,6 +244,7 @@ void bind_gpt(nb::module_& m) {
             for (const auto& [name, v] : g.model.parameters()) d[name.c_str()] = v;
             return d;
           },
+          nb::sig("def parameters(self) -> dict[str, Tensor]"),
           "Every parameter by name, in the model's order (Tensors that require gradients)")
       .def(
           "loss",
@@ -269,7 +270,10 @@ void bind_gpt(nb::module_& m) {
         };
         return nb::make_tuple(ints(b.ids), ints(b.targets));
       },
-      "settings"_a, "index"_a, "The ids and targets of the trainer's batch `index` for a config (its corpus, seed, batch, seq)");
+      "settings"_a, "index"_a,
+      nb::sig("def training_batch(settings: collections.abc.Mapping[str, str], index: int) -> "
+              "tuple[numpy.typing.NDArray[numpy.int64], numpy.typing.NDArray[numpy.int64]]"),
+      "The ids and targets of the trainer's batch `index` for a config (its corpus, seed, batch, seq)");
 }
 
 // `scalify inspect` as data: one dict per tensor (name, kind, storage, scale_log2, rms, the
@@ -322,13 +326,19 @@ nb::dict run_inspect(const std::string& checkpoint, const std::string& format, b
 
 void bind_training(nb::module_& m) {
   m.def("train", &train, "out"_a, "settings"_a, "recipe"_a = nb::none(), "resume"_a = false, "progress"_a = nb::none(),
-        "save_initial"_a = false);
+        "save_initial"_a = false,
+        nb::sig("def train(out: str, settings: collections.abc.Mapping[str, str], recipe: Recipe | None = None, resume: bool = False, "
+                "progress: collections.abc.Callable[[int, int, float], None] | None = None, save_initial: bool = False) -> "
+                "dict[str, typing.Any]"));
   m.def("compare", &run_compare, "settings"_a, "recipes"_a, "out"_a, "resume"_a = false, "seeds"_a = "", "speed_rounds"_a = 5,
         "progress"_a.none() = nb::none(),
         nb::sig("def compare(settings: collections.abc.Mapping[str, str], recipes: str, out: str, resume: bool = False, seeds: str = '', "
-                "speed_rounds: int = 5, progress: collections.abc.Callable[..., None] | None = None) -> list"));
-  m.def("load_checkpoint", &load_checkpoint, "path"_a);
-  m.def("inspect", &run_inspect, "checkpoint"_a, "format"_a = "e4m3", "initial"_a = false, "batch"_a = 0, "data"_a = "");
+                "speed_rounds: int = 5, progress: collections.abc.Callable[..., None] | None = None) -> list[dict[str, typing.Any]]"));
+  m.def("load_checkpoint", &load_checkpoint, "path"_a,
+        nb::sig("def load_checkpoint(path: str) -> tuple[dict[str, numpy.typing.NDArray[numpy.float32]], dict[str, str]]"));
+  m.def("inspect", &run_inspect, "checkpoint"_a, "format"_a = "e4m3", "initial"_a = false, "batch"_a = 0, "data"_a = "",
+        nb::sig("def inspect(checkpoint: str, format: str = 'e4m3', initial: bool = False, batch: int = 0, data: str = '') -> "
+                "dict[str, typing.Any]"));
   m.def("recipe_lists", &scalify::compare::recipe_list_names);
   bind_gpt(m);
 }
