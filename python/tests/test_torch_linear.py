@@ -178,6 +178,14 @@ def test_inputs_of_any_layout_and_narrow_dtypes():
         assert torch.equal(bf, layer(x.t().to(torch.bfloat16).float()).to(torch.bfloat16))
 
 
+def test_a_second_backward_through_one_forward_is_refused():
+    layer = st.Linear(16, 8, recipe="current", name="l")
+    y = layer(randn(2, 16).requires_grad_()).sum()
+    y.backward(retain_graph=True)
+    with pytest.raises(RuntimeError, match="already ran"):
+        y.backward()
+
+
 def test_bad_inputs_are_refused_by_name():
     layer = st.Linear(16, 8, recipe="current", name="l")
     with pytest.raises(TypeError, match="float64"):

@@ -43,7 +43,8 @@ class _QuantizedMatmul(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, grad_output: torch.Tensor) -> Tuple[Optional[torch.Tensor], ...]:
         if ctx.call is None:
-            raise RuntimeError("scalify.torch.Linear: this forward ran without gradients (no_grad or inference_mode)")
+            raise RuntimeError("scalify.torch.Linear: a backward already ran through this forward, whose engine graph it freed "
+                               "(retain_graph cannot keep it); run the forward again")
         ctx.saved_tensors  # raises if x or the weight changed in place since the forward
         dx, dw = ctx.call.backward(grad_output.to(torch.float32).contiguous())
         ctx.layer._core.save_state(ctx.layer.quantizer_state)
