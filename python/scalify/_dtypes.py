@@ -108,6 +108,9 @@ def raw_codes(codes: Any, storage_bytes: int) -> Any:
     raw = _RAW_CODES[storage_bytes]
     if is_torch(codes):
         torch = sys.modules["torch"]
+        if codes.element_size() != storage_bytes:
+            raise ValueError(f"codes of this format take {storage_bytes} byte(s) each, got {codes.dtype} "
+                             f"({codes.element_size()} byte(s))")
         return codes.detach().contiguous().view(getattr(torch, f"uint{8 * storage_bytes}"))
     codes = np.asarray(codes)
     return codes if codes.dtype.kind == "u" else codes.view(raw)

@@ -66,7 +66,14 @@ void bind_tensor(nb::module_& m) {
       // --- values out ---
       .def("item", &item, "The value of a one-element Tensor as a Python float")
       .def("__float__", &item)
-      .def("__int__", [](const Var& v) { return int64_t(item(v)); })
+      .def(
+          "__int__",
+          [](const Var& v) {
+            PyObject* n = PyLong_FromDouble(item(v));  // ValueError for NaN, OverflowError for inf, as int(float)
+            if (!n) throw nb::python_error();
+            return nb::steal<nb::int_>(n);
+          },
+          nb::sig("def __int__(self) -> int"))
       .def("__bool__", [](const Var& v) { return item(v) != 0.0; })
       .def(
           "tolist", [](const Var& v) { return array_from(v.value()).attr("tolist")(); }, nb::sig("def tolist(self) -> typing.Any"),

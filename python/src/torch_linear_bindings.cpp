@@ -137,7 +137,7 @@ void bind_torch_linear(nb::module_& m) {
               for (size_t h = 0; h < s.history.size(); ++h) out[kStateHead + int64_t(h)] = std::bit_cast<uint32_t>(s.history[h]);
             }
           },
-          "rows"_a, nb::sig("def save_state(self, rows: typing.Any) -> None"),
+          "rows"_a.noconvert(), nb::sig("def save_state(self, rows: typing.Any) -> None"),
           "Writes every quantiser's state into rows (int64 [6, state_width])")
       .def(
           "load_state",
@@ -146,17 +146,19 @@ void bind_torch_linear(nb::module_& m) {
             if (rows.shape(0) != qs.size() || int64_t(rows.shape(1)) != state_width(t))
               throw Error("linear: the state buffer's shape does not match the recipe's quantisers");
             const int64_t* in = rows.data();
+            std::vector<quant::QuantizerState> states;  // every row checked before any quantiser changes
             for (size_t i = 0; i < qs.size(); ++i, in += rows.shape(1)) {
-              if (in[0] < 0 || in[1] < 0 || in[1] > int64_t(rows.shape(1)) - kStateHead)
+              if (in[0] < 0 || in[1] < 0 || in[1] > int64_t(rows.shape(1)) - kStateHead || in[1] > int64_t(qs[i].second->config().history))
                 throw Error("linear '" + t.name + "': quantiser " + qs[i].first + "'s saved state is not one this layer wrote");
               quant::QuantizerState s;
               s.steps = in[0];
               s.scale = std::bit_cast<float>(uint32_t(in[2]));
               for (int64_t h = 0; h < in[1]; ++h) s.history.push_back(std::bit_cast<float>(uint32_t(in[kStateHead + h])));
-              qs[i].second->load_state(s);
+              states.push_back(std::move(s));
             }
+            for (size_t i = 0; i < qs.size(); ++i) qs[i].second->load_state(states[i]);
           },
-          "rows"_a, nb::sig("def load_state(self, rows: typing.Any) -> None"),
+          "rows"_a.noconvert(), nb::sig("def load_state(self, rows: typing.Any) -> None"),
           "Restores every quantiser's state from rows (as save_state wrote them)")
       .def(
           "statistics",

@@ -20,6 +20,9 @@ def test_one_element_tensors_convert_to_python_numbers():
     assert not bool(scalify.Tensor([0.0]))
     loss = scalify.mean(scalify.Tensor(values((4, 3))))
     assert isinstance(loss.item(), float)
+    assert int(scalify.Tensor([2.0**70])) == 2**70
+    with pytest.raises(ValueError):
+        int(scalify.Tensor([float("nan")]))
     with pytest.raises(ValueError, match=r"one-element.*\[2\]"):
         float(scalify.Tensor([1.0, 2.0]))
 

@@ -178,6 +178,32 @@ def test_inputs_of_any_layout_and_narrow_dtypes():
         assert torch.equal(bf, layer(x.t().to(torch.bfloat16).float()).to(torch.bfloat16))
 
 
+def test_a_bias_alone_trains():
+    layer = st.Linear(8, 4, recipe="current", name="l")
+    layer.weight.requires_grad_(False)
+    g = randn(3, 4)
+    layer(randn(3, 8)).backward(g)
+    assert torch.equal(layer.bias.grad, g.sum(0))
+
+
+def test_the_state_buffer_must_be_the_layers_own_layout():
+    layer = st.Linear(8, 4, recipe="delayed", name="l")
+    rows, width = layer.quantizer_state.shape
+    layer.quantizer_state = torch.zeros(width, rows, dtype=torch.int64).t()  # not contiguous: a copy would be written
+    with pytest.raises(TypeError):
+        layer(randn(3, 8).requires_grad_())
+    bad = st.Linear(8, 4, recipe="delayed", name="l")
+    good = bad.quantizer_state.clone()
+    state = bad.state_dict()
+    state["quantizer_state"] = good.clone()
+    state["quantizer_state"][0, 0] = 5
+    state["quantizer_state"][3, 1] = 10**6  # a history longer than any: refused, and nothing loaded
+    with pytest.raises(ValueError, match="saved state"):
+        bad.load_state_dict(state)
+    statistics = {s["operand"]: s["steps"] for s in bad.statistics()}
+    assert statistics["weight"] == 0
+
+
 def test_a_second_backward_through_one_forward_is_refused():
     layer = st.Linear(16, 8, recipe="current", name="l")
     y = layer(randn(2, 16).requires_grad_()).sum()

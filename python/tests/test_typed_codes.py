@@ -254,3 +254,9 @@ def test_import_scalify_does_not_import_torch():
     code = "import sys, scalify; scalify.quantize([1.0], 'e4m3'); print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_torch_raw_codes_of_another_width_are_refused():
+    torch = pytest.importorskip("torch")
+    with pytest.raises(ValueError, match="2 byte"):
+        scalify.dequantize(torch.tensor([56, 60], dtype=torch.uint8), "bf16")  # two bytes read as one bf16 code before

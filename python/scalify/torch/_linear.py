@@ -149,7 +149,8 @@ class Linear(torch.nn.Module):
             raise ValueError(f"scalify.torch.Linear: input of shape {tuple(x.shape)} does not end in in_features={self.in_features}")
         if self.weight.device.type != "cpu":
             raise TypeError(f"scalify.torch.Linear runs on the CPU; its weight is on {self.weight.device}")
-        training = torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad)
+        training = torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad
+                                                or (self.bias is not None and self.bias.requires_grad))
         replay = None
         if torch._C._current_graph_task_id() == -1:  # not inside a backward pass: a forward of its own
             self._state_before_forward = self.quantizer_state.clone() if training else None
