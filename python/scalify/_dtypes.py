@@ -7,7 +7,7 @@ torch is only used on objects that came from it (so it is already loaded)."""
 from __future__ import annotations
 
 import sys
-from typing import Any, Dict, Optional, Tuple, Union
+from typing import Any, Dict, Optional, Tuple
 
 import ml_dtypes
 import numpy as np
@@ -36,10 +36,6 @@ PACKED_FP4_TORCH = "float4_e2m1fn_x2"  # two e2m1 codes per byte (pack_fp4)
 _FORMAT_OF_NUMPY = {dtype: name for name, (dtype, _) in FORMAT_DTYPES.items()}
 _FORMAT_OF_TORCH = {torch_name: name for name, (_, torch_name) in FORMAT_DTYPES.items() if torch_name}
 _RAW_CODES = {1: np.dtype(np.uint8), 2: np.dtype(np.uint16), 4: np.dtype(np.uint32)}
-
-# What a format argument may be: a name ("e4m3", or an alias such as "float8_e4m3fn"), a NumPy or
-# ml_dtypes dtype (np.float16, ml_dtypes.float8_e4m3fn, np.dtype(...)), or a torch dtype.
-FormatLike = Union[str, "np.dtype[Any]", type, Any]
 
 
 def is_torch(obj: object) -> bool:

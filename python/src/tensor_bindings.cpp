@@ -37,6 +37,16 @@ nb::object binary(const Var& a, nb::handle b, Op op) {
   return nb::cast(op(a, b));
 }
 
+// An operator whose other side is a Python number (by_number(x, c): exact, with x's scale rules)
+// or a Tensor / array (by_tensor(x, other)).
+template <class ByNumber, class ByTensor>
+auto number_or_tensor(ByNumber by_number, ByTensor by_tensor) {
+  return [by_number, by_tensor](const Var& a, nb::handle b) {
+    return binary(a, b,
+                  [&](const Var& x, nb::handle y) { return is_number(y) ? by_number(x, number_value(y)) : by_tensor(x, operand(y, x)); });
+  };
+}
+
 std::string repr(const Var& v) {
   nb::object numpy = nb::module_::import_("numpy");
   const std::string values = nb::cast<std::string>(
@@ -177,48 +187,24 @@ void bind_tensor(nb::module_& m) {
           nb::sig("def set_value(self, values: numpy.typing.ArrayLike) -> None"),
           "Replaces a leaf's value in place (an optimizer's update)")
       // --- arithmetic: Tensors, numbers and arrays, either side ---
-      .def(
-          "__add__",
-          [](const Var& a, nb::handle b) {
-            return binary(a, b,
-                          [](const Var& x, nb::handle y) { return is_number(y) ? add_scalar(x, number_value(y)) : x + operand(y, x); });
-          },
-          nb::sig("def __add__(self, other: " SCALIFY_OPERAND ", /) -> Tensor"))
-      .def(
-          "__radd__",
-          [](const Var& a, nb::handle b) {
-            return binary(a, b,
-                          [](const Var& x, nb::handle y) { return is_number(y) ? add_scalar(x, number_value(y)) : operand(y, x) + x; });
-          },
-          nb::sig("def __radd__(self, other: " SCALIFY_OPERAND ", /) -> Tensor"))
-      .def(
-          "__sub__",
-          [](const Var& a, nb::handle b) {
-            return binary(a, b,
-                          [](const Var& x, nb::handle y) { return is_number(y) ? add_scalar(x, -number_value(y)) : x - operand(y, x); });
-          },
-          nb::sig("def __sub__(self, other: " SCALIFY_OPERAND ", /) -> Tensor"))
-      .def(
-          "__rsub__",
-          [](const Var& a, nb::handle b) {
-            return binary(a, b,
-                          [](const Var& x, nb::handle y) { return is_number(y) ? add_scalar(-x, number_value(y)) : operand(y, x) - x; });
-          },
-          nb::sig("def __rsub__(self, other: " SCALIFY_OPERAND ", /) -> Tensor"))
-      .def(
-          "__mul__",
-          [](const Var& a, nb::handle b) {
-            return binary(a, b,
-                          [](const Var& x, nb::handle y) { return is_number(y) ? mul_scalar(x, number_value(y)) : x * operand(y, x); });
-          },
-          nb::sig("def __mul__(self, other: " SCALIFY_OPERAND ", /) -> Tensor"))
-      .def(
-          "__rmul__",
-          [](const Var& a, nb::handle b) {
-            return binary(a, b,
-                          [](const Var& x, nb::handle y) { return is_number(y) ? mul_scalar(x, number_value(y)) : operand(y, x) * x; });
-          },
-          nb::sig("def __rmul__(self, other: " SCALIFY_OPERAND ", /) -> Tensor"))
+      .def("__add__",
+           number_or_tensor([](const Var& x, double c) { return add_scalar(x, c); }, [](const Var& x, const Var& y) { return x + y; }),
+           nb::sig("def __add__(self, other: " SCALIFY_OPERAND ", /) -> Tensor"))
+      .def("__radd__",
+           number_or_tensor([](const Var& x, double c) { return add_scalar(x, c); }, [](const Var& x, const Var& y) { return y + x; }),
+           nb::sig("def __radd__(self, other: " SCALIFY_OPERAND ", /) -> Tensor"))
+      .def("__sub__",
+           number_or_tensor([](const Var& x, double c) { return add_scalar(x, -c); }, [](const Var& x, const Var& y) { return x - y; }),
+           nb::sig("def __sub__(self, other: " SCALIFY_OPERAND ", /) -> Tensor"))
+      .def("__rsub__",
+           number_or_tensor([](const Var& x, double c) { return add_scalar(-x, c); }, [](const Var& x, const Var& y) { return y - x; }),
+           nb::sig("def __rsub__(self, other: " SCALIFY_OPERAND ", /) -> Tensor"))
+      .def("__mul__",
+           number_or_tensor([](const Var& x, double c) { return mul_scalar(x, c); }, [](const Var& x, const Var& y) { return x * y; }),
+           nb::sig("def __mul__(self, other: " SCALIFY_OPERAND ", /) -> Tensor"))
+      .def("__rmul__",
+           number_or_tensor([](const Var& x, double c) { return mul_scalar(x, c); }, [](const Var& x, const Var& y) { return y * x; }),
+           nb::sig("def __rmul__(self, other: " SCALIFY_OPERAND ", /) -> Tensor"))
       .def(
           "__truediv__",
           [](const Var& a, nb::handle b) { return binary(a, b, [](const Var& x, nb::handle y) { return x / operand(y, x); }); },

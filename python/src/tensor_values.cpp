@@ -44,14 +44,6 @@ Tensor tensor_from_array(const AnyArray& a, const char* what) {
 
 bool is_python_number_or_list(nb::handle h) { return is_number(h) || PyList_Check(h.ptr()) || PyTuple_Check(h.ptr()); }
 
-int64_t wrapped_dim(int64_t d, size_t ndim) {
-  const int64_t n = int64_t(ndim);
-  if (d < -n || d >= n)
-    throw nb::index_error(
-        ("dimension " + std::to_string(d) + " is out of range for a tensor of " + std::to_string(n) + " dimensions").c_str());
-  return d < 0 ? d + n : d;
-}
-
 }  // namespace
 
 bool is_number(nb::handle h) {
@@ -138,6 +130,14 @@ Shape shape_argument(nb::handle given, int64_t numel) {
   return shape;
 }
 
+int64_t dim_index(int64_t d, size_t ndim) {
+  const int64_t n = int64_t(ndim);
+  if (d < -n || d >= n)
+    throw nb::index_error(
+        ("dimension " + std::to_string(d) + " is out of range for a tensor of " + std::to_string(n) + " dimensions").c_str());
+  return d < 0 ? d + n : d;
+}
+
 Var index(const Var& x, nb::handle key) {
   std::vector<nb::handle> items;
   if (PyTuple_Check(key.ptr())) {
@@ -192,7 +192,5 @@ Var index(const Var& x, nb::handle key) {
   for (; dim < shape.size(); ++dim) result.push_back(shape[dim]);
   return result == out.shape() ? out : reshape(out, result);
 }
-
-int64_t dim_index(int64_t d, size_t ndim) { return wrapped_dim(d, ndim); }
 
 }  // namespace scalify::python

@@ -189,7 +189,7 @@ class Linear(torch.nn.Module):
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         del state["_core"]
-        state["_recipe"] = _recipe_json(self._recipe)
+        state["_recipe"] = as_recipe(self._recipe).to_json()
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -205,10 +205,3 @@ def _forward_of(layer: Linear, x: torch.Tensor) -> torch.Tensor:
 
 # The engine is opaque to torch.compile: the layer is a graph break, never a wrong trace.
 _run_eagerly: Callable[[Linear, torch.Tensor], torch.Tensor] = torch.compiler.disable(_forward_of)  # type: ignore[no-untyped-call]
-
-
-def _recipe_json(linear: LinearRecipe) -> str:
-    whole = _scalify.Recipe()
-    whole.name = "custom"
-    whole.linear = linear
-    return whole.to_json()
