@@ -145,6 +145,8 @@ TEST(Tensor, ShapeErrorsNameTheOpAndBothShapes) {
   EXPECT_NE(error_of([&] { a.slice(1, 2, 1); }), "(no error)");
   EXPECT_NE(error_of([&] { a.permute({0, 0}); }), "(no error)");
   EXPECT_NE(error_of([&] { ops::sum(a, {2}); }), "(no error)");
+  m = error_of([&] { ops::sum(a, {1, -1}); });  // summed once, as if named once
+  EXPECT_NE(m.find("dimension 1 is named more than once"), std::string::npos) << m;
 }
 
 TEST(Tensor, HugeOrNegativeShapesAreErrors) {

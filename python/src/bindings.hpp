@@ -64,8 +64,8 @@ nb::object array_from(const Tensor& t);
 // The other operand of a binary op with `like`: a Tensor as it is; a number or array as a constant
 // of like's precision family (f64 for f64, else f32).
 Var operand(nb::handle value, const Var& like);
-// dim=None (every dimension), an int or a sequence of ints.
-std::vector<int> dims_from(nb::handle dim);
+// dim=None (every dimension), an int or a sequence of ints, each wrapped into [0, ndim) (IndexError outside).
+std::vector<int> dims_from(nb::handle dim, size_t ndim);
 // A shape (a sequence of ints, one of them possibly -1) for `numel` elements.
 Shape shape_argument(nb::handle shape, int64_t numel);
 // x[key] for ints, slices of step 1, ... and None (differentiable: slices and a reshape).

@@ -72,13 +72,13 @@ void bind_ops(nb::module_& m) {
       },
       "logits"_a, "targets"_a, "Mean cross-entropy of logits [N, V] against int64 targets [N]");
   m.def(
-      "sum", [](const Var& x, nb::handle dim, bool keepdim) { return sum(x, dims_from(dim), keepdim); }, "x"_a, "dim"_a = nb::none(),
-      "keepdim"_a = false,
+      "sum", [](const Var& x, nb::handle dim, bool keepdim) { return sum(x, dims_from(dim, x.shape().size()), keepdim); }, "x"_a,
+      "dim"_a = nb::none(), "keepdim"_a = false,
       nb::sig("def sum(x: Tensor, dim: int | collections.abc.Sequence[int] | None = None, keepdim: bool = False) -> Tensor"),
       "The sum over dim (every dimension when None)");
   m.def(
-      "mean", [](const Var& x, nb::handle dim, bool keepdim) { return mean(x, dims_from(dim), keepdim); }, "x"_a, "dim"_a = nb::none(),
-      "keepdim"_a = false,
+      "mean", [](const Var& x, nb::handle dim, bool keepdim) { return mean(x, dims_from(dim, x.shape().size()), keepdim); }, "x"_a,
+      "dim"_a = nb::none(), "keepdim"_a = false,
       nb::sig("def mean(x: Tensor, dim: int | collections.abc.Sequence[int] | None = None, keepdim: bool = False) -> Tensor"),
       "The mean over dim (every dimension when None)");
   m.def(

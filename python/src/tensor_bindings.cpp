@@ -250,18 +250,18 @@ void bind_tensor(nb::module_& m) {
       .def(
           "permute",
           [](const Var& x, nb::args dims) {
-            return permute(x, dims_from(dims.size() == 1 && !PyLong_Check(dims[0].ptr()) ? dims[0] : dims));
+            return permute(x, dims_from(dims.size() == 1 && !PyLong_Check(dims[0].ptr()) ? dims[0] : dims, x.shape().size()));
           },
           "dims"_a, nb::sig("def permute(self, *dims: int | collections.abc.Sequence[int]) -> Tensor"), "The dimensions in the order given")
       // --- reductions and functions, as methods ---
       .def(
-          "sum", [](const Var& x, nb::handle dim, bool keepdim) { return sum(x, dims_from(dim), keepdim); }, "dim"_a = nb::none(),
-          "keepdim"_a = false,
+          "sum", [](const Var& x, nb::handle dim, bool keepdim) { return sum(x, dims_from(dim, x.shape().size()), keepdim); },
+          "dim"_a = nb::none(), "keepdim"_a = false,
           nb::sig("def sum(self, dim: int | collections.abc.Sequence[int] | None = None, keepdim: bool = False) -> Tensor"),
           "The sum over dim (every dimension when None)")
       .def(
-          "mean", [](const Var& x, nb::handle dim, bool keepdim) { return mean(x, dims_from(dim), keepdim); }, "dim"_a = nb::none(),
-          "keepdim"_a = false,
+          "mean", [](const Var& x, nb::handle dim, bool keepdim) { return mean(x, dims_from(dim, x.shape().size()), keepdim); },
+          "dim"_a = nb::none(), "keepdim"_a = false,
           nb::sig("def mean(self, dim: int | collections.abc.Sequence[int] | None = None, keepdim: bool = False) -> Tensor"),
           "The mean over dim (every dimension when None)")
       .def(

@@ -15,6 +15,14 @@ using namespace nb::literals;
 
 namespace {
 
+// A Python int as int64_t; one past int64 is out of range of anything: IndexError.
+int64_t index_value(nb::handle i) {
+  int overflow = 0;
+  const long long v = PyLong_AsLongLongAndOverflow(i.ptr(), &overflow);
+  if (overflow != 0) throw nb::index_error(("index " + nb::cast<std::string>(nb::str(i)) + " is out of range").c_str());
+  return v;
+}
+
 // A DLPack dtype as NumPy names it ("int64", "float16", "bool", ...), for errors.
 std::string dtype_text(const nb::dlpack::dtype& d) {
   switch (nb::dlpack::dtype_code(d.code)) {
@@ -92,15 +100,16 @@ Var operand(nb::handle value, const Var& like) {
   return Var(t.dtype() == family ? t : t.to(family));
 }
 
-std::vector<int> dims_from(nb::handle dim) {
+std::vector<int> dims_from(nb::handle dim, size_t ndim) {
   if (dim.is_none()) return {};
   auto is_int = [](nb::handle h) { return PyLong_Check(h.ptr()) && !PyBool_Check(h.ptr()); };
-  if (is_int(dim)) return {nb::cast<int>(dim)};
+  auto dim_value = [ndim](nb::handle d) { return int(dim_index(index_value(d), ndim)); };
+  if (is_int(dim)) return {dim_value(dim)};
   if (!PySequence_Check(dim.ptr())) throw nb::type_error("dim: needs an int or a sequence of ints");
   std::vector<int> dims;
   for (nb::handle d : dim) {
     if (!is_int(d)) throw nb::type_error("dim: needs an int or a sequence of ints");
-    dims.push_back(nb::cast<int>(d));
+    dims.push_back(dim_value(d));
   }
   return dims;
 }
@@ -168,7 +177,7 @@ Var index(const Var& x, nb::handle key) {
     } else if (k.is_none()) {
       result.push_back(1);
     } else if (PyLong_Check(k.ptr()) && !PyBool_Check(k.ptr())) {
-      const int64_t n = shape[dim], i = nb::cast<int64_t>(k);
+      const int64_t n = shape[dim], i = index_value(k);
       if (i < -n || i >= n)
         throw nb::index_error(
             ("index " + std::to_string(i) + " is out of range for dimension " + std::to_string(dim) + " of size " + std::to_string(n))

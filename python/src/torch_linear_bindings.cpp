@@ -8,6 +8,7 @@
 
 #include <bit>
 #include <cstring>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -46,10 +47,26 @@ Tensor borrowed(const F32Matrix& a) {
   return Tensor::borrow(a.data(), {int64_t(a.shape(0)), int64_t(a.shape(1))}, DType::f32, std::move(owner));
 }
 
-// One training forward's graph: what its backward needs.
+// One training forward's graph: what its backward needs, and the micro-batch it belongs to
+// (-1: none), so that its backward quantises in the same micro-batch wherever it runs.
 struct LinearCall {
   Var x, w, y;
+  int64_t micro_batch = -1;
   bool done = false;
+};
+
+// quant::MicroBatchScope where a micro-batch is given (>= 0), nothing otherwise.
+struct OptionalMicroBatch {
+  explicit OptionalMicroBatch(int64_t index) {
+    if (index >= 0) scope.emplace(index);
+  }
+  std::optional<quant::MicroBatchScope> scope;
+};
+
+// Every quantiser of a layer as it stood, the open step included: restoring it undoes what the
+// quantisations since did (activation checkpointing's recomputed forward, model.eval()).
+struct QuantizerSnapshot {
+  std::vector<quant::Quantizer> quantizers;
 };
 
 struct TorchLinear {
@@ -80,6 +97,7 @@ void bind_torch_linear(nb::module_& m) {
             const Tensor g = borrowed(grad_output);
             {
               nb::gil_scoped_release release;
+              const OptionalMicroBatch scope(c.micro_batch);
               c.y.backward(g);
             }
             c.done = true;
@@ -87,6 +105,8 @@ void bind_torch_linear(nb::module_& m) {
           },
           "grad_output"_a, nb::sig("def backward(self, grad_output: typing.Any) -> tuple[typing.Any, typing.Any]"),
           "(input gradient [rows, in], weight gradient [in, out]) from the output's gradient [rows, out]");
+
+  nb::class_<QuantizerSnapshot>(m, "QuantizerSnapshot", "A quantised linear layer's quantisers as they stood (QuantizedLinear.snapshot)");
 
   nb::class_<TorchLinear>(m, "QuantizedLinear", "The engine's quantised linear layer (quant::QLinear) for scalify.torch.Linear")
       .def(
@@ -97,7 +117,7 @@ void bind_torch_linear(nb::module_& m) {
           "recipe"_a, "name"_a)
       .def(
           "forward",
-          [](TorchLinear& t, F32Matrix x, F32Matrix weight_t, bool training) -> nb::tuple {
+          [](TorchLinear& t, F32Matrix x, F32Matrix weight_t, bool training, int64_t micro_batch) -> nb::tuple {
             // weight_t: the weight as the engine holds it, [in, out] (torch's weight transposed).
             if (x.shape(1) != weight_t.shape(0))
               throw Error("linear: input [" + std::to_string(x.shape(0)) + ", " + std::to_string(x.shape(1)) +
@@ -106,6 +126,7 @@ void bind_torch_linear(nb::module_& m) {
             Var y;
             {
               nb::gil_scoped_release release;
+              const OptionalMicroBatch scope(micro_batch);
               if (training) {
                 y = t.layer(xv, wv);
               } else {
@@ -115,11 +136,35 @@ void bind_torch_linear(nb::module_& m) {
             }
             nb::object out = shared_array(y.value());
             if (!training) return nb::make_tuple(out, nb::none());
-            return nb::make_tuple(out, nb::cast(LinearCall{xv, wv, y}));
+            return nb::make_tuple(out, nb::cast(LinearCall{xv, wv, y, micro_batch}));
           },
-          "x"_a, "weight_t"_a, "training"_a,
-          nb::sig("def forward(self, x: typing.Any, weight_t: typing.Any, training: bool) -> tuple[typing.Any, LinearCall | None]"),
-          "(output [rows, out], the call for backward or None)")
+          "x"_a, "weight_t"_a, "training"_a, "micro_batch"_a = -1,
+          nb::sig("def forward(self, x: typing.Any, weight_t: typing.Any, training: bool, micro_batch: int = -1) -> "
+                  "tuple[typing.Any, LinearCall | None]"),
+          "(output [rows, out], the call for backward or None); micro_batch >= 0: the forward and its backward "
+          "belong to that micro-batch of the open step (commit_step closes it)")
+      .def(
+          "commit_step",
+          [](TorchLinear& t) {
+            for (const auto& q : t.layer.quantizers()) q.second->commit_step();
+          },
+          "Closes the step its micro-batches belonged to: each quantiser advances once per call, as the trainer's step")
+      .def(
+          "snapshot",
+          [](const TorchLinear& t) {
+            QuantizerSnapshot s;
+            for (const auto& q : t.layer.quantizers()) s.quantizers.push_back(*q.second);
+            return s;
+          },
+          "Every quantiser as it stands, the open step included")
+      .def(
+          "restore",
+          [](TorchLinear& t, const QuantizerSnapshot& s) {
+            const auto qs = t.layer.quantizers();
+            if (s.quantizers.size() != qs.size()) throw Error("linear: a snapshot of another layer");
+            for (size_t i = 0; i < qs.size(); ++i) *qs[i].second = s.quantizers[i];
+          },
+          "snapshot"_a, "Puts every quantiser back as snapshot() found it")
       .def("state_width", &state_width, "Columns of the state rows (3 + the longest amax history)")
       .def(
           "save_state",

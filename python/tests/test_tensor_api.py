@@ -113,6 +113,10 @@ def test_indexing_refuses_what_it_cannot_do():
     t = scalify.Tensor(values((3, 4)))
     with pytest.raises(IndexError, match="out of range"):
         t[3]
+    with pytest.raises(IndexError, match="index 1180591620717411303424 is out of range"):
+        t[2**70]
+    with pytest.raises(IndexError, match="out of range"):
+        t[0, -2**63 - 1]
     with pytest.raises(IndexError, match="too many indices"):
         t[0, 0, 0]
     with pytest.raises(IndexError, match="step"):
@@ -145,6 +149,14 @@ def test_reductions_take_dim_and_keepdim_like_numpy():
     np.testing.assert_allclose(t.mean(dim=(0, 2), keepdim=True).numpy(), a.mean(axis=(0, 2), keepdims=True), rtol=1e-14)
     np.testing.assert_allclose(scalify.sum(t, dim=-1, keepdim=True).numpy(), a.sum(axis=-1, keepdims=True), rtol=1e-14)
     np.testing.assert_allclose(t.sum().item(), a.sum(), rtol=1e-14)
+    with pytest.raises(ValueError, match="dimension 1 is named more than once"):  # numpy: "duplicate value in 'axis'"
+        t.sum(dim=(1, -2))
+    with pytest.raises(ValueError, match="more than once"):
+        scalify.mean(t, dim=(0, 0))
+    with pytest.raises(IndexError, match="dimension 3 is out of range"):
+        t.sum(dim=3)
+    with pytest.raises(IndexError, match="out of range"):
+        t.mean(dim=2**40)
 
 
 def test_every_op_takes_keywords():

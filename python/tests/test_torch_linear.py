@@ -156,6 +156,32 @@ def test_no_grad_and_inference_mode_leave_the_state_alone():
     assert torch.equal(a, b) and torch.equal(a, c)
 
 
+@pytest.mark.parametrize("recipe", ["delayed", "nvfp4"])
+def test_eval_mode_leaves_the_state_alone_when_recording_gradients(recipe):
+    # model.eval() without no_grad (a validation loss, saliency) used to advance the quantisers:
+    # the training after it then differed from a run that never evaluated.
+    layer = st.Linear(32, 16, recipe=recipe, name="l")
+    x, g = randn(8, 32), randn(8, 16, scale=1e-2)
+    layer(x.requires_grad_()).backward(g)
+    twin = copy.deepcopy(layer)
+    before = layer.quantizer_state.clone()
+    layer.eval()
+    with torch.no_grad():
+        inferred = layer(x)
+    xe = x.detach().clone().requires_grad_()
+    y = layer(xe)
+    y.backward(g)
+    assert xe.grad is not None and torch.equal(layer.quantizer_state, before)
+    if recipe == "delayed":  # rounds to nearest: the recorded forward is the inference one
+        assert torch.equal(y, inferred)
+    layer.train()
+    for m in (layer, twin):
+        m.weight.grad = None
+        m(x).backward(g)
+    assert torch.equal(layer.weight.grad, twin.weight.grad)
+    assert torch.equal(layer.quantizer_state, twin.quantizer_state)
+
+
 def test_autocast_and_compile_give_the_eager_result():
     layer = st.Linear(32, 16, recipe="mxfp8", name="l")
     x = randn(8, 32)
@@ -293,6 +319,55 @@ def test_convert_honours_the_recipes_high_precision_layers_and_the_filter():
         st.convert(object(), "current")
 
 
+def test_convert_names_layers_and_finds_blocks_as_told():
+    class Mlp(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc1, self.fc2 = torch.nn.Linear(8, 16), torch.nn.Linear(16, 8)
+
+        def forward(self, x):
+            return self.fc2(torch.relu(self.fc1(x)))
+
+    with pytest.warns(RuntimeWarning, match=r"no layer converted: 2 outside any block \(fc1, fc2\).*block_of="):
+        st.convert(Mlp(), "current")
+    recipe = scalify.preset("current")
+    recipe.high_precision.layers = ["mlp.out"]  # the patterns match the layers' given names
+    model = st.convert(Mlp(), recipe, block_of=lambda name: 0, name_fn={"fc1": "mlp.fc", "fc2": "mlp.out"}.__getitem__)
+    assert isinstance(model.fc1, st.Linear) and model.fc1.name == "mlp.fc" and type(model.fc2) is torch.nn.Linear
+    # The name is the stochastic-rounding stream: another model whose layer has the same given name draws the same bits.
+    torch.manual_seed(1)
+    a = torch.nn.Sequential(torch.nn.Linear(8, 8))
+    b = torch.nn.Module()
+    b.inner = torch.nn.Linear(8, 8)
+    b.inner.load_state_dict(a[0].state_dict())
+    sr = scalify.preset("nvfp4_no_hadamard")
+    sr.high_precision.last_blocks = 0  # the one block is the last
+    a = st.convert(a, sr, block_of=lambda n: 0, name_fn=lambda n: "h0.mlp.fc")
+    b = st.convert(b, sr, block_of=lambda n: 0, name_fn=lambda n: "h0.mlp.fc")
+    x, g = randn(16, 8), randn(16, 8, scale=1e-2)
+    a(x).backward(g)
+    b.inner(x).backward(g)
+    assert b.inner.name == "h0.mlp.fc" and torch.equal(a[0].weight.grad, b.inner.weight.grad)
+
+
+def test_convert_swaps_a_shared_layer_everywhere_and_leaves_subclasses():
+    class Sub(torch.nn.Linear):
+        pass
+
+    shared = torch.nn.Linear(8, 8)
+    model = torch.nn.Module()
+    model.blocks = torch.nn.ModuleList([torch.nn.Module(), torch.nn.Module()])
+    model.blocks[0].fc = model.blocks[1].fc = shared
+    model.blocks[1].special = Sub(8, 8)
+    st.convert(model, "current")
+    assert isinstance(model.blocks[0].fc, st.Linear) and model.blocks[1].fc is model.blocks[0].fc
+    assert model.blocks[0].fc.weight is shared.weight and type(model.blocks[1].special) is Sub
+    with pytest.warns(RuntimeWarning, match=r"1 subclasses of nn.Linear \(special\)"):
+        lone = torch.nn.Module()
+        lone.special = Sub(4, 4)
+        st.convert(lone, "current")
+
+
 def test_statistics_report_every_operand():
     model = st.convert(TinyModel(), "current")
     x = randn(4, 8)
@@ -376,3 +451,22 @@ def test_activation_checkpointing_gives_the_gradients_and_state_of_a_run_without
         for a, b in zip(plain_grads[step], checkpointed_grads[step]):
             assert torch.equal(a, b), f"step {step}"
     assert all(torch.equal(a, b) for a, b in zip(plain_state, checkpointed_state))
+
+
+@pytest.mark.parametrize("use_reentrant", [False, True])
+def test_activation_checkpointing_inside_an_accumulation_recomputes_each_micro_batch(use_reentrant):
+    # The recomputed forward must quantise in its own micro-batch, from the step's start.
+    torch.manual_seed(3)
+    plain = TinyModel()
+    checkpointed = CheckpointedModel(use_reentrant)
+    checkpointed.load_state_dict(plain.state_dict())
+    runs = []
+    for model in (st.convert(plain, "nvfp4"), st.convert(checkpointed, "nvfp4")):
+        for step in range(2):
+            with st.accumulation(model) as acc:
+                for micro in range(2):
+                    with acc.micro_batch():
+                        x = torch.randn(6, 8, generator=torch.Generator().manual_seed(10 * step + micro), requires_grad=True)
+                        model(x).square().mean().backward()
+        runs.append([p.grad for p in model.parameters()] + [m.quantizer_state for m in model.modules() if isinstance(m, st.Linear)])
+    assert all(torch.equal(a, b) for a, b in zip(*runs))

@@ -17,6 +17,7 @@ another piece of work.
 import warnings
 
 from .. import _torch_spins_long
+from ._accumulation import Accumulation, accumulation
 from ._convert import convert, statistics
 from ._linear import Linear
 
@@ -25,4 +26,4 @@ if _torch_spins_long:
                   "and slow scalify.torch's layers down (2x measured on 2 cores); import scalify first, or set "
                   "GOMP_SPINCOUNT=1000 before starting Python", RuntimeWarning, stacklevel=2)
 
-__all__ = ["Linear", "convert", "statistics"]
+__all__ = ["Accumulation", "Linear", "accumulation", "convert", "statistics"]

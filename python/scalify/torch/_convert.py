@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import importlib
 import re
-from typing import Any, Callable, List, Optional, cast
+import warnings
+from typing import Any, Callable, Dict, List, Optional, cast
 
 import torch
 
@@ -20,43 +21,76 @@ def _is_conv1d(module: torch.nn.Module) -> bool:
     return type(module).__name__ == "Conv1D" and hasattr(module, "nf") and getattr(module, "weight", None) is not None
 
 
-def _block_of(name: str) -> int:
-    """The transformer block a layer belongs to: the first number in its qualified name
-    (transformer.h.3.mlp.c_fc, model.layers.3.mlp.up_proj, encoder.layer.3.output.dense), or -1."""
+def first_number(name: str) -> Optional[int]:
+    """The default block of a layer: the first number in its qualified name
+    (transformer.h.3.mlp.c_fc, model.layers.3.mlp.up_proj, encoder.layer.3.output.dense: 3), or None."""
     m = _BLOCK_INDEX.search(name)
-    return int(m.group(1)) if m else -1
+    return int(m.group(1)) if m else None
 
 
 def convert(model: torch.nn.Module, recipe: RecipeLike, *,
-            module_filter_fn: Optional[Callable[[torch.nn.Module, str], bool]] = None) -> torch.nn.Module:
+            module_filter_fn: Optional[Callable[[torch.nn.Module, str], bool]] = None,
+            name_fn: Optional[Callable[[str], str]] = None,
+            block_of: Callable[[str], Optional[int]] = first_number) -> torch.nn.Module:
     """Swaps, in place, every ``nn.Linear`` of ``model`` (and transformers' GPT-2 ``Conv1D``) for a
     ``scalify.torch.Linear`` under ``recipe`` (a preset name, a ``Recipe`` or a ``LinearRecipe``)
     that keeps the layer's own weight and bias Parameters (float32 or bfloat16), and returns the
     model. Create the optimizer after converting, or keep using it: the Parameters are the same.
 
-    The recipe's high-precision layers stay as they are: its ``layers`` name patterns ('*' any
-    run of characters) against each layer's qualified name, and its first / last blocks, a layer's
-    block being the first number in its name (``transformer.h.3.attn.c_attn`` is in block 3 of
-    the model's blocks); a layer outside any numbered block (a model's output head) stays
-    high precision, as the trainer's head does. ``module_filter_fn(module, name)`` returning False
-    leaves a layer out too (torchao's convention)."""
+    Each layer is named ``name_fn(qualified name)`` (default: the qualified name itself): the name
+    sets its stochastic-rounding stream, as the trainer's layer names do, and is what the recipe's
+    ``layers`` patterns match. ``block_of(qualified name)`` says which of the model's blocks a
+    layer belongs to (default: the first number in the name, so ``transformer.h.3.attn.c_attn``
+    is in block 3; an ``nn.Sequential``'s entries are blocks of their own) or None for a layer
+    outside the blocks (a model's output head), which stays high precision as the trainer's head
+    does; the recipe's first / last high-precision blocks count from those. ``module_filter_fn(module,
+    qualified name)`` returning False leaves a layer out too (torchao's convention). Subclasses of
+    ``nn.Linear`` stay as they are (their forward may not be ``nn.Linear``'s: ``nn.MultiheadAttention``
+    reads its ``out_proj`` weight directly); a layer shared by several parents is swapped in every one.
+    Converting no layer at all warns, saying why."""
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"convert: needs a torch.nn.Module, not {type(model).__name__}")
     whole = as_recipe(recipe)
-    candidates = [(name, m) for name, m in model.named_modules()
-                  if name and (type(m) is torch.nn.Linear or _is_conv1d(m))]
-    blocks = max([_block_of(name) for name, _ in candidates], default=-1) + 1
-    for name, module in candidates:
-        if module_filter_fn is not None and not module_filter_fn(module, name):
-            continue
-        block = _block_of(name)
-        if block < 0:
-            continue
-        linear = _scalify.linear_recipe_for(whole, name, block, blocks)
-        if not linear.quantized:
-            continue
-        _replace(model, name, _swapped(module, linear, name))
+    places: Dict[int, List[str]] = {}  # every qualified name of each linear layer (a shared layer has several)
+    modules: Dict[int, torch.nn.Module] = {}
+    subclasses: List[str] = []
+    for name, m in model.named_modules(remove_duplicate=False):
+        if name and (type(m) is torch.nn.Linear or _is_conv1d(m)):
+            places.setdefault(id(m), []).append(name)
+            modules[id(m)] = m
+        elif name and isinstance(m, torch.nn.Linear) and not isinstance(m, Linear):
+            subclasses.append(name)
+    blocks_of = {key: block_of(names[0]) for key, names in places.items()}
+    blocks = max((b for b in blocks_of.values() if b is not None), default=-1) + 1
+    left: Dict[str, List[str]] = {"outside any block": [], "by the filter": [], "by the recipe's high-precision layers": []}
+    for key, names in places.items():
+        module, qualified, block = modules[key], names[0], blocks_of[key]
+        name = qualified if name_fn is None else name_fn(qualified)
+        if module_filter_fn is not None and not module_filter_fn(module, qualified):
+            left["by the filter"].append(qualified)
+        elif block is None:
+            left["outside any block"].append(qualified)
+        else:
+            linear = _scalify.linear_recipe_for(whole, name, block, blocks)
+            if not linear.quantized:
+                left["by the recipe's high-precision layers"].append(qualified)
+                continue
+            new = _swapped(module, linear, name)
+            for place in names:
+                _replace(model, place, new)
+    converted = sum(1 for m in model.modules() if isinstance(m, Linear))
+    if converted == 0:
+        reasons = [f"{len(v)} {k} ({_listed(v)})" for k, v in left.items() if v]
+        if subclasses:
+            reasons.append(f"{len(subclasses)} subclasses of nn.Linear ({_listed(subclasses)})")
+        warnings.warn("scalify.torch.convert: no layer converted: " + ("; ".join(reasons) or "the model has no nn.Linear")
+                      + (". A layer's block is the first number in its name: pass block_of= for a model without numbered "
+                         "blocks" if left["outside any block"] else ""), RuntimeWarning, stacklevel=2)
     return model
+
+
+def _listed(names: List[str]) -> str:
+    return ", ".join(names[:4]) + (", ..." if len(names) > 4 else "")
 
 
 def _swapped(module: torch.nn.Module, linear: Any, name: str) -> Linear:

@@ -15,25 +15,33 @@ from ._recipe import RecipeLike, as_recipe
 # given back in the input's dtype, as nn.Linear does.
 _INPUT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
+# Linear._micro_batch inside scalify.torch.accumulation but outside its micro_batch() blocks.
+BETWEEN_MICRO_BATCHES = -2
+
 
 class _QuantizedMatmul(torch.autograd.Function):
     """y = x w^T + b through the engine: x [rows, in] float32; the weight and bias as the module holds them."""
 
     @staticmethod
     def forward(ctx: Any, x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], layer: "Linear",
-                training: bool, replay: Optional[torch.Tensor]) -> torch.Tensor:
+                mode: str, micro_batch: int, replay: Optional[Tuple[Any, int]]) -> torch.Tensor:
         weight_t = layer._weight_in_out(weight)
+        core = layer._core
         if replay is not None:  # activation checkpointing recomputes a forward: the same codes, the state kept
-            after = layer.quantizer_state.clone()
-            layer._core.load_state(replay)
-            out, call = layer._core.forward(x, weight_t, True)
-            layer._core.load_state(after)
+            now = core.snapshot()
+            core.restore(replay[0])
+            out, call = core.forward(x, weight_t, True, replay[1])
+            core.restore(now)
+        elif mode == "frozen":  # model.eval() recording gradients: the quantisers do not advance
+            now = core.snapshot()
+            out, call = core.forward(x, weight_t, True, micro_batch)
+            core.restore(now)
         else:
-            out, call = layer._core.forward(x, weight_t, training)
-            if training:
-                layer._core.save_state(layer.quantizer_state)
+            out, call = core.forward(x, weight_t, mode == "training", micro_batch)
+            if mode == "training":
+                core.save_state(layer.quantizer_state)
         ctx.save_for_backward(x, weight_t)  # the engine reads them where they are: torch refuses a backward after an in-place change
-        ctx.call, ctx.layer, ctx.weight_dtype = call, layer, weight.dtype
+        ctx.call, ctx.layer, ctx.weight_dtype, ctx.frozen = call, layer, weight.dtype, mode == "frozen"
         ctx.bias_dtype = None if bias is None else bias.dtype
         y = torch.from_numpy(out)
         if bias is not None:  # in place: the output is a buffer the engine reuses; a new one costs page faults
@@ -46,14 +54,19 @@ class _QuantizedMatmul(torch.autograd.Function):
             raise RuntimeError("scalify.torch.Linear: a backward already ran through this forward, whose engine graph it freed "
                                "(retain_graph cannot keep it); run the forward again")
         ctx.saved_tensors  # raises if x or the weight changed in place since the forward
+        core = ctx.layer._core
+        now = core.snapshot() if ctx.frozen else None
         dx, dw = ctx.call.backward(grad_output.to(torch.float32).contiguous())
-        ctx.layer._core.save_state(ctx.layer.quantizer_state)
+        if now is not None:
+            core.restore(now)
+        else:
+            core.save_state(ctx.layer.quantizer_state)
         ctx.call = None  # the engine's graph is freed
         grad_weight = torch.from_numpy(dw)  # [in, out]
         if not ctx.layer.weight_in_out:
             grad_weight = grad_weight.t()
         grad_bias = None if ctx.bias_dtype is None else grad_output.sum(0).to(ctx.bias_dtype)
-        return torch.from_numpy(dx), grad_weight.to(ctx.weight_dtype), grad_bias, None, None, None
+        return torch.from_numpy(dx), grad_weight.to(ctx.weight_dtype), grad_bias, None, None, None, None
 
 
 class Linear(torch.nn.Module):
@@ -68,9 +81,12 @@ class Linear(torch.nn.Module):
     the CPU, any layout; the output has the input's dtype. The quantisers' state (delayed
     scaling's amax history and scale, every quantiser's step count, which also moves its
     stochastic-rounding stream) is the int64 buffer ``quantizer_state``, so ``state_dict()`` and
-    ``torch.save`` carry it and a resumed run continues bit for bit. A forward that records
-    gradients advances the quantisers; one under ``torch.no_grad()`` / ``inference_mode()`` uses
-    their state as it stands, as the trainer's evaluation does. ``torch.autocast`` does not reach
+    ``torch.save`` carry it and a resumed run continues bit for bit. In training mode a forward
+    that records gradients advances the quantisers (each call a step of its own, or one step per
+    ``scalify.torch.accumulation`` block, as the trainer accumulates gradients); one under
+    ``torch.no_grad()`` / ``inference_mode()`` uses their state as it stands, as the trainer's
+    evaluation does, and so does every forward and backward after ``model.eval()`` (as BatchNorm
+    keeps its running statistics). ``torch.autocast`` does not reach
     inside (the recipe sets this layer's precision); ``torch.compile`` runs it as a graph break.
     Activation checkpointing (``torch.utils.checkpoint``, transformers'
     ``gradient_checkpointing_enable()``) gives the gradients and quantiser state of a run without
@@ -107,10 +123,13 @@ class Linear(torch.nn.Module):
         self._name = name
         self._core = _scalify.QuantizedLinear(self._recipe, name)
         self.register_buffer("quantizer_state", torch.zeros(6, self._core.state_width(), dtype=torch.int64))
-        # The state before the last forward that recorded gradients, until activation checkpointing
-        # recomputes that forward during backward: the recomputation quantises as it did (delayed
-        # scaling's scale, the stochastic-rounding streams) and leaves the quantisers where it found them.
-        self._state_before_forward: Optional[torch.Tensor] = None
+        # The quantisers before the last forward that recorded gradients, and its micro-batch, until
+        # activation checkpointing recomputes that forward during backward: the recomputation
+        # quantises as it did (delayed scaling's scale, the stochastic-rounding streams) and leaves
+        # the quantisers where it found them.
+        self._before_forward: Optional[Tuple[Any, int]] = None
+        # Set by scalify.torch.accumulation: None outside one, else the open micro-batch (BETWEEN_MICRO_BATCHES: none).
+        self._micro_batch: Optional[int] = None
         self._core.save_state(self.quantizer_state)
         self.register_load_state_dict_post_hook(Linear._state_loaded)  # type: ignore[no-untyped-call]
 
@@ -149,16 +168,24 @@ class Linear(torch.nn.Module):
             raise ValueError(f"scalify.torch.Linear: input of shape {tuple(x.shape)} does not end in in_features={self.in_features}")
         if self.weight.device.type != "cpu":
             raise TypeError(f"scalify.torch.Linear runs on the CPU; its weight is on {self.weight.device}")
-        training = torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad
-                                                or (self.bias is not None and self.bias.requires_grad))
+        records = torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad
+                                               or (self.bias is not None and self.bias.requires_grad))
+        mode = "inference" if not records else "training" if self.training else "frozen"
+        micro_batch = self._micro_batch_index() if mode == "training" else -1
         replay = None
         if torch._C._current_graph_task_id() == -1:  # not inside a backward pass: a forward of its own
-            self._state_before_forward = self.quantizer_state.clone() if training else None
-        elif training:  # activation checkpointing recomputing the last forward (torch.utils.checkpoint)
-            replay, self._state_before_forward = self._state_before_forward, None
+            self._before_forward = (self._core.snapshot(), micro_batch) if records else None
+        elif records:  # activation checkpointing recomputing the last forward (torch.utils.checkpoint)
+            replay, self._before_forward = self._before_forward, None
         x2d = x.reshape(-1, self.in_features).to(torch.float32).contiguous()
-        y: torch.Tensor = _QuantizedMatmul.apply(x2d, self.weight, self.bias, self, training, replay)
+        y: torch.Tensor = _QuantizedMatmul.apply(x2d, self.weight, self.bias, self, mode, micro_batch, replay)
         return y.reshape(*x.shape[:-1], self.out_features).to(x.dtype)
+
+    def _micro_batch_index(self) -> int:
+        if self._micro_batch == BETWEEN_MICRO_BATCHES:
+            raise RuntimeError(f"scalify.torch.Linear {self._name!r}: inside scalify.torch.accumulation, run each micro-batch's "
+                               "forward inside `with step.micro_batch():`")
+        return -1 if self._micro_batch is None else self._micro_batch
 
     def _weight_in_out(self, weight: torch.Tensor) -> torch.Tensor:
         w = weight.detach().to(torch.float32)
@@ -189,6 +216,7 @@ class Linear(torch.nn.Module):
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         del state["_core"]
+        state["_before_forward"], state["_micro_batch"] = None, None  # a forward's and an accumulation's, not the layer's
         state["_recipe"] = as_recipe(self._recipe).to_json()
         return state
 

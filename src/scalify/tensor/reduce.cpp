@@ -29,6 +29,7 @@ ReducePlan plan(const Tensor& x, std::vector<int> dims, bool keepdim, const char
     if (d < -nd || d >= nd)
       throw Error(std::string(op) + ": dimension " + std::to_string(d) + " out of range for shape " + shape_str(x.shape()));
     if (d < 0) d += nd;
+    if (reduced[size_t(d)]) throw Error(std::string(op) + ": dimension " + std::to_string(d) + " is named more than once");
     reduced[size_t(d)] = true;
   }
   ReducePlan p;
