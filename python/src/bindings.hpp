@@ -11,6 +11,7 @@
 #include "scalify/formats/block.hpp"
 #include "scalify/formats/format.hpp"
 #include "scalify/autograd/var.hpp"
+#include "scalify/scaled/scaled_tensor.hpp"
 #include "scalify/tensor/tensor.hpp"
 
 namespace scalify::python {
@@ -73,6 +74,15 @@ Var index(const Var& x, nb::handle key);
 // A dimension index in [0, ndim) from one that may count from the end; IndexError outside.
 int64_t dim_index(int64_t d, size_t ndim);
 
+// --- (data, scale) pairs of torch tensors (scaled_pair_bindings.cpp). ---
+// A CPU tensor's memory as an engine tensor, no copy (float16/bfloat16/float32/float64, int64).
+Tensor borrowed_tensor(nb::handle data, const char* what);
+// A (data, scale) tuple: scale a power of two, None (unscaled) or 0.0 (ANY).
+ScaledTensor scaled_pair(nb::handle pair, const char* what);
+// An engine tensor as a torch tensor sharing its buffer (FP8 / FP6 codes as uint8).
+nb::object torch_tensor(const Tensor& t);
+nb::tuple pair_of(const ScaledTensor& x);
+
 // Each binds one part of the module scalify._scalify.
 void bind_formats(nb::module_& m);
 void bind_tensor(nb::module_& m);
@@ -80,5 +90,6 @@ void bind_ops(nb::module_& m);
 void bind_recipes(nb::module_& m);
 void bind_training(nb::module_& m);
 void bind_torch_linear(nb::module_& m);
+void bind_scaled_pairs(nb::module_& m);
 
 }  // namespace scalify::python

@@ -31,4 +31,5 @@ NB_MODULE(_scalify, m) {
   bind_ops(m);
   bind_training(m);
   bind_torch_linear(m);
+  bind_scaled_pairs(m);
 }
