@@ -20,10 +20,14 @@ from .. import _torch_spins_long
 from ._accumulation import Accumulation, accumulation
 from ._convert import convert, statistics
 from ._linear import Linear
+from . import _scaled_rules  # noqa: F401  (registers ScaledTensor's rules)
+from ._scaled_functions import as_scaled, cast_on_backward, cast_on_forward, dynamic_rescale, dynamic_rescale_grad, rebalance, set_scaling
+from ._scaled_tensor import ScaledTensor, unhandled_ops
 
 if _torch_spins_long:
     warnings.warn("torch was imported before scalify: torch's OpenMP threads spin 300,000 times at every barrier "
                   "and slow scalify.torch's layers down (2x measured on 2 cores); import scalify first, or set "
                   "GOMP_SPINCOUNT=1000 before starting Python", RuntimeWarning, stacklevel=2)
 
-__all__ = ["Accumulation", "Linear", "accumulation", "convert", "statistics"]
+__all__ = ["Accumulation", "Linear", "ScaledTensor", "accumulation", "as_scaled", "cast_on_backward", "cast_on_forward", "convert",
+           "dynamic_rescale", "dynamic_rescale_grad", "rebalance", "set_scaling", "statistics", "unhandled_ops"]

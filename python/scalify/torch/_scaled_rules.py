@@ -1,0 +1,316 @@
+"""The aten ops ScaledTensor has rules for: each calls the engine's scaled op through
+``scalify._scalify.scaled`` (the rule's one home, src/scalify/scaled/), or moves data only and
+keeps the scale (views, copies: the engine's shape-op rule Z_s = X_s)."""
+
+from __future__ import annotations
+
+import numbers
+from typing import Any, Callable, List, Optional, Sequence
+
+import torch
+from torch.utils._pytree import tree_map
+
+from .._scalify import scaled as engine
+from ._scaled_tensor import RULES, Pair, ScaledTensor, fallback, pair, scaled
+
+aten = torch.ops.aten
+
+_STORAGE_NAMES = {torch.float16: "f16", torch.bfloat16: "bf16", torch.float32: "f32", torch.float64: "f64"}
+
+
+def rule(*ops: Any) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    def register(fn: Callable[..., Any]) -> Callable[..., Any]:
+        for op in ops:
+            RULES[op] = fn
+        return fn
+    return register
+
+
+def rescaled(t: torch.Tensor, storage: torch.dtype) -> ScaledTensor:
+    """A plain floating tensor as a ScaledTensor: scale rms(t) rounded down to a power of two,
+    data t / scale stored in `storage` (the engine's as_scaled)."""
+    data, scale = engine.as_scaled(t.detach().to(torch.float32).contiguous(), _STORAGE_NAMES.get(storage, "f32"))
+    return ScaledTensor(data, 1.0 if scale is None else scale)
+
+
+def _number(x: Any) -> Optional[float]:
+    """x as a number when it is one (a Python number or a plain single-element tensor: a weak
+    scalar, as the engine's broadcast constants), else None."""
+    if isinstance(x, numbers.Number) and not isinstance(x, bool):
+        return float(x)  # type: ignore[arg-type]
+    if isinstance(x, torch.Tensor) and not isinstance(x, ScaledTensor) and x.numel() == 1 and x.dim() == 0:
+        return float(x.item())
+    return None
+
+
+def _in_storage(x: Any, storage: torch.dtype) -> Any:
+    """x's data rounded into `storage` as the engine rounds (nearest even, saturating)."""
+    if not isinstance(x, ScaledTensor) or x._data.dtype == storage:
+        return x
+    data, _ = engine.cast_data((x._data.contiguous(), x._scale), _STORAGE_NAMES[storage])
+    return ScaledTensor(data.view(storage) if data.dtype != storage else data, x._scale)
+
+
+# --- Arithmetic -------------------------------------------------------------------------------
+
+
+def _binary(op: str, x: Any, y: Any) -> Any:
+    c = _number(y)
+    if c is not None and op in ("add", "sub", "mul", "div"):
+        if op == "sub":
+            op, c = "add", -c
+        elif op == "div":
+            op, c = "mul", 1.0 / c
+        return scaled(engine.scalar(op, pair(x), c))
+    c = _number(x)
+    if c is not None and op in ("add", "mul"):
+        return scaled(engine.scalar(op, pair(y), c))
+    if c is not None and op == "sub":  # c - y
+        return scaled(engine.scalar("add", engine.scalar("mul", pair(y), -1.0), c))
+    return scaled(engine.binary(op, _as_pair(x), _as_pair(y)))
+
+
+def _as_pair(x: Any) -> Pair:
+    c = _number(x)
+    if c is not None and not isinstance(x, torch.Tensor):
+        return torch.tensor(c, dtype=torch.float32), None
+    return pair(x)
+
+
+def _alpha(y: Any, alpha: Any) -> Any:
+    return y if alpha == 1 else _binary("mul", y, alpha)
+
+
+@rule(aten.add.Tensor, aten.add.Scalar)
+def _add(func: Any, x: Any, y: Any, *, alpha: Any = 1) -> Any:
+    return _binary("add", x, _alpha(y, alpha))
+
+
+@rule(aten.sub.Tensor, aten.sub.Scalar)
+def _sub(func: Any, x: Any, y: Any, *, alpha: Any = 1) -> Any:
+    return _binary("sub", x, _alpha(y, alpha))
+
+
+@rule(aten.rsub.Scalar, aten.rsub.Tensor)
+def _rsub(func: Any, x: Any, y: Any, *, alpha: Any = 1) -> Any:
+    return _binary("sub", y, _alpha(x, alpha))
+
+
+@rule(aten.mul.Tensor, aten.mul.Scalar)
+def _mul(func: Any, x: Any, y: Any) -> Any:
+    return _binary("mul", x, y)
+
+
+@rule(aten.div.Tensor, aten.div.Scalar)
+def _div(func: Any, x: Any, y: Any) -> Any:
+    return _binary("div", x, y)
+
+
+@rule(aten.maximum.default)
+def _maximum(func: Any, x: Any, y: Any) -> Any:
+    return scaled(engine.binary("maximum", pair(x), pair(y)))
+
+
+@rule(aten.minimum.default)
+def _minimum(func: Any, x: Any, y: Any) -> Any:
+    return scaled(engine.binary("minimum", pair(x), pair(y)))
+
+
+@rule(aten.mm.default, aten.bmm.default)
+def _mm(func: Any, x: Any, y: Any) -> Any:
+    return scaled(engine.binary("matmul", pair(x), pair(y)))
+
+
+@rule(aten.addmm.default, aten.baddbmm.default)
+def _addmm(func: Any, bias: Any, x: Any, y: Any, *, beta: Any = 1, alpha: Any = 1) -> Any:
+    product = _alpha(scaled(engine.binary("matmul", pair(x), pair(y))), alpha)
+    return _binary("add", product, _alpha(bias, beta))
+
+
+_UNARY = {aten.exp.default: "exp", aten.log.default: "log", aten.sqrt.default: "sqrt", aten.rsqrt.default: "rsqrt",
+          aten.abs.default: "abs", aten.relu.default: "relu", aten.sigmoid.default: "sigmoid", aten.tanh.default: "tanh",
+          aten.silu.default: "silu", aten.neg.default: "neg"}
+
+
+@rule(*_UNARY)
+def _unary(func: Any, x: Any) -> Any:
+    return scaled(engine.unary(_UNARY[func], pair(x)))
+
+
+@rule(aten.gelu.default)
+def _gelu(func: Any, x: Any, *, approximate: str = "none") -> Any:
+    return scaled(engine.unary("gelu_tanh" if approximate == "tanh" else "gelu_erf", pair(x)))
+
+
+@rule(aten.pow.Tensor_Scalar)
+def _pow(func: Any, x: Any, p: Any) -> Any:
+    return scaled(engine.scalar("pow", pair(x), float(p)))
+
+
+# --- Reductions, normalisations, losses -------------------------------------------------------
+
+
+def _dims(x: Any, dim: Any) -> List[int]:
+    if dim is None:
+        return []
+    return [int(d) for d in (dim if isinstance(dim, (list, tuple)) else [dim])]
+
+
+@rule(aten.sum.default, aten.sum.dim_IntList)
+def _sum(func: Any, x: Any, dim: Any = None, keepdim: bool = False, *, dtype: Any = None) -> Any:
+    if dtype not in (None, torch.float32):
+        return fallback(func, (x, dim, keepdim), {"dtype": dtype})
+    return scaled(engine.reduce("sum", pair(x), _dims(x, dim), keepdim))
+
+
+@rule(aten.mean.default, aten.mean.dim)
+def _mean(func: Any, x: Any, dim: Any = None, keepdim: bool = False, *, dtype: Any = None) -> Any:
+    if dtype not in (None, torch.float32):
+        return fallback(func, (x, dim, keepdim), {"dtype": dtype})
+    return scaled(engine.reduce("mean", pair(x), _dims(x, dim), keepdim))
+
+
+@rule(aten.amax.default)
+def _amax(func: Any, x: Any, dim: Sequence[int] = (), keepdim: bool = False) -> Any:
+    if len(dim) != 1:
+        return fallback(func, (x, dim, keepdim), {})
+    return scaled(engine.reduce("amax", pair(x), list(dim), keepdim))
+
+
+@rule(aten._softmax.default)
+def _softmax(func: Any, x: Any, dim: int, half_to_float: bool) -> Any:
+    return scaled(engine.softmax(pair(x), dim))
+
+
+@rule(aten._log_softmax.default)
+def _log_softmax(func: Any, x: Any, dim: int, half_to_float: bool) -> Any:
+    return scaled(engine.softmax(pair(x), dim, log=True))
+
+
+@rule(aten.embedding.default)
+def _embedding(func: Any, weight: Any, ids: torch.Tensor, padding_idx: int = -1, scale_grad_by_freq: bool = False,
+               sparse: bool = False) -> Any:
+    return scaled(engine.embedding(pair(weight), ids.to(torch.int64).contiguous()))
+
+
+@rule(aten.where.self)
+def _where(func: Any, cond: torch.Tensor, x: Any, y: Any) -> Any:
+    return scaled(engine.where(cond.contiguous(), _as_pair(x), _as_pair(y)))
+
+
+@rule(aten.masked_fill.Scalar)
+def _masked_fill(func: Any, x: Any, mask: torch.Tensor, value: Any) -> Any:
+    fill = torch.tensor(float(value), dtype=torch.float32)
+    # A fill whose value ignores scale (0, +-inf) is ANY: it keeps x's scale.
+    any_scale = float(value) == 0.0 or not torch.isfinite(fill).item()
+    return scaled(engine.where(mask.contiguous(), (fill, 0.0 if any_scale else None), pair(x)))
+
+
+@rule(aten.cat.default)
+def _cat(func: Any, xs: Sequence[Any], dim: int = 0) -> Any:
+    return scaled(engine.concat([pair(x) for x in xs], dim))
+
+
+@rule(aten.stack.default)
+def _stack(func: Any, xs: Sequence[Any], dim: int = 0) -> Any:
+    return _cat(func, [x.unsqueeze(dim) for x in xs], dim)
+
+
+# --- Data movement: the shape-op rule, Z_s = X_s -----------------------------------------------
+
+_DATA_OPS = [aten.view.default, aten._unsafe_view.default, aten.t.default, aten.transpose.int, aten.permute.default,
+             aten.expand.default, aten.unsqueeze.default, aten.squeeze.dim, aten.squeeze.default, aten.slice.Tensor,
+             aten.select.int, aten.alias.default, aten.detach.default, aten.clone.default, aten.lift_fresh.default,
+             aten.split.Tensor, aten.split_with_sizes.default, aten.unbind.int, aten.slice_backward.default,
+             aten.select_backward.default, aten.as_strided.default, aten.contiguous.default, aten.unfold.default,
+             aten.flip.default, aten.roll.default, aten.repeat.default, aten.constant_pad_nd.default,
+             aten.index_select.default, aten.gather.default]
+
+
+@rule(*_DATA_OPS)
+def _data_op(func: Any, *args: Any, **kwargs: Any) -> Any:
+    scaled_args = [a for a in args if isinstance(a, ScaledTensor)]
+    if len(scaled_args) != 1 or (func is aten.constant_pad_nd.default and len(args) > 2 and args[2] != 0):
+        return fallback(func, args, kwargs)
+    scale = scaled_args[0]._scale
+    out = func(*tree_map(lambda a: a._data if isinstance(a, ScaledTensor) else a, args), **kwargs)
+    return tree_map(lambda t: ScaledTensor(t, scale) if isinstance(t, torch.Tensor) else t, out)
+
+
+@rule(aten._to_copy.default)
+def _to_copy(func: Any, x: Any, *, dtype: Any = None, **kwargs: Any) -> Any:
+    if dtype is not None and dtype != torch.float32:  # another represented dtype: leave the scaled world
+        return func(x.unscaled(), dtype=dtype, **kwargs)
+    return ScaledTensor(x._data.clone(), x._scale)
+
+
+@rule(aten.zeros_like.default, aten.empty_like.default, aten.ones_like.default)
+def _like(func: Any, x: Any, *, dtype: Any = None, **kwargs: Any) -> Any:
+    data = func(x._data, dtype=dtype or x._data.dtype, **kwargs)
+    if func is aten.zeros_like.default:
+        return ScaledTensor(data, 0.0)  # zeros ignore their scale: ANY
+    return ScaledTensor(data, 1.0)
+
+
+@rule(aten._local_scalar_dense.default)
+def _item(func: Any, x: Any) -> Any:
+    return x.unscaled().item()
+
+
+@rule(aten.is_same_size.default)
+def _same_size(func: Any, x: Any, y: Any) -> bool:
+    return bool(x.shape == y.shape)
+
+
+# --- In place: the out-of-place rule, its result in the tensor's own storage ------------------
+
+
+def _assign(target: Any, value: Any) -> Any:
+    if not isinstance(target, ScaledTensor):
+        raise TypeError("scalify.torch: an in-place op on a plain tensor with a ScaledTensor operand would drop the scale; "
+                        "make the target a ScaledTensor (scalify.torch.as_scaled)")
+    storage = target._data.dtype
+    if not isinstance(value, ScaledTensor):
+        value = rescaled(value, storage)
+    value = _in_storage(value, storage)
+    target._data, target._scale = value._data, value._scale
+    return target
+
+
+_INPLACE = {aten.add_.Tensor: aten.add.Tensor, aten.add_.Scalar: aten.add.Tensor, aten.sub_.Tensor: aten.sub.Tensor,
+            aten.mul_.Tensor: aten.mul.Tensor, aten.mul_.Scalar: aten.mul.Tensor, aten.div_.Tensor: aten.div.Tensor,
+            aten.div_.Scalar: aten.div.Tensor}
+
+
+@rule(*_INPLACE)
+def _inplace(func: Any, x: Any, y: Any, **kwargs: Any) -> Any:
+    out_of_place = _INPLACE[func]
+    return _assign(x, RULES[out_of_place](out_of_place, x, y, **kwargs))
+
+
+@rule(aten.addcmul_.default)
+def _addcmul_(func: Any, x: Any, a: Any, b: Any, *, value: Any = 1) -> Any:
+    return _assign(x, _binary("add", x, _alpha(_binary("mul", a, b), value)))
+
+
+@rule(aten.addcdiv_.default)
+def _addcdiv_(func: Any, x: Any, a: Any, b: Any, *, value: Any = 1) -> Any:
+    return _assign(x, _binary("add", x, _alpha(_binary("div", a, b), value)))
+
+
+@rule(aten.lerp_.Scalar)
+def _lerp_(func: Any, x: Any, end: Any, weight: Any) -> Any:
+    # x + w (end - x) = (1 - w) x + w end: the engine's moving-average rule (its scale stationary).
+    return _assign(x, scaled(engine.ema(pair(x), pair(end), 1.0 - float(weight))))
+
+
+@rule(aten.copy_.default)
+def _copy_(func: Any, x: Any, src: Any, non_blocking: bool = False) -> Any:
+    return _assign(x, src if isinstance(src, ScaledTensor) else src.detach())
+
+
+@rule(aten.zero_.default)
+def _zero_(func: Any, x: Any) -> Any:
+    x._data = torch.zeros_like(x._data)
+    x._scale = 0.0
+    return x

@@ -1,0 +1,140 @@
+"""scalify.torch.ScaledTensor: a torch tensor held as (data, power-of-two scale), whose aten ops
+propagate the scale by the engine's rules (SCALIFY, docs/SCALE_RULES.md)."""
+
+from __future__ import annotations
+
+import collections
+import math
+import warnings
+from typing import Any, Callable, Dict, Optional, Tuple
+
+import torch
+from torch.utils._pytree import tree_map
+
+# A pair as the engine's bindings take it: (data, scale); scale None for an unscaled tensor, 0.0
+# for ANY (a constant whose value ignores its scale: zeros, +-inf).
+Pair = Tuple[torch.Tensor, Optional[float]]
+Rule = Callable[..., Any]
+
+# aten op (OpOverload, or its OpOverloadPacket for every overload) -> its rule (_scaled_rules.py).
+RULES: Dict[Any, Rule] = {}
+_fallbacks: collections.Counter[str] = collections.Counter()
+
+
+class ScaledTensor(torch.Tensor):
+    """A tensor represented as ``data * scale``: ``data`` a float16, bfloat16, float32 or float64
+    tensor, ``scale`` a power of two (0.0: ANY, a constant whose value ignores its scale). Its
+    torch dtype is float32, the represented value's; every aten op on it runs the engine's scaled
+    op, which computes the output's scale from the inputs' scales and shapes (never from
+    statistics) and rounds the output data into the storage its inputs' data promote to (float16
+    data stays float16). Ops without a rule compute on the unscaled values in float32 and warn once
+    (``scalify.torch.unhandled_ops()``)."""
+
+    _data: torch.Tensor
+    _scale: float
+
+    @staticmethod
+    def __new__(cls, data: torch.Tensor, scale: float, *, requires_grad: bool = False) -> "ScaledTensor":
+        if not isinstance(data, torch.Tensor) or isinstance(data, ScaledTensor):
+            raise TypeError(f"ScaledTensor: data must be a plain torch.Tensor, not {type(data).__name__}")
+        if data.dtype not in (torch.float16, torch.bfloat16, torch.float32, torch.float64):
+            raise TypeError(f"ScaledTensor: data must be float16, bfloat16, float32 or float64, not {data.dtype}")
+        if data.device.type != "cpu":
+            raise TypeError(f"ScaledTensor: data on {data.device}; Scalify's rules run on the CPU")
+        scale = float(scale)
+        if scale != 0.0 and not (2.0**-126 <= scale <= 2.0**127 and math.frexp(scale)[0] == 0.5):
+            raise ValueError(f"ScaledTensor: scale must be a power of two within float32's normal range (or 0.0 for ANY), not {scale}")
+        t = torch.Tensor._make_wrapper_subclass(
+            cls, data.shape, strides=data.stride(), storage_offset=data.storage_offset(), dtype=torch.float32,
+            device=data.device, requires_grad=requires_grad)
+        t._data, t._scale = data, scale
+        return t
+
+    @property
+    def data_tensor(self) -> torch.Tensor:
+        """The data (float16, bfloat16, float32 or float64), without its scale."""
+        return self._data
+
+    @property
+    def scale(self) -> float:
+        """The power-of-two scale (0.0: ANY)."""
+        return self._scale
+
+    def unscaled(self) -> torch.Tensor:
+        """The represented value data * scale as a plain float32 tensor (float64 for float64 data)."""
+        value: torch.Tensor = _value(self)
+        return value
+
+    def __repr__(self) -> str:  # type: ignore[override]
+        return f"ScaledTensor(data={self._data!r}, scale={self._scale!r})"
+
+    def __tensor_flatten__(self) -> Tuple[list[str], Dict[str, Any]]:
+        return ["_data"], {"scale": self._scale}
+
+    @staticmethod
+    def __tensor_unflatten__(inner: Dict[str, torch.Tensor], meta: Dict[str, Any], outer_size: Any, outer_stride: Any) -> "ScaledTensor":
+        return ScaledTensor(inner["_data"], meta["scale"])
+
+    __torch_function__ = torch._C._disabled_torch_function_impl  # type: ignore[assignment]
+
+    @classmethod
+    def __torch_dispatch__(cls, func: Any, types: Any, args: Tuple[Any, ...] = (),  # type: ignore[override]
+                           kwargs: Optional[Dict[str, Any]] = None) -> Any:
+        if any(not issubclass(t, (ScaledTensor, torch.Tensor)) or (issubclass(t, torch.Tensor) and t not in (ScaledTensor, torch.Tensor))
+               for t in types):
+            return NotImplemented  # another subclass: let its handler run
+        kwargs = kwargs or {}
+        rule = RULES.get(func) or RULES.get(func.overloadpacket)
+        if rule is None:
+            return fallback(func, args, kwargs)
+        return rule(func, *args, **kwargs)
+
+
+def pair(x: Any) -> Pair:
+    """A tensor as the bindings take it: a ScaledTensor's (data, scale) (contiguous), a plain
+    tensor as unscaled."""
+    if isinstance(x, ScaledTensor):
+        return x._data.contiguous(), x._scale
+    if isinstance(x, torch.Tensor):
+        return x.contiguous(), None
+    raise TypeError(f"scalify.torch: a tensor operand expected, got {type(x).__name__}")
+
+
+def scaled(p: Pair) -> Any:
+    """The bindings' output pair as a ScaledTensor (a plain tensor when unscaled)."""
+    data, scale = p
+    return data if scale is None else ScaledTensor(data, scale)
+
+
+def _value(x: Any) -> Any:
+    if not isinstance(x, ScaledTensor):
+        return x
+    wide = torch.float64 if x._data.dtype == torch.float64 else torch.float32
+    return x._data.to(wide) * x._scale
+
+
+def fallback(func: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Any:
+    """An op without a rule: computed on the unscaled values in float32, its floating outputs
+    scaled again (as_scaled) into the storage of the scaled inputs' data; warned once per op."""
+    name = str(func)
+    if _fallbacks[name] == 0:
+        warnings.warn(f"scalify.torch: no scale rule for {name}: computed on unscaled float32 values "
+                      "(scalify.torch.unhandled_ops() lists every such op)", RuntimeWarning, stacklevel=3)
+    _fallbacks[name] += 1
+    storages = [a._data.dtype for a in _flat(args, kwargs) if isinstance(a, ScaledTensor)]
+    storage = storages[0] if storages and all(s == storages[0] for s in storages) else torch.float32
+    out = func(*tree_map(_value, args), **tree_map(_value, kwargs))
+    from ._scaled_rules import rescaled  # noqa: PLC0415 (the rules import this module)
+    return tree_map(lambda t: rescaled(t, storage) if isinstance(t, torch.Tensor) and t.is_floating_point() else t, out)
+
+
+def _flat(args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> list[Any]:
+    flat: list[Any] = []
+    tree_map(lambda a: flat.append(a), (args, kwargs))
+    return flat
+
+
+def unhandled_ops() -> Dict[str, int]:
+    """Every aten op that ran on ScaledTensors without a scale rule (the unscaled float32
+    fallback), with how many times: empty when every op of a model has its rule."""
+    return dict(_fallbacks)

@@ -1,0 +1,136 @@
+"""scalify.torch.ScaledTensor: every aten op with a rule keeps the represented value (equal to the
+same torch op on the unscaled values in float64, within the output storage's rounding and float32
+accumulation) and keeps the data near unit scale for unit-scaled inputs, at scales 2^-60, 1 and
+2^60, in float16 and float32 data; no op of the table reaches the unscaled fallback."""
+
+import math
+
+import pytest
+
+import scalify  # before torch (scalify.torch warns otherwise)
+
+torch = pytest.importorskip("torch")
+F = torch.nn.functional
+
+import scalify.torch as st  # noqa: E402
+
+GEN = torch.Generator().manual_seed(3)
+U = {torch.float16: 2.0**-11, torch.float32: 2.0**-24}  # unit roundoff of the data storage
+
+
+def unit(*shape, positive=False):
+    x = torch.randn(*shape, generator=GEN, dtype=torch.float64)
+    return x.abs() + 0.25 if positive else x
+
+
+def value64(t):
+    return t.data_tensor.double() * t.scale if isinstance(t, st.ScaledTensor) else t.double()
+
+
+# name: (the op on tensors, input shapes, positive inputs, scale-equivariant: checked at 2^+-60)
+CASES = {
+    "add": (lambda a, b: a + b, [(4, 8), (4, 8)], False, True),
+    "add broadcast": (lambda a, b: a + b, [(4, 8), (8,)], False, True),
+    "add scalar": (lambda a: a + 3.0, [(4, 8)], False, False),
+    "sub": (lambda a, b: a - b, [(4, 8), (4, 8)], False, True),
+    "rsub scalar": (lambda a: 2.5 - a, [(4, 8)], False, False),
+    "mul": (lambda a, b: a * b, [(4, 8), (4, 8)], False, True),
+    "mul scalar": (lambda a: a * 0.3, [(4, 8)], False, True),
+    "div": (lambda a, b: a / b, [(4, 8), (4, 8)], True, True),
+    "div scalar": (lambda a: a / 3.0, [(4, 8)], False, True),
+    "neg": (lambda a: -a, [(4, 8)], False, True),
+    "mm": (lambda a, b: a @ b, [(6, 16), (16, 5)], False, True),
+    "bmm": (lambda a, b: torch.bmm(a, b), [(3, 6, 16), (3, 16, 5)], False, True),
+    "addmm": (lambda c, a, b: torch.addmm(c, a, b), [(5,), (6, 16), (16, 5)], False, True),
+    "relu": (F.relu, [(4, 8)], False, True),
+    "gelu": (F.gelu, [(4, 8)], False, True),
+    "gelu tanh": (lambda a: F.gelu(a, approximate="tanh"), [(4, 8)], False, True),
+    "silu": (F.silu, [(4, 8)], False, True),
+    "abs": (torch.abs, [(4, 8)], False, True),
+    "sqrt": (torch.sqrt, [(4, 8)], True, True),
+    "rsqrt": (torch.rsqrt, [(4, 8)], True, True),
+    "square": (lambda a: a**2, [(4, 8)], False, True),
+    "exp": (torch.exp, [(4, 8)], False, False),
+    "log": (torch.log, [(4, 8)], True, False),
+    "tanh": (torch.tanh, [(4, 8)], False, False),
+    "sigmoid": (torch.sigmoid, [(4, 8)], False, False),
+    "sum dim": (lambda a: a.sum(-1), [(4, 8)], False, True),
+    "sum": (lambda a: a.sum(), [(4, 8)], False, True),
+    "mean dims": (lambda a: a.mean((0, 2), keepdim=True), [(3, 4, 8)], False, True),
+    "amax": (lambda a: a.amax(-1), [(4, 8)], False, True),
+    "softmax": (lambda a: a.softmax(-1), [(4, 8)], False, False),
+    "log_softmax": (lambda a: a.log_softmax(-1), [(4, 8)], False, False),
+    "maximum": (torch.maximum, [(4, 8), (4, 8)], False, True),
+    "where": (lambda a, b: torch.where(torch.arange(8) % 3 == 0, a, b), [(4, 8), (4, 8)], False, True),
+    "masked_fill -inf": (lambda a: a.masked_fill(torch.ones(8, 8, dtype=torch.bool).triu(1), float("-inf")), [(8, 8)], False, True),
+    "cat": (lambda a, b: torch.cat([a, b], dim=1), [(4, 8), (4, 3)], False, True),
+    "stack": (lambda a, b: torch.stack([a, b]), [(4, 8), (4, 8)], False, True),
+    "views": (lambda a: a.view(2, 2, 8).transpose(0, 1).permute(2, 0, 1)[1:5, :, 0].unsqueeze(0).expand(3, 4, 2), [(4, 8)], False, True),
+    "split": (lambda a: a.split(3, dim=1)[1], [(4, 8)], False, True),
+}
+
+
+def scaled_inputs(shapes, positive, scale, storage):
+    out = []
+    for shape in shapes:
+        data = unit(*shape, positive=positive).to(storage)
+        out.append(st.ScaledTensor(data, scale))
+    return out
+
+
+@pytest.mark.parametrize("storage", [torch.float16, torch.float32])
+@pytest.mark.parametrize("case", list(CASES))
+def test_each_rule_keeps_the_value_and_the_data_near_unit_scale(case, storage):
+    op, shapes, positive, equivariant = CASES[case]
+    for scale in ([2.0**-60, 1.0, 2.0**60] if equivariant else [1.0]):
+        before = st.unhandled_ops()
+        xs = scaled_inputs(shapes, positive, scale, storage)
+        y = op(*xs)
+        assert st.unhandled_ops() == before, f"{case}: fell back"
+        assert isinstance(y, st.ScaledTensor), case
+        assert y.data_tensor.dtype == storage, f"{case}: data stored as {y.data_tensor.dtype}"
+        want = op(*[value64(x) for x in xs])
+        got = value64(y)
+        assert got.shape == want.shape
+        finite = torch.isfinite(want)
+        assert torch.equal(finite, torch.isfinite(got)) and torch.equal(got[~finite], want[~finite]), case
+        # Output rounding into the storage, and float32 arithmetic of up to 16 terms per output.
+        bound = U[storage] * want[finite].abs() + 16 * 2.0**-24 * want[finite].abs().max()
+        assert torch.all((got[finite] - want[finite]).abs() <= bound), f"{case} at scale {scale}"
+        data = y.data_tensor.double()[finite]
+        rms = data.square().mean().sqrt().item() if data.numel() else 1.0
+        assert 2.0**-4 <= rms <= 2.0**4, f"{case} at scale {scale}: data rms {rms}"
+
+
+def test_a_scaled_tensor_holds_data_and_a_power_of_two():
+    t = st.ScaledTensor(torch.ones(2, 3, dtype=torch.float16), 2.0**-5)
+    assert t.dtype == torch.float32 and t.shape == (2, 3) and t.scale == 2.0**-5
+    assert torch.equal(t.unscaled(), torch.full((2, 3), 2.0**-5))
+    assert "scale=0.03125" in repr(t)
+    for bad in (3.0, -2.0, float("inf"), 2.0**128):
+        with pytest.raises(ValueError, match="power of two"):
+            st.ScaledTensor(torch.ones(2), bad)
+    with pytest.raises(TypeError, match="float16, bfloat16, float32 or float64"):
+        st.ScaledTensor(torch.ones(2, dtype=torch.int64), 1.0)
+    with pytest.raises(TypeError, match="plain torch.Tensor"):
+        st.ScaledTensor(t, 1.0)
+
+
+def test_as_scaled_picks_the_rms_power_of_two_and_is_differentiable():
+    x = (torch.randn(64, 32, generator=GEN) * 1000).requires_grad_()
+    s = st.as_scaled(x, torch.float16)
+    rms = x.detach().square().mean().sqrt().item()
+    assert s.scale == 2.0 ** math.floor(math.log2(rms)) and s.data_tensor.dtype == torch.float16
+    s.unscaled().sum().backward()
+    assert torch.equal(x.grad, torch.ones_like(x))
+
+
+def test_an_op_without_a_rule_falls_back_once_with_a_warning():
+    t = st.as_scaled(torch.randn(4, 4, generator=GEN))
+    with pytest.warns(RuntimeWarning, match="no scale rule for aten.cumsum"):
+        y = torch.cumsum(t, 0)
+    before = st.unhandled_ops()["aten.cumsum.default"]
+    torch.cumsum(t, 0)  # no second warning (pytest would fail on an unexpected one under -W error)
+    assert st.unhandled_ops()["aten.cumsum.default"] == before + 1
+    assert isinstance(y, st.ScaledTensor)
+    torch.testing.assert_close(y.unscaled(), torch.cumsum(t.unscaled(), 0))
