@@ -11,12 +11,15 @@ delayed / scaling bias, block, MX, NVFP4 with its tensor scale, stochastic round
 Hadamard transform) and the GEMMs run on the exact codes (bf16 dot products where the CPU has
 them), bit-identical to the engine. Everything else in the model (attention, norms, embeddings,
 the optimizer) runs in torch's own precision: scale propagation through a whole torch graph is
-another piece of work.
+another piece of work. Where a torch model must compute exactly what the engine computes, the
+engine's own differentiable ops are ``scalify.torch.functional`` (layer_norm, gelu, softmax,
+causal_self_attention, embedding, matmul, add, cross_entropy, and ``engine_op`` for any other).
 """
 
 import warnings
 
 from .. import _torch_spins_long
+from . import functional
 from ._convert import convert, statistics
 from ._linear import Linear
 
@@ -25,4 +28,4 @@ if _torch_spins_long:
                   "and slow scalify.torch's layers down (2x measured on 2 cores); import scalify first, or set "
                   "GOMP_SPINCOUNT=1000 before starting Python", RuntimeWarning, stacklevel=2)
 
-__all__ = ["Linear", "convert", "statistics"]
+__all__ = ["Linear", "convert", "statistics", "functional"]
