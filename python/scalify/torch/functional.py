@@ -12,8 +12,9 @@ and tanh): 1 to 3 ulp apart, which a quantised layer downstream can turn into a 
 Use these where a torch model must reproduce the engine exactly; use torch's elsewhere.
 
 Inputs are CPU float32 or float64 tensors of any layout (a 2-D transposed view such as
-``weight.t()`` reaches the engine as the engine's own transpose of the stored matrix; other
-layouts are copied); integer indices (ids, targets) are int64 tensors or arrays. Each op's
+``weight.t()`` reaches the engine as the engine's own transpose of the stored matrix); integer
+indices (ids, targets) are integer tensors or arrays. Values cross into and out of the engine by
+a copy (one pass over each, small beside the ops; scalify.torch.Linear shares memory). Each op's
 backward runs once (the engine frees its graph): ``retain_graph=True`` cannot keep it, and a
 second backward through one forward raises. ``engine_op`` wraps any function of
 ``scalify.Tensor`` values (``scalify.layer_norm``, ``scalify.unit.gelu``, ...) the same way.
