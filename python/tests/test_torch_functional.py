@@ -11,7 +11,7 @@ float64 from the inputs' absolute values."""
 from __future__ import annotations
 
 import math
-from typing import Callable, List, Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 import pytest

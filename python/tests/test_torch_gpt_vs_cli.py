@@ -110,7 +110,8 @@ def runs(tmp_path_factory: Any, corpus: str) -> Dict[str, Dict[str, Any]]:
             if step == 0:
                 first_moment = {n: m.clone() for n, m in opt.m.items()}
                 quantizers = quantizer_states(model)
-        engine = scalify.Gpt(recipe, vocab=MODEL["vocab"], **{k: v for k, v in SETTINGS.items() if k in ("d_model", "layers", "heads", "seq", "seed")})
+        engine = scalify.Gpt(recipe, vocab=MODEL["vocab"], d_model=MODEL["d_model"], layers=MODEL["layers"], heads=MODEL["heads"],
+                             seq=MODEL["seq"], seed=SEED)  # the CLI's model and initial weights
         ids, targets = scalify.training_batch(0, data=corpus, seed=SEED, batch=BATCH, seq=MODEL["seq"])
         engine_params = engine.parameters()
         engine_weights = {n: np.asarray(t) for n, t in engine_params.items()}
