@@ -1,9 +1,12 @@
-"""The measurements behind python/tests/test_torch_gpt_vs_cli.py's tolerances:
+"""Why python/tests/torch_gpt.py builds the engine's GPT from the engine's own ops
+(scalify.torch.functional) and not torch's: what torch's ops would cost. The test no longer has a
+tolerance (it is bit-exact); this measures the spread it would need without them:
 
 1. torch's f32 ops against the engine's (scalify's Python ops) on model-shaped random inputs;
 2. the 1-ulp input-perturbation envelope: every quantised layer's input moved by -1, 0 or +1 ulp
-   at random in the torch GPT itself, against the unperturbed torch run (no CLI involved);
-3. the torch GPT against `scalify train` (first loss, first-step gradients, 20 losses).
+   at random in the torch GPT itself, against the unperturbed torch run (no CLI involved): how
+   far one ulp anywhere (such as torch's LayerNorm in place of the engine's) moves training;
+3. the torch GPT against `scalify train` (first loss, first-step gradients, 20 losses): 0.
 
     PYTHONPATH=build-py/pkg SCALIFY_CLI=build/apps/scalify/scalify python bench/torch_gpt_spread.py [--draws 10]
 """

@@ -72,6 +72,14 @@ void bind_ops(nb::module_& m) {
       },
       "logits"_a, "targets"_a, "Mean cross-entropy of logits [N, V] against int64 targets [N]");
   m.def(
+      "embedding", [](const Var& weight, const IdArray& ids) { return embedding(weight, ids_from(ids)); }, "weight"_a, "ids"_a,
+      "The rows of weight [V, D] that int64 ids (any shape, each in [0, V)) name: [*ids.shape, D]; the weight's\n"
+      "gradient sums each id's rows in order");
+  m.def(
+      "causal_self_attention", [](const Var& qkv, int64_t heads) { return causal_self_attention(qkv, heads); }, "qkv"_a, "heads"_a,
+      "Causal multi-head attention on a packed projection qkv [B, T, 3D] = [q | k | v] -> [B, T, D]: per head\n"
+      "softmax(mask(q k^T / sqrt(D / heads))) v, one fused kernel forward and one backward (the engine GPT's)");
+  m.def(
       "sum", [](const Var& x, nb::handle dim, bool keepdim) { return sum(x, dims_from(dim, x.shape().size()), keepdim); }, "x"_a,
       "dim"_a = nb::none(), "keepdim"_a = false,
       nb::sig("def sum(x: Tensor, dim: int | collections.abc.Sequence[int] | None = None, keepdim: bool = False) -> Tensor"),

@@ -11,13 +11,16 @@ delayed / scaling bias, block, MX, NVFP4 with its tensor scale, stochastic round
 Hadamard transform) and the GEMMs run on the exact codes (bf16 dot products where the CPU has
 them), bit-identical to the engine. Everything else in the model (attention, norms, embeddings,
 the optimizer) runs in torch's own precision: scale propagation through a whole torch graph is
-another piece of work.
+another piece of work. Where a torch model must compute exactly what the engine computes, the
+engine's own differentiable ops are ``scalify.torch.functional`` (layer_norm, gelu, softmax,
+causal_self_attention, embedding, matmul, add, cross_entropy, and ``engine_op`` for any other).
 """
 
 import warnings
 
 from .. import _torch_spins_long
 from ._accumulation import Accumulation, accumulation
+from . import functional
 from ._convert import convert, statistics
 from ._linear import Linear
 from . import _scaled_rules  # noqa: F401  (registers ScaledTensor's rules)
@@ -30,4 +33,4 @@ if _torch_spins_long:
                   "GOMP_SPINCOUNT=1000 before starting Python", RuntimeWarning, stacklevel=2)
 
 __all__ = ["Accumulation", "Linear", "ScaledTensor", "accumulation", "as_scaled", "cast_on_backward", "cast_on_forward", "convert",
-           "dynamic_rescale", "dynamic_rescale_grad", "rebalance", "set_scaling", "statistics", "unhandled_ops"]
+           "dynamic_rescale", "dynamic_rescale_grad", "functional", "rebalance", "set_scaling", "statistics", "unhandled_ops"]

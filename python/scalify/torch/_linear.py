@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from typing import Any, Callable, Optional, Tuple
 
+import numpy as np
 import torch
 
 from .. import _scalify
@@ -17,6 +18,13 @@ _INPUT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 # Linear._micro_batch inside scalify.torch.accumulation but outside its micro_batch() blocks.
 BETWEEN_MICRO_BATCHES = -2
+
+
+def _bias_gradient(grad_output: torch.Tensor) -> torch.Tensor:
+    """The engine's bias gradient: the rows of grad_output [rows, out] summed in f64 and rounded
+    once (torch's float32 sum rounds differently in most elements)."""
+    summed = _scalify.sum(_scalify.Tensor(grad_output.to(torch.float32).contiguous()), dim=0)
+    return torch.from_numpy(np.asarray(summed))
 
 
 class _QuantizedMatmul(torch.autograd.Function):
@@ -65,7 +73,7 @@ class _QuantizedMatmul(torch.autograd.Function):
         grad_weight = torch.from_numpy(dw)  # [in, out]
         if not ctx.layer.weight_in_out:
             grad_weight = grad_weight.t()
-        grad_bias = None if ctx.bias_dtype is None else grad_output.sum(0).to(ctx.bias_dtype)
+        grad_bias = None if ctx.bias_dtype is None else _bias_gradient(grad_output).to(ctx.bias_dtype)
         return torch.from_numpy(dx), grad_weight.to(ctx.weight_dtype), grad_bias, None, None, None, None
 
 
