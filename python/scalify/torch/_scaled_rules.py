@@ -195,7 +195,7 @@ def _embedding(func: Any, weight: Any, ids: torch.Tensor, padding_idx: int = -1,
 
 @rule(aten.where.self)
 def _where(func: Any, cond: torch.Tensor, x: Any, y: Any) -> Any:
-    return scaled(engine.where(cond.contiguous(), _as_pair(x), _as_pair(y)))
+    return scaled(engine.where(cond.to(torch.float32).contiguous(), _as_pair(x), _as_pair(y)))
 
 
 @rule(aten.masked_fill.Scalar)
@@ -203,7 +203,7 @@ def _masked_fill(func: Any, x: Any, mask: torch.Tensor, value: Any) -> Any:
     fill = torch.tensor(float(value), dtype=torch.float32)
     # A fill whose value ignores scale (0, +-inf) is ANY: it keeps x's scale.
     any_scale = float(value) == 0.0 or not torch.isfinite(fill).item()
-    return scaled(engine.where(mask.contiguous(), (fill, 0.0 if any_scale else None), pair(x)))
+    return scaled(engine.where(mask.to(torch.float32).contiguous(), (fill, 0.0 if any_scale else None), pair(x)))
 
 
 @rule(aten.cat.default)

@@ -61,8 +61,9 @@ class ScaledTensor(torch.Tensor):
         return self._scale
 
     def unscaled(self) -> torch.Tensor:
-        """The represented value data * scale as a plain float32 tensor (float64 for float64 data)."""
-        value: torch.Tensor = _value(self)
+        """The represented value data * scale as a plain float32 tensor (float64 for float64 data),
+        differentiable."""
+        value: torch.Tensor = _Unscale.apply(self)
         return value
 
     def __repr__(self) -> str:  # type: ignore[override]
@@ -88,6 +89,16 @@ class ScaledTensor(torch.Tensor):
         if rule is None:
             return fallback(func, args, kwargs)
         return rule(func, *args, **kwargs)
+
+
+class _Unscale(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x: ScaledTensor) -> Any:
+        return _value(x)
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> Any:
+        return g
 
 
 def pair(x: Any) -> Pair:
