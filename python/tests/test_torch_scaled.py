@@ -105,7 +105,7 @@ def test_each_rule_keeps_the_value_and_the_data_near_unit_scale(case, storage):
 
 def test_a_scaled_tensor_holds_data_and_a_power_of_two():
     t = st.ScaledTensor(torch.ones(2, 3, dtype=torch.float16), 2.0**-5)
-    assert t.dtype == torch.float32 and t.shape == (2, 3) and t.scale == 2.0**-5
+    assert t.dtype == torch.float16 and t.shape == (2, 3) and t.scale == 2.0**-5
     assert torch.equal(t.unscaled(), torch.full((2, 3), 2.0**-5))
     assert "scale=0.03125" in repr(t)
     for bad in (3.0, -2.0, float("inf"), 2.0**128):

@@ -26,6 +26,7 @@ from ._linear import Linear
 from . import _scaled_rules  # noqa: F401  (registers ScaledTensor's rules)
 from ._scaled_functions import as_scaled, cast_on_backward, cast_on_forward, dynamic_rescale, dynamic_rescale_grad, rebalance, set_scaling
 from ._scaled_tensor import ScaledTensor, unhandled_ops
+from ._scalify_model import scalify
 
 if _torch_spins_long:
     warnings.warn("torch was imported before scalify: torch's OpenMP threads spin 300,000 times at every barrier "
@@ -33,4 +34,4 @@ if _torch_spins_long:
                   "GOMP_SPINCOUNT=1000 before starting Python", RuntimeWarning, stacklevel=2)
 
 __all__ = ["Accumulation", "Linear", "ScaledTensor", "accumulation", "as_scaled", "cast_on_backward", "cast_on_forward", "convert",
-           "dynamic_rescale", "dynamic_rescale_grad", "functional", "rebalance", "set_scaling", "statistics", "unhandled_ops"]
+           "dynamic_rescale", "dynamic_rescale_grad", "functional", "rebalance", "scalify", "set_scaling", "statistics", "unhandled_ops"]

@@ -4,6 +4,7 @@ keeps the scale (views, copies: the engine's shape-op rule Z_s = X_s)."""
 
 from __future__ import annotations
 
+import math
 import numbers
 from typing import Any, Callable, List, Optional, Sequence
 
@@ -11,7 +12,7 @@ import torch
 from torch.utils._pytree import tree_map
 
 from .._scalify import scaled as engine
-from ._scaled_tensor import RULES, Pair, ScaledTensor, fallback, pair, scaled
+from ._scaled_tensor import FUNCTIONS, RULES, Pair, ScaledTensor, fallback, pair, scaled
 
 aten = torch.ops.aten
 
@@ -208,7 +209,9 @@ def _masked_fill(func: Any, x: Any, mask: torch.Tensor, value: Any) -> Any:
 
 @rule(aten.cat.default)
 def _cat(func: Any, xs: Sequence[Any], dim: int = 0) -> Any:
-    return scaled(engine.concat([pair(x) for x in xs], dim))
+    # torch.cat skips 1-D empty tensors whatever their dimension (a key/value cache's start).
+    kept = [x for x in xs if not (x.dim() == 1 and x.numel() == 0)]
+    return scaled(engine.concat([pair(x) for x in kept], dim)) if len(kept) > 1 else kept[0].clone()
 
 
 @rule(aten.stack.default)
@@ -239,14 +242,18 @@ def _data_op(func: Any, *args: Any, **kwargs: Any) -> Any:
 
 @rule(aten._to_copy.default)
 def _to_copy(func: Any, x: Any, *, dtype: Any = None, **kwargs: Any) -> Any:
-    if dtype is not None and dtype != torch.float32:  # another represented dtype: leave the scaled world
-        return func(x.unscaled(), dtype=dtype, **kwargs)
-    return ScaledTensor(x._data.clone(), x._scale)
+    if dtype is None or dtype == x._data.dtype:
+        return ScaledTensor(x._data.clone(), x._scale)
+    if dtype in _STORAGE_NAMES:  # another storage for the data, the scale kept (narrowing saturates)
+        return _in_storage(x, dtype)
+    return func(x.unscaled(), dtype=dtype, **kwargs)  # an integer or complex dtype: out of the scaled world
 
 
 @rule(aten.zeros_like.default, aten.empty_like.default, aten.ones_like.default)
 def _like(func: Any, x: Any, *, dtype: Any = None, **kwargs: Any) -> Any:
-    data = func(x._data, dtype=dtype or x._data.dtype, **kwargs)
+    # A parameter's zeros are an optimizer's state: in the storage scalify() gave it.
+    storage = dtype or getattr(x, "_state_storage", None) or x._data.dtype
+    data = func(x._data, dtype=storage, **kwargs)
     if func is aten.zeros_like.default:
         return ScaledTensor(data, 0.0)  # zeros ignore their scale: ANY
     return ScaledTensor(data, 1.0)
@@ -314,3 +321,64 @@ def _zero_(func: Any, x: Any) -> Any:
     x._data = torch.zeros_like(x._data)
     x._scale = 0.0
     return x
+
+
+# --- Losses -------------------------------------------------------------------------------------
+
+
+def _picked_rows(target: torch.Tensor, ignore_index: int) -> "tuple[torch.Tensor, int]":
+    keep = target != ignore_index
+    return keep, int(keep.sum().item())
+
+
+@rule(aten.nll_loss_forward.default)
+def _nll_loss(func: Any, logp: Any, target: torch.Tensor, weight: Any, reduction: int, ignore_index: int) -> Any:
+    # -mean of the log-probabilities picked by the targets: a gather (the scale kept), the sum rule
+    # and a scalar. The sum reads the picked values in float32: a loss stays float32 whatever the
+    # data storage, as the engine's cross-entropy keeps it.
+    if weight is not None or reduction not in (1, 2) or logp.dim() != 2 or not isinstance(logp, ScaledTensor):
+        return fallback(func, (logp, target, weight, reduction, ignore_index), {})
+    keep, count = _picked_rows(target, ignore_index)
+    picked = logp._data.gather(1, target.clamp(min=0).unsqueeze(1)).squeeze(1).to(torch.float32) * keep
+    total = engine.reduce("sum", (picked, logp._scale), [], False)
+    loss = scaled(engine.scalar("mul", total, -1.0 / max(count, 1) if reduction == 1 else -1.0))
+    return loss, torch.tensor(float(count))
+
+
+@rule(aten.nll_loss_backward.default)
+def _nll_loss_backward(func: Any, g: Any, logp: Any, target: torch.Tensor, weight: Any, reduction: int, ignore_index: int,
+                       total_weight: torch.Tensor) -> Any:
+    if weight is not None or reduction not in (1, 2) or logp.dim() != 2:
+        return fallback(func, (g, logp, target, weight, reduction, ignore_index, total_weight), {})
+    keep, count = _picked_rows(target, ignore_index)
+    storage = logp._data.dtype if isinstance(logp, ScaledTensor) else logp.dtype
+    # -1 at each kept row's target, 0 elsewhere (exact in any storage), times g / count.
+    onehot = torch.zeros(logp.shape, dtype=storage)
+    onehot.scatter_(1, target.clamp(min=0).unsqueeze(1), -keep.to(storage).unsqueeze(1))
+    grad = engine.binary("mul", (onehot, None), pair(g))
+    return scaled(engine.scalar("mul", grad, 1.0 / max(count, 1) if reduction == 1 else 1.0))
+
+
+# --- Attention ----------------------------------------------------------------------------------
+
+
+def _attention(q: Any, k: Any, v: Any, attn_mask: Any = None, dropout_p: float = 0.0, is_causal: bool = False,
+               scale: Optional[float] = None, enable_gqa: bool = False) -> Any:
+    """F.scaled_dot_product_attention on ScaledTensors as the ops it is made of, each with its
+    rule: softmax(q k^T * scale + mask) v (torch's CPU kernel fuses them into an op no rule
+    knows)."""
+    if dropout_p != 0.0:
+        return NotImplemented
+    if enable_gqa and k.shape[-3] != q.shape[-3]:
+        k = k.repeat_interleave(q.shape[-3] // k.shape[-3], dim=-3)
+        v = v.repeat_interleave(q.shape[-3] // v.shape[-3], dim=-3)
+    scores = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(q.shape[-1]) if scale is None else scale)
+    if is_causal:
+        T, S = scores.shape[-2], scores.shape[-1]
+        scores = scores.masked_fill(~torch.ones(T, S, dtype=torch.bool).tril(S - T), float("-inf"))
+    if attn_mask is not None:
+        scores = scores.masked_fill(~attn_mask, float("-inf")) if attn_mask.dtype == torch.bool else scores + attn_mask
+    return scores.softmax(-1) @ v
+
+
+FUNCTIONS[torch.nn.functional.scaled_dot_product_attention] = _attention

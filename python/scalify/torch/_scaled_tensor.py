@@ -18,13 +18,18 @@ Rule = Callable[..., Any]
 
 # aten op (OpOverload, or its OpOverloadPacket for every overload) -> its rule (_scaled_rules.py).
 RULES: Dict[Any, Rule] = {}
+# torch functions ScaledTensor takes before they reach aten (a fused op the engine has whole, or one
+# whose aten form has no scaled counterpart): function -> rule returning NotImplemented to decline.
+FUNCTIONS: Dict[Any, Rule] = {}
 _fallbacks: collections.Counter[str] = collections.Counter()
 
 
 class ScaledTensor(torch.Tensor):
     """A tensor represented as ``data * scale``: ``data`` a float16, bfloat16, float32 or float64
     tensor, ``scale`` a power of two (0.0: ANY, a constant whose value ignores its scale). Its
-    torch dtype is float32, the represented value's; every aten op on it runs the engine's scaled
+    torch dtype is its data's (as jax-scalify's ScaledArray has it: a float16 model's code that
+    casts to ``x.dtype`` keeps float16, though the value may lie beyond float16's range, which the
+    scale holds); every aten op on it runs the engine's scaled
     op, which computes the output's scale from the inputs' scales and shapes (never from
     statistics) and rounds the output data into the storage its inputs' data promote to (float16
     data stays float16). Ops without a rule compute on the unscaled values in float32 and warn once
@@ -45,7 +50,7 @@ class ScaledTensor(torch.Tensor):
         if scale != 0.0 and not (2.0**-126 <= scale <= 2.0**127 and math.frexp(scale)[0] == 0.5):
             raise ValueError(f"ScaledTensor: scale must be a power of two within float32's normal range (or 0.0 for ANY), not {scale}")
         t = torch.Tensor._make_wrapper_subclass(
-            cls, data.shape, strides=data.stride(), storage_offset=data.storage_offset(), dtype=torch.float32,
+            cls, data.shape, strides=data.stride(), storage_offset=data.storage_offset(), dtype=data.dtype,
             device=data.device, requires_grad=requires_grad)
         t._data, t._scale = data, scale
         return t
@@ -76,7 +81,17 @@ class ScaledTensor(torch.Tensor):
     def __tensor_unflatten__(inner: Dict[str, torch.Tensor], meta: Dict[str, Any], outer_size: Any, outer_stride: Any) -> "ScaledTensor":
         return ScaledTensor(inner["_data"], meta["scale"])
 
-    __torch_function__ = torch._C._disabled_torch_function_impl  # type: ignore[assignment]
+    @classmethod
+    def __torch_function__(cls, func: Any, types: Any, args: Tuple[Any, ...] = (),
+                           kwargs: Optional[Dict[str, Any]] = None) -> Any:
+        kwargs = kwargs or {}
+        with torch._C.DisableTorchFunctionSubclass():
+            rule = FUNCTIONS.get(func)
+            if rule is not None:
+                out = rule(*args, **kwargs)
+                if out is not NotImplemented:
+                    return out
+            return func(*args, **kwargs)
 
     @classmethod
     def __torch_dispatch__(cls, func: Any, types: Any, args: Tuple[Any, ...] = (),  # type: ignore[override]
@@ -125,18 +140,42 @@ def _value(x: Any) -> Any:
 
 
 def fallback(func: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Any:
-    """An op without a rule: computed on the unscaled values in float32, its floating outputs
-    scaled again (as_scaled) into the storage of the scaled inputs' data; warned once per op."""
+    """An op without a rule: computed on the unscaled values in float32 (float64 stays), each
+    floating output scaled again (as_scaled) with its data in the dtype the op gives for the
+    inputs' dtypes; warned once per op."""
     name = str(func)
     if _fallbacks[name] == 0:
         warnings.warn(f"scalify.torch: no scale rule for {name}: computed on unscaled float32 values "
                       "(scalify.torch.unhandled_ops() lists every such op)", RuntimeWarning, stacklevel=3)
     _fallbacks[name] += 1
-    storages = [a._data.dtype for a in _flat(args, kwargs) if isinstance(a, ScaledTensor)]
-    storage = storages[0] if storages and all(s == storages[0] for s in storages) else torch.float32
-    out = func(*tree_map(_value, args), **tree_map(_value, kwargs))
+    out = func(*tree_map(_wide_value, args), **tree_map(_wide_value, kwargs))
+    try:  # the output dtypes for the inputs' own dtypes, from torch's meta kernels
+        dtypes = tree_map(lambda t: t.dtype if isinstance(t, torch.Tensor) else None,
+                          func(*tree_map(_meta, args), **tree_map(_meta, kwargs)))
+    except Exception:  # noqa: BLE001 (an op without a meta kernel: the computed dtypes)
+        dtypes = tree_map(lambda t: t.dtype if isinstance(t, torch.Tensor) else None, out)
     from ._scaled_rules import rescaled  # noqa: PLC0415 (the rules import this module)
-    return tree_map(lambda t: rescaled(t, storage) if isinstance(t, torch.Tensor) and t.is_floating_point() else t, out)
+    return _zip_map(lambda t, d: rescaled(t, d) if isinstance(t, torch.Tensor) and t.is_floating_point() else t, out, dtypes)
+
+
+def _wide_value(x: Any) -> Any:
+    if isinstance(x, torch.dtype):  # a dtype argument (input_dtype=): the one the values now have
+        return torch.float32 if x in (torch.float16, torch.bfloat16) else x
+    if isinstance(x, ScaledTensor):
+        return _value(x)
+    if isinstance(x, torch.Tensor) and x.is_floating_point() and x.dtype != torch.float64:
+        return x.to(torch.float32)
+    return x
+
+
+def _meta(x: Any) -> Any:
+    return torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device="meta") if isinstance(x, torch.Tensor) else x
+
+
+def _zip_map(fn: Callable[[Any, Any], Any], out: Any, dtypes: Any) -> Any:
+    if isinstance(out, (tuple, list)):
+        return type(out)(_zip_map(fn, o, d) for o, d in zip(out, dtypes))
+    return fn(out, dtypes)
 
 
 def _flat(args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> list[Any]:

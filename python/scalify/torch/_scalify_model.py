@@ -1,0 +1,68 @@
+"""scalify(model, recipe): a torch model's parameters as ScaledTensors, so its forward, backward and
+optimizer propagate scales as the recipe says (SCALIFY, seed 000)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch.nn.utils import parametrize
+
+from ._recipe import RecipeLike, as_recipe
+from ._scaled_functions import as_scaled, cast_on_forward, dynamic_rescale_grad
+from ._scaled_tensor import ScaledTensor
+
+_STORAGE = {"f16": torch.float16, "bf16": torch.bfloat16, "f32": torch.float32}
+
+
+class _CastAtUse(torch.nn.Module):
+    """A parameter stored wider than the recipe's data storage, cast to it where it is used (its
+    gradient comes back in that storage), as the engine's forward model does."""
+
+    def __init__(self, storage: torch.dtype) -> None:
+        super().__init__()
+        self.storage = storage
+
+    def forward(self, p: torch.Tensor) -> torch.Tensor:
+        return cast_on_forward(p, self.storage)
+
+
+def _rescale_input_gradient(module: torch.nn.Module, args: Any) -> Any:
+    return (dynamic_rescale_grad(args[0]),) + tuple(args[1:])
+
+
+def _is_norm(module: torch.nn.Module) -> bool:
+    return isinstance(module, (torch.nn.LayerNorm, torch.nn.RMSNorm)) or type(module).__name__.endswith(("LayerNorm", "RMSNorm"))
+
+
+def scalify(model: torch.nn.Module, recipe: RecipeLike = "scalify_fp16_1") -> torch.nn.Module:
+    """Makes ``model``'s parameters ScaledTensors as a SCALIFY recipe says, in place, and returns
+    it: each parameter's data in the recipe's master-weight storage with scale rms rounded down to
+    a power of two (the engine's prepare_parameters); where the recipe's data storage is narrower
+    (float16 under ``scalify_fp16_1``), each parameter is cast to it where it is used
+    (a parametrization: ``state_dict`` names it ``parametrizations.<name>.original``), so
+    activations and gradients stay in it end to end; under the recipes that rescale the norms'
+    gradients (``scalify_fp16_2``, ``scalify_fp8_3``, ``scalify_fp8_4``) every LayerNorm / RMSNorm
+    input's gradient is dynamically rescaled. An optimizer made afterwards keeps its state as
+    ScaledTensors in the recipe's optimizer-state storage. Inputs that are plain tensors count as
+    scale 1."""
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"scalify: needs a torch.nn.Module, not {type(model).__name__}")
+    r = as_recipe(recipe)
+    if not r.scaled_state:
+        raise ValueError(f"scalify: recipe {r.name!r} keeps no scaled state; SCALIFY's recipes are "
+                         "scalify_fp16_1, scalify_fp16_2, scalify_fp8_3 and scalify_fp8_4")
+    master, data, state = (_STORAGE[str(d)] for d in (r.master_weight, r.data_storage, r.optimizer_state))
+    for module in list(model.modules()):
+        for name, p in list(module.named_parameters(recurse=False)):
+            if isinstance(p, ScaledTensor):
+                continue
+            with torch.no_grad():
+                param = torch.nn.Parameter(as_scaled(p.detach(), master), requires_grad=p.requires_grad)
+            param._state_storage = state  # type: ignore[attr-defined]  # zeros_like of it: the optimizer's moments
+            setattr(module, name, param)
+            if data.itemsize < master.itemsize:
+                parametrize.register_parametrization(module, name, _CastAtUse(data), unsafe=True)
+        if r.rescale_norm_grad and _is_norm(module):
+            module.register_forward_pre_hook(_rescale_input_gradient)
+    return model
