@@ -21,6 +21,8 @@ namespace {
 
 using namespace nb::literals;
 using TorchArray = nb::ndarray<nb::pytorch, nb::device::cpu>;
+// DLPack 1.1's codes of torch's float8_e4m3fn and float8_e5m2 (nanobind names none of them).
+constexpr uint8_t kDLFloat8_e4m3fn = 10, kDLFloat8_e5m2 = 12;
 
 DType dtype_of(const AnyArray& a, const char* what) {
   const nb::dlpack::dtype d = a.dtype();
@@ -29,7 +31,9 @@ DType dtype_of(const AnyArray& a, const char* what) {
   if (d.code == uint8_t(nb::dlpack::dtype_code::Float) && d.bits == 16) return DType::f16;
   if (d.code == uint8_t(nb::dlpack::dtype_code::Bfloat) && d.bits == 16) return DType::bf16;
   if (d == nb::dtype<int64_t>()) return DType::i64;
-  throw nb::type_error((std::string(what) + ": data must be float16, bfloat16, float32 or float64 (FP8 codes through cast_data)").c_str());
+  if (d.code == kDLFloat8_e4m3fn && d.bits == 8) return DType::e4m3;
+  if (d.code == kDLFloat8_e5m2 && d.bits == 8) return DType::e5m2;
+  throw nb::type_error((std::string(what) + ": data must be float16, bfloat16, float32, float64, float8_e4m3fn or float8_e5m2").c_str());
 }
 
 nb::dlpack::dtype dlpack_of(DType t) {
@@ -39,7 +43,9 @@ nb::dlpack::dtype dlpack_of(DType t) {
     case DType::f16: return {uint8_t(nb::dlpack::dtype_code::Float), 16, 1};
     case DType::bf16: return {uint8_t(nb::dlpack::dtype_code::Bfloat), 16, 1};
     case DType::i64: return nb::dtype<int64_t>();
-    default: return nb::dtype<uint8_t>();  // FP8 / FP6 codes, one byte each: the caller views them as their format
+    case DType::e4m3: return {kDLFloat8_e4m3fn, 8, 1};
+    case DType::e5m2: return {kDLFloat8_e5m2, 8, 1};
+    default: throw Error("scaled: no torch dtype holds " + std::string(dtype_name(t)) + " data");
   }
 }
 
