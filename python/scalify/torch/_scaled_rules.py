@@ -269,16 +269,22 @@ def _same_size(func: Any, x: Any, y: Any) -> bool:
     return bool(x.shape == y.shape)
 
 
-# --- In place: the out-of-place rule, its result in the tensor's own storage ------------------
+# --- In place: the out-of-place rule, its value written in the tensor's own scale and storage ----
 
 
-def _assign(target: Any, value: Any) -> Any:
+def _assign(target: Any, value: Any, keep_scale: bool = True) -> Any:
+    """target <- value. A target with a scale keeps it (the value's data rescaled exactly, then
+    rounded into the target's storage), as the engine's optimizer restores a parameter's scale
+    after its update: a weight decay of 0.999 by the mul_scalar rule alone would halve the scale
+    and double the data at every step. A target of ANY scale (fresh zeros) takes the value's."""
     if not isinstance(target, ScaledTensor):
         raise TypeError("scalify.torch: an in-place op on a plain tensor with a ScaledTensor operand would drop the scale; "
                         "make the target a ScaledTensor (scalify.torch.as_scaled)")
     storage = target._data.dtype
     if not isinstance(value, ScaledTensor):
         value = rescaled(value, storage)
+    if keep_scale and target._scale != 0.0 and value._scale not in (0.0, target._scale):
+        value = scaled(engine.set_scaling((value._data.to(torch.float32).contiguous(), value._scale), target._scale))
     value = _in_storage(value, storage)
     target._data, target._scale = value._data, value._scale
     return target
@@ -308,12 +314,12 @@ def _addcdiv_(func: Any, x: Any, a: Any, b: Any, *, value: Any = 1) -> Any:
 @rule(aten.lerp_.Scalar)
 def _lerp_(func: Any, x: Any, end: Any, weight: Any) -> Any:
     # x + w (end - x) = (1 - w) x + w end: the engine's moving-average rule (its scale stationary).
-    return _assign(x, scaled(engine.ema(pair(x), pair(end), 1.0 - float(weight))))
+    return _assign(x, scaled(engine.ema(pair(x), pair(end), 1.0 - float(weight))), keep_scale=False)
 
 
 @rule(aten.copy_.default)
 def _copy_(func: Any, x: Any, src: Any, non_blocking: bool = False) -> Any:
-    return _assign(x, src if isinstance(src, ScaledTensor) else src.detach())
+    return _assign(x, src if isinstance(src, ScaledTensor) else src.detach(), keep_scale=False)
 
 
 @rule(aten.zero_.default)

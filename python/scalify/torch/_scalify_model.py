@@ -3,7 +3,7 @@ optimizer propagate scales as the recipe says (SCALIFY, seed 000)."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Dict
 
 import torch
 from torch.nn.utils import parametrize
@@ -53,13 +53,16 @@ def scalify(model: torch.nn.Module, recipe: RecipeLike = "scalify_fp16_1") -> to
         raise ValueError(f"scalify: recipe {r.name!r} keeps no scaled state; SCALIFY's recipes are "
                          "scalify_fp16_1, scalify_fp16_2, scalify_fp8_3 and scalify_fp8_4")
     master, data, state = (_STORAGE[str(d)] for d in (r.master_weight, r.data_storage, r.optimizer_state))
+    made: Dict[int, torch.nn.Parameter] = {}  # a parameter shared by modules (a tied head) stays one
     for module in list(model.modules()):
         for name, p in list(module.named_parameters(recurse=False)):
             if isinstance(p, ScaledTensor):
                 continue
-            with torch.no_grad():
-                param = torch.nn.Parameter(as_scaled(p.detach(), master), requires_grad=p.requires_grad)
-            param._state_storage = state  # type: ignore[attr-defined]  # zeros_like of it: the optimizer's moments
+            if id(p) not in made:
+                with torch.no_grad():
+                    made[id(p)] = torch.nn.Parameter(as_scaled(p.detach(), master), requires_grad=p.requires_grad)
+                made[id(p)]._state_storage = state  # type: ignore[attr-defined]  # zeros_like of it: the optimizer's moments
+            param = made[id(p)]
             setattr(module, name, param)
             if data.itemsize < master.itemsize:
                 parametrize.register_parametrization(module, name, _CastAtUse(data), unsafe=True)
