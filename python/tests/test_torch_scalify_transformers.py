@@ -1,0 +1,90 @@
+"""scalify.torch.scalify on Hugging Face transformers models: the tiny random GPT-2, Llama (grouped-
+query attention) and causal BERT of test_torch_transformers.py, their parameters ScaledTensors,
+train 200 steps with torch's AdamW under SCALIFY FP16 #1 with float16 activations and gradients end
+to end and no loss scaling, and end within +0.05 nats of the same models in float32; every aten op
+they run forward, backward and in the optimizer has its scale rule (no unscaled fallback)."""
+
+import copy
+import functools
+import math
+
+import numpy as np
+import pytest
+
+import scalify  # before torch (scalify.torch warns otherwise)
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers", reason="needs transformers (scripts/test_python.sh installs it)")
+
+import scalify.torch as st  # noqa: E402
+import test_torch_transformers as models  # noqa: E402  (python/tests: the models, batches and loss)
+
+STEPS, WARMUP, TOLERANCE = 200, 10, 0.05
+
+
+def learning_rate_factor(step):
+    if step < WARMUP:
+        return (step + 1) / WARMUP
+    return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * (step - WARMUP) / (STEPS - WARMUP)))
+
+
+def data_dtypes(model, ids):
+    """The data dtypes of every module's ScaledTensor outputs on one forward."""
+    seen = set()
+
+    def record(module, args, out):
+        for t in (out if isinstance(out, tuple) else (out,)):
+            if isinstance(t, st.ScaledTensor):
+                seen.add(t.data_tensor.dtype)
+
+    hooks = [m.register_forward_hook(record) for m in model.modules()]
+    with torch.no_grad():
+        model(input_ids=ids)
+    for h in hooks:
+        h.remove()
+    return seen
+
+
+@functools.lru_cache(maxsize=None)
+def trained(name, recipe):
+    """(model, held-out loss) after STEPS steps from the seeded initial weights."""
+    model = copy.deepcopy(models.initial_model(name))
+    if recipe != "f32":
+        st.scalify(model, recipe)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=models.LR, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1)
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, learning_rate_factor)
+    for step in range(STEPS):
+        loss = models.loss_of(model, *models.batch(step))
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        schedule.step()
+    with torch.no_grad():
+        held_out = float(np.mean([float(models.loss_of(model, *models.batch(i))) for i in models.EVAL_BATCHES]))
+    return model, held_out
+
+
+@pytest.mark.parametrize("name", list(models.MODELS))
+def test_scalified_model_trains_in_float16_within_tolerance_of_float32(name):
+    before = st.unhandled_ops()
+    model, loss = trained(name, "scalify_fp16_1")
+    assert st.unhandled_ops() == before, f"{name}: ops without a scale rule"
+    params = list(model.parameters())
+    assert params and all(isinstance(p, st.ScaledTensor) and p.data_tensor.dtype == torch.float32 for p in params)
+    gradients = {p.grad.data_tensor.dtype for p in params if p.grad is not None}
+    assert gradients == {torch.float16}  # cast at use: the gradients come back in the data storage
+    assert data_dtypes(model, models.batch(0)[0]) == {torch.float16}
+    _, reference = trained(name, "f32")
+    assert loss <= reference + TOLERANCE, f"{name}: {loss:.4f} nats, f32 {reference:.4f}"
+
+
+def test_scalify_keeps_tied_parameters_and_refuses_other_recipes():
+    model = copy.deepcopy(models.initial_model("gpt2"))
+    count = len(list(model.parameters()))
+    st.scalify(model, "scalify_fp16_1")
+    assert len(list(model.parameters())) == count
+    assert model.lm_head.parametrizations.weight.original is model.transformer.wte.parametrizations.weight.original
+    with pytest.raises(ValueError, match="keeps no scaled state"):
+        st.scalify(torch.nn.Linear(2, 2), "mxfp8")
+    with pytest.raises(TypeError, match="nn.Module"):
+        st.scalify("model")
