@@ -122,6 +122,10 @@ std::vector<ScaledTensor> norm_affine_backward(const NormSaved& saved, const Sca
 }
 
 ScaledTensor embedding_backward(const ScaledTensor& g, const Tensor& ids, int64_t vocab) {
+  Shape rows = ids.shape();
+  rows.push_back(g.data.dim() ? g.shape().back() : 0);
+  if (g.shape() != rows)
+    throw Error("embedding_backward: gradient " + shape_str(g.shape()) + " does not match ids " + shape_str(ids.shape()));
   return with_grad_scale(g, ops::embedding_backward(g.data, ids, vocab));
 }
 
@@ -140,6 +144,14 @@ ScaledTensor cross_entropy_backward(const ScaledTensor& logits, const Tensor& ta
 }
 
 namespace {
+// qkv [B, T, 3D] with one scale or none, and D divisible by heads.
+void check_qkv(const ScaledTensor& x, int64_t heads) {
+  if (x.any_scale || (x.scale.defined() && x.scale.numel() != 1))
+    throw Error("causal_self_attention: qkv needs one scale (or none); per-block or ANY scales compose matmul, causal_mask and softmax");
+  if (x.shape().size() != 3 || heads < 1 || x.shape()[2] % (3 * heads) != 0)
+    throw Error("causal_self_attention: qkv must be [B, T, 3D] with D divisible by heads = " + std::to_string(heads) + ", got " +
+                shape_str(x.shape()));
+}
 // q k^T's multiplier: s^2 / sqrt(head dim) for data of scale s.
 double score_multiplier(const ScaledTensor& qkv, int64_t heads) {
   const double scale = qkv.scale.defined() ? double(qkv.scalar_scale()) : 1.0;
@@ -148,11 +160,7 @@ double score_multiplier(const ScaledTensor& qkv, int64_t heads) {
 }  // namespace
 
 Attention causal_attention(const ScaledTensor& x, int64_t heads) {
-  if (x.any_scale || (x.scale.defined() && x.scale.numel() != 1))
-    throw Error("causal_self_attention: qkv needs one scale (or none); per-block or ANY scales compose matmul, causal_mask and softmax");
-  if (x.shape().size() != 3 || heads < 1 || x.shape()[2] % (3 * heads) != 0)
-    throw Error("causal_self_attention: qkv must be [B, T, 3D] with D divisible by heads = " + std::to_string(heads) + ", got " +
-                shape_str(x.shape()));
+  check_qkv(x, heads);
   // Represented values s * X_d: scores s^2 (q_d k_d^T) / sqrt(hd). The output is a convex
   // combination of value rows, so it keeps their scale (Y_s = s, |Y_d| <= max |v_d|: it cannot
   // overflow).
@@ -162,6 +170,7 @@ Attention causal_attention(const ScaledTensor& x, int64_t heads) {
 }
 
 ScaledTensor causal_attention_backward(const ScaledTensor& x, const Tensor& probs, const ScaledTensor& g, int64_t heads) {
+  check_qkv(x, heads);
   // dq and dk are s^2 times smaller than dv (they pass through the scores), and one scale holds
   // all three: the rule puts it between them.
   const double scale = x.scale.defined() ? double(x.scalar_scale()) : 1.0, score_mul = score_multiplier(x, heads);
