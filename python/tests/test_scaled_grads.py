@@ -17,7 +17,9 @@ import pytest
 
 import scalify
 
-torch = pytest.importorskip("torch")
+pytest.importorskip("torch")
+import torch  # noqa: E402  (after the skip: torch is optional)
+
 F = torch.nn.functional
 scaled = scalify._scalify.scaled
 
@@ -39,7 +41,8 @@ def unit_data(shape: tuple[int, ...], dtype: str, seed: int, positive: bool = Fa
     if positive:
         z = np.abs(z) + 0.25
     z = z / np.sqrt(np.mean(z * z)) * 1.5
-    return z.astype(NP_DTYPE[dtype]).astype(np.float32)
+    out: np.ndarray = z.astype(NP_DTYPE[dtype]).astype(np.float32)
+    return out
 
 
 def engine_leaf(data: np.ndarray, scale: float, dtype: str) -> scalify.Tensor:
