@@ -5,7 +5,6 @@
 
 #include <cmath>
 #include <limits>
-#include <numeric>
 #include <optional>
 
 #include "scalify/autograd/data_precision.hpp"
@@ -47,17 +46,14 @@ Var sub(const Var& a, const Var& b) {
 }
 
 Var mul(const Var& a, const Var& b) {
-  return Var::make("mul", s::mul(a.scaled(), b.scaled()), {a, b}, [x = a.scaled(), y = b.scaled()](const ScaledTensor& g) {
-    return Grads{s::sum_to(s::mul(g, y), x.shape()), s::sum_to(s::mul(g, x), y.shape())};
-  });
+  return Var::make("mul", s::mul(a.scaled(), b.scaled()), {a, b},
+                   [x = a.scaled(), y = b.scaled()](const ScaledTensor& g) { return s::mul_backward(x, y, g); });
 }
 
 Var div(const Var& a, const Var& b) {
   const ScaledTensor out = stored(s::div(a.scaled(), b.scaled()), {a, b}, "div");
-  return Var::make("div", out, {a, b}, [out, y = b.scaled(), sa = a.shape()](const ScaledTensor& g) {
-    const ScaledTensor ga = s::div(g, y);  // d(a/b)/da = 1/b, d(a/b)/db = -out/b
-    return Grads{s::sum_to(ga, sa), s::sum_to(s::mul_scalar(s::mul(ga, out), -1.0), y.shape())};
-  });
+  return Var::make("div", out, {a, b},
+                   [out, y = b.scaled(), sa = a.shape()](const ScaledTensor& g) { return s::div_backward(out, y, sa, g); });
 }
 
 Var neg(const Var& x) { return mul_scalar(x, -1.0); }
@@ -86,35 +82,13 @@ Var unary(ops::Unary op, const Var& x) {
 }
 
 Var matmul(const Var& a, const Var& b) {
-  return Var::make("matmul", s::matmul(a.scaled(), b.scaled()), {a, b}, [x = a.scaled(), w = b.scaled()](const ScaledTensor& g) {
-    // dA = G B^T, dB = A^T G (transposed views go to the GEMM without copies), summed over
-    // broadcast batch dimensions; each a scaled matmul with its own reduction size.
-    const ScaledTensor dx = s::sum_to(s::matmul(g, s::transpose(w, -1, -2)), x.shape());
-    if (w.shape().size() == 2 && x.shape().size() > 2 && (!x.is_scaled() || x.has_single_scale()) &&
-        (!g.is_scaled() || g.has_single_scale())) {
-      // A weight shared by every batch row (a linear layer): one GEMM reducing over all rows,
-      // not one per batch index and then a sum over a [batch, K, N] temporary. Scaled, that is
-      // the matmul rule over all rows' reduction.
-      const int64_t K = x.shape().back(), N = g.shape().back(), rows = x.data.numel() / std::max<int64_t>(K, 1);
-      const ScaledTensor x2 = s::reshape(x, {rows, K}), g2 = s::reshape(g, {rows, N});
-      return Grads{dx, s::matmul(s::transpose(x2, 0, 1), g2)};
-    }
-    return Grads{dx, s::sum_to(s::matmul(s::transpose(x, -1, -2), g), w.shape())};
-  });
+  return Var::make("matmul", s::matmul(a.scaled(), b.scaled()), {a, b},
+                   [x = a.scaled(), w = b.scaled()](const ScaledTensor& g) { return s::matmul_backward(x, w, g); });
 }
 
 Var sum(const Var& x, const std::vector<int>& dims, bool keepdim) {
-  return Var::make("sum", s::sum(x.scaled(), dims, keepdim), {x}, [shape = x.shape(), dims, keepdim](const ScaledTensor& g) {
-    ScaledTensor gk = g;
-    if (!keepdim) {  // put the reduced dimensions back as size 1, then broadcast
-      Shape kept = shape;
-      std::vector<int> d = dims;
-      if (d.empty()) d.resize(shape.size()), std::iota(d.begin(), d.end(), 0);
-      for (int i : d) kept[size_t(i < 0 ? i + int(shape.size()) : i)] = 1;
-      gk = s::reshape(g, kept);
-    }
-    return Grads{s::with_grad_scale(gk, gk.data.expand(shape).contiguous())};
-  });
+  return Var::make("sum", s::sum(x.scaled(), dims, keepdim), {x},
+                   [shape = x.shape(), dims, keepdim](const ScaledTensor& g) { return Grads{s::sum_backward(g, shape, dims, keepdim)}; });
 }
 
 Var mean(const Var& x, const std::vector<int>& dims, bool keepdim) {
@@ -132,16 +106,8 @@ Var max(const Var& x, int dim, bool keepdim) {
       sh.erase(sh.begin() + (dim < 0 ? dim + int(sh.size()) : dim));
       return sh;
     }());
-  return Var::make("max", out, {x}, [shape = x.shape(), dim, index](const ScaledTensor& g) {
-    // The gradient goes to the (first) maximum of each row: a 0/1 mask times g.
-    const int d = dim < 0 ? dim + int(shape.size()) : dim;
-    std::vector<float> pos(static_cast<size_t>(numel_of(shape)));
-    const Shape strides = contiguous_strides(shape);
-    for (size_t i = 0; i < pos.size(); ++i) pos[i] = float((int64_t(i) / strides[size_t(d)]) % shape[size_t(d)]);
-    const Tensor hit = ops::sub(Tensor::from_vector(pos, shape), index.to(DType::f32));
-    const Tensor is_max = ops::where(hit, Tensor::scalar(0.0), Tensor::scalar(1.0));
-    return Grads{s::with_grad_scale(g, ops::mul(is_max, g.data.reshape(index.shape())))};
-  });
+  return Var::make("max", out, {x},
+                   [shape = x.shape(), dim, index](const ScaledTensor& g) { return Grads{s::max_backward(g, shape, dim, index)}; });
 }
 
 Var softmax(const Var& x, int dim) {
@@ -235,11 +201,8 @@ Var maximum(const Var& a, const Var& b) { return extremum(a, b, true); }
 Var minimum(const Var& a, const Var& b) { return extremum(a, b, false); }
 
 Var where(const Tensor& cond, const Var& a, const Var& b) {
-  return Var::make("where", s::where(cond, a.scaled(), b.scaled()), {a, b}, [cond, sa = a.shape(), sb = b.shape()](const ScaledTensor& g) {
-    const ScaledTensor zero = any_scale_constant(Tensor::scalar(0.0, g.data.dtype() == DType::f64 ? DType::f64 : DType::f32));
-    const ScaledTensor gz = g.is_scaled() ? zero : ScaledTensor(zero.data);
-    return Grads{s::sum_to(s::where(cond, g, gz), sa), s::sum_to(s::where(cond, gz, g), sb)};
-  });
+  return Var::make("where", s::where(cond, a.scaled(), b.scaled()), {a, b},
+                   [cond, sa = a.shape(), sb = b.shape()](const ScaledTensor& g) { return s::where_backward(cond, g, sa, sb); });
 }
 
 Var causal_mask(const Var& scores) {
@@ -287,12 +250,8 @@ Var transpose(const Var& x, int d0, int d1) {
 }
 
 Var slice(const Var& x, int dim, int64_t start, int64_t end) {
-  return Var::make("slice", s::slice(x.scaled(), dim, start, end), {x}, [sh = x.shape(), dim, start, end](const ScaledTensor& g) {
-    Tensor full = Tensor::zeros(sh, g.data.dtype() == DType::f64 ? DType::f64 : DType::f32);
-    Tensor part = full.slice(dim, start, end);
-    part.copy_(g.data);  // zeros elsewhere: any scale represents them, so g's scale is kept
-    return Grads{s::with_grad_scale(g, full)};
-  });
+  return Var::make("slice", s::slice(x.scaled(), dim, start, end), {x},
+                   [sh = x.shape(), dim, start, end](const ScaledTensor& g) { return Grads{s::slice_backward(g, sh, dim, start, end)}; });
 }
 
 Var expand(const Var& x, const Shape& shape) {
@@ -307,11 +266,7 @@ Var concat(const std::vector<Var>& xs, int dim) {
     values.push_back(x.scaled());
     sizes.push_back(x.shape()[size_t(dim < 0 ? dim + int(x.shape().size()) : dim)]);
   }
-  return Var::make("concat", s::concat(values, dim), xs, [sizes, dim](const ScaledTensor& g) {
-    Grads out;
-    for (Tensor& part : ops::split(g.data, sizes, dim)) out.push_back(s::with_grad_scale(g, part));
-    return out;
-  });
+  return Var::make("concat", s::concat(values, dim), xs, [sizes, dim](const ScaledTensor& g) { return s::concat_backward(g, sizes, dim); });
 }
 
 std::vector<Var> split(const Var& x, const std::vector<int64_t>& sizes, int dim) {

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <numeric>
 #include <string>
 
 #include "scalify/autograd/data_precision.hpp"
@@ -16,6 +17,73 @@ namespace {
 Tensor plain(const ScaledTensor& x) { return x.is_scaled() ? x.value() : x.data; }
 bool one_normal_scale(const ScaledTensor& t) { return t.has_single_scale() && scale_kept_exactly(t.scalar_scale()); }
 }  // namespace
+
+std::vector<ScaledTensor> mul_backward(const ScaledTensor& x, const ScaledTensor& y, const ScaledTensor& g) {
+  return {sum_to(mul(g, y), x.shape()), sum_to(mul(g, x), y.shape())};
+}
+
+std::vector<ScaledTensor> div_backward(const ScaledTensor& out, const ScaledTensor& y, const Shape& x_shape, const ScaledTensor& g) {
+  const ScaledTensor gx = div(g, y);  // d(x/y)/dx = 1/y, d(x/y)/dy = -out/y
+  return {sum_to(gx, x_shape), sum_to(mul_scalar(mul(gx, out), -1.0), y.shape())};
+}
+
+std::vector<ScaledTensor> matmul_backward(const ScaledTensor& x, const ScaledTensor& w, const ScaledTensor& g) {
+  // dX = G W^T, dW = X^T G (transposed views go to the GEMM without copies), summed over
+  // broadcast batch dimensions; each a scaled matmul with its own reduction size.
+  const ScaledTensor dx = sum_to(matmul(g, transpose(w, -1, -2)), x.shape());
+  if (w.shape().size() == 2 && x.shape().size() > 2 && (!x.is_scaled() || x.has_single_scale()) &&
+      (!g.is_scaled() || g.has_single_scale())) {
+    // A weight shared by every batch row (a linear layer): one GEMM reducing over all rows,
+    // not one per batch index and then a sum over a [batch, K, N] temporary. Scaled, that is
+    // the matmul rule over all rows' reduction.
+    const int64_t K = x.shape().back(), N = g.shape().back(), rows = x.data.numel() / std::max<int64_t>(K, 1);
+    const ScaledTensor x2 = reshape(x, {rows, K}), g2 = reshape(g, {rows, N});
+    return {dx, matmul(transpose(x2, 0, 1), g2)};
+  }
+  return {dx, sum_to(matmul(transpose(x, -1, -2), g), w.shape())};
+}
+
+ScaledTensor sum_backward(const ScaledTensor& g, const Shape& shape, const std::vector<int>& dims, bool keepdim) {
+  ScaledTensor gk = g;
+  if (!keepdim) {  // put the reduced dimensions back as size 1, then broadcast
+    Shape kept = shape;
+    std::vector<int> d = dims;
+    if (d.empty()) d.resize(shape.size()), std::iota(d.begin(), d.end(), 0);
+    for (int i : d) kept[size_t(i < 0 ? i + int(shape.size()) : i)] = 1;
+    gk = reshape(g, kept);
+  }
+  return with_grad_scale(gk, gk.data.expand(shape).contiguous());
+}
+
+ScaledTensor max_backward(const ScaledTensor& g, const Shape& shape, int dim, const Tensor& index) {
+  // The gradient goes to the (first) maximum of each row: a 0/1 mask times g.
+  const int d = dim < 0 ? dim + int(shape.size()) : dim;
+  std::vector<float> pos(static_cast<size_t>(numel_of(shape)));
+  const Shape strides = contiguous_strides(shape);
+  for (size_t i = 0; i < pos.size(); ++i) pos[i] = float((int64_t(i) / strides[size_t(d)]) % shape[size_t(d)]);
+  const Tensor hit = ops::sub(Tensor::from_vector(pos, shape), index.to(DType::f32));
+  const Tensor is_max = ops::where(hit, Tensor::scalar(0.0), Tensor::scalar(1.0));
+  return with_grad_scale(g, ops::mul(is_max, g.data.reshape(index.shape())));
+}
+
+std::vector<ScaledTensor> where_backward(const Tensor& cond, const ScaledTensor& g, const Shape& x_shape, const Shape& y_shape) {
+  const ScaledTensor zero = any_scale_constant(Tensor::scalar(0.0, g.data.dtype() == DType::f64 ? DType::f64 : DType::f32));
+  const ScaledTensor gz = g.is_scaled() ? zero : ScaledTensor(zero.data);
+  return {sum_to(where(cond, g, gz), x_shape), sum_to(where(cond, gz, g), y_shape)};
+}
+
+ScaledTensor slice_backward(const ScaledTensor& g, const Shape& shape, int dim, int64_t start, int64_t end) {
+  Tensor full = Tensor::zeros(shape, g.data.dtype() == DType::f64 ? DType::f64 : DType::f32);
+  Tensor part = full.slice(dim, start, end);
+  part.copy_(g.data);  // zeros elsewhere: any scale represents them, so g's scale is kept
+  return with_grad_scale(g, full);
+}
+
+std::vector<ScaledTensor> concat_backward(const ScaledTensor& g, const std::vector<int64_t>& sizes, int dim) {
+  std::vector<ScaledTensor> out;
+  for (Tensor& part : ops::split(g.data, sizes, dim)) out.push_back(with_grad_scale(g, part));
+  return out;
+}
 
 ScaledTensor unary_backward(ops::Unary op, const ScaledTensor& x_in, const ScaledTensor& y, const ScaledTensor& g) {
   using U = ops::Unary;

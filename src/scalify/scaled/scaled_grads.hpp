@@ -14,6 +14,24 @@
 
 namespace scalify::scaled {
 
+// Gradients summed back over the dimensions an operand was broadcast along (sum_to).
+// mul: {g y, g x}. div (out = x / y): {g / y, -(g / y) out}.
+std::vector<ScaledTensor> mul_backward(const ScaledTensor& x, const ScaledTensor& y, const ScaledTensor& g);
+std::vector<ScaledTensor> div_backward(const ScaledTensor& out, const ScaledTensor& y, const Shape& x_shape, const ScaledTensor& g);
+// x [..., M, K] @ w [..., K, N]: {g w^T, x^T g}, each a scaled matmul with its own reduction size;
+// a 2-D weight shared by every batch row gets one GEMM over all rows.
+std::vector<ScaledTensor> matmul_backward(const ScaledTensor& x, const ScaledTensor& w, const ScaledTensor& g);
+// sum over dims of an x of `shape`: g broadcast back, its scale kept (as every gradient below).
+ScaledTensor sum_backward(const ScaledTensor& g, const Shape& shape, const std::vector<int>& dims, bool keepdim);
+// max over dim (keepdim or not) with the forward's index of the (first) maximum: g at the maximum, 0 elsewhere.
+ScaledTensor max_backward(const ScaledTensor& g, const Shape& shape, int dim, const Tensor& index);
+// where(cond, x, y): {g where cond else 0, 0 where cond else g}; the zeros are ANY-scaled.
+std::vector<ScaledTensor> where_backward(const Tensor& cond, const ScaledTensor& g, const Shape& x_shape, const Shape& y_shape);
+// slice [start, end) of dim from an x of `shape`: g in place, zeros elsewhere.
+ScaledTensor slice_backward(const ScaledTensor& g, const Shape& shape, int dim, int64_t start, int64_t end);
+// concat along dim of parts of these sizes: g split back.
+std::vector<ScaledTensor> concat_backward(const ScaledTensor& g, const std::vector<int64_t>& sizes, int dim);
+
 // grad * f'(x) for y = unary(op, x), in x's storage. Scaled powers (sqrt, rsqrt, square) go
 // through the power and mul rules; every other map keeps g's scale. y is needed where the
 // derivative is written with it (ops::derivative_uses_output: exp, sqrt, rsqrt, sigmoid, tanh),
