@@ -7,6 +7,7 @@
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/tuple.h>
+#include <nanobind/stl/vector.h>
 
 #include <optional>
 #include <string>
@@ -60,6 +61,18 @@ Tensor int64_ids(nb::handle ids, const char* what) {
   return t;
 }
 
+// A condition as 0/1 f32: torch's bool masks read byte by byte, numbers as they are.
+Tensor condition(nb::handle cond, const char* what) {
+  AnyArray a;
+  if (nb::try_cast(cond, a, false) && a.dtype().code == uint8_t(nb::dlpack::dtype_code::Bool)) {
+    const auto* bytes = static_cast<const uint8_t*>(a.data());
+    std::vector<float> v(a.size());
+    for (size_t i = 0; i < v.size(); ++i) v[i] = bytes[i] ? 1.0f : 0.0f;
+    return Tensor::from_vector(v, shape_from(shape_of(a)));
+  }
+  return borrowed_tensor(cond, what).to(DType::f32);
+}
+
 // The normalisation's state from x: the fused kernel (with its affine) or the plain one, as the
 // engine's layer_norm / rms_norm choose; the affine needs x, weight and bias all unscaled or all
 // with one normal scale, the only case the engine fuses (other scales compose its ops).
@@ -82,6 +95,68 @@ scaled::Norm normalised(const ScaledTensor& x, const ScaledTensor& w, const Scal
 #define PAIR "tuple[typing.Any, float | None]"
 
 void bind_scaled_grads(nb::module_& m) {
+  m.def(
+      "matmul_backward",
+      [](nb::handle xp, nb::handle wp, nb::handle gp) {
+        const ScaledTensor x = scaled_pair(xp, "matmul_backward x"), w = scaled_pair(wp, "matmul_backward w");
+        const ScaledTensor g = scaled_pair(gp, "matmul_backward grad");
+        if (x.data.dim() < 2 || w.data.dim() < 2 || g.data.dim() < 2)
+          throw nb::value_error("matmul_backward: x, w and grad need two dimensions or more");
+        const std::vector<ScaledTensor> d = scaled::matmul_backward(x, w, g);
+        return nb::make_tuple(grad_pair(d[0], x.data.dtype(), "matmul"), grad_pair(d[1], w.data.dtype(), "matmul"));
+      },
+      "x"_a, "w"_a, "grad"_a, nb::sig("def matmul_backward(x: " PAIR ", w: " PAIR ", grad: " PAIR ") -> tuple[" PAIR ", " PAIR "]"),
+      "The gradients (dx, dw) of x @ w for the output's gradient grad, each in its operand's storage: g w^T and x^T g as scaled "
+      "matmuls, summed over broadcast batch dimensions (a 2-D w shared by every row of a batched x: one GEMM over all rows).");
+  m.def(
+      "where_backward",
+      [](nb::handle cond, nb::handle gp, const std::vector<int64_t>& x_shape, const std::vector<int64_t>& y_shape,
+         std::optional<std::string> x_dtype, std::optional<std::string> y_dtype) {
+        const ScaledTensor g = scaled_pair(gp, "where_backward grad");
+        const Tensor c = condition(cond, "where_backward condition");
+        const std::vector<ScaledTensor> d = scaled::where_backward(c, g, Shape(x_shape), Shape(y_shape));
+        return nb::make_tuple(grad_pair(d[0], x_dtype ? parse_dtype(*x_dtype) : g.data.dtype(), "where"),
+                              grad_pair(d[1], y_dtype ? parse_dtype(*y_dtype) : g.data.dtype(), "where"));
+      },
+      "cond"_a, "grad"_a, "x_shape"_a, "y_shape"_a, "x_dtype"_a = nb::none(), "y_dtype"_a = nb::none(),
+      nb::sig("def where_backward(cond: typing.Any, grad: " PAIR ", x_shape: list[int], y_shape: list[int], x_dtype: str | None = None, "
+              "y_dtype: str | None = None) -> tuple[" PAIR ", " PAIR "]"),
+      "The gradients of where(cond, x, y) (cond bool or numbers, nonzero true): grad where cond else zeros (ANY-scaled: grad's scale "
+      "kept), and the converse, summed "
+      "back to x_shape and y_shape, in x's and y's storage dtypes ('f32', 'f16', 'bf16', ...; default grad's).");
+  m.def(
+      "slice_backward",
+      [](nb::handle gp, const std::vector<int64_t>& shape, int dim, int64_t start, int64_t end, std::optional<std::string> dtype) {
+        const ScaledTensor g = scaled_pair(gp, "slice_backward grad");
+        const int64_t d = dim_index(dim, shape.size());
+        Shape part = Shape(shape);
+        if (start < 0 || end < start || end > part[size_t(d)]) throw nb::value_error("slice_backward: start and end outside the dimension");
+        part[size_t(d)] = end - start;
+        if (g.shape() != part) throw nb::value_error("slice_backward: grad does not have the slice's shape");
+        return grad_pair(scaled::slice_backward(g, Shape(shape), int(d), start, end), dtype ? parse_dtype(*dtype) : g.data.dtype(),
+                         "slice");
+      },
+      "grad"_a, "shape"_a, "dim"_a, "start"_a, "end"_a, "dtype"_a = nb::none(),
+      nb::sig("def slice_backward(grad: " PAIR ", shape: list[int], dim: int, start: int, end: int, dtype: str | None = None) -> " PAIR),
+      "The gradient of x[start:end] along dim (step 1) for an x of `shape`: grad in place, zeros elsewhere, grad's scale kept, in "
+      "x's storage dtype (default grad's): aten's slice_backward.");
+  m.def(
+      "max_backward",
+      [](nb::handle gp, const std::vector<int64_t>& shape, int dim, nb::handle index, std::optional<std::string> dtype) {
+        const ScaledTensor g = scaled_pair(gp, "max_backward grad");
+        const int64_t d = dim_index(dim, shape.size());
+        Shape kept = Shape(shape);
+        kept[size_t(d)] = 1;
+        const Tensor idx = int64_ids(index, "max_backward index");
+        if (idx.numel() != numel_of(kept) || g.data.numel() != numel_of(kept))
+          throw nb::value_error("max_backward: grad and index need one element per row of dim");
+        return grad_pair(scaled::max_backward(g, Shape(shape), int(d), idx.reshape(kept)), dtype ? parse_dtype(*dtype) : g.data.dtype(),
+                         "max");
+      },
+      "grad"_a, "shape"_a, "dim"_a, "index"_a, "dtype"_a = nb::none(),
+      nb::sig("def max_backward(grad: " PAIR ", shape: list[int], dim: int, index: typing.Any, dtype: str | None = None) -> " PAIR),
+      "The gradient of max over dim of an x of `shape` with the forward's int64 index of each maximum (keepdim or not): grad at the "
+      "maximum, zeros elsewhere, grad's scale kept, in x's storage dtype (default grad's): aten's value_selecting_reduction_backward.");
   m.def(
       "unary_backward",
       [](const std::string& op, nb::handle xp, nb::handle yp, nb::handle gp) {
@@ -122,7 +197,8 @@ void bind_scaled_grads(nb::module_& m) {
   m.def(
       "fused_norm",
       [](nb::handle xp, nb::handle wp, nb::handle bp, double eps, bool center) {
-        const ScaledTensor x = scaled_pair(xp, "fused_norm x"), w = optional_pair(wp, "fused_norm weight"), b = optional_pair(bp, "fused_norm bias");
+        const ScaledTensor x = scaled_pair(xp, "fused_norm x"), w = optional_pair(wp, "fused_norm weight"),
+                           b = optional_pair(bp, "fused_norm bias");
         const DType storage = output_storage({&x, &w, &b});
         scaled::Norm n = normalised(x, w, b, eps, center, kernel_store_as(storage));
         // aten's statistics, of the represented values: mean = mean(X_d) X_s, rstd = rstd(X_d) / X_s.

@@ -408,3 +408,80 @@ def test_unary_backward_names_what_is_wrong() -> None:
         scaled.unary_backward("gelu_tanh", None, x, x)
     with pytest.raises(ValueError, match="one shape"):
         scaled.unary_backward("relu", x, None, (torch.ones(4), 1.0))
+
+
+# --- matmul, where, slice, max ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("scale,dtype", CASES)
+@pytest.mark.parametrize("x_shape,w_shape", [((3, 4, 16), (16, 8)), ((4, 16), (16, 8)), ((2, 4, 16), (2, 16, 8))])
+def test_matmul_backward(x_shape: tuple[int, ...], w_shape: tuple[int, ...], scale: float, dtype: str) -> None:
+    xd, wd = unit_data(x_shape, dtype, 15), unit_data(w_shape, dtype, 16)
+    x, w = engine_leaf(xd, scale, dtype), engine_leaf(wd, 0.5, dtype)
+    y = scalify.matmul(x, w)
+    c, g = upstream(tuple(y.shape), dtype, 17, 2.0**-9)
+    backprop(y, c)
+    xp, wp = pair(xd, scale, dtype), pair(wd, 0.5, dtype)
+    dx, dw = scaled.matmul_backward(xp, wp, g)
+    assert_same_as_engine(dx, x, dtype)
+    assert_same_as_engine(dw, w, dtype)
+    xr, wr = value(xp).requires_grad_(), value(wp).requires_grad_()
+    (xr @ wr).backward(value(g))
+    assert xr.grad is not None and wr.grad is not None
+    # f32 dot products (a few ulps of the sums of absolute products), one rounding into storage.
+    gv = value(g).abs()
+    dx_terms = gv @ wr.detach().abs().transpose(-1, -2)
+    dw_terms = (xr.detach().abs().transpose(-1, -2) @ gv).reshape(-1, *w_shape).sum(0) if len(w_shape) == 2 else None
+    assert_within(value(dx), xr.grad, U[dtype] * xr.grad.abs() + 64 * U32 * dx_terms + floor(dx))
+    if dw_terms is None:
+        dw_terms = xr.detach().abs().transpose(-1, -2) @ gv
+    assert_within(value(dw), wr.grad, U[dtype] * wr.grad.abs() + 64 * U32 * dw_terms + floor(dw))
+
+
+@pytest.mark.parametrize("scale,dtype", CASES)
+def test_slice_backward(scale: float, dtype: str) -> None:
+    data = unit_data((3, 6), dtype, 18)
+    x = engine_leaf(data, scale, dtype)
+    c, g = upstream((3, 2), dtype, 19, 2.0 * scale)
+    backprop(x[:, 1:3], c)
+    dx = scaled.slice_backward(g, [3, 6], 1, 1, 3, dtype=dtype)
+    assert_same_as_engine(dx, x, dtype)
+    xr = value(pair(data, scale, dtype)).requires_grad_()
+    xr[:, 1:3].backward(value(g))
+    assert xr.grad is not None
+    assert torch.equal(value(dx), xr.grad)  # a copy: exact
+    with pytest.raises(ValueError, match="slice's shape"):
+        scaled.slice_backward(g, [3, 6], 1, 1, 4)
+    with pytest.raises(IndexError):
+        scaled.slice_backward(g, [3, 6], 2, 1, 3)
+
+
+@pytest.mark.parametrize("scale,dtype", CASES)
+@pytest.mark.parametrize("keepdim", [False, True])
+def test_max_backward(keepdim: bool, scale: float, dtype: str) -> None:
+    xp = pair(unit_data((4, 5, 3), dtype, 20), scale, dtype)
+    _, index = torch.max(xp[0], 1, keepdim=keepdim)
+    g = pair(unit_data((4, 1, 3) if keepdim else (4, 3), dtype, 21), scale * 4, dtype)
+    dx = scaled.max_backward(g, [4, 5, 3], 1, index, dtype=dtype)
+    assert dx[1] == scale * 4 and dx[0].dtype == TORCH_DTYPE[dtype]
+    xr = value(xp).requires_grad_()
+    torch.max(xr, 1, keepdim=keepdim)[0].backward(value(g))
+    assert xr.grad is not None
+    assert torch.equal(value(dx), xr.grad)  # g moved to the maxima: exact
+
+
+@pytest.mark.parametrize("scale,dtype", CASES)
+def test_where_backward(scale: float, dtype: str) -> None:
+    cond = torch.from_numpy(np.random.default_rng(22).random((4, 6)) < 0.5)
+    g = pair(unit_data((4, 6), dtype, 23), scale, dtype)
+    dx, dy = scaled.where_backward(cond, g, [4, 6], [6], y_dtype="f32")
+    # The zeros take any scale: g's is kept; y's sums 4 rows (the sum rule: times pow2(sqrt 4)).
+    assert dx[1] == scale and dy[1] == scale * 2
+    assert dx[0].dtype == TORCH_DTYPE[dtype] and dy[0].dtype == torch.float32
+    xr = torch.zeros(4, 6, dtype=torch.float64, requires_grad=True)
+    yr = torch.zeros(6, dtype=torch.float64, requires_grad=True)
+    torch.where(cond, xr, yr).backward(value(g))
+    assert xr.grad is not None and yr.grad is not None
+    assert torch.equal(value(dx), xr.grad)
+    # y's gradient sums 4 rows: the sum rule's f32 sum, one rounding.
+    assert_within(value(dy), yr.grad, 4 * U32 * value(g).abs().sum(0))
