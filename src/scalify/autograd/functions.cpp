@@ -1,6 +1,7 @@
 // Forward and backward of every differentiable op, one small function each. Both directions run
-// on ScaledTensors through the scale rules of scaled/scaled_ops (with no scaled input anywhere
-// these are the plain kernels), so scales propagate through forward and backward alike.
+// on ScaledTensors through the scale rules of scaled/scaled_ops and the backward rules of
+// scaled/scaled_grads (with no scaled input anywhere these are the plain kernels), so scales
+// propagate through forward and backward alike; scalify.torch calls the same rules.
 #include "scalify/autograd/functions.hpp"
 
 #include <cmath>
