@@ -91,5 +91,7 @@ void bind_recipes(nb::module_& m);
 void bind_training(nb::module_& m);
 void bind_torch_linear(nb::module_& m);
 void bind_scaled_pairs(nb::module_& m);
+// The backward rules and fused ops, into the submodule `scaled` (called by bind_scaled_pairs).
+void bind_scaled_grads(nb::module_& scaled);
 
 }  // namespace scalify::python

@@ -265,6 +265,7 @@ void bind_scaled_pairs(nb::module_& parent) {
       [](nb::handle xp, const std::string& format) { return pair_of(cast_data(scaled_pair(xp, "cast_data"), parse_format(format))); },
       "x"_a, "format"_a, nb::sig("def cast_data(x: " PAIR ", format: str) -> " PAIR),
       "the data rounded into format (nearest even, saturating), the scale kept; FP8 data comes back as uint8 codes");
+  bind_scaled_grads(m);  // the backward rules and fused ops (scaled_grad_bindings.cpp)
 }
 
 #undef PAIR

@@ -1,16 +1,16 @@
 // Forward and backward of every differentiable op, one small function each. Both directions run
-// on ScaledTensors through the scale rules of scaled/scaled_ops (with no scaled input anywhere
-// these are the plain kernels), so scales propagate through forward and backward alike.
+// on ScaledTensors through the scale rules of scaled/scaled_ops and the backward rules of
+// scaled/scaled_grads (with no scaled input anywhere these are the plain kernels), so scales
+// propagate through forward and backward alike; scalify.torch calls the same rules.
 #include "scalify/autograd/functions.hpp"
 
 #include <cmath>
 #include <limits>
-#include <numeric>
 #include <optional>
 
 #include "scalify/autograd/data_precision.hpp"
 #include "scalify/error.hpp"
-#include "scalify/scaled/scale_rules.hpp"
+#include "scalify/scaled/scaled_grads.hpp"
 #include "scalify/scaled/scaled_ops.hpp"
 
 namespace scalify {
@@ -47,17 +47,14 @@ Var sub(const Var& a, const Var& b) {
 }
 
 Var mul(const Var& a, const Var& b) {
-  return Var::make("mul", s::mul(a.scaled(), b.scaled()), {a, b}, [x = a.scaled(), y = b.scaled()](const ScaledTensor& g) {
-    return Grads{s::sum_to(s::mul(g, y), x.shape()), s::sum_to(s::mul(g, x), y.shape())};
-  });
+  return Var::make("mul", s::mul(a.scaled(), b.scaled()), {a, b},
+                   [x = a.scaled(), y = b.scaled()](const ScaledTensor& g) { return s::mul_backward(x, y, g); });
 }
 
 Var div(const Var& a, const Var& b) {
   const ScaledTensor out = stored(s::div(a.scaled(), b.scaled()), {a, b}, "div");
-  return Var::make("div", out, {a, b}, [out, y = b.scaled(), sa = a.shape()](const ScaledTensor& g) {
-    const ScaledTensor ga = s::div(g, y);  // d(a/b)/da = 1/b, d(a/b)/db = -out/b
-    return Grads{s::sum_to(ga, sa), s::sum_to(s::mul_scalar(s::mul(ga, out), -1.0), y.shape())};
-  });
+  return Var::make("div", out, {a, b},
+                   [out, y = b.scaled(), sa = a.shape()](const ScaledTensor& g) { return s::div_backward(out, y, sa, g); });
 }
 
 Var neg(const Var& x) { return mul_scalar(x, -1.0); }
@@ -71,70 +68,28 @@ Var mul_scalar(const Var& x, double c) {
 }
 
 Var pow_scalar(const Var& x, double p) {
-  return Var::make("pow", s::pow_scalar(x.scaled(), p), {x}, [x = x.scaled(), p](const ScaledTensor& g) {
-    // Scaled: p x^(p-1) g through the power rule, so the local derivative's scale X_s^(p-1) lives
-    // in the scale (folded in, it would leave f16 data's range at large scales).
-    if (x.is_scaled() || g.is_scaled()) return Grads{s::mul(g, s::mul_scalar(s::pow_scalar(x, p - 1), p))};
-    const Tensor local = ops::scale_shift(ops::pow_scalar(x.data, p - 1), p, 0);
-    return Grads{ScaledTensor(ops::mul(g.data, local))};
-  });
+  return Var::make("pow", s::pow_scalar(x.scaled(), p), {x},
+                   [x = x.scaled(), p](const ScaledTensor& g) { return Grads{s::pow_backward(x, p, g)}; });
 }
 
 Var unary(ops::Unary op, const Var& x) {
   const ScaledTensor y = stored(s::unary(op, x.scaled(), store_as({x})), {x}, ops::unary_name(op));
   using U = ops::Unary;
-  if (x.scaled().is_scaled() && (op == U::sqrt || op == U::rsqrt || op == U::square)) {
-    // Powers propagate their scale (Y_s = X_s^p), so their derivatives do too: sqrt' = 1 / (2 y),
-    // rsqrt' = -y^3 / 2, square' = 2 x, written with the scaled ops.
-    return Var::make(ops::unary_name(op), y, {x}, [op, x = x.scaled(), y](const ScaledTensor& g) {
-      switch (op) {
-        case U::sqrt: return Grads{s::mul_scalar(s::div(g, y), 0.5)};
-        case U::rsqrt: return Grads{s::mul_scalar(s::mul(g, s::mul(y, s::unary(U::square, y))), -0.5)};
-        default: return Grads{s::mul_scalar(s::mul(g, x), 2.0)};
-      }
-    });
-  }
+  const bool scaled_power = x.scaled().is_scaled() && (op == U::sqrt || op == U::rsqrt || op == U::square);
   // The backward keeps y only where the derivative is written with it (GELU's is not).
-  const ScaledTensor kept = ops::derivative_uses_output(op) ? y : ScaledTensor();
-  return Var::make(ops::unary_name(op), y, {x}, [op, x = x.scaled(), y = kept](const ScaledTensor& g) {
-    // grad * f'(x), linear in g: the gradient keeps g's scale; x's scale folds into the pass. It
-    // is written in x's storage, which the gradient takes.
-    const double xs = x.is_scaled() && !x.any_scale ? x.scalar_scale() : 1.0;
-    const Tensor y_value = y.data.defined() ? plain(y) : Tensor();
-    return Grads{s::with_grad_scale(g, ops::unary_backward(op, x.data, y_value, g.data, xs, kernel_store_as(x.data.dtype())))};
-  });
+  const ScaledTensor kept = scaled_power || ops::derivative_uses_output(op) ? y : ScaledTensor();
+  return Var::make(ops::unary_name(op), y, {x},
+                   [op, x = x.scaled(), y = kept](const ScaledTensor& g) { return Grads{s::unary_backward(op, x, y, g)}; });
 }
 
 Var matmul(const Var& a, const Var& b) {
-  return Var::make("matmul", s::matmul(a.scaled(), b.scaled()), {a, b}, [x = a.scaled(), w = b.scaled()](const ScaledTensor& g) {
-    // dA = G B^T, dB = A^T G (transposed views go to the GEMM without copies), summed over
-    // broadcast batch dimensions; each a scaled matmul with its own reduction size.
-    const ScaledTensor dx = s::sum_to(s::matmul(g, s::transpose(w, -1, -2)), x.shape());
-    if (w.shape().size() == 2 && x.shape().size() > 2 && (!x.is_scaled() || x.has_single_scale()) &&
-        (!g.is_scaled() || g.has_single_scale())) {
-      // A weight shared by every batch row (a linear layer): one GEMM reducing over all rows,
-      // not one per batch index and then a sum over a [batch, K, N] temporary. Scaled, that is
-      // the matmul rule over all rows' reduction.
-      const int64_t K = x.shape().back(), N = g.shape().back(), rows = x.data.numel() / std::max<int64_t>(K, 1);
-      const ScaledTensor x2 = s::reshape(x, {rows, K}), g2 = s::reshape(g, {rows, N});
-      return Grads{dx, s::matmul(s::transpose(x2, 0, 1), g2)};
-    }
-    return Grads{dx, s::sum_to(s::matmul(s::transpose(x, -1, -2), g), w.shape())};
-  });
+  return Var::make("matmul", s::matmul(a.scaled(), b.scaled()), {a, b},
+                   [x = a.scaled(), w = b.scaled()](const ScaledTensor& g) { return s::matmul_backward(x, w, g); });
 }
 
 Var sum(const Var& x, const std::vector<int>& dims, bool keepdim) {
-  return Var::make("sum", s::sum(x.scaled(), dims, keepdim), {x}, [shape = x.shape(), dims, keepdim](const ScaledTensor& g) {
-    ScaledTensor gk = g;
-    if (!keepdim) {  // put the reduced dimensions back as size 1, then broadcast
-      Shape kept = shape;
-      std::vector<int> d = dims;
-      if (d.empty()) d.resize(shape.size()), std::iota(d.begin(), d.end(), 0);
-      for (int i : d) kept[size_t(i < 0 ? i + int(shape.size()) : i)] = 1;
-      gk = s::reshape(g, kept);
-    }
-    return Grads{s::with_grad_scale(gk, gk.data.expand(shape).contiguous())};
-  });
+  return Var::make("sum", s::sum(x.scaled(), dims, keepdim), {x},
+                   [shape = x.shape(), dims, keepdim](const ScaledTensor& g) { return Grads{s::sum_backward(g, shape, dims, keepdim)}; });
 }
 
 Var mean(const Var& x, const std::vector<int>& dims, bool keepdim) {
@@ -152,32 +107,18 @@ Var max(const Var& x, int dim, bool keepdim) {
       sh.erase(sh.begin() + (dim < 0 ? dim + int(sh.size()) : dim));
       return sh;
     }());
-  return Var::make("max", out, {x}, [shape = x.shape(), dim, index](const ScaledTensor& g) {
-    // The gradient goes to the (first) maximum of each row: a 0/1 mask times g.
-    const int d = dim < 0 ? dim + int(shape.size()) : dim;
-    std::vector<float> pos(static_cast<size_t>(numel_of(shape)));
-    const Shape strides = contiguous_strides(shape);
-    for (size_t i = 0; i < pos.size(); ++i) pos[i] = float((int64_t(i) / strides[size_t(d)]) % shape[size_t(d)]);
-    const Tensor hit = ops::sub(Tensor::from_vector(pos, shape), index.to(DType::f32));
-    const Tensor is_max = ops::where(hit, Tensor::scalar(0.0), Tensor::scalar(1.0));
-    return Grads{s::with_grad_scale(g, ops::mul(is_max, g.data.reshape(index.shape())))};
-  });
+  return Var::make("max", out, {x},
+                   [shape = x.shape(), dim, index](const ScaledTensor& g) { return Grads{s::max_backward(g, shape, dim, index)}; });
 }
 
 Var softmax(const Var& x, int dim) {
   const ScaledTensor y = stored(s::softmax(x.scaled(), dim), {x}, "softmax");
-  return Var::make("softmax", y, {x}, [y, dim](const ScaledTensor& g) {
-    // The derivative is O(1/n): the forward rule's 1/N moves from the data into the scale.
-    const ScaledTensor dx = s::with_grad_scale(g, ops::softmax_backward(plain(y), g.data, dim));
-    return Grads{y.is_scaled() ? rebalance(dx, y.scalar_scale()) : dx};
-  });
+  return Var::make("softmax", y, {x}, [y, dim](const ScaledTensor& g) { return Grads{s::softmax_backward(y, g, dim)}; });
 }
 
 Var log_softmax(const Var& x, int dim) {
   const ScaledTensor y = stored(s::log_softmax(x.scaled(), dim), {x}, "log_softmax");
-  return Var::make("log_softmax", y, {x}, [y, dim](const ScaledTensor& g) {
-    return Grads{s::with_grad_scale(g, ops::log_softmax_backward(plain(y), g.data, dim))};
-  });
+  return Var::make("log_softmax", y, {x}, [y, dim](const ScaledTensor& g) { return Grads{s::log_softmax_backward(y, g, dim)}; });
 }
 
 namespace {
@@ -192,74 +133,29 @@ void check_affine(const char* op, const Var& x, const Var& p) {
     throw Error(std::string(op) + ": parameter of shape " + shape_str(p.shape()) + " does not match the last dimension of " +
                 shape_str(x.shape()));
 }
-// Normalisation of x's data (eps rescaled by the data scale, so the value equals the unscaled
-// normalisation); the backward scales as 1 / sigma(x): g_s / X_s.
+// Normalisation of x's data (scaled::norm: eps rescaled by the data scale, so the value equals the
+// unscaled normalisation); the backward scales as 1 / sigma(x): g_s / X_s.
 Var norm(const char* name, const Var& x, double eps, bool center) {
-  const ScaledTensor& xs = x.scaled();
-  double scale = 1.0;
-  ops::NormResult r = s::normalise(xs, eps, center, &scale);
-  ScaledTensor y = xs.is_scaled() ? ScaledTensor(r.y, 1.0f) : ScaledTensor(r.y);
-  return Var::make(name, y, {x}, [r, scale, center](const ScaledTensor& g) {
-    const Tensor d = center ? ops::layer_norm_backward(r, g.data) : ops::rms_norm_backward(r, g.data);
-    if (!g.is_scaled()) return Grads{ScaledTensor(scale == 1.0 ? d : ops::scale_shift(d, 1.0 / scale, 0.0))};
-    return Grads{with_exact_scale(d, g.scalar_scale() / scale)};
-  });
+  s::Norm n = s::norm(x.scaled(), eps, center);
+  return Var::make(name, std::move(n.y), {x},
+                   [saved = std::move(n.saved)](const ScaledTensor& g) { return Grads{s::norm_backward(saved, g)}; });
 }
-}  // namespace
 
-namespace {
-bool one_normal_scale(const ScaledTensor& t) { return t.has_single_scale() && scale_kept_exactly(t.scalar_scale()); }
-// The normalisation and its affine as one op (ops::norm_affine): one pass per row forward, and
-// g * w formed inside the normalisation's backward. The scales are the composition's: xhat has
-// scale 1, xhat * w takes W_s, + b rebases both onto Z_s = pow2_round(sqrt(W_s^2 + B_s^2)). Only
-// the intermediate roundings into storage are gone (xhat * w is not stored before + b). Applies
-// when x, weight and bias are all unscaled, or all carry one normal scale each; ANY-scale and
+// The normalisation and its affine as one op (scaled::norm_affine): one pass per row forward, and
+// g * w formed inside the normalisation's backward, with the composition's scales. Applies when
+// x, weight and bias are all unscaled, or all carry one normal scale each; ANY-scale and
 // per-block scales compose the ops.
 std::optional<Var> fused_norm(const char* name, const Var& x, const Var& weight, const Var& bias, double eps, bool center) {
-  const ScaledTensor& xs = x.scaled();
-  const ScaledTensor& ws = weight.scaled();
-  const ScaledTensor* bs = bias.defined() ? &bias.scaled() : nullptr;
-  const bool plain = !xs.is_scaled() && !ws.is_scaled() && (!bs || !bs->is_scaled());
-  const bool scaled = one_normal_scale(xs) && one_normal_scale(ws) && (!bs || one_normal_scale(*bs));
-  if (!plain && !scaled) return std::nullopt;
-  const double sx = scaled ? double(xs.scalar_scale()) : 1.0, w_s = scaled ? double(ws.scalar_scale()) : 1.0;
-  const double b_s = scaled && bs ? double(bs->scalar_scale()) : 0.0;
-  // With a scaled bias, w xhat + b is a sum of two terms (the add rule); otherwise it keeps W_s.
-  const scaled::rules::WeightedSum z =
-      scaled && bs ? scaled::rules::weighted_sum(w_s, b_s) : scaled::rules::WeightedSum{float(w_s), 1.0, 0.0};
-  const float zs = z.scale;
-  ops::Affine a{ws.data, bs ? bs->data : Tensor(), z.x_mul, scaled ? z.y_mul : 1.0};
+  const ScaledTensor no_bias;
+  const ScaledTensor& b = bias.defined() ? bias.scaled() : no_bias;
+  if (!s::fuses_norm_affine(x.scaled(), weight.scaled(), b)) return std::nullopt;
   std::vector<Var> inputs = {x, weight};
   if (bias.defined()) inputs.push_back(bias);
-  ops::NormResult r = ops::norm_affine(xs.data, eps / (sx * sx), center, a, store_as(inputs));  // eps as s::normalise rescales it
-  const ScaledTensor y = scaled ? ScaledTensor(r.y, zs) : ScaledTensor(r.y);
-  r.y = Tensor();  // the backward needs xhat and rstd only
-  return Var::make(
-      name, y, inputs,
-      [r, center, scaled, sx, w = ws, x_storage = xs.data.dtype(),
-       b_shape = bias.defined() ? bias.shape() : Shape()](const ScaledTensor& g) {
-        // d xhat = g * w (scale G_s W_s), then the normalisation's backward (scale / X_s).
-        ScaledTensor dx;
-        if (!g.is_scaled() || one_normal_scale(g)) {
-          const double g_scale = g.is_scaled() ? double(g.scalar_scale()) : 1.0, w_scale = scaled ? double(w.scalar_scale()) : 1.0;
-          const bool has_scale = g.is_scaled() || scaled;
-          // Written in x's storage, which the gradient takes, unless with_exact_scale must still
-          // rescale the data (a scale beyond f32's normal range).
-          const double dx_scale = g_scale * w_scale / sx;
-          const bool final_data = !has_scale || scale_kept_exactly(dx_scale);
-          const Tensor d = ops::norm_affine_backward(r, g.data, center, w.data, 1.0, final_data ? kernel_store_as(x_storage) : DType::f32);
-          dx = has_scale ? with_exact_scale(d, dx_scale) : ScaledTensor(d);
-        } else {  // an ANY-scale gradient: the composition's mul and normalisation backward
-          const ScaledTensor gw = s::mul(g, w);
-          const Tensor d = center ? ops::layer_norm_backward(r, gw.data) : ops::rms_norm_backward(r, gw.data);
-          dx = gw.is_scaled() && !gw.any_scale ? with_exact_scale(d, gw.scalar_scale() / sx)
-                                               : ScaledTensor(ops::scale_shift(d, 1.0 / sx, 0.0));
-        }
-        const ScaledTensor xhat = scaled ? ScaledTensor(r.xhat, 1.0f) : ScaledTensor(r.xhat);
-        Grads grads{dx, s::sum_to(s::mul(g, xhat), w.shape())};
-        if (!b_shape.empty()) grads.push_back(s::sum_to(g, b_shape));
-        return grads;
-      });
+  s::Norm n = s::norm_affine(x.scaled(), weight.scaled(), b, eps, center, store_as(inputs));
+  return Var::make(name, std::move(n.y), inputs,
+                   [saved = std::move(n.saved), w = weight.scaled(), has_bias = bias.defined()](const ScaledTensor& g) {
+                     return s::norm_affine_backward(saved, g, w, has_bias);
+                   });
 }
 }  // namespace
 
@@ -279,27 +175,14 @@ Var rms_norm(const Var& x, const Var& weight, double eps) {
 }
 
 Var embedding(const Var& weight, const Tensor& ids) {
-  return Var::make("embedding", s::embedding(weight.scaled(), ids), {weight}, [ids, v = weight.shape()[0]](const ScaledTensor& g) {
-    return Grads{s::with_grad_scale(g, ops::embedding_backward(g.data, ids, v))};
-  });
+  return Var::make("embedding", s::embedding(weight.scaled(), ids), {weight},
+                   [ids, v = weight.shape()[0]](const ScaledTensor& g) { return Grads{s::embedding_backward(g, ids, v)}; });
 }
 
 Var cross_entropy(const Var& logits, const Tensor& targets) {
   return Var::make(
       "cross_entropy", s::cross_entropy(logits.scaled(), targets), {logits},
-      [l = logits.scaled(), targets](const ScaledTensor& g) {
-        const double c = plain(g).item() / double(std::max<int64_t>(l.shape()[0], 1));
-        // One scale: data and scale go in separately (no folded f32 to overflow); per-block
-        // scales: their represented values.
-        const bool single = l.has_single_scale();
-        const Tensor p =
-            ops::cross_entropy_backward(single ? l.data : plain(l), targets, double(l.shape()[0]), single ? double(l.scalar_scale()) : 1.0);
-        if (!g.is_scaled()) return Grads{ScaledTensor(ops::scale_shift(p, c, 0.0))};
-        // softmax - onehot is O(1) per row: keep it as data, c as a power-of-two scale.
-        if (c == 0) return Grads{any_scale_constant(ops::scale_shift(p, 0.0, 0.0))};
-        const float cs = pow2_round(std::fabs(c));
-        return Grads{ScaledTensor(ops::scale_shift(p, c / cs, 0.0), cs)};
-      },
+      [l = logits.scaled(), targets](const ScaledTensor& g) { return Grads{s::cross_entropy_backward(l, targets, g)}; },
       // The loss stays f32 whatever the logits' storage (as mixed-precision frameworks
       // keep losses): it is read, logged and compared, and one value costs nothing.
       Var::Storage::as_computed);
@@ -319,11 +202,8 @@ Var maximum(const Var& a, const Var& b) { return extremum(a, b, true); }
 Var minimum(const Var& a, const Var& b) { return extremum(a, b, false); }
 
 Var where(const Tensor& cond, const Var& a, const Var& b) {
-  return Var::make("where", s::where(cond, a.scaled(), b.scaled()), {a, b}, [cond, sa = a.shape(), sb = b.shape()](const ScaledTensor& g) {
-    const ScaledTensor zero = any_scale_constant(Tensor::scalar(0.0, g.data.dtype() == DType::f64 ? DType::f64 : DType::f32));
-    const ScaledTensor gz = g.is_scaled() ? zero : ScaledTensor(zero.data);
-    return Grads{s::sum_to(s::where(cond, g, gz), sa), s::sum_to(s::where(cond, gz, g), sb)};
-  });
+  return Var::make("where", s::where(cond, a.scaled(), b.scaled()), {a, b},
+                   [cond, sa = a.shape(), sb = b.shape()](const ScaledTensor& g) { return s::where_backward(cond, g, sa, sb); });
 }
 
 Var causal_mask(const Var& scores) {
@@ -337,27 +217,11 @@ Var causal_mask(const Var& scores) {
 }
 
 Var causal_self_attention(const Var& qkv, int64_t heads) {
-  const ScaledTensor& x = qkv.scaled();
-  if (x.any_scale || (x.scale.defined() && x.scale.numel() != 1))
-    throw Error("causal_self_attention: qkv needs one scale (or none); per-block or ANY scales compose matmul, causal_mask and softmax");
-  if (qkv.shape().size() != 3 || heads < 1 || qkv.shape()[2] % (3 * heads) != 0)
-    throw Error("causal_self_attention: qkv must be [B, T, 3D] with D divisible by heads = " + std::to_string(heads) + ", got " +
-                shape_str(qkv.shape()));
-  // Represented values s * X_d: scores s^2 (q_d k_d^T) / sqrt(hd). The output is a convex
-  // combination of value rows, so it keeps their scale (Y_s = s, |Y_d| <= max |v_d|: it cannot
-  // overflow). Backward, dq and dk are s^2 times smaller than dv (they pass through the scores),
-  // and one scale holds all three: the rule in scale_rules() puts it between them.
-  const double scale = x.scale.defined() ? double(x.scalar_scale()) : 1.0;
-  const double score_mul = scale * scale / std::sqrt(double(qkv.shape()[2] / (3 * heads)));
-  ops::AttentionResult r = ops::causal_attention(x.data, heads, score_mul);
-  const Tensor xd = x.data, probs = std::move(r.probs);
-  ScaledTensor y = x.scale.defined() ? ScaledTensor(std::move(r.y), float(scale)) : ScaledTensor(std::move(r.y));
-  return Var::make("causal_attention", std::move(y), {qkv}, [xd, probs, heads, score_mul, scale](const ScaledTensor& g) {
-    if (!g.has_single_scale() || scale == 1.0)
-      return Grads{s::with_grad_scale(g, ops::causal_attention_backward(xd, probs, g.data, heads, score_mul))};
-    const s::rules::AttentionGrad rule = s::rules::attention_grad(g.scalar_scale(), scale);
-    const Tensor data = ops::causal_attention_backward(xd, probs, g.data, heads, score_mul * rule.qk_mul, rule.v_mul);
-    return Grads{with_exact_scale(data, rule.scale)};
+  // Scaled qkv: Y_s = s; backward, dq and dk are s^2 times smaller than dv and one scale holds
+  // all three (scaled::causal_attention_backward).
+  s::Attention a = s::causal_attention(qkv.scaled(), heads);
+  return Var::make("causal_attention", std::move(a.y), {qkv}, [x = qkv.scaled(), probs = std::move(a.probs), heads](const ScaledTensor& g) {
+    return Grads{s::causal_attention_backward(x, probs, g, heads)};
   });
 }
 
@@ -387,12 +251,8 @@ Var transpose(const Var& x, int d0, int d1) {
 }
 
 Var slice(const Var& x, int dim, int64_t start, int64_t end) {
-  return Var::make("slice", s::slice(x.scaled(), dim, start, end), {x}, [sh = x.shape(), dim, start, end](const ScaledTensor& g) {
-    Tensor full = Tensor::zeros(sh, g.data.dtype() == DType::f64 ? DType::f64 : DType::f32);
-    Tensor part = full.slice(dim, start, end);
-    part.copy_(g.data);  // zeros elsewhere: any scale represents them, so g's scale is kept
-    return Grads{s::with_grad_scale(g, full)};
-  });
+  return Var::make("slice", s::slice(x.scaled(), dim, start, end), {x},
+                   [sh = x.shape(), dim, start, end](const ScaledTensor& g) { return Grads{s::slice_backward(g, sh, dim, start, end)}; });
 }
 
 Var expand(const Var& x, const Shape& shape) {
@@ -407,11 +267,7 @@ Var concat(const std::vector<Var>& xs, int dim) {
     values.push_back(x.scaled());
     sizes.push_back(x.shape()[size_t(dim < 0 ? dim + int(x.shape().size()) : dim)]);
   }
-  return Var::make("concat", s::concat(values, dim), xs, [sizes, dim](const ScaledTensor& g) {
-    Grads out;
-    for (Tensor& part : ops::split(g.data, sizes, dim)) out.push_back(s::with_grad_scale(g, part));
-    return out;
-  });
+  return Var::make("concat", s::concat(values, dim), xs, [sizes, dim](const ScaledTensor& g) { return s::concat_backward(g, sizes, dim); });
 }
 
 std::vector<Var> split(const Var& x, const std::vector<int64_t>& sizes, int dim) {

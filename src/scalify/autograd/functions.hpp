@@ -1,6 +1,6 @@
 #pragma once
-// Differentiable operations on Vars. Each is one small function in functions.cpp holding its
-// forward (a tensor kernel) and its backward (tensor kernels on the output gradient).
+// Differentiable operations on Vars. Each is one small function in functions.cpp recording its
+// forward (a scaled op) and its backward (a rule of scaled/scaled_grads.hpp on the output gradient).
 #include <cstdint>
 #include <vector>
 
