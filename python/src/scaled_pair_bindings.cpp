@@ -217,11 +217,11 @@ void bind_scaled_pairs(nb::module_& parent) {
   m.def(
       "cross_entropy",
       [](nb::handle lp, nb::handle targets) {
-        const ScaledTensor logits = scaled_pair(lp, "cross_entropy");
-        return finished(scaled::cross_entropy(logits, borrowed_tensor(targets, "cross_entropy targets")), {&logits}, "cross_entropy");
+        // The loss stays f32 whatever the logits' storage, as the engine's (Var::Storage::as_computed).
+        return pair_of(scaled::cross_entropy(scaled_pair(lp, "cross_entropy"), borrowed_tensor(targets, "cross_entropy targets")));
       },
       "logits"_a, "targets"_a, nb::sig("def cross_entropy(logits: " PAIR ", targets: typing.Any) -> " PAIR),
-      "mean cross-entropy of [rows, classes] logits against int64 targets");
+      "mean cross-entropy of [rows, classes] logits against int64 targets (the loss in float32)");
   m.def(
       "scalar",
       [](const std::string& op, nb::handle xp, double c) {

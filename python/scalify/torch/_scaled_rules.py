@@ -388,3 +388,113 @@ def _attention(q: Any, k: Any, v: Any, attn_mask: Any = None, dropout_p: float =
 
 
 FUNCTIONS[torch.nn.functional.scaled_dot_product_attention] = _attention
+
+
+# --- Backward ops -------------------------------------------------------------------------------
+
+
+@rule(aten.gelu_backward.default)
+def _gelu_backward(func: Any, g: Any, x: Any, *, approximate: str = "none") -> Any:
+    return scaled(engine.unary_backward("gelu_tanh" if approximate == "tanh" else "gelu_erf", pair(x), None, pair(g)))
+
+
+@rule(aten.silu_backward.default)
+def _silu_backward(func: Any, g: Any, x: Any) -> Any:
+    return scaled(engine.unary_backward("silu", pair(x), None, pair(g)))
+
+
+@rule(aten.tanh_backward.default, aten.sigmoid_backward.default)
+def _from_output_backward(func: Any, g: Any, y: Any) -> Any:
+    op = "tanh" if func is aten.tanh_backward.default else "sigmoid"
+    return scaled(engine.unary_backward(op, None, pair(y), pair(g)))
+
+
+@rule(aten.threshold_backward.default)
+def _relu_backward(func: Any, g: Any, y: Any, threshold: float) -> Any:
+    if threshold != 0:
+        return fallback(func, (g, y, threshold), {})
+    return scaled(engine.unary_backward("relu", pair(y), None, pair(g)))  # relu's output in its input's place: the same bits
+
+
+@rule(aten._softmax_backward_data.default, aten._log_softmax_backward_data.default)
+def _softmax_backward(func: Any, g: Any, y: Any, dim: int, input_dtype: Any) -> Any:
+    return scaled(engine.softmax_backward(pair(y), pair(g), dim, log=func is aten._log_softmax_backward_data.default))
+
+
+@rule(aten.embedding_dense_backward.default)
+def _embedding_backward(func: Any, g: Any, ids: torch.Tensor, num_weights: int, padding_idx: int, scale_grad_by_freq: bool) -> Any:
+    if scale_grad_by_freq:  # the engine's embedding has no such option
+        return fallback(func, (g, ids, num_weights, padding_idx, scale_grad_by_freq), {})
+    data, scale = engine.embedding_backward(pair(g), ids.to(torch.int64).contiguous(), num_weights)
+    if padding_idx >= 0:  # the padding row learns nothing: its zeros keep the scale
+        data[padding_idx] = 0
+    return scaled((data, scale))
+
+
+# --- Fused ops the engine has whole (torch functions, before aten splits them) ------------------
+
+
+def _optional_pair(x: Any) -> Optional[Pair]:
+    return None if x is None else pair(x)
+
+
+class _Norm(torch.autograd.Function):
+    """LayerNorm / RMSNorm with its affine as the engine's one fused op, forward and backward."""
+
+    @staticmethod
+    def forward(ctx: Any, x: Any, weight: Any, bias: Any, eps: float, center: bool) -> Any:
+        ctx.save_for_backward(x, weight, bias)
+        ctx.eps, ctx.center = eps, center
+        y, _, _ = engine.fused_norm(pair(x), _optional_pair(weight), _optional_pair(bias), eps, center)
+        return scaled(y)
+
+    @staticmethod
+    def backward(ctx: Any, g: Any) -> Any:
+        x, weight, bias = ctx.saved_tensors
+        dx, dw, db = engine.fused_norm_backward(pair(g), pair(x), _optional_pair(weight), _optional_pair(bias), ctx.eps, ctx.center)
+        return scaled(dx), None if dw is None else scaled(dw), None if db is None else scaled(db), None, None
+
+
+def _fusable_norm(x: Any, weight: Any, bias: Any) -> bool:
+    # The engine fuses a norm whose operands all carry one normal scale (or none); others compose ops.
+    operands = [t for t in (x, weight, bias) if t is not None]
+    return weight is not None and all(isinstance(t, ScaledTensor) and t._scale != 0.0 for t in operands)
+
+
+def _layer_norm(x: Any, normalized_shape: Sequence[int], weight: Any = None, bias: Any = None, eps: float = 1e-5) -> Any:
+    if len(normalized_shape) != 1 or not _fusable_norm(x, weight, bias):
+        return NotImplemented
+    return _Norm.apply(x, weight, bias, eps, True)
+
+
+def _rms_norm(x: Any, normalized_shape: Sequence[int], weight: Any = None, eps: Optional[float] = None) -> Any:
+    if len(normalized_shape) != 1 or not _fusable_norm(x, weight, None):
+        return NotImplemented
+    return _Norm.apply(x, weight, None, torch.finfo(x.dtype).eps if eps is None else eps, False)
+
+
+class _CrossEntropy(torch.autograd.Function):
+    """Mean cross-entropy as the engine's fused op (its loss float32, its gradient's scale g / N)."""
+
+    @staticmethod
+    def forward(ctx: Any, logits: Any, targets: torch.Tensor) -> Any:
+        ctx.save_for_backward(logits, targets)
+        return scaled(engine.cross_entropy(pair(logits), targets))
+
+    @staticmethod
+    def backward(ctx: Any, g: Any) -> Any:
+        logits, targets = ctx.saved_tensors
+        return scaled(engine.cross_entropy_backward(pair(logits), targets, pair(g))), None
+
+
+def _cross_entropy(logits: Any, targets: Any, weight: Any = None, size_average: Any = None, ignore_index: int = -100,
+                   reduce: Any = None, reduction: str = "mean", label_smoothing: float = 0.0) -> Any:
+    if (not isinstance(logits, ScaledTensor) or logits.dim() != 2 or weight is not None or size_average is not None
+            or reduce is not None or reduction != "mean" or label_smoothing != 0.0 or bool((targets == ignore_index).any())):
+        return NotImplemented  # aten's log_softmax and nll_loss, each with its rule
+    return _CrossEntropy.apply(logits, targets.to(torch.int64).contiguous())
+
+
+FUNCTIONS[torch.nn.functional.layer_norm] = _layer_norm
+FUNCTIONS[torch.nn.functional.rms_norm] = _rms_norm
+FUNCTIONS[torch.nn.functional.cross_entropy] = _cross_entropy
