@@ -104,7 +104,26 @@ void bind_torch_linear(nb::module_& m) {
             return nb::make_tuple(shared_array(c.x.grad()), shared_array(c.w.grad()));
           },
           "grad_output"_a, nb::sig("def backward(self, grad_output: typing.Any) -> tuple[typing.Any, typing.Any]"),
-          "(input gradient [rows, in], weight gradient [in, out]) from the output's gradient [rows, out]");
+          "(input gradient [rows, in], weight gradient [in, out]) from the output's gradient [rows, out]")
+      .def(
+          "backward_scaled",
+          [](LinearCall& c, nb::handle grad_output) {
+            if (c.done) throw Error("linear: this forward's backward already ran (its graph is freed)");
+            const ScaledTensor g = scaled_pair(grad_output, "linear gradient");
+            if (g.shape() != c.y.shape())
+              throw Error("linear: the output gradient's shape differs from the output's " + shape_str(c.y.shape()));
+            {
+              nb::gil_scoped_release release;
+              const OptionalMicroBatch scope(c.micro_batch);
+              c.y.backward(g);
+            }
+            c.done = true;
+            return nb::make_tuple(pair_of(c.x.scaled_grad()), pair_of(c.w.scaled_grad()));
+          },
+          "grad_output"_a,
+          nb::sig("def backward_scaled(self, grad_output: tuple[typing.Any, float | None]) -> "
+                  "tuple[tuple[typing.Any, float | None], tuple[typing.Any, float | None]]"),
+          "backward with (data, scale) pairs (scalify.torch.ScaledTensor): (input gradient, weight gradient [in, out])");
 
   nb::class_<QuantizerSnapshot>(m, "QuantizerSnapshot", "A quantised linear layer's quantisers as they stood (QuantizedLinear.snapshot)");
 
@@ -143,6 +162,32 @@ void bind_torch_linear(nb::module_& m) {
                   "tuple[typing.Any, LinearCall | None]"),
           "(output [rows, out], the call for backward or None); micro_batch >= 0: the forward and its backward "
           "belong to that micro-batch of the open step (commit_step closes it)")
+      .def(
+          "forward_scaled",
+          [](TorchLinear& t, nb::handle x_pair, nb::handle weight_pair, bool training, int64_t micro_batch) -> nb::tuple {
+            // SCALIFY: the operands keep their propagated scales (the engine's QLinear on scaled tensors).
+            const Var xv(scaled_pair(x_pair, "linear input"), training), wv(scaled_pair(weight_pair, "linear weight"), training);
+            if (xv.shape().size() != 2 || wv.shape().size() != 2 || xv.shape()[1] != wv.shape()[0])
+              throw Error("linear: input " + shape_str(xv.shape()) + " does not match the weight " + shape_str(wv.shape()) + " [in, out]");
+            Var y;
+            {
+              nb::gil_scoped_release release;
+              const OptionalMicroBatch scope(micro_batch);
+              if (training) {
+                y = t.layer(xv, wv);
+              } else {
+                NoGrad no_grad;
+                y = t.layer(xv, wv);
+              }
+            }
+            nb::object out = pair_of(y.scaled());
+            if (!training) return nb::make_tuple(out, nb::none());
+            return nb::make_tuple(out, nb::cast(LinearCall{xv, wv, y, micro_batch}));
+          },
+          "x"_a, "weight_t"_a, "training"_a, "micro_batch"_a = -1,
+          nb::sig("def forward_scaled(self, x: tuple[typing.Any, float | None], weight_t: tuple[typing.Any, float | None], "
+                  "training: bool, micro_batch: int = -1) -> tuple[tuple[typing.Any, float | None], LinearCall | None]"),
+          "forward on (data, scale) pairs (scalify.torch.ScaledTensor): x [rows, in], the weight [in, out]")
       .def(
           "commit_step",
           [](TorchLinear& t) {

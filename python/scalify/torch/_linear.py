@@ -11,6 +11,7 @@ import torch
 from .. import _scalify
 from .._scalify import LinearRecipe
 from ._recipe import RecipeLike, as_recipe
+from ._scaled_tensor import ScaledTensor, pair, scaled
 
 # Input dtypes the layer takes: converted exactly to float32 (the quantisers' input), the output
 # given back in the input's dtype, as nn.Linear does.
@@ -27,6 +28,43 @@ def _bias_gradient(grad_output: torch.Tensor) -> torch.Tensor:
     return torch.from_numpy(np.asarray(summed))
 
 
+def _engine_forward(layer: "Linear", mode: str, micro_batch: int, replay: Optional[Tuple[Any, int]],
+                    run: Callable[[bool, int], Tuple[Any, Any]]) -> Tuple[Any, Any]:
+    """The engine's forward, run(training, micro_batch), in the quantisers' state the mode asks for."""
+    core = layer._core
+    if replay is not None:  # activation checkpointing recomputes a forward: the same codes, the state kept
+        now = core.snapshot()
+        core.restore(replay[0])
+        out = run(True, replay[1])
+        core.restore(now)
+    elif mode == "frozen":  # model.eval() recording gradients: the quantisers do not advance
+        now = core.snapshot()
+        out = run(True, micro_batch)
+        core.restore(now)
+    else:
+        out = run(mode == "training", micro_batch)
+        if mode == "training":
+            core.save_state(layer.quantizer_state)
+    return out
+
+
+def _engine_backward(ctx: Any, run: Callable[[], Tuple[Any, Any]]) -> Tuple[Any, Any]:
+    """The engine's backward, run(), after the forward's checks; the quantisers as the mode says."""
+    if ctx.call is None:
+        raise RuntimeError("scalify.torch.Linear: a backward already ran through this forward, whose engine graph it freed "
+                           "(retain_graph cannot keep it); run the forward again")
+    ctx.saved_tensors  # raises if x or the weight changed in place since the forward
+    core = ctx.layer._core
+    now = core.snapshot() if ctx.frozen else None
+    grads = run()
+    if now is not None:
+        core.restore(now)
+    else:
+        core.save_state(ctx.layer.quantizer_state)
+    ctx.call = None  # the engine's graph is freed
+    return grads
+
+
 class _QuantizedMatmul(torch.autograd.Function):
     """y = x w^T + b through the engine: x [rows, in] float32; the weight and bias as the module holds them."""
 
@@ -34,20 +72,7 @@ class _QuantizedMatmul(torch.autograd.Function):
     def forward(ctx: Any, x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], layer: "Linear",
                 mode: str, micro_batch: int, replay: Optional[Tuple[Any, int]]) -> torch.Tensor:
         weight_t = layer._weight_in_out(weight)
-        core = layer._core
-        if replay is not None:  # activation checkpointing recomputes a forward: the same codes, the state kept
-            now = core.snapshot()
-            core.restore(replay[0])
-            out, call = core.forward(x, weight_t, True, replay[1])
-            core.restore(now)
-        elif mode == "frozen":  # model.eval() recording gradients: the quantisers do not advance
-            now = core.snapshot()
-            out, call = core.forward(x, weight_t, True, micro_batch)
-            core.restore(now)
-        else:
-            out, call = core.forward(x, weight_t, mode == "training", micro_batch)
-            if mode == "training":
-                core.save_state(layer.quantizer_state)
+        out, call = _engine_forward(layer, mode, micro_batch, replay, lambda training, micro: layer._core.forward(x, weight_t, training, micro))
         ctx.save_for_backward(x, weight_t)  # the engine reads them where they are: torch refuses a backward after an in-place change
         ctx.call, ctx.layer, ctx.weight_dtype, ctx.frozen = call, layer, weight.dtype, mode == "frozen"
         ctx.bias_dtype = None if bias is None else bias.dtype
@@ -58,23 +83,35 @@ class _QuantizedMatmul(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, grad_output: torch.Tensor) -> Tuple[Optional[torch.Tensor], ...]:
-        if ctx.call is None:
-            raise RuntimeError("scalify.torch.Linear: a backward already ran through this forward, whose engine graph it freed "
-                               "(retain_graph cannot keep it); run the forward again")
-        ctx.saved_tensors  # raises if x or the weight changed in place since the forward
-        core = ctx.layer._core
-        now = core.snapshot() if ctx.frozen else None
-        dx, dw = ctx.call.backward(grad_output.to(torch.float32).contiguous())
-        if now is not None:
-            core.restore(now)
-        else:
-            core.save_state(ctx.layer.quantizer_state)
-        ctx.call = None  # the engine's graph is freed
+        dx, dw = _engine_backward(ctx, lambda: ctx.call.backward(grad_output.to(torch.float32).contiguous()))
         grad_weight = torch.from_numpy(dw)  # [in, out]
         if not ctx.layer.weight_in_out:
             grad_weight = grad_weight.t()
         grad_bias = None if ctx.bias_dtype is None else _bias_gradient(grad_output).to(ctx.bias_dtype)
         return torch.from_numpy(dx), grad_weight.to(ctx.weight_dtype), grad_bias, None, None, None, None
+
+
+class _ScaledQuantizedMatmul(torch.autograd.Function):
+    """x w^T through the engine on ScaledTensors (SCALIFY): the operands keep their propagated
+    scales and the output and both gradients get theirs by the engine's rules, as `scalify
+    train`'s layer on scaled tensors. The bias is added outside, by the add rule, as the engine adds it."""
+
+    @staticmethod
+    def forward(ctx: Any, x: Any, weight: Any, layer: "Linear", mode: str, micro_batch: int,
+                replay: Optional[Tuple[Any, int]]) -> Any:
+        w = pair(weight)
+        weight_t = (w[0] if layer.weight_in_out else w[0].t().contiguous(), w[1])
+        out, call = _engine_forward(layer, mode, micro_batch, replay,
+                                    lambda training, micro: layer._core.forward_scaled(pair(x), weight_t, training, micro))
+        ctx.save_for_backward(x, weight)
+        ctx.call, ctx.layer, ctx.frozen = call, layer, mode == "frozen"
+        return scaled(out)
+
+    @staticmethod
+    def backward(ctx: Any, grad_output: Any) -> Tuple[Any, ...]:
+        dx, dw = _engine_backward(ctx, lambda: ctx.call.backward_scaled(pair(grad_output)))
+        grad_weight = scaled(dw)  # [in, out]
+        return scaled(dx), grad_weight if ctx.layer.weight_in_out else grad_weight.t(), None, None, None, None
 
 
 class Linear(torch.nn.Module):
@@ -185,6 +222,10 @@ class Linear(torch.nn.Module):
             self._before_forward = (self._core.snapshot(), micro_batch) if records else None
         elif records:  # activation checkpointing recomputing the last forward (torch.utils.checkpoint)
             replay, self._before_forward = self._before_forward, None
+        if isinstance(x, ScaledTensor) or isinstance(self.weight, ScaledTensor):  # SCALIFY's scaled tensors
+            y = _ScaledQuantizedMatmul.apply(x.reshape(-1, self.in_features), self.weight, self, mode, micro_batch, replay)
+            y = y if self.bias is None else y + self.bias
+            return y.reshape(*x.shape[:-1], self.out_features)
         x2d = x.reshape(-1, self.in_features).to(torch.float32).contiguous()
         y: torch.Tensor = _QuantizedMatmul.apply(x2d, self.weight, self.bias, self, mode, micro_batch, replay)
         return y.reshape(*x.shape[:-1], self.out_features).to(x.dtype)
