@@ -97,6 +97,9 @@ BlockQuantized quantize_blocks(std::span<const float> x, size_t rows, size_t col
 // block size, and `values` (the caller's buffer) is rows x cols.
 void check_blocks(const BlockQuantized& q, size_t values, const char* op);
 void dequantize_blocks(const BlockQuantized& q, std::span<float> out);
+// Rows [r0, r1) of dequantize_blocks' values, bit for bit, into out ((r1 - r0) x cols): a pass
+// over a large tensor a few rows at a time, without its f32 copy. Throws on rows out of range.
+void dequantize_block_rows(const BlockQuantized& q, size_t r0, size_t r1, std::span<float> out);
 // The dequantized values without the tensor scale (code * block scale: a GEMM applies tensor_scale
 // as its alpha) as bf16 bit patterns, without an f32 copy; false (out then unspecified) unless
 // every one is exactly a bf16 value that bf16 dot products keep (truncate_to_bf16_exact): true for
