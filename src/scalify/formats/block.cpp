@@ -222,7 +222,7 @@ kernels::QuantizeArgs block_args(const FormatInfo& f, Rounding rounding, uint64_
 }  // namespace
 
 BlockQuantized quantize_blocks(std::span<const float> x, size_t rows, size_t cols, Format element, const BlockSpec& spec, Rounding rounding,
-                               uint64_t seed) {
+                               uint64_t seed, const BlockRowsDone& rows_done) {
   if (x.size() != rows * cols)
     throw Error("quantize_blocks: " + std::to_string(x.size()) + " values do not form a " + std::to_string(rows) + " x " +
                 std::to_string(cols) + " tensor");
@@ -286,6 +286,7 @@ BlockQuantized quantize_blocks(std::span<const float> x, size_t rows, size_t col
         const bool all_exact = row_blocks(x.data() + r * cols, cols, element, spec, element_emax, tensor_encode, plans.data(),
                                           q.scales.data() + r * scale_cols, tmp.data());
         emit_row(r, tmp.data(), plans.data(), all_exact);
+        if (rows_done) rows_done(q, r, r + 1);
       }
     }
     return q;
@@ -325,6 +326,7 @@ BlockQuantized quantize_blocks(std::span<const float> x, size_t rows, size_t col
         prescale_row(x.data() + r * cols, mul.data(), pow2.data(), mask.data(), tmp.data(), cols);
         emit_row(r, tmp.data(), plans.data(), all_exact);
       }
+      if (rows_done) rows_done(q, r0, r1);
     }
   }
   return q;

@@ -3,11 +3,14 @@
 #include <algorithm>
 #include <iterator>
 #include <limits>
+#include <functional>
+#include <optional>
 #include <atomic>
 #include <bit>
 #include <cmath>
 #include <exception>
 #include <span>
+#include <vector>
 
 #include "scalify/error.hpp"
 #include "scalify/formats/bulk.hpp"
@@ -154,57 +157,58 @@ float f32_limit(double limit) {
 }
 
 // A block quantisation's amax, underflow (non-zero inputs decoded as 0) and clipping (inputs
-// beyond their block's largest value, which they saturated to). Chunks of rows run in parallel,
-// each decoded into a small buffer (dequantize_block_rows, bit for bit dequantize_blocks'); the
-// chunks' sums add up in chunk order, so the statistics do not depend on the thread count.
-void block_statistics(const Tensor& xs, const BlockQuantized& q, QuantStats& st) {
-  const float* x = xs.data<float>();
-  const size_t rows = q.rows, cols = q.cols, scale_cols = q.scale_cols();
-  const size_t chunk_rows = std::max<size_t>(1, 32768 / std::max<size_t>(cols, 1));
-  const size_t chunks = cols == 0 ? 0 : (rows + chunk_rows - 1) / chunk_rows;
-  std::vector<BlockCounts> parts(chunks);
-  const double top = max_value(q.element);
-#pragma omp parallel if (rows * cols > size_t(platform::kParallelGrain))
-  {
-    std::vector<float> back(std::min(rows, chunk_rows) * cols);
-    std::vector<float> limit(cols);  // the block row's clip limit per column
+// beyond their block's largest value, which they saturated to), counted as quantize_blocks writes
+// each row or block row (its rows_done hook: the inputs still in cache), from those rows decoded
+// as dequantize_blocks decodes them. Each call's counts keep their own slot and add up in row
+// order, so the statistics do not depend on the threads.
+class BlockStatistics {
+ public:
+  BlockStatistics(const float* x, size_t rows) : x_(x), counts_(rows) {}
+  void operator()(const BlockQuantized& q, size_t r0, size_t r1) {
+    thread_local std::vector<float> back, limit;  // rows [r0, r1) decoded; each column's clip limit
+    const size_t cols = q.cols, scale_cols = q.scale_cols();
+    back.resize((r1 - r0) * cols);
+    limit.resize(cols);
+    dequantize_block_rows(q, r0, r1, back);
+    const double top = max_value(q.element);
     size_t expanded = SIZE_MAX;
-#pragma omp for schedule(static)
-    for (int64_t ci = 0; ci < int64_t(chunks); ++ci) {
-      const size_t r0 = size_t(ci) * chunk_rows, r1 = std::min(rows, r0 + chunk_rows);
-      dequantize_block_rows(q, r0, r1, std::span(back.data(), (r1 - r0) * cols));
-      BlockCounts& part = parts[size_t(ci)];
-      for (size_t r = r0; r < r1; ++r) {
-        const size_t br = r / q.block.rows;
-        if (br != expanded) {
-          // The block's largest value, computed in double: a relative 2^-20 allows for the f32
-          // rounding of an amax-derived scale (f32_amax: amax / 448 * 448 may fall an ulp short).
-          // A block whose scale is 0 (E4M3 scales that underflowed) or NaN never clips.
-          for (size_t bc = 0; bc < scale_cols; ++bc) {
-            const double block_top = top * q.scales[br * scale_cols + bc] * q.tensor_scale;
-            const float l = f32_limit(block_top > 0 ? block_top * (1 + 0x1p-20) : std::numeric_limits<double>::infinity());
-            std::fill(limit.begin() + ptrdiff_t(bc * q.block.cols), limit.begin() + ptrdiff_t(std::min(cols, (bc + 1) * q.block.cols)), l);
-          }
-          expanded = br;
+    BlockCounts& part = counts_[r0];
+    for (size_t r = r0; r < r1; ++r) {
+      const size_t br = r / q.block.rows;
+      if (br != expanded) {
+        // The block's largest value, computed in double: a relative 2^-20 allows for the f32
+        // rounding of an amax-derived scale (f32_amax: amax / 448 * 448 may fall an ulp short).
+        // A block whose scale is 0 (E4M3 scales that underflowed) or NaN never clips.
+        for (size_t bc = 0; bc < scale_cols; ++bc) {
+          const double block_top = top * q.scales[br * scale_cols + bc] * q.tensor_scale;
+          const float l = f32_limit(block_top > 0 ? block_top * (1 + 0x1p-20) : std::numeric_limits<double>::infinity());
+          std::fill(limit.begin() + ptrdiff_t(bc * q.block.cols), limit.begin() + ptrdiff_t(std::min(cols, (bc + 1) * q.block.cols)), l);
         }
-        count_row(x + r * cols, back.data() + (r - r0) * cols, limit.data(), cols, part);
+        expanded = br;
       }
+      count_row(x_ + r * cols, back.data() + (r - r0) * cols, limit.data(), cols, part);
     }
   }
-  BlockCounts all;
-  for (const BlockCounts& p : parts) {
-    all.amax_bits = std::max(all.amax_bits, p.amax_bits);
-    all.nonzero += p.nonzero;
-    all.underflow += p.underflow;
-    all.clipped += p.clipped;
-    all.energy += p.energy;
-    all.under_energy += p.under_energy;
+  void report(QuantStats& st) const {
+    BlockCounts all;
+    for (const BlockCounts& p : counts_) {
+      all.amax_bits = std::max(all.amax_bits, p.amax_bits);
+      all.nonzero += p.nonzero;
+      all.underflow += p.underflow;
+      all.clipped += p.clipped;
+      all.energy += p.energy;
+      all.under_energy += p.under_energy;
+    }
+    st.amax = all.amax_bits > 0x7F800000u ? std::numeric_limits<float>::quiet_NaN() : std::bit_cast<float>(all.amax_bits);
+    st.underflow = all.nonzero ? double(all.underflow) / double(all.nonzero) : 0.0;
+    st.underflow_energy = all.energy > 0 ? all.under_energy / all.energy : 0.0;
+    st.clipped = all.nonzero ? double(all.clipped) / double(all.nonzero) : 0.0;
   }
-  st.amax = all.amax_bits > 0x7F800000u ? std::numeric_limits<float>::quiet_NaN() : std::bit_cast<float>(all.amax_bits);
-  st.underflow = all.nonzero ? double(all.underflow) / double(all.nonzero) : 0.0;
-  st.underflow_energy = all.energy > 0 ? all.under_energy / all.energy : 0.0;
-  st.clipped = all.nonzero ? double(all.clipped) / double(all.nonzero) : 0.0;
-}
+
+ private:
+  const float* x_;
+  std::vector<BlockCounts> counts_;  // by the first row of each call
+};
 
 // max |x| with the SIMD kernel (NaN if x holds one).
 double amax_of(const Tensor& x) {
@@ -431,10 +435,12 @@ Quantized Quantizer::quantize_with(const Tensor& x, bool as_values, QuantStats& 
                                              c_.block.rule == BlockScaleRule::mx_ceil ? BlockScaleRule::mx_ceil : BlockScaleRule::mx_floor)
                                  : c_.block;
       const Tensor xs = x.to(DType::f32).contiguous();
+      std::optional<BlockStatistics> stats;
+      if (collect_statistics()) stats.emplace(xs.data<float>(), size_t(x.size(0)));
       q.blocks = quantize_blocks(std::span(xs.data<float>(), size_t(xs.numel())), size_t(x.size(0)), size_t(x.size(1)), f, spec,
-                                 c_.rounding, seed);
+                                 c_.rounding, seed, stats ? BlockRowsDone(std::ref(*stats)) : BlockRowsDone());
       q.blockwise = true;
-      if (collect_statistics()) block_statistics(xs, q.blocks, st);
+      if (stats) stats->report(st);
       // An empty tensor ([0, n] or [n, 0]) has no blocks and no scales.
       // The largest block's decode factor; 1 when there is none (an empty tensor, or E4M3 block
       // scales that are all 0: every block zero).
