@@ -148,12 +148,11 @@ void count_row(const float* x, const float* back, const float* limit, size_t n, 
   StatisticsLoop::count(x, back, limit, n, t);
 }
 
-// The f32 limit whose comparison with an f32 |x| is the comparison with `limit` (a double): the
-// largest f32 not above it (+inf stays +inf).
+// The f32 limit whose comparison with an f32 |x| is the comparison with `limit` (a positive
+// double): the largest f32 not above it (+inf stays +inf). One step down is one bit pattern down.
 float f32_limit(double limit) {
-  float f = float(limit);
-  if (double(f) > limit) f = std::nextafter(f, -std::numeric_limits<float>::infinity());
-  return f;
+  const float f = float(limit);
+  return double(f) > limit ? std::bit_cast<float>(std::bit_cast<uint32_t>(f) - 1) : f;
 }
 
 // A block quantisation's amax, underflow (non-zero inputs decoded as 0) and clipping (inputs
