@@ -1,14 +1,14 @@
 #include "scalify/quant/quantizer.hpp"
 
 #include <algorithm>
-#include <iterator>
-#include <limits>
-#include <functional>
-#include <optional>
 #include <atomic>
 #include <bit>
 #include <cmath>
 #include <exception>
+#include <functional>
+#include <iterator>
+#include <limits>
+#include <optional>
 #include <span>
 #include <vector>
 
