@@ -3,7 +3,9 @@ process, alternating: for each shape, `--rounds` rounds of every contender in tu
 reversed every other round), each timed over `--iters` iterations after one warm-up; the ratio per
 round, then its median. Contenders: nn.Linear f32, nn.Linear under torch.autocast(bfloat16),
 scalify.torch.Linear under each recipe, and the engine's layer alone on the same arrays (no
-module, no autograd.Function): the bridge's overhead is the module's time over it. Every layer
+module, no autograd.Function), its two gradients added into torch tensors as autograd accumulates
+the modules' (x.grad, weight.grad): the bridge's overhead (DLPack, Python, layouts) is the
+module's time over it, printed per recipe under the table. Every layer
 has no bias (a bias costs each contender one pass over the output and one over its gradient; the
 engine's layer here has none).
 
@@ -41,6 +43,7 @@ def main():
         torch.set_num_threads(a.threads)
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, tokens {a.tokens}")
     print("\n| shape | contender | ms (median) | vs nn.Linear f32 |\n|---|---|---|---|")
+    overheads = []
     for n_in, n_out in SHAPES:
         torch.manual_seed(0)
         x = torch.randn(a.tokens, n_in, requires_grad=True)
@@ -59,7 +62,14 @@ def main():
             contenders[f"scalify.torch {name}"] = lambda layer=layer: layer(x).backward(g)
             engine = _scalify.QuantizedLinear(scalify.preset(name).linear, "bench")
             xs, ws, gs = x.detach().numpy(), layer.weight.detach().t().contiguous().numpy(), g.numpy()
-            contenders[f"engine layer {name}"] = lambda engine=engine, xs=xs, ws=ws, gs=gs: engine.forward(xs, ws, True)[1].backward(gs)
+            x_grad, w_grad = torch.zeros_like(x), torch.zeros_like(layer.weight)
+
+            def engine_step(engine=engine, xs=xs, ws=ws, gs=gs, x_grad=x_grad, w_grad=w_grad):
+                dx, dw = engine.forward(xs, ws, True)[1].backward(gs)
+                x_grad.add_(torch.from_numpy(dx))
+                w_grad.add_(torch.from_numpy(dw).t())  # the engine's [in, out] into torch's [out, in]
+
+            contenders[f"engine layer {name}"] = engine_step
         times = {k: [] for k in contenders}
         for r in range(a.rounds):
             order = list(contenders) if r % 2 == 0 else list(reversed(contenders))
@@ -69,6 +79,11 @@ def main():
         for k, ts in times.items():
             ratio = statistics.median(t / b for t, b in zip(ts, base))
             print(f"| {n_in}->{n_out} | {k} | {statistics.median(ts) * 1e3:.1f} | {ratio:.2f} |")
+        for name in a.recipes.split(","):
+            module, engine = times[f"scalify.torch {name}"], times[f"engine layer {name}"]
+            overhead = statistics.median(m / e - 1 for m, e in zip(module, engine))
+            overheads.append(f"{n_in}->{n_out} {name}: {overhead * 100:+.1f} %")
+    print("\nThe bridge's overhead over the engine's layer (median of the rounds' ratios): " + "; ".join(overheads))
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@
 #include <bit>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <random>
 #include <tuple>
 #include <utility>
@@ -310,6 +311,42 @@ TEST(Block, DequantizeMatchesElementwiseDecodeTimesTheBlockScale) {
         ASSERT_EQ(out[r * c.cols + col], decode(c.element, code) * scale) << format_name(c.element) << " " << r << "," << col;
       }
   }
+}
+
+// A range of rows decodes as the whole tensor does, bit for bit (tall, wide and 2-D blocks, NVFP4's
+// tensor scale, NaN blocks), and a range outside the tensor or a buffer of the wrong size is refused.
+TEST(Block, DequantizeRowsIsTheSameRowsOfTheWholeDequantisation) {
+  std::mt19937 rng(7);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  struct Case {
+    size_t rows, cols;
+    Format element;
+    BlockSpec spec;
+  };
+  const Case cases[] = {{70, 33, Format::e4m3, mx_blocks(0)},
+                        {5, 100, Format::e5m2, mx_blocks(1)},
+                        {40, 48, Format::e2m1, {16, 16, BlockScaleRule::nvfp4}},
+                        {33, 20, Format::e2m1, {1, 16, BlockScaleRule::nvfp4}},
+                        {130, 9, Format::e5m2, {128, 128, BlockScaleRule::f32_amax}}};
+  for (const Case& c : cases) {
+    std::vector<float> x(c.rows * c.cols);
+    for (size_t i = 0; i < x.size(); ++i) x[i] = normal(rng) * std::ldexp(1.0f, int(i % 40) - 20);
+    x[3] = std::numeric_limits<float>::quiet_NaN();
+    const BlockQuantized q = quantize_blocks(x, c.rows, c.cols, c.element, c.spec);
+    const std::vector<float> whole = dequant(q);
+    for (auto [r0, r1] : {std::pair<size_t, size_t>{0, c.rows}, {1, 4}, {c.rows - 1, c.rows}, {2, 2}}) {
+      std::vector<float> part((r1 - r0) * c.cols);
+      dequantize_block_rows(q, r0, r1, part);
+      for (size_t i = 0; i < part.size(); ++i)
+        ASSERT_EQ(std::bit_cast<uint32_t>(part[i]), std::bit_cast<uint32_t>(whole[r0 * c.cols + i]))
+            << format_name(c.element) << " rows [" << r0 << ", " << r1 << ") element " << i;
+    }
+  }
+  const BlockQuantized q = quantize_blocks(std::vector<float>(4 * 64, 1.5f), 4, 64, Format::e4m3, mx_blocks(1));
+  std::vector<float> two_rows(2 * 64);
+  EXPECT_ERROR(dequantize_block_rows(q, 3, 5, two_rows), "rows [3, 5) of 4");
+  EXPECT_ERROR(dequantize_block_rows(q, 2, 1, two_rows), "rows [2, 1) of 4");
+  EXPECT_ERROR(dequantize_block_rows(q, 0, 1, two_rows), "into 128 values");
 }
 
 // The one-pass bf16 dequantisation against the f32 one truncated: MX blocks of FP8 codes (power-of-

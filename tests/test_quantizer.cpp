@@ -4,9 +4,13 @@
 #include <bit>
 #include <cmath>
 #include <limits>
+#include <random>
+#include <string>
+#include <vector>
 
 #include "expect_error.hpp"
 #include "scalify/error.hpp"
+#include "scalify/formats/block.hpp"
 #include "scalify/formats/bulk.hpp"
 #include "scalify/quant/quantizer.hpp"
 
@@ -289,6 +293,83 @@ TEST(Quantizer, MxWithFp6AndFp4Elements) {
     }
     EXPECT_EQ(out.blocks.element, f);
   }
+}
+
+// The block quantisers' statistics (counted as each row or block row is written, in parallel) against the
+// plain count over the whole dequantised tensor: amax (NaN when one is), underflow (non-zero finite
+// inputs decoded as 0), clipped (beyond the block's largest value, with the 2^-20 allowance), their
+// energy. MX rows and columns, NVFP4 with its tensor scale, f32 blocks; NaN, inf, zeros,
+// subnormals and values far below their block; tensors below and above the parallel threshold.
+TEST(Quantizer, BlockStatisticsMatchThePlainCount) {
+  struct Reference {
+    float amax = 0;
+    int64_t nonzero = 0, underflow = 0, clipped = 0;
+    double energy = 0, under_energy = 0;
+  };
+  auto plain = [](const std::vector<float>& x, const BlockQuantized& q) {
+    const std::vector<double> back = [&] {
+      std::vector<float> f(x.size());
+      dequantize_blocks(q, f);
+      return std::vector<double>(f.begin(), f.end());
+    }();
+    Reference r;
+    for (size_t i = 0; i < x.size(); ++i) {
+      const float v = std::fabs(x[i]);
+      r.amax = std::isnan(v) || std::isnan(r.amax) ? std::numeric_limits<float>::quiet_NaN() : std::max(r.amax, v);
+      if (v == 0 || !std::isfinite(v)) continue;
+      ++r.nonzero;
+      r.underflow += back[i] == 0;
+      r.energy += double(v) * v;
+      r.under_energy += back[i] == 0 ? double(v) * v : 0.0;
+      const size_t row = i / q.cols, col = i % q.cols;
+      const double top = max_value(q.element) * q.scales[(row / q.block.rows) * q.scale_cols() + col / q.block.cols] * q.tensor_scale;
+      r.clipped += top > 0 && v > top * (1 + 0x1p-20);
+    }
+    return r;
+  };
+  struct Case {
+    int64_t rows, cols;
+    QuantizerConfig config;
+  };
+  QuantizerConfig mx_cols = cfg(Scaling::mx), mx_e5m2 = cfg(Scaling::mx, Format::e5m2), nv = cfg(Scaling::block, Format::e2m1),
+                  nv_rows = nv, f32_blocks = cfg(Scaling::block);
+  mx_cols.block = {32, 1, BlockScaleRule::mx_floor};
+  nv.block = {16, 16, BlockScaleRule::nvfp4};
+  nv_rows.block = {1, 16, BlockScaleRule::nvfp4};
+  const Case cases[] = {{7, 70, cfg(Scaling::mx)}, {300, 200, cfg(Scaling::mx)}, {300, 200, mx_cols}, {257, 130, mx_e5m2}, {70, 48, nv},
+                        {300, 200, nv_rows},       {260, 130, f32_blocks}};
+  std::mt19937 rng(11);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (const Case& c : cases)
+    for (int special = 0; special < 2; ++special) {
+      std::vector<float> x(size_t(c.rows * c.cols));
+      for (size_t i = 0; i < x.size(); ++i) x[i] = normal(rng) * std::ldexp(1.0f, int(i % 31) * 2 - 30);
+      x[5] = 0.0f;
+      x[6] = -0.0f;
+      x[7] = 1e-41f;    // subnormal
+      x[40] = 3000.0f;  // its block's smaller values underflow
+      x[100] = -1e30f;  // far beyond the rest
+      if (special) {
+        x[x.size() / 2] = std::numeric_limits<float>::infinity();
+        x[x.size() - 3] = std::numeric_limits<float>::quiet_NaN();
+      }
+      const Tensor xt = Tensor::from_vector(x, {c.rows, c.cols});
+      Quantizer q(c.config);
+      const Quantized out = q.quantize(xt);
+      const Reference r = plain(x, out.blocks);
+      const std::string what = std::string(scaling_name(c.config.scaling)) + " " + std::string(format_name(c.config.format)) + " " +
+                               std::to_string(c.rows) + "x" + std::to_string(c.cols) + (special ? " with inf and NaN" : "");
+      if (std::isnan(r.amax))
+        EXPECT_TRUE(std::isnan(q.last().amax)) << what;
+      else
+        EXPECT_EQ(q.last().amax, r.amax) << what;
+      EXPECT_EQ(q.last().underflow, double(r.underflow) / double(r.nonzero)) << what;
+      EXPECT_EQ(q.last().clipped, double(r.clipped) / double(r.nonzero)) << what;
+      EXPECT_GT(r.underflow, 0) << what << ": the case tests nothing";
+      if (c.config.scaling == Scaling::mx) EXPECT_GT(r.clipped, 0) << what << ": the floor rule clips no top binade";
+      // The same sums in another order.
+      EXPECT_NEAR(q.last().underflow_energy, r.under_energy / r.energy, 1e-12 * (r.under_energy / r.energy)) << what;
+    }
 }
 
 TEST(Quantizer, NamesParseAndBadConfigIsAnError) {

@@ -222,7 +222,7 @@ kernels::QuantizeArgs block_args(const FormatInfo& f, Rounding rounding, uint64_
 }  // namespace
 
 BlockQuantized quantize_blocks(std::span<const float> x, size_t rows, size_t cols, Format element, const BlockSpec& spec, Rounding rounding,
-                               uint64_t seed) {
+                               uint64_t seed, const BlockRowsDone& rows_done) {
   if (x.size() != rows * cols)
     throw Error("quantize_blocks: " + std::to_string(x.size()) + " values do not form a " + std::to_string(rows) + " x " +
                 std::to_string(cols) + " tensor");
@@ -286,6 +286,7 @@ BlockQuantized quantize_blocks(std::span<const float> x, size_t rows, size_t col
         const bool all_exact = row_blocks(x.data() + r * cols, cols, element, spec, element_emax, tensor_encode, plans.data(),
                                           q.scales.data() + r * scale_cols, tmp.data());
         emit_row(r, tmp.data(), plans.data(), all_exact);
+        if (rows_done) rows_done(q, r, r + 1);
       }
     }
     return q;
@@ -325,6 +326,7 @@ BlockQuantized quantize_blocks(std::span<const float> x, size_t rows, size_t col
         prescale_row(x.data() + r * cols, mul.data(), pow2.data(), mask.data(), tmp.data(), cols);
         emit_row(r, tmp.data(), plans.data(), all_exact);
       }
+      if (rows_done) rows_done(q, r0, r1);
     }
   }
   return q;
@@ -349,38 +351,63 @@ void check_blocks(const BlockQuantized& q, size_t out_size, const char* op) {
 
 namespace {
 
-// Decodes the rows in parallel with the SIMD codec and multiplies each by its blocks' scales (v *
+// Decodes rows one at a time with the SIMD codec and multiplies each by its blocks' scales (v *
 // scale in f32, as the kernels apply it): a kernel call per 32-element block spent most of its time
-// setting up. A row goes to `out` when given, else to a per-thread buffer handed to row_fn(r, row).
+// setting up. col_scale holds the scales of one block row, one per column, expanded on demand.
+class RowDecoder {
+ public:
+  explicit RowDecoder(const BlockQuantized& q) : q_(q), f_(info(q.element)), k_(kernels::active_kernels()), col_scale_(q.cols) {}
+  void decode(size_t r, float* dest, bool with_tensor_scale) {
+    const size_t br = r / q_.block.rows, cb = size_t(f_.storage_bytes());
+    if (br != expanded_) {
+      for (size_t bc = 0; bc < q_.scale_cols(); ++bc)
+        std::fill(col_scale_.begin() + ptrdiff_t(bc * q_.block.cols),
+                  col_scale_.begin() + ptrdiff_t(std::min(q_.cols, (bc + 1) * q_.block.cols)), q_.scales[br * q_.scale_cols() + bc]);
+      expanded_ = br;
+    }
+    k_.dequantize(q_.codes.data() + r * q_.cols * cb, q_.cols, dest, f_, 1.0f);
+    scale_row(dest, col_scale_.data(), q_.cols);
+    if (with_tensor_scale && q_.tensor_scale != 1.0f)
+      for (size_t c = 0; c < q_.cols; ++c) dest[c] *= q_.tensor_scale;
+  }
+
+ private:
+  const BlockQuantized& q_;
+  const FormatInfo& f_;
+  const kernels::KernelTable& k_;
+  std::vector<float> col_scale_;
+  size_t expanded_ = SIZE_MAX;
+};
+
+// Decodes the rows in parallel (RowDecoder). A row goes to `out` when given, else to a per-thread
+// buffer handed to row_fn(r, row).
 template <class RowFn>
 void for_decoded_rows(const BlockQuantized& q, float* out, bool with_tensor_scale, RowFn row_fn) {
-  const FormatInfo& f = info(q.element);
-  const size_t cb = size_t(f.storage_bytes());
-  const kernels::KernelTable& k = kernels::active_kernels();
   if (q.cols == 0) return;
 #pragma omp parallel if (q.rows * q.cols > size_t(platform::kParallelGrain))
   {
-    std::vector<float> col_scale(q.cols), row(out ? 0 : q.cols);  // col_scale: the block row's scales, one per column
-    size_t expanded = SIZE_MAX;
+    RowDecoder decoder(q);
+    std::vector<float> row(out ? 0 : q.cols);
 #pragma omp for
     for (int64_t ri = 0; ri < int64_t(q.rows); ++ri) {
-      const size_t r = size_t(ri), br = r / q.block.rows;
-      if (br != expanded) {
-        for (size_t bc = 0; bc < q.scale_cols(); ++bc)
-          std::fill(col_scale.begin() + ptrdiff_t(bc * q.block.cols),
-                    col_scale.begin() + ptrdiff_t(std::min(q.cols, (bc + 1) * q.block.cols)), q.scales[br * q.scale_cols() + bc]);
-        expanded = br;
-      }
+      const size_t r = size_t(ri);
       float* dest = out ? out + r * q.cols : row.data();  // pointer arithmetic: an empty row must not index
-      k.dequantize(q.codes.data() + r * q.cols * cb, q.cols, dest, f, 1.0f);
-      scale_row(dest, col_scale.data(), q.cols);
-      if (with_tensor_scale && q.tensor_scale != 1.0f)
-        for (size_t c = 0; c < q.cols; ++c) dest[c] *= q.tensor_scale;
+      decoder.decode(r, dest, with_tensor_scale);
       if (!out) row_fn(r, dest);
     }
   }
 }
 }  // namespace
+
+void dequantize_block_rows(const BlockQuantized& q, size_t r0, size_t r1, std::span<float> out) {
+  check_blocks(q, q.rows * q.cols, "dequantize_block_rows");
+  if (r0 > r1 || r1 > q.rows || out.size() != (r1 - r0) * q.cols)
+    throw Error("dequantize_block_rows: rows [" + std::to_string(r0) + ", " + std::to_string(r1) + ") of " + std::to_string(q.rows) +
+                " into " + std::to_string(out.size()) + " values");
+  if (q.cols == 0) return;
+  RowDecoder decoder(q);
+  for (size_t r = r0; r < r1; ++r) decoder.decode(r, out.data() + (r - r0) * q.cols, true);
+}
 
 void dequantize_blocks(const BlockQuantized& q, std::span<float> out) {
   check_blocks(q, out.size(), "dequantize_blocks");

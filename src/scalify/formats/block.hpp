@@ -5,6 +5,7 @@
 // tensor. Elements always saturate.
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <new>
 #include <span>
@@ -90,13 +91,21 @@ float e4m3_nearest(float v);
 // nvfp4's tensor encode scale S from the tensor's abs-max (the rule's comment).
 float nvfp4_tensor_encode(float amax);
 
+// Called by quantize_blocks once rows [r0, r1) of q (a row, or a block row of taller blocks) have
+// their codes and scales, on the thread that wrote them, while their inputs are still in cache:
+// a pass over the result without reading the tensor again (the quantiser's statistics). Calls for
+// different rows may run at once.
+using BlockRowsDone = std::function<void(const BlockQuantized& q, size_t r0, size_t r1)>;
 // `seed`: stochastic rounding's stream (element i of the row-major tensor draws bits (seed, i)).
 BlockQuantized quantize_blocks(std::span<const float> x, size_t rows, size_t cols, Format element, const BlockSpec& spec,
-                               Rounding rounding = Rounding::nearest_even, uint64_t seed = 0);
+                               Rounding rounding = Rounding::nearest_even, uint64_t seed = 0, const BlockRowsDone& rows_done = {});
 // BlockQuantized is plain data: throws naming `op` unless its codes and scales fit its shape and
 // block size, and `values` (the caller's buffer) is rows x cols.
 void check_blocks(const BlockQuantized& q, size_t values, const char* op);
 void dequantize_blocks(const BlockQuantized& q, std::span<float> out);
+// Rows [r0, r1) of dequantize_blocks' values, bit for bit, into out ((r1 - r0) x cols): a pass
+// over a large tensor a few rows at a time, without its f32 copy. Throws on rows out of range.
+void dequantize_block_rows(const BlockQuantized& q, size_t r0, size_t r1, std::span<float> out);
 // The dequantized values without the tensor scale (code * block scale: a GEMM applies tensor_scale
 // as its alpha) as bf16 bit patterns, without an f32 copy; false (out then unspecified) unless
 // every one is exactly a bf16 value that bf16 dot products keep (truncate_to_bf16_exact): true for

@@ -1,16 +1,20 @@
 #include "scalify/quant/quantizer.hpp"
 
 #include <algorithm>
-#include <iterator>
-#include <limits>
 #include <atomic>
 #include <bit>
 #include <cmath>
 #include <exception>
+#include <functional>
+#include <iterator>
+#include <limits>
+#include <optional>
 #include <span>
+#include <vector>
 
 #include "scalify/error.hpp"
 #include "scalify/formats/bulk.hpp"
+#include "scalify/formats/kernels.hpp"
 #include "scalify/platform/parallel.hpp"
 #include "scalify/tensor/convert.hpp"
 #include "scalify/tensor/dense.hpp"
@@ -89,37 +93,121 @@ Tensor encode(const Tensor& x, Format fmt, float encode_scale, const QuantizerCo
   st.clipped = n ? double(clip) / double(n) : 0.0;
   return codes;
 }
-// A block quantisation's amax, underflow (non-zero inputs decoded as 0) and clipping (inputs
-// beyond their block's largest value, which they saturated to).
-void block_statistics(const Tensor& xs, const BlockQuantized& q, QuantStats& st) {
-  const std::span<const float> x(xs.data<float>(), size_t(xs.numel()));
-  std::vector<float> back(x.size());
-  dequantize_blocks(q, back);
-  const double top = max_value(q.element);
+// A block quantisation's statistics over some rows: the |x| bits' max, and over the finite
+// non-zero inputs their count, those decoded as 0 (underflow) or beyond their block's largest value
+// (clipped, saturated to it), and sums of x^2 over both.
+struct BlockCounts {
+  uint32_t amax_bits = 0;  // NaN orders above infinity
   int64_t nonzero = 0, underflow = 0, clipped = 0;
   double energy = 0, under_energy = 0;
-  float amax = 0;
-  for (size_t r = 0; r < q.rows; ++r)
-    for (size_t c = 0; c < q.cols; ++c) {
-      const size_t i = r * q.cols + c;
-      const float v = std::fabs(x[i]);
-      amax = std::isnan(v) || std::isnan(amax) ? std::numeric_limits<float>::quiet_NaN() : std::max(amax, v);
-      if (v == 0 || !std::isfinite(v)) continue;
-      ++nonzero;
-      underflow += back[i] == 0;
-      energy += double(v) * double(v);
-      under_energy += back[i] == 0 ? double(v) * double(v) : 0.0;
-      // The block's largest value, computed in double: a relative 2^-20 allows for the f32
-      // rounding of an amax-derived scale (f32_amax: amax / 448 * 448 may fall an ulp short). A
-      // block whose scale is 0 (E4M3 scales that underflowed) underflows; it does not clip.
-      const double block_top = top * q.scales[(r / q.block.rows) * q.scale_cols() + c / q.block.cols] * q.tensor_scale;
-      clipped += block_top > 0 && v > block_top * (1 + 0x1p-20);
+};
+
+// One row: x, its decoded values `back`, each column's clip limit (|x| > limit clips), counted
+// branch-free so it vectorises; AVX2 where the format kernels run AVX2 or better (the library's
+// baseline is SSE2), as the block quantiser's row loops. 32-bit counters per stretch of 2^20.
+struct StatisticsLoop {
+  [[gnu::always_inline]] static inline void count(const float* __restrict x, const float* __restrict back, const float* __restrict limit,
+                                                  size_t n, BlockCounts& t) {
+    for (size_t c0 = 0; c0 < n; c0 += size_t(1) << 20) {
+      const size_t c1 = std::min(n, c0 + (size_t(1) << 20));
+      uint32_t amax = t.amax_bits;
+      int32_t nonzero = 0, underflow = 0, clipped = 0;
+      double energy = 0, under_energy = 0;
+#pragma omp simd reduction(max : amax) reduction(+ : nonzero, underflow, clipped, energy, under_energy)
+      for (size_t c = c0; c < c1; ++c) {
+        const uint32_t bits = std::bit_cast<uint32_t>(x[c]) & 0x7FFFFFFFu;
+        amax = std::max(amax, bits);
+        const uint32_t counted = uint32_t(bits - 1u < 0x7F7FFFFFu);  // finite, non-zero: bits in [1, max]
+        const uint32_t under = counted & uint32_t(back[c] == 0.0f);
+        nonzero += int32_t(counted);
+        underflow += int32_t(under);
+        clipped += int32_t(counted & uint32_t(std::bit_cast<float>(bits) > limit[c]));
+        // |x| where counted (where under), else +0: selected in 32 bits, squared and summed in double.
+        const double v = std::bit_cast<float>(bits & (0u - counted)), u = std::bit_cast<float>(bits & (0u - under));
+        energy += v * v;
+        under_energy += u * u;
+      }
+      t.amax_bits = amax;
+      t.nonzero += nonzero;
+      t.underflow += underflow;
+      t.clipped += clipped;
+      t.energy += energy;
+      t.under_energy += under_energy;
     }
-  st.amax = amax;
-  st.underflow = nonzero ? double(underflow) / double(nonzero) : 0.0;
-  st.underflow_energy = energy > 0 ? under_energy / energy : 0.0;
-  st.clipped = nonzero ? double(clipped) / double(nonzero) : 0.0;
+  }
+};
+#if SCALIFY_HAVE_X86_SIMD
+[[gnu::target("avx2")]] void count_row_avx2(const float* x, const float* back, const float* limit, size_t n, BlockCounts& t) {
+  StatisticsLoop::count(x, back, limit, n, t);
 }
+#endif
+void count_row(const float* x, const float* back, const float* limit, size_t n, BlockCounts& t) {
+#if SCALIFY_HAVE_X86_SIMD
+  if (kernels::active_isa() != kernels::Isa::scalar) return count_row_avx2(x, back, limit, n, t);
+#endif
+  StatisticsLoop::count(x, back, limit, n, t);
+}
+
+// The f32 limit whose comparison with an f32 |x| is the comparison with `limit` (a positive
+// double): the largest f32 not above it (+inf stays +inf). One step down is one bit pattern down.
+float f32_limit(double limit) {
+  const float f = float(limit);
+  return double(f) > limit ? std::bit_cast<float>(std::bit_cast<uint32_t>(f) - 1) : f;
+}
+
+// A block quantisation's amax, underflow (non-zero inputs decoded as 0) and clipping (inputs
+// beyond their block's largest value, which they saturated to), counted as quantize_blocks writes
+// each row or block row (its rows_done hook: the inputs still in cache), from those rows decoded
+// as dequantize_blocks decodes them. Each call's counts keep their own slot and add up in row
+// order, so the statistics do not depend on the threads.
+class BlockStatistics {
+ public:
+  BlockStatistics(const float* x, size_t rows) : x_(x), counts_(rows) {}
+  void operator()(const BlockQuantized& q, size_t r0, size_t r1) {
+    thread_local std::vector<float> back, limit;  // rows [r0, r1) decoded; each column's clip limit
+    const size_t cols = q.cols, scale_cols = q.scale_cols();
+    back.resize((r1 - r0) * cols);
+    limit.resize(cols);
+    dequantize_block_rows(q, r0, r1, back);
+    const double top = max_value(q.element);
+    size_t expanded = SIZE_MAX;
+    BlockCounts& part = counts_[r0];
+    for (size_t r = r0; r < r1; ++r) {
+      const size_t br = r / q.block.rows;
+      if (br != expanded) {
+        // The block's largest value, computed in double: a relative 2^-20 allows for the f32
+        // rounding of an amax-derived scale (f32_amax: amax / 448 * 448 may fall an ulp short).
+        // A block whose scale is 0 (E4M3 scales that underflowed) or NaN never clips.
+        for (size_t bc = 0; bc < scale_cols; ++bc) {
+          const double block_top = top * q.scales[br * scale_cols + bc] * q.tensor_scale;
+          const float l = f32_limit(block_top > 0 ? block_top * (1 + 0x1p-20) : std::numeric_limits<double>::infinity());
+          std::fill(limit.begin() + ptrdiff_t(bc * q.block.cols), limit.begin() + ptrdiff_t(std::min(cols, (bc + 1) * q.block.cols)), l);
+        }
+        expanded = br;
+      }
+      count_row(x_ + r * cols, back.data() + (r - r0) * cols, limit.data(), cols, part);
+    }
+  }
+  void report(QuantStats& st) const {
+    BlockCounts all;
+    for (const BlockCounts& p : counts_) {
+      all.amax_bits = std::max(all.amax_bits, p.amax_bits);
+      all.nonzero += p.nonzero;
+      all.underflow += p.underflow;
+      all.clipped += p.clipped;
+      all.energy += p.energy;
+      all.under_energy += p.under_energy;
+    }
+    st.amax = all.amax_bits > 0x7F800000u ? std::numeric_limits<float>::quiet_NaN() : std::bit_cast<float>(all.amax_bits);
+    st.underflow = all.nonzero ? double(all.underflow) / double(all.nonzero) : 0.0;
+    st.underflow_energy = all.energy > 0 ? all.under_energy / all.energy : 0.0;
+    st.clipped = all.nonzero ? double(all.clipped) / double(all.nonzero) : 0.0;
+  }
+
+ private:
+  const float* x_;
+  std::vector<BlockCounts> counts_;  // by the first row of each call
+};
 
 // max |x| with the SIMD kernel (NaN if x holds one).
 double amax_of(const Tensor& x) {
@@ -346,10 +434,12 @@ Quantized Quantizer::quantize_with(const Tensor& x, bool as_values, QuantStats& 
                                              c_.block.rule == BlockScaleRule::mx_ceil ? BlockScaleRule::mx_ceil : BlockScaleRule::mx_floor)
                                  : c_.block;
       const Tensor xs = x.to(DType::f32).contiguous();
+      std::optional<BlockStatistics> stats;
+      if (collect_statistics()) stats.emplace(xs.data<float>(), size_t(x.size(0)));
       q.blocks = quantize_blocks(std::span(xs.data<float>(), size_t(xs.numel())), size_t(x.size(0)), size_t(x.size(1)), f, spec,
-                                 c_.rounding, seed);
+                                 c_.rounding, seed, stats ? BlockRowsDone(std::ref(*stats)) : BlockRowsDone());
       q.blockwise = true;
-      if (collect_statistics()) block_statistics(xs, q.blocks, st);
+      if (stats) stats->report(st);
       // An empty tensor ([0, n] or [n, 0]) has no blocks and no scales.
       // The largest block's decode factor; 1 when there is none (an empty tensor, or E4M3 block
       // scales that are all 0: every block zero).
