@@ -359,14 +359,17 @@ TEST(Quantizer, BlockStatisticsMatchThePlainCount) {
       const Reference r = plain(x, out.blocks);
       const std::string what = std::string(scaling_name(c.config.scaling)) + " " + std::string(format_name(c.config.format)) + " " +
                                std::to_string(c.rows) + "x" + std::to_string(c.cols) + (special ? " with inf and NaN" : "");
-      if (std::isnan(r.amax))
+      if (std::isnan(r.amax)) {
         EXPECT_TRUE(std::isnan(q.last().amax)) << what;
-      else
+      } else {
         EXPECT_EQ(q.last().amax, r.amax) << what;
+      }
       EXPECT_EQ(q.last().underflow, double(r.underflow) / double(r.nonzero)) << what;
       EXPECT_EQ(q.last().clipped, double(r.clipped) / double(r.nonzero)) << what;
       EXPECT_GT(r.underflow, 0) << what << ": the case tests nothing";
-      if (c.config.scaling == Scaling::mx) EXPECT_GT(r.clipped, 0) << what << ": the floor rule clips no top binade";
+      if (c.config.scaling == Scaling::mx) {
+        EXPECT_GT(r.clipped, 0) << what << ": the floor rule clips no top binade";
+      }
       // The same sums in another order.
       EXPECT_NEAR(q.last().underflow_energy, r.under_energy / r.energy, 1e-12 * (r.under_energy / r.energy)) << what;
     }

@@ -21,6 +21,10 @@ def as_recipe(recipe: RecipeLike) -> Recipe:
         whole = Recipe()
         whole.name = "custom"
         whole.linear = recipe
+        # SCALIFY's operands propagate their scales: a recipe of it keeps scaled state.
+        roles = [recipe.forward.activation, recipe.forward.weight, recipe.input_grad.gradient, recipe.input_grad.weight,
+                 recipe.weight_grad.activation, recipe.weight_grad.gradient]
+        whole.scaled_state = any(r.scaling == "scalify" for r in roles)
         whole.validate()
         return whole
     raise TypeError(f"recipe: needs a preset name, a scalify.Recipe or a scalify.LinearRecipe, not {type(recipe).__name__}")

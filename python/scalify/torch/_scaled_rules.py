@@ -253,10 +253,16 @@ def _to_copy(func: Any, x: Any, *, dtype: Any = None, **kwargs: Any) -> Any:
 def _like(func: Any, x: Any, *, dtype: Any = None, **kwargs: Any) -> Any:
     # A parameter's zeros are an optimizer's state: in the storage scalify() gave it.
     storage = dtype or getattr(x, "_state_storage", None) or x._data.dtype
-    data = func(x._data, dtype=storage, **kwargs)
-    if func is aten.zeros_like.default:
-        return ScaledTensor(data, 0.0)  # zeros ignore their scale: ANY
-    return ScaledTensor(data, 1.0)
+    return _new(func is aten.zeros_like.default, func(x._data, dtype=storage, **kwargs))
+
+
+@rule(aten.new_zeros.default, aten.new_empty.default, aten.new_empty_strided.default, aten.new_ones.default)
+def _new_like(func: Any, x: Any, *args: Any, dtype: Any = None, **kwargs: Any) -> Any:
+    return _new(func is aten.new_zeros.default, func(x._data, *args, dtype=dtype or x._data.dtype, **kwargs))
+
+
+def _new(zeros: bool, data: torch.Tensor) -> ScaledTensor:
+    return ScaledTensor(data, 0.0 if zeros else 1.0)  # zeros ignore their scale: ANY
 
 
 @rule(aten._local_scalar_dense.default)
@@ -301,14 +307,31 @@ def _inplace(func: Any, x: Any, y: Any, **kwargs: Any) -> Any:
     return _assign(x, RULES[out_of_place](out_of_place, x, y, **kwargs))
 
 
+def _promoted(*xs: Any) -> torch.dtype:
+    """The storage the engine's data-precision rule gives an op on xs: float64 if any, float32 if
+    any or if two narrow storages meet, else their one narrow storage."""
+    storages = {x._data.dtype if isinstance(x, ScaledTensor) else x.dtype for x in xs if isinstance(x, torch.Tensor)}
+    if torch.float64 in storages:
+        return torch.float64
+    return storages.pop() if len(storages) == 1 else torch.float32
+
+
+def _fused(op: str, x: Any, a: Any, b: Any, value: Any) -> Any:
+    """x + value * (a op b) as one op: computed in the storage all three promote to (an
+    optimizer's float32 moment stays float32 through the float16 gradient's square, which on its
+    own rounds into float16 and underflows)."""
+    storage = _promoted(x, a, b)
+    return _binary("add", x, _alpha(_binary(op, _in_storage(a, storage), _in_storage(b, storage)), value))
+
+
 @rule(aten.addcmul_.default)
 def _addcmul_(func: Any, x: Any, a: Any, b: Any, *, value: Any = 1) -> Any:
-    return _assign(x, _binary("add", x, _alpha(_binary("mul", a, b), value)))
+    return _assign(x, _fused("mul", x, a, b, value))
 
 
 @rule(aten.addcdiv_.default)
 def _addcdiv_(func: Any, x: Any, a: Any, b: Any, *, value: Any = 1) -> Any:
-    return _assign(x, _binary("add", x, _alpha(_binary("div", a, b), value)))
+    return _assign(x, _fused("div", x, a, b, value))
 
 
 @rule(aten.lerp_.Scalar)

@@ -3,14 +3,16 @@ optimizer propagate scales as the recipe says (SCALIFY, seed 000)."""
 
 from __future__ import annotations
 
-from typing import Any, Dict
+from typing import Any, Dict, Set
 
 import torch
 from torch.nn.utils import parametrize
 
+from ._convert import convert
 from ._recipe import RecipeLike, as_recipe
 from ._scaled_functions import as_scaled, cast_on_forward, dynamic_rescale_grad
-from ._scaled_tensor import ScaledTensor
+from .._scalify import scaled as engine
+from ._scaled_tensor import ScaledTensor, pair
 
 _STORAGE = {"f16": torch.float16, "bf16": torch.bfloat16, "f32": torch.float32}
 
@@ -27,6 +29,22 @@ class _CastAtUse(torch.nn.Module):
         return cast_on_forward(p, self.storage)
 
 
+def _weight_gradient_cast(fmt: str, rescale: bool) -> Any:
+    """The engine's cast_weight_gradients: after backward, each parameter's gradient data rounded
+    into `fmt` with its propagated scale (rebalanced to unit RMS first where the recipe says),
+    held in the gradient's storage (FP8 values are exact in float16)."""
+
+    def cast(p: torch.Tensor) -> None:
+        g = p.grad
+        if not isinstance(g, ScaledTensor):
+            return
+        ready = engine.dynamic_rescale(pair(g)) if rescale else pair(g)
+        data, scale = engine.cast_data(ready, fmt)
+        p.grad = ScaledTensor(data.to(g.data_tensor.dtype), 1.0 if scale is None else scale)
+
+    return cast
+
+
 def _rescale_input_gradient(module: torch.nn.Module, args: Any) -> Any:
     return (dynamic_rescale_grad(args[0]),) + tuple(args[1:])
 
@@ -37,13 +55,17 @@ def _is_norm(module: torch.nn.Module) -> bool:
 
 def scalify(model: torch.nn.Module, recipe: RecipeLike = "scalify_fp16_1") -> torch.nn.Module:
     """Makes ``model``'s parameters ScaledTensors as a SCALIFY recipe says, in place, and returns
-    it: each parameter's data in the recipe's master-weight storage with scale rms rounded down to
+    it: its linear layers become ``scalify.torch.Linear`` under the recipe (``convert``: the
+    engine's layer on scaled tensors, whose operands keep their propagated scales and take the
+    recipe's formats, E4M3 forward and E5M2 backward under ``scalify_fp8_3``); each parameter's data
+    in the recipe's master-weight storage with scale rms rounded down to
     a power of two (the engine's prepare_parameters); where the recipe's data storage is narrower
     (float16 under ``scalify_fp16_1``), each parameter is cast to it where it is used
     (a parametrization: ``state_dict`` names it ``parametrizations.<name>.original``), so
     activations and gradients stay in it end to end; under the recipes that rescale the norms'
     gradients (``scalify_fp16_2``, ``scalify_fp8_3``, ``scalify_fp8_4``) every LayerNorm / RMSNorm
-    input's gradient is dynamically rescaled. An optimizer made afterwards keeps its state as
+    input's gradient is dynamically rescaled; under ``scalify_fp8_3`` / ``_4`` each weight gradient
+    is rounded into E5M2 after backward (with accumulation, after each backward). An optimizer made afterwards keeps its state as
     ScaledTensors in the recipe's optimizer-state storage. Inputs that are plain tensors count as
     scale 1."""
     if not isinstance(model, torch.nn.Module):
@@ -53,7 +75,9 @@ def scalify(model: torch.nn.Module, recipe: RecipeLike = "scalify_fp16_1") -> to
         raise ValueError(f"scalify: recipe {r.name!r} keeps no scaled state; SCALIFY's recipes are "
                          "scalify_fp16_1, scalify_fp16_2, scalify_fp8_3 and scalify_fp8_4")
     master, data, state = (_STORAGE[str(d)] for d in (r.master_weight, r.data_storage, r.optimizer_state))
+    convert(model, r)  # the linear layers: the engine's own on scaled tensors (FP8 #3's e4m3 / e5m2 casts)
     made: Dict[int, torch.nn.Parameter] = {}  # a parameter shared by modules (a tied head) stays one
+    hooked: Set[int] = set()
     for module in list(model.modules()):
         for name, p in list(module.named_parameters(recurse=False)):
             if isinstance(p, ScaledTensor):
@@ -64,6 +88,9 @@ def scalify(model: torch.nn.Module, recipe: RecipeLike = "scalify_fp16_1") -> to
                 made[id(p)]._state_storage = state  # type: ignore[attr-defined]  # zeros_like of it: the optimizer's moments
             param = made[id(p)]
             setattr(module, name, param)
+            if str(r.weight_gradient) != "f32" and param.requires_grad and id(p) not in hooked:
+                param.register_post_accumulate_grad_hook(_weight_gradient_cast(str(r.weight_gradient), r.rescale_gradients))
+                hooked.add(id(p))
             if data.itemsize < master.itemsize:
                 parametrize.register_parametrization(module, name, _CastAtUse(data), unsafe=True)
         if r.rescale_norm_grad and _is_norm(module):
