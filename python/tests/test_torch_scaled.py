@@ -19,7 +19,7 @@ U = {torch.float16: 2.0**-11, torch.float32: 2.0**-24}  # unit roundoff of the d
 
 
 def unit(*shape, positive=False):
-    x = torch.randn(*shape, generator=GEN, dtype=torch.float64)
+    x = torch.randn(shape, generator=GEN, dtype=torch.float64)
     return x.abs() + 0.25 if positive else x
 
 
@@ -135,3 +135,82 @@ def test_an_op_without_a_rule_falls_back_once_with_a_warning():
     assert st.unhandled_ops()["aten.cumsum.default"] == before + 1
     assert isinstance(y, st.ScaledTensor)
     torch.testing.assert_close(y.unscaled(), torch.cumsum(t.unscaled(), 0))
+
+
+# Gradients: (the op, input shapes, positive inputs, checked at scales 2^+-20 too); the backward ops
+# torch's autograd runs for each (mm with transposes, gelu_backward, _softmax_backward_data,
+# embedding_dense_backward, ...) each with its rule, against float64 autograd on the values.
+# Attention at scale 2^20 multiplies q k^T by 2^40: its saturated softmax amplifies any rounding.
+GRADIENT_CASES = {
+    "mul": (lambda a, b: a * b, [(4, 8), (4, 8)], False),
+    "div": (lambda a, b: a / b, [(4, 8), (4, 8)], True),
+    "mm": (lambda a, b: a @ b, [(6, 16), (16, 5)], False),
+    "gelu tanh": (lambda a: F.gelu(a, approximate="tanh"), [(4, 8)], False),
+    "gelu": (F.gelu, [(4, 8)], False),
+    "silu": (F.silu, [(4, 8)], False),
+    "relu": (F.relu, [(4, 8)], False),
+    "tanh": (torch.tanh, [(4, 8)], False),
+    "sigmoid": (torch.sigmoid, [(4, 8)], False),
+    "sum": (lambda a: a.sum(-1), [(4, 8)], False),
+    "mean": (lambda a: a.mean(-1), [(4, 8)], False),
+    "softmax": (lambda a: a.softmax(-1), [(4, 8)], False),
+    "log_softmax": (lambda a: a.log_softmax(-1), [(4, 8)], False),
+    "layer_norm": (lambda x, w, b: F.layer_norm(x, (8,), w, b), [(4, 8), (8,), (8,)], False),
+    "rms_norm": (lambda x, w: F.rms_norm(x, (8,), w, eps=1e-6), [(4, 8), (8,)], False),
+    "embedding": (lambda w: F.embedding(torch.tensor([[1, 3, 3], [0, 5, 1]]), w), [(6, 8)], False),
+    "cross_entropy": (lambda a: F.cross_entropy(a, torch.tensor([1, 0, 7, 3])), [(4, 8)], False),
+    "causal attention": (lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True), [(2, 2, 5, 4)] * 3, False, False),
+    "views": (lambda a: a.view(2, 16).t()[3:9].reshape(-1), [(4, 8)], False),
+}
+
+
+@pytest.mark.parametrize("storage", [torch.float16, torch.float32])
+@pytest.mark.parametrize("case", list(GRADIENT_CASES))
+def test_gradients_through_scaled_tensors_equal_autograd_on_the_values(case, storage):
+    op, shapes, positive, *at_scales = GRADIENT_CASES[case]
+    for scale in ((2.0**-20, 1.0, 2.0**20) if not at_scales or at_scales[0] else (1.0,)):
+        before = st.unhandled_ops()
+        xs = [x.detach().requires_grad_() for x in scaled_inputs(shapes, positive, scale, storage)]
+        y = op(*xs)
+        g = unit(*y.shape)
+        y.backward(st.ScaledTensor(g.to(storage), 1.0))
+        assert st.unhandled_ops() == before, f"{case}: fell back"
+        refs = [value64(x).detach().requires_grad_() for x in xs]
+        op(*refs).backward(g.to(storage).double())
+        for x, ref in zip(xs, refs):
+            assert isinstance(x.grad, st.ScaledTensor) and x.grad.data_tensor.dtype == storage, case
+            got, want = value64(x.grad), ref.grad
+            # Two roundings into the storage (the gradient, and the step before it: softmax's
+            # probabilities, a norm's xhat) and float32 sums of up to 16 terms.
+            bound = 4 * U[storage] * want.abs() + 64 * U[storage] * want.abs().max()
+            assert torch.all((got - want).abs() <= bound), f"{case} at scale {scale}: {(got - want).abs().max()}"
+
+
+def test_an_adamw_step_on_scaled_parameters_is_adamws_on_their_values():
+    """torch.optim.AdamW (its for-loop, as on the CPU) over a ScaledTensor parameter with float16
+    data and float32 state: every op it runs has its rule, the parameter keeps its scale (the
+    engine's optimizer does), and the update equals AdamW's on the values to the data's rounding."""
+    w = unit(32, 16) * 0.05
+    plain = torch.nn.Parameter(w.to(torch.float16).to(torch.float32))
+    scaled_param = torch.nn.Parameter(st.as_scaled(plain.detach(), torch.float16))
+    scaled_param._state_storage = torch.float32
+    scale = scaled_param.scale
+    optimizers = [torch.optim.AdamW([p], lr=1e-2, weight_decay=0.1) for p in (plain, scaled_param)]
+    before = st.unhandled_ops()
+    for _ in range(3):
+        g = unit(32, 16).float() * 1e-3
+        g[0, 0] = 3e-6  # its square underflows float16: the second moment must hold it in float32
+        plain.grad = g.to(torch.float16).to(torch.float32)
+        scaled_param.grad = st.as_scaled(g, torch.float16)
+        for o in optimizers:
+            o.step()
+        with torch.no_grad():
+            plain.copy_(plain.to(torch.float16).to(torch.float32))  # the same float16 master weights
+    assert st.unhandled_ops() == before
+    assert scaled_param.scale == scale and scaled_param.data_tensor.dtype == torch.float16
+    state = optimizers[1].state[scaled_param]
+    assert state["exp_avg"].data_tensor.dtype == torch.float32 and value64(state["exp_avg_sq"])[0, 0] > 0
+    # Per step: two roundings of the weight into float16 (the weight decay, then the update), and the
+    # update (size lr) off by the gradients' float16 roundings at other scales (a few U relative).
+    u, lr = U[torch.float16], 1e-2
+    assert torch.all((value64(scaled_param) - plain.double()).abs() <= 3 * (2 * u * plain.double().abs() + 4 * u * lr))
