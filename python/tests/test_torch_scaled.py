@@ -214,3 +214,20 @@ def test_an_adamw_step_on_scaled_parameters_is_adamws_on_their_values():
     # update (size lr) off by the gradients' float16 roundings at other scales (a few U relative).
     u, lr = U[torch.float16], 1e-2
     assert torch.all((value64(scaled_param) - plain.double()).abs() <= 3 * (2 * u * plain.double().abs() + 4 * u * lr))
+
+
+@pytest.mark.parametrize("attention", [False, True])
+def test_dropout_keeps_each_value_or_zeroes_it(attention):
+    x = st.ScaledTensor(unit(64, 64).to(torch.float16), 2.0**-9).requires_grad_()
+    before = st.unhandled_ops()
+    if attention:  # SDPA's dropout on the probabilities (transformers' GPT-2 and BERT train with it)
+        y = F.scaled_dot_product_attention(x[None, None], x[None, None], x[None, None], dropout_p=0.5)[0, 0]
+        assert isinstance(y, st.ScaledTensor) and y.data_tensor.dtype == torch.float16
+    else:
+        y = F.dropout(x, 0.5)
+        kept = value64(y) != 0
+        assert 0.3 < kept.double().mean() < 0.7
+        assert torch.equal(value64(y)[kept], 2 * value64(x).detach()[kept])
+        y.backward(st.ScaledTensor(torch.ones(64, 64, dtype=torch.float16), 1.0))
+        assert torch.equal(value64(x.grad), 2.0 * kept)
+    assert st.unhandled_ops() == before

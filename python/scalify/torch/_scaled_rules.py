@@ -183,6 +183,13 @@ def _softmax(func: Any, x: Any, dim: int, half_to_float: bool) -> Any:
     return scaled(engine.softmax(pair(x), dim))
 
 
+@rule(aten._safe_softmax.default)
+def _safe_softmax(func: Any, x: Any, dim: int, dtype: Any = None) -> Any:
+    # softmax, with rows that are all -inf (fully masked) giving zeros instead of NaN
+    data, scale = engine.softmax(pair(x), dim)
+    return scaled((torch.nan_to_num(data, nan=0.0), scale))
+
+
 @rule(aten._log_softmax.default)
 def _log_softmax(func: Any, x: Any, dim: int, half_to_float: bool) -> Any:
     return scaled(engine.softmax(pair(x), dim, log=True))
@@ -396,8 +403,6 @@ def _attention(q: Any, k: Any, v: Any, attn_mask: Any = None, dropout_p: float =
     """F.scaled_dot_product_attention on ScaledTensors as the ops it is made of, each with its
     rule: softmax(q k^T * scale + mask) v (torch's CPU kernel fuses them into an op no rule
     knows)."""
-    if dropout_p != 0.0:
-        return NotImplemented
     if enable_gqa and k.shape[-3] != q.shape[-3]:
         k = k.repeat_interleave(q.shape[-3] // k.shape[-3], dim=-3)
         v = v.repeat_interleave(q.shape[-3] // v.shape[-3], dim=-3)
@@ -407,7 +412,10 @@ def _attention(q: Any, k: Any, v: Any, attn_mask: Any = None, dropout_p: float =
         scores = scores.masked_fill(~torch.ones(T, S, dtype=torch.bool).tril(S - T), float("-inf"))
     if attn_mask is not None:
         scores = scores.masked_fill(~attn_mask, float("-inf")) if attn_mask.dtype == torch.bool else scores + attn_mask
-    return scores.softmax(-1) @ v
+    probabilities = scores.softmax(-1)
+    if dropout_p != 0.0:
+        probabilities = torch.nn.functional.dropout(probabilities, dropout_p)
+    return probabilities @ v
 
 
 FUNCTIONS[torch.nn.functional.scaled_dot_product_attention] = _attention
@@ -521,3 +529,26 @@ def _cross_entropy(logits: Any, targets: Any, weight: Any = None, size_average: 
 FUNCTIONS[torch.nn.functional.layer_norm] = _layer_norm
 FUNCTIONS[torch.nn.functional.rms_norm] = _rms_norm
 FUNCTIONS[torch.nn.functional.cross_entropy] = _cross_entropy
+
+
+# --- Dropout: a random mask of 0 and 1 (any scale represents it), then the mul rule ---------------
+
+
+@rule(aten.bernoulli_.float)
+def _bernoulli_(func: Any, x: Any, p: float = 0.5, *, generator: Any = None) -> Any:
+    x._data.bernoulli_(p, generator=generator)
+    x._scale = 1.0
+    return x
+
+
+@rule(aten.native_dropout.default)
+def _native_dropout(func: Any, x: Any, p: float, train: Optional[bool]) -> Any:
+    if not train or p == 0:
+        return x.clone(), torch.ones(x.shape, dtype=torch.bool)
+    keep = torch.empty(x.shape).bernoulli_(1 - p).to(torch.bool)
+    return _binary("mul", _binary("mul", x, keep.to(x.dtype)), 1.0 / (1 - p)), keep
+
+
+@rule(aten.native_dropout_backward.default)
+def _native_dropout_backward(func: Any, g: Any, keep: torch.Tensor, scale: float) -> Any:
+    return _binary("mul", _binary("mul", g, keep.to(g.dtype)), scale)
