@@ -222,12 +222,13 @@ class Linear(torch.nn.Module):
             self._before_forward = (self._core.snapshot(), micro_batch) if records else None
         elif records:  # activation checkpointing recomputing the last forward (torch.utils.checkpoint)
             replay, self._before_forward = self._before_forward, None
+        y: torch.Tensor
         if isinstance(x, ScaledTensor) or isinstance(self.weight, ScaledTensor):  # SCALIFY's scaled tensors
             y = _ScaledQuantizedMatmul.apply(x.reshape(-1, self.in_features), self.weight, self, mode, micro_batch, replay)
             y = y if self.bias is None else y + self.bias
             return y.reshape(*x.shape[:-1], self.out_features)
         x2d = x.reshape(-1, self.in_features).to(torch.float32).contiguous()
-        y: torch.Tensor = _QuantizedMatmul.apply(x2d, self.weight, self.bias, self, mode, micro_batch, replay)
+        y = _QuantizedMatmul.apply(x2d, self.weight, self.bias, self, mode, micro_batch, replay)
         return y.reshape(*x.shape[:-1], self.out_features).to(x.dtype)
 
     def _micro_batch_index(self) -> int:

@@ -89,7 +89,8 @@ def scalify(model: torch.nn.Module, recipe: RecipeLike = "scalify_fp16_1") -> to
             param = made[id(p)]
             setattr(module, name, param)
             if str(r.weight_gradient) != "f32" and param.requires_grad and id(p) not in hooked:
-                param.register_post_accumulate_grad_hook(_weight_gradient_cast(str(r.weight_gradient), r.rescale_gradients))
+                param.register_post_accumulate_grad_hook(  # type: ignore[no-untyped-call]
+                    _weight_gradient_cast(str(r.weight_gradient), r.rescale_gradients))
                 hooked.add(id(p))
             if data.itemsize < master.itemsize:
                 parametrize.register_parametrization(module, name, _CastAtUse(data), unsafe=True)
