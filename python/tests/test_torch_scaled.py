@@ -231,3 +231,13 @@ def test_dropout_keeps_each_value_or_zeroes_it(attention):
         y.backward(st.ScaledTensor(torch.ones(64, 64, dtype=torch.float16), 1.0))
         assert torch.equal(value64(x.grad), 2.0 * kept)
     assert st.unhandled_ops() == before
+
+
+def test_the_dispatch_table_in_numerics_md_is_the_codes():
+    import pathlib
+
+    from scalify.torch._scaled_rules import rule_table
+
+    doc = (pathlib.Path(__file__).resolve().parents[2] / "docs" / "NUMERICS.md").read_text()
+    begin, end = "<!-- dispatch table: begin -->\n", "<!-- dispatch table: end -->"
+    assert doc[doc.index(begin) + len(begin):doc.index(end)] == rule_table()

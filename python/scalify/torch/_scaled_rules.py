@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 import numbers
-from typing import Any, Callable, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import torch
 from torch.utils._pytree import tree_map
@@ -84,46 +84,55 @@ def _alpha(y: Any, alpha: Any) -> Any:
 
 @rule(aten.add.Tensor, aten.add.Scalar)
 def _add(func: Any, x: Any, y: Any, *, alpha: Any = 1) -> Any:
+    """scaled.binary add (a number: scaled.scalar add)."""
     return _binary("add", x, _alpha(y, alpha))
 
 
 @rule(aten.sub.Tensor, aten.sub.Scalar)
 def _sub(func: Any, x: Any, y: Any, *, alpha: Any = 1) -> Any:
+    """scaled.binary sub (a number: scaled.scalar add of -c)."""
     return _binary("sub", x, _alpha(y, alpha))
 
 
 @rule(aten.rsub.Scalar, aten.rsub.Tensor)
 def _rsub(func: Any, x: Any, y: Any, *, alpha: Any = 1) -> Any:
+    """scaled.binary sub with the operands swapped."""
     return _binary("sub", y, _alpha(x, alpha))
 
 
 @rule(aten.mul.Tensor, aten.mul.Scalar)
 def _mul(func: Any, x: Any, y: Any) -> Any:
+    """scaled.binary mul (a number: scaled.scalar mul)."""
     return _binary("mul", x, y)
 
 
 @rule(aten.div.Tensor, aten.div.Scalar)
 def _div(func: Any, x: Any, y: Any) -> Any:
+    """scaled.binary div (a number: scaled.scalar mul of 1/c)."""
     return _binary("div", x, y)
 
 
 @rule(aten.maximum.default)
 def _maximum(func: Any, x: Any, y: Any) -> Any:
+    """scaled.binary maximum."""
     return scaled(engine.binary("maximum", pair(x), pair(y)))
 
 
 @rule(aten.minimum.default)
 def _minimum(func: Any, x: Any, y: Any) -> Any:
+    """scaled.binary minimum."""
     return scaled(engine.binary("minimum", pair(x), pair(y)))
 
 
 @rule(aten.mm.default, aten.bmm.default)
 def _mm(func: Any, x: Any, y: Any) -> Any:
+    """scaled.binary matmul."""
     return scaled(engine.binary("matmul", pair(x), pair(y)))
 
 
 @rule(aten.addmm.default, aten.baddbmm.default)
 def _addmm(func: Any, bias: Any, x: Any, y: Any, *, beta: Any = 1, alpha: Any = 1) -> Any:
+    """scaled.binary matmul, then add (the bias added as the engine's linear adds it)."""
     product = _alpha(scaled(engine.binary("matmul", pair(x), pair(y))), alpha)
     return _binary("add", product, _alpha(bias, beta))
 
@@ -135,16 +144,19 @@ _UNARY = {aten.exp.default: "exp", aten.log.default: "log", aten.sqrt.default: "
 
 @rule(*_UNARY)
 def _unary(func: Any, x: Any) -> Any:
+    """scaled.unary (exp, log, sqrt, rsqrt, abs, relu, sigmoid, tanh, silu, neg)."""
     return scaled(engine.unary(_UNARY[func], pair(x)))
 
 
 @rule(aten.gelu.default)
 def _gelu(func: Any, x: Any, *, approximate: str = "none") -> Any:
+    """scaled.unary gelu_tanh / gelu_erf."""
     return scaled(engine.unary("gelu_tanh" if approximate == "tanh" else "gelu_erf", pair(x)))
 
 
 @rule(aten.pow.Tensor_Scalar)
 def _pow(func: Any, x: Any, p: Any) -> Any:
+    """scaled.scalar pow (the powers rule)."""
     return scaled(engine.scalar("pow", pair(x), float(p)))
 
 
@@ -159,6 +171,7 @@ def _dims(x: Any, dim: Any) -> List[int]:
 
 @rule(aten.sum.default, aten.sum.dim_IntList)
 def _sum(func: Any, x: Any, dim: Any = None, keepdim: bool = False, *, dtype: Any = None) -> Any:
+    """scaled.reduce sum."""
     if dtype not in (None, torch.float32):
         return fallback(func, (x, dim, keepdim), {"dtype": dtype})
     return scaled(engine.reduce("sum", pair(x), _dims(x, dim), keepdim))
@@ -166,6 +179,7 @@ def _sum(func: Any, x: Any, dim: Any = None, keepdim: bool = False, *, dtype: An
 
 @rule(aten.mean.default, aten.mean.dim)
 def _mean(func: Any, x: Any, dim: Any = None, keepdim: bool = False, *, dtype: Any = None) -> Any:
+    """scaled.reduce mean."""
     if dtype not in (None, torch.float32):
         return fallback(func, (x, dim, keepdim), {"dtype": dtype})
     return scaled(engine.reduce("mean", pair(x), _dims(x, dim), keepdim))
@@ -173,6 +187,7 @@ def _mean(func: Any, x: Any, dim: Any = None, keepdim: bool = False, *, dtype: A
 
 @rule(aten.amax.default)
 def _amax(func: Any, x: Any, dim: Sequence[int] = (), keepdim: bool = False) -> Any:
+    """scaled.reduce amax (one dimension)."""
     if len(dim) != 1:
         return fallback(func, (x, dim, keepdim), {})
     return scaled(engine.reduce("amax", pair(x), list(dim), keepdim))
@@ -180,11 +195,13 @@ def _amax(func: Any, x: Any, dim: Sequence[int] = (), keepdim: bool = False) -> 
 
 @rule(aten._softmax.default)
 def _softmax(func: Any, x: Any, dim: int, half_to_float: bool) -> Any:
+    """scaled.softmax."""
     return scaled(engine.softmax(pair(x), dim))
 
 
 @rule(aten._safe_softmax.default)
 def _safe_softmax(func: Any, x: Any, dim: int, dtype: Any = None) -> Any:
+    """scaled.softmax, rows of -inf giving zeros."""
     # softmax, with rows that are all -inf (fully masked) giving zeros instead of NaN
     data, scale = engine.softmax(pair(x), dim)
     return scaled((torch.nan_to_num(data, nan=0.0), scale))
@@ -192,22 +209,26 @@ def _safe_softmax(func: Any, x: Any, dim: int, dtype: Any = None) -> Any:
 
 @rule(aten._log_softmax.default)
 def _log_softmax(func: Any, x: Any, dim: int, half_to_float: bool) -> Any:
+    """scaled.softmax log=True."""
     return scaled(engine.softmax(pair(x), dim, log=True))
 
 
 @rule(aten.embedding.default)
 def _embedding(func: Any, weight: Any, ids: torch.Tensor, padding_idx: int = -1, scale_grad_by_freq: bool = False,
                sparse: bool = False) -> Any:
+    """scaled.embedding."""
     return scaled(engine.embedding(pair(weight), ids.to(torch.int64).contiguous()))
 
 
 @rule(aten.where.self)
 def _where(func: Any, cond: torch.Tensor, x: Any, y: Any) -> Any:
+    """scaled.where."""
     return scaled(engine.where(cond.to(torch.float32).contiguous(), _as_pair(x), _as_pair(y)))
 
 
 @rule(aten.masked_fill.Scalar)
 def _masked_fill(func: Any, x: Any, mask: torch.Tensor, value: Any) -> Any:
+    """scaled.where with the fill (0, +-inf: ANY scale)."""
     fill = torch.tensor(float(value), dtype=torch.float32)
     # A fill whose value ignores scale (0, +-inf) is ANY: it keeps x's scale.
     any_scale = float(value) == 0.0 or not torch.isfinite(fill).item()
@@ -216,6 +237,7 @@ def _masked_fill(func: Any, x: Any, mask: torch.Tensor, value: Any) -> Any:
 
 @rule(aten.cat.default)
 def _cat(func: Any, xs: Sequence[Any], dim: int = 0) -> Any:
+    """scaled.concat."""
     # torch.cat skips 1-D empty tensors whatever their dimension (a key/value cache's start).
     kept = [x for x in xs if not (x.dim() == 1 and x.numel() == 0)]
     return scaled(engine.concat([pair(x) for x in kept], dim)) if len(kept) > 1 else kept[0].clone()
@@ -223,6 +245,7 @@ def _cat(func: Any, xs: Sequence[Any], dim: int = 0) -> Any:
 
 @rule(aten.stack.default)
 def _stack(func: Any, xs: Sequence[Any], dim: int = 0) -> Any:
+    """unsqueeze, then scaled.concat."""
     return _cat(func, [x.unsqueeze(dim) for x in xs], dim)
 
 
@@ -239,6 +262,7 @@ _DATA_OPS = [aten.view.default, aten._unsafe_view.default, aten.t.default, aten.
 
 @rule(*_DATA_OPS)
 def _data_op(func: Any, *args: Any, **kwargs: Any) -> Any:
+    """the op on the data, the scale kept (shape ops: Z_s = X_s)."""
     scaled_args = [a for a in args if isinstance(a, ScaledTensor)]
     if len(scaled_args) != 1 or (func is aten.constant_pad_nd.default and len(args) > 2 and args[2] != 0):
         return fallback(func, args, kwargs)
@@ -249,6 +273,7 @@ def _data_op(func: Any, *args: Any, **kwargs: Any) -> Any:
 
 @rule(aten._to_copy.default)
 def _to_copy(func: Any, x: Any, *, dtype: Any = None, **kwargs: Any) -> Any:
+    """the data into another storage (scaled.cast_data when narrower), the scale kept."""
     if dtype is None or dtype == x._data.dtype:
         return ScaledTensor(x._data.clone(), x._scale)
     if dtype in _STORAGE_NAMES:  # another storage for the data, the scale kept (narrowing saturates)
@@ -258,6 +283,7 @@ def _to_copy(func: Any, x: Any, *, dtype: Any = None, **kwargs: Any) -> Any:
 
 @rule(aten.zeros_like.default, aten.empty_like.default, aten.ones_like.default)
 def _like(func: Any, x: Any, *, dtype: Any = None, **kwargs: Any) -> Any:
+    """zeros: ANY scale; ones / empty: scale 1; an optimizer's state in its storage."""
     # A parameter's zeros are an optimizer's state: in the storage scalify() gave it.
     storage = dtype or getattr(x, "_state_storage", None) or x._data.dtype
     return _new(func is aten.zeros_like.default, func(x._data, dtype=storage, **kwargs))
@@ -265,6 +291,7 @@ def _like(func: Any, x: Any, *, dtype: Any = None, **kwargs: Any) -> Any:
 
 @rule(aten.new_zeros.default, aten.new_empty.default, aten.new_empty_strided.default, aten.new_ones.default)
 def _new_like(func: Any, x: Any, *args: Any, dtype: Any = None, **kwargs: Any) -> Any:
+    """zeros: ANY scale; ones / empty: scale 1."""
     return _new(func is aten.new_zeros.default, func(x._data, *args, dtype=dtype or x._data.dtype, **kwargs))
 
 
@@ -274,11 +301,13 @@ def _new(zeros: bool, data: torch.Tensor) -> ScaledTensor:
 
 @rule(aten._local_scalar_dense.default)
 def _item(func: Any, x: Any) -> Any:
+    """the represented value."""
     return x.unscaled().item()
 
 
 @rule(aten.is_same_size.default)
 def _same_size(func: Any, x: Any, y: Any) -> bool:
+    """the shapes compared."""
     return bool(x.shape == y.shape)
 
 
@@ -310,6 +339,7 @@ _INPLACE = {aten.add_.Tensor: aten.add.Tensor, aten.add_.Scalar: aten.add.Tensor
 
 @rule(*_INPLACE)
 def _inplace(func: Any, x: Any, y: Any, **kwargs: Any) -> Any:
+    """the out-of-place rule, written in the target's own scale and storage."""
     out_of_place = _INPLACE[func]
     return _assign(x, RULES[out_of_place](out_of_place, x, y, **kwargs))
 
@@ -333,27 +363,32 @@ def _fused(op: str, x: Any, a: Any, b: Any, value: Any) -> Any:
 
 @rule(aten.addcmul_.default)
 def _addcmul_(func: Any, x: Any, a: Any, b: Any, *, value: Any = 1) -> Any:
+    """scaled.binary mul and add in the operands' promoted storage, in the target's scale."""
     return _assign(x, _fused("mul", x, a, b, value))
 
 
 @rule(aten.addcdiv_.default)
 def _addcdiv_(func: Any, x: Any, a: Any, b: Any, *, value: Any = 1) -> Any:
+    """scaled.binary div and add in the operands' promoted storage, in the target's scale."""
     return _assign(x, _fused("div", x, a, b, value))
 
 
 @rule(aten.lerp_.Scalar)
 def _lerp_(func: Any, x: Any, end: Any, weight: Any) -> Any:
+    """scaled.ema (the moments' moving-average rule)."""
     # x + w (end - x) = (1 - w) x + w end: the engine's moving-average rule (its scale stationary).
     return _assign(x, scaled(engine.ema(pair(x), pair(end), 1.0 - float(weight))), keep_scale=False)
 
 
 @rule(aten.copy_.default)
 def _copy_(func: Any, x: Any, src: Any, non_blocking: bool = False) -> Any:
+    """the source's data and scale, in the target's storage."""
     return _assign(x, src if isinstance(src, ScaledTensor) else src.detach(), keep_scale=False)
 
 
 @rule(aten.zero_.default)
 def _zero_(func: Any, x: Any) -> Any:
+    """zeros of ANY scale."""
     x._data = torch.zeros_like(x._data)
     x._scale = 0.0
     return x
@@ -369,6 +404,7 @@ def _picked_rows(target: torch.Tensor, ignore_index: int) -> "tuple[torch.Tensor
 
 @rule(aten.nll_loss_forward.default)
 def _nll_loss(func: Any, logp: Any, target: torch.Tensor, weight: Any, reduction: int, ignore_index: int) -> Any:
+    """a gather, scaled.reduce sum in float32, scaled.scalar mul (the loss float32)."""
     # -mean of the log-probabilities picked by the targets: a gather (the scale kept), the sum rule
     # and a scalar. The sum reads the picked values in float32: a loss stays float32 whatever the
     # data storage, as the engine's cross-entropy keeps it.
@@ -384,6 +420,7 @@ def _nll_loss(func: Any, logp: Any, target: torch.Tensor, weight: Any, reduction
 @rule(aten.nll_loss_backward.default)
 def _nll_loss_backward(func: Any, g: Any, logp: Any, target: torch.Tensor, weight: Any, reduction: int, ignore_index: int,
                        total_weight: torch.Tensor) -> Any:
+    """-1 at the targets, scaled.binary mul by the gradient, scaled.scalar mul."""
     if weight is not None or reduction not in (1, 2) or logp.dim() != 2:
         return fallback(func, (g, logp, target, weight, reduction, ignore_index, total_weight), {})
     keep, count = _picked_rows(target, ignore_index)
@@ -400,9 +437,7 @@ def _nll_loss_backward(func: Any, g: Any, logp: Any, target: torch.Tensor, weigh
 
 def _attention(q: Any, k: Any, v: Any, attn_mask: Any = None, dropout_p: float = 0.0, is_causal: bool = False,
                scale: Optional[float] = None, enable_gqa: bool = False) -> Any:
-    """F.scaled_dot_product_attention on ScaledTensors as the ops it is made of, each with its
-    rule: softmax(q k^T * scale + mask) v (torch's CPU kernel fuses them into an op no rule
-    knows)."""
+    """softmax(q k^T * scale + mask) v as its aten ops, each with its rule (torch's CPU kernel fuses them into an op no rule knows)."""
     if enable_gqa and k.shape[-3] != q.shape[-3]:
         k = k.repeat_interleave(q.shape[-3] // k.shape[-3], dim=-3)
         v = v.repeat_interleave(q.shape[-3] // v.shape[-3], dim=-3)
@@ -426,22 +461,26 @@ FUNCTIONS[torch.nn.functional.scaled_dot_product_attention] = _attention
 
 @rule(aten.gelu_backward.default)
 def _gelu_backward(func: Any, g: Any, x: Any, *, approximate: str = "none") -> Any:
+    """scaled.unary_backward gelu_tanh / gelu_erf."""
     return scaled(engine.unary_backward("gelu_tanh" if approximate == "tanh" else "gelu_erf", pair(x), None, pair(g)))
 
 
 @rule(aten.silu_backward.default)
 def _silu_backward(func: Any, g: Any, x: Any) -> Any:
+    """scaled.unary_backward silu."""
     return scaled(engine.unary_backward("silu", pair(x), None, pair(g)))
 
 
 @rule(aten.tanh_backward.default, aten.sigmoid_backward.default)
 def _from_output_backward(func: Any, g: Any, y: Any) -> Any:
+    """scaled.unary_backward tanh / sigmoid (from the output)."""
     op = "tanh" if func is aten.tanh_backward.default else "sigmoid"
     return scaled(engine.unary_backward(op, None, pair(y), pair(g)))
 
 
 @rule(aten.threshold_backward.default)
 def _relu_backward(func: Any, g: Any, y: Any, threshold: float) -> Any:
+    """scaled.unary_backward relu."""
     if threshold != 0:
         return fallback(func, (g, y, threshold), {})
     return scaled(engine.unary_backward("relu", pair(y), None, pair(g)))  # relu's output in its input's place: the same bits
@@ -449,11 +488,13 @@ def _relu_backward(func: Any, g: Any, y: Any, threshold: float) -> Any:
 
 @rule(aten._softmax_backward_data.default, aten._log_softmax_backward_data.default)
 def _softmax_backward(func: Any, g: Any, y: Any, dim: int, input_dtype: Any) -> Any:
+    """scaled.softmax_backward."""
     return scaled(engine.softmax_backward(pair(y), pair(g), dim, log=func is aten._log_softmax_backward_data.default))
 
 
 @rule(aten.embedding_dense_backward.default)
 def _embedding_backward(func: Any, g: Any, ids: torch.Tensor, num_weights: int, padding_idx: int, scale_grad_by_freq: bool) -> Any:
+    """scaled.embedding_backward (the padding row zero)."""
     if scale_grad_by_freq:  # the engine's embedding has no such option
         return fallback(func, (g, ids, num_weights, padding_idx, scale_grad_by_freq), {})
     data, scale = engine.embedding_backward(pair(g), ids.to(torch.int64).contiguous(), num_weights)
@@ -493,12 +534,14 @@ def _fusable_norm(x: Any, weight: Any, bias: Any) -> bool:
 
 
 def _layer_norm(x: Any, normalized_shape: Sequence[int], weight: Any = None, bias: Any = None, eps: float = 1e-5) -> Any:
+    """scaled.fused_norm / fused_norm_backward (the engine's LayerNorm with its affine)."""
     if len(normalized_shape) != 1 or not _fusable_norm(x, weight, bias):
         return NotImplemented
     return _Norm.apply(x, weight, bias, eps, True)
 
 
 def _rms_norm(x: Any, normalized_shape: Sequence[int], weight: Any = None, eps: Optional[float] = None) -> Any:
+    """scaled.fused_norm / fused_norm_backward center=False."""
     if len(normalized_shape) != 1 or not _fusable_norm(x, weight, None):
         return NotImplemented
     return _Norm.apply(x, weight, None, torch.finfo(x.dtype).eps if eps is None else eps, False)
@@ -520,6 +563,7 @@ class _CrossEntropy(torch.autograd.Function):
 
 def _cross_entropy(logits: Any, targets: Any, weight: Any = None, size_average: Any = None, ignore_index: int = -100,
                    reduce: Any = None, reduction: str = "mean", label_smoothing: float = 0.0) -> Any:
+    """scaled.cross_entropy / cross_entropy_backward (the loss float32)."""
     if (not isinstance(logits, ScaledTensor) or logits.dim() != 2 or weight is not None or size_average is not None
             or reduce is not None or reduction != "mean" or label_smoothing != 0.0 or bool((targets == ignore_index).any())):
         return NotImplemented  # aten's log_softmax and nll_loss, each with its rule
@@ -536,6 +580,7 @@ FUNCTIONS[torch.nn.functional.cross_entropy] = _cross_entropy
 
 @rule(aten.bernoulli_.float)
 def _bernoulli_(func: Any, x: Any, p: float = 0.5, *, generator: Any = None) -> Any:
+    """a 0/1 mask, scale 1."""
     x._data.bernoulli_(p, generator=generator)
     x._scale = 1.0
     return x
@@ -543,6 +588,7 @@ def _bernoulli_(func: Any, x: Any, p: float = 0.5, *, generator: Any = None) -> 
 
 @rule(aten.native_dropout.default)
 def _native_dropout(func: Any, x: Any, p: float, train: Optional[bool]) -> Any:
+    """a 0/1 mask, scaled.binary mul, scaled.scalar mul of 1/(1-p)."""
     if not train or p == 0:
         return x.clone(), torch.ones(x.shape, dtype=torch.bool)
     keep = torch.empty(x.shape).bernoulli_(1 - p).to(torch.bool)
@@ -551,4 +597,19 @@ def _native_dropout(func: Any, x: Any, p: float, train: Optional[bool]) -> Any:
 
 @rule(aten.native_dropout_backward.default)
 def _native_dropout_backward(func: Any, g: Any, keep: torch.Tensor, scale: float) -> Any:
+    """scaled.binary mul by the mask, scaled.scalar mul."""
     return _binary("mul", _binary("mul", g, keep.to(g.dtype)), scale)
+
+
+def rule_table() -> str:
+    """The dispatch table as Markdown: each torch function and aten op ScaledTensor has a rule
+    for, and the rule (docs/NUMERICS.md holds it; a test keeps the two equal)."""
+    lines = ["| torch function or aten op | rule |", "|---|---|"]
+    for function, fn in FUNCTIONS.items():
+        lines.append(f"| `torch.nn.functional.{function.__name__}` | {(fn.__doc__ or '').splitlines()[0]} |")
+    by_rule: Dict[Any, List[str]] = {}
+    for op, fn in RULES.items():
+        by_rule.setdefault(fn, []).append(str(op))
+    for fn, ops in by_rule.items():
+        lines.append(f"| {', '.join(f'`{o}`' for o in sorted(ops))} | {(fn.__doc__ or '').splitlines()[0]} |")
+    return "\n".join(lines) + "\n"
