@@ -137,7 +137,9 @@ class Linear(torch.nn.Module):
     ``gradient_checkpointing_enable()``) gives the gradients and quantiser state of a run without
     it: a forward recomputed during backward repeats the layer's last forward's quantisation and
     does not advance the quantisers (a layer called more than once inside one checkpointed
-    region is not supported)."""
+    region is not supported). It saves this layer's memory only with ``use_reentrant=True``
+    (whose first forward records nothing); with ``use_reentrant=False`` the first forward's engine
+    graph, its quantised operands included, is kept until the backward."""
 
     weight: torch.nn.Parameter
     bias: Optional[torch.nn.Parameter]
