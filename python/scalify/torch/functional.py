@@ -30,6 +30,8 @@ import torch
 
 from .. import _scalify
 from .._scalify import Tensor as EngineTensor
+from .._scalify import scaled as scaled_engine
+from ._scaled_tensor import ScaledTensor, pair, scaled
 
 __all__ = ["engine_op", "add", "matmul", "layer_norm", "gelu", "softmax", "embedding", "causal_self_attention",
            "cross_entropy"]
@@ -186,10 +188,37 @@ def embedding(ids: Indices, weight: torch.Tensor) -> torch.Tensor:
 def causal_self_attention(qkv: torch.Tensor, heads: int) -> torch.Tensor:
     """Causal multi-head attention on the packed projection qkv [B, T, 3D] = [q | k | v] (each D
     wide, head h the h-th D/heads slice of each) -> [B, T, D]: per head
-    softmax(mask(q k^T / sqrt(D / heads))) v, the engine GPT's fused kernel forward and backward."""
+    softmax(mask(q k^T / sqrt(D / heads))) v, the engine GPT's fused kernel forward and backward.
+    On a ``ScaledTensor`` qkv (one scale; a model under ``scalify.torch.scalify``) it is the
+    engine's scaled fused attention, as ``scalify train`` runs it under the SCALIFY recipes: the
+    output a ScaledTensor in qkv's storage with the scale the engine's rule gives."""
     if isinstance(heads, bool) or not isinstance(heads, int):
         raise TypeError(f"scalify.torch.functional.causal_self_attention: heads is an int, not {type(heads).__name__}")
+    if isinstance(qkv, ScaledTensor):
+        if qkv.dim() != 3 or heads < 1 or qkv.shape[-1] % (3 * heads) != 0:
+            raise ValueError(f"scalify.torch.functional.causal_self_attention: qkv must be [B, T, 3D] with D a multiple of "
+                             f"heads={heads}, got shape {tuple(qkv.shape)}")
+        out: torch.Tensor = _ScaledCausalAttention.apply(qkv, heads)
+        return out
     return engine_op(lambda v: _scalify.causal_self_attention(v, heads), qkv, name="causal_self_attention")
+
+
+class _ScaledCausalAttention(torch.autograd.Function):
+    """The engine's fused causal attention on a scaled qkv (one scale): the output's scale from
+    qkv's by the engine's rule, its data in qkv's storage; the backward the engine's, from the
+    probabilities the forward kept."""
+
+    @staticmethod
+    def forward(ctx: Any, qkv: ScaledTensor, heads: int) -> Any:
+        y, probs = scaled_engine.causal_attention(pair(qkv), heads)
+        ctx.save_for_backward(qkv)
+        ctx.probs, ctx.heads = probs, heads
+        return scaled(y)
+
+    @staticmethod
+    def backward(ctx: Any, grad: Any) -> Any:
+        (qkv,) = ctx.saved_tensors
+        return scaled(scaled_engine.causal_attention_backward(pair(qkv), ctx.probs, pair(grad), ctx.heads)), None
 
 
 def cross_entropy(logits: torch.Tensor, targets: Indices) -> torch.Tensor:
