@@ -13,7 +13,9 @@ Use these where a torch model must reproduce the engine exactly; use torch's els
 
 Inputs are CPU float32 or float64 tensors of any layout (a 2-D transposed view such as
 ``weight.t()`` reaches the engine as the engine's own transpose of the stored matrix); integer
-indices (ids, targets) are integer tensors or arrays. Values cross into and out of the engine by
+indices (ids, targets) are integer tensors or arrays. ``causal_self_attention`` also takes a
+``ScaledTensor`` (a model under ``scalify.torch.scalify``), on which it runs the engine's scaled
+fused attention. Values cross into and out of the engine by
 a copy (one pass over each, small beside the ops; scalify.torch.Linear shares memory). Each op's
 backward runs once (the engine frees its graph): ``retain_graph=True`` cannot keep it, and a
 second backward through one forward raises. ``engine_op`` wraps any function of
