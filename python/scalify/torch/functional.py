@@ -13,7 +13,9 @@ Use these where a torch model must reproduce the engine exactly; use torch's els
 
 Inputs are CPU float32 or float64 tensors of any layout (a 2-D transposed view such as
 ``weight.t()`` reaches the engine as the engine's own transpose of the stored matrix); integer
-indices (ids, targets) are integer tensors or arrays. Values cross into and out of the engine by
+indices (ids, targets) are integer tensors or arrays. ``causal_self_attention`` also takes a
+``ScaledTensor`` (a model under ``scalify.torch.scalify``), on which it runs the engine's scaled
+fused attention. Values cross into and out of the engine by
 a copy (one pass over each, small beside the ops; scalify.torch.Linear shares memory). Each op's
 backward runs once (the engine frees its graph): ``retain_graph=True`` cannot keep it, and a
 second backward through one forward raises. ``engine_op`` wraps any function of
@@ -30,6 +32,8 @@ import torch
 
 from .. import _scalify
 from .._scalify import Tensor as EngineTensor
+from .._scalify import scaled as scaled_engine
+from ._scaled_tensor import ScaledTensor, pair, scaled
 
 __all__ = ["engine_op", "add", "matmul", "layer_norm", "gelu", "softmax", "embedding", "causal_self_attention",
            "cross_entropy"]
@@ -186,10 +190,37 @@ def embedding(ids: Indices, weight: torch.Tensor) -> torch.Tensor:
 def causal_self_attention(qkv: torch.Tensor, heads: int) -> torch.Tensor:
     """Causal multi-head attention on the packed projection qkv [B, T, 3D] = [q | k | v] (each D
     wide, head h the h-th D/heads slice of each) -> [B, T, D]: per head
-    softmax(mask(q k^T / sqrt(D / heads))) v, the engine GPT's fused kernel forward and backward."""
+    softmax(mask(q k^T / sqrt(D / heads))) v, the engine GPT's fused kernel forward and backward.
+    On a ``ScaledTensor`` qkv (one scale; a model under ``scalify.torch.scalify``) it is the
+    engine's scaled fused attention, as ``scalify train`` runs it under the SCALIFY recipes: the
+    output a ScaledTensor in qkv's storage with the scale the engine's rule gives."""
     if isinstance(heads, bool) or not isinstance(heads, int):
         raise TypeError(f"scalify.torch.functional.causal_self_attention: heads is an int, not {type(heads).__name__}")
+    if isinstance(qkv, ScaledTensor):
+        if qkv.dim() != 3 or heads < 1 or qkv.shape[-1] % (3 * heads) != 0:
+            raise ValueError(f"scalify.torch.functional.causal_self_attention: qkv must be [B, T, 3D] with D a multiple of "
+                             f"heads={heads}, got shape {tuple(qkv.shape)}")
+        out: torch.Tensor = _ScaledCausalAttention.apply(qkv, heads)
+        return out
     return engine_op(lambda v: _scalify.causal_self_attention(v, heads), qkv, name="causal_self_attention")
+
+
+class _ScaledCausalAttention(torch.autograd.Function):
+    """The engine's fused causal attention on a scaled qkv (one scale): the output's scale from
+    qkv's by the engine's rule, its data in qkv's storage; the backward the engine's, from the
+    probabilities the forward kept."""
+
+    @staticmethod
+    def forward(ctx: Any, qkv: ScaledTensor, heads: int) -> Any:
+        y, probs = scaled_engine.causal_attention(pair(qkv), heads)
+        ctx.save_for_backward(qkv)
+        ctx.probs, ctx.heads = probs, heads
+        return scaled(y)
+
+    @staticmethod
+    def backward(ctx: Any, grad: Any) -> Any:
+        (qkv,) = ctx.saved_tensors
+        return scaled(scaled_engine.causal_attention_backward(pair(qkv), ctx.probs, pair(grad), ctx.heads)), None
 
 
 def cross_entropy(logits: torch.Tensor, targets: Indices) -> torch.Tensor:
