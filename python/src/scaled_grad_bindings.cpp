@@ -166,7 +166,7 @@ void bind_scaled_grads(nb::module_& m) {
         if (!like.data.defined()) throw nb::value_error("unary_backward: needs x or y");
         if (g.shape() != like.shape() || (x.data.defined() && y.data.defined() && x.shape() != y.shape()))
           throw nb::value_error("unary_backward: grad, x and y must have one shape");
-        return grad_pair(scaled::unary_backward(unary_named(op), x, y, g), like.data.dtype(), op);
+        return grad_pair(scaled::unary_backward(unary_named(op), x, y, g, kernel_store_as(like.data.dtype())), like.data.dtype(), op);
       },
       "op"_a, "x"_a.none(), "y"_a.none(), "grad"_a,
       nb::sig("def unary_backward(op: str, x: " PAIR " | None, y: " PAIR " | None, grad: " PAIR ") -> " PAIR),
@@ -226,7 +226,8 @@ void bind_scaled_grads(nb::module_& m) {
         const scaled::Norm n = normalised(x, w, b, eps, center, DType::f32);
         if (!w.data.defined())
           return nb::make_tuple(grad_pair(scaled::norm_backward(n.saved, g), x.data.dtype(), op), nb::none(), nb::none());
-        const std::vector<ScaledTensor> d = scaled::norm_affine_backward(n.saved, g, w, b.data.defined());
+        const std::vector<ScaledTensor> d =
+            scaled::norm_affine_backward(n.saved, g, w, b.data.defined(), kernel_store_as(n.saved.x_storage));
         return nb::make_tuple(grad_pair(d[0], x.data.dtype(), op), grad_pair(d[1], w.data.dtype(), op),
                               b.data.defined() ? nb::object(grad_pair(d[2], b.data.dtype(), op)) : nb::none());
       },

@@ -311,14 +311,18 @@ def _same_size(func: Any, x: Any, y: Any) -> bool:
     return bool(x.shape == y.shape)
 
 
-# --- In place: the out-of-place rule, its value written in the tensor's own scale and storage ----
+# --- In place: the out-of-place rule, its value written in the tensor's storage ---------------------
 
 
-def _assign(target: Any, value: Any, keep_scale: bool = True) -> Any:
-    """target <- value. A target with a scale keeps it (the value's data rescaled exactly, then
-    rounded into the target's storage), as the engine's optimizer restores a parameter's scale
+def _assign(target: Any, value: Any, keep_scale: Optional[bool] = None) -> Any:
+    """target <- value. A parameter keeps its scale (the value's data rescaled exactly, then
+    rounded into the parameter's storage), as the engine's optimizer restores a parameter's scale
     after its update: a weight decay of 0.999 by the mul_scalar rule alone would halve the scale
-    and double the data at every step. A target of ANY scale (fresh zeros) takes the value's."""
+    and double the data at every step. Any other target (a gradient torch accumulates in place, an
+    optimizer's moment) takes the value's scale, as the engine's ops give it; so does a target of
+    ANY scale (fresh zeros)."""
+    if keep_scale is None:
+        keep_scale = isinstance(target, torch.nn.Parameter)
     if not isinstance(target, ScaledTensor):
         raise TypeError("scalify.torch: an in-place op on a plain tensor with a ScaledTensor operand would drop the scale; "
                         "make the target a ScaledTensor (scalify.torch.as_scaled)")
@@ -339,7 +343,7 @@ _INPLACE = {aten.add_.Tensor: aten.add.Tensor, aten.add_.Scalar: aten.add.Tensor
 
 @rule(*_INPLACE)
 def _inplace(func: Any, x: Any, y: Any, **kwargs: Any) -> Any:
-    """the out-of-place rule, written in the target's own scale and storage."""
+    """the out-of-place rule, in the target's storage (a parameter keeps its scale)."""
     out_of_place = _INPLACE[func]
     return _assign(x, RULES[out_of_place](out_of_place, x, y, **kwargs))
 
@@ -363,13 +367,13 @@ def _fused(op: str, x: Any, a: Any, b: Any, value: Any) -> Any:
 
 @rule(aten.addcmul_.default)
 def _addcmul_(func: Any, x: Any, a: Any, b: Any, *, value: Any = 1) -> Any:
-    """scaled.binary mul and add in the operands' promoted storage, in the target's scale."""
+    """scaled.binary mul and add in the operands' promoted storage (a parameter keeps its scale)."""
     return _assign(x, _fused("mul", x, a, b, value))
 
 
 @rule(aten.addcdiv_.default)
 def _addcdiv_(func: Any, x: Any, a: Any, b: Any, *, value: Any = 1) -> Any:
-    """scaled.binary div and add in the operands' promoted storage, in the target's scale."""
+    """scaled.binary div and add in the operands' promoted storage (a parameter keeps its scale)."""
     return _assign(x, _fused("div", x, a, b, value))
 
 

@@ -78,8 +78,9 @@ Var unary(ops::Unary op, const Var& x) {
   const bool scaled_power = x.scaled().is_scaled() && (op == U::sqrt || op == U::rsqrt || op == U::square);
   // The backward keeps y only where the derivative is written with it (GELU's is not).
   const ScaledTensor kept = scaled_power || ops::derivative_uses_output(op) ? y : ScaledTensor();
-  return Var::make(ops::unary_name(op), y, {x},
-                   [op, x = x.scaled(), y = kept](const ScaledTensor& g) { return Grads{s::unary_backward(op, x, y, g)}; });
+  return Var::make(ops::unary_name(op), y, {x}, [op, x = x.scaled(), y = kept](const ScaledTensor& g) {
+    return Grads{s::unary_backward(op, x, y, g, kernel_store_as(x.data.dtype()))};
+  });
 }
 
 Var matmul(const Var& a, const Var& b) {
@@ -154,7 +155,7 @@ std::optional<Var> fused_norm(const char* name, const Var& x, const Var& weight,
   s::Norm n = s::norm_affine(x.scaled(), weight.scaled(), b, eps, center, store_as(inputs));
   return Var::make(name, std::move(n.y), inputs,
                    [saved = std::move(n.saved), w = weight.scaled(), has_bias = bias.defined()](const ScaledTensor& g) {
-                     return s::norm_affine_backward(saved, g, w, has_bias);
+                     return s::norm_affine_backward(saved, g, w, has_bias, kernel_store_as(saved.x_storage));
                    });
 }
 }  // namespace

@@ -5,7 +5,6 @@
 #include <numeric>
 #include <string>
 
-#include "scalify/autograd/data_precision.hpp"
 #include "scalify/error.hpp"
 #include "scalify/scaled/scale_rules.hpp"
 #include "scalify/scaled/scaled_ops.hpp"
@@ -85,7 +84,7 @@ std::vector<ScaledTensor> concat_backward(const ScaledTensor& g, const std::vect
   return out;
 }
 
-ScaledTensor unary_backward(ops::Unary op, const ScaledTensor& x_in, const ScaledTensor& y, const ScaledTensor& g) {
+ScaledTensor unary_backward(ops::Unary op, const ScaledTensor& x_in, const ScaledTensor& y, const ScaledTensor& g, DType store_as) {
   using U = ops::Unary;
   const bool uses_output = ops::derivative_uses_output(op);
   if (uses_output && !y.data.defined()) throw Error(std::string("unary_backward: ") + ops::unary_name(op) + " needs its output");
@@ -104,7 +103,7 @@ ScaledTensor unary_backward(ops::Unary op, const ScaledTensor& x_in, const Scale
   // written in x's storage, which the gradient takes.
   const double xs = x.is_scaled() && !x.any_scale ? x.scalar_scale() : 1.0;
   const Tensor y_value = uses_output ? plain(y) : Tensor();
-  return with_grad_scale(g, ops::unary_backward(op, x.data, y_value, g.data, xs, kernel_store_as(x.data.dtype())));
+  return with_grad_scale(g, ops::unary_backward(op, x.data, y_value, g.data, xs, store_as));
 }
 
 ScaledTensor pow_backward(const ScaledTensor& x, double p, const ScaledTensor& g) {
@@ -163,7 +162,8 @@ Norm norm_affine(const ScaledTensor& x, const ScaledTensor& weight, const Scaled
   return {std::move(y), NormSaved{std::move(r.xhat), std::move(r.rstd), center, scaled, sx, x.data.dtype()}};
 }
 
-std::vector<ScaledTensor> norm_affine_backward(const NormSaved& saved, const ScaledTensor& g, const ScaledTensor& w, bool has_bias) {
+std::vector<ScaledTensor> norm_affine_backward(const NormSaved& saved, const ScaledTensor& g, const ScaledTensor& w, bool has_bias,
+                                               DType store_as) {
   const ops::NormResult r{Tensor(), saved.xhat, saved.rstd};
   const double sx = saved.x_scale;
   // d xhat = g * w (scale G_s W_s), then the normalisation's backward (scale / X_s).
@@ -175,8 +175,7 @@ std::vector<ScaledTensor> norm_affine_backward(const NormSaved& saved, const Sca
     // rescale the data (a scale beyond f32's normal range).
     const double dx_scale = g_scale * w_scale / sx;
     const bool final_data = !has_scale || scale_kept_exactly(dx_scale);
-    const Tensor d =
-        ops::norm_affine_backward(r, g.data, saved.center, w.data, 1.0, final_data ? kernel_store_as(saved.x_storage) : DType::f32);
+    const Tensor d = ops::norm_affine_backward(r, g.data, saved.center, w.data, 1.0, final_data ? store_as : DType::f32);
     dx = has_scale ? with_exact_scale(d, dx_scale) : ScaledTensor(d);
   } else {  // an ANY-scale gradient: the composition's mul and normalisation backward
     const ScaledTensor gw = mul(g, w);

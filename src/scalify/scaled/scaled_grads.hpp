@@ -37,7 +37,9 @@ std::vector<ScaledTensor> concat_backward(const ScaledTensor& g, const std::vect
 // derivative is written with it (ops::derivative_uses_output: exp, sqrt, rsqrt, sigmoid, tanh),
 // and then x may be undefined: y stands in for its shape and storage (its values are not read).
 // relu's gradient from y equals the one from x (y > 0 exactly where x > 0, at the same scale).
-ScaledTensor unary_backward(ops::Unary op, const ScaledTensor& x, const ScaledTensor& y, const ScaledTensor& g);
+// `store_as`: the storage the kernel writes the gradient's data in (autograd's kernel_store_as of
+// x's storage).
+ScaledTensor unary_backward(ops::Unary op, const ScaledTensor& x, const ScaledTensor& y, const ScaledTensor& g, DType store_as);
 // d(x^p) = p x^(p-1) g.
 ScaledTensor pow_backward(const ScaledTensor& x, double p, const ScaledTensor& g);
 
@@ -74,7 +76,9 @@ Norm norm_affine(const ScaledTensor& x, const ScaledTensor& weight, const Scaled
                  DType store_as = DType::f32);
 // {dx, dweight} and dbias when has_bias: d xhat = g w (scale G_s W_s), then the normalisation's
 // backward (scale / X_s); dx in x's storage where its scale needs no rescale.
-std::vector<ScaledTensor> norm_affine_backward(const NormSaved& saved, const ScaledTensor& g, const ScaledTensor& weight, bool has_bias);
+// `store_as`: the storage the kernel writes dx's data in (kernel_store_as of x's storage).
+std::vector<ScaledTensor> norm_affine_backward(const NormSaved& saved, const ScaledTensor& g, const ScaledTensor& weight, bool has_bias,
+                                               DType store_as);
 
 // embedding: the rows' gradients scattered-added into [vocab, D], g's scale kept.
 ScaledTensor embedding_backward(const ScaledTensor& g, const Tensor& ids, int64_t vocab);
