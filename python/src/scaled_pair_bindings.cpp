@@ -7,6 +7,7 @@
 #include <nanobind/stl/tuple.h>
 #include <nanobind/stl/vector.h>
 
+#include <cmath>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -76,6 +77,10 @@ ScaledTensor scaled_pair(nb::handle pair, const char* what) {
   if (t[1].is_none()) return ScaledTensor(data);
   const double s = number_value(t[1]);
   if (s == 0.0) return any_scale_constant(data);
+  int exponent = 0;
+  if (!(s >= 0x1p-126 && s <= 0x1p127) || std::frexp(s, &exponent) != 0.5)
+    throw nb::value_error(
+        (std::string(what) + ": a scale is a power of two in [2^-126, 2^127] (or 0.0 for ANY), not " + std::to_string(s)).c_str());
   return ScaledTensor(data, float(s));
 }
 

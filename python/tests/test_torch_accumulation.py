@@ -122,3 +122,26 @@ def test_an_accumulation_is_used_as_documented():
     assert torch.equal(layer.quantizer_state, before)
     layer(randn(4, 32)).sum().backward()  # outside, each forward is a step again
     assert not torch.equal(layer.quantizer_state, before)
+
+
+def test_scalify_casts_the_weight_gradient_once_per_accumulated_step():
+    """scalify_fp8_3 rounds each weight gradient into E5M2 after backward; under accumulation
+    once, on the micro-batches' sum (the trainer's cast_weight_gradients), not on each partial sum."""
+    from scalify._scalify import scaled as engine
+
+    def model(recipe):
+        torch.manual_seed(0)
+        return st.scalify(torch.nn.Sequential(torch.nn.Linear(16, 16)), recipe)
+
+    no_cast = scalify.preset("scalify_fp8_3")
+    no_cast.weight_gradient = "f32"  # the same model and sums, never cast
+    xs = [randn(4, 16) for _ in range(3)]
+    accumulated, uncast = model("scalify_fp8_3"), model(no_cast)
+    for m in (accumulated, uncast):
+        with st.accumulation(m) as step:
+            for x in xs:
+                with step.micro_batch():
+                    m(x).square().mean().backward()
+    for p, q in zip(accumulated.parameters(), uncast.parameters()):
+        data, scale = engine.cast_data((q.grad.data_tensor, q.grad.scale), "e5m2")
+        assert p.grad.scale == scale and torch.equal(p.grad.data_tensor, data.to(p.grad.data_tensor.dtype))

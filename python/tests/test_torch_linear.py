@@ -471,3 +471,25 @@ def test_activation_checkpointing_inside_an_accumulation_recomputes_each_micro_b
                         model(x).square().mean().backward()
         runs.append([p.grad for p in model.parameters()] + [m.quantizer_state for m in model.modules() if isinstance(m, st.Linear)])
     assert all(torch.equal(a, b) for a, b in zip(*runs))
+
+
+@pytest.mark.parametrize("recipe", ["delayed", "nvfp4"])
+def test_checkpointing_a_layer_used_in_two_regions_and_two_forwards_before_one_backward(recipe):
+    # One snapshot per layer was overwritten by the second region's forward (and by a second
+    # forward before the backward): the first region's recomputation then replayed the wrong one.
+    torch.manual_seed(4)
+    shared = torch.nn.Linear(8, 8)
+
+    def run(checkpointed):
+        layer = st.Linear(8, 8, recipe=recipe, name="shared")
+        layer.load_state_dict(shared.state_dict(), strict=False)
+        region = (lambda f, x: torch.utils.checkpoint.checkpoint(f, x, use_reentrant=False)) if checkpointed else (lambda f, x: f(x))
+        losses = []
+        for seed in (1, 2):  # two forwards, one backward of their sum
+            x = torch.randn(6, 8, generator=torch.Generator().manual_seed(seed), requires_grad=True)
+            h = region(lambda t: torch.relu(layer(t)), x)
+            losses.append(region(lambda t: layer(t).square(), h).mean())
+        (losses[0] + losses[1]).backward()
+        return [layer.weight.grad, layer.bias.grad, layer.quantizer_state]
+
+    assert all(torch.equal(a, b) for a, b in zip(run(False), run(True)))

@@ -111,7 +111,7 @@ def test_a_scaled_tensor_holds_data_and_a_power_of_two():
     for bad in (3.0, -2.0, float("inf"), 2.0**128):
         with pytest.raises(ValueError, match="power of two"):
             st.ScaledTensor(torch.ones(2), bad)
-    with pytest.raises(TypeError, match="float16, bfloat16, float32 or float64"):
+    with pytest.raises(TypeError, match="float16, bfloat16, float32, float64, float8_e4m3fn or float8_e5m2"):
         st.ScaledTensor(torch.ones(2, dtype=torch.int64), 1.0)
     with pytest.raises(TypeError, match="plain torch.Tensor"):
         st.ScaledTensor(t, 1.0)
@@ -180,9 +180,10 @@ def test_gradients_through_scaled_tensors_equal_autograd_on_the_values(case, sto
         for x, ref in zip(xs, refs):
             assert isinstance(x.grad, st.ScaledTensor) and x.grad.data_tensor.dtype == storage, case
             got, want = value64(x.grad), ref.grad
-            # Two roundings into the storage (the gradient, and the step before it: softmax's
-            # probabilities, a norm's xhat) and float32 sums of up to 16 terms.
-            bound = 4 * U[storage] * want.abs() + 64 * U[storage] * want.abs().max()
+            # Up to four roundings into the storage per element (the gradient, and the steps before
+            # it: softmax's probabilities, a norm's xhat), and cancellation in sums whose terms reach
+            # the largest gradient: measured at most 4.9 U of it over 40 draws (attention), bound 8 U.
+            bound = 4 * U[storage] * want.abs() + 8 * U[storage] * want.abs().max()
             assert torch.all((got - want).abs() <= bound), f"{case} at scale {scale}: {(got - want).abs().max()}"
 
 
@@ -241,3 +242,56 @@ def test_the_dispatch_table_in_numerics_md_is_the_codes():
     doc = (pathlib.Path(__file__).resolve().parents[2] / "docs" / "NUMERICS.md").read_text()
     begin, end = "<!-- dispatch table: begin -->\n", "<!-- dispatch table: end -->"
     assert doc[doc.index(begin) + len(begin):doc.index(end)] == rule_table()
+
+
+def test_in_place_ops_reach_their_tensor_and_its_views():
+    a = st.ScaledTensor(torch.tensor([2.0, -4.0, 6.0, 8.0], dtype=torch.float16), 2.0**-3)
+    a[:2].mul_(10)  # a view: written in place, in the base's scale
+    a[3:].zero_()
+    torch.testing.assert_close(value64(a), torch.tensor([20.0, -40.0, 6.0, 0.0], dtype=torch.float64) / 8)
+    with pytest.warns(RuntimeWarning, match="no scale rule for aten.clamp_"):
+        a.clamp_(-1, 1)  # no rule: computed on the values, written back into a
+    torch.testing.assert_close(value64(a), torch.tensor([1.0, -1.0, 0.75, 0.0], dtype=torch.float64))
+    src = st.ScaledTensor(torch.ones(4, dtype=torch.float16), 1.0)
+    a.copy_(src)
+    a.mul_(3.0)
+    assert torch.equal(value64(src), torch.ones(4, dtype=torch.float64))  # a's data is its own
+    with pytest.raises(ValueError, match="does not fit"):
+        a[:2].add_(1e6)  # a view cannot change the base's scale
+    grad = st.ScaledTensor(torch.tensor([1.0], dtype=torch.float16), 2.0**-20)
+    grad.add_(st.ScaledTensor(torch.tensor([1.0], dtype=torch.float16), 1.0))  # not a parameter: the add rule's scale
+    torch.testing.assert_close(value64(grad), torch.tensor([1.0 + 2.0**-20], dtype=torch.float64), rtol=1e-3, atol=0)
+
+
+def test_amsgrad_adamw_runs_its_maximum_through_the_fallback_into_its_state():
+    w = unit(8, 4).float()
+    plain, scaled_param = torch.nn.Parameter(w.clone()), torch.nn.Parameter(st.as_scaled(w.clone()))
+    optimizers = [torch.optim.AdamW([p], lr=1e-2, amsgrad=True) for p in (plain, scaled_param)]
+    with pytest.warns(RuntimeWarning):  # aten.maximum.out: no rule
+        for step in range(3):
+            g = unit(8, 4).float() * 1e-3
+            plain.grad, scaled_param.grad = g.clone(), st.as_scaled(g.clone())
+            for o in optimizers:
+                o.step()
+    torch.testing.assert_close(value64(scaled_param).float(), plain.detach(), rtol=1e-5, atol=1e-6)
+
+
+def test_edges_behave_as_torch():
+    inf = st.ScaledTensor(torch.tensor([float("-inf"), 0.0]), 0.0)  # ANY scale: the data is the value
+    assert torch.equal(inf.unscaled(), torch.tensor([float("-inf"), 0.0]))
+    x = st.ScaledTensor(torch.tensor([1.0, -1.0, 0.0]), 0.5)
+    torch.testing.assert_close(value64(x / 0).float(), torch.tensor([1.0, -1.0, 0.0]) / 0, equal_nan=True)
+    q = st.ScaledTensor(unit(1, 1, 3, 4).to(torch.float16), 1.0)
+    mask = torch.tensor([[False] * 3, [True, False, False], [True, True, True]])  # row 0 sees nothing
+    y = F.scaled_dot_product_attention(q, q, q, attn_mask=mask)
+    assert torch.equal(value64(y)[0, 0, 0], torch.zeros(4, dtype=torch.float64))  # SDPA's zeros, not NaN
+    with pytest.raises(TypeError, match="CPU"):
+        x.to("meta")
+    assert x.to(torch.float8_e4m3fn).data_tensor.dtype == torch.float8_e4m3fn and x.to(torch.float8_e4m3fn).scale == 0.5
+    with pytest.raises(ValueError, match="power of two"):
+        scalify._scalify.scaled.unary("neg", (torch.ones(2), 3.0))
+    import io
+    saved = io.BytesIO()
+    torch.save({"w": x}, saved)
+    saved.seek(0)
+    assert torch.equal(value64(torch.load(saved)["w"]), value64(x))  # weights_only, torch's default

@@ -35,6 +35,8 @@ class Accumulation:
         if not isinstance(model, torch.nn.Module):
             raise TypeError(f"scalify.torch.accumulation: needs a torch.nn.Module, not {type(model).__name__}")
         self._layers: List[Linear] = [m for m in model.modules() if isinstance(m, Linear)]
+        # scalify()'s weight-gradient casts: once per step, on the micro-batches' sum, as the trainer's.
+        self._casts = [p for p in model.parameters() if hasattr(p, "_scalify_grad_cast")]
         self._next = 0
         self._entered = False
 
@@ -47,11 +49,17 @@ class Accumulation:
         self._entered = True
         self._start = [layer._core.snapshot() for layer in self._layers]
         self._set(BETWEEN_MICRO_BATCHES)
+        for p in self._casts:
+            p._scalify_cast_deferred = True  # type: ignore[attr-defined]
         return self
 
     def __exit__(self, kind: Optional[Type[BaseException]], error: Optional[BaseException],
                  traceback: Optional[TracebackType]) -> None:
         self._set(None)
+        for p in self._casts:
+            p._scalify_cast_deferred = False  # type: ignore[attr-defined]
+            if kind is None:
+                p._scalify_grad_cast(p)
         for layer, start in zip(self._layers, self._start):
             if kind is None:
                 layer._core.commit_step()

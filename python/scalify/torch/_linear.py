@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Optional, Tuple
+from typing import Any, Callable, List, Optional, Tuple
 
 import numpy as np
 import torch
@@ -19,6 +19,9 @@ _INPUT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 # Linear._micro_batch inside scalify.torch.accumulation but outside its micro_batch() blocks.
 BETWEEN_MICRO_BATCHES = -2
+# Snapshots kept for checkpointed forwards not yet recomputed (other saved-tensor hooks, such as
+# torch.autograd.graph.save_on_cpu, never recompute: the oldest are dropped).
+_PENDING_REPLAYS = 256
 
 
 def _bias_gradient(grad_output: torch.Tensor) -> torch.Tensor:
@@ -136,8 +139,8 @@ class Linear(torch.nn.Module):
     Activation checkpointing (``torch.utils.checkpoint``, transformers'
     ``gradient_checkpointing_enable()``) gives the gradients and quantiser state of a run without
     it: a forward recomputed during backward repeats the layer's last forward's quantisation and
-    does not advance the quantisers (a layer called more than once inside one checkpointed
-    region is not supported). It saves this layer's memory only with ``use_reentrant=True``
+    does not advance the quantisers (a layer called in several regions, or in several forwards
+    before one backward, is replayed region by region, last first). It saves this layer's memory only with ``use_reentrant=True``
     (whose first forward records nothing); with ``use_reentrant=False`` the first forward's engine
     graph, its quantised operands included, is kept until the backward."""
 
@@ -170,11 +173,12 @@ class Linear(torch.nn.Module):
         self._name = name
         self._core = _scalify.QuantizedLinear(self._recipe, name)
         self.register_buffer("quantizer_state", torch.zeros(6, self._core.state_width(), dtype=torch.int64))
-        # The quantisers before the last forward that recorded gradients, and its micro-batch, until
-        # activation checkpointing recomputes that forward during backward: the recomputation
-        # quantises as it did (delayed scaling's scale, the stochastic-rounding streams) and leaves
-        # the quantisers where it found them.
-        self._before_forward: Optional[Tuple[Any, int]] = None
+        # For each forward inside a non-reentrant checkpointed region (torch.utils.checkpoint,
+        # use_reentrant=False), the quantisers before it and its micro-batch, until the checkpoint
+        # recomputes that forward during backward (last region first): the recomputation quantises
+        # as it did (delayed scaling's scale, the stochastic-rounding streams) and leaves the
+        # quantisers where it found them.
+        self._before_forward: List[Tuple[Any, int]] = []
         # Set by scalify.torch.accumulation: None outside one, else the open micro-batch (BETWEEN_MICRO_BATCHES: none).
         self._micro_batch: Optional[int] = None
         self._core.save_state(self.quantizer_state)
@@ -221,9 +225,10 @@ class Linear(torch.nn.Module):
         micro_batch = self._micro_batch_index() if mode == "training" else -1
         replay = None
         if torch._C._current_graph_task_id() == -1:  # not inside a backward pass: a forward of its own
-            self._before_forward = (self._core.snapshot(), micro_batch) if records else None
-        elif records:  # activation checkpointing recomputing the last forward (torch.utils.checkpoint)
-            replay, self._before_forward = self._before_forward, None
+            if records and torch._C._autograd._top_saved_tensors_default_hooks(False) is not None:
+                self._before_forward = self._before_forward[-_PENDING_REPLAYS + 1:] + [(self._core.snapshot(), micro_batch)]
+        elif records:  # activation checkpointing recomputing a forward (torch.utils.checkpoint)
+            replay = self._before_forward.pop() if self._before_forward else None
         y: torch.Tensor
         if isinstance(x, ScaledTensor) or isinstance(self.weight, ScaledTensor):  # SCALIFY's scaled tensors
             y = _ScaledQuantizedMatmul.apply(x.reshape(-1, self.in_features), self.weight, self, mode, micro_batch, replay)
@@ -268,7 +273,7 @@ class Linear(torch.nn.Module):
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         del state["_core"]
-        state["_before_forward"], state["_micro_batch"] = None, None  # a forward's and an accumulation's, not the layer's
+        state["_before_forward"], state["_micro_batch"] = [], None  # forwards' and an accumulation's, not the layer's
         state["_recipe"] = as_recipe(self._recipe).to_json()
         return state
 

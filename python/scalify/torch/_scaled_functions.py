@@ -9,17 +9,16 @@ import torch
 
 from .._scalify import scaled as engine
 from ._scaled_rules import rescaled
-from ._scaled_tensor import ScaledTensor, pair
+from ._scaled_tensor import STORAGE_NAMES, ScaledTensor, pair
 
 DTypeLike = Union[str, torch.dtype]
-_NAMES = {torch.float16: "f16", torch.bfloat16: "bf16", torch.float32: "f32", torch.float64: "f64"}
 
 
 def _storage_name(dtype: DTypeLike) -> str:
     if isinstance(dtype, torch.dtype):
-        if dtype not in _NAMES:
+        if dtype not in STORAGE_NAMES:
             raise TypeError(f"scalify.torch: data is stored as float16, bfloat16, float32 or float64, not {dtype}")
-        return _NAMES[dtype]
+        return STORAGE_NAMES[dtype]
     return str(dtype)
 
 

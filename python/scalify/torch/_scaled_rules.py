@@ -12,11 +12,10 @@ import torch
 from torch.utils._pytree import tree_map
 
 from .._scalify import scaled as engine
-from ._scaled_tensor import FUNCTIONS, RULES, Pair, ScaledTensor, fallback, pair, scaled
+from ._scaled_tensor import FUNCTIONS, RULES, STORAGE_NAMES, Pair, ScaledTensor, fallback, pair, scaled
 
 aten = torch.ops.aten
 
-_STORAGE_NAMES = {torch.float16: "f16", torch.bfloat16: "bf16", torch.float32: "f32", torch.float64: "f64"}
 
 
 def rule(*ops: Any) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
@@ -30,7 +29,7 @@ def rule(*ops: Any) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
 def rescaled(t: torch.Tensor, storage: torch.dtype) -> ScaledTensor:
     """A plain floating tensor as a ScaledTensor: scale rms(t) rounded down to a power of two,
     data t / scale stored in `storage` (the engine's as_scaled)."""
-    data, scale = engine.as_scaled(t.detach().to(torch.float32).contiguous(), _STORAGE_NAMES.get(storage, "f32"))
+    data, scale = engine.as_scaled(t.detach().to(torch.float32).contiguous(), STORAGE_NAMES.get(storage, "f32"))
     return ScaledTensor(data, 1.0 if scale is None else scale)
 
 
@@ -48,8 +47,8 @@ def _in_storage(x: Any, storage: torch.dtype) -> Any:
     """x's data rounded into `storage` as the engine rounds (nearest even, saturating)."""
     if not isinstance(x, ScaledTensor) or x._data.dtype == storage:
         return x
-    data, _ = engine.cast_data((x._data.contiguous(), x._scale), _STORAGE_NAMES[storage])
-    return ScaledTensor(data.view(storage) if data.dtype != storage else data, x._scale)
+    data, _ = engine.cast_data((x._data.contiguous(), x._scale), STORAGE_NAMES[storage])
+    return ScaledTensor(data, x._scale)
 
 
 # --- Arithmetic -------------------------------------------------------------------------------
@@ -60,8 +59,10 @@ def _binary(op: str, x: Any, y: Any) -> Any:
     if c is not None and op in ("add", "sub", "mul", "div"):
         if op == "sub":
             op, c = "add", -c
-        elif op == "div":
+        elif op == "div" and c != 0:
             op, c = "mul", 1.0 / c
+        elif op == "div":  # x / 0: inf, -inf or NaN as torch gives, through the div rule
+            return scaled(engine.binary("div", pair(x), (torch.tensor(0.0), None)))
         return scaled(engine.scalar(op, pair(x), c))
     c = _number(x)
     if c is not None and op in ("add", "mul"):
@@ -240,7 +241,9 @@ def _cat(func: Any, xs: Sequence[Any], dim: int = 0) -> Any:
     """scaled.concat."""
     # torch.cat skips 1-D empty tensors whatever their dimension (a key/value cache's start).
     kept = [x for x in xs if not (x.dim() == 1 and x.numel() == 0)]
-    return scaled(engine.concat([pair(x) for x in kept], dim)) if len(kept) > 1 else kept[0].clone()
+    if len(kept) <= 1:
+        return (kept or list(xs))[0].clone()
+    return scaled(engine.concat([pair(x) for x in kept], dim))
 
 
 @rule(aten.stack.default)
@@ -268,15 +271,25 @@ def _data_op(func: Any, *args: Any, **kwargs: Any) -> Any:
         return fallback(func, args, kwargs)
     scale = scaled_args[0]._scale
     out = func(*tree_map(lambda a: a._data if isinstance(a, ScaledTensor) else a, args), **kwargs)
-    return tree_map(lambda t: ScaledTensor(t, scale) if isinstance(t, torch.Tensor) else t, out)
+    aliases = any(r.alias_info is not None for r in func._schema.returns)  # a view: in-place writes must reach the base
+
+    def wrapped(t: torch.Tensor) -> ScaledTensor:
+        w = ScaledTensor(t, scale)
+        w._scalify_view = aliases  # type: ignore[attr-defined]
+        return w
+
+    return tree_map(lambda t: wrapped(t) if isinstance(t, torch.Tensor) else t, out)
 
 
 @rule(aten._to_copy.default)
 def _to_copy(func: Any, x: Any, *, dtype: Any = None, **kwargs: Any) -> Any:
     """the data into another storage (scaled.cast_data when narrower), the scale kept."""
+    device = kwargs.get("device")
+    if device is not None and torch.device(device).type != "cpu":
+        raise TypeError(f"scalify.torch: ScaledTensor runs on the CPU; .to({device}) needs .unscaled() first")
     if dtype is None or dtype == x._data.dtype:
         return ScaledTensor(x._data.clone(), x._scale)
-    if dtype in _STORAGE_NAMES:  # another storage for the data, the scale kept (narrowing saturates)
+    if dtype in STORAGE_NAMES:  # another storage for the data, the scale kept (narrowing saturates)
         return _in_storage(x, dtype)
     return func(x.unscaled(), dtype=dtype, **kwargs)  # an integer or complex dtype: out of the scaled world
 
@@ -314,23 +327,38 @@ def _same_size(func: Any, x: Any, y: Any) -> bool:
 # --- In place: the out-of-place rule, its value written in the tensor's storage ---------------------
 
 
-def _assign(target: Any, value: Any, keep_scale: Optional[bool] = None) -> Any:
-    """target <- value. A parameter keeps its scale (the value's data rescaled exactly, then
-    rounded into the parameter's storage), as the engine's optimizer restores a parameter's scale
-    after its update: a weight decay of 0.999 by the mul_scalar rule alone would halve the scale
-    and double the data at every step. Any other target (a gradient torch accumulates in place, an
-    optimizer's moment) takes the value's scale, as the engine's ops give it; so does a target of
-    ANY scale (fresh zeros)."""
-    if keep_scale is None:
-        keep_scale = isinstance(target, torch.nn.Parameter)
+def assign(target: Any, value: Any, keep_scale: Optional[bool] = None) -> Any:
+    """target <- value, in target's storage. A parameter keeps its scale, as the engine's optimizer
+    restores a parameter's scale after its update (a weight decay of 0.999 by the mul_scalar rule
+    alone would halve the scale and double the data at every step), unless the value no longer
+    fits its storage at that scale; a view (a[:2], p.data) keeps it too, and is written in place
+    so that its base sees the write (a value that does not fit is refused). Any other target (a
+    gradient torch accumulates in place, an optimizer's moment) takes the value's scale, as the
+    engine's ops give it; so does a target of ANY scale (fresh zeros)."""
     if not isinstance(target, ScaledTensor):
         raise TypeError("scalify.torch: an in-place op on a plain tensor with a ScaledTensor operand would drop the scale; "
                         "make the target a ScaledTensor (scalify.torch.as_scaled)")
     storage = target._data.dtype
     if not isinstance(value, ScaledTensor):
         value = rescaled(value, storage)
-    if keep_scale and target._scale != 0.0 and value._scale not in (0.0, target._scale):
-        value = scaled(engine.set_scaling((value._data.to(torch.float32).contiguous(), value._scale), target._scale))
+    parameter = isinstance(target, torch.nn.Parameter)
+    view = getattr(target, "_scalify_view", False) and not parameter  # (a Parameter is made from a detached tensor)
+    if keep_scale is None:
+        keep_scale = parameter
+    if (keep_scale or view) and target._scale != 0.0:
+        kept = value
+        if value._scale not in (0.0, target._scale):
+            kept = scaled(engine.set_scaling((value._data.to(torch.float32).contiguous(), value._scale), target._scale))
+        finite = torch.isfinite(kept._data)
+        if bool((kept._data[finite].abs() <= torch.finfo(storage).max).all()):
+            target._data.copy_(_in_storage(kept, storage)._data)
+            return target
+        if view:
+            raise ValueError(f"scalify.torch: an in-place result does not fit {storage} at the scale {target._scale} of the "
+                             "tensor this is a view of; write the whole tensor instead")
+    elif view:
+        raise ValueError("scalify.torch: an in-place op on a view of a tensor of ANY scale (zeros) would need a scale for the "
+                         "whole tensor; write the whole tensor instead")
     value = _in_storage(value, storage)
     target._data, target._scale = value._data, value._scale
     return target
@@ -345,7 +373,7 @@ _INPLACE = {aten.add_.Tensor: aten.add.Tensor, aten.add_.Scalar: aten.add.Tensor
 def _inplace(func: Any, x: Any, y: Any, **kwargs: Any) -> Any:
     """the out-of-place rule, in the target's storage (a parameter keeps its scale)."""
     out_of_place = _INPLACE[func]
-    return _assign(x, RULES[out_of_place](out_of_place, x, y, **kwargs))
+    return assign(x, RULES[out_of_place](out_of_place, x, y, **kwargs))
 
 
 def _promoted(*xs: Any) -> torch.dtype:
@@ -368,33 +396,34 @@ def _fused(op: str, x: Any, a: Any, b: Any, value: Any) -> Any:
 @rule(aten.addcmul_.default)
 def _addcmul_(func: Any, x: Any, a: Any, b: Any, *, value: Any = 1) -> Any:
     """scaled.binary mul and add in the operands' promoted storage (a parameter keeps its scale)."""
-    return _assign(x, _fused("mul", x, a, b, value))
+    return assign(x, _fused("mul", x, a, b, value))
 
 
 @rule(aten.addcdiv_.default)
 def _addcdiv_(func: Any, x: Any, a: Any, b: Any, *, value: Any = 1) -> Any:
     """scaled.binary div and add in the operands' promoted storage (a parameter keeps its scale)."""
-    return _assign(x, _fused("div", x, a, b, value))
+    return assign(x, _fused("div", x, a, b, value))
 
 
 @rule(aten.lerp_.Scalar)
 def _lerp_(func: Any, x: Any, end: Any, weight: Any) -> Any:
     """scaled.ema (the moments' moving-average rule)."""
     # x + w (end - x) = (1 - w) x + w end: the engine's moving-average rule (its scale stationary).
-    return _assign(x, scaled(engine.ema(pair(x), pair(end), 1.0 - float(weight))), keep_scale=False)
+    return assign(x, scaled(engine.ema(pair(x), pair(end), 1.0 - float(weight))), keep_scale=False)
 
 
 @rule(aten.copy_.default)
 def _copy_(func: Any, x: Any, src: Any, non_blocking: bool = False) -> Any:
     """the source's data and scale, in the target's storage."""
-    return _assign(x, src if isinstance(src, ScaledTensor) else src.detach(), keep_scale=False)
+    if isinstance(src, ScaledTensor):  # its own data: a later in-place write into x must not reach src
+        src = ScaledTensor(src._data.clone(), src._scale)
+    return assign(x, src if isinstance(src, ScaledTensor) else src.detach(), keep_scale=False)
 
 
 @rule(aten.zero_.default)
 def _zero_(func: Any, x: Any) -> Any:
-    """zeros of ANY scale."""
-    x._data = torch.zeros_like(x._data)
-    x._scale = 0.0
+    """zeros, in place (any scale represents them)."""
+    x._data.zero_()
     return x
 
 
@@ -451,7 +480,7 @@ def _attention(q: Any, k: Any, v: Any, attn_mask: Any = None, dropout_p: float =
         scores = scores.masked_fill(~torch.ones(T, S, dtype=torch.bool).tril(S - T), float("-inf"))
     if attn_mask is not None:
         scores = scores.masked_fill(~attn_mask, float("-inf")) if attn_mask.dtype == torch.bool else scores + attn_mask
-    probabilities = scores.softmax(-1)
+    probabilities = torch.ops.aten._safe_softmax(scores, -1)  # a fully masked row gives zeros, as SDPA's
     if dropout_p != 0.0:
         probabilities = torch.nn.functional.dropout(probabilities, dropout_p)
     return probabilities @ v
@@ -595,6 +624,8 @@ def _native_dropout(func: Any, x: Any, p: float, train: Optional[bool]) -> Any:
     """a 0/1 mask, scaled.binary mul, scaled.scalar mul of 1/(1-p)."""
     if not train or p == 0:
         return x.clone(), torch.ones(x.shape, dtype=torch.bool)
+    if p >= 1:
+        return ScaledTensor(torch.zeros_like(x._data), 0.0), torch.zeros(x.shape, dtype=torch.bool)
     keep = torch.empty(x.shape).bernoulli_(1 - p).to(torch.bool)
     return _binary("mul", _binary("mul", x, keep.to(x.dtype)), 1.0 / (1 - p)), keep
 

@@ -16,6 +16,10 @@ from torch.utils._pytree import tree_map
 Pair = Tuple[torch.Tensor, Optional[float]]
 Rule = Callable[..., Any]
 
+# The data storages a ScaledTensor holds, by the engine's names for them.
+STORAGE_NAMES = {torch.float16: "f16", torch.bfloat16: "bf16", torch.float32: "f32", torch.float64: "f64",
+                 torch.float8_e4m3fn: "e4m3", torch.float8_e5m2: "e5m2"}
+
 # aten op (OpOverload, or its OpOverloadPacket for every overload) -> its rule (_scaled_rules.py).
 RULES: Dict[Any, Rule] = {}
 # torch functions ScaledTensor takes before they reach aten (a fused op the engine has whole, or one
@@ -42,8 +46,9 @@ class ScaledTensor(torch.Tensor):
     def __new__(cls, data: torch.Tensor, scale: float, *, requires_grad: bool = False) -> "ScaledTensor":
         if not isinstance(data, torch.Tensor) or isinstance(data, ScaledTensor):
             raise TypeError(f"ScaledTensor: data must be a plain torch.Tensor, not {type(data).__name__}")
-        if data.dtype not in (torch.float16, torch.bfloat16, torch.float32, torch.float64):
-            raise TypeError(f"ScaledTensor: data must be float16, bfloat16, float32 or float64, not {data.dtype}")
+        if data.dtype not in STORAGE_NAMES:
+            raise TypeError(f"ScaledTensor: data must be float16, bfloat16, float32, float64, float8_e4m3fn or float8_e5m2, "
+                            f"not {data.dtype}")
         if data.device.type != "cpu":
             raise TypeError(f"ScaledTensor: data on {data.device}; Scalify's rules run on the CPU")
         scale = float(scale)
@@ -136,7 +141,7 @@ def _value(x: Any) -> Any:
     if not isinstance(x, ScaledTensor):
         return x
     wide = torch.float64 if x._data.dtype == torch.float64 else torch.float32
-    return x._data.to(wide) * x._scale
+    return x._data.to(wide) * (x._scale or 1.0)  # ANY (0.0): the data is the value (zeros, +-inf)
 
 
 def fallback(func: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Any:
@@ -154,8 +159,25 @@ def fallback(func: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Any:
                           func(*tree_map(_meta, args), **tree_map(_meta, kwargs)))
     except Exception:  # noqa: BLE001 (an op without a meta kernel: the computed dtypes)
         dtypes = tree_map(lambda t: t.dtype if isinstance(t, torch.Tensor) else None, out)
-    from ._scaled_rules import rescaled  # noqa: PLC0415 (the rules import this module)
-    return _zip_map(lambda t, d: rescaled(t, d) if isinstance(t, torch.Tensor) and t.is_floating_point() else t, out, dtypes)
+    from ._scaled_rules import assign, rescaled  # noqa: PLC0415 (the rules import this module)
+    result = _zip_map(lambda t, d: rescaled(t, d) if isinstance(t, torch.Tensor) and t.is_floating_point() else t, out, dtypes)
+    written = _written_arguments(func, args, kwargs)
+    if written:  # an in-place or out= op: its result goes into the tensor it writes
+        if len(written) != 1 or not isinstance(written[0], ScaledTensor):
+            raise TypeError(f"scalify.torch: {name} writes {len(written)} tensors in place and has no scale rule")
+        return assign(written[0], result[0] if isinstance(result, (tuple, list)) else result, keep_scale=False)
+    return result
+
+
+def _written_arguments(func: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> list[Any]:
+    """The arguments an op writes into (its schema's mutable aliases: self of an in-place op, out=)."""
+    written = []
+    for i, a in enumerate(func._schema.arguments):
+        if a.alias_info is not None and a.alias_info.is_write:
+            value = args[i] if i < len(args) else kwargs.get(a.name)
+            if isinstance(value, torch.Tensor):
+                written.append(value)
+    return written
 
 
 def _wide_value(x: Any) -> Any:
@@ -188,3 +210,7 @@ def unhandled_ops() -> Dict[str, int]:
     """Every aten op that ran on ScaledTensors without a scale rule (the unscaled float32
     fallback), with how many times: empty when every op of a model has its rule."""
     return dict(_fallbacks)
+
+
+# torch.load(weights_only=True), the default, may rebuild ScaledTensors (a scalified model's state_dict).
+torch.serialization.add_safe_globals([ScaledTensor])

@@ -12,9 +12,8 @@ from ._convert import convert
 from ._recipe import RecipeLike, as_recipe
 from ._scaled_functions import as_scaled, cast_on_forward, dynamic_rescale_grad
 from .._scalify import scaled as engine
-from ._scaled_tensor import ScaledTensor, pair
+from ._scaled_tensor import STORAGE_NAMES, ScaledTensor, pair
 
-_STORAGE = {"f16": torch.float16, "bf16": torch.bfloat16, "f32": torch.float32}
 
 
 class _CastAtUse(torch.nn.Module):
@@ -36,8 +35,8 @@ def _weight_gradient_cast(fmt: str, rescale: bool) -> Any:
 
     def cast(p: torch.Tensor) -> None:
         g = p.grad
-        if not isinstance(g, ScaledTensor):
-            return
+        if not isinstance(g, ScaledTensor) or getattr(p, "_scalify_cast_deferred", False):
+            return  # inside scalify.torch.accumulation: cast once, when the step's micro-batches are summed
         ready = engine.dynamic_rescale(pair(g)) if rescale else pair(g)
         data, scale = engine.cast_data(ready, fmt)
         p.grad = ScaledTensor(data.to(g.data_tensor.dtype), 1.0 if scale is None else scale)
@@ -65,7 +64,7 @@ def scalify(model: torch.nn.Module, recipe: RecipeLike = "scalify_fp16_1") -> to
     activations and gradients stay in it end to end; under the recipes that rescale the norms'
     gradients (``scalify_fp16_2``, ``scalify_fp8_3``, ``scalify_fp8_4``) every LayerNorm / RMSNorm
     input's gradient is dynamically rescaled; under ``scalify_fp8_3`` / ``_4`` each weight gradient
-    is rounded into E5M2 after backward (with accumulation, after each backward). An optimizer made afterwards keeps its state as
+    is rounded into E5M2 after backward (inside ``scalify.torch.accumulation``, once at its end). An optimizer made afterwards keeps its state as
     ScaledTensors in the recipe's optimizer-state storage. Inputs that are plain tensors count as
     scale 1."""
     if not isinstance(model, torch.nn.Module):
@@ -74,7 +73,8 @@ def scalify(model: torch.nn.Module, recipe: RecipeLike = "scalify_fp16_1") -> to
     if not r.scaled_state:
         raise ValueError(f"scalify: recipe {r.name!r} keeps no scaled state; SCALIFY's recipes are "
                          "scalify_fp16_1, scalify_fp16_2, scalify_fp8_3 and scalify_fp8_4")
-    master, data, state = (_STORAGE[str(d)] for d in (r.master_weight, r.data_storage, r.optimizer_state))
+    storages = {name: dtype for dtype, name in STORAGE_NAMES.items()}
+    master, data, state = (storages[str(d)] for d in (r.master_weight, r.data_storage, r.optimizer_state))
     convert(model, r)  # the linear layers: the engine's own on scaled tensors (FP8 #3's e4m3 / e5m2 casts)
     made: Dict[int, torch.nn.Parameter] = {}  # a parameter shared by modules (a tied head) stays one
     hooked: Set[int] = set()
@@ -89,8 +89,8 @@ def scalify(model: torch.nn.Module, recipe: RecipeLike = "scalify_fp16_1") -> to
             param = made[id(p)]
             setattr(module, name, param)
             if str(r.weight_gradient) != "f32" and param.requires_grad and id(p) not in hooked:
-                param.register_post_accumulate_grad_hook(  # type: ignore[no-untyped-call]
-                    _weight_gradient_cast(str(r.weight_gradient), r.rescale_gradients))
+                param._scalify_grad_cast = _weight_gradient_cast(str(r.weight_gradient), r.rescale_gradients)  # type: ignore[attr-defined]
+                param.register_post_accumulate_grad_hook(param._scalify_grad_cast)  # type: ignore[attr-defined,no-untyped-call]
                 hooked.add(id(p))
             if data.itemsize < master.itemsize:
                 parametrize.register_parametrization(module, name, _CastAtUse(data), unsafe=True)
