@@ -84,6 +84,16 @@ int64_t state_width(const TorchLinear& l) {
   return kStateHead + h;
 }
 
+// The layer's forward, the GIL released: recording gradients (training: the quantisers advance, or
+// join micro_batch's step) or not (inference: their state stays as training left it).
+Var run_layer(TorchLinear& t, const Var& x, const Var& w, bool training, int64_t micro_batch) {
+  nb::gil_scoped_release release;
+  const OptionalMicroBatch scope(micro_batch);
+  if (training) return t.layer(x, w);
+  NoGrad no_grad;
+  return t.layer(x, w);
+}
+
 }  // namespace
 
 void bind_torch_linear(nb::module_& m) {
@@ -142,17 +152,7 @@ void bind_torch_linear(nb::module_& m) {
               throw Error("linear: input [" + std::to_string(x.shape(0)) + ", " + std::to_string(x.shape(1)) +
                           "] does not match the layer's " + std::to_string(weight_t.shape(0)) + " input features");
             const Var xv(borrowed(x), training), wv(borrowed(weight_t), training);
-            Var y;
-            {
-              nb::gil_scoped_release release;
-              const OptionalMicroBatch scope(micro_batch);
-              if (training) {
-                y = t.layer(xv, wv);
-              } else {
-                NoGrad no_grad;  // inference: the quantisers' state stays as training left it
-                y = t.layer(xv, wv);
-              }
-            }
+            const Var y = run_layer(t, xv, wv, training, micro_batch);
             nb::object out = shared_array(y.value());
             if (!training) return nb::make_tuple(out, nb::none());
             return nb::make_tuple(out, nb::cast(LinearCall{xv, wv, y, micro_batch}));
@@ -169,17 +169,7 @@ void bind_torch_linear(nb::module_& m) {
             const Var xv(scaled_pair(x_pair, "linear input"), training), wv(scaled_pair(weight_pair, "linear weight"), training);
             if (xv.shape().size() != 2 || wv.shape().size() != 2 || xv.shape()[1] != wv.shape()[0])
               throw Error("linear: input " + shape_str(xv.shape()) + " does not match the weight " + shape_str(wv.shape()) + " [in, out]");
-            Var y;
-            {
-              nb::gil_scoped_release release;
-              const OptionalMicroBatch scope(micro_batch);
-              if (training) {
-                y = t.layer(xv, wv);
-              } else {
-                NoGrad no_grad;
-                y = t.layer(xv, wv);
-              }
-            }
+            const Var y = run_layer(t, xv, wv, training, micro_batch);
             nb::object out = pair_of(y.scaled());
             if (!training) return nb::make_tuple(out, nb::none());
             return nb::make_tuple(out, nb::cast(LinearCall{xv, wv, y, micro_batch}));
