@@ -287,6 +287,8 @@ def test_edges_behave_as_torch():
     assert torch.equal(value64(y)[0, 0, 0], torch.zeros(4, dtype=torch.float64))  # SDPA's zeros, not NaN
     with pytest.raises(TypeError, match="CPU"):
         x.to("meta")
+    half = st.ScaledTensor(torch.ones(4, dtype=torch.float16), 1.0)
+    assert half.sum(dtype=torch.float32).data_tensor.dtype == torch.float32  # as torch's sum(dtype=)
     assert x.to(torch.float8_e4m3fn).data_tensor.dtype == torch.float8_e4m3fn and x.to(torch.float8_e4m3fn).scale == 0.5
     with pytest.raises(ValueError, match="power of two"):
         scalify._scalify.scaled.unary("neg", (torch.ones(2), 3.0))

@@ -175,7 +175,7 @@ def _sum(func: Any, x: Any, dim: Any = None, keepdim: bool = False, *, dtype: An
     """scaled.reduce sum."""
     if dtype not in (None, torch.float32):
         return fallback(func, (x, dim, keepdim), {"dtype": dtype})
-    return scaled(engine.reduce("sum", pair(x), _dims(x, dim), keepdim))
+    return scaled(engine.reduce("sum", pair(_in_storage(x, dtype) if dtype else x), _dims(x, dim), keepdim))
 
 
 @rule(aten.mean.default, aten.mean.dim)
@@ -183,7 +183,7 @@ def _mean(func: Any, x: Any, dim: Any = None, keepdim: bool = False, *, dtype: A
     """scaled.reduce mean."""
     if dtype not in (None, torch.float32):
         return fallback(func, (x, dim, keepdim), {"dtype": dtype})
-    return scaled(engine.reduce("mean", pair(x), _dims(x, dim), keepdim))
+    return scaled(engine.reduce("mean", pair(_in_storage(x, dtype) if dtype else x), _dims(x, dim), keepdim))
 
 
 @rule(aten.amax.default)
