@@ -297,3 +297,18 @@ def test_edges_behave_as_torch():
     torch.save({"w": x}, saved)
     saved.seek(0)
     assert torch.equal(value64(torch.load(saved)["w"]), value64(x))  # weights_only, torch's default
+
+
+@pytest.mark.parametrize("storage", [torch.float16, torch.float32])
+@pytest.mark.parametrize("case", ["relu", "gelu", "gelu tanh", "silu", "neg", "abs", "views", "sum dim", "mul scalar", "add"])
+def test_rules_at_the_edge_of_float32_scales(case, storage):
+    """Scales 2^-126 and 2^127, where data x scale leaves float32 (or its normal range): the
+    value is kept (float64 reference), the data stays the storage's."""
+    op, shapes, positive, _, *roundings = CASES[case]
+    for scale in (2.0**-126, 2.0**127):
+        xs = scaled_inputs(shapes, positive, scale, storage)
+        y = op(*xs)
+        want, got = op(*[value64(x) for x in xs]), value64(y)
+        assert y.data_tensor.dtype == storage and torch.isfinite(got).all(), f"{case} at {scale}"
+        bound = (roundings or [1])[0] * U[storage] * want.abs() + 16 * 2.0**-24 * want.abs().max()
+        assert torch.all((got - want).abs() <= bound), f"{case} at scale {scale}"
