@@ -17,7 +17,6 @@ from ._scaled_tensor import FUNCTIONS, RULES, STORAGE_NAMES, Pair, ScaledTensor,
 aten = torch.ops.aten
 
 
-
 def rule(*ops: Any) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     def register(fn: Callable[..., Any]) -> Callable[..., Any]:
         for op in ops:

@@ -3,17 +3,16 @@ optimizer propagate scales as the recipe says (SCALIFY, seed 000)."""
 
 from __future__ import annotations
 
-from typing import Any, Dict, Set
+from typing import Any, Dict
 
 import torch
 from torch.nn.utils import parametrize
 
+from .._scalify import scaled as engine
 from ._convert import convert
 from ._recipe import RecipeLike, as_recipe
 from ._scaled_functions import as_scaled, cast_on_forward, dynamic_rescale_grad
-from .._scalify import scaled as engine
 from ._scaled_tensor import STORAGE_NAMES, ScaledTensor, pair
-
 
 
 class _CastAtUse(torch.nn.Module):
@@ -64,9 +63,9 @@ def scalify(model: torch.nn.Module, recipe: RecipeLike = "scalify_fp16_1") -> to
     activations and gradients stay in it end to end; under the recipes that rescale the norms'
     gradients (``scalify_fp16_2``, ``scalify_fp8_3``, ``scalify_fp8_4``) every LayerNorm / RMSNorm
     input's gradient is dynamically rescaled; under ``scalify_fp8_3`` / ``_4`` each weight gradient
-    is rounded into E5M2 after backward (inside ``scalify.torch.accumulation``, once at its end). An optimizer made afterwards keeps its state as
-    ScaledTensors in the recipe's optimizer-state storage. Inputs that are plain tensors count as
-    scale 1."""
+    is rounded into E5M2 after backward (inside ``scalify.torch.accumulation``, once at its end).
+    An optimizer made afterwards keeps its state as ScaledTensors in the recipe's optimizer-state
+    storage. Inputs that are plain tensors count as scale 1."""
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"scalify: needs a torch.nn.Module, not {type(model).__name__}")
     r = as_recipe(recipe)
@@ -77,21 +76,19 @@ def scalify(model: torch.nn.Module, recipe: RecipeLike = "scalify_fp16_1") -> to
     master, data, state = (storages[str(d)] for d in (r.master_weight, r.data_storage, r.optimizer_state))
     convert(model, r)  # the linear layers: the engine's own on scaled tensors (FP8 #3's e4m3 / e5m2 casts)
     made: Dict[int, torch.nn.Parameter] = {}  # a parameter shared by modules (a tied head) stays one
-    hooked: Set[int] = set()
     for module in list(model.modules()):
         for name, p in list(module.named_parameters(recurse=False)):
             if isinstance(p, ScaledTensor):
                 continue
             if id(p) not in made:
                 with torch.no_grad():
-                    made[id(p)] = torch.nn.Parameter(as_scaled(p.detach(), master), requires_grad=p.requires_grad)
-                made[id(p)]._state_storage = state  # type: ignore[attr-defined]  # zeros_like of it: the optimizer's moments
-            param = made[id(p)]
-            setattr(module, name, param)
-            if str(r.weight_gradient) != "f32" and param.requires_grad and id(p) not in hooked:
-                param._scalify_grad_cast = _weight_gradient_cast(str(r.weight_gradient), r.rescale_gradients)  # type: ignore[attr-defined]
-                param.register_post_accumulate_grad_hook(param._scalify_grad_cast)  # type: ignore[attr-defined,no-untyped-call]
-                hooked.add(id(p))
+                    param = torch.nn.Parameter(as_scaled(p.detach(), master), requires_grad=p.requires_grad)
+                param._state_storage = state  # type: ignore[attr-defined]  # zeros_like of it: the optimizer's moments
+                if str(r.weight_gradient) != "f32" and param.requires_grad:
+                    param._scalify_grad_cast = _weight_gradient_cast(str(r.weight_gradient), r.rescale_gradients)  # type: ignore[attr-defined]
+                    param.register_post_accumulate_grad_hook(param._scalify_grad_cast)  # type: ignore[attr-defined,no-untyped-call]
+                made[id(p)] = param
+            setattr(module, name, made[id(p)])
             if data.itemsize < master.itemsize:
                 parametrize.register_parametrization(module, name, _CastAtUse(data), unsafe=True)
         if r.rescale_norm_grad and _is_norm(module):
