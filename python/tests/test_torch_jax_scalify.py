@@ -195,10 +195,146 @@ def test_cross_entropy_scale_differs(ref):
     assert abs(float(represented(loss)) - float(value(ref, "loss"))) <= bound
 
 
+# --- Backward: each op's vjp on the reference's cotangent ("<step>/ct"), op by op ---------------
+
+
+def op_grads(ref, step, fn, inputs):
+    """The gradients of fn(*inputs) for the reference's cotangent of `step`, under scaled rules only."""
+    xs = [ScaledTensor(torch.from_numpy(ref[f"{i}/data"].copy()), float(ref[f"{i}/scale"]), requires_grad=True)
+          for i in inputs]
+    ct = ScaledTensor(torch.from_numpy(ref[f"{step}/ct/data"].copy()), float(ref[f"{step}/ct/scale"]))
+    before = st.unhandled_ops()
+    grads = torch.autograd.grad(fn(*xs), xs, grad_outputs=ct)
+    assert st.unhandled_ops() == before, "an op fell back to unscaled float32"
+    assert all(isinstance(g, ScaledTensor) for g in grads)
+    return dict(zip(inputs, grads))
+
+
+def matmul_fn(transpose):
+    return lambda a, b: a @ (b.t() if transpose else b)
+
+
+# Matmul gradients: dX = G Y^T (contracting Y's columns), dY = X^T G (contracting X's rows); the same
+# matmul rule both sides, so equal scales, data within both GEMMs' bound.
+@pytest.mark.parametrize("out,a,b,transpose", MATMULS, ids=[m[0] for m in MATMULS])
+def test_matmul_grad_scales_equal(ref, out, a, b, transpose):
+    grads = op_grads(ref, out, matmul_fn(transpose), [a, b])
+    g = ref[f"{out}/ct/data"].astype(np.float64)
+    xd, yd = ref[f"{a}/data"].astype(np.float64), ref[f"{b}/data"].astype(np.float64)
+    yd = yd.T if transpose else yd
+    # d a = g @ y^T; d b = (x^T @ g), transposed back where b entered transposed.
+    products = {a: (g, yd.T), b: (xd.T, g)}
+    for name, (l, r) in products.items():
+        key = f"{out}/d_{name}"
+        assert grads[name].scale == float(ref[f"{key}/scale"]), key
+        other = b if name == a else a
+        rescale = float(ref[f"{key}/scale"]) / (float(ref[f"{out}/ct/scale"]) * float(ref[f"{other}/scale"]))
+        bound = 2 * gamma(l.shape[1]) * (np.abs(l) @ np.abs(r)) / rescale
+        bound = bound.T if (name == b and transpose) else bound
+        assert np.all(np.abs(data(grads[name]) - ref[f"{key}/data"]) <= bound), key
+
+
+def test_add_bias_grad_scales_equal(ref):
+    # d mm1 = g (scale kept, data exact); d b1 = sum over T of g: the sum rule, pow2_down(sqrt(8)) = 2.
+    grads = op_grads(ref, "h", lambda a, b: a + b, ["mm1", "b1"])
+    assert grads["mm1"].scale == float(ref["h/d_mm1/scale"]) == float(ref["h/ct/scale"])
+    np.testing.assert_array_equal(data(grads["mm1"]), ref["h/d_mm1/data"])
+    assert grads["b1"].scale == float(ref["h/d_b1/scale"]) == 2 * float(ref["h/ct/scale"])
+    g = ref["h/ct/data"].astype(np.float64)
+    bound = 2 * gamma(T) * np.abs(g).sum(axis=0) / 2
+    assert np.all(np.abs(data(grads["b1"]) - ref["h/d_b1/data"]) <= bound)
+
+
+@pytest.mark.parametrize("out,inp,c", [("g", "h", 0.5), ("ss", "s", 0.25)], ids=["g", "ss"])
+def test_scalar_mul_grad_scales_equal(ref, out, inp, c):
+    grads = op_grads(ref, out, lambda a: a * c, [inp])
+    assert grads[inp].scale == float(ref[f"{out}/d_{inp}/scale"]) == float(ref[f"{out}/ct/scale"]) * c
+    np.testing.assert_array_equal(data(grads[inp]), ref[f"{out}/d_{inp}/data"])
+
+
+def test_gradient_accumulation_scale_equal(ref):
+    # g feeds q, k and v: its gradient is the sum of their three by the add rule, in jax-scalify's
+    # (reverse) order v, k, q; each add one rounding of power-of-two-rescaled data.
+    total = scaled_input(ref, "v/d_g") + scaled_input(ref, "k/d_g") + scaled_input(ref, "q/d_g")
+    assert total.scale == float(ref["g/ct/scale"]) == 8.0
+    np.testing.assert_array_equal(data(total), ref["g/ct/data"])
+
+
+def test_softmax_grad_scale_differs(ref):
+    # Scalify: dX_s = g_s / pow2(n) = 2 / 8; jax-scalify's composed vjp (mul, sum, sub, div) gives 1.
+    grads = op_grads(ref, "p", lambda a: torch.softmax(a, -1), ["sm"])
+    assert grads["sm"].scale == float(ref["p/ct/scale"]) / 8 == 0.25
+    assert float(ref["p/d_sm/scale"]) == 1.0
+    # Values p (g - sum p g): each side within (T + 3) u of (|g| + sum p |g|) p, p within (T + 3) u.
+    p, g = value(ref, "p"), value(ref, "p/ct")
+    bound = 2 * gamma(2 * T + 6) * p * (np.abs(g) + (p * np.abs(g)).sum(axis=-1, keepdims=True))
+    assert np.all(np.abs(represented(grads["sm"]) - value(ref, "p/d_sm")) <= bound)
+
+
+def test_layer_norm_grad_scale_differs(ref):
+    # Scalify: dX_s = g_s / X_s (d norm / dx scales as 1 / sigma(x)) = 2^-2 / 2^-5 = 8; jax-scalify's
+    # composed vjp (through sqrt, div, mean) gives 16.
+    grads = op_grads(ref, "ln", lambda a: F.layer_norm(a, (D,), weight=ScaledTensor(torch.ones(D), 1.0)), ["o"])
+    assert grads["o"].scale == float(ref["ln/ct/scale"]) / float(ref["o/scale"]) == 8.0
+    assert float(ref["ln/d_o/scale"]) == 16.0
+    # Values rstd (g - mean g - xhat mean(g xhat)): each side within (2D + 8) u of the magnitudes.
+    x, g = value(ref, "o"), value(ref, "ln/ct")
+    xc = x - x.mean(axis=-1, keepdims=True)
+    rstd = 1 / np.sqrt((xc * xc).mean(axis=-1, keepdims=True) + 1e-5)
+    xhat = xc * rstd
+    mag = rstd * (np.abs(g) + np.abs(g).mean(-1, keepdims=True) + np.abs(xhat) * np.abs(g * xhat).mean(-1, keepdims=True))
+    assert np.all(np.abs(represented(grads["o"]) - value(ref, "ln/d_o")) <= 2 * gamma(2 * D + 8) * mag)
+
+
+def test_log_softmax_grad_scale_equal(ref):
+    # Both: dX_s = g_s (log_softmax's local derivative is O(1)); values g - softmax sum g.
+    grads = op_grads(ref, "logp", lambda a: torch.log_softmax(a, -1), ["logits"])
+    assert grads["logits"].scale == float(ref["logp/d_logits/scale"]) == float(ref["logp/ct/scale"])
+    x, g = value(ref, "logits"), value(ref, "logp/ct")
+    sm = np.exp(x - x.max(-1, keepdims=True))
+    sm /= sm.sum(-1, keepdims=True)
+    bound = 2 * gamma(C + 4) * (np.abs(g) + sm * np.abs(g).sum(-1, keepdims=True))
+    assert np.all(np.abs(represented(grads["logits"]) - value(ref, "logp/d_logits")) <= bound)
+
+
+def test_nll_loss_scale_differs_grad_equal(ref):
+    # The reference's loss step, -sum(onehot logp) / T, is torch's nll_loss. Forward: Scalify's loss
+    # is f32 with scale 1, jax-scalify carries logp's scale 4. Backward: both -onehot g / T with
+    # scale g_s / pow2(T) (jax-scalify: the scalar 1/T's scale), data -1 at the targets.
+    target = torch.from_numpy(ref["target"])
+    loss = run(lambda: F.nll_loss(scaled_input(ref, "logp"), target))
+    assert loss.scale == 1.0 and float(ref["loss/scale"]) == 4.0
+    terms = value(ref, "logp")[np.arange(T), ref["target"]]
+    assert abs(float(represented(loss)) - float(value(ref, "loss"))) <= 2 * gamma(T + 1) * np.abs(terms).sum() / T
+    grads = op_grads(ref, "loss", lambda a: F.nll_loss(a, target), ["logp"])
+    assert grads["logp"].scale == float(ref["loss/d_logp/scale"]) == 2.0**-3
+    np.testing.assert_array_equal(data(grads["logp"]), ref["loss/d_logp/data"])
+
+
+def test_cross_entropy_grad_scale_equal(ref):
+    # Scalify's fused cross-entropy backward against jax-scalify's log_softmax vjp of nll's gradient:
+    # dX_s = pow2(1 / T) both; values (softmax - onehot) / T.
+    logits = ScaledTensor(torch.from_numpy(ref["logits/data"].copy()), float(ref["logits/scale"]), requires_grad=True)
+    loss = F.cross_entropy(logits, torch.from_numpy(ref["target"]))
+    (grad,) = torch.autograd.grad(loss, [logits], grad_outputs=ScaledTensor(torch.ones(()), 1.0))
+    assert grad.scale == float(ref["logp/d_logits/scale"]) == 2.0**-3
+    x = value(ref, "logits")
+    sm = np.exp(x - x.max(-1, keepdims=True))
+    sm /= sm.sum(-1, keepdims=True)
+    bound = 2 * gamma(C + 4) * (sm + np.eye(C)[ref["target"]]) / T
+    assert np.all(np.abs(represented(grad) - value(ref, "logp/d_logits")) <= bound)
+
+
 def test_every_step_compared(ref):
     # Each op the reference recorded is one of the tests above (the inputs aside).
     inputs = {"x", "w1", "b1", "wq", "wk", "wv", "wo"}
     compared = {m[0] for m in MATMULS} | {"h", "g", "ss", "sm", "p", "ln", "logp", "loss"}
-    recorded = {k.split("/")[0] for k in ref if k.endswith("/scale")}
+    recorded = {k.split("/")[0] for k in ref if k.endswith("/scale") and k.count("/") == 1}
     assert recorded - inputs == compared
+    # and each step's gradients (the tests above): its cotangent, one vjp per input.
+    grads = {k.rsplit("/", 1)[0] for k in ref if k.endswith("/scale") and k.count("/") == 2}
+    assert grads == {f"{s}/ct" for s in compared - {"sm"}} | {f"{s}/d_{i}" for s, i in
+                     [(m[0], m[1]) for m in MATMULS] + [(m[0], m[2]) for m in MATMULS]
+                     + [("h", "mm1"), ("h", "b1"), ("g", "h"), ("ss", "s"), ("p", "sm"), ("ln", "o"),
+                        ("logp", "logits"), ("loss", "logp")]}
     assert set(ref["meta"]["unsupported"]) == {"gelu", "masked_fill"}

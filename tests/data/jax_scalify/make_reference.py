@@ -12,7 +12,10 @@ with chex 0.1.86 runs it. Versions are stored in the data ("meta", a JSON string
 A small transformer-like graph in float32, run op by op: each step is one jax_scalify.scalify call
 whose inputs are ScaledArrays (data, power-of-two scale) built from the previous steps' recorded
 outputs, so the torch side can run every op on exactly the same inputs. For each step "<name>" the
-data "<name>/data" and scale "<name>/scale" are stored. Steps (shapes T=8 tokens, D=16, H=32):
+data "<name>/data" and scale "<name>/scale" are stored. Then the backward, op by op in reverse
+(jax.vjp under scalify; the loss's cotangent 1, scale 1): "<name>/ct/..." the cotangent of the
+step's output, "<name>/d_<input>/..." the step's vjp for that input (g, input of q, k and v, gets
+the sum of their three by jax-scalify's add). Steps (shapes T=8 tokens, D=16, H=32):
 
   x [T, D] scale 2^-2, w1 [D, H] scale 2^-3, b1 [H] scale 2^-4     inputs
   mm1 = x @ w1                       dot_general, contracting D
@@ -47,11 +50,34 @@ def scaled(rec, name):
     return jsa.ScaledArray(jnp.asarray(rec[f"{name}/data"]), np.float32(rec[f"{name}/scale"]))
 
 
-def step(rec, name, fn, *inputs):
-    out = jsa.scalify(fn)(*[scaled(rec, i) if isinstance(i, str) else i for i in inputs])
+def record(rec, name, out):
     assert isinstance(out, jsa.ScaledArray), (name, type(out))
     rec[f"{name}/data"] = np.asarray(out.data, np.float32)
     rec[f"{name}/scale"] = np.float32(out.scale)
+
+
+STEPS = []  # (name, fn, input names), in the order run
+
+
+def step(rec, name, fn, *inputs):
+    record(rec, name, jsa.scalify(fn)(*[scaled(rec, i) for i in inputs]))
+    STEPS.append((name, fn, inputs))
+
+
+def backward(rec, causal):
+    """Reverse mode, op by op: the loss's cotangent 1 (scale 1); each step's jax.vjp under scalify
+    with the cotangent of its output ("<name>/ct"), giving "<name>/d_<input>"; an input used by
+    several steps (g: q, k, v) gets their sum by jax-scalify's add, in reverse step order."""
+    ct = {"loss": jsa.ScaledArray(jnp.asarray(1.0, jnp.float32), np.float32(1.0))}
+    for name, fn, inputs in reversed(STEPS):
+        if name == "ss":  # the mask applied by hand: its cotangent is sm's, zero where masked
+            ct["ss"] = jsa.ScaledArray(jnp.where(causal, ct["sm"].data, 0.0), ct["sm"].scale)
+        g = ct[name]
+        record(rec, f"{name}/ct", g)
+        grads = jsa.scalify(lambda g, *xs: jax.vjp(fn, *xs)[1](g))(g, *[scaled(rec, i) for i in inputs])
+        for i, gi in zip(inputs, grads):
+            record(rec, f"{name}/d_{i}", gi)
+            ct[i] = gi if i not in ct else jsa.scalify(lambda a, b: a + b)(ct[i], gi)
 
 
 # jax.nn.softmax / log_softmax of JAX 0.4.31 take max(-inf, rowmax), which jax-scalify 0.1.1 turns
@@ -94,7 +120,7 @@ def main():
     # jax-scalify 0.1.1 turns the -inf constant into a ScaledArray of scale inf: the select's output
     # scale is inf, its data NaN. Recorded as unsupported; the mask is applied to the data by hand
     # (the scale kept), which is what the softmax below is handed.
-    step(rec, "sm_jax", lambda a: jnp.where(causal, a, -jnp.inf), "ss")
+    record(rec, "sm_jax", jsa.scalify(lambda a: jnp.where(causal, a, -jnp.inf))(scaled(rec, "ss")))
     if not np.isfinite(rec["sm_jax/scale"]):
         unsupported["masked_fill"] = (f"where(mask, x, -inf): scale {float(rec['sm_jax/scale'])}, "
                                       f"data NaN {bool(np.isnan(rec['sm_jax/data']).any())}")
@@ -116,6 +142,7 @@ def main():
     onehot = np.eye(C, dtype=np.float32)[target]
     step(rec, "loss", lambda a: -jnp.sum(onehot * a) / T, "logp")
 
+    backward(rec, causal)
     rec["meta"] = np.array(json.dumps({
         "jax": jax.__version__, "jax_scalify": "0.1.1", "numpy": np.__version__,
         "unsupported": unsupported}))
