@@ -152,10 +152,9 @@ def test_softmax_scale_differs(ref):
 def test_layer_norm_scale_differs(ref):
     # Scalify: normalised data has unit variance, Y_s = 1 (times the weight's scale); jax-scalify's
     # mean, sub, mul, mean, sqrt and div give 2 here (sqrt keeps sqrt(scale), not a power of two in
-    # general: 2.83 in the outside check). The weight (ones, scale 1) is what the engine's fused
-    # LayerNorm needs; jax-scalify's side has none (a unit weight changes no scale there).
+    # general: 2.83 in the outside check). No affine on either side.
     o = scaled_input(ref, "o")
-    ln = run(lambda: F.layer_norm(o, (D,), weight=ScaledTensor(torch.ones(D), 1.0)))
+    ln = run(lambda: F.layer_norm(o, (D,)))
     assert ln.scale == 1.0
     assert float(ref["ln/scale"]) == 2.0
     # Values: both normalise rows of D: means and variances of D terms, a sqrt, a division. Each
@@ -274,7 +273,7 @@ def test_softmax_grad_scale_differs(ref):
 def test_layer_norm_grad_scale_differs(ref):
     # Scalify: dX_s = g_s / X_s (d norm / dx scales as 1 / sigma(x)) = 2^-2 / 2^-5 = 8; jax-scalify's
     # composed vjp (through sqrt, div, mean) gives 16.
-    grads = op_grads(ref, "ln", lambda a: F.layer_norm(a, (D,), weight=ScaledTensor(torch.ones(D), 1.0)), ["o"])
+    grads = op_grads(ref, "ln", lambda a: F.layer_norm(a, (D,)), ["o"])
     assert grads["o"].scale == float(ref["ln/ct/scale"]) / float(ref["o/scale"]) == 8.0
     assert float(ref["ln/d_o/scale"]) == 16.0
     # Values rstd (g - mean g - xhat mean(g xhat)): each side within (2D + 8) u of the magnitudes.

@@ -156,6 +156,7 @@ GRADIENT_CASES = {
     "softmax": (lambda a: a.softmax(-1), [(4, 8)], False),
     "log_softmax": (lambda a: a.log_softmax(-1), [(4, 8)], False),
     "layer_norm": (lambda x, w, b: F.layer_norm(x, (8,), w, b), [(4, 8), (8,), (8,)], False),
+    "layer_norm without affine": (lambda x: F.layer_norm(x, (8,)), [(4, 8)], False),
     "rms_norm": (lambda x, w: F.rms_norm(x, (8,), w, eps=1e-6), [(4, 8), (8,)], False),
     "embedding": (lambda w: F.embedding(torch.tensor([[1, 3, 3], [0, 5, 1]]), w), [(6, 8)], False),
     "cross_entropy": (lambda a: F.cross_entropy(a, torch.tensor([1, 0, 7, 3])), [(4, 8)], False),

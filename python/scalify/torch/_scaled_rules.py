@@ -560,9 +560,10 @@ class _Norm(torch.autograd.Function):
 
 
 def _fusable_norm(x: Any, weight: Any, bias: Any) -> bool:
-    # The engine fuses a norm whose operands all carry one normal scale (or none); others compose ops.
+    # The engine fuses a norm whose operands all carry one normal scale, or normalises a scaled x
+    # without affine; others (a bias without a weight, ANY scales) compose ops.
     operands = [t for t in (x, weight, bias) if t is not None]
-    return weight is not None and all(isinstance(t, ScaledTensor) and t._scale != 0.0 for t in operands)
+    return (weight is not None or bias is None) and all(isinstance(t, ScaledTensor) and t._scale != 0.0 for t in operands)
 
 
 def _layer_norm(x: Any, normalized_shape: Sequence[int], weight: Any = None, bias: Any = None, eps: float = 1e-5) -> Any:
