@@ -100,3 +100,25 @@ def test_scalify_keeps_tied_parameters_and_refuses_other_recipes():
         st.scalify(torch.nn.Linear(2, 2), "mxfp8")
     with pytest.raises(TypeError, match="nn.Module"):
         st.scalify("model")
+
+
+def test_scalify_fp8_4_rebalances_parameters_and_moments_every_100_steps():
+    torch.manual_seed(0)
+    model = st.scalify(torch.nn.Sequential(torch.nn.Linear(16, 16)), "scalify_fp8_4")
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    weight = model[0].weight
+    for step in range(100):
+        if step == 99:
+            before = weight.unscaled().clone()
+            with torch.no_grad():  # the data far from unit RMS, so the rescale has work to do
+                weight._data.mul_(0.25)
+                weight._scale *= 4.0
+        model(torch.randn(8, 16)).square().mean().backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    state = optimizer.state[weight]
+    assert state["exp_avg"].data_tensor.dtype == torch.float16  # the recipe's optimizer state
+    for t in (weight, state["exp_avg"], state["exp_avg_sq"]):
+        rms = t.data_tensor.float().square().mean().sqrt().item()
+        assert 1.0 <= rms < 2.0, rms  # rebalanced by pow2(rms) after step 100
+    assert (weight.unscaled() - before).abs().max() < 0.1  # the value kept (one AdamW step of lr 1e-2 moved it)

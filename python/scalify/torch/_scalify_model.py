@@ -7,6 +7,7 @@ from typing import Any, Dict
 
 import torch
 from torch.nn.utils import parametrize
+from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from .._scalify import scaled as engine
 from ._convert import convert
@@ -43,6 +44,25 @@ def _weight_gradient_cast(fmt: str, rescale: bool) -> Any:
     return cast
 
 
+def _rescale_state(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+    """After any optimizer's step: every `rescale_every` steps of a scalified parameter, it and its
+    moments rebalanced to unit RMS (dynamic_rescale), as the engine's AdamW under scalify_fp8_4."""
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            every = getattr(p, "_scalify_rescale_every", 0)
+            state = optimizer.state.get(p, {})
+            step = state.get("step")
+            if not every or step is None or int(step) % every != 0:
+                continue
+            with torch.no_grad():
+                for t in [p] + [v for v in state.values() if isinstance(v, ScaledTensor) and v.shape == p.shape]:
+                    data, scale = engine.dynamic_rescale(pair(t))
+                    t._data, t._scale = data, scale  # the value kept: a power of two moved between data and scale
+
+
+_state_hook: Any = None
+
+
 def _rescale_input_gradient(module: torch.nn.Module, args: Any) -> Any:
     return (dynamic_rescale_grad(args[0]),) + tuple(args[1:])
 
@@ -65,7 +85,9 @@ def scalify(model: torch.nn.Module, recipe: RecipeLike = "scalify_fp16_1") -> to
     input's gradient is dynamically rescaled; under ``scalify_fp8_3`` / ``_4`` each weight gradient
     is rounded into E5M2 after backward (inside ``scalify.torch.accumulation``, once at its end).
     An optimizer made afterwards keeps its state as ScaledTensors in the recipe's optimizer-state
-    storage. Inputs that are plain tensors count as scale 1."""
+    storage; under ``scalify_fp8_4`` every 100 steps each parameter and its moments are rebalanced
+    to unit RMS after the optimizer's step (any ``torch.optim`` optimizer whose state counts
+    ``step``). Inputs that are plain tensors count as scale 1."""
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"scalify: needs a torch.nn.Module, not {type(model).__name__}")
     r = as_recipe(recipe)
@@ -87,10 +109,15 @@ def scalify(model: torch.nn.Module, recipe: RecipeLike = "scalify_fp16_1") -> to
                 if str(r.weight_gradient) != "f32" and param.requires_grad:
                     param._scalify_grad_cast = _weight_gradient_cast(str(r.weight_gradient), r.rescale_gradients)  # type: ignore[attr-defined]
                     param.register_post_accumulate_grad_hook(param._scalify_grad_cast)  # type: ignore[attr-defined,no-untyped-call]
+                if r.rescale_every > 0:
+                    param._scalify_rescale_every = r.rescale_every  # type: ignore[attr-defined]
                 made[id(p)] = param
             setattr(module, name, made[id(p)])
             if data.itemsize < master.itemsize:
                 parametrize.register_parametrization(module, name, _CastAtUse(data), unsafe=True)
         if r.rescale_norm_grad and _is_norm(module):
             module.register_forward_pre_hook(_rescale_input_gradient)
+    global _state_hook
+    if r.rescale_every > 0 and _state_hook is None:  # one hook for every optimizer: it looks for scalified parameters
+        _state_hook = register_optimizer_step_post_hook(_rescale_state)
     return model
