@@ -17,7 +17,7 @@ DTypeLike = Union[str, torch.dtype]
 def _storage_name(dtype: DTypeLike) -> str:
     if isinstance(dtype, torch.dtype):
         if dtype not in STORAGE_NAMES:
-            raise TypeError(f"scalify.torch: data is stored as float16, bfloat16, float32 or float64, not {dtype}")
+            raise TypeError(f"scalify.torch: data is stored as float16, bfloat16, float32, float64 or float8, not {dtype}")
         return STORAGE_NAMES[dtype]
     return str(dtype)
 

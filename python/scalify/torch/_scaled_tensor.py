@@ -29,15 +29,15 @@ _fallbacks: collections.Counter[str] = collections.Counter()
 
 
 class ScaledTensor(torch.Tensor):
-    """A tensor represented as ``data * scale``: ``data`` a float16, bfloat16, float32 or float64
-    tensor, ``scale`` a power of two (0.0: ANY, a constant whose value ignores its scale). Its
-    torch dtype is its data's (as jax-scalify's ScaledArray has it: a float16 model's code that
-    casts to ``x.dtype`` keeps float16, though the value may lie beyond float16's range, which the
-    scale holds); every aten op on it runs the engine's scaled
-    op, which computes the output's scale from the inputs' scales and shapes (never from
+    """A tensor represented as ``data * scale``: ``data`` a float16, bfloat16, float32, float64,
+    float8_e4m3fn or float8_e5m2 tensor on the CPU, ``scale`` a power of two (0.0: ANY, a constant
+    whose value ignores its scale). Its torch dtype is its data's (as jax-scalify's ScaledArray
+    has it: a float16 model's code that casts to ``x.dtype`` keeps float16, though the value may
+    lie beyond float16's range, which the scale holds). Every aten op on it runs the engine's
+    scaled op, which computes the output's scale from the inputs' scales and shapes (never from
     statistics) and rounds the output data into the storage its inputs' data promote to (float16
-    data stays float16). Ops without a rule compute on the unscaled values in float32 and warn once
-    (``scalify.torch.unhandled_ops()``)."""
+    data stays float16). Ops without a rule compute on the unscaled values in float32 and warn
+    once (``scalify.torch.unhandled_ops()``); in-place ones write their result back."""
 
     _data: torch.Tensor
     _scale: float
@@ -62,7 +62,7 @@ class ScaledTensor(torch.Tensor):
 
     @property
     def data_tensor(self) -> torch.Tensor:
-        """The data (float16, bfloat16, float32 or float64), without its scale."""
+        """The data, without its scale."""
         return self._data
 
     @property
