@@ -313,3 +313,22 @@ def test_rules_at_the_edge_of_float32_scales(case, storage):
         assert y.data_tensor.dtype == storage and torch.isfinite(got).all(), f"{case} at {scale}"
         bound = (roundings or [1])[0] * U[storage] * want.abs() + 16 * 2.0**-24 * want.abs().max()
         assert torch.all((got - want).abs() <= bound), f"{case} at scale {scale}"
+
+
+def test_foreach_adamw_is_the_for_loops():
+    """torch's foreach AdamW (aten._foreach_* over lists) runs each element through its rule: the
+    same bits as the for-loop AdamW."""
+    ws = [unit(8, 4).float(), unit(4).float()]
+    runs = []
+    for foreach in (False, True):
+        params = [torch.nn.Parameter(st.as_scaled(w.clone(), torch.float16)) for w in ws]
+        optimizer = torch.optim.AdamW(params, lr=1e-2, foreach=foreach)
+        before = st.unhandled_ops()
+        for step in range(3):
+            for p, w in zip(params, ws):
+                p.grad = st.as_scaled(torch.full_like(w, 1e-3) * (step + 1), torch.float16)
+            optimizer.step()
+        assert st.unhandled_ops() == before
+        runs.append([(p.data_tensor.clone(), p.scale) for p in params])
+    for (a, sa), (b, sb) in zip(*runs):
+        assert sa == sb and torch.equal(a, b)

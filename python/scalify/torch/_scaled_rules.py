@@ -12,7 +12,7 @@ import torch
 from torch.utils._pytree import tree_map
 
 from .._scalify import scaled as engine
-from ._scaled_tensor import FUNCTIONS, RULES, STORAGE_NAMES, Pair, ScaledTensor, fallback, pair, scaled
+from ._scaled_tensor import FAMILY_RULES, FUNCTIONS, RULES, STORAGE_NAMES, Pair, ScaledTensor, fallback, pair, scaled
 
 aten = torch.ops.aten
 
@@ -636,12 +636,31 @@ def _native_dropout_backward(func: Any, g: Any, keep: torch.Tensor, scale: float
     return _binary("mul", _binary("mul", g, keep.to(g.dtype)), scale)
 
 
+def _foreach(func: Any, *args: Any, **kwargs: Any) -> Any:
+    """each element through the op's single-tensor form (torch.Tensor.<op>), with its rule."""
+    name = func.overloadpacket.__name__[len("_foreach_"):]
+    single = getattr(torch.Tensor, name, None) or getattr(torch, name)
+    if name.rstrip("_") in ("addcmul", "addcdiv") and len(args) == 4:  # the list form's value is keyword-only alone
+        value = args[3]
+        kwargs = {**kwargs, "value": value.tolist() if isinstance(value, torch.Tensor) else value}
+        args = args[:3]
+    outs = [single(*[a[i] if isinstance(a, (list, tuple)) else a for a in args],
+                   **{k: v[i] if isinstance(v, (list, tuple)) else v for k, v in kwargs.items()})
+            for i in range(len(args[0]))]
+    return None if name.endswith("_") else outs
+
+
+FAMILY_RULES["_foreach_"] = _foreach
+
+
 def rule_table() -> str:
     """The dispatch table as Markdown: each torch function and aten op ScaledTensor has a rule
     for, and the rule (docs/NUMERICS.md holds it; a test keeps the two equal)."""
     lines = ["| torch function or aten op | rule |", "|---|---|"]
     for function, fn in FUNCTIONS.items():
         lines.append(f"| `torch.nn.functional.{function.__name__}` | {(fn.__doc__ or '').splitlines()[0]} |")
+    for prefix, fn in FAMILY_RULES.items():
+        lines.append(f"| `aten.{prefix}*` | {(fn.__doc__ or '').splitlines()[0]} |")
     by_rule: Dict[Any, List[str]] = {}
     for op, fn in RULES.items():
         by_rule.setdefault(fn, []).append(str(op))

@@ -22,6 +22,8 @@ STORAGE_NAMES = {torch.float16: "f16", torch.bfloat16: "bf16", torch.float32: "f
 
 # aten op (OpOverload, or its OpOverloadPacket for every overload) -> its rule (_scaled_rules.py).
 RULES: Dict[Any, Rule] = {}
+# aten op families by name prefix ("_foreach_") -> the rule for every op of the family.
+FAMILY_RULES: Dict[str, Rule] = {}
 # torch functions ScaledTensor takes before they reach aten (a fused op the engine has whole, or one
 # whose aten form has no scaled counterpart): function -> rule returning NotImplemented to decline.
 FUNCTIONS: Dict[Any, Rule] = {}
@@ -107,6 +109,9 @@ class ScaledTensor(torch.Tensor):
         kwargs = kwargs or {}
         rule = RULES.get(func) or RULES.get(func.overloadpacket)
         if rule is None:
+            name = func.overloadpacket.__name__
+            rule = next((r for prefix, r in FAMILY_RULES.items() if name.startswith(prefix)), None)
+        if rule is None:
             return fallback(func, args, kwargs)
         return rule(func, *args, **kwargs)
 
@@ -175,9 +180,8 @@ def _written_arguments(func: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any])
     for i, a in enumerate(func._schema.arguments):
         if a.alias_info is not None and a.alias_info.is_write:
             value = args[i] if i < len(args) else kwargs.get(a.name)
-            if isinstance(value, torch.Tensor):
-                written.append(value)
-    return written
+            written.extend(value if isinstance(value, (list, tuple)) else [value])
+    return [w for w in written if isinstance(w, torch.Tensor)]
 
 
 def _wide_value(x: Any) -> Any:
