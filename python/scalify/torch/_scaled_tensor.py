@@ -176,7 +176,7 @@ def fallback(func: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Any:
 
 def _written_arguments(func: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> list[Any]:
     """The arguments an op writes into (its schema's mutable aliases: self of an in-place op, out=)."""
-    written = []
+    written: list[Any] = []
     for i, a in enumerate(func._schema.arguments):
         if a.alias_info is not None and a.alias_info.is_write:
             value = args[i] if i < len(args) else kwargs.get(a.name)
