@@ -476,7 +476,8 @@ def test_activation_checkpointing_inside_an_accumulation_recomputes_each_micro_b
 @pytest.mark.parametrize("recipe", ["delayed", "nvfp4"])
 def test_checkpointing_a_layer_used_in_two_regions_and_two_forwards_before_one_backward(recipe):
     # One snapshot per layer was overwritten by the second region's forward (and by a second
-    # forward before the backward): the first region's recomputation then replayed the wrong one.
+    # forward before the backward), and a stack of them replayed a region never recomputed (a
+    # metric's): each region's recomputation must replay its own first pass.
     torch.manual_seed(4)
     shared = torch.nn.Linear(8, 8)
 
@@ -489,6 +490,7 @@ def test_checkpointing_a_layer_used_in_two_regions_and_two_forwards_before_one_b
             x = torch.randn(6, 8, generator=torch.Generator().manual_seed(seed), requires_grad=True)
             h = region(lambda t: torch.relu(layer(t)), x)
             losses.append(region(lambda t: layer(t).square(), h).mean())
+            _metric = region(lambda t: layer(t * 100).sum(), x)  # recorded, never backpropagated: never recomputed
         (losses[0] + losses[1]).backward()
         return [layer.weight.grad, layer.bias.grad, layer.quantizer_state]
 

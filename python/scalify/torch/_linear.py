@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import weakref
 from typing import Any, Callable, List, Optional, Tuple
 
 import numpy as np
@@ -19,9 +20,26 @@ _INPUT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 # Linear._micro_batch inside scalify.torch.accumulation but outside its micro_batch() blocks.
 BETWEEN_MICRO_BATCHES = -2
-# Snapshots kept for checkpointed forwards not yet recomputed (other saved-tensor hooks, such as
-# torch.autograd.graph.save_on_cpu, never recompute: the oldest are dropped).
-_PENDING_REPLAYS = 256
+
+
+def _checkpoint_frame() -> Any:
+    """The torch.utils.checkpoint frame (use_reentrant=False) of the forward running now, in its
+    first pass or in its recomputation during backward, or None. Both passes install saved-tensor
+    hooks whose pack function holds the frame: `frame` in the first, `target_frame_ref` (a weak
+    reference) in the recomputation (torch/utils/checkpoint.py: _checkpoint_hook,
+    _recomputation_hook)."""
+    hooks = torch._C._autograd._top_saved_tensors_default_hooks(False)
+    if hooks is None:
+        return None
+    pack = hooks[0]
+    while hasattr(pack, "__wrapped__"):  # the recomputation's pack function is wrapped by torch._dynamo.disable
+        pack = pack.__wrapped__
+    cells = dict(zip(getattr(pack, "__code__").co_freevars, getattr(pack, "__closure__", None) or ()))
+    if "frame" in cells:
+        return cells["frame"].cell_contents
+    if "target_frame_ref" in cells:
+        return cells["target_frame_ref"].cell_contents()
+    return None
 
 
 def _bias_gradient(grad_output: torch.Tensor) -> torch.Tensor:
@@ -139,8 +157,8 @@ class Linear(torch.nn.Module):
     Activation checkpointing (``torch.utils.checkpoint``, transformers'
     ``gradient_checkpointing_enable()``) gives the gradients and quantiser state of a run without
     it: a forward recomputed during backward repeats the layer's last forward's quantisation and
-    does not advance the quantisers (a layer called in several regions, or in several forwards
-    before one backward, is replayed region by region, last first). It saves this layer's memory only with ``use_reentrant=True``
+    does not advance the quantisers (each forward of each region replays its own first pass, in
+    any number of regions and forwards before one backward). It saves this layer's memory only with ``use_reentrant=True``
     (whose first forward records nothing); with ``use_reentrant=False`` the first forward's engine
     graph, its quantised operands included, is kept until the backward."""
 
@@ -173,12 +191,13 @@ class Linear(torch.nn.Module):
         self._name = name
         self._core = _scalify.QuantizedLinear(self._recipe, name)
         self.register_buffer("quantizer_state", torch.zeros(6, self._core.state_width(), dtype=torch.int64))
-        # For each forward inside a non-reentrant checkpointed region (torch.utils.checkpoint,
-        # use_reentrant=False), the quantisers before it and its micro-batch, until the checkpoint
-        # recomputes that forward during backward (last region first): the recomputation quantises
-        # as it did (delayed scaling's scale, the stochastic-rounding streams) and leaves the
-        # quantisers where it found them.
-        self._before_forward: List[Tuple[Any, int]] = []
+        # Per non-reentrant checkpointed region (torch.utils.checkpoint's frame, use_reentrant=False),
+        # the quantisers before each of this layer's forwards in it and its micro-batch, until the
+        # checkpoint recomputes the region during backward: each recomputed forward quantises as its
+        # first pass did (delayed scaling's scale, the stochastic-rounding streams) and leaves the
+        # quantisers where it found them. A region never recomputed (no backward) drops its entry
+        # with its frame.
+        self._before_forward: "weakref.WeakKeyDictionary[Any, List[Tuple[Any, int]]]" = weakref.WeakKeyDictionary()
         # Set by scalify.torch.accumulation: None outside one, else the open micro-batch (BETWEEN_MICRO_BATCHES: none).
         self._micro_batch: Optional[int] = None
         self._core.save_state(self.quantizer_state)
@@ -224,11 +243,12 @@ class Linear(torch.nn.Module):
         mode = "inference" if not records else "training" if self.training else "frozen"
         micro_batch = self._micro_batch_index() if mode == "training" else -1
         replay = None
-        if torch._C._current_graph_task_id() == -1:  # not inside a backward pass: a forward of its own
-            if records and torch._C._autograd._top_saved_tensors_default_hooks(False) is not None:
-                self._before_forward = self._before_forward[-_PENDING_REPLAYS + 1:] + [(self._core.snapshot(), micro_batch)]
-        elif records:  # activation checkpointing recomputing a forward (torch.utils.checkpoint)
-            replay = self._before_forward.pop() if self._before_forward else None
+        frame = _checkpoint_frame() if records else None
+        if frame is not None and torch._C._current_graph_task_id() == -1:  # a checkpointed region's first pass
+            self._before_forward.setdefault(frame, []).append((self._core.snapshot(), micro_batch))
+        elif frame is not None:  # its recomputation during backward: this layer's forwards in the same order
+            pending = self._before_forward.get(frame)
+            replay = pending.pop(0) if pending else None
         y: torch.Tensor
         if isinstance(x, ScaledTensor) or isinstance(self.weight, ScaledTensor):  # SCALIFY's scaled tensors
             y = _ScaledQuantizedMatmul.apply(x.reshape(-1, self.in_features), self.weight, self, mode, micro_batch, replay)
@@ -273,13 +293,14 @@ class Linear(torch.nn.Module):
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         del state["_core"]
-        state["_before_forward"], state["_micro_batch"] = [], None  # forwards' and an accumulation's, not the layer's
+        state["_before_forward"], state["_micro_batch"] = None, None  # forwards' and an accumulation's, not the layer's
         state["_recipe"] = as_recipe(self._recipe).to_json()
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         state["_recipe"] = _scalify.Recipe.from_json(state["_recipe"]).linear
         self.__dict__.update(state)
+        self._before_forward = weakref.WeakKeyDictionary()
         self._core = _scalify.QuantizedLinear(self._recipe, self._name)
         self._core.load_state(self.quantizer_state.contiguous())
 
