@@ -156,11 +156,11 @@ class Linear(torch.nn.Module):
     inside (the recipe sets this layer's precision); ``torch.compile`` runs it as a graph break.
     Activation checkpointing (``torch.utils.checkpoint``, transformers'
     ``gradient_checkpointing_enable()``) gives the gradients and quantiser state of a run without
-    it: a forward recomputed during backward repeats the layer's last forward's quantisation and
-    does not advance the quantisers (each forward of each region replays its own first pass, in
-    any number of regions and forwards before one backward). It saves this layer's memory only with ``use_reentrant=True``
-    (whose first forward records nothing); with ``use_reentrant=False`` the first forward's engine
-    graph, its quantised operands included, is kept until the backward."""
+    it: a forward recomputed during backward repeats its first pass's quantisation and does not
+    advance the quantisers (in any number of regions and forwards before one backward). It saves
+    this layer's memory only with ``use_reentrant=True`` (whose first forward records nothing);
+    with ``use_reentrant=False`` the first forward's engine graph, its quantised operands
+    included, is kept until the backward."""
 
     weight: torch.nn.Parameter
     bias: Optional[torch.nn.Parameter]
