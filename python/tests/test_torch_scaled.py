@@ -264,16 +264,18 @@ def test_in_place_ops_reach_their_tensor_and_its_views():
     torch.testing.assert_close(value64(grad), torch.tensor([1.0 + 2.0**-20], dtype=torch.float64), rtol=1e-3, atol=0)
 
 
-def test_amsgrad_adamw_runs_its_maximum_through_the_fallback_into_its_state():
+def test_amsgrad_adamw_writes_its_maximum_into_its_state():
+    # torch.maximum(..., out=max_exp_avg_sq): once a fallback that dropped its result (weights 5e6 off).
     w = unit(8, 4).float()
     plain, scaled_param = torch.nn.Parameter(w.clone()), torch.nn.Parameter(st.as_scaled(w.clone()))
     optimizers = [torch.optim.AdamW([p], lr=1e-2, amsgrad=True) for p in (plain, scaled_param)]
-    with pytest.warns(RuntimeWarning):  # aten.maximum.out: no rule
-        for step in range(3):
-            g = unit(8, 4).float() * 1e-3
-            plain.grad, scaled_param.grad = g.clone(), st.as_scaled(g.clone())
-            for o in optimizers:
-                o.step()
+    before = st.unhandled_ops()
+    for step in range(3):
+        g = unit(8, 4).float() * 1e-3
+        plain.grad, scaled_param.grad = g.clone(), st.as_scaled(g.clone())
+        for o in optimizers:
+            o.step()
+    assert st.unhandled_ops() == before  # aten.maximum.out: the maximum rule into out
     torch.testing.assert_close(value64(scaled_param).float(), plain.detach(), rtol=1e-5, atol=1e-6)
 
 
@@ -332,3 +334,34 @@ def test_foreach_adamw_is_the_for_loops():
         runs.append([(p.data_tensor.clone(), p.scale) for p in params])
     for (a, sa), (b, sb) in zip(*runs):
         assert sa == sb and torch.equal(a, b)
+
+
+def test_amsgrad_foreach_is_the_for_loop():
+    # aten._foreach_maximum_ has no single-tensor method (torch.Tensor.maximum_): it raised; the
+    # for-loop's torch.maximum(..., out=) reached the fallback.
+    w = unit(8, 4).float()
+    runs = []
+    for foreach in (False, True):
+        p = torch.nn.Parameter(st.as_scaled(w.clone(), torch.float16))
+        optimizer = torch.optim.AdamW([p], lr=1e-2, amsgrad=True, foreach=foreach)
+        before = st.unhandled_ops()
+        for step in range(3):
+            p.grad = st.as_scaled(torch.full_like(w, 1e-3) * (3 - step), torch.float16)
+            optimizer.step()
+        assert st.unhandled_ops() == before
+        runs.append((p.data_tensor.clone(), p.scale, value64(optimizer.state[p]["max_exp_avg_sq"])))
+    (a, sa, ma), (b, sb, mb) = runs
+    assert sa == sb and torch.equal(a, b) and torch.equal(ma, mb) and bool((ma > 0).all())
+
+
+def test_views_share_their_base_scale_and_data():
+    a = st.as_scaled(torch.ones(4) * 3, torch.float16)
+    v = a[:2]
+    a.mul_(1000.0)  # the base takes a new scale: the view sees data and scale
+    assert torch.equal(v.unscaled(), torch.full((2,), 3000.0))
+    b = st.as_scaled(torch.full((4,), 8.0), torch.float16)
+    b[:2].bernoulli_(1.0)  # a mask written into a view, at the base's scale
+    assert torch.equal(b.unscaled(), torch.tensor([1.0, 1.0, 8.0, 8.0]))
+    z = torch.zeros_like(b)  # ANY scale: the first write through a view gives the base its scale
+    z[2:] = b[2:]
+    assert torch.equal(z.unscaled(), torch.tensor([0.0, 0.0, 8.0, 8.0]))

@@ -12,7 +12,7 @@ import torch
 from torch.utils._pytree import tree_map
 
 from .._scalify import scaled as engine
-from ._scaled_tensor import FAMILY_RULES, FUNCTIONS, RULES, STORAGE_NAMES, Pair, ScaledTensor, fallback, pair, scaled
+from ._scaled_tensor import FAMILY_RULES, FUNCTIONS, OUT_RULE, RULES, STORAGE_NAMES, Pair, ScaledTensor, fallback, pair, scaled
 
 aten = torch.ops.aten
 
@@ -273,8 +273,10 @@ def _data_op(func: Any, *args: Any, **kwargs: Any) -> Any:
     aliases = any(r.alias_info is not None for r in func._schema.returns)  # a view: in-place writes must reach the base
 
     def wrapped(t: torch.Tensor) -> ScaledTensor:
-        w = ScaledTensor(t, scale)
-        w._scalify_view = aliases  # type: ignore[attr-defined]
+        if not aliases:
+            return ScaledTensor(t, scale)
+        w = ScaledTensor(t, scale, view_of=scaled_args[0])
+        w._scalify_view = True  # type: ignore[attr-defined]
         return w
 
     return tree_map(lambda t: wrapped(t) if isinstance(t, torch.Tensor) else t, out)
@@ -327,13 +329,14 @@ def _same_size(func: Any, x: Any, y: Any) -> bool:
 
 
 def assign(target: Any, value: Any, keep_scale: Optional[bool] = None) -> Any:
-    """target <- value, in target's storage. A parameter keeps its scale, as the engine's optimizer
+    """target <- value, written into target's data in place (its views, which share data and scale,
+    see the write) in target's storage. A parameter keeps its scale, as the engine's optimizer
     restores a parameter's scale after its update (a weight decay of 0.999 by the mul_scalar rule
     alone would halve the scale and double the data at every step), unless the value no longer
-    fits its storage at that scale; a view (a[:2], p.data) keeps it too, and is written in place
-    so that its base sees the write (a value that does not fit is refused). Any other target (a
-    gradient torch accumulates in place, an optimizer's moment) takes the value's scale, as the
-    engine's ops give it; so does a target of ANY scale (fresh zeros)."""
+    fits its storage at that scale; a view (a[:2], p.data) keeps it too, as the rest of its base
+    holds data at it (a value that does not fit is refused). Any other target (a gradient torch
+    accumulates in place, an optimizer's moment) takes the value's scale, as the engine's ops give
+    it; so does a target of ANY scale (zeros, which any scale represents, its base's included)."""
     if not isinstance(target, ScaledTensor):
         raise TypeError("scalify.torch: an in-place op on a plain tensor with a ScaledTensor operand would drop the scale; "
                         "make the target a ScaledTensor (scalify.torch.as_scaled)")
@@ -341,25 +344,22 @@ def assign(target: Any, value: Any, keep_scale: Optional[bool] = None) -> Any:
     if not isinstance(value, ScaledTensor):
         value = rescaled(value, storage)
     parameter = isinstance(target, torch.nn.Parameter)
-    view = getattr(target, "_scalify_view", False) and not parameter  # (a Parameter is made from a detached tensor)
-    if keep_scale is None:
-        keep_scale = parameter
-    if (keep_scale or view) and target._scale != 0.0:
+    view = target.is_view and not parameter  # (a Parameter is made from a detached tensor)
+    keep = (parameter if keep_scale is None else keep_scale) or view
+    if keep and target._scale != 0.0 and value._scale != target._scale:
         kept = value
-        if value._scale not in (0.0, target._scale):
+        if value._scale != 0.0:
             kept = scaled(engine.set_scaling((value._data.to(torch.float32).contiguous(), value._scale), target._scale))
         finite = torch.isfinite(kept._data)
         if bool((kept._data[finite].abs() <= torch.finfo(storage).max).all()):
-            target._data.copy_(_in_storage(kept, storage)._data)
-            return target
-        if view:
+            value = kept
+        elif view:
             raise ValueError(f"scalify.torch: an in-place result does not fit {storage} at the scale {target._scale} of the "
                              "tensor this is a view of; write the whole tensor instead")
-    elif view:
-        raise ValueError("scalify.torch: an in-place op on a view of a tensor of ANY scale (zeros) would need a scale for the "
-                         "whole tensor; write the whole tensor instead")
     value = _in_storage(value, storage)
-    target._data, target._scale = value._data, value._scale
+    target._data.copy_(value._data)
+    if value._scale != 0.0 or target._scale == 0.0:  # ANY data (zeros, +-inf) holds at the target's scale
+        target._scale = value._scale
     return target
 
 
@@ -414,8 +414,6 @@ def _lerp_(func: Any, x: Any, end: Any, weight: Any) -> Any:
 @rule(aten.copy_.default)
 def _copy_(func: Any, x: Any, src: Any, non_blocking: bool = False) -> Any:
     """the source's data and scale, in the target's storage."""
-    if isinstance(src, ScaledTensor):  # its own data: a later in-place write into x must not reach src
-        src = ScaledTensor(src._data.clone(), src._scale)
     return assign(x, src if isinstance(src, ScaledTensor) else src.detach(), keep_scale=False)
 
 
@@ -613,10 +611,8 @@ FUNCTIONS[torch.nn.functional.cross_entropy] = _cross_entropy
 
 @rule(aten.bernoulli_.float)
 def _bernoulli_(func: Any, x: Any, p: float = 0.5, *, generator: Any = None) -> Any:
-    """a 0/1 mask, scale 1."""
-    x._data.bernoulli_(p, generator=generator)
-    x._scale = 1.0
-    return x
+    """a 0/1 mask, scale 1 (written as any in-place result)."""
+    return assign(x, ScaledTensor(torch.empty_like(x._data).bernoulli_(p, generator=generator), 1.0), keep_scale=False)
 
 
 @rule(aten.native_dropout.default)
@@ -639,7 +635,12 @@ def _native_dropout_backward(func: Any, g: Any, keep: torch.Tensor, scale: float
 def _foreach(func: Any, *args: Any, **kwargs: Any) -> Any:
     """each element through the op's single-tensor form (torch.Tensor.<op>), with its rule."""
     name = func.overloadpacket.__name__[len("_foreach_"):]
-    single = getattr(torch.Tensor, name, None) or getattr(torch, name)
+    single = getattr(torch.Tensor, name, None)
+    if single is None and name.endswith("_"):  # an in-place op torch has only out of place (maximum_): the result assigned
+        out_of_place = getattr(torch, name[:-1])
+        single = lambda x, *a, **k: assign(x, out_of_place(x, *a, **k))  # noqa: E731
+    elif single is None:
+        single = getattr(torch, name)
     if name.rstrip("_") in ("addcmul", "addcdiv") and len(args) == 4:  # the list form's value is keyword-only alone
         value = args[3]
         kwargs = {**kwargs, "value": value.tolist() if isinstance(value, torch.Tensor) else value}
@@ -653,6 +654,15 @@ def _foreach(func: Any, *args: Any, **kwargs: Any) -> Any:
 FAMILY_RULES["_foreach_"] = _foreach
 
 
+def _out_variant(func: Any, *args: Any, out: Any, **kwargs: Any) -> Any:
+    """the default overload's rule, its result assigned to out."""
+    default = func.overloadpacket.default
+    return assign(out, RULES[default](default, *args, **kwargs))
+
+
+OUT_RULE.append(_out_variant)
+
+
 def rule_table() -> str:
     """The dispatch table as Markdown: each torch function and aten op ScaledTensor has a rule
     for, and the rule (docs/NUMERICS.md holds it; a test keeps the two equal)."""
@@ -661,6 +671,7 @@ def rule_table() -> str:
         lines.append(f"| `torch.nn.functional.{function.__name__}` | {(fn.__doc__ or '').splitlines()[0]} |")
     for prefix, fn in FAMILY_RULES.items():
         lines.append(f"| `aten.{prefix}*` | {(fn.__doc__ or '').splitlines()[0]} |")
+    lines.append(f"| an op's `.out` overload, when its default has a rule | {(_out_variant.__doc__ or '').splitlines()[0]} |")
     by_rule: Dict[Any, List[str]] = {}
     for op, fn in RULES.items():
         by_rule.setdefault(fn, []).append(str(op))

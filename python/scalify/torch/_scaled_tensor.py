@@ -6,7 +6,7 @@ from __future__ import annotations
 import collections
 import math
 import warnings
-from typing import Any, Callable, Dict, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
 from torch.utils._pytree import tree_map
@@ -24,6 +24,8 @@ STORAGE_NAMES = {torch.float16: "f16", torch.bfloat16: "bf16", torch.float32: "f
 RULES: Dict[Any, Rule] = {}
 # aten op families by name prefix ("_foreach_") -> the rule for every op of the family.
 FAMILY_RULES: Dict[str, Rule] = {}
+# An op's out= overload (torch.maximum(a, b, out=c)) when its default overload has a rule.
+OUT_RULE: List[Rule] = []
 # torch functions ScaledTensor takes before they reach aten (a fused op the engine has whole, or one
 # whose aten form has no scaled counterpart): function -> rule returning NotImplemented to decline.
 FUNCTIONS: Dict[Any, Rule] = {}
@@ -42,10 +44,13 @@ class ScaledTensor(torch.Tensor):
     once (``scalify.torch.unhandled_ops()``); in-place ones write their result back."""
 
     _data: torch.Tensor
-    _scale: float
+    # The scale, in a cell that every view of the same data shares (a[:2], x.detach(), p.data): one
+    # scale for one storage, whichever of them changes it.
+    _scale_cell: List[float]
 
     @staticmethod
-    def __new__(cls, data: torch.Tensor, scale: float, *, requires_grad: bool = False) -> "ScaledTensor":
+    def __new__(cls, data: torch.Tensor, scale: float, *, requires_grad: bool = False,
+                view_of: Optional["ScaledTensor"] = None) -> "ScaledTensor":
         if not isinstance(data, torch.Tensor) or isinstance(data, ScaledTensor):
             raise TypeError(f"ScaledTensor: data must be a plain torch.Tensor, not {type(data).__name__}")
         if data.dtype not in STORAGE_NAMES:
@@ -59,8 +64,23 @@ class ScaledTensor(torch.Tensor):
         t = torch.Tensor._make_wrapper_subclass(
             cls, data.shape, strides=data.stride(), storage_offset=data.storage_offset(), dtype=data.dtype,
             device=data.device, requires_grad=requires_grad)
-        t._data, t._scale = data, scale
+        t._data = data
+        t._scale_cell = view_of._scale_cell if view_of is not None else [scale]
+        t._scale_cell[0] = scale
         return t
+
+    @property
+    def _scale(self) -> float:
+        return self._scale_cell[0]
+
+    @_scale.setter
+    def _scale(self, scale: float) -> None:
+        self._scale_cell[0] = scale
+
+    @property
+    def is_view(self) -> bool:
+        """Whether its data is a view of another ScaledTensor's (they share one scale)."""
+        return bool(getattr(self, "_scalify_view", False))
 
     @property
     def data_tensor(self) -> torch.Tensor:
@@ -111,6 +131,8 @@ class ScaledTensor(torch.Tensor):
         if rule is None:
             name = func.overloadpacket.__name__
             rule = next((r for prefix, r in FAMILY_RULES.items() if name.startswith(prefix)), None)
+        if rule is None and func._overloadname == "out" and RULES.get(getattr(func.overloadpacket, "default", None)):
+            rule = OUT_RULE[0]
         if rule is None:
             return fallback(func, args, kwargs)
         return rule(func, *args, **kwargs)

@@ -57,7 +57,8 @@ def _rescale_state(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> 
             with torch.no_grad():
                 for t in [p] + [v for v in state.values() if isinstance(v, ScaledTensor) and v.shape == p.shape]:
                     data, scale = engine.dynamic_rescale(pair(t))
-                    t._data, t._scale = data, scale  # the value kept: a power of two moved between data and scale
+                    t._data.copy_(data)  # the value kept: a power of two moved between data and scale
+                    t._scale = scale
 
 
 _state_hook: Any = None
