@@ -145,6 +145,9 @@ TEST(Tensor, ShapeErrorsNameTheOpAndBothShapes) {
   EXPECT_NE(error_of([&] { a.slice(1, 2, 1); }), "(no error)");
   EXPECT_NE(error_of([&] { a.permute({0, 0}); }), "(no error)");
   EXPECT_NE(error_of([&] { ops::sum(a, {2}); }), "(no error)");
+  for (int i = 0; i <= int(ops::Unary::square); ++i) EXPECT_EQ(int(ops::parse_unary(ops::unary_name(ops::Unary(i)))), i);
+  m = error_of([&] { ops::parse_unary("gelu"); });
+  EXPECT_NE(m.find("unary: unknown op 'gelu' (neg, exp"), std::string::npos) << m;
   m = error_of([&] { ops::sum(a, {1, -1}); });  // summed once, as if named once
   EXPECT_NE(m.find("dimension 1 is named more than once"), std::string::npos) << m;
 }

@@ -48,13 +48,6 @@ nb::tuple grad_pair(ScaledTensor g, DType storage, const std::string& op) {
   return pair_of(g);
 }
 
-ops::Unary unary_named(const std::string& name) {
-  for (int i = 0; i <= int(ops::Unary::square); ++i)
-    if (name == ops::unary_name(ops::Unary(i))) return ops::Unary(i);
-  throw Error("unary_backward: unknown op '" + name +
-              "' (neg, exp, log, sqrt, rsqrt, abs, relu, gelu_tanh, gelu_erf, silu, sigmoid, tanh or square)");
-}
-
 Tensor int64_ids(nb::handle ids, const char* what) {
   const Tensor t = borrowed_tensor(ids, what);
   if (t.dtype() != DType::i64) throw nb::type_error((std::string(what) + ": needs an int64 tensor").c_str());
@@ -166,7 +159,7 @@ void bind_scaled_grads(nb::module_& m) {
         if (!like.data.defined()) throw nb::value_error("unary_backward: needs x or y");
         if (g.shape() != like.shape() || (x.data.defined() && y.data.defined() && x.shape() != y.shape()))
           throw nb::value_error("unary_backward: grad, x and y must have one shape");
-        return grad_pair(scaled::unary_backward(unary_named(op), x, y, g, kernel_store_as(like.data.dtype())), like.data.dtype(), op);
+        return grad_pair(scaled::unary_backward(ops::parse_unary(op), x, y, g, kernel_store_as(like.data.dtype())), like.data.dtype(), op);
       },
       "op"_a, "x"_a.none(), "y"_a.none(), "grad"_a,
       nb::sig("def unary_backward(op: str, x: " PAIR " | None, y: " PAIR " | None, grad: " PAIR ") -> " PAIR),

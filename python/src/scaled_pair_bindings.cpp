@@ -110,24 +110,6 @@ nb::tuple finished(ScaledTensor y, const std::vector<const ScaledTensor*>& input
   return pair_of(y);
 }
 
-ops::Unary unary_op(const std::string& name) {
-  static const std::vector<std::pair<std::string, ops::Unary>> names = {{"exp", ops::Unary::exp},
-                                                                        {"log", ops::Unary::log},
-                                                                        {"sqrt", ops::Unary::sqrt},
-                                                                        {"rsqrt", ops::Unary::rsqrt},
-                                                                        {"abs", ops::Unary::abs},
-                                                                        {"relu", ops::Unary::relu},
-                                                                        {"gelu_tanh", ops::Unary::gelu_tanh},
-                                                                        {"gelu_erf", ops::Unary::gelu_erf},
-                                                                        {"silu", ops::Unary::silu},
-                                                                        {"sigmoid", ops::Unary::sigmoid},
-                                                                        {"tanh", ops::Unary::tanh},
-                                                                        {"neg", ops::Unary::neg}};
-  for (const auto& [n, op] : names)
-    if (n == name) return op;
-  throw Error("scaled.unary: unknown op '" + name + "'");
-}
-
 }  // namespace
 
 #define PAIR "tuple[typing.Any, float | None]"
@@ -164,7 +146,7 @@ void bind_scaled_pairs(nb::module_& parent) {
       "unary",
       [](const std::string& op, nb::handle xp) {
         const ScaledTensor x = scaled_pair(xp, op.c_str());
-        return finished(scaled::unary(unary_op(op), x), {&x}, op);
+        return finished(scaled::unary(ops::parse_unary(op), x), {&x}, op);
       },
       "op"_a, "x"_a, nb::sig("def unary(op: str, x: " PAIR ") -> " PAIR),
       "exp, log, sqrt, rsqrt, abs, relu, gelu_tanh, gelu_erf, silu, sigmoid, tanh or neg of a pair");

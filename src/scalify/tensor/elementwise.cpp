@@ -6,6 +6,7 @@
 #include <iterator>
 #include <limits>
 #include <optional>
+#include <string>
 #include <type_traits>
 
 #include "scalify/error.hpp"
@@ -100,6 +101,15 @@ const char* unary_name(Unary op) {
                                           "gelu_tanh", "gelu_erf", "silu", "sigmoid", "tanh",  "square"};
   static_assert(std::size(names) == size_t(Unary::square) + 1, "a name for every Unary op, in the enum's order");
   return names[static_cast<int>(op)];
+}
+
+Unary parse_unary(std::string_view name) {
+  std::string known;
+  for (int i = 0; i <= int(Unary::square); ++i) {
+    if (name == unary_name(Unary(i))) return Unary(i);
+    known += (i ? ", " : "") + std::string(unary_name(Unary(i)));
+  }
+  throw Error("unary: unknown op '" + std::string(name) + "' (" + known + ")");
 }
 
 namespace {

@@ -1,4 +1,5 @@
 #pragma once
+#include <string_view>
 // Tensor operations (no autograd): the kernels every model runs on. Inputs of any dtype and
 // layout; compute in f64 when any input is f64, else in f32; outputs are f64 or f32. Kernels with
 // a `store_as` parameter write an f32 result straight into f16 or bf16 storage when asked
@@ -36,6 +37,7 @@ Tensor unary(Unary op, const Tensor& x, double in_mul = 1.0, double out_mul = 1.
 bool derivative_uses_output(Unary op);
 Tensor unary_backward(Unary op, const Tensor& x_data, const Tensor& y, const Tensor& grad, double x_mul = 1.0, DType store_as = DType::f32);
 const char* unary_name(Unary op);
+Unary parse_unary(std::string_view name);  // the op unary_name names; scalify::Error listing the names otherwise
 
 // maximum/minimum: elementwise, NaN-propagating; max_picks_a / min_picks_a: 1 where that
 // extremum takes a (a >= b / a <= b, or a is NaN), else 0 (their gradients' routing).
