@@ -9,22 +9,17 @@ import torch
 
 from .._scalify import scaled as engine
 from ._scaled_rules import rescaled
-from ._scaled_tensor import STORAGE_NAMES, ScaledTensor, pair
+from ._scaled_tensor import STORAGE_DTYPES, STORAGE_NAMES, ScaledTensor, pair, scaled
 
 DTypeLike = Union[str, torch.dtype]
 
 
-def _storage_name(dtype: DTypeLike) -> str:
-    if isinstance(dtype, torch.dtype):
-        if dtype not in STORAGE_NAMES:
-            raise TypeError(f"scalify.torch: data is stored as float16, bfloat16, float32, float64 or float8, not {dtype}")
-        return STORAGE_NAMES[dtype]
-    return str(dtype)
-
-
-def _as_scaled_tensor(p: Any) -> ScaledTensor:
-    data, scale = p
-    return ScaledTensor(data, 1.0 if scale is None else scale)
+def _storage(dtype: DTypeLike) -> torch.dtype:
+    storage = STORAGE_DTYPES.get(dtype) if isinstance(dtype, str) else dtype
+    if storage not in STORAGE_NAMES:
+        raise TypeError(f"scalify.torch: data is stored as float16, bfloat16, float32, float64 or float8 "
+                        f"({', '.join(STORAGE_DTYPES)}), not {dtype}")
+    return storage
 
 
 def _plain_gradient(g: Any) -> Any:
@@ -33,8 +28,8 @@ def _plain_gradient(g: Any) -> Any:
 
 class _AsScaled(torch.autograd.Function):
     @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, storage: str) -> ScaledTensor:
-        return _as_scaled_tensor(engine.as_scaled(x.detach().to(torch.float32).contiguous(), storage))
+    def forward(ctx: Any, x: torch.Tensor, storage: torch.dtype) -> ScaledTensor:
+        return rescaled(x, storage)
 
     @staticmethod
     def backward(ctx: Any, g: Any) -> Any:
@@ -49,7 +44,7 @@ def as_scaled(x: torch.Tensor, dtype: DTypeLike = torch.float32) -> ScaledTensor
         return x
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"as_scaled: needs a torch.Tensor, not {type(x).__name__}")
-    out: ScaledTensor = _AsScaled.apply(x, _storage_name(dtype))
+    out: ScaledTensor = _AsScaled.apply(x, _storage(dtype))
     return out
 
 
@@ -60,12 +55,12 @@ class _Rescale(torch.autograd.Function):
     def forward(ctx: Any, x: Any, forward_op: Optional[Any], backward_op: Optional[Any]) -> Any:
         ctx.backward_op = backward_op
         x = as_scaled(x) if not isinstance(x, ScaledTensor) else x
-        return _as_scaled_tensor(forward_op(pair(x))) if forward_op else ScaledTensor(x._data, x._scale)
+        return scaled(forward_op(pair(x))) if forward_op else ScaledTensor(x._data, x._scale)
 
     @staticmethod
     def backward(ctx: Any, g: Any) -> Any:
         if ctx.backward_op is not None:
-            g = _as_scaled_tensor(ctx.backward_op(pair(g if isinstance(g, ScaledTensor) else rescaled(g, torch.float32))))
+            g = scaled(ctx.backward_op(pair(g if isinstance(g, ScaledTensor) else rescaled(g, torch.float32))))
         return g, None, None
 
 
@@ -93,11 +88,11 @@ def dynamic_rescale_grad(x: torch.Tensor, by: str = "l2") -> ScaledTensor:
 def cast_on_forward(x: torch.Tensor, dtype: DTypeLike) -> ScaledTensor:
     """The data rounded into ``dtype`` (nearest even, saturating), the scale kept; the gradient
     passes unchanged."""
-    name = _storage_name(dtype)
+    name = STORAGE_NAMES[_storage(dtype)]
     return _Rescale.apply(x, lambda p: engine.cast_data(p, name), None)  # type: ignore[no-any-return]
 
 
 def cast_on_backward(x: torch.Tensor, dtype: DTypeLike) -> ScaledTensor:
     """The identity on the forward pass; the gradient's data rounded into ``dtype``."""
-    name = _storage_name(dtype)
+    name = STORAGE_NAMES[_storage(dtype)]
     return _Rescale.apply(x, None, lambda p: engine.cast_data(p, name))  # type: ignore[no-any-return]

@@ -19,6 +19,7 @@ Rule = Callable[..., Any]
 # The data storages a ScaledTensor holds, by the engine's names for them.
 STORAGE_NAMES = {torch.float16: "f16", torch.bfloat16: "bf16", torch.float32: "f32", torch.float64: "f64",
                  torch.float8_e4m3fn: "e4m3", torch.float8_e5m2: "e5m2"}
+STORAGE_DTYPES = {name: dtype for dtype, name in STORAGE_NAMES.items()}
 
 # aten op (OpOverload, or its OpOverloadPacket for every overload) -> its rule (_scaled_rules.py).
 RULES: Dict[Any, Rule] = {}

@@ -13,7 +13,7 @@ from .._scalify import scaled as engine
 from ._convert import convert
 from ._recipe import RecipeLike, as_recipe
 from ._scaled_functions import as_scaled, cast_on_forward, dynamic_rescale_grad
-from ._scaled_tensor import STORAGE_NAMES, ScaledTensor, pair
+from ._scaled_tensor import STORAGE_DTYPES, ScaledTensor, pair
 
 
 class _CastAtUse(torch.nn.Module):
@@ -95,8 +95,7 @@ def scalify(model: torch.nn.Module, recipe: RecipeLike = "scalify_fp16_1") -> to
     if not r.scaled_state:
         raise ValueError(f"scalify: recipe {r.name!r} keeps no scaled state; SCALIFY's recipes are "
                          "scalify_fp16_1, scalify_fp16_2, scalify_fp8_3 and scalify_fp8_4")
-    storages = {name: dtype for dtype, name in STORAGE_NAMES.items()}
-    master, data, state = (storages[str(d)] for d in (r.master_weight, r.data_storage, r.optimizer_state))
+    master, data, state = (STORAGE_DTYPES[str(d)] for d in (r.master_weight, r.data_storage, r.optimizer_state))
     convert(model, r)  # the linear layers: the engine's own on scaled tensors (FP8 #3's e4m3 / e5m2 casts)
     made: Dict[int, torch.nn.Parameter] = {}  # a parameter shared by modules (a tied head) stays one
     for module in list(model.modules()):
