@@ -370,6 +370,7 @@ Tensor pow_scalar(const Tensor& x, double p) {
     Tensor out = Tensor::empty(x.shape(), dtype_for<T>());
     T* o = out.data<T>();
     const int64_t n = x.numel();
+#pragma omp parallel for if (n > kParallelGrain)
     for (int64_t i = 0; i < n; ++i) o[i] = std::pow(in[i], T(p));
     return out;
   });
