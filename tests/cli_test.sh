@@ -88,6 +88,8 @@ test -s "$out/cmp/runs/current/inspect/histograms.png" || { echo "inspect drew n
 test -s "$out/cmp/runs/current/inspect/scales.png" || { echo "inspect drew no scale history"; exit 1; }
 "$cli" quantize "$out/cmp/runs/f32" --out "$out/q.safetensors" | grep -q "wrote $out/q.safetensors: 4 linear weights in e4m3 (amax)"
 "$cli" eval "$out/q.safetensors" | grep -q "^validation loss: "
+"$cli" quantize "$out/cmp/runs/f32" --out "$out/q5.safetensors" --format e5m2 | grep -q "4 linear weights in e5m2 (amax)"
+"$cli" eval "$out/q5.safetensors" | grep -q "^validation loss: "
 "$cli" eval "$out/q.safetensors" --json | grep -Eq '^\{"val_loss": [0-9.e+-]+, "val_bpb": [0-9.e+-]+, "windows": [0-9]+\}$' \
   || { echo "eval --json is not one JSON object"; exit 1; }
 "$cli" quantize "$out/cmp/runs/f32" --sweep -2:2 | grep -q "^| fp8_cscale | 2 | "
@@ -106,8 +108,10 @@ expect_error "--sweep HI takes a whole number in [-64, 64], got '99999999999'" q
 expect_error "--sweep LO takes a whole number in [-64, 64], got ''" quantize "$out/cmp/runs/f32" --sweep :3
 expect_error "--bias takes a whole number in [-64, 64], got ''" quantize "$out/cmp/runs/f32" --out "$out/q2.safetensors" --method cscale --bias ""
 expect_error "--bias applies to --method cscale only" quantize "$out/cmp/runs/f32" --out "$out/q2.safetensors" --bias 3
-expect_error "it takes neither --method, --bias nor --weights-only" quantize "$out/cmp/runs/f32" --sweep 0:1 --method mx
-expect_error "it takes neither --method, --bias nor --weights-only" quantize "$out/cmp/runs/f32" --sweep 0:1 --weights-only
+expect_error "it takes neither --method, --format, --bias nor --weights-only" quantize "$out/cmp/runs/f32" --sweep 0:1 --method mx
+expect_error "it takes neither --method, --format, --bias nor --weights-only" quantize "$out/cmp/runs/f32" --sweep 0:1 --weights-only
+expect_error "--format takes e4m3 or e5m2, got 'e3m4'" quantize "$out/cmp/runs/f32" --out "$out/q4.safetensors" --format e3m4
+expect_error "the element format e5m2 applies to amax and cscale only" quantize "$out/cmp/runs/f32" --out "$out/q4.safetensors" --method mx --format e5m2
 expect_error "unknown quantisation method 'nvfp8' (valid: amax, cscale, mx, nvfp4, mxfp4)" quantize "$out/cmp/runs/f32" --out "$out/q3.safetensors" --method nvfp8
 expect_error "which this command reads or the run owns" quantize "$out/cmp/runs/f32" --out "$out/cmp/runs/f32/checkpoint.safetensors"
 # ... nor any other file of the run folder.

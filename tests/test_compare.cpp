@@ -195,7 +195,7 @@ TEST(Compare, WritesTheReportAndReportsADivergingRecipeWhileTheOthersComplete) {
   for (const char* s : {"| recipe | status |", "| overflow | diverged |", "- Verdicts (the 95 % interval", " ± ",
                         "**Diverged**: overflow (skipped 12 of 12", "cpu:", "State B/param", "## Numerics",
                         "[histograms](runs/current/inspect/histograms.png)", "[scales](runs/current/inspect/scales.png)", "| fp8_amax | ",
-                        "| fp8_cscale | 12 | ", "FP8-CSCALE is within 1% of f32"})
+                        "| fp8_cscale | 12 | ", "FP8-CSCALE (e4m3) is within 1% of f32"})
     EXPECT_NE(md.find(s), std::string::npos) << s;
   EXPECT_EQ(md.find("[histograms](runs/overflow/"), std::string::npos) << "a diverged recipe has no final model to inspect";
   ASSERT_EQ(rep.plot_error, "") << "gnuplot is part of scripts/setup.sh";

@@ -42,7 +42,7 @@ const train::TrainConfig& trained_f32() {
 
 const train::PtqSweepRow& row(const std::vector<train::PtqSweepRow>& rows, const std::string& method, int bias = 0) {
   for (const auto& r : rows)
-    if (r.method == method && (method != "fp8_cscale" || r.bias == bias)) return r;
+    if (r.method == method && (!method.starts_with("fp8_cscale") || r.bias == bias)) return r;
   throw std::runtime_error("no row " + method);
 }
 
@@ -62,7 +62,7 @@ TEST(Ptq, AmaxAndMxKeepParityAndCscaleOnlyInsideABoundedBand) {
   EXPECT_GT(row(rows, "fp8_cscale", 16).relative, 0.1) << "far above it the activations clip";
 }
 
-TEST(Ptq, QuantisedCheckpointHoldsE4m3CodesAndEvaluatesAsTheSweep) {
+TEST(Ptq, QuantisedCheckpointHoldsFp8CodesAndEvaluatesAsTheSweep) {
   const std::string src = trained_f32().out;
   const std::vector<train::PtqSweepRow> rows = train::ptq_sweep(src, 2, 2);
   const fs::path dir = scratch("ptq_files");
@@ -71,15 +71,17 @@ TEST(Ptq, QuantisedCheckpointHoldsE4m3CodesAndEvaluatesAsTheSweep) {
     train::PtqOptions o;
     std::string row;
   };
-  for (const Case& k : {Case{{train::PtqMethod::amax, 0}, "fp8_amax"}, Case{{train::PtqMethod::mx, 0}, "mxfp8"},
-                        Case{{train::PtqMethod::cscale, 2}, "fp8_cscale"}}) {
+  for (const Case& k :
+       {Case{{train::PtqMethod::amax, 0}, "fp8_amax"}, Case{{train::PtqMethod::mx, 0}, "mxfp8"},
+        Case{{train::PtqMethod::cscale, 2}, "fp8_cscale"}, Case{{train::PtqMethod::amax, 0, true, Format::e5m2}, "fp8_amax_e5m2"},
+        Case{{train::PtqMethod::cscale, 2, true, Format::e5m2}, "fp8_cscale_e5m2"}}) {
     const std::string file = (dir / (k.row + ".safetensors")).string();
     const std::vector<train::PtqWeight> w = train::quantize_checkpoint(src, file, k.o);
     EXPECT_EQ(w.size(), size_t(4 * trained_f32().model.layers));
     const io::SafeTensors st = io::read_safetensors(file);
     EXPECT_TRUE(train::is_quantized_checkpoint(st));
     const Tensor& codes = st.at("param.h0.attn.qkv.w");
-    EXPECT_EQ(codes.dtype(), DType::e4m3);
+    EXPECT_EQ(codes.dtype(), dtype_of(k.o.element));
     EXPECT_EQ(st.at("param.h0.attn.qkv.w.scale").dtype(), k.o.method == train::PtqMethod::mx ? DType::e8m0 : DType::f32);
     EXPECT_EQ(st.at("param.wte").dtype(), DType::f32) << "embeddings stay f32";
     if (k.o.method == train::PtqMethod::cscale) {
@@ -87,21 +89,23 @@ TEST(Ptq, QuantisedCheckpointHoldsE4m3CodesAndEvaluatesAsTheSweep) {
     }
     if (k.o.method == train::PtqMethod::amax) {
       // Checked without the quantiser: the bias from the source weight's amax (seed 003:
-      // b = floor(log2(448 / amax))) and every code the e4m3 value nearest to w 2^b, found by
-      // searching all 256 codes (the decoder is checked against testvectors/ elsewhere).
+      // b = floor(log2(max / amax)), max 448 for e4m3, 57344 for e5m2) and every code the value
+      // nearest to w 2^b, found by searching all 256 codes (the decoder is checked against
+      // testvectors/ elsewhere).
       const Tensor source = io::read_safetensors(src + "/model.safetensors").at("param.h0.attn.qkv.w");
       const std::vector<float> wv = source.to_floats();
       float amax = 0;
       for (float v : wv) amax = std::max(amax, std::fabs(v));
-      const int b = int(std::floor(std::log2(448.0 / amax)));
+      const Format f = k.o.element;
+      const int b = int(std::floor(std::log2((f == Format::e4m3 ? 448.0 : 57344.0) / amax)));
       EXPECT_EQ(st.at("param.h0.attn.qkv.w.scale").item(), std::ldexp(1.0, -b));
       const std::vector<uint8_t> code_bytes(reinterpret_cast<const uint8_t*>(codes.raw_bytes()),
                                             reinterpret_cast<const uint8_t*>(codes.raw_bytes()) + codes.numel());
       for (size_t i = 0; i < wv.size(); ++i) {
-        const double x = std::ldexp(double(wv[i]), b), got = decode(Format::e4m3, code_bytes[i]);
+        const double x = std::ldexp(double(wv[i]), b), got = decode(f, code_bytes[i]);
         double best = std::numeric_limits<double>::infinity();
         for (uint32_t c = 0; c < 256; ++c)
-          if (std::isfinite(decode(Format::e4m3, c))) best = std::min(best, std::fabs(decode(Format::e4m3, c) - x));
+          if (std::isfinite(decode(f, c))) best = std::min(best, std::fabs(decode(f, c) - x));
         ASSERT_EQ(std::fabs(got - x), best) << "element " << i;
       }
     }

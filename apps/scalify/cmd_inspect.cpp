@@ -84,10 +84,18 @@ void run_inspect(const std::string& target, std::string out, const std::string& 
 }
 
 struct QuantizeArgs {
-  std::string checkpoint, model, out, method = "amax", sweep, data, bias = "0";
+  std::string checkpoint, model, out, method = "amax", sweep, data, bias = "0", format = "e4m3";
   int64_t context = 0, windows = 0;
   bool weights_only = false;
 };
+
+// What --method, --bias, --format and --weights-only ask for.
+train::PtqOptions ptq_options(const QuantizeArgs& a) {
+  train::PtqOptions o{train::parse_ptq_method(a.method), parse_int_in("--bias", a.bias, -64, 64), !a.weights_only};
+  if (a.format != "e4m3" && a.format != "e5m2") throw Error("quantize: --format takes e4m3 or e5m2, got '" + a.format + "'");
+  o.element = a.format == "e5m2" ? Format::e5m2 : Format::e4m3;
+  return o;
+}
 
 // LO:HI of --sweep.
 std::pair<int, int> sweep_range(const std::string& sweep) {
@@ -100,12 +108,12 @@ std::pair<int, int> sweep_range(const std::string& sweep) {
 }
 
 // quantize --model DIR --data FILE: one method's loss against f32, or with --sweep seed 003's study.
-void quantize_pretrained(const QuantizeArgs& a, bool method_given, bool bias_given, bool sweep) {
+void quantize_pretrained(const QuantizeArgs& a, bool method_given, bool bias_given, bool format_given, bool sweep) {
   if (a.data.empty()) throw Error("quantize: --model needs --data FILE (text or an llm.c token file)");
   if (a.context < 0 || a.windows < 0) throw Error("quantize: --context and --windows must be >= 0");
-  if (sweep && (bias_given || a.weights_only || method_given))
-    throw Error("quantize: --sweep runs every method and bias; it takes neither --method, --bias nor --weights-only");
-  const train::PtqOptions o{train::parse_ptq_method(a.method), parse_int_in("--bias", a.bias, -64, 64), !a.weights_only};
+  if (sweep && (bias_given || a.weights_only || method_given || format_given))
+    throw Error("quantize: --sweep runs every method, format and bias; it takes neither --method, --format, --bias nor --weights-only");
+  const train::PtqOptions o = ptq_options(a);
   if (bias_given && o.method != train::PtqMethod::cscale) throw Error("quantize: --bias applies to --method cscale only");
   const auto range = sweep ? sweep_range(a.sweep) : std::pair{o.bias, o.bias};
   if (!sweep && !a.out.empty()) throw Error("quantize: with --model, --out names the folder of a --sweep report");
@@ -175,15 +183,18 @@ void add_inspect_commands(CLI::App& app) {
                                "amax (per-tensor bias from amax), cscale (one constant bias), mx (MXFP8), nvfp4, mxfp4; default amax");
   auto* weights_only = q->add_flag("--weights-only", qa->weights_only, "quantise the weights only; the activations stay f32");
   auto* bias = q->add_option("--bias", qa->bias, "cscale: the scaling bias b in [-64, 64] (values are cast as x * 2^b); default 0");
+  auto* format = q->add_option("--format", qa->format, "amax and cscale: the FP8 element format, e4m3 (default) or e5m2");
   auto* sweep = q->add_option("--sweep", qa->sweep,
-                              "LO:HI: validation loss of f32, FP8-AMAX, MXFP8, NVFP4, MXFP4 and FP8-CSCALE for every bias in [LO, HI]");
+                              "LO:HI: validation loss of f32, FP8-AMAX (e4m3, e5m2), MXFP8, NVFP4, MXFP4 and FP8-CSCALE (e4m3, e5m2) for "
+                              "every bias in [LO, HI]");
   q->add_option("--data", qa->data, "--sweep: corpus (default: the run's); with --model: a text or llm.c token file (required)");
-  q->callback([qa, method, bias, sweep, weights_only] {
-    if (!qa->model.empty()) return quantize_pretrained(*qa, method->count() > 0, bias->count() > 0, sweep->count() > 0);
+  q->callback([qa, method, bias, format, sweep, weights_only] {
+    if (!qa->model.empty())
+      return quantize_pretrained(*qa, method->count() > 0, bias->count() > 0, format->count() > 0, sweep->count() > 0);
     if (qa->checkpoint.empty()) throw Error("quantize: give a checkpoint or --model DIR");
     if (sweep->count() == 0) {
       if (qa->out.empty()) throw Error("quantize: --out FILE.safetensors is required");
-      train::PtqOptions o{train::parse_ptq_method(qa->method), parse_int_in("--bias", qa->bias, -64, 64), !qa->weights_only};
+      const train::PtqOptions o = ptq_options(*qa);
       if (bias->count() > 0 && o.method != train::PtqMethod::cscale) throw Error("quantize: --bias applies to --method cscale only");
       if (!qa->data.empty()) throw Error("quantize: --data applies to --sweep only (eval takes --data for the quantised file)");
       const std::vector<train::PtqWeight> w = train::quantize_checkpoint(qa->checkpoint, qa->out, o);
@@ -194,17 +205,17 @@ void add_inspect_commands(CLI::App& app) {
       }
       const bool fp4 = o.method == train::PtqMethod::nvfp4 || o.method == train::PtqMethod::mxfp4;
       std::printf("wrote %s: %zu linear weights in %s (%s%s%s); largest underflow %.3f%%, largest clipped %.3f%%\n", qa->out.c_str(),
-                  w.size(), fp4 ? "e2m1" : "e4m3", qa->method.c_str(),
+                  w.size(), fp4 ? "e2m1" : std::string(format_name(o.element)).c_str(), qa->method.c_str(),
                   o.method == train::PtqMethod::cscale ? (", bias " + std::to_string(o.bias)).c_str() : "",
                   o.activations ? "" : ", weights only", 100 * worst_under, 100 * worst_clip);
       return;
     }
-    if (bias->count() + method->count() + weights_only->count() > 0)
-      throw Error("quantize: --sweep runs every method and bias; it takes neither --method, --bias nor --weights-only");
+    if (bias->count() + method->count() + weights_only->count() + format->count() > 0)
+      throw Error("quantize: --sweep runs every method, format and bias; it takes neither --method, --format, --bias nor --weights-only");
     const auto [lo, hi] = sweep_range(qa->sweep);
     if (!qa->out.empty()) check_out_folder(qa->out);
     auto print = status_printer();
-    print("sweeping " + std::to_string(hi - lo + 8) + " evaluations...");
+    print("sweeping " + std::to_string(train::ptq_sweep_evaluations(lo, hi)) + " evaluations...");
     const std::vector<train::PtqSweepRow> rows = train::ptq_sweep(qa->checkpoint, lo, hi, qa->data);
     std::fprintf(stderr, "\n");
     const std::string md = train::ptq_sweep_markdown(rows);

@@ -69,7 +69,7 @@ std::vector<LayerScalingBias> amax_biases(const Pretrained& p, const std::map<st
 PretrainedPtq pretrained_ptq(const Pretrained& p, const std::vector<int32_t>& tokens, int64_t context, size_t max_windows, int lo, int hi,
                              const std::function<void(size_t, size_t)>& progress) {
   const std::map<std::string, Tensor> f32 = parameter_values(*p.session);
-  const size_t total = size_t(hi - lo + 1) + 8;  // f32, AMAX, MXFP8, four FP4 rows, the biases' pass
+  const size_t total = ptq_sweep_evaluations(lo, hi) + 1;  // and the biases' pass
   size_t done = 0;
   PretrainedPtq study;
   study.rows = ptq_sweep(f32, ptq_weights(p.session->model), lo, hi, [&](const quant::Recipe& r, const std::map<std::string, Tensor>& v) {
@@ -120,7 +120,7 @@ std::string write_pretrained_ptq(const std::string& dir, const PretrainedPtq& st
      << "set output " << report::gnuplot_quote((d / "scaling_biases.png").string()) << "\n"
      << "set multiplot layout 1,2 title 'FP8-AMAX scaling bias b (x * 2^b is cast to e4m3) by decoder layer'\n"
      << "set xlabel 'decoder layer'\nset ylabel 'scaling bias'\nset grid\nset key outside bottom center horizontal\n"
-     << "set xtics 1\nset offsets 0.3, 0.3, 1, 1\n";
+     << "set xtics " << (study.biases.size() > 4 * 16 ? 5 : 1) << "\nset offsets 0.3, 0.3, 1, 1\n";  // a tic per layer up to 16
   // Both panels on one y range, so weights and activations compare at a glance.
   int lo = 0, hi = 0;
   for (const LayerScalingBias& b : study.biases) {

@@ -43,19 +43,26 @@ namespace {
 
 constexpr int kPtqVersion = 2;  // 2: with checksums (io/safetensors.hpp); 1 (before them) still loads
 
-// The element format of a method's weights, and its block length along the reduction (0: none).
-Format element_of(PtqMethod m) { return m == PtqMethod::nvfp4 || m == PtqMethod::mxfp4 ? Format::e2m1 : Format::e4m3; }
+// The element format of a quantisation's weights, and its block length along the reduction (0: none).
+Format element_of(const PtqOptions& o) {
+  return o.method == PtqMethod::nvfp4 || o.method == PtqMethod::mxfp4 ? Format::e2m1 : o.method == PtqMethod::mx ? Format::e4m3 : o.element;
+}
 int64_t block_of(PtqMethod m) { return m == PtqMethod::nvfp4 ? 16 : m == PtqMethod::mx || m == PtqMethod::mxfp4 ? 32 : 0; }
 
 void check(const PtqOptions& o) {
   if (o.bias < -64 || o.bias > 64) throw Error("quantize: the scaling bias must be in [-64, 64], got " + std::to_string(o.bias));
+  const bool per_tensor = o.method == PtqMethod::amax || o.method == PtqMethod::cscale;
+  if (per_tensor ? o.element != Format::e4m3 && o.element != Format::e5m2 : o.element != Format::e4m3)
+    throw Error("quantize: the element format " + std::string(format_name(o.element)) +
+                (per_tensor ? std::string(" is neither e4m3 nor e5m2")
+                            : " applies to amax and cscale only; " + std::string(ptq_method_name(o.method)) + " has its own"));
 }
 
 // How one role is quantised: weights once (MX blocks down the columns, along the reduction
 // dimension K of x[rows, K] @ w[K, N]), activations at every batch (MX along their rows).
 quant::QuantizerConfig role(const PtqOptions& o, bool weight) {
   quant::QuantizerConfig c;
-  c.format = element_of(o.method);
+  c.format = element_of(o);
   c.margin = 0;
   switch (o.method) {
     case PtqMethod::amax: c.scaling = quant::Scaling::amax_bias; break;
@@ -177,7 +184,7 @@ std::vector<PtqWeight> quantize_checkpoint(const std::string& checkpoint, const 
     }
   }
   const json ptq = {
-      {"version", kPtqVersion}, {"method", ptq_method_name(o.method)}, {"element", std::string(format_name(element_of(o.method)))},
+      {"version", kPtqVersion}, {"method", ptq_method_name(o.method)}, {"element", std::string(format_name(element_of(o)))},
       {"bias", o.bias},         {"activations", o.activations},        {"source_step", checkpoint_step(src, checkpoint_file(checkpoint))}};
   st.metadata = {{"config", cfg.to_toml()}, {"scalify.ptq", ptq.dump()}};
   io::write_safetensors(out, st);
@@ -191,7 +198,7 @@ namespace {
 // E4M3 under its f32 tensor scale).
 template <class Bad>
 Tensor decode_weight(const Tensor& t, const io::SafeTensors& st, const std::string& key, const PtqOptions& o, Bad&& bad) {
-  const Format element = element_of(o.method);
+  const Format element = element_of(o);
   if (t.dtype() != dtype_of(element) || t.dim() != 2)
     throw bad("is neither f32 nor a 2-D " + std::string(format_name(element)) + " weight");
   if (!st.has(key + ".scale")) throw bad("has no scale");
@@ -250,8 +257,9 @@ EvalResult evaluate_quantized(const io::SafeTensors& st, const std::string& file
     if (version != 1 && version != kPtqVersion)
       throw Error("version " + io::json_excerpt(ptq.at("version")) + ", this build reads 1 and 2");
     o.method = parse_ptq_method(ptq.at("method").get<std::string>());
-    if (ptq.at("element").get<std::string>() != format_name(element_of(o.method)))
-      throw Error("element format " + io::json_excerpt(ptq.at("element")));
+    const std::string element = ptq.at("element").get<std::string>();
+    if (element == "e5m2") o.element = Format::e5m2;
+    if (element != format_name(element_of(o))) throw Error("element format " + io::json_excerpt(ptq.at("element")));
     o.bias = ptq.at("bias").get<int>();
     o.activations = !ptq.contains("activations") || ptq.at("activations").get<bool>();
     check(o);
@@ -284,6 +292,8 @@ std::vector<PtqSweepRow> ptq_sweep(const std::string& checkpoint, int lo, int hi
                    [&](const quant::Recipe& r, const std::map<std::string, Tensor>& v) { return evaluate_values(cfg, r, v, val); });
 }
 
+size_t ptq_sweep_evaluations(int lo, int hi) { return 8 + 2 * size_t(hi - lo + 1); }  // f32, two AMAX, MXFP8, four FP4, two CSCALE
+
 std::vector<PtqSweepRow> ptq_sweep(const std::map<std::string, Tensor>& f32, const std::vector<std::string>& w, int lo, int hi,
                                    const ModelEval& evaluate) {
   if (lo > hi) throw Error("ptq sweep: empty bias range [" + std::to_string(lo) + ", " + std::to_string(hi) + "]");
@@ -297,6 +307,7 @@ std::vector<PtqSweepRow> ptq_sweep(const std::map<std::string, Tensor>& f32, con
     rows.push_back({label, o.bias, e, (e.loss - rows[0].eval.loss) / rows[0].eval.loss, ""});
   };
   run("fp8_amax", {PtqMethod::amax, 0});
+  run("fp8_amax_e5m2", {PtqMethod::amax, 0, true, Format::e5m2});
   auto blocked = [&](const char* label, const PtqOptions& o) {
     const int64_t block = block_of(o.method);
     if (std::all_of(w.begin(), w.end(), [&](const std::string& n) { return f32.at(n).size(0) % block == 0; }))
@@ -310,13 +321,14 @@ std::vector<PtqSweepRow> ptq_sweep(const std::map<std::string, Tensor>& f32, con
   blocked("mxfp4", {PtqMethod::mxfp4, 0});
   blocked("mxfp4_weights", {PtqMethod::mxfp4, 0, false});
   for (int b = lo; b <= hi; ++b) run("fp8_cscale", {PtqMethod::cscale, b});
+  for (int b = lo; b <= hi; ++b) run("fp8_cscale_e5m2", {PtqMethod::cscale, b, true, Format::e5m2});
   return rows;
 }
 
-std::pair<int, int> cscale_band(const std::vector<PtqSweepRow>& rows, double tolerance) {
+std::pair<int, int> cscale_band(const std::vector<PtqSweepRow>& rows, double tolerance, const std::string& method) {
   std::vector<const PtqSweepRow*> c;
   for (const PtqSweepRow& r : rows)
-    if (r.method == "fp8_cscale") c.push_back(&r);
+    if (r.method == method) c.push_back(&r);
   auto ok = [&](size_t i) { return std::isfinite(c[i]->relative) && c[i]->relative <= tolerance; };
   size_t best = c.size();
   for (size_t i = 0; i < c.size(); ++i)
@@ -332,7 +344,7 @@ std::string ptq_sweep_markdown(const std::vector<PtqSweepRow>& rows, double tole
   std::ostringstream md;
   md << "| model | scaling bias | validation loss | vs f32 |\n|---|---:|---:|---:|\n";
   for (const PtqSweepRow& r : rows) {
-    md << "| " << r.method << " | " << (r.method == "fp8_cscale" ? std::to_string(r.bias) : "") << " | ";
+    md << "| " << r.method << " | " << (r.method.starts_with("fp8_cscale") ? std::to_string(r.bias) : "") << " | ";
     if (!std::isfinite(r.eval.loss)) {
       md << (r.not_run.empty() ? "not finite" : "n/a (" + r.not_run + ")") << " | |\n";
       continue;
@@ -341,19 +353,23 @@ std::string ptq_sweep_markdown(const std::vector<PtqSweepRow>& rows, double tole
     std::snprintf(cells, sizeof cells, "%.4f | %+.2f%% |\n", r.eval.loss, 100.0 * r.relative);
     md << cells;
   }
-  const auto [lo, hi] = cscale_band(rows, tolerance);
   char within[32];
   std::snprintf(within, sizeof within, "%g%%", 100 * tolerance);
-  md << "\nFP8-CSCALE is within " << within << " of f32 for biases ";
-  int first = 64, last = -64;  // the sweep's own range
-  for (const PtqSweepRow& r : rows)
-    if (r.method == "fp8_cscale") first = std::min(first, r.bias), last = std::max(last, r.bias);
-  if (lo > hi)
-    md << "none of the sweep.\n";
-  else if (lo == first || hi == last)
-    md << "[" << lo << ", " << hi << "], which reaches the end of the sweep: widen it to find where the band stops.\n";
-  else
-    md << "[" << lo << ", " << hi << "]: below, weights underflow; above, activations clip.\n";
+  for (const char* method : {"fp8_cscale", "fp8_cscale_e5m2"}) {
+    int first = 64, last = -64;  // the sweep's own range
+    for (const PtqSweepRow& r : rows)
+      if (r.method == method) first = std::min(first, r.bias), last = std::max(last, r.bias);
+    if (first > last) continue;  // a sweep without these rows
+    const auto [lo, hi] = cscale_band(rows, tolerance, method);
+    md << "\nFP8-CSCALE (" << (std::string(method).ends_with("e5m2") ? "e5m2" : "e4m3") << ") is within " << within
+       << " of f32 for biases ";
+    if (lo > hi)
+      md << "none of the sweep.\n";
+    else if (lo == first || hi == last)
+      md << "[" << lo << ", " << hi << "], which reaches the end of the sweep: widen it to find where the band stops.\n";
+    else
+      md << "[" << lo << ", " << hi << "]: below, weights underflow; above, activations clip.\n";
+  }
   return md.str();
 }
 

@@ -33,8 +33,9 @@ PtqMethod parse_ptq_method(const std::string& name);  // throws listing the vali
 
 struct PtqOptions {
   PtqMethod method = PtqMethod::amax;
-  int bias = 0;             // cscale: the scaling bias b (x * 2^b is cast); in [-64, 64]
-  bool activations = true;  // false: weights only, the activations stay f32
+  int bias = 0;                   // cscale: the scaling bias b (x * 2^b is cast); in [-64, 64]
+  bool activations = true;        // false: weights only, the activations stay f32
+  Format element = Format::e4m3;  // amax and cscale: e4m3 (seed 003's inference format) or e5m2
 };
 
 // What quantising one weight did.
@@ -53,18 +54,21 @@ bool is_quantized_checkpoint(const io::SafeTensors& st);
 // Validation loss of a quantised checkpoint (`file` names it in errors; data "": the run's corpus).
 EvalResult evaluate_quantized(const io::SafeTensors& st, const std::string& file, const std::string& data);
 
-// Seed 003 Table 3 on one model: the validation loss of the f32 checkpoint, its FP8-AMAX and
-// MXFP8 quantisations, its NVFP4 and MXFP4 ones (weights and activations, and weights only), each
-// NaN when a weight's reduction dimension is not a multiple of its block, and FP8-CSCALE with
-// every bias in [lo, hi], all in memory.
+// Seed 003 Table 3 on one model: the validation loss of the f32 checkpoint, its FP8-AMAX
+// quantisations to e4m3 and e5m2, its MXFP8 one, its NVFP4 and MXFP4 ones (weights and
+// activations, and weights only), each NaN when a weight's reduction dimension is not a multiple
+// of its block, and FP8-CSCALE with every bias in [lo, hi] to e4m3 and to e5m2, all in memory.
 struct PtqSweepRow {
-  std::string method;  // "f32", "fp8_amax", "mxfp8", "nvfp4", "nvfp4_weights", "mxfp4", "mxfp4_weights", "fp8_cscale"
-  int bias = 0;        // fp8_cscale only
+  std::string method;  // "f32", "fp8_amax", "fp8_amax_e5m2", "mxfp8", "nvfp4", "nvfp4_weights", "mxfp4", "mxfp4_weights",
+                       // "fp8_cscale", "fp8_cscale_e5m2"
+  int bias = 0;        // the fp8_cscale rows only
   EvalResult eval;
   double relative = 0;  // (loss - f32 loss) / f32 loss
   std::string not_run;  // why the row was not evaluated (its loss NaN), "" when it was
 };
 std::vector<PtqSweepRow> ptq_sweep(const std::string& checkpoint, int lo, int hi, const std::string& data = "");
+// How many evaluations a sweep over [lo, hi] runs.
+size_t ptq_sweep_evaluations(int lo, int hi);
 // The same on any model: its f32 parameter values, the names of the weights to quantise, and how
 // the model a recipe builds with given parameter values is evaluated (a pretrained model's on
 // its tokens: train/pretrained.hpp).
@@ -80,10 +84,12 @@ quant::Recipe ptq_inference_recipe(const PtqOptions& options);
 // each did is appended to `report` when given.
 std::map<std::string, Tensor> ptq_quantize_values(const std::map<std::string, Tensor>& f32, const std::vector<std::string>& weights,
                                                   const PtqOptions& options, std::vector<PtqWeight>* report = nullptr);
-// The contiguous range of CSCALE biases around the best one whose loss is within `tolerance`
-// (relative) of f32: {lo, hi}, or {1, 0} when none is.
-std::pair<int, int> cscale_band(const std::vector<PtqSweepRow>& rows, double tolerance);
-// The sweep as a Markdown table, and the band within `tolerance` (relative) of f32 in a sentence.
+// The contiguous range of CSCALE biases (the rows of `method`: "fp8_cscale" or "fp8_cscale_e5m2")
+// around the best one whose loss is within `tolerance` (relative) of f32: {lo, hi}, or {1, 0} when
+// none is.
+std::pair<int, int> cscale_band(const std::vector<PtqSweepRow>& rows, double tolerance, const std::string& method = "fp8_cscale");
+// The sweep as a Markdown table, and the band of each format within `tolerance` (relative) of f32
+// in a sentence.
 std::string ptq_sweep_markdown(const std::vector<PtqSweepRow>& rows, double tolerance = 0.01);
 
 }  // namespace scalify::train
