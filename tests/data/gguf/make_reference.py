@@ -11,8 +11,8 @@
       llama.cpp's converter writes it: llama.* metadata and q/k rows permuted as
       convert_hf_to_gguf.py's LlamaModel.permute does; BF16 tensors (the folder's values exactly).
   smollm2.json  (only where the real model is installed; scripts/fetch_smollm2.sh)
-      per tensor of SmolLM2-135M-Instruct.Q4_1.gguf: type, shape and the SHA-256 of
-      gguf.quants.dequantize's f32 bytes; and transformers' mean loss per token (the GGUF loaded in
+      per tensor of SmolLM2-135M-Instruct.Q4_1.gguf: type, shape, the first values and the SHA-256
+      and CRC-32 (zlib's, what the C++ test checks) of gguf.quants.dequantize's f32 bytes; and transformers' mean loss per token (the GGUF loaded in
       f32) on 2 windows of 128 tokens, whose ids (transformers' GGUF tokenizer on TEXT) are stored
       too, also as smollm2_ids.bin (an llm.c token file, what `scalify eval --data` reads).
 
@@ -22,7 +22,7 @@ Run: /work/pydev/bin/python tests/data/gguf/make_reference.py
 import hashlib
 import json
 import os
-import struct
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -149,7 +149,7 @@ def tiny_llama() -> None:
             elif part == "self_attn.k_proj":
                 value = permute(value, heads, kv_heads)
         assert value.dtype == ml_dtypes.bfloat16, hf_name
-        w.add_tensor(name, np.ascontiguousarray(value).view(np.uint8), raw_shape=value.shape, raw_dtype=T.BF16)
+        w.add_tensor(name, np.ascontiguousarray(value).view(np.uint8), raw_dtype=T.BF16)  # shape from the bytes
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
@@ -189,6 +189,7 @@ def smollm2() -> None:
         assert values.size == int(np.prod(shape)), t.name
         tensors[t.name] = {"type": int(t.tensor_type), "shape": shape,
                            "sha256": hashlib.sha256(np.ascontiguousarray(values).tobytes()).hexdigest(),
+                           "crc32": zlib.crc32(np.ascontiguousarray(values).tobytes()),
                            "first": [float(v) for v in values.reshape(-1)[:4]]}
 
     import torch
