@@ -16,7 +16,8 @@ std::unique_ptr<Tokenizer> load_tokenizer(const std::string& model_dir) {
   // A GGUF file (hub/gguf_file.hpp) holds its tokenizer in its metadata (hub::gguf_tokenizer_metadata).
   if (!fs::is_directory(model_dir, ec) &&
       (fs::path(model_dir).extension() == ".gguf" || io::read_input_head(model_dir, "tokenizer", 4) == "GGUF"))
-    throw Error("tokenizer: '" + model_dir + "' is a GGUF file: " + gguf_tokenizer_not_read());
+    throw Error("tokenizer: '" + model_dir + "' is a GGUF file: " + gguf_tokenizer_not_read() +
+                " (give the text as an llm.c .bin token file, tokenised elsewhere)");
   if (!fs::is_directory(model_dir, ec)) throw FileError("tokenizer: model folder '" + model_dir + "' is not a folder");
   const std::string vocab = (fs::path(model_dir) / "vocab.json").string();
   const std::string merges = (fs::path(model_dir) / "merges.txt").string();
@@ -33,9 +34,7 @@ std::unique_ptr<Tokenizer> load_tokenizer(const std::string& model_dir) {
               "tokenizer.model (SentencePiece)");
 }
 
-const char* gguf_tokenizer_not_read() {
-  return "GGUF tokenizers are not read yet (give the text as an llm.c .bin token file, tokenised elsewhere)";
-}
+const char* gguf_tokenizer_not_read() { return "GGUF tokenizers are not read yet"; }
 
 bool has_tokenizer_files(const std::string& model_dir) {
   namespace fs = std::filesystem;

@@ -32,7 +32,7 @@ class Tokenizer {
 // A GGUF file in the folder's place is an error saying gguf_tokenizer_not_read() (for now: the
 // token and merge lists are in its metadata, hub::gguf_tokenizer_metadata).
 std::unique_ptr<Tokenizer> load_tokenizer(const std::string& model_dir);
-// "GGUF tokenizers are not read yet (...)": what every place that needs a GGUF model's tokenizer says.
+// "GGUF tokenizers are not read yet": what every place that needs a GGUF model's tokenizer says.
 const char* gguf_tokenizer_not_read();
 // Whether the folder holds any of those files (a model without a tokenizer still reads token files).
 bool has_tokenizer_files(const std::string& model_dir);

@@ -117,7 +117,7 @@ std::vector<int32_t> read_tokens(const std::string& path, const tokenize::Tokeni
   } else {
     if (!tokenizer)
       throw Error(path + ": text, and the model has no tokenizer (a folder's vocab.json + merges.txt or tokenizer.model; " +
-                  tokenize::gguf_tokenizer_not_read() + ")");
+                  tokenize::gguf_tokenizer_not_read() + "; an llm.c .bin token file needs none)");
     Corpus c;
     const std::vector<uint8_t> text = read_text(path, c);
     tokens = tokenizer->encode(std::string_view(reinterpret_cast<const char*>(text.data()), text.size()));
