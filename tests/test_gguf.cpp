@@ -250,7 +250,7 @@ TEST(GgufHostile, LyingFilesAreErrorsNamingWhatIsWrong) {
   // A type ggml defines but Scalify does not dequantise: the file reads, the tensor is refused by name.
   const hub::GgufFile q2 = parse(with_tensors([](Bytes& b) { tensor_info(b, "w", {256}, 10, 0); }, 1, 96));
   EXPECT_ERROR(q2.dequantize("w"), "tensor 'w' is Q2_K (ggml type 10), which Scalify does not dequantise (it reads F32, F16");
-  EXPECT_ERROR(hub::dequantize_ggml(77, nullptr, 0, nullptr), "type 77 (type 77) is not dequantised");
+  EXPECT_ERROR(hub::dequantize_ggml(77, nullptr, 0, nullptr), "GGUF: type 77 is not dequantised by Scalify");
 }
 
 TEST(GgufHostile, FuzzedFilesGiveOnlyScalifyErrors) {

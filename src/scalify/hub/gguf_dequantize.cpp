@@ -198,8 +198,8 @@ const char* ggml_dequantizable_names() { return "F32, F16, BF16, Q8_0, Q4_0, Q4_
 
 void dequantize_ggml(uint32_t type, const uint8_t* x, uint64_t n, float* y) {
   if (!ggml_dequantizable(type))
-    throw Error("GGUF: " + ggml_type_name(type) + " (type " + std::to_string(type) + ") is not dequantised by Scalify (it reads " +
-                ggml_dequantizable_names() + ")");
+    throw Error("GGUF: " + ggml_type_name(type) + (ggml_block(type) ? " (type " + std::to_string(type) + ")" : std::string()) +
+                " is not dequantised by Scalify (it reads " + ggml_dequantizable_names() + ")");
   const uint64_t per_block = ggml_block(type)->elements;
   if (n % per_block != 0)
     throw Error("GGUF: " + std::to_string(n) + " values are not a whole number of " + ggml_type_name(type) + " blocks of " +
