@@ -171,7 +171,8 @@ void add_inspect_commands(CLI::App& app) {
       "`scalify eval` runs the result. --sweep LO:HI compares them instead (seed 003 Table 3)");
   auto* ckpt = q->add_option("checkpoint", qa->checkpoint, "checkpoint .safetensors or run folder");
   auto* model =
-      q->add_option("--model", qa->model, "a Hugging Face model folder instead: evaluate --method, or --sweep, on --data")->excludes(ckpt);
+      q->add_option("--model", qa->model, "a Hugging Face model folder or .gguf file instead: evaluate --method, or --sweep, on --data")
+          ->excludes(ckpt);
   q->add_option("--context", qa->context, "with --model: tokens per window (default: the model's longest, at most 2048)")
       ->transform(integer())
       ->needs(model);

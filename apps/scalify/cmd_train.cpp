@@ -39,7 +39,7 @@ void ConfigOptions::add_to(CLI::App* command) {
                       "text file or folder of text files (default: Debian's fortunes); with --init also an llm.c token file");
   command->add_option(
       "--init", init,
-      "fine-tune a pretrained Hugging Face model folder (its shape, weights and tokenizer) instead of a new byte-level GPT");
+      "fine-tune a pretrained Hugging Face model folder or .gguf file (its shape, weights and tokenizer) instead of a new byte-level GPT");
   steps_option = command->add_option("--steps", steps, "optimizer steps (per recipe for compare)")->transform(integer());
   command->add_option("--set", set, "KEY=VALUE override of any train config key (repeatable)");
 }
@@ -115,7 +115,8 @@ void add_train_commands(CLI::App& app) {
   auto* e = app.add_subcommand("eval", "Validation loss and bits per byte of a checkpoint (file or run folder) or of a Hugging Face model");
   auto* ckpt = e->add_option("checkpoint", ea->checkpoint, "checkpoint .safetensors or run folder");
   auto* model =
-      e->add_option("--model", ea->model, "a Hugging Face model folder (config.json, *.safetensors, tokenizer) instead")->excludes(ckpt);
+      e->add_option("--model", ea->model, "a Hugging Face model folder (config.json, *.safetensors, tokenizer) or a .gguf file instead")
+          ->excludes(ckpt);
   e->add_option("--data", ea->data, "corpus (default: the run's); with --model: a text file or an llm.c token file (.bin)");
   e->add_option("--context", ea->context, "with --model: tokens per window (default: the model's longest, at most 2048)")
       ->transform(integer())
@@ -166,7 +167,8 @@ void add_train_commands(CLI::App& app) {
   auto sa = std::make_shared<SampleArgs>();
   auto* s = app.add_subcommand("sample", "Generate text from a checkpoint");
   auto* sample_ckpt = s->add_option("checkpoint", sa->checkpoint, "checkpoint .safetensors or run folder");
-  s->add_option("--model", sa->model, "a Hugging Face model folder instead (its tokenizer reads the prompt)")->excludes(sample_ckpt);
+  s->add_option("--model", sa->model, "a Hugging Face model folder or .gguf file instead (its tokenizer reads the prompt)")
+      ->excludes(sample_ckpt);
   s->add_option("--prompt", sa->prompt, "text to continue");
   s->add_option("--tokens", sa->o.tokens, "tokens (bytes for the byte-level GPT) to generate (default 200)")->transform(integer());
   s->add_option("--temperature", sa->o.temperature, "0: greedy (default 0.8)")->transform(finite_number());
@@ -176,7 +178,9 @@ void add_train_commands(CLI::App& app) {
     std::string text;
     if (!sa->model.empty()) {
       const train::Pretrained p = train::load_pretrained(sa->model);
-      if (!p.tokenizer) throw Error("sample: '" + sa->model + "' holds no tokenizer (vocab.json + merges.txt or tokenizer.model)");
+      if (!p.tokenizer)
+        throw Error("sample: '" + sa->model + "' holds no tokenizer (vocab.json + merges.txt or tokenizer.model; " +
+                    tokenize::gguf_tokenizer_not_read() + ")");
       text = train::sample_text(*p.session, p.tokenizer.get(), sa->prompt, sa->o, sa->model);
     } else {
       if (sa->checkpoint.empty()) throw CLI::ValidationError("sample", "give a checkpoint or --model DIR");

@@ -3,6 +3,7 @@
 #include <filesystem>
 
 #include "scalify/error.hpp"
+#include "scalify/io/input_file.hpp"
 #include "scalify/tokenize/bpe.hpp"
 #include "scalify/tokenize/sentencepiece.hpp"
 
@@ -12,6 +13,11 @@ std::unique_ptr<Tokenizer> load_tokenizer(const std::string& model_dir) {
   namespace fs = std::filesystem;
   std::error_code ec;
   if (!fs::exists(model_dir, ec)) throw FileError("tokenizer: model folder '" + model_dir + "' does not exist");
+  // A GGUF file (hub/gguf_file.hpp) holds its tokenizer in its metadata (hub::gguf_tokenizer_metadata).
+  if (!fs::is_directory(model_dir, ec) &&
+      (fs::path(model_dir).extension() == ".gguf" || io::read_input_head(model_dir, "tokenizer", 4) == "GGUF"))
+    throw Error("tokenizer: '" + model_dir + "' is a GGUF file: " + gguf_tokenizer_not_read() +
+                " (give the text as an llm.c .bin token file, tokenised elsewhere)");
   if (!fs::is_directory(model_dir, ec)) throw FileError("tokenizer: model folder '" + model_dir + "' is not a folder");
   const std::string vocab = (fs::path(model_dir) / "vocab.json").string();
   const std::string merges = (fs::path(model_dir) / "merges.txt").string();
@@ -27,6 +33,8 @@ std::unique_ptr<Tokenizer> load_tokenizer(const std::string& model_dir) {
               "' holds no tokenizer Scalify reads: looked for vocab.json + merges.txt (GPT-2 byte-level BPE) and "
               "tokenizer.model (SentencePiece)");
 }
+
+const char* gguf_tokenizer_not_read() { return "GGUF tokenizers are not read yet"; }
 
 bool has_tokenizer_files(const std::string& model_dir) {
   namespace fs = std::filesystem;

@@ -29,7 +29,11 @@ class Tokenizer {
 // The tokenizer of a Hugging Face model folder: vocab.json + merges.txt (GPT-2's byte-level BPE),
 // else tokenizer.model (SentencePiece). A folder with neither is a scalify::Error naming the
 // folder and the files looked for.
+// A GGUF file in the folder's place is an error saying gguf_tokenizer_not_read() (for now: the
+// token and merge lists are in its metadata, hub::gguf_tokenizer_metadata).
 std::unique_ptr<Tokenizer> load_tokenizer(const std::string& model_dir);
+// "GGUF tokenizers are not read yet": what every place that needs a GGUF model's tokenizer says.
+const char* gguf_tokenizer_not_read();
 // Whether the folder holds any of those files (a model without a tokenizer still reads token files).
 bool has_tokenizer_files(const std::string& model_dir);
 // The files of a model folder that make its tokenizer (what has_tokenizer_files looks for, what an
