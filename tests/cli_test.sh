@@ -205,6 +205,13 @@ grep -q "^| 1 | ff output | " "$out/ptq_hf.log"
 for f in report.md sweep.csv scaling_biases.csv scaling_biases.png; do test -s "$out/ptq_hf/$f" || { echo "quantize --model wrote no $f"; exit 1; }; done
 "$cli" quantize --model "$hf/tiny_gpt2" --data "$out/text" --method mx --windows 4 | grep -q "^mx: loss [0-9.]*, perplexity"
 "$cli" sample --model "$hf/tiny_gpt2" --prompt "The computer" --tokens 5 --temperature 0 | grep -q "^The computer"
+# End of sequence: generation_config.json's eos ids (here every id) end the text; --ignore-eos runs on.
+mkdir -p "$out/eos_model" && cp "$hf/tiny_gpt2/"* "$out/eos_model/"
+echo "{\"eos_token_id\": [$(seq -s, 0 999)]}" > "$out/eos_model/generation_config.json"
+test "$("$cli" sample --model "$out/eos_model" --prompt "The computer" --tokens 5 --temperature 0)" = "The computer" ||
+  { echo "sample ran past the eos"; exit 1; }
+test "$("$cli" sample --model "$out/eos_model" --prompt "The computer" --tokens 5 --temperature 0 --ignore-eos)" = \
+  "$("$cli" sample --model "$hf/tiny_gpt2" --prompt "The computer" --tokens 5 --temperature 0 --ignore-eos)" || { echo "--ignore-eos stopped"; exit 1; }
 "$cli" train --init "$hf/tiny_llama_gqa" --data "$out/text" --out "$out/ft" --steps 3 --set batch=2 --set eval_windows=2 > "$out/ft.log" 2> /dev/null
 grep -q "^unigram entropy of the training tokens: " "$out/ft.log"
 grep -q "validation tokens, SentencePiece" "$out/ft/train.log"
