@@ -168,7 +168,9 @@ void add_train_commands(CLI::App& app) {
   auto* sample_ckpt = s->add_option("checkpoint", sa->checkpoint, "checkpoint .safetensors or run folder");
   s->add_option("--model", sa->model, "a Hugging Face model folder instead (its tokenizer reads the prompt)")->excludes(sample_ckpt);
   s->add_option("--prompt", sa->prompt, "text to continue");
-  s->add_option("--tokens", sa->o.tokens, "at most this many tokens (bytes for the byte-level GPT) to generate (default 200)")
+  s->add_option("--tokens", sa->o.tokens,
+                "at most this many tokens (bytes for the byte-level GPT) to generate (default 200); past the model's context the window "
+                "slides, each token from the last context's worth, recomputed")
       ->transform(integer());
   s->add_flag("--ignore-eos", sa->o.ignore_eos, "run to --tokens through the model's end-of-sequence token (default: stop there)");
   s->add_option("--temperature", sa->o.temperature, "0: greedy (default 0.8)")->transform(finite_number());
