@@ -1,8 +1,9 @@
 #pragma once
 // The keys and values a decoder has computed for the positions it has seen, so that the next
-// token's forward attends to them instead of recomputing the prefix (incremental decoding). The
-// cache holds the values the forward computed (f32 for the f32 models it serves: rotated keys,
-// values, per key/value head), not requantised ones.
+// token's forward attends to them instead of recomputing the prefix (incremental decoding). It
+// holds what the forward computed, in the forward's precision (f32; rotated keys and values per
+// key/value head), never requantised: Gpt::kv_cache_refusal names the models it cannot serve
+// (quantised linear layers, unit-scaled attention).
 #include <cstdint>
 #include <vector>
 
