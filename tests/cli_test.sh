@@ -217,10 +217,23 @@ grep -q "^| 1 | ff output | " "$out/ptq_hf.log"
 for f in report.md sweep.csv scaling_biases.csv scaling_biases.png; do test -s "$out/ptq_hf/$f" || { echo "quantize --model wrote no $f"; exit 1; }; done
 "$cli" quantize --model "$hf/tiny_gpt2" --data "$out/text" --method mx --windows 4 | grep -q "^mx: loss [0-9.]*, perplexity"
 "$cli" sample --model "$hf/tiny_gpt2" --prompt "The computer" --tokens 5 --temperature 0 | grep -q "^The computer"
+# End of sequence: generation_config.json's eos ids (here every id) end the text; --ignore-eos runs on.
+mkdir -p "$out/eos_model" && cp "$hf/tiny_gpt2/"* "$out/eos_model/"
+echo "{\"eos_token_id\": [$(seq -s, 0 999)]}" > "$out/eos_model/generation_config.json"
+test "$("$cli" sample --model "$out/eos_model" --prompt "The computer" --tokens 5 --temperature 0)" = "The computer" ||
+  { echo "sample ran past the eos"; exit 1; }
+test "$("$cli" sample --model "$out/eos_model" --prompt "The computer" --tokens 5 --temperature 0 --ignore-eos)" = \
+  "$("$cli" sample --model "$hf/tiny_gpt2" --prompt "The computer" --tokens 5 --temperature 0 --ignore-eos)" || { echo "--ignore-eos stopped"; exit 1; }
 "$cli" train --init "$hf/tiny_llama_gqa" --data "$out/text" --out "$out/ft" --steps 3 --set batch=2 --set eval_windows=2 > "$out/ft.log" 2> /dev/null
 grep -q "^unigram entropy of the training tokens: " "$out/ft.log"
 grep -q "validation tokens, SentencePiece" "$out/ft/train.log"
 "$cli" sample "$out/ft" --prompt "Fortune" --tokens 4 | grep -q "^Fortune"
+# A model fine-tuned from one with an eos (every id here) stops at it too.
+mkdir -p "$out/eos_llama" && cp "$hf/tiny_llama_gqa/"* "$out/eos_llama/"
+echo "{\"eos_token_id\": [$(seq -s, 0 999)]}" > "$out/eos_llama/generation_config.json"
+"$cli" train --init "$out/eos_llama" --data "$out/text" --out "$out/ft_eos" --steps 1 --set batch=2 --set eval_windows=2 > /dev/null 2>&1
+test "$("$cli" sample "$out/ft_eos" --prompt "Fortune" --tokens 4)" = "Fortune" || { echo "a fine-tuned sample ran past the eos"; exit 1; }
+test "$("$cli" sample "$out/ft_eos" --prompt "Fortune" --tokens 4 --ignore-eos)" != "Fortune" || { echo "--ignore-eos stopped"; exit 1; }
 "$cli" export "$out/ft" --out "$out/ft_hf" --dtype bf16 > /dev/null
 test -s "$out/ft_hf/tokenizer.model" || { echo "export left the fine-tuned model's tokenizer behind"; exit 1; }
 "$cli" eval --model "$out/ft_hf" --data "$out/text" --windows 2 | grep -q "^llama model, SentencePiece"

@@ -170,7 +170,11 @@ void add_train_commands(CLI::App& app) {
   s->add_option("--model", sa->model, "a Hugging Face model folder or .gguf file instead (its tokenizer reads the prompt)")
       ->excludes(sample_ckpt);
   s->add_option("--prompt", sa->prompt, "text to continue");
-  s->add_option("--tokens", sa->o.tokens, "tokens (bytes for the byte-level GPT) to generate (default 200)")->transform(integer());
+  s->add_option("--tokens", sa->o.tokens,
+                "at most this many tokens (bytes for the byte-level GPT) to generate (default 200); past the model's context the window "
+                "slides, each token from the last context's worth, recomputed")
+      ->transform(integer());
+  s->add_flag("--ignore-eos", sa->o.ignore_eos, "run to --tokens through the model's end-of-sequence token (default: stop there)");
   s->add_option("--temperature", sa->o.temperature, "0: greedy (default 0.8)")->transform(finite_number());
   s->add_option("--top-k", sa->o.top_k, "sample among the k most likely (0: all; default 40)")->transform(integer());
   s->add_option("--seed", sa->o.seed, "sampling seed (>= 0)")->transform(non_negative_integer());
@@ -181,7 +185,9 @@ void add_train_commands(CLI::App& app) {
       if (!p.tokenizer)
         throw Error("sample: '" + sa->model + "' holds no tokenizer (vocab.json + merges.txt or tokenizer.model; " +
                     tokenize::gguf_tokenizer_not_read() + ")");
-      text = train::sample_text(*p.session, p.tokenizer.get(), sa->prompt, sa->o, sa->model);
+      train::SampleOptions o = sa->o;
+      o.eos_ids = p.hf.eos_ids;
+      text = train::sample_text(*p.session, p.tokenizer.get(), sa->prompt, o, sa->model);
     } else {
       if (sa->checkpoint.empty()) throw CLI::ValidationError("sample", "give a checkpoint or --model DIR");
       text = train::sample(sa->checkpoint, sa->prompt, sa->o);

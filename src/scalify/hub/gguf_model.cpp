@@ -111,6 +111,13 @@ HfConfig gguf_config(const GgufFile& f) {
   } catch (const Error& e) {
     throw Error(f.path() + ": " + e.what());
   }
+  if (f.has("tokenizer.ggml.eos_token_id")) {  // where sampling stops
+    const uint64_t eos = f.get_uint("tokenizer.ggml.eos_token_id");
+    if (eos >= uint64_t(m.vocab))
+      throw Error(f.path() + ": metadata 'tokenizer.ggml.eos_token_id' is " + std::to_string(eos) + ", outside the vocabulary of " +
+                  std::to_string(m.vocab));
+    c.eos_ids = {int32_t(eos)};
+  }
   return c;
 }
 

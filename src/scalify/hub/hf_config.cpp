@@ -124,6 +124,20 @@ nn::GptConfig llama(const Fields& f) {
   return m;
 }
 
+// "eos_token_id": an id or a list of them, each in [0, vocab); null or absent: none.
+std::vector<int32_t> eos_ids(const Fields& f, int64_t vocab) {
+  if (!f.j.contains("eos_token_id") || f.j["eos_token_id"].is_null()) return {};
+  const json& v = f.j["eos_token_id"];
+  const json list = v.is_array() ? v : json::array({v});
+  std::vector<int32_t> ids;
+  for (const json& id : list) {
+    if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() >= vocab)
+      f.fail("eos_token_id", "must be a token id in [0, " + std::to_string(vocab) + ") or a list of them, got " + io::json_excerpt(v));
+    ids.push_back(int32_t(id.get<int64_t>()));
+  }
+  return ids;
+}
+
 }  // namespace
 
 HfConfig read_hf_config(const std::string& dir) {
@@ -147,6 +161,14 @@ HfConfig read_hf_config(const std::string& dir) {
     f.fail("model_type", "must be gpt2 or llama (the architectures this engine runs), got \"" + type + "\"");
   }
   c.dtype = weights_dtype(f);
+  c.eos_ids = eos_ids(f, c.model.vocab);
+  // generation_config.json, where transformers' generate() takes it from, has the last word.
+  const std::string generation = (fs::path(dir) / "generation_config.json").string();
+  if (fs::exists(generation, ec)) {
+    const json g = io::parse_json(io::read_input_file(generation, "generation config", 1 << 20), generation);
+    if (!g.is_object()) throw Error(generation + ": not a JSON object");
+    if (g.contains("eos_token_id")) c.eos_ids = eos_ids(Fields{g, generation}, c.model.vocab);
+  }
   try {
     c.model.validate();
   } catch (const Error& e) {

@@ -5,6 +5,7 @@
 // written back from it.
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "scalify/nn/gpt.hpp"
 #include "scalify/tensor/dtype.hpp"
@@ -18,6 +19,9 @@ struct HfConfig {
   Family family = Family::gpt2;
   nn::GptConfig model;       // vocab, seq = the longest context, widths, layers, heads, norms, head
   DType dtype = DType::f32;  // config.json's "dtype" (or "torch_dtype"): what the weights are stored in
+  // The end-of-sequence ids generation stops at (none: it runs to its length): generation_config.json's
+  // "eos_token_id" (an id or a list), else config.json's; a GGUF's tokenizer.ggml.eos_token_id.
+  std::vector<int32_t> eos_ids;
 };
 
 // Reads DIR/config.json. Errors (scalify::Error, naming the file and the field): not a folder or no

@@ -19,10 +19,10 @@ CausalSelfAttention CausalSelfAttention::make(int64_t d, int heads, int kv_heads
 }
 
 namespace {
-// [B, T, heads * hd] -> rotated per head.
-Var rotate_heads(const Var& x, int64_t heads, double theta) {
+// [B, T, heads * hd] at positions start .. -> rotated per head.
+Var rotate_heads(const Var& x, int64_t heads, double theta, int64_t start) {
   const Shape& s = x.shape();
-  return reshape(rotary(reshape(x, {s[0], s[1], heads, s[2] / heads}), theta), s);
+  return reshape(rotary(reshape(x, {s[0], s[1], heads, s[2] / heads}), theta, start), s);
 }
 // [B, T, kv_heads * hd] -> [B, T, heads * hd]: key/value head j serves query heads j g .. j g + g - 1.
 Var repeat_heads(const Var& x, int64_t kv_heads, int64_t group) {
@@ -30,18 +30,38 @@ Var repeat_heads(const Var& x, int64_t kv_heads, int64_t group) {
   const int64_t hd = s[2] / kv_heads;
   return reshape(expand(reshape(x, {s[0], s[1], kv_heads, 1, hd}), {s[0], s[1], kv_heads, group, hd}), {s[0], s[1], s[2] * group});
 }
+// One new query q [B, 1, D] against every key and value so far ([B, L, H * hd] each), as the
+// standard full-prefix computation treats its last row (which sees every key: no mask).
+Var attend_last(const Var& q, const Var& k, const Var& v, int64_t H) {
+  const int64_t B = q.shape()[0], D = q.shape()[2], hd = D / H, L = k.shape()[1];
+  auto heads_of = [&](const Var& x, int64_t T) { return permute(reshape(x, {B, T, H, hd}), {0, 2, 1, 3}); };  // [B, H, T, hd]
+  const Var scores = mul_scalar(matmul(heads_of(q, 1), transpose(heads_of(k, L), -1, -2)), 1 / std::sqrt(double(hd)));
+  return reshape(permute(matmul(softmax(scores), heads_of(v, L)), {0, 2, 1, 3}), {B, 1, D});
+}
 }  // namespace
 
-Var CausalSelfAttention::operator()(const Var& x, const LayerOptions& o) const {
+Var CausalSelfAttention::operator()(const Var& x, const LayerOptions& o, KvBlock* cache) const {
   const int64_t B = x.shape()[0], T = x.shape()[1], D = x.shape()[2], H = heads, hd = D / H;
+  const int64_t start = cache ? cache->length() : 0;
+  if (start > 0 && T != 1) throw Error("attention: a filled key/value cache takes one token at a time, got " + std::to_string(T));
+  if (cache && o.unit_scaled) throw Error("attention: unit-scaled attention has no key/value cache (Gpt::kv_cache_refusal)");
   const bool u = o.unit_scaled;
   Var qkv_out = o.tap(qkv(x, o), "attn.qkv");
-  if (rope_theta > 0 || kv_heads != heads) {  // to the packed [q | k | v] of H heads each
+  if (rope_theta > 0 || kv_heads != heads || cache) {  // to the packed [q | k | v] of H heads each
     const int64_t kv_width = hd * kv_heads;
     Var q = slice(qkv_out, 2, 0, D), k = slice(qkv_out, 2, D, D + kv_width), v = slice(qkv_out, 2, D + kv_width, D + 2 * kv_width);
     if (rope_theta > 0) {
-      q = rotate_heads(q, H, rope_theta);
-      k = rotate_heads(k, kv_heads, rope_theta);
+      q = rotate_heads(q, H, rope_theta, start);
+      k = rotate_heads(k, kv_heads, rope_theta, start);
+    }
+    if (cache) {
+      cache->keys = start > 0 ? concat({cache->keys, k}, 1) : k;
+      cache->values = start > 0 ? concat({cache->values, v}, 1) : v;
+      if (start > 0) {
+        const Var keys = kv_heads != heads ? repeat_heads(cache->keys, kv_heads, H / kv_heads) : cache->keys;
+        const Var values = kv_heads != heads ? repeat_heads(cache->values, kv_heads, H / kv_heads) : cache->values;
+        return o.tap(proj(o.tap(attend_last(q, keys, values, H), "attn.mix"), o), "attn.out");
+      }
     }
     if (kv_heads != heads) {
       k = repeat_heads(k, kv_heads, H / kv_heads);

@@ -6,6 +6,7 @@
 // q and k (rope_theta > 0).
 #include <cstdint>
 
+#include "scalify/nn/kv_cache.hpp"
 #include "scalify/nn/layer_context.hpp"
 #include "scalify/nn/linear.hpp"
 
@@ -16,7 +17,11 @@ struct CausalSelfAttention {
   int heads, kv_heads;
   double rope_theta = 0;  // 0: no rotary embedding (the model adds learned positions instead)
   static CausalSelfAttention make(int64_t d, int heads, int kv_heads, double rope_theta, bool bias, Init& init);
-  Var operator()(const Var& x, const LayerOptions& o) const;
+  // x [B, T, D] at positions 0 .. T-1; with `cache`, at positions cache->length() .. onwards, the
+  // new keys and values appended to it. An empty cache takes any T (the prompt: the same
+  // computation as without one); a filled one one token at a time (T = 1, which sees every key).
+  // Standard attention only: unit scaling's scales depend on the window's length.
+  Var operator()(const Var& x, const LayerOptions& o, KvBlock* cache = nullptr) const;
 };
 
 }  // namespace scalify::nn

@@ -11,9 +11,9 @@ GptBlock GptBlock::make(const BlockSpec& s, Init& init) {
   return {ln1, ln2, attn, mlp};
 }
 
-Var GptBlock::operator()(const Var& x, unit::Residual r, const LayerOptions& o) const {
+Var GptBlock::operator()(const Var& x, unit::Residual r, const LayerOptions& o, KvBlock* cache) const {
   const Var h = o.tap(unit::residual(
-                          x, [&](const Var& v) { return attn(o.tap(ln1(v, o), "ln1"), o); }, r),
+                          x, [&](const Var& v) { return attn(o.tap(ln1(v, o), "ln1"), o, cache); }, r),
                       "resid.attn");
   r.layer += 1;
   return o.tap(unit::residual(

@@ -24,7 +24,8 @@ struct GptBlock {
   CausalSelfAttention attn;
   Mlp mlp;
   static GptBlock make(const BlockSpec& spec, Init& init);
-  Var operator()(const Var& x, unit::Residual residual, const LayerOptions& o) const;
+  // `cache`: attention's keys and values (CausalSelfAttention::operator()).
+  Var operator()(const Var& x, unit::Residual residual, const LayerOptions& o, KvBlock* cache = nullptr) const;
 };
 
 }  // namespace scalify::nn

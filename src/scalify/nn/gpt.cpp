@@ -169,10 +169,38 @@ double Gpt::lr_multiplier(const std::string& name) const {
 
 bool Gpt::decays(const std::string& name) { return name == "wte" || projection_matrix(name); }
 
-Var Gpt::logits(const Tensor& ids, ScaleProbe* probe) const {
+Var Gpt::logits(const Tensor& ids, ScaleProbe* probe) const { return forward(ids, probe, nullptr); }
+
+std::string Gpt::kv_cache_refusal() const {
+  // A quantised layer's activation scale (current, delayed, per tensor) is taken over every row it
+  // is given: one new token would be scaled differently from the same row in a full recompute.
+  // Unit scaling's attention scales by the window's length (matmul_activations' sizes, the causal
+  // softmax's counts): every position's keys and values change as the window grows.
+  if (c_.unit_scaled) return "unit-scaled attention scales by the window's length, so earlier positions' keys and values change with it";
+  const auto q = quantized_linears();
+  if (!q.empty())
+    return "the model's linear layers are quantised ('" + q.front().first +
+           "' and others), and their activation scales depend on every token of the window";
+  return "";
+}
+
+Var Gpt::logits(const Tensor& ids, KvCache& cache) const {
+  const std::string refusal = kv_cache_refusal();
+  if (!refusal.empty()) throw Error("gpt: no key/value cache: " + refusal);
+  if (cache.blocks.empty()) cache.blocks.resize(blocks_.size());
+  if (cache.blocks.size() != blocks_.size())
+    throw Error("gpt: the key/value cache holds " + std::to_string(cache.blocks.size()) + " blocks, the model " +
+                std::to_string(blocks_.size()));
+  return forward(ids, nullptr, &cache);
+}
+
+Var Gpt::forward(const Tensor& ids, ScaleProbe* probe, KvCache* cache) const {
   if (!unset_.empty()) throw Error("model: parameter '" + *unset_.begin() + "' was never given a value");
-  if (ids.dim() != 2 || ids.size(1) > c_.seq || ids.size(1) < 1)
-    throw Error("gpt: ids must be [B, T] with 1 <= T <= " + std::to_string(c_.seq) + ", got " + shape_str(ids.shape()));
+  const int64_t start = cache ? cache->length() : 0;
+  if (ids.dim() != 2 || ids.size(1) > c_.seq - start || ids.size(1) < 1)
+    throw Error("gpt: ids must be [B, T] with 1 <= T <= " + std::to_string(c_.seq - start) +
+                (start > 0 ? " (the context of " + std::to_string(c_.seq) + " less the " + std::to_string(start) + " cached)" : "") +
+                ", got " + shape_str(ids.shape()));
   const int64_t B = ids.size(0), T = ids.size(1);
   LayerOptions o{c_.unit_scaled, probe, "", c_.rms_norm, c_.swiglu, rescale_norm_grad_};
   const bool u = c_.unit_scaled;
@@ -180,7 +208,7 @@ Var Gpt::logits(const Tensor& ids, ScaleProbe* probe) const {
   if (c_.learned_positions()) {
     // Positions for every row (not broadcast), so the embedding's gradient count is B * T.
     std::vector<int64_t> pos(static_cast<size_t>(B * T));
-    for (int64_t i = 0; i < B * T; ++i) pos[size_t(i)] = i % T;
+    for (int64_t i = 0; i < B * T; ++i) pos[size_t(i)] = start + i % T;
     const Tensor positions = Tensor::from_indices(pos, {B, T});
     x = u ? weighted_add({unit::embedding(wte_, ids), unit::embedding(wpe_, positions)}, {1.0, 1.0})
           : scalify::embedding(wte_, ids) + scalify::embedding(wpe_, positions);
@@ -197,7 +225,7 @@ Var Gpt::logits(const Tensor& ids, ScaleProbe* probe) const {
     ol.prefix = std::to_string(l);
     ol.prefix.insert(0, 1, 'h').push_back('.');  // no operator+: GCC 12 warns falsely (-Wrestrict)
     r.layer = 2 * int(l) + 1;                    // running-mean counts both residual adds of every block
-    x = blocks_[l](x, r, ol);
+    x = blocks_[l](x, r, ol, cache ? &cache->blocks[l] : nullptr);
   }
   const Var xf = c_.final_norm ? o.tap(lnf_(x, o), "lnf") : x;
   const Var head = c_.tied_head ? transpose(wte_, 0, 1) : head_;

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "scalify/nn/block.hpp"
+#include "scalify/nn/kv_cache.hpp"
 #include "scalify/nn/layer_context.hpp"
 #include "scalify/nn/norm.hpp"
 #include "scalify/quant/recipe.hpp"
@@ -58,6 +59,13 @@ class Gpt {
   Gpt(const GptConfig& config, uint64_t seed, const quant::Recipe& recipe = {}, Weights weights = Weights::random);
   // Logits [B, T, vocab] for ids [B, T]; `probe` records every activation and gradient.
   Var logits(const Tensor& ids, ScaleProbe* probe = nullptr) const;
+  // Incremental decoding: the logits of ids [B, T] at positions cache.length() onwards, the
+  // cache extended by their keys and values: the prompt first (an empty cache, any T), then one
+  // token at a time. Each equals the matching rows of logits() of the whole prefix to f32
+  // rounding. Up to config().seq positions; refused (scalify::Error) where kv_cache_refusal says.
+  Var logits(const Tensor& ids, KvCache& cache) const;
+  // "" when logits(ids, cache) applies; else why not.
+  std::string kv_cache_refusal() const;
   // Mean next-token cross-entropy of ids [B, T] against targets [B, T].
   Var loss(const Tensor& ids, const Tensor& targets, ScaleProbe* probe = nullptr) const;
   // Names and handles of every parameter, in a fixed order: wte, wpe (learned positions),
@@ -80,6 +88,7 @@ class Gpt {
 
  private:
   std::vector<std::pair<std::string, Var*>> refs();
+  Var forward(const Tensor& ids, ScaleProbe* probe, KvCache* cache) const;
   // Every linear layer of the blocks with its name, in model order.
   std::vector<std::pair<std::string, Linear*>> linears();
   GptConfig c_;

@@ -8,10 +8,11 @@
 
 namespace scalify::nn {
 
-Var rotary(const Var& x, double theta) {
+Var rotary(const Var& x, double theta, int64_t start) {
   const Shape& sh = x.shape();
-  if (sh.size() != 4 || sh[3] % 2 != 0 || !(theta > 1))
-    throw Error("rotary: x must be [B, T, H, hd] with hd even and theta > 1, got " + shape_str(sh) + ", theta " + std::to_string(theta));
+  if (sh.size() != 4 || sh[3] % 2 != 0 || !(theta > 1) || start < 0)
+    throw Error("rotary: x must be [B, T, H, hd] with hd even, theta > 1 and start >= 0, got " + shape_str(sh) + ", theta " +
+                std::to_string(theta) + ", start " + std::to_string(start));
   const int64_t T = sh[1], hd = sh[3], half = hd / 2;
   // The angles as Hugging Face computes them, in f32: inv_freq = 1 / theta^(2i / hd), t * inv_freq;
   // cos and sin of that f32 angle, rounded once.
@@ -20,7 +21,7 @@ Var rotary(const Var& x, double theta) {
     const float exponent = float(2 * i) / float(hd);
     const float inv_freq = 1.0f / std::pow(float(theta), exponent);
     for (int64_t t = 0; t < T; ++t) {
-      const float angle = float(t) * inv_freq;
+      const float angle = float(start + t) * inv_freq;
       for (int64_t at : {t * hd + i, t * hd + i + half}) {
         cos_v[size_t(at)] = float(std::cos(double(angle)));
         sin_v[size_t(at)] = float(std::sin(double(angle)));

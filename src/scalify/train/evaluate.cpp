@@ -7,6 +7,7 @@
 
 #include "scalify/error.hpp"
 #include "scalify/formats/kernels.hpp"
+#include "scalify/hub/hf_config.hpp"
 #include "scalify/io/safetensors.hpp"
 #include "scalify/train/init_record.hpp"
 #include "scalify/train/ptq.hpp"
@@ -48,12 +49,21 @@ std::vector<int32_t> sample_ids(const Session& s, const std::vector<int32_t>& pr
   std::vector<int32_t> out;
   const NoGrad no_grad;
   const nn::Gpt forward = s.forward_model();
+  const bool cached = forward.kv_cache_refusal().empty();
+  nn::KvCache cache;
   for (int64_t i = 0; i < o.tokens; ++i) {
-    const int64_t T = std::min<int64_t>(int64_t(ctx.size()), model.seq);
-    const std::vector<int64_t> window(ctx.end() - T, ctx.end());
-    const Tensor logits = forward.logits(Tensor::from_indices(window, {1, T})).value();
+    const int64_t n = int64_t(ctx.size());
+    Tensor logits;  // [1, rows, vocab]: the next token's are the last row
+    if (cached && n <= model.seq) {
+      const int64_t known = cache.length();  // the prompt first, then the token sampled last
+      logits = forward.logits(Tensor::from_indices(std::vector<int64_t>(ctx.begin() + known, ctx.end()), {1, n - known}), cache).value();
+    } else {  // past the context the positions shift: the last `seq` ids recomputed
+      const int64_t T = std::min<int64_t>(n, model.seq);
+      logits = forward.logits(Tensor::from_indices(std::vector<int64_t>(ctx.end() - T, ctx.end()), {1, T})).value();
+    }
+    const int64_t last = logits.size(1) - 1;
     std::vector<double> l(size_t(model.vocab));
-    for (int64_t v = 0; v < model.vocab; ++v) l[size_t(v)] = logits.at({0, T - 1, v});
+    for (int64_t v = 0; v < model.vocab; ++v) l[size_t(v)] = logits.at({0, last, v});
     if (!std::all_of(l.begin(), l.end(), [](double x) { return std::isfinite(x); }))
       throw Error("sample: the logits of '" + what + "' are not finite (an activation overflows its format)");
     int64_t next = 0;
@@ -73,6 +83,7 @@ std::vector<int32_t> sample_ids(const Session& s, const std::vector<int32_t>& pr
           break;
         }
     }
+    if (!o.ignore_eos && std::find(o.eos_ids.begin(), o.eos_ids.end(), next) != o.eos_ids.end()) break;
     ctx.push_back(next);
     out.push_back(int32_t(next));
   }
@@ -86,7 +97,9 @@ std::string sample(const std::string& checkpoint, const std::string& prompt, con
   const std::unique_ptr<tokenize::Tokenizer> tokenizer = run_tokenizer(cfg, checkpoint);
   if (!cfg.init.empty() && !tokenizer)
     throw Error("sample: '" + checkpoint + "' was fine-tuned from '" + cfg.init + "', which holds no tokenizer to read the prompt with");
-  return sample_text(*s, tokenizer.get(), prompt, o, checkpoint);
+  SampleOptions with_eos = o;
+  if (!cfg.init.empty()) with_eos.eos_ids = hub::read_hf_config(cfg.init).eos_ids;
+  return sample_text(*s, tokenizer.get(), prompt, with_eos, checkpoint);
 }
 
 std::string sample_text(const Session& s, const tokenize::Tokenizer* tokenizer, const std::string& prompt, const SampleOptions& o,

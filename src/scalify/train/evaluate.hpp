@@ -26,14 +26,20 @@ void require_finite_loss(double loss, const std::string& what);
 EvalResult evaluate(const std::string& checkpoint, const std::string& data = "");
 
 struct SampleOptions {
-  int64_t tokens = 200;
+  int64_t tokens = 200;  // at most this many
   double temperature = 0.8;
   int64_t top_k = 40;  // 0: all
   uint64_t seed = 1;
+  std::vector<int32_t> eos_ids;  // the model's end-of-sequence ids (hub::HfConfig's): sampling one ends the text, without it
+  bool ignore_eos = false;       // true: run to `tokens` through eos ids
 };
+// A checkpoint fine-tuned from a pretrained model stops at that model's eos ids.
 std::string sample(const std::string& checkpoint, const std::string& prompt, const SampleOptions& options);
-// The loop itself, on any session: `options.tokens` ids continuing `prompt` (ids), each from the
-// last `seq` ids; `what` names the model in errors.
+// The loop itself, on any session: up to `options.tokens` ids continuing `prompt` (ids), ending
+// before the first of `options.eos_ids` (unless ignore_eos); `what` names the model in errors. Incremental: the
+// prompt's forward once, then one token per step against the cached keys and values (nn::KvCache;
+// a model whose quantised layers refuse the cache recomputes the window each step). Past the
+// model's context (seq) the window slides: each token from the last `seq` ids, recomputed.
 std::vector<int32_t> sample_ids(const Session& s, const std::vector<int32_t>& prompt, const SampleOptions& options,
                                 const std::string& what);
 // Text in, text out: through `tokenizer`, or as bytes when it is null (the byte-level GPT); an
