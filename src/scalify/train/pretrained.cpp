@@ -83,14 +83,26 @@ TrainConfig with_pretrained_model(const TrainConfig& config) {
   if (config.init.empty()) return config;
   TrainConfig c = config;
   const nn::GptConfig pretrained = hub::read_hf_config(c.init).model;
-  if (c.model != pretrained && c.model != nn::GptConfig{})
+  // seq aside: a fine-tune may train on windows shorter than the model's context.
+  nn::GptConfig shape = c.model, init_shape = pretrained, default_shape;
+  shape.seq = init_shape.seq = default_shape.seq = 0;
+  if (shape != init_shape && shape != default_shape)
     throw Error("train: init '" + c.init +
-                "' gives the model's shape (config.json); the config sets model keys (vocab, seq, d_model, layers, heads, ...) "
-                "that differ from it: leave them out");
+                "' gives the model's shape (config.json); the config sets model keys (vocab, d_model, layers, heads, ...) "
+                "that differ from it: leave them out (seq alone may be set, to train on shorter windows)");
   if (quant::load_recipe(c.recipe).unit_scaled)
     throw Error("train: recipe '" + c.recipe + "' trains the unit-scaled model, which computes something else than the pretrained '" +
                 c.init + "'");
+  const int64_t seq = c.given.count("seq") ? c.model.seq : pretrained.seq;
+  if (seq < 1 || seq > pretrained.seq)
+    throw Error("train: seq " + std::to_string(seq) + " is outside [1, " + std::to_string(pretrained.seq) + "], the context of init '" +
+                c.init + "' (its config.json)");
   c.model = pretrained;
+  c.model.seq = seq;  // rotary positions take any length; learned ones keep their first seq rows
+  if (!c.given.count("lr")) {
+    c.lr = kFineTuneLr;
+    if (!c.given.count("min_lr")) c.min_lr = kFineTuneLr / 10;  // the pre-training defaults' ratio
+  }
   return c;
 }
 
@@ -115,6 +127,9 @@ hub::Family export_checkpoint(const std::string& checkpoint, const std::string& 
   const std::unique_ptr<Session> s = load_session(st, cfg, checkpoint_file(checkpoint));
   hub::HfConfig hf;
   hf.model = s->model.config();
+  // A fine-tune on windows shorter than its model's context: rotary positions still reach the whole
+  // context (learned ones are the trained rows, seq of them).
+  if (!cfg.init.empty() && !hf.model.learned_positions()) hf.model.seq = hub::read_hf_config(cfg.init).model.seq;
   hf.family = hub::family_of(hf.model);
   hf.dtype = dtype;
   hub::save_hf_model(dir, hf, parameter_values(*s));
