@@ -5,12 +5,14 @@
 #include <cstring>
 #include <filesystem>
 #include <limits>
+#include <nlohmann/json.hpp>
 #include <string>
 
 #include "scalify/error.hpp"
 #include "scalify/hub/hf_weights.hpp"
 #include "scalify/io/atomic_file.hpp"
 #include "scalify/io/input_file.hpp"
+#include "scalify/io/json_text.hpp"
 #include "scalify/platform/memory.hpp"
 #include "scalify/tokenize/bpe.hpp"
 #include "scalify/tokenize/token_file.hpp"
@@ -23,6 +25,35 @@ namespace {
 // Windows per forward pass: as many as keep the logits (B T vocab f32, and the softmax's copy)
 // near 256 MB, from 1 to 16.
 int64_t eval_batch(int64_t context, int64_t vocab) { return std::clamp<int64_t>((int64_t(1) << 28) / (context * vocab * 4), 1, 16); }
+// A model folder's tokenizer files beside those Scalify reads: transformers' own tokenizer
+// (tokenizer.json), and what AutoTokenizer takes its class and special tokens from.
+constexpr const char* kTokenizerSideFiles[] = {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"};
+
+// tokenizer_config.json for a folder that has none: without it AutoTokenizer picks the tokenizer
+// by the model type, and a Llama-shaped model with GPT-2's BPE files (SmolLM2's) then fails.
+// "" when the folder holds no tokenizer.
+std::string tokenizer_config_for(const std::string& model_dir) {
+  namespace fs = std::filesystem;
+  const fs::path dir(model_dir);
+  std::error_code ec;
+  nlohmann::json c;
+  if (fs::exists(dir / "tokenizer.json", ec)) {  // the whole tokenizer, special tokens included
+    c["tokenizer_class"] = "PreTrainedTokenizerFast";
+  } else if (fs::exists(dir / "vocab.json", ec)) {
+    c["tokenizer_class"] = "GPT2Tokenizer";
+    const nlohmann::json vocab =
+        io::try_parse_json(io::read_input_file((dir / "vocab.json").string(), "vocab.json", uint64_t(1) << 30));
+    const char* end_of_text = "<|endoftext|>";  // GPT-2's one special token, where the vocabulary has it
+    if (vocab.is_object() && vocab.contains(end_of_text))
+      for (const char* role : {"bos_token", "eos_token", "unk_token"}) c[role] = end_of_text;
+  } else if (fs::exists(dir / "tokenizer.model", ec)) {  // SentencePiece: Llama's tokenizer and its tokens
+    c = {{"tokenizer_class", "LlamaTokenizer"}, {"bos_token", "<s>"}, {"eos_token", "</s>"}, {"unk_token", "<unk>"}};
+  } else {
+    return "";
+  }
+  return c.dump(2) + "\n";
+}
+
 }  // namespace
 
 Pretrained load_pretrained(const std::string& dir, const quant::Recipe& recipe) {
@@ -135,11 +166,19 @@ hub::Family export_checkpoint(const std::string& checkpoint, const std::string& 
   hub::save_hf_model(dir, hf, parameter_values(*s));
   const std::filesystem::path to(dir);
   if (!cfg.init.empty()) {  // fine-tuned: the pretrained model's tokenizer goes with it
-    for (const char* name : tokenize::tokenizer_file_names()) {
+    std::vector<std::string> names(tokenize::tokenizer_file_names().begin(), tokenize::tokenizer_file_names().end());
+    for (const char* name : kTokenizerSideFiles)
+      if (std::find(names.begin(), names.end(), name) == names.end()) names.push_back(name);
+    for (const std::string& name : names) {
       const std::filesystem::path from = std::filesystem::path(cfg.init) / name;
       std::error_code ec;
       if (std::filesystem::exists(from, ec))
         io::write_text_atomically((to / name).string(), io::read_input_file(from.string(), "tokenizer file", uint64_t(1) << 30));
+    }
+    std::error_code ec;
+    if (!std::filesystem::exists(to / "tokenizer_config.json", ec)) {
+      const std::string config = tokenizer_config_for(cfg.init);
+      if (!config.empty()) io::write_text_atomically((to / "tokenizer_config.json").string(), config);
     }
   } else if (hf.model.vocab == 256) {  // the byte-level GPT: its tokenizer, bytes as themselves
     io::write_text_atomically((to / "vocab.json").string(), tokenize::byte_vocab_json());
