@@ -39,7 +39,9 @@ void ConfigOptions::add_to(CLI::App* command) {
                       "text file or folder of text files (default: Debian's fortunes); with --init also an llm.c token file");
   command->add_option(
       "--init", init,
-      "fine-tune a pretrained Hugging Face model folder (its shape, weights and tokenizer) instead of a new byte-level GPT");
+      "fine-tune a pretrained Hugging Face model folder (its shape, weights and tokenizer) instead of a new byte-level GPT; lr "
+      "defaults to 5e-5 there (Hugging Face Trainer's AdamW default; 2e-3, the pre-training one, moves the weights far in a few "
+      "steps), min_lr to 5e-6; --set seq=N trains on windows shorter than the model's context");
   steps_option = command->add_option("--steps", steps, "optimizer steps (per recipe for compare)")->transform(integer());
   command->add_option("--set", set, "KEY=VALUE override of any train config key (repeatable)");
 }
