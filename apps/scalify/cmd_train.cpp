@@ -130,10 +130,13 @@ void add_train_commands(CLI::App& app) {
     if (ea->model.empty()) {
       if (ea->checkpoint.empty()) throw CLI::ValidationError("eval", "give a checkpoint or --model DIR");
       const train::EvalResult r = train::evaluate(ea->checkpoint, ea->data);
-      if (ea->json)  // %.17g: the double itself, read back bit for bit
-        std::printf("{\"val_loss\": %.17g, \"val_bpb\": %.17g, \"windows\": %zu}\n", r.loss, r.bits_per_byte, r.windows);
-      else
+      if (ea->json) {  // %.17g: the double itself, read back bit for bit
+        char bpb[32] = "null";  // JSON has no NaN: null without a tokenizer (a quantised pretrained model on a token file)
+        if (std::isfinite(r.bits_per_byte)) std::snprintf(bpb, sizeof bpb, "%.17g", r.bits_per_byte);
+        std::printf("{\"val_loss\": %.17g, \"val_bpb\": %s, \"windows\": %zu}\n", r.loss, bpb, r.windows);
+      } else {
         std::printf("validation loss: %.6f nats, %.6f bits per byte (%zu windows)\n", r.loss, r.bits_per_byte, r.windows);
+      }
       return;
     }
     if (ea->data.empty()) throw CLI::ValidationError("eval", "--model needs --data FILE (text or an llm.c token file)");
