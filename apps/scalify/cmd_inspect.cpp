@@ -119,7 +119,8 @@ void print_written(const std::string& out, const std::string& method, const trai
   }
   const bool fp4 = o.method == train::PtqMethod::nvfp4 || o.method == train::PtqMethod::mxfp4;
   std::printf("wrote %s: %zu linear weights in %s (%s%s%s); largest underflow %.3f%%, largest clipped %.3f%%\n", out.c_str(), w.size(),
-              fp4 ? "e2m1" : "e4m3", method.c_str(), o.method == train::PtqMethod::cscale ? (", bias " + std::to_string(o.bias)).c_str() : "",
+              fp4 ? "e2m1" : "e4m3", method.c_str(),
+              o.method == train::PtqMethod::cscale ? (", bias " + std::to_string(o.bias)).c_str() : "",
               o.activations ? "" : ", weights only", 100 * worst_under, 100 * worst_clip);
 }
 

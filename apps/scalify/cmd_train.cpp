@@ -130,7 +130,7 @@ void add_train_commands(CLI::App& app) {
     if (ea->model.empty()) {
       if (ea->checkpoint.empty()) throw CLI::ValidationError("eval", "give a checkpoint or --model DIR");
       const train::EvalResult r = train::evaluate(ea->checkpoint, ea->data);
-      if (ea->json) {  // %.17g: the double itself, read back bit for bit
+      if (ea->json) {           // %.17g: the double itself, read back bit for bit
         char bpb[32] = "null";  // JSON has no NaN: null without a tokenizer (a quantised pretrained model on a token file)
         if (std::isfinite(r.bits_per_byte)) std::snprintf(bpb, sizeof bpb, "%.17g", r.bits_per_byte);
         std::printf("{\"val_loss\": %.17g, \"val_bpb\": %s, \"windows\": %zu}\n", r.loss, bpb, r.windows);

@@ -41,8 +41,7 @@ std::string tokenizer_config_for(const std::string& model_dir) {
     c["tokenizer_class"] = "PreTrainedTokenizerFast";
   } else if (fs::exists(dir / "vocab.json", ec)) {
     c["tokenizer_class"] = "GPT2Tokenizer";
-    const nlohmann::json vocab =
-        io::try_parse_json(io::read_input_file((dir / "vocab.json").string(), "vocab.json", uint64_t(1) << 30));
+    const nlohmann::json vocab = io::try_parse_json(io::read_input_file((dir / "vocab.json").string(), "vocab.json", uint64_t(1) << 30));
     const char* end_of_text = "<|endoftext|>";  // GPT-2's one special token, where the vocabulary has it
     if (vocab.is_object() && vocab.contains(end_of_text))
       for (const char* role : {"bos_token", "eos_token", "unk_token"}) c[role] = end_of_text;

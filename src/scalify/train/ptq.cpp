@@ -324,15 +324,14 @@ EvalResult evaluate_quantized(const io::SafeTensors& st, const std::string& file
   return evaluate_values(cfg, ptq_inference_recipe(o), values, corpus_for(cfg));
 }
 
-std::vector<PtqSweepRow> ptq_sweep(const std::string& checkpoint, int lo, int hi, const std::string& data,
-                                   const SweepProgress& progress) {
+std::vector<PtqSweepRow> ptq_sweep(const std::string& checkpoint, int lo, int hi, const std::string& data, const SweepProgress& progress) {
   auto [src, cfg] = read_checkpoint(checkpoint);
   if (!data.empty()) cfg.data = data;
   const std::unique_ptr<Session> s = load_session(src, cfg, checkpoint_file(checkpoint));
   const Corpus val = corpus_for(cfg);
-  return ptq_sweep(parameter_values(*s), weight_names(*s), lo, hi,
-                   [&](const quant::Recipe& r, const std::map<std::string, Tensor>& v) { return evaluate_values(cfg, r, v, val); },
-                   progress);
+  return ptq_sweep(
+      parameter_values(*s), weight_names(*s), lo, hi,
+      [&](const quant::Recipe& r, const std::map<std::string, Tensor>& v) { return evaluate_values(cfg, r, v, val); }, progress);
 }
 
 size_t ptq_sweep_evaluations(int lo, int hi) { return lo > hi ? 0 : size_t(hi - lo + 1) + 7; }
