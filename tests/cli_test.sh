@@ -242,7 +242,9 @@ expect_error "gives the model's shape" train --init "$hf/tiny_gpt2" --data "$out
 expect_error "holds no tokenizer" sample --model "$out/notok"
 expect_error "--model needs --data" quantize --model "$hf/tiny_gpt2"
 expect_error "needs LO <= HI" quantize --model "$hf/tiny_gpt2" --data "$out/text" --sweep 3:1
-expect_error "names the folder of a --sweep report" quantize --model "$hf/tiny_gpt2" --data "$out/text" --out "$out/q3"
+# A pretrained model quantised into a file that eval runs (evaluated as quantize --model evaluates it).
+"$cli" quantize --model "$hf/tiny_gpt2" --method cscale --bias 1 --context 32 --out "$out/q3.safetensors" | grep -q "^wrote $out/q3.safetensors"
+"$cli" eval "$out/q3.safetensors" --data "$out/text" | grep -q "^validation loss: "
 expect_error "is not an empty folder" export "$out/cmp/runs/f32" --out "$out/exported"
 expect_error "takes neither --method" quantize --model "$hf/tiny_gpt2" --data "$out/text" --sweep -1:1 --method mx
 expect_error "give a checkpoint or --model" quantize --out "$out/q2.safetensors"

@@ -193,7 +193,7 @@ TEST(PretrainedPtq, SweepAndAmaxBiases) {
   std::vector<int32_t> tokens(65);
   for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = int32_t((i * 37 + 11) % 1000);
   const train::PretrainedPtq study = train::pretrained_ptq(p, tokens, 64, 1, -1, 1);
-  ASSERT_EQ(study.rows.size(), 7u + 3u);
+  ASSERT_EQ(study.rows.size(), 8u + 2 * 3u);  // f32, AMAX e4m3 and e5m2, MXFP8, four FP4; CSCALE e4m3 and e5m2 at 3 biases
   EXPECT_EQ(study.rows[0].method, "f32");
   EXPECT_EQ(study.rows[0].eval.loss, train::evaluate_tokens(*p.session, tokens, p.tokenizer.get(), 64, 1).loss);
   const auto rule = [](double amax) { return int(std::floor(std::log2(448.0 / amax))); };

@@ -2,6 +2,7 @@
 // `scalify quantize` (FP8 post-training quantisation of a checkpoint, or the seed 003 sweep).
 #include <algorithm>
 #include <charconv>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -107,26 +108,51 @@ std::pair<int, int> sweep_range(const std::string& sweep) {
   return {lo, hi};
 }
 
-// quantize --model DIR --data FILE: one method's loss against f32, or with --sweep seed 003's study.
+// A sweep's progress on stderr, a line per evaluation (each takes long enough to wonder about):
+// what it evaluates, its index of all, the time since the sweep began.
+train::SweepProgress sweep_progress() {
+  return [start = std::chrono::steady_clock::now()](const std::string& what, size_t index, size_t total) {
+    const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    std::fprintf(stderr, "quantize: evaluation %zu of %zu: %s (elapsed %.0f s)\n", index, total, what.c_str(), elapsed);
+    std::fflush(stderr);
+  };
+}
+
+// The summary of a quantised file written.
+void print_written(const std::string& out, const std::string& method, const train::PtqOptions& o, const std::vector<train::PtqWeight>& w) {
+  double worst_under = 0, worst_clip = 0;
+  for (const train::PtqWeight& x : w) {
+    worst_under = std::max(worst_under, x.underflow);
+    worst_clip = std::max(worst_clip, x.clipped);
+  }
+  const bool fp4 = o.method == train::PtqMethod::nvfp4 || o.method == train::PtqMethod::mxfp4;
+  std::printf("wrote %s: %zu linear weights in %s (%s%s%s); largest underflow %.3f%%, largest clipped %.3f%%\n", out.c_str(), w.size(),
+              fp4 ? "e2m1" : std::string(format_name(o.element)).c_str(), method.c_str(),
+              o.method == train::PtqMethod::cscale ? (", bias " + std::to_string(o.bias)).c_str() : "",
+              o.activations ? "" : ", weights only", 100 * worst_under, 100 * worst_clip);
+}
+
+// quantize --model DIR --data FILE: one method's loss against f32, or with --sweep seed 003's
+// study; --out FILE (without --sweep): the quantised model written for `scalify eval`.
 void quantize_pretrained(const QuantizeArgs& a, bool method_given, bool bias_given, bool format_given, bool sweep) {
-  if (a.data.empty()) throw Error("quantize: --model needs --data FILE (text or an llm.c token file)");
   if (a.context < 0 || a.windows < 0) throw Error("quantize: --context and --windows must be >= 0");
   if (sweep && (bias_given || a.weights_only || method_given || format_given))
     throw Error("quantize: --sweep runs every method, format and bias; it takes neither --method, --format, --bias nor --weights-only");
   const train::PtqOptions o = ptq_options(a);
   if (bias_given && o.method != train::PtqMethod::cscale) throw Error("quantize: --bias applies to --method cscale only");
   const auto range = sweep ? sweep_range(a.sweep) : std::pair{o.bias, o.bias};
-  if (!sweep && !a.out.empty()) throw Error("quantize: with --model, --out names the folder of a --sweep report");
-  if (!a.out.empty()) check_out_folder(a.out);
+  if (!sweep && !a.out.empty()) {
+    print_written(a.out, a.method, o, train::quantize_pretrained(a.model, a.out, o, a.context));
+    if (a.data.empty()) return;
+  }
+  if (a.data.empty()) throw Error("quantize: --model needs --data FILE (text or an llm.c token file), or --out FILE to write the model");
+  if (sweep && !a.out.empty()) check_out_folder(a.out);
   const train::Pretrained p = train::load_pretrained(a.model);
   const std::vector<int32_t> tokens = train::read_tokens(a.data, p.tokenizer.get(), p.hf.model.vocab);
   const int64_t context = a.context > 0 ? a.context : train::default_context(p.hf.model);
-  auto print = status_printer();
   if (sweep) {
-    const train::PretrainedPtq study = train::pretrained_ptq(
-        p, tokens, context, size_t(a.windows), range.first, range.second,
-        [&](size_t done, size_t total) { print("evaluation " + std::to_string(done) + " / " + std::to_string(total)); });
-    std::fprintf(stderr, "\n");
+    const train::PretrainedPtq study =
+        train::pretrained_ptq(p, tokens, context, size_t(a.windows), range.first, range.second, sweep_progress());
     std::printf("%s", train::pretrained_ptq_markdown(study).c_str());
     if (!a.out.empty()) {
       report_missing_picture(train::write_pretrained_ptq(a.out, study));
@@ -179,7 +205,9 @@ void add_inspect_commands(CLI::App& app) {
   q->add_option("--windows", qa->windows, "with --model: at most this many windows per evaluation (default: all)")
       ->transform(integer())
       ->needs(model);
-  q->add_option("--out", qa->out, "quantised checkpoint to write (.safetensors), or with --sweep a folder for sweep.md/csv");
+  q->add_option("--out", qa->out,
+                "quantised checkpoint to write (.safetensors; with --model too: `scalify eval FILE` runs it), or with --sweep a folder "
+                "for the report");
   auto* method = q->add_option("--method", qa->method,
                                "amax (per-tensor bias from amax), cscale (one constant bias), mx (MXFP8), nvfp4, mxfp4; default amax");
   auto* weights_only = q->add_flag("--weights-only", qa->weights_only, "quantise the weights only; the activations stay f32");
@@ -198,27 +226,14 @@ void add_inspect_commands(CLI::App& app) {
       const train::PtqOptions o = ptq_options(*qa);
       if (bias->count() > 0 && o.method != train::PtqMethod::cscale) throw Error("quantize: --bias applies to --method cscale only");
       if (!qa->data.empty()) throw Error("quantize: --data applies to --sweep only (eval takes --data for the quantised file)");
-      const std::vector<train::PtqWeight> w = train::quantize_checkpoint(qa->checkpoint, qa->out, o);
-      double worst_under = 0, worst_clip = 0;
-      for (const train::PtqWeight& x : w) {
-        worst_under = std::max(worst_under, x.underflow);
-        worst_clip = std::max(worst_clip, x.clipped);
-      }
-      const bool fp4 = o.method == train::PtqMethod::nvfp4 || o.method == train::PtqMethod::mxfp4;
-      std::printf("wrote %s: %zu linear weights in %s (%s%s%s); largest underflow %.3f%%, largest clipped %.3f%%\n", qa->out.c_str(),
-                  w.size(), fp4 ? "e2m1" : std::string(format_name(o.element)).c_str(), qa->method.c_str(),
-                  o.method == train::PtqMethod::cscale ? (", bias " + std::to_string(o.bias)).c_str() : "",
-                  o.activations ? "" : ", weights only", 100 * worst_under, 100 * worst_clip);
+      print_written(qa->out, qa->method, o, train::quantize_checkpoint(qa->checkpoint, qa->out, o));
       return;
     }
     if (bias->count() + method->count() + weights_only->count() + format->count() > 0)
       throw Error("quantize: --sweep runs every method, format and bias; it takes neither --method, --format, --bias nor --weights-only");
     const auto [lo, hi] = sweep_range(qa->sweep);
     if (!qa->out.empty()) check_out_folder(qa->out);
-    auto print = status_printer();
-    print("sweeping " + std::to_string(train::ptq_sweep_evaluations(lo, hi)) + " evaluations...");
-    const std::vector<train::PtqSweepRow> rows = train::ptq_sweep(qa->checkpoint, lo, hi, qa->data);
-    std::fprintf(stderr, "\n");
+    const std::vector<train::PtqSweepRow> rows = train::ptq_sweep(qa->checkpoint, lo, hi, qa->data, sweep_progress());
     const std::string md = train::ptq_sweep_markdown(rows);
     std::printf("%s", md.c_str());
     if (!qa->out.empty()) {

@@ -39,7 +39,10 @@ void ConfigOptions::add_to(CLI::App* command) {
                       "text file or folder of text files (default: Debian's fortunes); with --init also an llm.c token file");
   command->add_option(
       "--init", init,
-      "fine-tune a pretrained Hugging Face model folder or .gguf file (its shape, weights and tokenizer) instead of a new byte-level GPT");
+      "fine-tune a pretrained Hugging Face model folder or .gguf file (its shape, weights and tokenizer) instead of a new byte-level GPT; "
+      "lr "
+      "defaults to 5e-5 there (Hugging Face Trainer's AdamW default; 2e-3, the pre-training one, moves the weights far in a few "
+      "steps), min_lr to 5e-6; --set seq=N trains on windows shorter than the model's context");
   steps_option = command->add_option("--steps", steps, "optimizer steps (per recipe for compare)")->transform(integer());
   command->add_option("--set", set, "KEY=VALUE override of any train config key (repeatable)");
 }
@@ -129,10 +132,13 @@ void add_train_commands(CLI::App& app) {
     if (ea->model.empty()) {
       if (ea->checkpoint.empty()) throw CLI::ValidationError("eval", "give a checkpoint or --model DIR");
       const train::EvalResult r = train::evaluate(ea->checkpoint, ea->data);
-      if (ea->json)  // %.17g: the double itself, read back bit for bit
-        std::printf("{\"val_loss\": %.17g, \"val_bpb\": %.17g, \"windows\": %zu}\n", r.loss, r.bits_per_byte, r.windows);
-      else
+      if (ea->json) {           // %.17g: the double itself, read back bit for bit
+        char bpb[32] = "null";  // JSON has no NaN: null without a tokenizer (a quantised pretrained model on a token file)
+        if (std::isfinite(r.bits_per_byte)) std::snprintf(bpb, sizeof bpb, "%.17g", r.bits_per_byte);
+        std::printf("{\"val_loss\": %.17g, \"val_bpb\": %s, \"windows\": %zu}\n", r.loss, bpb, r.windows);
+      } else {
         std::printf("validation loss: %.6f nats, %.6f bits per byte (%zu windows)\n", r.loss, r.bits_per_byte, r.windows);
+      }
       return;
     }
     if (ea->data.empty()) throw CLI::ValidationError("eval", "--model needs --data FILE (text or an llm.c token file)");

@@ -23,11 +23,15 @@ def train(out: Union[str, "os.PathLike[str]"], *, recipe: Union[str, "os.PathLik
 
     recipe: a preset name (default f32), a recipe JSON file, or a ``Recipe`` (written into the run
     folder as ``out``/recipe.json). settings: any train config key (d_model=64, layers=2, seq=64,
-    batch=16, lr=2e-3, seed=1, ...), as for ``--set``. progress(step, steps, loss) is called after
+    batch=16, lr=2e-3, seed=1, ...), as for ``--set``; ``init=DIR`` fine-tunes a pretrained Hugging
+    Face folder (its shape; seq may be set up to its context; lr defaults to 5e-5 and min_lr to
+    5e-6 there, Hugging Face Trainer's AdamW default). progress(step, steps, loss) is called after
     every step. Ctrl-C stops the run between steps (KeyboardInterrupt); ``resume=True`` continues
     it from its last checkpoint as ``scalify train --resume`` does: under the run's own config.toml
     and recipe, the keys given (steps=... to train further) overriding it; a recipe given must be
     the run's. ``save_initial=True`` also writes the model at step 0 as ``out``/initial.safetensors.
+    The run folder's model.safetensors holds the final model alone (checkpoint.safetensors also the
+    optimizer state a resume continues from).
     The result holds val_loss, train_loss, tokens_per_s, ..., run_dir and ``metrics``
     (``read_metrics(run_dir)``)."""
     given = dict(settings)

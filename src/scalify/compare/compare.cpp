@@ -621,6 +621,15 @@ CompareConfig comparison_config(const std::string& out) {
   CompareConfig c = read_json_file(file, "", [&](const json& j) {
     CompareConfig r;
     r.base = train::parse_config(j.at("config").get<std::string>(), file.string());
+    // The keys the comparison was given (config.toml-style text sets them all): a fine-tune's
+    // defaults (its model's seq, the fine-tuning lr) apply again on a resume. Comparisons from
+    // before "given" was recorded gave everything but seq, which --init then took from the model.
+    if (j.contains("given")) {
+      r.base.given.clear();
+      for (const std::string& key : j.at("given").get<std::vector<std::string>>()) r.base.given.insert(key);
+    } else {
+      r.base.given.erase("seq");
+    }
     r.recipes = j.at("recipes").get<std::vector<std::string>>();
     if (j.contains("seeds")) r.seeds = j.at("seeds").get<std::vector<uint64_t>>();  // absent from older comparisons: one seed
     r.speed.rounds = j.value("speed_rounds", 0);                                    // older comparisons did not time interleaved
@@ -677,6 +686,7 @@ CompareReport compare(const CompareConfig& given, bool resume, const CompareProg
       io::make_folder((dir / "runs").string());
       write_text(dir / "compare.json", json{{"recipes", config.recipes},
                                             {"config", config.base.to_toml()},
+                                            {"given", config.base.given},
                                             {"seeds", config.seeds},
                                             {"speed_rounds", config.speed.rounds}}
                                                .dump(2) +

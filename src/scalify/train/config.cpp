@@ -163,7 +163,10 @@ const Key& find_key(const std::string& key) {
 }
 }  // namespace
 
-void TrainConfig::set(const std::string& key, const std::string& value) { find_key(key).set(*this, value); }
+void TrainConfig::set(const std::string& key, const std::string& value) {
+  find_key(key).set(*this, value);
+  given.insert(key);
+}
 
 void TrainConfig::set(const std::string& key_equals_value) {
   const size_t eq = key_equals_value.find('=');
@@ -247,6 +250,7 @@ TrainConfig parse_config(const std::string& text, const std::string& what) {
       throw Error("config: '" + key + "' has an unsupported value type");
     }
     entry.set(c, v);
+    c.given.insert(key);
   }
   return c;
 }

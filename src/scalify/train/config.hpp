@@ -3,6 +3,7 @@
 // the command line. Keys are flat (`steps = 600`); unknown keys, wrong types and out-of-range
 // values are errors naming the key. The effective configuration is written to the run folder.
 #include <functional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -28,6 +29,9 @@ struct TrainConfig {
   // window-sampling error of a delta (compare/noise.hpp); 64 gave 4.
   int64_t eval_every = 100, eval_windows = 256, checkpoint_every = 100, stats_every = 50;
   double val_fraction = 0.1;
+  // The keys given explicitly (set(), a config file, a run's config.toml), so that a default a
+  // pretrained model changes (seq, lr, min_lr: with_pretrained_model) never overrides a choice.
+  std::set<std::string> given;
 
   // Sets one key from its text form (command-line overrides); throws naming the key.
   void set(const std::string& key, const std::string& value);

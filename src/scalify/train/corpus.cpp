@@ -90,11 +90,11 @@ std::vector<uint8_t> read_text(const std::string& path, Corpus& c) {
 // Where the validation part of n items starts: the last val_fraction of them.
 size_t split_point(size_t n, double val_fraction) { return n - size_t(std::ceil(double(n) * val_fraction)); }
 
-void check_sizes(const Corpus& c, size_t total, size_t min_each) {
+void check_sizes(const Corpus& c, size_t total, size_t min_each, const std::string& reason = "one batch of windows") {
   if (c.train.size() < min_each || c.val.size() < min_each)
     throw Error("data: '" + c.source + "' is too short: " + std::to_string(total) + " " + c.unit() + " give " +
                 std::to_string(c.train.size()) + " training and " + std::to_string(c.val.size()) + " validation " + c.unit() +
-                "; each needs at least " + std::to_string(min_each) + " (one batch of windows)");
+                "; each needs at least " + std::to_string(min_each) + " (" + reason + ")");
 }
 
 }  // namespace
@@ -134,7 +134,7 @@ void check_vocabulary(const std::vector<int32_t>& tokens, int64_t vocab, const s
 }
 
 Corpus load_token_corpus(const std::string& path, const tokenize::Tokenizer* tokenizer, int64_t vocab, double val_fraction,
-                         size_t min_tokens_each) {
+                         size_t min_tokens_each, const std::string& min_reason) {
   check_fraction(val_fraction);
   Corpus c;
   size_t total = 0;
@@ -168,7 +168,7 @@ Corpus load_token_corpus(const std::string& path, const tokenize::Tokenizer* tok
   } else {
     c.tokenizer = "pre-tokenised";
   }
-  check_sizes(c, total, min_tokens_each);
+  check_sizes(c, total, min_tokens_each, min_reason);
   return c;
 }
 

@@ -37,9 +37,10 @@ std::string default_corpus_path();
 Corpus load_corpus(const std::string& path, double val_fraction, size_t min_bytes_each);
 // The same text through `tokenizer` (its bytes split as above, then each part encoded), or an
 // llm.c token file (recognised by its magic; its tokens split by the same fraction; no tokenizer
-// needed). Every token must be below `vocab`; each part needs `min_tokens_each` tokens.
+// needed). Every token must be below `vocab`; each part needs `min_tokens_each` tokens (what
+// they make up, `min_reason`, says so in the error).
 Corpus load_token_corpus(const std::string& path, const tokenize::Tokenizer* tokenizer, int64_t vocab, double val_fraction,
-                         size_t min_tokens_each);
+                         size_t min_tokens_each, const std::string& min_reason = "one batch of windows");
 
 // The tokens of `path`: an llm.c token file as stored, else its text (a file or folder, as above)
 // through `tokenizer` (an error when there is none). Every token must be below `vocab`.

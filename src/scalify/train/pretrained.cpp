@@ -5,12 +5,14 @@
 #include <cstring>
 #include <filesystem>
 #include <limits>
+#include <nlohmann/json.hpp>
 #include <string>
 
 #include "scalify/error.hpp"
 #include "scalify/hub/hf_weights.hpp"
 #include "scalify/io/atomic_file.hpp"
 #include "scalify/io/input_file.hpp"
+#include "scalify/io/json_text.hpp"
 #include "scalify/platform/memory.hpp"
 #include "scalify/tokenize/bpe.hpp"
 #include "scalify/tokenize/token_file.hpp"
@@ -23,6 +25,34 @@ namespace {
 // Windows per forward pass: as many as keep the logits (B T vocab f32, and the softmax's copy)
 // near 256 MB, from 1 to 16.
 int64_t eval_batch(int64_t context, int64_t vocab) { return std::clamp<int64_t>((int64_t(1) << 28) / (context * vocab * 4), 1, 16); }
+// A model folder's tokenizer files beside those Scalify reads: transformers' own tokenizer
+// (tokenizer.json), and what AutoTokenizer takes its class and special tokens from.
+constexpr const char* kTokenizerSideFiles[] = {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"};
+
+// tokenizer_config.json for a folder that has none: without it AutoTokenizer picks the tokenizer
+// by the model type, and a Llama-shaped model with GPT-2's BPE files (SmolLM2's) then fails.
+// "" when the folder holds no tokenizer.
+std::string tokenizer_config_for(const std::string& model_dir) {
+  namespace fs = std::filesystem;
+  const fs::path dir(model_dir);
+  std::error_code ec;
+  nlohmann::json c;
+  if (fs::exists(dir / "tokenizer.json", ec)) {  // the whole tokenizer, special tokens included
+    c["tokenizer_class"] = "PreTrainedTokenizerFast";
+  } else if (fs::exists(dir / "vocab.json", ec)) {
+    c["tokenizer_class"] = "GPT2Tokenizer";
+    const nlohmann::json vocab = io::try_parse_json(io::read_input_file((dir / "vocab.json").string(), "vocab.json", uint64_t(1) << 30));
+    const char* end_of_text = "<|endoftext|>";  // GPT-2's one special token, where the vocabulary has it
+    if (vocab.is_object() && vocab.contains(end_of_text))
+      for (const char* role : {"bos_token", "eos_token", "unk_token"}) c[role] = end_of_text;
+  } else if (fs::exists(dir / "tokenizer.model", ec)) {  // SentencePiece: Llama's tokenizer and its tokens
+    c = {{"tokenizer_class", "LlamaTokenizer"}, {"bos_token", "<s>"}, {"eos_token", "</s>"}, {"unk_token", "<unk>"}};
+  } else {
+    return "";
+  }
+  return c.dump(2) + "\n";
+}
+
 }  // namespace
 
 Pretrained load_pretrained(const std::string& dir, const quant::Recipe& recipe) {
@@ -83,14 +113,26 @@ TrainConfig with_pretrained_model(const TrainConfig& config) {
   if (config.init.empty()) return config;
   TrainConfig c = config;
   const nn::GptConfig pretrained = hub::read_hf_config(c.init).model;
-  if (c.model != pretrained && c.model != nn::GptConfig{})
+  // seq aside: a fine-tune may train on windows shorter than the model's context.
+  nn::GptConfig shape = c.model, init_shape = pretrained, default_shape;
+  shape.seq = init_shape.seq = default_shape.seq = 0;
+  if (shape != init_shape && shape != default_shape)
     throw Error("train: init '" + c.init +
-                "' gives the model's shape (config.json); the config sets model keys (vocab, seq, d_model, layers, heads, ...) "
-                "that differ from it: leave them out");
+                "' gives the model's shape (config.json); the config sets model keys (vocab, d_model, layers, heads, ...) "
+                "that differ from it: leave them out (seq alone may be set, to train on shorter windows)");
   if (quant::load_recipe(c.recipe).unit_scaled)
     throw Error("train: recipe '" + c.recipe + "' trains the unit-scaled model, which computes something else than the pretrained '" +
                 c.init + "'");
+  const int64_t seq = c.given.count("seq") ? c.model.seq : pretrained.seq;
+  if (seq < 1 || seq > pretrained.seq)
+    throw Error("train: seq " + std::to_string(seq) + " is outside [1, " + std::to_string(pretrained.seq) + "], the context of init '" +
+                c.init + "' (its config.json)");
   c.model = pretrained;
+  c.model.seq = seq;  // rotary positions take any length; learned ones keep their first seq rows
+  if (!c.given.count("lr")) {
+    c.lr = kFineTuneLr;
+    if (!c.given.count("min_lr")) c.min_lr = kFineTuneLr / 10;  // the pre-training defaults' ratio
+  }
   return c;
 }
 
@@ -115,16 +157,27 @@ hub::Family export_checkpoint(const std::string& checkpoint, const std::string& 
   const std::unique_ptr<Session> s = load_session(st, cfg, checkpoint_file(checkpoint));
   hub::HfConfig hf;
   hf.model = s->model.config();
+  // A fine-tune on windows shorter than its model's context: rotary positions still reach the whole
+  // context (learned ones are the trained rows, seq of them).
+  if (!cfg.init.empty() && !hf.model.learned_positions()) hf.model.seq = hub::read_hf_config(cfg.init).model.seq;
   hf.family = hub::family_of(hf.model);
   hf.dtype = dtype;
   hub::save_hf_model(dir, hf, parameter_values(*s));
   const std::filesystem::path to(dir);
   if (!cfg.init.empty()) {  // fine-tuned: the pretrained model's tokenizer goes with it
-    for (const char* name : tokenize::tokenizer_file_names()) {
+    std::vector<std::string> names(tokenize::tokenizer_file_names().begin(), tokenize::tokenizer_file_names().end());
+    for (const char* name : kTokenizerSideFiles)
+      if (std::find(names.begin(), names.end(), name) == names.end()) names.push_back(name);
+    for (const std::string& name : names) {
       const std::filesystem::path from = std::filesystem::path(cfg.init) / name;
       std::error_code ec;
       if (std::filesystem::exists(from, ec))
         io::write_text_atomically((to / name).string(), io::read_input_file(from.string(), "tokenizer file", uint64_t(1) << 30));
+    }
+    std::error_code ec;
+    if (!std::filesystem::exists(to / "tokenizer_config.json", ec)) {
+      const std::string config = tokenizer_config_for(cfg.init);
+      if (!config.empty()) io::write_text_atomically((to / "tokenizer_config.json").string(), config);
     }
   } else if (hf.model.vocab == 256) {  // the byte-level GPT: its tokenizer, bytes as themselves
     io::write_text_atomically((to / "vocab.json").string(), tokenize::byte_vocab_json());

@@ -39,10 +39,17 @@ struct TokenEval {
 TokenEval evaluate_tokens(const Session& s, const std::vector<int32_t>& tokens, const tokenize::Tokenizer* tokenizer, int64_t context,
                           size_t max_windows, const std::function<void(size_t, size_t)>& progress = {});
 
+// A fine-tune's peak learning rate where the config gives none: AdamW's 5e-5, the default of
+// Hugging Face's Trainer, and min_lr a tenth of it. The pre-training default (2e-3) moves a
+// pretrained model far from its weights in a few steps.
+constexpr double kFineTuneLr = 5e-5;
+
 // A config with `init` set takes its model's shape from that folder's config.json (a new run's
-// config has the default shape there; a resumed run's has that very shape); a config that sets
-// another shape, or a unit-scaling recipe (it would change what the weights compute), is an
-// error. Without `init`, the config as it is.
+// config has the default shape there; a resumed run's has that very shape) with the config's seq
+// where one was given (TrainConfig::given), at most the model's context: a fine-tune on shorter
+// windows. A config that sets another shape, or a unit-scaling recipe (it would change what the
+// weights compute), is an error. lr and min_lr not given take kFineTuneLr's. Without `init`, the
+// config as it is.
 TrainConfig with_pretrained_model(const TrainConfig& config);
 
 // FILE's text through DIR's tokenizer, written as an llm.c token file `out` (atomically).

@@ -67,18 +67,20 @@ std::vector<LayerScalingBias> amax_biases(const Pretrained& p, const std::map<st
 }  // namespace
 
 PretrainedPtq pretrained_ptq(const Pretrained& p, const std::vector<int32_t>& tokens, int64_t context, size_t max_windows, int lo, int hi,
-                             const std::function<void(size_t, size_t)>& progress) {
+                             const SweepProgress& progress) {
   const std::map<std::string, Tensor> f32 = parameter_values(*p.session);
   const size_t total = ptq_sweep_evaluations(lo, hi) + 1;  // and the biases' pass
-  size_t done = 0;
   PretrainedPtq study;
-  study.rows = ptq_sweep(f32, ptq_weights(p.session->model), lo, hi, [&](const quant::Recipe& r, const std::map<std::string, Tensor>& v) {
-    const TokenEval e = evaluate_tokens(*inference_session(p.session->cfg, r, v), tokens, p.tokenizer.get(), context, max_windows);
-    if (progress) progress(++done, total);
-    return as_eval_result(e);
-  });
+  study.rows = ptq_sweep(
+      f32, ptq_weights(p.session->model), lo, hi,
+      [&](const quant::Recipe& r, const std::map<std::string, Tensor>& v) {
+        return as_eval_result(evaluate_tokens(*inference_session(p.session->cfg, r, v), tokens, p.tokenizer.get(), context, max_windows));
+      },
+      [&](const std::string& what, size_t index, size_t) {
+        if (progress) progress(what, index, total);
+      });
+  if (progress) progress("FP8-AMAX biases", total, total);
   study.biases = amax_biases(p, f32, tokens, context, max_windows);
-  if (progress) progress(total, total);
   return study;
 }
 

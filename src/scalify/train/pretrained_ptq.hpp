@@ -26,10 +26,10 @@ struct PretrainedPtq {
   double tolerance = 0.005;              // the band: within 0.5 % of f32 (Table 3's 99.5 %)
 };
 
-// The study on `tokens` (windows as evaluate_tokens takes them); `progress(evaluations done,
-// total)` after each evaluation.
+// The study on `tokens` (windows as evaluate_tokens takes them); `progress` before each
+// evaluation (ptq_sweep's, then "FP8-AMAX biases", the pass that counts the activations' biases).
 PretrainedPtq pretrained_ptq(const Pretrained& p, const std::vector<int32_t>& tokens, int64_t context, size_t max_windows, int lo, int hi,
-                             const std::function<void(size_t, size_t)>& progress = {});
+                             const SweepProgress& progress = {});
 // The Markdown report (the sweep table, the band, the bias table).
 std::string pretrained_ptq_markdown(const PretrainedPtq& study);
 // DIR/report.md, sweep.csv, scaling_biases.csv and scaling_biases.png (gnuplot: a panel each for

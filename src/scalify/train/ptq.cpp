@@ -15,6 +15,9 @@
 #include "scalify/io/json_text.hpp"
 #include "scalify/quant/quantizer.hpp"
 #include "scalify/tensor/ops.hpp"
+#include "scalify/train/corpus.hpp"
+#include "scalify/train/init_record.hpp"
+#include "scalify/train/pretrained.hpp"
 #include "scalify/train/session.hpp"
 
 namespace scalify::train {
@@ -141,21 +144,17 @@ std::map<std::string, Tensor> ptq_quantize_values(const std::map<std::string, Te
   return v;
 }
 
-std::vector<PtqWeight> quantize_checkpoint(const std::string& checkpoint, const std::string& out, const PtqOptions& o) {
-  check(o);
-  std::error_code ec;
-  if (fs::is_directory(out, ec))
-    throw Error("quantize: the output '" + out + "' is a folder; give a file name such as model_fp8.safetensors");
-  std::vector<std::string> inputs = {checkpoint_file(checkpoint)};  // and the files of its run folder
-  for (const char* f : run_file_names()) inputs.push_back((fs::path(checkpoint_file(checkpoint)).parent_path() / f).string());
-  io::refuse_to_overwrite(out, inputs, "quantize");
-  const auto [src, cfg] = read_checkpoint(checkpoint);
-  const std::unique_ptr<Session> s = load_session(src, cfg, checkpoint_file(checkpoint));
-  std::map<std::string, Tensor> values = parameter_values(*s);
-  const std::vector<std::string> weights = weight_names(*s);
+namespace {
+
+// Writes the quantised checkpoint `out` of `values` (f32, by parameter name, in `names` order):
+// `weights` quantised as `o` says, metadata "config" `cfg` and "scalify.ptq" `ptq` with the
+// method's keys added.
+std::vector<PtqWeight> write_quantized(const std::string& out, const std::vector<std::string>& names,
+                                       const std::map<std::string, Tensor>& values, const std::vector<std::string>& weights,
+                                       const PtqOptions& o, const TrainConfig& cfg, json ptq) {
   io::SafeTensors st;
   std::vector<PtqWeight> report;
-  for (const std::string& name : s->names) {
+  for (const std::string& name : names) {
     const Tensor& v = values.at(name);
     if (std::find(weights.begin(), weights.end(), name) == weights.end()) {
       st.tensors.emplace_back("param." + name, v);
@@ -183,12 +182,52 @@ std::vector<PtqWeight> quantize_checkpoint(const std::string& checkpoint, const 
       st.tensors.emplace_back("param." + name, codes);
     }
   }
-  const json ptq = {
-      {"version", kPtqVersion}, {"method", ptq_method_name(o.method)}, {"element", std::string(format_name(element_of(o)))},
-      {"bias", o.bias},         {"activations", o.activations},        {"source_step", checkpoint_step(src, checkpoint_file(checkpoint))}};
+  ptq["version"] = kPtqVersion;
+  ptq["method"] = ptq_method_name(o.method);
+  ptq["element"] = std::string(format_name(element_of(o)));
+  ptq["bias"] = o.bias;
+  ptq["activations"] = o.activations;
   st.metadata = {{"config", cfg.to_toml()}, {"scalify.ptq", ptq.dump()}};
   io::write_safetensors(out, st);
   return report;
+}
+
+void check_output_file(const std::string& out, std::vector<std::string> inputs) {
+  std::error_code ec;
+  if (fs::is_directory(out, ec))
+    throw Error("quantize: the output '" + out + "' is a folder; give a file name such as model_fp8.safetensors");
+  io::refuse_to_overwrite(out, inputs, "quantize");
+}
+
+}  // namespace
+
+std::vector<PtqWeight> quantize_checkpoint(const std::string& checkpoint, const std::string& out, const PtqOptions& o) {
+  check(o);
+  std::vector<std::string> inputs = {checkpoint_file(checkpoint)};  // and the files of its run folder
+  for (const char* f : run_file_names()) inputs.push_back((fs::path(checkpoint_file(checkpoint)).parent_path() / f).string());
+  check_output_file(out, inputs);
+  const auto [src, cfg] = read_checkpoint(checkpoint);
+  const std::unique_ptr<Session> s = load_session(src, cfg, checkpoint_file(checkpoint));
+  return write_quantized(out, s->names, parameter_values(*s), weight_names(*s), o, cfg,
+                         {{"source_step", checkpoint_step(src, checkpoint_file(checkpoint))}});
+}
+
+std::vector<PtqWeight> quantize_pretrained(const std::string& model_dir, const std::string& out, const PtqOptions& o, int64_t context) {
+  check(o);
+  std::vector<std::string> inputs;  // every file of the model folder
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(model_dir, ec)) inputs.push_back(e.path().string());
+  check_output_file(out, inputs);
+  const Pretrained p = load_pretrained(model_dir);
+  const int64_t c = context > 0 ? context : default_context(p.hf.model);
+  if (c > p.hf.model.seq)
+    throw Error("quantize: --context " + std::to_string(c) + " exceeds the model's " + std::to_string(p.hf.model.seq));
+  // The folder it came from gives the tokenizer eval reads text with; its files are recorded.
+  TrainConfig cfg = p.session->cfg;
+  cfg.init = model_dir;
+  cfg = record_init(cfg);
+  return write_quantized(out, p.session->names, parameter_values(*p.session), weight_names(*p.session), o, cfg,
+                         {{"source_model", cfg.init}, {"context", c}});
 }
 
 namespace {
@@ -251,6 +290,7 @@ EvalResult evaluate_quantized(const io::SafeTensors& st, const std::string& file
   if (!data.empty()) cfg.data = data;
   PtqOptions o;
   int version = 0;
+  int64_t context = 0;  // > 0: quantised from a pretrained model, evaluated on windows of this many tokens
   try {
     const json ptq = io::parse_json(st.metadata.at("scalify.ptq"), "metadata");
     version = ptq.at("version").get<int>();
@@ -262,6 +302,8 @@ EvalResult evaluate_quantized(const io::SafeTensors& st, const std::string& file
     if (element != format_name(element_of(o))) throw Error("element format " + io::json_excerpt(ptq.at("element")));
     o.bias = ptq.at("bias").get<int>();
     o.activations = !ptq.contains("activations") || ptq.at("activations").get<bool>();
+    if (ptq.contains("context")) context = ptq.at("context").get<int64_t>();
+    if (ptq.contains("context") && (context < 1 || context > cfg.model.seq)) throw Error("context " + std::to_string(context));
     check(o);
   } catch (const std::exception& e) {
     throw Error("quantised checkpoint '" + file + "': bad 'scalify.ptq' metadata (" + e.what() + ")");
@@ -280,29 +322,46 @@ EvalResult evaluate_quantized(const io::SafeTensors& st, const std::string& file
     }
     if (!std::isfinite(ops::sum_squares(values[name]))) throw bad("holds NaN or infinite values");
   }
+  if (context > 0) {  // a pretrained model's (quantize --model): evaluated as eval --model evaluates it
+    const std::unique_ptr<tokenize::Tokenizer> tokenizer = run_tokenizer(cfg, file);
+    const std::vector<int32_t> tokens = read_tokens(cfg.data.empty() ? default_corpus_path() : cfg.data, tokenizer.get(), cfg.model.vocab);
+    const TokenEval t =
+        evaluate_tokens(*inference_session(cfg, ptq_inference_recipe(o), values), tokens, tokenizer.get(), context, size_t(0));
+    return {t.loss, t.bits_per_byte, t.windows, {}};
+  }
   return evaluate_values(cfg, ptq_inference_recipe(o), values, corpus_for(cfg));
 }
 
-std::vector<PtqSweepRow> ptq_sweep(const std::string& checkpoint, int lo, int hi, const std::string& data) {
+std::vector<PtqSweepRow> ptq_sweep(const std::string& checkpoint, int lo, int hi, const std::string& data, const SweepProgress& progress) {
   auto [src, cfg] = read_checkpoint(checkpoint);
   if (!data.empty()) cfg.data = data;
   const std::unique_ptr<Session> s = load_session(src, cfg, checkpoint_file(checkpoint));
   const Corpus val = corpus_for(cfg);
-  return ptq_sweep(parameter_values(*s), weight_names(*s), lo, hi,
-                   [&](const quant::Recipe& r, const std::map<std::string, Tensor>& v) { return evaluate_values(cfg, r, v, val); });
+  return ptq_sweep(
+      parameter_values(*s), weight_names(*s), lo, hi,
+      [&](const quant::Recipe& r, const std::map<std::string, Tensor>& v) { return evaluate_values(cfg, r, v, val); }, progress);
 }
 
-size_t ptq_sweep_evaluations(int lo, int hi) { return 8 + 2 * size_t(hi - lo + 1); }  // f32, two AMAX, MXFP8, four FP4, two CSCALE
+size_t ptq_sweep_evaluations(int lo, int hi) {
+  return lo > hi ? 0 : 8 + 2 * size_t(hi - lo + 1);
+}  // f32, two AMAX, MXFP8, four FP4, two CSCALE
 
 std::vector<PtqSweepRow> ptq_sweep(const std::map<std::string, Tensor>& f32, const std::vector<std::string>& w, int lo, int hi,
-                                   const ModelEval& evaluate) {
+                                   const ModelEval& evaluate, const SweepProgress& progress) {
   if (lo > hi) throw Error("ptq sweep: empty bias range [" + std::to_string(lo) + ", " + std::to_string(hi) + "]");
   check({PtqMethod::cscale, lo});
   check({PtqMethod::cscale, hi});
+  const size_t total = ptq_sweep_evaluations(lo, hi);
+  size_t index = 0;
+  auto starting = [&](const std::string& what) {
+    if (progress) progress(what, ++index, total);
+  };
   std::vector<PtqSweepRow> rows;
+  starting("f32");
   rows.push_back({"f32", 0, evaluate(quant::preset("f32"), f32), 0, ""});
   require_finite_loss(rows[0].eval.loss, "ptq sweep: the f32 validation loss (what the sweep compares against)");
   auto run = [&](const char* label, const PtqOptions& o) {
+    starting(std::string(label) + (o.method == PtqMethod::cscale ? " bias " + std::to_string(o.bias) : ""));
     const EvalResult e = evaluate(ptq_inference_recipe(o), ptq_quantize_values(f32, w, o));
     rows.push_back({label, o.bias, e, (e.loss - rows[0].eval.loss) / rows[0].eval.loss, ""});
   };
@@ -312,8 +371,10 @@ std::vector<PtqSweepRow> ptq_sweep(const std::map<std::string, Tensor>& f32, con
     const int64_t block = block_of(o.method);
     if (std::all_of(w.begin(), w.end(), [&](const std::string& n) { return f32.at(n).size(0) % block == 0; }))
       run(label, o);
-    else  // a model too narrow for the blocks: the row says so
+    else {  // a model too narrow for the blocks: the row says so
+      ++index;
       rows.push_back({label, 0, {NAN, NAN, 0, {}}, NAN, "a reduction dimension is not a multiple of " + std::to_string(block)});
+    }
   };
   blocked("mxfp8", {PtqMethod::mx, 0});
   blocked("nvfp4", {PtqMethod::nvfp4, 0});

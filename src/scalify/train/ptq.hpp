@@ -13,7 +13,7 @@
 // E8M0 block scales [K/32, N] for MX; E4M3 block scales [K/16, N] for NVFP4, whose f32 tensor
 // scale is "param.<name>.tensor_scale"), and f32 values for every other parameter; metadata
 // "config" (the source run's) and "scalify.ptq" (method, element, bias, activations, source
-// step). `scalify eval` runs it.
+// step; or, from a pretrained model, its folder and evaluation context). `scalify eval` runs it.
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -48,6 +48,12 @@ struct PtqWeight {
 // Quantises a training checkpoint (file or run folder; any recipe: the represented values are
 // used) and writes the quantised checkpoint atomically to `out`.
 std::vector<PtqWeight> quantize_checkpoint(const std::string& checkpoint, const std::string& out, const PtqOptions& options);
+// The same for a pretrained model folder (`scalify quantize --model DIR --out FILE`): its config
+// is the model's with init = DIR (its tokenizer, files recorded as a fine-tune records them), and
+// "scalify.ptq" adds "source_model" and "context" (tokens per window, 0: default_context), with
+// which `scalify eval FILE --data D` gives the loss `quantize --model DIR --data D` prints.
+std::vector<PtqWeight> quantize_pretrained(const std::string& model_dir, const std::string& out, const PtqOptions& options,
+                                           int64_t context = 0);
 
 // Whether a safetensors file's metadata marks it as a quantised checkpoint.
 bool is_quantized_checkpoint(const io::SafeTensors& st);
@@ -66,7 +72,12 @@ struct PtqSweepRow {
   double relative = 0;  // (loss - f32 loss) / f32 loss
   std::string not_run;  // why the row was not evaluated (its loss NaN), "" when it was
 };
-std::vector<PtqSweepRow> ptq_sweep(const std::string& checkpoint, int lo, int hi, const std::string& data = "");
+// A sweep's progress: called before each evaluation with what it evaluates ("fp8_cscale bias -2"),
+// its 1-based index and the sweep's number of evaluations (a row a model too narrow for skips
+// its index).
+using SweepProgress = std::function<void(const std::string& what, size_t index, size_t total)>;
+std::vector<PtqSweepRow> ptq_sweep(const std::string& checkpoint, int lo, int hi, const std::string& data = "",
+                                   const SweepProgress& progress = {});
 // How many evaluations a sweep over [lo, hi] runs.
 size_t ptq_sweep_evaluations(int lo, int hi);
 // The same on any model: its f32 parameter values, the names of the weights to quantise, and how
@@ -74,7 +85,9 @@ size_t ptq_sweep_evaluations(int lo, int hi);
 // its tokens: train/pretrained.hpp).
 using ModelEval = std::function<EvalResult(const quant::Recipe& recipe, const std::map<std::string, Tensor>& values)>;
 std::vector<PtqSweepRow> ptq_sweep(const std::map<std::string, Tensor>& f32, const std::vector<std::string>& weights, int lo, int hi,
-                                   const ModelEval& evaluate);
+                                   const ModelEval& evaluate, const SweepProgress& progress = {});
+// The number of evaluations ptq_sweep runs over [lo, hi]: f32, FP8-AMAX, five block-scaled rows, one per bias.
+size_t ptq_sweep_evaluations(int lo, int hi);
 // The weights PTQ quantises: the four linear layers of every block (h{l}.attn.qkv.w ...).
 std::vector<std::string> ptq_weights(const nn::Gpt& model);
 // The recipe a model whose weights hold quantised values is evaluated with: the weights cast

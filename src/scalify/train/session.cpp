@@ -39,6 +39,13 @@ ScaledTensor get(const io::SafeTensors& st, const json& any_scale, const std::st
   return s;
 }
 
+// Metadata of a checkpoint written with CheckpointContents::model ("model"); absent in resumable ones.
+constexpr const char* kContentsKey = "scalify.contents";
+bool holds_model_only(const io::SafeTensors& st) {
+  const auto it = st.metadata.find(kContentsKey);
+  return it != st.metadata.end() && it->second == "model";
+}
+
 std::string gigabytes(double bytes) {
   char s[32];
   std::snprintf(s, sizeof s, "%.3g GB", bytes / 1e9);
@@ -47,18 +54,27 @@ std::string gigabytes(double bytes) {
 
 }  // namespace
 
-void check_fits_in_memory(const TrainConfig& cfg, const quant::Recipe& r, bool with_optimizer) {
+double estimated_memory_bytes(const TrainConfig& cfg, const quant::Recipe& r, bool with_optimizer) {
   const nn::GptConfig& m = cfg.model;
   const double params = double(m.parameter_count()), tokens = double(cfg.batch) * double(m.seq);
+  // Attention's probabilities, f32 [batch, heads, seq, seq]: per token heads x seq values, kept for
+  // the backward in every layer, one layer's at a time without one. At seq 8192 they outweigh the rest.
+  const double attention = double(m.heads) * double(m.seq) * 4;
+  if (!with_optimizer) return 4 * params + tokens * (double(m.vocab) * 4 + attention);
   const double state = 2.0 * dtype_size(r.master_weight) + 2.0 * dtype_size(r.optimizer_state);
-  const double activations = double(m.layers) * 16 * double(m.d_model) * dtype_size(r.data_storage) + 3.0 * 4 * double(m.vocab);
-  const double bytes = with_optimizer ? state * params + tokens * activations : 4 * params + tokens * double(m.vocab) * 4;
-  const double limit = double(platform::memory_limit_bytes());
+  const double activations =
+      double(m.layers) * (16 * double(m.d_model) * dtype_size(r.data_storage) + attention) + 3.0 * 4 * double(m.vocab);
+  return state * params + tokens * activations;
+}
+
+void check_fits_in_memory(const TrainConfig& cfg, const quant::Recipe& r, bool with_optimizer) {
+  const nn::GptConfig& m = cfg.model;
+  const double bytes = estimated_memory_bytes(cfg, r, with_optimizer), limit = double(platform::memory_limit_bytes());
   if (bytes > limit)
     throw Error("model: d_model=" + std::to_string(m.d_model) + ", layers=" + std::to_string(m.layers) + " (" +
-                std::to_string(int64_t(params)) + " parameters) at batch " + std::to_string(cfg.batch) + " x seq " + std::to_string(m.seq) +
-                " under recipe " + r.name + " needs at least " + gigabytes(bytes) + ", more than the " + gigabytes(limit) +
-                " of memory this process may use");
+                std::to_string(m.parameter_count()) + " parameters) at batch " + std::to_string(cfg.batch) + " x seq " +
+                std::to_string(m.seq) + " under recipe " + r.name + " needs at least " + gigabytes(bytes) + ", more than the " +
+                gigabytes(limit) + " of memory this process may use (attention alone holds batch x heads x seq^2 f32 values per layer)");
 }
 
 const std::vector<const char*>& run_file_names() {
@@ -93,9 +109,13 @@ std::unique_ptr<Session> make_session(const TrainConfig& cfg, const io::SafeTens
       const std::map<std::string, Tensor> values = hub::load_hf_weights(cfg.init, hub::read_hf_config(cfg.init));
       for (size_t i = 0; i < raw.size(); ++i) {
         const auto v = values.find(s->names[i]);
-        if (v == values.end() || v->second.shape() != raw[i].shape())
+        Tensor value = v == values.end() ? Tensor() : v->second;
+        // Learned positions of a fine-tune on windows shorter than the model's context: the first seq rows.
+        if (s->names[i] == "wpe" && value.defined() && value.dim() == 2 && value.size(0) > cfg.model.seq)
+          value = value.slice(0, 0, cfg.model.seq).contiguous();
+        if (!value.defined() || value.shape() != raw[i].shape())
           throw Error("init '" + cfg.init + "': no weights of shape " + shape_str(raw[i].shape()) + " for parameter '" + s->names[i] + "'");
-        raw[i] = Var(v->second, true);
+        raw[i] = Var(value, true);
       }
     }
     s->params = quant::prepare_parameters(raw, s->recipe);
@@ -120,12 +140,14 @@ std::unique_ptr<Session> make_session(const TrainConfig& cfg, const io::SafeTens
     s->scaler = std::make_unique<quant::LossScaler>(s->recipe.loss_scaling);
   if (ckpt) {
     const json meta = io::parse_json(ckpt->metadata.at("scalify.state"), "checkpoint metadata 'scalify.state'");
-    std::vector<ScaledTensor> m, v;
-    for (const std::string& n : s->names) {
-      m.push_back(get(*ckpt, any_scale, "optim.m." + n));
-      v.push_back(get(*ckpt, any_scale, "optim.v." + n));
+    if (!holds_model_only(*ckpt)) {  // a final model.safetensors: no moments, nothing trains on from it
+      std::vector<ScaledTensor> m, v;
+      for (const std::string& n : s->names) {
+        m.push_back(get(*ckpt, any_scale, "optim.m." + n));
+        v.push_back(get(*ckpt, any_scale, "optim.v." + n));
+      }
+      s->opt->load_state(meta.at("optimizer_steps").get<int64_t>(), std::move(m), std::move(v));
     }
-    s->opt->load_state(meta.at("optimizer_steps").get<int64_t>(), std::move(m), std::move(v));
     if (s->scaler) {
       const json& l = meta.at("loss_scaler");
       s->scaler->load_state(
@@ -143,11 +165,12 @@ std::unique_ptr<Session> make_session(const TrainConfig& cfg, const io::SafeTens
   return s;
 }
 
-void save_checkpoint(const Session& s, const std::string& path, int64_t step, int64_t skipped) {
+void save_checkpoint(const Session& s, const std::string& path, int64_t step, int64_t skipped, CheckpointContents contents) {
   io::SafeTensors st;
   json any_scale = json::array(), quantizers = json::object();
   for (size_t i = 0; i < s.params.size(); ++i) {
     put(st, any_scale, "param." + s.names[i], s.params[i].scaled());
+    if (contents == CheckpointContents::model) continue;
     put(st, any_scale, "optim.m." + s.names[i], s.opt->first_moment(i));
     put(st, any_scale, "optim.v." + s.names[i], s.opt->second_moment(i));
   }
@@ -165,6 +188,7 @@ void save_checkpoint(const Session& s, const std::string& path, int64_t step, in
   }
   st.metadata = {{"format_version", kFormatVersion}, {"step", std::to_string(step)},  {"config", s.cfg.to_toml()},
                  {"recipe", s.recipe.to_json()},     {"scalify.state", state.dump()}, {"scalify.any_scale", any_scale.dump()}};
+  if (contents == CheckpointContents::model) st.metadata[kContentsKey] = "model";
   io::write_safetensors(path, st);
 }
 
@@ -345,7 +369,12 @@ Corpus corpus_for(const TrainConfig& cfg) {
   const std::string data = cfg.data.empty() ? default_corpus_path() : cfg.data;
   if (cfg.init.empty()) return load_corpus(data, cfg.val_fraction, window * size_t(cfg.batch));
   const std::unique_ptr<tokenize::Tokenizer> tokenizer = run_tokenizer(cfg, cfg.out);
-  return load_token_corpus(data, tokenizer.get(), cfg.model.vocab, cfg.val_fraction, window * size_t(cfg.batch));
+  // The windows are the model's context unless seq was set: say so, the likelier fix than more text.
+  const std::string reason = "one batch: " + std::to_string(cfg.batch) + " window(s) of seq + 1 = " + std::to_string(window) +
+                             " tokens; seq " + std::to_string(cfg.model.seq) +
+                             (cfg.given.count("seq") ? " as set" : " is the context of init '" + cfg.init + "' (its config.json)") +
+                             ": a smaller seq (--set seq=N) or batch needs fewer";
+  return load_token_corpus(data, tokenizer.get(), cfg.model.vocab, cfg.val_fraction, window * size_t(cfg.batch), reason);
 }
 
 }  // namespace scalify::train

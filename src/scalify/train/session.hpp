@@ -54,13 +54,16 @@ struct Session {
   }
 };
 
-// Refuses a model that cannot fit before any of it is allocated (std::bad_alloc minutes into the
-// allocation otherwise, or the machine's memory eaten). The estimate is a lower bound: a session
-// with an optimizer (training, and checkpoints loaded with their state) holds the parameters and
-// their gradients in the master-weight storage and AdamW's two moments in the recipe's state
-// storage, and per token of a batch at least 16 activations of d_model values per layer (in the
-// data storage) and the f32 logits with their softmax and gradient; a model without one (an
-// inference session, Python's Gpt), the f32 parameter values and one batch's logits.
+// The memory a session needs, a lower bound: with an optimizer (training, and checkpoints loaded
+// with their state) the parameters and their gradients in the master-weight storage and AdamW's
+// two moments in the recipe's state storage, and per token of a batch at least 16 activations of
+// d_model values per layer (in the data storage), attention's f32 probabilities (heads x seq per
+// token, every layer's kept for the backward) and the f32 logits with their softmax and gradient;
+// without one (an inference session, Python's Gpt), the f32 parameter values, one batch's logits
+// and one layer's attention probabilities.
+double estimated_memory_bytes(const TrainConfig& cfg, const quant::Recipe& r, bool with_optimizer);
+// Refuses a model whose estimate exceeds this process's memory before any of it is allocated
+// (std::bad_alloc minutes into the allocation otherwise, or the machine's memory eaten).
 void check_fits_in_memory(const TrainConfig& cfg, const quant::Recipe& r, bool with_optimizer);
 // A new session (ckpt null: initialised from the config's seed) or one restored from a training
 // checkpoint (parameters, optimizer and quantiser state, loss scaler).
@@ -72,8 +75,13 @@ enum class NonFinite : uint8_t { refuse, allow };
 // make_session from a checkpoint, with corrupt state reported against the file.
 std::unique_ptr<Session> load_session(const io::SafeTensors& st, const TrainConfig& cfg, const std::string& file,
                                       NonFinite nonfinite = NonFinite::refuse);
-// Writes the session atomically as a training checkpoint at `step`.
-void save_checkpoint(const Session& s, const std::string& path, int64_t step, int64_t skipped);
+// What a checkpoint file holds: everything a resume continues from (checkpoint.safetensors), or
+// the model alone (a run's final model.safetensors): parameters, quantiser state and metadata,
+// without the optimizer's moments (twice the parameters' size under AdamW).
+enum class CheckpointContents : uint8_t { resumable, model };
+// Writes the session atomically as a checkpoint at `step`.
+void save_checkpoint(const Session& s, const std::string& path, int64_t step, int64_t skipped,
+                     CheckpointContents contents = CheckpointContents::resumable);
 // A run folder's checkpoint.safetensors (an error when it has none), or the path itself when it
 // is not a folder.
 std::string checkpoint_file(const std::string& path);

@@ -376,6 +376,10 @@ TrainResult train(const TrainConfig& given, bool resume, const Progress& progres
       << (s.recipe.unit_scaled ? "; unit-scaled model" : "") << "), " << cfg.model.parameter_count() << " parameters, corpus "
       << corpus.source << " (" << corpus.files.size() << " files, " << corpus.train.size() << " training / " << corpus.val.size()
       << " validation " << corpus.unit() << (corpus.tokenizer.empty() ? "" : ", " + corpus.tokenizer) << ")\n";
+  log << "learning rate: " << cfg.lr << " after " << cfg.warmup << " warmup steps, cosine to " << cfg.min_lr
+      << (!cfg.init.empty() && !given.given.count("lr") ? " (the fine-tuning default for --init; set lr to choose)" : "") << "\n";
+  log << "memory: at least " << std::lround(estimated_memory_bytes(cfg, s.recipe, true) / (1024.0 * 1024.0))
+      << " MB estimated (training state, activations, attention)\n";
   for (const std::string& f : corpus.skipped) log << "skipped: " << f << "\n";
   log.flush();
 
@@ -416,7 +420,6 @@ TrainResult train(const TrainConfig& given, bool resume, const Progress& progres
     if (o.applied && r.state_bytes_per_parameter == 0) r.state_bytes_per_parameter = o.state_bytes;
     if (!o.applied) ++skipped;
     const double secs = std::chrono::duration<double>(clock::now() - t0).count();
-    r.peak_memory_mb = double(platform::peak_memory_bytes()) / (1024.0 * 1024.0);  // before this step's evaluation or checkpoint
     const double tps = double(tokens_per_step) / std::max(secs, 1e-9);
     const int64_t statistics = scale_statistics() - statistics_before;
     totals.scale_statistics += double(statistics);
@@ -491,8 +494,12 @@ TrainResult train(const TrainConfig& given, bool resume, const Progress& progres
   if (totals.step_seconds > 0) r.allreduce_share = totals.comm_seconds / totals.step_seconds;
   if (end == cfg.steps) {
     check_parameters_agree(s.names, s.params, end, world);
-    if (world.root()) save_checkpoint(s, (dir / "model.safetensors").string(), end, skipped);
+    if (world.root()) save_checkpoint(s, (dir / "model.safetensors").string(), end, skipped, CheckpointContents::model);
   }
+  // The process's peak resident memory (VmHWM) now that the last evaluation and both files are
+  // written: serialising a checkpoint holds its bytes, more than any step of a large model.
+  r.peak_memory_mb = double(platform::peak_memory_bytes()) / (1024.0 * 1024.0);
+  log << "peak memory: " << std::lround(r.peak_memory_mb) << " MB\n";
   log << "stopped at step " << end << " of " << cfg.steps << "\n";
   return r;
 }

@@ -4,7 +4,8 @@
 // evaluation, metrics (JSON lines), atomic safetensors checkpoints and bit-exact resume.
 //
 // Run folder: config.toml (effective config), recipe.json, metrics.jsonl, train.log,
-// checkpoint.safetensors (latest), model.safetensors (final weights, written at the end), and
+// checkpoint.safetensors (latest, with the optimizer state a resume continues from),
+// model.safetensors (the final model alone, written at the end: no optimizer state), and
 // .lock (io/folder_lock.hpp: the folder is one training process's while it runs).
 // metrics.jsonl: one line per step {"step", "loss", "lr", "grad_norm", "skipped", "loss_scale",
 // "scale_statistics" (RMS / amax reductions that set a scale: dynamic rescales and amax-based
@@ -46,7 +47,7 @@ struct TrainResult {
   int world_size = 1;                                              // the ranks that trained (data parallelism, train/data_parallel.hpp)
   double allreduce_bytes_per_step = 0;                             // the gradient all-reduce: bytes this rank sent per step
   double allreduce_share = 0;                                      // and its share of the step time
-  double peak_memory_mb = 0;  // the process's peak resident memory up to the last step's update (earlier evaluations included)
+  double peak_memory_mb = 0;  // the process's peak resident memory (VmHWM, MiB) at the end: every step, evaluation and file written
   std::string run_dir;
 };
 
