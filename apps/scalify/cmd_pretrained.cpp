@@ -1,10 +1,11 @@
-// `scalify tokenize` and `scalify export`: between Scalify and Hugging Face model folders
+// `scalify tokenize` and `scalify export`: between Scalify and Hugging Face model folders or GGUF files
 // (train/pretrained.hpp). `scalify eval --model` is in cmd_train.cpp beside `eval`.
 #include <cstdio>
 #include <memory>
 #include <string>
 
 #include "commands.hpp"
+#include "scalify/error.hpp"
 #include "scalify/hub/hf_config.hpp"
 #include "scalify/train/pretrained.hpp"
 
@@ -26,15 +27,33 @@ void add_pretrained_commands(CLI::App& app) {
   });
 
   struct ExportArgs {
-    std::string checkpoint, out, dtype = "f32";
+    std::string checkpoint, out, format = "hf", dtype = "f32";
   };
   auto xa = std::make_shared<ExportArgs>();
-  auto* x =
-      app.add_subcommand("export", "A checkpoint as a Hugging Face model folder (config.json, model.safetensors) that transformers opens");
+  auto* x = app.add_subcommand("export",
+                               "A checkpoint as a Hugging Face model folder (config.json, model.safetensors) that transformers opens, "
+                               "or as one GGUF file that llama.cpp (and transformers' GGUF loader) reads");
   x->add_option("checkpoint", xa->checkpoint, "checkpoint .safetensors or run folder")->required();
-  x->add_option("--out", xa->out, "model folder to write")->required();
-  x->add_option("--dtype", xa->dtype, "weights stored as f32 (default), f16 or bf16")->check(CLI::IsMember({"f32", "f16", "bf16"}));
+  x->add_option("--out", xa->out, "model folder to write (hf: a new or empty folder), or the .gguf file (gguf: written atomically)")
+      ->required();
+  x->add_option("--format", xa->format,
+                "hf (default): a Hugging Face folder; gguf: GGUF v3, architecture \"llama\" for Llama-shaped models, \"gpt2\" for "
+                "GPT-2-shaped ones, the tokenizer as metadata (byte-level BPE: a model fine-tuned from a folder with vocab.json + "
+                "merges.txt or tokenizer.json; the byte-level GPT's 256 bytes)")
+      ->check(CLI::IsMember({"hf", "gguf"}));
+  x->add_option("--dtype", xa->dtype,
+                "weights stored as f32 (default), f16 or bf16 (rounded to nearest even); gguf also q8_0 (ggml's 8-bit blocks of 32, "
+                "rows must be multiples of 32); GGUF keeps norms and biases in f32")
+      ->check(CLI::IsMember({"f32", "f16", "bf16", "q8_0"}));
   x->callback([xa] {
+    if (xa->format == "gguf") {
+      bool with_tokenizer = false;
+      const hub::Family f = train::export_gguf(xa->checkpoint, xa->out, xa->dtype, &with_tokenizer);
+      std::printf("%s model written to %s (GGUF, %s weights, %s)\n", hub::family_name(f), xa->out.c_str(), xa->dtype.c_str(),
+                  with_tokenizer ? "with its tokenizer" : "no tokenizer: the run was trained on token files");
+      return;
+    }
+    if (xa->dtype == "q8_0") throw Error("export: --dtype q8_0 is for --format gguf; a Hugging Face folder holds f32, f16 or bf16");
     const DType dtype = xa->dtype == "bf16" ? DType::bf16 : xa->dtype == "f16" ? DType::f16 : DType::f32;
     const hub::Family f = train::export_checkpoint(xa->checkpoint, xa->out, dtype);
     std::printf("%s model written to %s (config.json, model.safetensors)\n", hub::family_name(f), xa->out.c_str());

@@ -5,9 +5,11 @@
 #include <cstring>
 #include <filesystem>
 #include <limits>
+#include <optional>
 #include <string>
 
 #include "scalify/error.hpp"
+#include "scalify/hub/gguf_export.hpp"
 #include "scalify/hub/hf_weights.hpp"
 #include "scalify/io/atomic_file.hpp"
 #include "scalify/io/input_file.hpp"
@@ -132,6 +134,28 @@ hub::Family export_checkpoint(const std::string& checkpoint, const std::string& 
     // transformers picks a folder's tokenizer by its model type; a Llama-shaped model's is GPT-2's too.
     io::write_text_atomically((to / "tokenizer_config.json").string(), "{\"tokenizer_class\": \"GPT2Tokenizer\"}\n");
   }
+  return hf.family;
+}
+
+hub::Family export_gguf(const std::string& checkpoint, const std::string& path, const std::string& dtype, bool* with_tokenizer) {
+  const hub::GgufWriter::Type type = hub::gguf_type(dtype);
+  auto [st, cfg] = read_checkpoint(checkpoint);
+  io::refuse_to_overwrite(path, {checkpoint_file(checkpoint)}, "export");
+  check_init_files(cfg, checkpoint);
+  const std::unique_ptr<Session> s = load_session(st, cfg, checkpoint_file(checkpoint));
+  hub::HfConfig hf;
+  hf.model = s->model.config();
+  hf.family = hub::family_of(hf.model);
+  std::optional<hub::GgufVocabulary> vocab;
+  if (!cfg.init.empty())
+    vocab = hub::read_bpe_vocabulary(cfg.init);
+  else if (hf.model.vocab == 256)
+    vocab = hub::byte_vocabulary();
+  if (with_tokenizer) *with_tokenizer = vocab.has_value();
+  const std::filesystem::path run =
+      std::filesystem::is_directory(checkpoint) ? std::filesystem::path(checkpoint) : std::filesystem::path(checkpoint).parent_path();
+  const std::string name = std::filesystem::absolute(run).lexically_normal().filename().string();
+  hub::save_gguf_model(path, hf, parameter_values(*s), type, vocab ? &*vocab : nullptr, name.empty() ? "scalify" : name);
   return hf.family;
 }
 

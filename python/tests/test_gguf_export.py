@@ -1,0 +1,208 @@
+"""`scalify export RUN --format gguf` (issue 46): the `gguf` package (llama.cpp's Python reader)
+reads every tensor and key of the exported file, its dequantisation gives back the weights as
+F16 / BF16 / Q8_0 store them (the references made here with NumPy, ml_dtypes and gguf.quants, from
+the f32 Hugging Face export of the same checkpoint), and transformers' GGUF loader runs the
+exported Llama and GPT-2 to the loss `scalify eval --model` gives the same weights. Skips when the
+CLI, `gguf`, transformers or torch is absent."""
+
+import json
+import os
+import signal
+import subprocess
+
+import numpy as np
+import pytest
+
+gguf = pytest.importorskip("gguf")
+ml_dtypes = pytest.importorskip("ml_dtypes")
+safetensors_numpy = pytest.importorskip("safetensors.numpy")
+
+CLI = os.environ.get("SCALIFY_CLI", os.path.join(os.path.dirname(__file__), "..", "..", "build", "apps", "scalify", "scalify"))
+pytestmark = pytest.mark.skipif(not os.path.exists(CLI), reason="the CLI is not built (scripts/build.sh)")
+
+SHAPE = dict(d_model=64, layers=2, seq=32, batch=4, eval_windows=2)
+LLAMA = dict(SHAPE, heads=4, kv_heads=2, mlp_hidden=96, rms_norm="true", swiglu="true", rope_theta=10000, bias="false")
+GPT2 = dict(SHAPE, heads=2)
+CONTEXT, WINDOWS = 32, 3
+Q = gguf.GGMLQuantizationType
+
+
+def cli(*args):
+    return subprocess.run([CLI, *map(str, args)], check=True, capture_output=True, text=True).stdout
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """Two byte-level models trained 3 steps, with their f32 and f16 Hugging Face exports."""
+    root = tmp_path_factory.mktemp("gguf_export")
+    text = root / "text.txt"
+    words = "the quick brown fox jumps over the lazy dog while scalify counts every bit of it".split()
+    text.write_text(" ".join(words[(i * 7) % len(words)] for i in range(3000)))
+    out = {"text": text}
+    for name, settings in (("llama", LLAMA), ("gpt2", GPT2)):
+        run = root / name
+        cli("train", "--data", text, "--out", run, "--steps", 3, *[a for k, v in settings.items() for a in ("--set", f"{k}={v}")])
+        for dtype in ("f32", "f16"):
+            cli("export", run, "--out", root / f"{name}_hf_{dtype}", "--dtype", dtype)
+        out[name] = run
+    out["root"] = root
+    return out
+
+
+def bytes_to_unicode():
+    """GPT-2's printable stand-ins for the 256 bytes (openai/gpt-2 encoder.py)."""
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    cs = bs[:]
+    n = 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return dict(zip(bs, map(chr, cs)))
+
+
+def permute(w, heads):
+    """convert_hf_to_gguf.py's LlamaModel.permute."""
+    return w.reshape(heads, 2, w.shape[0] // heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def expected_tensors(family, hf_dir):
+    """The GGUF tensors convert_hf_to_gguf.py makes of the f32 Hugging Face export, by name."""
+    hf = safetensors_numpy.load_file(str(hf_dir / "model.safetensors"))
+    out = {}
+    if family == "llama":
+        names = {"input_layernorm": "attn_norm", "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
+                 "self_attn.o_proj": "attn_output", "post_attention_layernorm": "ffn_norm", "mlp.gate_proj": "ffn_gate",
+                 "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down"}
+        out["token_embd.weight"] = hf["model.embed_tokens.weight"]
+        out["output_norm.weight"] = hf["model.norm.weight"]
+        for l in range(SHAPE["layers"]):
+            for src, dst in names.items():
+                w = hf[f"model.layers.{l}.{src}.weight"]
+                if dst == "attn_q":
+                    w = permute(w, LLAMA["heads"])
+                if dst == "attn_k":
+                    w = permute(w, LLAMA["kv_heads"])
+                out[f"blk.{l}.{dst}.weight"] = w
+    else:
+        names = {"ln_1": "attn_norm", "attn.c_attn": "attn_qkv", "attn.c_proj": "attn_output", "ln_2": "ffn_norm", "mlp.c_fc": "ffn_up",
+                 "mlp.c_proj": "ffn_down"}
+        out["token_embd.weight"] = out["output.weight"] = hf["wte.weight"]
+        out["position_embd.weight"] = hf["wpe.weight"]
+        out["output_norm.weight"], out["output_norm.bias"] = hf["ln_f.weight"], hf["ln_f.bias"]
+        for l in range(SHAPE["layers"]):
+            for src, dst in names.items():
+                w = hf[f"h.{l}.{src}.weight"]
+                out[f"blk.{l}.{dst}.weight"] = w.T if w.ndim == 2 else w  # Conv1D [in, out] -> [out, in]
+                out[f"blk.{l}.{dst}.bias"] = hf[f"h.{l}.{src}.bias"]
+    return out
+
+
+def field(reader, key):
+    return reader.fields[key].contents()
+
+
+@pytest.mark.parametrize("dtype", ["f32", "f16", "bf16", "q8_0"])
+@pytest.mark.parametrize("family", ["llama", "gpt2"])
+def test_the_gguf_package_reads_back_every_tensor_and_key(runs, family, dtype, tmp_path):
+    path = tmp_path / "model.gguf"
+    printed = cli("export", runs[family], "--format", "gguf", "--dtype", dtype, "--out", path)
+    assert printed == f"{family} model written to {path} (GGUF, {dtype} weights, with its tokenizer)\n"
+    reader = gguf.GGUFReader(str(path))
+    assert reader.data_offset % 32 == 0
+    expected = expected_tensors(family, runs["root"] / f"{family}_hf_f32")
+    assert sorted(t.name for t in reader.tensors) == sorted(expected)
+    matrix_type = {"f32": Q.F32, "f16": Q.F16, "bf16": Q.BF16, "q8_0": Q.Q8_0}[dtype]
+    for t in reader.tensors:
+        want = expected[t.name].astype(np.float32)
+        assert list(t.shape) == list(reversed(want.shape)), t.name  # ne[0] is the fastest dimension
+        assert t.data_offset % 32 == 0
+        assert t.tensor_type == (matrix_type if want.ndim == 2 else Q.F32), t.name
+        got = gguf.quants.dequantize(t.data, t.tensor_type).reshape(want.shape)
+        if t.tensor_type == Q.F16:
+            want = want.astype(np.float16).astype(np.float32)
+        elif t.tensor_type == Q.BF16:
+            want = want.astype(ml_dtypes.bfloat16).astype(np.float32)
+        elif t.tensor_type == Q.Q8_0:
+            blocks = gguf.quants.quantize(want, Q.Q8_0)
+            assert np.array_equal(np.asarray(t.data).reshape(-1), blocks.reshape(-1)), t.name  # ggml's bytes exactly
+            want = gguf.quants.dequantize(blocks, Q.Q8_0).reshape(want.shape)
+        np.testing.assert_array_equal(got, want, err_msg=t.name)
+
+    arch = family
+    assert field(reader, "general.architecture") == arch
+    assert field(reader, "general.name") == family
+    assert field(reader, "general.alignment") == 32
+    assert field(reader, "general.file_type") == {"f32": 0, "f16": 1, "q8_0": 7, "bf16": 32}[dtype]
+    settings = LLAMA if family == "llama" else GPT2
+    keys = {"context_length": SHAPE["seq"], "embedding_length": SHAPE["d_model"], "block_count": SHAPE["layers"],
+            "attention.head_count": settings["heads"]}
+    if family == "llama":
+        keys.update({"feed_forward_length": LLAMA["mlp_hidden"], "attention.head_count_kv": LLAMA["kv_heads"], "vocab_size": 256,
+                     "rope.dimension_count": SHAPE["d_model"] // LLAMA["heads"], "rope.freq_base": 10000.0,
+                     "attention.layer_norm_rms_epsilon": np.float32(1e-6)})
+    else:
+        keys.update({"feed_forward_length": 4 * SHAPE["d_model"], "attention.layer_norm_epsilon": np.float32(1e-5)})
+    for key, value in keys.items():
+        assert field(reader, f"{arch}.{key}") == value, key
+    symbols = bytes_to_unicode()
+    assert field(reader, "tokenizer.ggml.model") == "gpt2"
+    assert field(reader, "tokenizer.ggml.pre") == "gpt-2"
+    assert field(reader, "tokenizer.ggml.tokens") == [symbols[b] for b in range(256)]
+    assert field(reader, "tokenizer.ggml.token_type") == [1] * 256
+    assert field(reader, "tokenizer.ggml.merges") == []
+
+
+def transformers_loss(model_dir, gguf_file, ids):
+    """transformers' GGUF loader: the mean next-token loss over the windows `scalify eval` takes."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    model = transformers.AutoModelForCausalLM.from_pretrained(str(model_dir), gguf_file=gguf_file, dtype=torch.float32).eval()
+    x = torch.tensor([ids[w * CONTEXT:w * CONTEXT + CONTEXT] for w in range(WINDOWS)])
+    y = torch.tensor([ids[w * CONTEXT + 1:w * CONTEXT + CONTEXT + 1] for w in range(WINDOWS)])
+    with torch.no_grad():
+        logits = model(x).logits
+    return torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1)).item()
+
+
+@pytest.mark.parametrize("dtype", ["f32", "f16"])
+@pytest.mark.parametrize("family", ["llama", "gpt2"])
+def test_transformers_runs_the_exported_file_as_scalify_evaluates_it(runs, family, dtype, tmp_path):
+    pytest.importorskip("transformers")
+    cli("export", runs[family], "--format", "gguf", "--dtype", dtype, "--out", tmp_path / "model.gguf")
+    # The f16 file against scalify on the same f16-rounded weights (the f16 Hugging Face export).
+    hf = runs["root"] / f"{family}_hf_{dtype}"
+    scalify = json.loads(cli("eval", "--model", hf, "--data", runs["text"], "--context", CONTEXT, "--windows", WINDOWS, "--json"))
+    assert scalify["windows"] == WINDOWS and scalify["context"] == CONTEXT
+    ids = list(runs["text"].read_bytes())  # the byte-level vocabulary: token i is byte i
+    assert transformers_loss(tmp_path, "model.gguf", ids) == pytest.approx(scalify["val_loss"], rel=1e-6)
+
+
+def test_transformers_reads_the_byte_vocabulary_as_a_tokenizer(runs, tmp_path):
+    transformers = pytest.importorskip("transformers")
+    cli("export", runs["llama"], "--format", "gguf", "--out", tmp_path / "model.gguf")
+    tokenizer = transformers.AutoTokenizer.from_pretrained(str(tmp_path), gguf_file="model.gguf")
+    text = "Fox\n jumps: 1 über €"
+    assert tokenizer.encode(text, add_special_tokens=False) == list(text.encode())
+    assert tokenizer.decode(list(text.encode())) == text
+
+
+def test_a_killed_or_refused_export_leaves_the_previous_file(runs, tmp_path):
+    path = tmp_path / "model.gguf"
+    path.write_bytes(b"previous")
+    env = dict(os.environ, SCALIFY_TEST_DIE_DURING_WRITE="model.gguf")
+    died = subprocess.run([CLI, "export", str(runs["llama"]), "--format", "gguf", "--out", str(path)], env=env, capture_output=True)
+    assert died.returncode == -signal.SIGKILL
+    assert path.read_bytes() == b"previous"
+    # Refused before anything is written: Q8_0 blocks need rows of a multiple of 32.
+    odd = tmp_path / "odd"
+    cli("train", "--data", runs["text"], "--out", odd, "--steps", 1, "--set", "d_model=48", "--set", "heads=2", "--set", "layers=1",
+        "--set", "seq=16", "--set", "batch=2", "--set", "eval_windows=1")
+    refused = subprocess.run([CLI, "export", str(odd), "--format", "gguf", "--dtype", "q8_0", "--out", str(path)], capture_output=True,
+                             text=True)
+    assert refused.returncode != 0 and "has rows of 48 values; Q8_0 needs a multiple of 32" in refused.stderr
+    assert path.read_bytes() == b"previous"
+    refused = subprocess.run([CLI, "export", str(odd), "--dtype", "q8_0", "--out", str(tmp_path / "hf")], capture_output=True, text=True)
+    assert refused.returncode != 0 and "--dtype q8_0 is for --format gguf" in refused.stderr
+    assert not (tmp_path / "hf").exists()
