@@ -46,7 +46,7 @@ TEST(GgufWriter, BytesFollowTheSpec) {
   w.add_f32("llama.rope.freq_base", 10000.0f);
   w.add_strings("tokenizer.ggml.tokens", {"a", "bc"});
   w.add_i32s("tokenizer.ggml.token_type", {1, 3});
-  const Tensor norm = Tensor::from_vector({1, 2, 3}, {3});                                // 12 bytes: padded to 32
+  const Tensor norm = Tensor::from_vector(std::vector<float>{1, 2, 3}, {3});             // 12 bytes: padded to 32
   const Tensor matrix = Tensor::from_vector(std::vector<float>(2 * 32, 0.5f), {2, 32});  // [rows, cols]
   w.add_tensor("a.weight", norm, GgufWriter::Type::f32);
   w.add_tensor("b.weight", matrix, GgufWriter::Type::f16);
@@ -170,7 +170,8 @@ TEST(GgufExport, ByteVocabularyIsTheByteLevelAlphabet) {
 }
 
 TEST(GgufExport, RefusesSentencePieceTokenizers) {
-  EXPECT_ERROR(hub::read_bpe_vocabulary(std::string(SCALIFY_HF_DATA_DIR) + "/tiny_llama_gqa"), "a SentencePiece tokenizer (tokenizer.model)");
+  EXPECT_ERROR(hub::read_bpe_vocabulary(std::string(SCALIFY_HF_DATA_DIR) + "/tiny_llama_gqa"),
+               "a SentencePiece tokenizer (tokenizer.model)");
   const hub::GgufVocabulary g = hub::read_bpe_vocabulary(std::string(SCALIFY_HF_DATA_DIR) + "/tiny_gpt2");
   EXPECT_EQ(g.pre, "gpt-2");
   EXPECT_FALSE(g.merges.empty());
