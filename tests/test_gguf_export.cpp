@@ -177,5 +177,27 @@ TEST(GgufExport, RefusesSentencePieceTokenizers) {
   EXPECT_FALSE(g.merges.empty());
 }
 
+TEST(GgufExport, RefusesTokenizerJsonItCannotName) {
+  const auto dir = testing::scratch("gguf_tokenizer_json");
+  std::filesystem::create_directories(dir);
+  const std::string vocab = R"("vocab": {"a": 0, "b": 1, "ab": 2}, "merges": ["a b"])";
+  auto with = [&](const std::string& pre, const std::string& model) {
+    testing::spit(dir / "tokenizer.json", "{\"pre_tokenizer\": " + pre + ", \"model\": {\"type\": \"" + model + "\", " + vocab + "}}");
+    return dir.string();
+  };
+  const std::string byte_level = R"({"type": "ByteLevel", "use_regex": true})";
+  const hub::GgufVocabulary v = hub::read_bpe_vocabulary(with(byte_level, "BPE"));
+  EXPECT_EQ(v.tokens, (std::vector<std::string>{"a", "b", "ab"}));
+  EXPECT_EQ(v.merges, (std::vector<std::string>{"a b"}));
+  EXPECT_ERROR(hub::read_bpe_vocabulary(with(byte_level, "Unigram")), "not a BPE tokenizer");
+  EXPECT_ERROR(hub::read_bpe_vocabulary(with(R"({"type": "Sequence", "pretokenizers": []})", "BPE")),
+               "has no llama.cpp name this export knows");
+  EXPECT_ERROR(hub::read_bpe_vocabulary(with(R"({"type": "ByteLevel", "use_regex": false})", "BPE")),
+               "has no llama.cpp name this export knows");
+  testing::spit(dir / "tokenizer.json",
+                R"({"pre_tokenizer": {"type": "ByteLevel"}, "model": {"type": "BPE", "vocab": {"a": 0, "c": 2}, "merges": []}})");
+  EXPECT_ERROR(hub::read_bpe_vocabulary(dir.string()), "has no token with the id 1");
+}
+
 }  // namespace
 }  // namespace scalify

@@ -242,3 +242,47 @@ def test_a_model_fine_tuned_from_a_gpt2_folder_takes_its_tokenizer_along(runs, t
     text = runs["text"].read_text()[:2000]
     ids = transformers.AutoTokenizer.from_pretrained(str(tmp_path), gguf_file="model.gguf").encode(text, add_special_tokens=False)
     assert ids == transformers.AutoTokenizer.from_pretrained(folder).encode(text, add_special_tokens=False)
+
+
+def write_token_file(path, tokens):
+    """llm.c's token file: a 256-int32 header (magic 20240520, version 1, count), then uint16 tokens."""
+    header = np.zeros(256, dtype="<i4")
+    header[:3] = [20240520, 1, len(tokens)]
+    path.write_bytes(header.tobytes() + np.asarray(tokens, dtype="<u2").tobytes())
+
+
+def test_a_tokenizer_json_folder_becomes_the_same_tokenizer(runs, tmp_path):
+    """A folder whose tokenizer is only tokenizer.json (what transformers saves today): its BPE
+    vocabulary, merges and special tokens go into the file, and transformers' GGUF tokenizer
+    encodes as the `tokenizers` library does with tokenizer.json."""
+    transformers = pytest.importorskip("transformers")
+    tokenizers = pytest.importorskip("tokenizers")
+    source = os.path.join(HF_DATA, "tiny_gpt2")
+    folder = tmp_path / "init"
+    folder.mkdir()
+    for name in ("config.json", "model.safetensors"):
+        (folder / name).write_bytes(open(os.path.join(source, name), "rb").read())
+    vocab = json.load(open(os.path.join(source, "vocab.json"), encoding="utf-8"))
+    merges = open(os.path.join(source, "merges.txt"), encoding="utf-8").read().splitlines()[1:]
+    byte_level = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True}
+    (folder / "tokenizer.json").write_text(json.dumps({
+        "version": "1.0", "truncation": None, "padding": None, "normalizer": None, "post_processor": None,
+        "added_tokens": [{"id": 0, "content": "<|endoftext|>", "single_word": False, "lstrip": False, "rstrip": False,
+                          "normalized": False, "special": True}],
+        "pre_tokenizer": byte_level, "decoder": byte_level,
+        "model": {"type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": None, "end_of_word_suffix": None,
+                  "fuse_unk": False, "byte_fallback": False, "ignore_merges": False, "vocab": vocab,
+                  "merges": [m.split(" ") for m in merges]}}), encoding="utf-8")
+    write_token_file(tmp_path / "tokens.bin", [(i * 37) % len(vocab) for i in range(2000)])
+    run = tmp_path / "ft"
+    cli("train", "--init", folder, "--data", tmp_path / "tokens.bin", "--out", run, "--steps", 1, "--set", "batch=2", "--set",
+        "eval_windows=1")
+    cli("export", run, "--format", "gguf", "--out", tmp_path / "model.gguf")
+    reader = gguf.GGUFReader(str(tmp_path / "model.gguf"))
+    assert field(reader, "tokenizer.ggml.tokens") == sorted(vocab, key=vocab.get)
+    assert field(reader, "tokenizer.ggml.token_type") == [3] + [1] * (len(vocab) - 1)  # <|endoftext|>: a control token
+    assert field(reader, "tokenizer.ggml.merges") == merges
+    assert field(reader, "tokenizer.ggml.pre") == "gpt-2"
+    text = "Hello world<|endoftext|> 12345 " + runs["text"].read_text()[:1000]
+    ids = transformers.AutoTokenizer.from_pretrained(str(tmp_path), gguf_file="model.gguf").encode(text, add_special_tokens=False)
+    assert ids == tokenizers.Tokenizer.from_file(str(folder / "tokenizer.json")).encode(text, add_special_tokens=False).ids
