@@ -50,7 +50,7 @@ void add_pretrained_commands(CLI::App& app) {
       bool with_tokenizer = false;
       const hub::Family f = train::export_gguf(xa->checkpoint, xa->out, xa->dtype, &with_tokenizer);
       std::printf("%s model written to %s (GGUF, %s weights, %s)\n", hub::family_name(f), xa->out.c_str(), xa->dtype.c_str(),
-                  with_tokenizer ? "with its tokenizer" : "no tokenizer: the run was trained on token files");
+                  with_tokenizer ? "with its tokenizer" : "no tokenizer: the model it was fine-tuned from has none");
       return;
     }
     if (xa->dtype == "q8_0") throw Error("export: --dtype q8_0 is for --format gguf; a Hugging Face folder holds f32, f16 or bf16");

@@ -286,3 +286,30 @@ def test_a_tokenizer_json_folder_becomes_the_same_tokenizer(runs, tmp_path):
     text = "Hello world<|endoftext|> 12345 " + runs["text"].read_text()[:1000]
     ids = transformers.AutoTokenizer.from_pretrained(str(tmp_path), gguf_file="model.gguf").encode(text, add_special_tokens=False)
     assert ids == tokenizers.Tokenizer.from_file(str(folder / "tokenizer.json")).encode(text, add_special_tokens=False).ids
+
+
+def test_a_model_without_a_tokenizer_is_written_with_none(tmp_path):
+    """Fine-tuned from a folder without tokenizer files (config.json and weights only): the file
+    says tokenizer.ggml.model "none" (llama.cpp's model without a vocabulary) and llama.vocab_size,
+    and transformers runs it on token ids to scalify's loss on the same token file."""
+    pytest.importorskip("transformers")
+    source = os.path.join(HF_DATA, "tiny_llama_gqa")  # 1,000 tokens, tied head, grouped-query attention
+    folder = tmp_path / "init"
+    folder.mkdir()
+    for name in ("config.json", "model.safetensors"):
+        (folder / name).write_bytes(open(os.path.join(source, name), "rb").read())
+    ids = [(i * 37 + i // 7) % 1000 for i in range(2000)]
+    write_token_file(tmp_path / "tokens.bin", ids)
+    run = tmp_path / "ft"
+    cli("train", "--init", folder, "--data", tmp_path / "tokens.bin", "--out", run, "--steps", 1, "--set", "batch=2", "--set",
+        "eval_windows=1")
+    printed = cli("export", run, "--format", "gguf", "--out", tmp_path / "model.gguf")
+    assert printed.endswith("(GGUF, f32 weights, no tokenizer: the model it was fine-tuned from has none)\n")
+    reader = gguf.GGUFReader(str(tmp_path / "model.gguf"))
+    assert field(reader, "tokenizer.ggml.model") == "none" and "tokenizer.ggml.tokens" not in reader.fields
+    assert field(reader, "llama.vocab_size") == 1000
+    assert "output.weight" not in [t.name for t in reader.tensors]  # tied: llama.cpp takes token_embd
+    cli("export", run, "--out", tmp_path / "hf")
+    scalify = json.loads(cli("eval", "--model", tmp_path / "hf", "--data", tmp_path / "tokens.bin", "--context", CONTEXT, "--windows",
+                             WINDOWS, "--json"))
+    assert transformers_loss(tmp_path, "model.gguf", ids) == pytest.approx(scalify["val_loss"], rel=1e-6)

@@ -242,11 +242,13 @@ void save_gguf_model(const std::string& path, const HfConfig& config, const std:
     w.add_f32("llama.rope.freq_base", float(m.rope_theta));
     w.add_f32("llama.attention.layer_norm_rms_epsilon", float(b.norm_eps));
     w.add_u32("llama.rope.dimension_count", uint32_t(m.d_model / m.heads));
-    w.add_u32("llama.vocab_size", uint32_t(m.vocab));
   } else {
     w.add_f32("gpt2.attention.layer_norm_epsilon", float(b.norm_eps));
   }
-  if (vocab) {
+  w.add_u32(arch + ".vocab_size", uint32_t(m.vocab));  // llama.cpp's n_vocab when no token list says it
+  if (!vocab) {
+    w.add_string("tokenizer.ggml.model", "none");  // llama.cpp's "no vocabulary": the model still loads
+  } else {
     GgufVocabulary v = *vocab;
     for (int64_t i = int64_t(v.tokens.size()); i < m.vocab; ++i) {  // an embedding wider than the tokenizer
       v.tokens.push_back("[PAD" + std::to_string(i) + "]");

@@ -42,8 +42,9 @@ GgufVocabulary read_bpe_vocabulary(const std::string& dir);
 GgufWriter::Type gguf_type(const std::string& dtype);
 
 // Writes the model (`config.family`'s layout, the engine's parameters by name) to `path`
-// atomically; `vocab` (may be null: no tokenizer metadata) becomes tokenizer.ggml.*; it is padded
-// with unused "[PADi]" tokens up to the model's vocabulary, as the converter does. Errors: a model
+// atomically; `vocab` becomes tokenizer.ggml.*, padded with unused "[PADi]" tokens up to the
+// model's vocabulary as the converter does (null: tokenizer.ggml.model "none", llama.cpp's model
+// without a vocabulary, whose size ARCH.vocab_size gives). Errors: a model
 // neither family's GGUF architecture computes (GPT-2 with erf GELU, Llama with biases, unit
 // scaling), a vocabulary larger than the model's, Q8_0 on rows that are not multiples of 32.
 void save_gguf_model(const std::string& path, const HfConfig& config, const std::map<std::string, Tensor>& params,
