@@ -169,12 +169,16 @@ TEST(GgufExport, ByteVocabularyIsTheByteLevelAlphabet) {
   EXPECT_TRUE(v.merges.empty());
 }
 
-TEST(GgufExport, RefusesSentencePieceTokenizers) {
+TEST(GgufExport, ReadsBpeFoldersRefusesSentencePiece) {
   EXPECT_ERROR(hub::read_bpe_vocabulary(std::string(SCALIFY_HF_DATA_DIR) + "/tiny_llama_gqa"),
                "a SentencePiece tokenizer (tokenizer.model)");
-  const hub::GgufVocabulary g = hub::read_bpe_vocabulary(std::string(SCALIFY_HF_DATA_DIR) + "/tiny_gpt2");
-  EXPECT_EQ(g.pre, "gpt-2");
-  EXPECT_FALSE(g.merges.empty());
+  const std::optional<hub::GgufVocabulary> g = hub::read_bpe_vocabulary(std::string(SCALIFY_HF_DATA_DIR) + "/tiny_gpt2");
+  ASSERT_TRUE(g.has_value());
+  EXPECT_EQ(g->pre, "gpt-2");
+  EXPECT_FALSE(g->merges.empty());
+  const auto empty = testing::scratch("no_tokenizer");
+  std::filesystem::create_directories(empty);
+  EXPECT_FALSE(hub::read_bpe_vocabulary(empty.string()).has_value());
 }
 
 TEST(GgufExport, RefusesTokenizerJsonItCannotName) {
@@ -186,7 +190,7 @@ TEST(GgufExport, RefusesTokenizerJsonItCannotName) {
     return dir.string();
   };
   const std::string byte_level = R"({"type": "ByteLevel", "use_regex": true})";
-  const hub::GgufVocabulary v = hub::read_bpe_vocabulary(with(byte_level, "BPE"));
+  const hub::GgufVocabulary v = hub::read_bpe_vocabulary(with(byte_level, "BPE")).value();
   EXPECT_EQ(v.tokens, (std::vector<std::string>{"a", "b", "ab"}));
   EXPECT_EQ(v.merges, (std::vector<std::string>{"a b"}));
   EXPECT_ERROR(hub::read_bpe_vocabulary(with(byte_level, "Unigram")), "not a BPE tokenizer");

@@ -3,6 +3,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <utility>
 
 #include "scalify/error.hpp"
@@ -134,7 +135,7 @@ GgufVocabulary byte_vocabulary() {
   return v;
 }
 
-GgufVocabulary read_bpe_vocabulary(const std::string& dir) {
+std::optional<GgufVocabulary> read_bpe_vocabulary(const std::string& dir) {
   const fs::path d(dir), vocab_json = d / "vocab.json", merges_txt = d / "merges.txt", tokenizer_json = d / "tokenizer.json";
   std::error_code ec;
   GgufVocabulary v;
@@ -194,7 +195,7 @@ GgufVocabulary read_bpe_vocabulary(const std::string& dir) {
                 ": a SentencePiece tokenizer (tokenizer.model); GGUF export writes byte-level BPE tokenizers only "
                 "(vocab.json + merges.txt or tokenizer.json)");
   } else {
-    throw Error(dir + ": no tokenizer (vocab.json + merges.txt or tokenizer.json) to write into the GGUF file");
+    return std::nullopt;
   }
   check_complete(v, dir);
   const fs::path config = d / "config.json";

@@ -11,6 +11,7 @@
 // Matrices are stored as the chosen type, 1-D tensors (norms, biases) as F32.
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -34,9 +35,10 @@ GgufVocabulary byte_vocabulary();
 
 // The tokenizer of a Hugging Face model folder: vocab.json + merges.txt, or tokenizer.json (a BPE
 // model with a ByteLevel pre-tokenizer: "gpt-2"), its added tokens (special ones as control
-// tokens) and config.json's bos/eos ids. Errors name what GGUF's "gpt2" tokenizer cannot hold:
-// a SentencePiece tokenizer.model, another tokenizer.json model or pre-tokenizer, a folder with none.
-GgufVocabulary read_bpe_vocabulary(const std::string& dir);
+// tokens) and config.json's bos/eos ids; nullopt when the folder holds no tokenizer files. Errors
+// name what GGUF's "gpt2" tokenizer cannot hold: a SentencePiece tokenizer.model, another
+// tokenizer.json model or pre-tokenizer, ids with gaps.
+std::optional<GgufVocabulary> read_bpe_vocabulary(const std::string& dir);
 
 // What the weights are stored as: f32, f16, bf16 or q8_0 (an Error names any other).
 GgufWriter::Type gguf_type(const std::string& dtype);

@@ -147,7 +147,7 @@ hub::Family export_gguf(const std::string& checkpoint, const std::string& path, 
   hf.model = s->model.config();
   hf.family = hub::family_of(hf.model);
   std::optional<hub::GgufVocabulary> vocab;
-  if (!cfg.init.empty() && tokenize::has_tokenizer_files(cfg.init))
+  if (!cfg.init.empty())
     vocab = hub::read_bpe_vocabulary(cfg.init);
   else if (hf.model.vocab == 256)
     vocab = hub::byte_vocabulary();
