@@ -179,6 +179,7 @@ TEST(GgufExport, ReadsBpeFoldersRefusesSentencePiece) {
   const auto empty = testing::scratch("no_tokenizer");
   std::filesystem::create_directories(empty);
   EXPECT_FALSE(hub::read_bpe_vocabulary(empty.string()).has_value());
+  EXPECT_ERROR(hub::read_bpe_vocabulary((empty / "model.gguf").string()), "is not a model folder");
 }
 
 TEST(GgufExport, RefusesTokenizerJsonItCannotName) {

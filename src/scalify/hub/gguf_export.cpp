@@ -138,6 +138,8 @@ GgufVocabulary byte_vocabulary() {
 std::optional<GgufVocabulary> read_bpe_vocabulary(const std::string& dir) {
   const fs::path d(dir), vocab_json = d / "vocab.json", merges_txt = d / "merges.txt", tokenizer_json = d / "tokenizer.json";
   std::error_code ec;
+  if (!fs::is_directory(d, ec))  // a .gguf init carries its tokenizer as metadata, which is not copied yet
+    throw Error("export: '" + dir + "' is not a model folder; GGUF export takes the tokenizer from the folder a model was fine-tuned from");
   GgufVocabulary v;
   if (fs::exists(vocab_json, ec) && fs::exists(merges_txt, ec)) {
     read_vocab_object(v, read_json(vocab_json, "vocabulary"), vocab_json.string());
