@@ -313,3 +313,18 @@ def test_a_model_without_a_tokenizer_is_written_with_none(tmp_path):
     scalify = json.loads(cli("eval", "--model", tmp_path / "hf", "--data", tmp_path / "tokens.bin", "--context", CONTEXT, "--windows",
                              WINDOWS, "--json"))
     assert transformers_loss(tmp_path, "model.gguf", ids) == pytest.approx(scalify["val_loss"], rel=1e-6)
+
+
+def test_a_model_trained_in_fp8_is_written_as_its_represented_values(runs, tmp_path):
+    """A checkpoint of a quantised recipe (FP8 with per-tensor current scaling): the file holds the
+    values its parameters represent, as the Hugging Face export does."""
+    run = tmp_path / "fp8"
+    cli("train", "--recipe", "current", "--data", runs["text"], "--out", run, "--steps", 2,
+        *[a for k, v in LLAMA.items() for a in ("--set", f"{k}={v}")])
+    cli("export", run, "--out", tmp_path / "hf")
+    cli("export", run, "--format", "gguf", "--out", tmp_path / "model.gguf")
+    expected = expected_tensors("llama", tmp_path / "hf")
+    reader = gguf.GGUFReader(str(tmp_path / "model.gguf"))
+    assert sorted(t.name for t in reader.tensors) == sorted(expected)
+    for t in reader.tensors:
+        np.testing.assert_array_equal(np.asarray(t.data).reshape(expected[t.name].shape), expected[t.name], err_msg=t.name)
