@@ -229,9 +229,15 @@ HF_DATA = os.path.join(os.path.dirname(__file__), "..", "..", "tests", "data", "
 
 def test_a_model_fine_tuned_from_a_gpt2_folder_takes_its_tokenizer_along(runs, tmp_path):
     transformers = pytest.importorskip("transformers")
-    folder = os.path.join(HF_DATA, "tiny_gpt2")  # vocab.json + merges.txt, 1,000 tokens
+    folder = tmp_path / "init"  # a copy: the refused export below aims at one of its files
+    folder.mkdir()
+    for name in ("config.json", "model.safetensors", "vocab.json", "merges.txt"):  # 1,000 tokens
+        (folder / name).write_bytes(open(os.path.join(HF_DATA, "tiny_gpt2", name), "rb").read())
     run = tmp_path / "ft"
     cli("train", "--init", folder, "--data", runs["text"], "--out", run, "--steps", 1, "--set", "batch=2", "--set", "eval_windows=1")
+    refused = subprocess.run([CLI, "export", str(run), "--format", "gguf", "--out", os.path.join(folder, "merges.txt")],
+                             capture_output=True, text=True)
+    assert refused.returncode != 0 and "which this command reads or the run owns" in refused.stderr
     cli("export", run, "--format", "gguf", "--out", tmp_path / "model.gguf")
     reader = gguf.GGUFReader(str(tmp_path / "model.gguf"))
     vocab = json.load(open(os.path.join(folder, "vocab.json"), encoding="utf-8"))
@@ -241,7 +247,7 @@ def test_a_model_fine_tuned_from_a_gpt2_folder_takes_its_tokenizer_along(runs, t
     assert field(reader, "tokenizer.ggml.bos_token_id") == 0 and field(reader, "tokenizer.ggml.eos_token_id") == 0
     text = runs["text"].read_text()[:2000]
     ids = transformers.AutoTokenizer.from_pretrained(str(tmp_path), gguf_file="model.gguf").encode(text, add_special_tokens=False)
-    assert ids == transformers.AutoTokenizer.from_pretrained(folder).encode(text, add_special_tokens=False)
+    assert ids == transformers.AutoTokenizer.from_pretrained(str(folder)).encode(text, add_special_tokens=False)
 
 
 def write_token_file(path, tokens):

@@ -140,7 +140,12 @@ hub::Family export_checkpoint(const std::string& checkpoint, const std::string& 
 hub::Family export_gguf(const std::string& checkpoint, const std::string& path, const std::string& dtype, bool* with_tokenizer) {
   const hub::GgufWriter::Type type = hub::gguf_type(dtype);
   auto [st, cfg] = read_checkpoint(checkpoint);
-  io::refuse_to_overwrite(path, {checkpoint_file(checkpoint)}, "export");
+  // The file replaces whatever it names: never the checkpoint or a file of the model it was fine-tuned from.
+  std::vector<std::string> inputs = {checkpoint_file(checkpoint)};
+  std::error_code ec;
+  if (!cfg.init.empty())
+    for (const auto& e : std::filesystem::directory_iterator(cfg.init, ec)) inputs.push_back(e.path().string());
+  io::refuse_to_overwrite(path, inputs, "export");
   check_init_files(cfg, checkpoint);
   const std::unique_ptr<Session> s = load_session(st, cfg, checkpoint_file(checkpoint));
   hub::HfConfig hf;
@@ -153,7 +158,7 @@ hub::Family export_gguf(const std::string& checkpoint, const std::string& path, 
     vocab = hub::byte_vocabulary();
   if (with_tokenizer) *with_tokenizer = vocab.has_value();
   const std::filesystem::path run =
-      std::filesystem::is_directory(checkpoint) ? std::filesystem::path(checkpoint) : std::filesystem::path(checkpoint).parent_path();
+      std::filesystem::is_directory(checkpoint, ec) ? std::filesystem::path(checkpoint) : std::filesystem::path(checkpoint).parent_path();
   const std::string name = std::filesystem::absolute(run).lexically_normal().filename().string();
   hub::save_gguf_model(path, hf, parameter_values(*s), type, vocab ? &*vocab : nullptr, name.empty() ? "scalify" : name);
   return hf.family;
