@@ -18,6 +18,7 @@ ml_dtypes = pytest.importorskip("ml_dtypes")
 safetensors_numpy = pytest.importorskip("safetensors.numpy")
 
 CLI = os.environ.get("SCALIFY_CLI", os.path.join(os.path.dirname(__file__), "..", "..", "build", "apps", "scalify", "scalify"))
+HF_DATA = os.path.join(os.path.dirname(__file__), "..", "..", "tests", "data", "hf")
 pytestmark = pytest.mark.skipif(not os.path.exists(CLI), reason="the CLI is not built (scripts/build.sh)")
 
 SHAPE = dict(d_model=64, layers=2, seq=32, batch=4, eval_windows=2)
@@ -222,9 +223,6 @@ def test_a_killed_or_refused_export_leaves_the_previous_file(runs, tmp_path):
     refused = subprocess.run([CLI, "export", str(odd), "--dtype", "q8_0", "--out", str(tmp_path / "hf")], capture_output=True, text=True)
     assert refused.returncode != 0 and "--dtype q8_0 is for --format gguf" in refused.stderr
     assert not (tmp_path / "hf").exists()
-
-
-HF_DATA = os.path.join(os.path.dirname(__file__), "..", "..", "tests", "data", "hf")
 
 
 def test_a_model_fine_tuned_from_a_gpt2_folder_takes_its_tokenizer_along(runs, tmp_path):
