@@ -43,15 +43,21 @@ void add_pretrained_commands(CLI::App& app) {
                 "folder without one gives none)")
       ->check(CLI::IsMember({"hf", "gguf"}));
   x->add_option("--dtype", xa->dtype,
-                "weights stored as f32 (default), f16 or bf16 (rounded to nearest even); gguf also q8_0 (ggml's 8-bit blocks of 32, "
-                "rows must be multiples of 32); GGUF keeps norms and biases in f32")
+                "weights stored as f32 (default), f16 or bf16 (rounded to nearest even); gguf also q8_0 (ggml's 8-bit blocks of 32; "
+                "a matrix whose rows are not a multiple of 32 is stored as f16, as llama.cpp's converter does); GGUF keeps norms and "
+                "biases in f32")
       ->check(CLI::IsMember({"f32", "f16", "bf16", "q8_0"}));
   x->callback([xa] {
     if (xa->format == "gguf") {
-      bool with_tokenizer = false;
-      const hub::Family f = train::export_gguf(xa->checkpoint, xa->out, xa->dtype, &with_tokenizer);
-      std::printf("%s model written to %s (GGUF, %s weights, %s)\n", hub::family_name(f), xa->out.c_str(), xa->dtype.c_str(),
-                  with_tokenizer ? "with its tokenizer" : "no tokenizer: the model it was fine-tuned from has none");
+      const train::GgufExport r = train::export_gguf(xa->checkpoint, xa->out, xa->dtype);
+      std::printf("%s model written to %s (GGUF, %s weights, %s)\n", hub::family_name(r.family), xa->out.c_str(), xa->dtype.c_str(),
+                  r.with_tokenizer ? "with its tokenizer" : "no tokenizer: the model it was fine-tuned from has none");
+      if (!r.f16_fallback.empty()) {
+        std::string names;
+        for (const std::string& n : r.f16_fallback) names += (names.empty() ? "" : ", ") + n;
+        std::printf("stored as F16, their rows not a multiple of Q8_0's 32-value blocks (as llama.cpp's converter does): %s\n",
+                    names.c_str());
+      }
       return;
     }
     if (xa->dtype == "q8_0") throw Error("export: --dtype q8_0 is for --format gguf; a Hugging Face folder holds f32, f16 or bf16");

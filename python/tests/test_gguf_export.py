@@ -212,15 +212,14 @@ def test_a_killed_or_refused_export_leaves_the_previous_file(runs, tmp_path):
     died = subprocess.run([CLI, "export", str(runs["llama"]), "--format", "gguf", "--out", str(path)], env=env, capture_output=True)
     assert died.returncode == -signal.SIGKILL
     assert path.read_bytes() == b"previous"
-    # Refused before anything is written: Q8_0 blocks need rows of a multiple of 32.
-    odd = tmp_path / "odd"
-    cli("train", "--data", runs["text"], "--out", odd, "--steps", 1, "--set", "d_model=48", "--set", "heads=2", "--set", "layers=1",
-        "--set", "seq=16", "--set", "batch=2", "--set", "eval_windows=1")
-    refused = subprocess.run([CLI, "export", str(odd), "--format", "gguf", "--dtype", "q8_0", "--out", str(path)], capture_output=True,
-                             text=True)
-    assert refused.returncode != 0 and "has rows of 48 values; Q8_0 needs a multiple of 32" in refused.stderr
+    # Refused before anything is written: llama.cpp's gpt2 computes tanh GELU, not erf.
+    erf = tmp_path / "erf"
+    cli("train", "--data", runs["text"], "--out", erf, "--steps", 1, "--set", "gelu_erf=true", "--set", "d_model=32", "--set", "heads=2",
+        "--set", "layers=1", "--set", "seq=16", "--set", "batch=2", "--set", "eval_windows=1")
+    refused = subprocess.run([CLI, "export", str(erf), "--format", "gguf", "--out", str(path)], capture_output=True, text=True)
+    assert refused.returncode != 0 and "uses erf GELU; llama.cpp's gpt2 architecture computes the tanh form" in refused.stderr
     assert path.read_bytes() == b"previous"
-    refused = subprocess.run([CLI, "export", str(odd), "--dtype", "q8_0", "--out", str(tmp_path / "hf")], capture_output=True, text=True)
+    refused = subprocess.run([CLI, "export", str(erf), "--dtype", "q8_0", "--out", str(tmp_path / "hf")], capture_output=True, text=True)
     assert refused.returncode != 0 and "--dtype q8_0 is for --format gguf" in refused.stderr
     assert not (tmp_path / "hf").exists()
 
@@ -332,3 +331,18 @@ def test_a_model_trained_in_fp8_is_written_as_its_represented_values(runs, tmp_p
     assert sorted(t.name for t in reader.tensors) == sorted(expected)
     for t in reader.tensors:
         np.testing.assert_array_equal(np.asarray(t.data).reshape(expected[t.name].shape), expected[t.name], err_msg=t.name)
+
+
+def test_q8_0_falls_back_to_f16_where_rows_are_not_whole_blocks(runs, tmp_path):
+    """As convert_hf_to_gguf.py does: a matrix whose rows (ne[0]) are not a multiple of 32 is
+    stored as F16, and the export names it."""
+    run = tmp_path / "odd"
+    settings = dict(LLAMA, mlp_hidden=80)
+    cli("train", "--data", runs["text"], "--out", run, "--steps", 1, *[a for k, v in settings.items() for a in ("--set", f"{k}={v}")])
+    printed = cli("export", run, "--format", "gguf", "--dtype", "q8_0", "--out", tmp_path / "model.gguf")
+    fallback = [f"blk.{l}.ffn_down.weight" for l in range(SHAPE["layers"])]  # [d_model, 80]: rows of 80
+    assert printed.splitlines()[1].endswith(": " + ", ".join(fallback))
+    reader = gguf.GGUFReader(str(tmp_path / "model.gguf"))
+    types = {t.name: t.tensor_type for t in reader.tensors if len(t.shape) == 2}
+    assert {name for name, t in types.items() if t == Q.F16} == set(fallback)
+    assert all(t == Q.Q8_0 for name, t in types.items() if name not in fallback)

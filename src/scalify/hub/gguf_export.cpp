@@ -61,8 +61,13 @@ void check_complete(const GgufVocabulary& v, const std::string& dir) {
     if (v.types[i] == 0) throw Error(dir + ": the vocabulary has no token with the id " + std::to_string(i));
 }
 
-// Matrices take the chosen type; 1-D tensors (norms, biases) stay F32 as llama.cpp wants them.
-GgufWriter::Type type_of(const Tensor& t, GgufWriter::Type matrices) { return t.dim() >= 2 ? matrices : GgufWriter::Type::f32; }
+// 1-D tensors (norms, biases) stay F32 as llama.cpp wants them. // Matrices take the chosen type, except Q8_0 on rows that are no whole
+// number of its 32-value blocks: F16, as convert_hf_to_gguf.py falls back.
+GgufWriter::Type type_of(const Tensor& t, GgufWriter::Type matrices) {
+  if (t.dim() < 2) return GgufWriter::Type::f32;
+  if (matrices == GgufWriter::Type::q8_0 && t.shape().back() % 32 != 0) return GgufWriter::Type::f16;
+  return matrices;
+}
 
 // convert_hf_to_gguf.py's LlamaModel.permute: each head's rows [half, i] (rotate-half order) to
 // [i, half] (interleaved pairs). Row r = h hd + half hd/2 + i goes to h hd + 2 i + half.
@@ -219,7 +224,7 @@ GgufWriter::Type gguf_type(const std::string& dtype) {
 }
 
 void save_gguf_model(const std::string& path, const HfConfig& config, const std::map<std::string, Tensor>& params,
-                     GgufWriter::Type matrices, const GgufVocabulary* vocab, const std::string& name) {
+                     GgufWriter::Type matrices, const GgufVocabulary* vocab, const std::string& name, std::vector<std::string>* fell_back) {
   const nn::GptConfig& m = config.model;
   const nn::BlockSpec b = m.block();
   if (family_of(m) != config.family) throw Error(std::string("GGUF export: the model is not ") + family_name(config.family) + "-shaped");
@@ -271,8 +276,10 @@ void save_gguf_model(const std::string& path, const HfConfig& config, const std:
     Tensor t = transpose ? value.permute({1, 0}).contiguous() : value;
     if (config.family == Family::llama && gguf.find(".attn_q.") != std::string::npos) t = permute_heads(t, m.heads);
     if (config.family == Family::llama && gguf.find(".attn_k.") != std::string::npos) t = permute_heads(t, kv_heads);
-    w.add_tensor(gguf, t, type_of(t, matrices));
-    if (config.family == Family::gpt2 && gguf == "token_embd.weight" && m.tied_head) w.add_tensor("output.weight", t, type_of(t, matrices));
+    const GgufWriter::Type type = type_of(t, matrices);
+    if (fell_back && type != matrices && t.dim() >= 2) fell_back->push_back(gguf);
+    w.add_tensor(gguf, t, type);
+    if (config.family == Family::gpt2 && gguf == "token_embd.weight" && m.tied_head) w.add_tensor("output.weight", t, type);
   }
   w.write(path);
 }

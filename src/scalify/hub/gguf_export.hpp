@@ -46,10 +46,12 @@ GgufWriter::Type gguf_type(const std::string& dtype);
 // Writes the model (`config.family`'s layout, the engine's parameters by name) to `path`
 // atomically; `vocab` becomes tokenizer.ggml.*, padded with unused "[PADi]" tokens up to the
 // model's vocabulary as the converter does (null: tokenizer.ggml.model "none", llama.cpp's model
-// without a vocabulary, whose size ARCH.vocab_size gives). Errors: a model
-// neither family's GGUF architecture computes (GPT-2 with erf GELU, Llama with biases, unit
-// scaling), a vocabulary larger than the model's, Q8_0 on rows that are not multiples of 32.
+// without a vocabulary, whose size ARCH.vocab_size gives). With Q8_0, a matrix whose rows are not
+// a multiple of 32 is stored as F16, as convert_hf_to_gguf.py does; `fell_back` gets its name.
+// Errors: a model neither family's GGUF architecture computes (GPT-2 with erf GELU, Llama with
+// biases, unit scaling), a vocabulary larger than the model's.
 void save_gguf_model(const std::string& path, const HfConfig& config, const std::map<std::string, Tensor>& params,
-                     GgufWriter::Type matrices, const GgufVocabulary* vocab, const std::string& name);
+                     GgufWriter::Type matrices, const GgufVocabulary* vocab, const std::string& name,
+                     std::vector<std::string>* fell_back = nullptr);
 
 }  // namespace scalify::hub

@@ -137,7 +137,7 @@ hub::Family export_checkpoint(const std::string& checkpoint, const std::string& 
   return hf.family;
 }
 
-hub::Family export_gguf(const std::string& checkpoint, const std::string& path, const std::string& dtype, bool* with_tokenizer) {
+GgufExport export_gguf(const std::string& checkpoint, const std::string& path, const std::string& dtype) {
   const hub::GgufWriter::Type type = hub::gguf_type(dtype);
   auto [st, cfg] = read_checkpoint(checkpoint);
   // The file replaces whatever it names: never the checkpoint or a file of the model it was fine-tuned from.
@@ -156,12 +156,12 @@ hub::Family export_gguf(const std::string& checkpoint, const std::string& path, 
     vocab = hub::read_bpe_vocabulary(cfg.init);
   else if (hf.model.vocab == 256)
     vocab = hub::byte_vocabulary();
-  if (with_tokenizer) *with_tokenizer = vocab.has_value();
+  GgufExport r{hf.family, vocab.has_value(), {}};
   const std::filesystem::path run =
       std::filesystem::is_directory(checkpoint, ec) ? std::filesystem::path(checkpoint) : std::filesystem::path(checkpoint).parent_path();
   const std::string name = std::filesystem::absolute(run).lexically_normal().filename().string();
-  hub::save_gguf_model(path, hf, parameter_values(*s), type, vocab ? &*vocab : nullptr, name.empty() ? "scalify" : name);
-  return hf.family;
+  hub::save_gguf_model(path, hf, parameter_values(*s), type, vocab ? &*vocab : nullptr, name.empty() ? "scalify" : name, &r.f16_fallback);
+  return r;
 }
 
 }  // namespace scalify::train

@@ -62,7 +62,12 @@ hub::Family export_checkpoint(const std::string& checkpoint, const std::string& 
 // The same checkpoint as one GGUF file `path` (hub/gguf_export; written atomically) whose matrices
 // are stored as `dtype` (f32, f16, bf16 or q8_0), with its tokenizer as metadata: a model
 // fine-tuned from a folder, that folder's byte-level BPE tokenizer (a SentencePiece one is refused;
-// a folder without one gives none); the byte-level GPT, its 256 bytes (`*with_tokenizer` says which).
-hub::Family export_gguf(const std::string& checkpoint, const std::string& path, const std::string& dtype, bool* with_tokenizer = nullptr);
+// a folder without one gives none); the byte-level GPT, its 256 bytes.
+struct GgufExport {
+  hub::Family family;
+  bool with_tokenizer = false;
+  std::vector<std::string> f16_fallback;  // q8_0: the matrices stored as F16 (rows not a multiple of 32)
+};
+GgufExport export_gguf(const std::string& checkpoint, const std::string& path, const std::string& dtype);
 
 }  // namespace scalify::train
