@@ -192,6 +192,10 @@ expect_error "GGUF tokenizers are not read yet" tokenize --model "$gguf/tiny_lla
 head -c 3000 "$gguf/tiny_llama_gqa.gguf" > "$out/truncated.gguf"
 expect_error "$out/truncated.gguf: tensor 'token_embd.weight''s data (128000 bytes at offset 0 of the data section) runs past the end of the file" eval --model "$out/truncated.gguf" --data "$out/text.bin"
 "$cli" export "$out/cmp/runs/f32" --out "$out/exported" | grep -q "^gpt2 model written to "
+"$cli" export "$out/cmp/runs/f32" --format gguf --dtype bf16 --out "$out/exported.gguf" \
+  | grep -q "^gpt2 model written to .* (GGUF, bf16 weights, with its tokenizer)$"
+head -c 4 "$out/exported.gguf" | grep -q "^GGUF$" || { echo "export --format gguf wrote no GGUF file"; exit 1; }
+expect_error "--dtype q8_0 is for --format gguf" export "$out/cmp/runs/f32" --out "$out/exported_q8" --dtype q8_0
 "$cli" tokenize --model "$out/exported" --data "$out/text" --out "$out/bytes.bin" | grep -q "20000 bytes -> 20000 tokens"
 mkdir -p "$out/notok" && cp "$hf/tiny_gpt2/config.json" "$hf/tiny_gpt2/model.safetensors" "$out/notok/"
 expect_error "the model folder has no tokenizer" eval --model "$out/notok" --data "$out/text"
@@ -236,6 +240,8 @@ test "$("$cli" sample "$out/ft_eos" --prompt "Fortune" --tokens 4)" = "Fortune" 
 test "$("$cli" sample "$out/ft_eos" --prompt "Fortune" --tokens 4 --ignore-eos)" != "Fortune" || { echo "--ignore-eos stopped"; exit 1; }
 "$cli" export "$out/ft" --out "$out/ft_hf" --dtype bf16 > /dev/null
 test -s "$out/ft_hf/tokenizer.model" || { echo "export left the fine-tuned model's tokenizer behind"; exit 1; }
+expect_error "a SentencePiece tokenizer (tokenizer.model); GGUF export writes byte-level BPE" export "$out/ft" --format gguf --out "$out/ft.gguf"
+test ! -e "$out/ft.gguf" || { echo "a refused GGUF export wrote a file"; exit 1; }
 "$cli" eval --model "$out/ft_hf" --data "$out/text" --windows 2 | grep -q "^llama model, SentencePiece"
 expect_error "--init has no place beside it" train --resume "$out/ft" --init "$hf/tiny_gpt2" --steps 5
 expect_error "gives the model's shape" train --init "$hf/tiny_gpt2" --data "$out/text" --out "$out/ft2" --set d_model=32

@@ -1,10 +1,11 @@
-// `scalify tokenize` and `scalify export`: between Scalify and Hugging Face model folders
+// `scalify tokenize` and `scalify export`: between Scalify and Hugging Face model folders or GGUF files
 // (train/pretrained.hpp). `scalify eval --model` is in cmd_train.cpp beside `eval`.
 #include <cstdio>
 #include <memory>
 #include <string>
 
 #include "commands.hpp"
+#include "scalify/error.hpp"
 #include "scalify/hub/hf_config.hpp"
 #include "scalify/train/pretrained.hpp"
 
@@ -26,15 +27,40 @@ void add_pretrained_commands(CLI::App& app) {
   });
 
   struct ExportArgs {
-    std::string checkpoint, out, dtype = "f32";
+    std::string checkpoint, out, format = "hf", dtype = "f32";
   };
   auto xa = std::make_shared<ExportArgs>();
-  auto* x =
-      app.add_subcommand("export", "A checkpoint as a Hugging Face model folder (config.json, model.safetensors) that transformers opens");
+  auto* x = app.add_subcommand("export",
+                               "A checkpoint as a Hugging Face model folder (config.json, model.safetensors) that transformers opens, "
+                               "or as one GGUF file that llama.cpp (and transformers' GGUF loader) reads");
   x->add_option("checkpoint", xa->checkpoint, "checkpoint .safetensors or run folder")->required();
-  x->add_option("--out", xa->out, "model folder to write")->required();
-  x->add_option("--dtype", xa->dtype, "weights stored as f32 (default), f16 or bf16")->check(CLI::IsMember({"f32", "f16", "bf16"}));
+  x->add_option("--out", xa->out, "model folder to write (hf: a new or empty folder), or the .gguf file (gguf: written atomically)")
+      ->required();
+  x->add_option("--format", xa->format,
+                "hf (default): a Hugging Face folder; gguf: GGUF v3, architecture \"llama\" for Llama-shaped models, \"gpt2\" for "
+                "GPT-2-shaped ones, the tokenizer as metadata (byte-level BPE: a model fine-tuned from a folder with vocab.json + "
+                "merges.txt or tokenizer.json, its own; the byte-level GPT, its 256 bytes; a SentencePiece tokenizer is refused, a "
+                "folder without one gives none)")
+      ->check(CLI::IsMember({"hf", "gguf"}));
+  x->add_option("--dtype", xa->dtype,
+                "weights stored as f32 (default), f16 or bf16 (rounded to nearest even); gguf also q8_0 (ggml's 8-bit blocks of 32; "
+                "a matrix whose rows are not a multiple of 32 is stored as f16, as llama.cpp's converter does); GGUF keeps norms and "
+                "biases in f32")
+      ->check(CLI::IsMember({"f32", "f16", "bf16", "q8_0"}));
   x->callback([xa] {
+    if (xa->format == "gguf") {
+      const train::GgufExport r = train::export_gguf(xa->checkpoint, xa->out, xa->dtype);
+      std::printf("%s model written to %s (GGUF, %s weights, %s)\n", hub::family_name(r.family), xa->out.c_str(), xa->dtype.c_str(),
+                  r.with_tokenizer ? "with its tokenizer" : "no tokenizer: the model it was fine-tuned from has none");
+      if (!r.f16_fallback.empty()) {
+        std::string names;
+        for (const std::string& n : r.f16_fallback) names += (names.empty() ? "" : ", ") + n;
+        std::printf("stored as F16, their rows not a multiple of Q8_0's 32-value blocks (as llama.cpp's converter does): %s\n",
+                    names.c_str());
+      }
+      return;
+    }
+    if (xa->dtype == "q8_0") throw Error("export: --dtype q8_0 is for --format gguf; a Hugging Face folder holds f32, f16 or bf16");
     const DType dtype = xa->dtype == "bf16" ? DType::bf16 : xa->dtype == "f16" ? DType::f16 : DType::f32;
     const hub::Family f = train::export_checkpoint(xa->checkpoint, xa->out, dtype);
     std::printf("%s model written to %s (config.json, model.safetensors)\n", hub::family_name(f), xa->out.c_str());

@@ -187,6 +187,26 @@ Family family_of(const nn::GptConfig& m) {
       "rotary positions): it has no Hugging Face layout");
 }
 
+std::vector<std::pair<std::string, Tensor>> hf_tensors(const HfConfig& config, const std::map<std::string, Tensor>& params) {
+  std::vector<std::pair<std::string, Tensor>> out;
+  for (const Rule& rule : layout(config, config.family == Family::llama ? "model." : "")) {
+    const auto it = params.find(rule.engine);
+    if (it == params.end()) throw Error("hf_tensors: no parameter '" + rule.engine + "'");
+    const Tensor value = it->second.to(DType::f32);
+    std::vector<int64_t> sizes;
+    for (const auto& part : rule.parts) sizes.push_back(part.second[0]);  // the output dimension, as stored
+    const std::vector<Tensor> split = rule.parts.size() == 1 ? std::vector<Tensor>{value} : ops::split(value, sizes, value.dim() - 1);
+    for (size_t i = 0; i < rule.parts.size(); ++i) {
+      const Tensor t = rule.transpose ? split[i].permute({1, 0}).contiguous() : split[i].contiguous();
+      if (t.shape() != rule.parts[i].second)
+        throw Error("hf_tensors: parameter '" + rule.engine + "' has shape " + shape_str(value.shape()) + ", which does not fit " +
+                    rule.parts[i].first);
+      out.emplace_back(rule.parts[i].first, t);
+    }
+  }
+  return out;
+}
+
 void save_hf_model(const std::string& dir, const HfConfig& config, const std::map<std::string, Tensor>& params) {
   if (family_of(config.model) != config.family)
     throw Error(std::string("save_hf_model: the model is not ") + family_name(config.family) + "-shaped");
@@ -197,21 +217,7 @@ void save_hf_model(const std::string& dir, const HfConfig& config, const std::ma
     throw Error("export: '" + dir + "' exists and is not an empty folder; give a new folder");
   io::SafeTensors out;
   out.metadata["format"] = "pt";  // transformers reads PyTorch-format safetensors
-  for (const Rule& rule : layout(config, config.family == Family::llama ? "model." : "")) {
-    const auto it = params.find(rule.engine);
-    if (it == params.end()) throw Error("save_hf_model: no parameter '" + rule.engine + "'");
-    const Tensor value = it->second.to(DType::f32);
-    std::vector<int64_t> sizes;
-    for (const auto& part : rule.parts) sizes.push_back(part.second[0]);  // the output dimension, as stored
-    const std::vector<Tensor> split = rule.parts.size() == 1 ? std::vector<Tensor>{value} : ops::split(value, sizes, value.dim() - 1);
-    for (size_t i = 0; i < rule.parts.size(); ++i) {
-      const Tensor t = rule.transpose ? split[i].permute({1, 0}).contiguous() : split[i].contiguous();
-      if (t.shape() != rule.parts[i].second)
-        throw Error("save_hf_model: parameter '" + rule.engine + "' has shape " + shape_str(value.shape()) + ", which does not fit " +
-                    rule.parts[i].first);
-      out.tensors.emplace_back(rule.parts[i].first, t.to(config.dtype));
-    }
-  }
+  for (const auto& [name, t] : hf_tensors(config, params)) out.tensors.emplace_back(name, t.to(config.dtype));
   io::make_folder(dir);
   io::write_text_atomically((fs::path(dir) / "config.json").string(), hf_config_json(config));
   io::write_safetensors((fs::path(dir) / "model.safetensors").string(), out);

@@ -20,6 +20,8 @@
 // its tensors under these names (gguf_model.hpp), dequantised to f32.
 #include <map>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "scalify/hub/hf_config.hpp"
 #include "scalify/tensor/tensor.hpp"
@@ -39,6 +41,10 @@ std::vector<std::string> weight_files(const std::string& dir, std::map<std::stri
 // The family whose layout holds a model of this configuration; an error naming what has no
 // Hugging Face counterpart (unit scaling, a GPT-2-shaped model with rotary positions, ...).
 Family family_of(const nn::GptConfig& model);
+
+// The engine's parameters as the Hugging Face tensors of `config.family`'s layout (f32, names with
+// the causal LM's prefixes), in layout order: what save_hf_model stores, and GGUF export renames.
+std::vector<std::pair<std::string, Tensor>> hf_tensors(const HfConfig& config, const std::map<std::string, Tensor>& params);
 
 // Writes DIR/config.json and DIR/model.safetensors (atomically each; DIR is created) holding the
 // engine's parameters in `config.family`'s layout, stored as config.dtype, so transformers opens it.

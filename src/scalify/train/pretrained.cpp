@@ -6,9 +6,11 @@
 #include <filesystem>
 #include <limits>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 
 #include "scalify/error.hpp"
+#include "scalify/hub/gguf_export.hpp"
 #include "scalify/hub/hf_weights.hpp"
 #include "scalify/io/atomic_file.hpp"
 #include "scalify/io/input_file.hpp"
@@ -186,6 +188,33 @@ hub::Family export_checkpoint(const std::string& checkpoint, const std::string& 
     io::write_text_atomically((to / "tokenizer_config.json").string(), "{\"tokenizer_class\": \"GPT2Tokenizer\"}\n");
   }
   return hf.family;
+}
+
+GgufExport export_gguf(const std::string& checkpoint, const std::string& path, const std::string& dtype) {
+  const hub::GgufWriter::Type type = hub::gguf_type(dtype);
+  auto [st, cfg] = read_checkpoint(checkpoint);
+  // The file replaces whatever it names: never the checkpoint or a file of the model it was fine-tuned from.
+  std::vector<std::string> inputs = {checkpoint_file(checkpoint)};
+  std::error_code ec;
+  if (!cfg.init.empty())
+    for (const auto& e : std::filesystem::directory_iterator(cfg.init, ec)) inputs.push_back(e.path().string());
+  io::refuse_to_overwrite(path, inputs, "export");
+  check_init_files(cfg, checkpoint);
+  const std::unique_ptr<Session> s = load_session(st, cfg, checkpoint_file(checkpoint));
+  hub::HfConfig hf;
+  hf.model = s->model.config();
+  hf.family = hub::family_of(hf.model);
+  std::optional<hub::GgufVocabulary> vocab;
+  if (!cfg.init.empty())
+    vocab = hub::read_bpe_vocabulary(cfg.init);
+  else if (hf.model.vocab == 256)
+    vocab = hub::byte_vocabulary();
+  GgufExport r{hf.family, vocab.has_value(), {}};
+  const std::filesystem::path run =
+      std::filesystem::is_directory(checkpoint, ec) ? std::filesystem::path(checkpoint) : std::filesystem::path(checkpoint).parent_path();
+  const std::string name = std::filesystem::absolute(run).lexically_normal().filename().string();
+  hub::save_gguf_model(path, hf, parameter_values(*s), type, vocab ? &*vocab : nullptr, name.empty() ? "scalify" : name, &r.f16_fallback);
+  return r;
 }
 
 }  // namespace scalify::train

@@ -66,4 +66,15 @@ Tokenized tokenize_file(const std::string& model_dir, const std::string& path, c
 // fine-tuned from a pretrained one (`init`) takes that folder's tokenizer files along.
 hub::Family export_checkpoint(const std::string& checkpoint, const std::string& dir, DType dtype = DType::f32);
 
+// The same checkpoint as one GGUF file `path` (hub/gguf_export; written atomically) whose matrices
+// are stored as `dtype` (f32, f16, bf16 or q8_0), with its tokenizer as metadata: a model
+// fine-tuned from a folder, that folder's byte-level BPE tokenizer (a SentencePiece one is refused;
+// a folder without one gives none); the byte-level GPT, its 256 bytes.
+struct GgufExport {
+  hub::Family family;
+  bool with_tokenizer = false;
+  std::vector<std::string> f16_fallback;  // q8_0: the matrices stored as F16 (rows not a multiple of 32)
+};
+GgufExport export_gguf(const std::string& checkpoint, const std::string& path, const std::string& dtype);
+
 }  // namespace scalify::train
