@@ -76,6 +76,12 @@ std::vector<std::string> ptq_weights(const nn::Gpt& model);
 // The recipe a model whose weights hold quantised values is evaluated with: the weights cast
 // nothing (their values are exact), the activations are quantised as the method says.
 quant::Recipe ptq_inference_recipe(const PtqOptions& options);
+// Whether `recipe` scales each linear layer's input activation from a statistic of the whole
+// tensor it is given (FP8-AMAX's bias, a current scale, NVFP4's f32 tensor scale). Seed 003 takes
+// that statistic per data sample (Appendix G: the activation bias "varies depending on the data
+// sample"), so an evaluation under such a recipe runs one window per forward pass: a window's loss
+// then never depends on the windows that share its batch, nor on how many windows a batch holds.
+bool activation_scale_per_window(const quant::Recipe& recipe);
 // `f32` with each of `weights` replaced by its quantised values (exact in f32); what quantising
 // each did is appended to `report` when given.
 std::map<std::string, Tensor> ptq_quantize_values(const std::map<std::string, Tensor>& f32, const std::vector<std::string>& weights,
