@@ -40,6 +40,19 @@ def read_tokens(path: str) -> np.ndarray:
     return np.frombuffer(raw[1024:], dtype=np.uint16)[: header[2]].astype(np.int64)
 
 
+def write_tokens(model_dir: str, text_file: str, out: str) -> None:
+    """TEXT_FILE's text through the model's tokenizer (transformers), as an llm.c token file."""
+    from transformers import AutoTokenizer
+
+    with open(text_file, encoding="utf-8", errors="replace") as f:
+        ids = AutoTokenizer.from_pretrained(model_dir)(f.read())["input_ids"]
+    header = np.zeros(256, dtype="<i4")
+    header[:3] = [20240520, 1, len(ids)]
+    with open(out, "wb") as f:
+        f.write(header.tobytes() + np.asarray(ids, dtype="<u2").tobytes())
+    print(f"{len(ids)} tokens")
+
+
 def amax_bias(amax: torch.Tensor) -> torch.Tensor:
     """b = floor(log2(F / amax)) (seed 003 eq. 3), in double as a reader would do by hand."""
     return torch.floor(torch.log2(E4M3_MAX / amax.double())).to(torch.float32)
@@ -145,9 +158,13 @@ def main() -> None:
     p.add_argument("--bias", type=int, default=0, help="cscale: the constant bias")
     p.add_argument("--amax", choices=["window", "batch"], default="window", help="activations: amax per window or per batch")
     p.add_argument("--weights-only", action="store_true")
+    p.add_argument("--tokenize", metavar="TEXT", help="write TEXT through the model's tokenizer to --tokens (llm.c) and stop")
     p.add_argument("--make-test-reference", metavar="JSON", help="write the test's expected values (tiny model) and stop")
     a = p.parse_args()
     torch.set_num_threads(2)
+    if a.tokenize:
+        write_tokens(a.model, a.tokenize, a.tokens)
+        return
     if a.make_test_reference:
         make_test_reference(a.model, a.make_test_reference)
         return
