@@ -4,9 +4,9 @@
 // amax), FP8-CSCALE (one constant bias for every weight and activation) or MXFP8 (32-element
 // blocks along the reduction dimension, E8M0 scales) — or e2m1 weights, NVFP4 (16-element blocks
 // along the reduction, E4M3 block scales under an f32 tensor scale) or MXFP4 (32-element blocks,
-// E8M0 scales); their input activations are cast at inference the same way (AMAX: per batch from
-// its amax; FP4 blocks along the rows), or stay f32 (weights only). Embeddings, norms,
-// attention's batched matmuls and the head stay f32, as in training.
+// E8M0 scales); their input activations are cast at inference the same way (AMAX: per window from
+// its amax, activation_scale_per_window; FP4 blocks along the rows), or stay f32 (weights only).
+// Embeddings, norms, attention's batched matmuls and the head stay f32, as in training.
 //
 // A quantised checkpoint is a safetensors file: "param.<name>" holds the element codes (e4m3 or
 // e2m1) of the linear weights, with "param.<name>.scale" (an f32 scalar decode scale 2^-bias;
