@@ -13,11 +13,14 @@ get theirs from the tensor being cast, and the paper counts one activation bias 
 This script runs that definition with transformers' LlamaForCausalLM and torch's float8 casts,
 on non-overlapping windows of `context` + 1 tokens (as `scalify eval --model` takes them), with
 the activation amax taken either per window (the paper) or over a whole batch of windows. Used
-once to establish which one `scalify quantize --model` computes (docs/RESULTS.md, issue 46); no
-test runs it.
+to establish which one `scalify quantize --model` computes (docs/RESULTS.md, issue 46), and once
+to write the expected values of python/tests/test_ptq_reference.py; no test runs it.
 
-    python tests/data/ptq/reference_ptq.py --model /work/cache/smollm2-hf --tokens tokens.bin \
-        --context 64 --windows 4 --batch 4 --amax window
+    python tests/data/ptq/reference_ptq.py --model smollm2-hf --tokenize corpus.txt --tokens tokens.bin
+    python tests/data/ptq/reference_ptq.py --model smollm2-hf --tokens tokens.bin \
+        --context 64 --windows 64 --batch 16 --method amax --amax window
+    python tests/data/ptq/reference_ptq.py --model tests/data/hf/tiny_llama \
+        --make-test-reference tests/data/ptq/quiet_tokens_reference.json
 """
 from __future__ import annotations
 
