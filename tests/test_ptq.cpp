@@ -119,6 +119,36 @@ TEST(Ptq, QuantisedCheckpointHoldsFp8CodesAndEvaluatesAsTheSweep) {
   }
 }
 
+// Seed 003 takes FP8-AMAX's activation bias per data sample (Appendix G), so the rows whose
+// activation scale is a statistic of the whole tensor (FP8-AMAX's bias, NVFP4's tensor scale) are
+// evaluated one window per forward pass, a batch loss per window; the rows with no such statistic
+// (CSCALE, MX, weights only) keep the run's batches of windows.
+TEST(Ptq, ActivationStatisticsAreTakenPerWindow) {
+  using train::PtqMethod;
+  auto per_window = [](const train::PtqOptions& o) { return train::activation_scale_per_window(train::ptq_inference_recipe(o)); };
+  EXPECT_TRUE(per_window({PtqMethod::amax, 0}));
+  EXPECT_TRUE(per_window({PtqMethod::nvfp4, 0}));
+  EXPECT_FALSE(per_window({PtqMethod::amax, 0, false}));
+  EXPECT_FALSE(per_window({PtqMethod::nvfp4, 0, false}));
+  EXPECT_FALSE(per_window({PtqMethod::cscale, 2}));
+  EXPECT_FALSE(per_window({PtqMethod::mx, 0}));
+  EXPECT_FALSE(per_window({PtqMethod::mxfp4, 0}));
+  EXPECT_FALSE(train::activation_scale_per_window(quant::preset("f32")));
+
+  const std::vector<train::PtqSweepRow> rows = train::ptq_sweep(trained_f32().out, 0, 0);
+  const size_t windows = row(rows, "f32").eval.windows, batch = size_t(trained_f32().batch);
+  ASSERT_GT(windows, batch);
+  for (const char* r : {"fp8_amax", "nvfp4"}) {
+    const train::EvalResult& e = row(rows, r).eval;
+    EXPECT_EQ(e.batch_losses.size(), windows) << r;
+    double sum = 0;
+    for (double l : e.batch_losses) sum += l;
+    EXPECT_DOUBLE_EQ(e.loss, sum / double(windows)) << r;
+  }
+  for (const char* r : {"f32", "fp8_cscale", "mxfp8", "nvfp4_weights"})
+    EXPECT_EQ(row(rows, r).eval.batch_losses.size(), (windows + batch - 1) / batch) << r;
+}
+
 // FP4 post-training quantisation: NVFP4 files hold e2m1 codes, E4M3 block scales [K/16, N] and an
 // f32 tensor scale, MXFP4 files E8M0 scales [K/32, N]; each decodes to the block quantiser's values
 // (checked bit for bit against the published definitions in test_fp4) and evaluates as the

@@ -20,6 +20,7 @@
 #include "scalify/tokenize/token_file.hpp"
 #include "scalify/train/evaluate.hpp"
 #include "scalify/train/init_record.hpp"
+#include "scalify/train/ptq.hpp"
 
 namespace scalify::train {
 
@@ -83,7 +84,7 @@ TokenEval evaluate_tokens(const Session& s, const std::vector<int32_t>& tokens, 
                 " (a smaller --context fits more windows)");
   const NoGrad no_grad;
   const nn::Gpt model = s.forward_model();
-  const size_t batch = size_t(eval_batch(context, s.cfg.model.vocab));
+  const size_t batch = activation_scale_per_window(s.recipe) ? 1 : size_t(eval_batch(context, s.cfg.model.vocab));
   TokenEval r;
   r.context = context;
   r.windows = windows;

@@ -30,8 +30,9 @@ std::pair<int, std::string> layer_and_kind(const std::string& linear) {
 
 EvalResult as_eval_result(const TokenEval& t) { return {t.loss, t.bits_per_byte, t.windows, {}}; }
 
-// FP8-AMAX's biases: each weight's from quantising it, each activation's counted per batch as
-// the evaluation quantises it, and the most frequent kept (the smallest on a tie).
+// FP8-AMAX's biases: each weight's from quantising it, each activation's counted per window as
+// the evaluation quantises it (one window a pass: activation_scale_per_window), and the most
+// frequent kept (the smallest on a tie).
 std::vector<LayerScalingBias> amax_biases(const Pretrained& p, const std::map<std::string, Tensor>& f32, const std::vector<int32_t>& tokens,
                                           int64_t context, size_t max_windows) {
   const PtqOptions amax{PtqMethod::amax, 0};
@@ -87,7 +88,7 @@ PretrainedPtq pretrained_ptq(const Pretrained& p, const std::vector<int32_t>& to
 std::string pretrained_ptq_markdown(const PretrainedPtq& study) {
   std::ostringstream md;
   md << ptq_sweep_markdown(study.rows, study.tolerance)
-     << "\nFP8-AMAX scaling biases (values are cast as x * 2^b; activations: the most frequent over the batches):\n\n"
+     << "\nFP8-AMAX scaling biases (values are cast as x * 2^b; activations: the most frequent over the windows):\n\n"
      << "| layer | kind | weight | activation |\n|---:|---|---:|---:|\n";
   for (const LayerScalingBias& b : study.biases)
     md << "| " << b.layer << " | " << b.kind << " | " << b.weight << " | " << b.activation << " |\n";

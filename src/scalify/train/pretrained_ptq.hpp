@@ -2,7 +2,7 @@
 // Seed 003's FP8 inference study on a pretrained model (`scalify quantize --model DIR --data FILE
 // --sweep LO:HI`): its Table 3 (the loss of f32, FP8-AMAX, MXFP8, NVFP4, MXFP4 and FP8-CSCALE at
 // every bias of a sweep, and the biases within 99.5 % of f32) and its Figure 6 (FP8-AMAX's scaling
-// bias of every quantised weight and, the most frequent over the batches, of its input
+// bias of every quantised weight and, the most frequent over the windows, of its input
 // activation, by decoder layer and linear-layer kind).
 #include <cstdint>
 #include <string>
@@ -17,7 +17,7 @@ struct LayerScalingBias {
   int layer = 0;       // decoder layer
   std::string kind;    // "attn qkv", "attn out", "ff intermediate", "ff output" (the seed's names)
   int weight = 0;      // the weight's FP8-AMAX bias: x * 2^b is cast
-  int activation = 0;  // the input activation's bias, the most frequent over the batches
+  int activation = 0;  // the input activation's bias, the most frequent over the windows
 };
 
 struct PretrainedPtq {

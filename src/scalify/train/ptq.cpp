@@ -104,6 +104,13 @@ quant::Recipe ptq_inference_recipe(const PtqOptions& o) {
   return r;
 }
 
+bool activation_scale_per_window(const quant::Recipe& recipe) {
+  if (!recipe.linear.quantized) return false;
+  const quant::QuantizerConfig& a = recipe.linear.forward.activation;
+  return a.scaling == quant::Scaling::amax_bias || a.scaling == quant::Scaling::current ||
+         (a.scaling == quant::Scaling::block && a.block.rule == BlockScaleRule::nvfp4);
+}
+
 namespace {
 
 std::vector<std::string> weight_names(const Session& s) { return ptq_weights(s.model); }
@@ -127,7 +134,9 @@ QuantizedWeight quantize_weight(const std::string& name, const Tensor& w, const 
 
 EvalResult evaluate_values(const TrainConfig& cfg, const quant::Recipe& recipe, const std::map<std::string, Tensor>& values,
                            const Corpus& val) {
-  return eval_session(*inference_session(cfg, recipe, values), val);
+  TrainConfig c = cfg;
+  if (activation_scale_per_window(recipe)) c.batch = 1;
+  return eval_session(*inference_session(c, recipe, values), val);
 }
 
 }  // namespace

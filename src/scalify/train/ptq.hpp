@@ -4,9 +4,9 @@
 // amax), FP8-CSCALE (one constant bias for every weight and activation) or MXFP8 (32-element
 // blocks along the reduction dimension, E8M0 scales) — or e2m1 weights, NVFP4 (16-element blocks
 // along the reduction, E4M3 block scales under an f32 tensor scale) or MXFP4 (32-element blocks,
-// E8M0 scales); their input activations are cast at inference the same way (AMAX: per batch from
-// its amax; FP4 blocks along the rows), or stay f32 (weights only). Embeddings, norms,
-// attention's batched matmuls and the head stay f32, as in training.
+// E8M0 scales); their input activations are cast at inference the same way (AMAX: per window from
+// its amax, activation_scale_per_window; FP4 blocks along the rows), or stay f32 (weights only).
+// Embeddings, norms, attention's batched matmuls and the head stay f32, as in training.
 //
 // A quantised checkpoint is a safetensors file: "param.<name>" holds the element codes (e4m3 or
 // e2m1) of the linear weights, with "param.<name>.scale" (an f32 scalar decode scale 2^-bias;
@@ -93,6 +93,12 @@ std::vector<std::string> ptq_weights(const nn::Gpt& model);
 // The recipe a model whose weights hold quantised values is evaluated with: the weights cast
 // nothing (their values are exact), the activations are quantised as the method says.
 quant::Recipe ptq_inference_recipe(const PtqOptions& options);
+// Whether `recipe` scales each linear layer's input activation from a statistic of the whole
+// tensor it is given (FP8-AMAX's bias, a current scale, NVFP4's f32 tensor scale). Seed 003 takes
+// that statistic per data sample (Appendix G: the activation bias "varies depending on the data
+// sample"), so an evaluation under such a recipe runs one window per forward pass: a window's loss
+// then never depends on the windows that share its batch, nor on how many windows a batch holds.
+bool activation_scale_per_window(const quant::Recipe& recipe);
 // `f32` with each of `weights` replaced by its quantised values (exact in f32); what quantising
 // each did is appended to `report` when given.
 std::map<std::string, Tensor> ptq_quantize_values(const std::map<std::string, Tensor>& f32, const std::vector<std::string>& weights,
