@@ -71,7 +71,46 @@ size_t match_length(const std::vector<CodePoint>& cps, size_t i) {
   return end - i - 1;
 }
 
+// The words of `word` cut around its numbers: each a word of its own, or each run of them one word.
+void cut_numbers(std::string_view word, bool each, std::vector<std::string_view>& out) {
+  const std::vector<CodePoint> cps = code_points(word);
+  for (size_t i = 0; i < cps.size();) {
+    const bool number = cps[i].cls == Class::kNumber;
+    size_t next = i + 1;
+    while (next < cps.size() && (cps[next].cls == Class::kNumber) == number && !(number && each)) ++next;
+    const size_t end = next < cps.size() ? cps[next].begin : word.size();
+    out.push_back(word.substr(cps[i].begin, end - cps[i].begin));
+    i = next;
+  }
+}
+
 }  // namespace
+
+const char* rule_name(PreTokenizeRule rule) {
+  switch (rule) {
+    case PreTokenizeRule::kGpt2Pattern: return "ByteLevel(use_regex)";
+    case PreTokenizeRule::kEachNumber: return "Digits(individual_digits)";
+    case PreTokenizeRule::kNumberRuns: return "Digits";
+  }
+  return "?";
+}
+
+std::vector<std::string_view> pretokenize(std::string_view text, const std::vector<PreTokenizeRule>& rules) {
+  std::vector<std::string_view> words;
+  if (!text.empty()) words.push_back(text);
+  for (PreTokenizeRule rule : rules) {
+    std::vector<std::string_view> next;
+    for (std::string_view word : words) {
+      if (rule == PreTokenizeRule::kGpt2Pattern) {
+        for (std::string_view w : gpt2_pretokenize(word)) next.push_back(w);
+      } else {
+        cut_numbers(word, rule == PreTokenizeRule::kEachNumber, next);
+      }
+    }
+    words = std::move(next);
+  }
+  return words;
+}
 
 std::vector<std::string_view> gpt2_pretokenize(std::string_view text) {
   const std::vector<CodePoint> cps = code_points(text);

@@ -3,6 +3,7 @@
 //   's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+
 // matched leftmost-first (the first alternative that matches wins), here by hand over UTF-8 code
 // points with the tables of unicode_classes.hpp.
+#include <cstdint>
 #include <string_view>
 #include <vector>
 
@@ -12,5 +13,19 @@ namespace scalify::tokenize {
 // is still cut (GPT-2 works on bytes): each byte that does not start a well-formed UTF-8 sequence
 // counts as one code point that is neither letter, number nor space, like punctuation.
 std::vector<std::string_view> gpt2_pretokenize(std::string_view text);
+
+// The rules a byte-level BPE's pre-tokenizer is made of (tokenizer.json's pre_tokenizer, GGUF's
+// tokenizer.ggml.pre), each cutting the words the rules before it made.
+enum class PreTokenizeRule : uint8_t {
+  kGpt2Pattern,  // gpt2_pretokenize (ByteLevel with use_regex, or a Split by GPT-2's pattern)
+  kEachNumber,   // every number (\p{N}) a word of its own (Digits with individual_digits)
+  kNumberRuns,   // every run of numbers a word (Digits without individual_digits)
+};
+// How tokenizer.json writes the rule, for descriptions and errors.
+const char* rule_name(PreTokenizeRule rule);
+
+// The words of `text` after each rule in turn; no rules leave the text one word (an empty text
+// none). Together the words are exactly `text`.
+std::vector<std::string_view> pretokenize(std::string_view text, const std::vector<PreTokenizeRule>& rules);
 
 }  // namespace scalify::tokenize

@@ -5,6 +5,7 @@
 #include "scalify/error.hpp"
 #include "scalify/tokenize/bpe.hpp"
 #include "scalify/tokenize/sentencepiece.hpp"
+#include "scalify/tokenize/tokenizer_json.hpp"
 
 namespace scalify::tokenize {
 
@@ -16,16 +17,18 @@ std::unique_ptr<Tokenizer> load_tokenizer(const std::string& model_dir) {
   const std::string vocab = (fs::path(model_dir) / "vocab.json").string();
   const std::string merges = (fs::path(model_dir) / "merges.txt").string();
   const std::string model = (fs::path(model_dir) / "tokenizer.model").string();
+  const std::string json = (fs::path(model_dir) / "tokenizer.json").string();
   const bool has_vocab = fs::exists(vocab, ec), has_merges = fs::exists(merges, ec);
   if (has_vocab && has_merges) return std::make_unique<BpeTokenizer>(vocab, merges);
   if (fs::exists(model, ec)) return std::make_unique<SentencePieceTokenizer>(model);
+  if (fs::exists(json, ec)) return read_tokenizer_json(json);
   // One of the pair alone is a folder copied in part: say which half is missing.
   if (has_vocab || has_merges)
     throw Error("tokenizer: '" + model_dir + "' has " + (has_vocab ? "vocab.json but no merges.txt" : "merges.txt but no vocab.json") +
                 " (GPT-2's BPE needs both)");
   throw Error("tokenizer: '" + model_dir +
               "' holds no tokenizer Scalify reads: looked for vocab.json + merges.txt (GPT-2 byte-level BPE) and "
-              "tokenizer.model (SentencePiece)");
+              "tokenizer.model (SentencePiece) and tokenizer.json (byte-level BPE)");
 }
 
 bool has_tokenizer_files(const std::string& model_dir) {
@@ -37,7 +40,7 @@ bool has_tokenizer_files(const std::string& model_dir) {
 }
 
 const std::vector<const char*>& tokenizer_file_names() {
-  static const std::vector<const char*> names = {"vocab.json", "merges.txt", "tokenizer.model"};
+  static const std::vector<const char*> names = {"vocab.json", "merges.txt", "tokenizer.model", "tokenizer.json"};
   return names;
 }
 

@@ -115,7 +115,7 @@ std::vector<int32_t> read_tokens(const std::string& path, const tokenize::Tokeni
   if (tokenize::is_token_file(path)) {
     tokens = tokenize::read_token_file(path);
   } else {
-    if (!tokenizer) throw Error(path + ": text, and the model folder has no tokenizer (vocab.json + merges.txt or tokenizer.model)");
+    if (!tokenizer) throw Error(path + ": text, and the model folder has no tokenizer (vocab.json + merges.txt, tokenizer.model or tokenizer.json)");
     Corpus c;
     const std::vector<uint8_t> text = read_text(path, c);
     tokens = tokenizer->encode(std::string_view(reinterpret_cast<const char*>(text.data()), text.size()));
