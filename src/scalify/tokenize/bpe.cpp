@@ -110,14 +110,14 @@ BpeTokenizer::BpeTokenizer(const std::string& vocab_path, const std::string& mer
 BpeTokenizer::BpeTokenizer(BpeParts parts)
     : kind_(parts.kind),
       files_(parts.source),
-      source_(parts.source),
+      source_("'" + parts.source + "'"),
       pre_(std::move(parts.pre)),
       unk_(parts.unk),
       bos_(parts.bos),
       eos_(parts.eos),
       fuse_unk_(parts.fuse_unk),
       ignore_merges_(parts.ignore_merges) {
-  const std::string at = "tokenizer: " + parts.source + ": ";
+  const std::string at = "tokenizer: '" + parts.source + "': ";
   if (parts.tokens.empty()) throw Error(at + "the vocabulary has no tokens");
   if (parts.tokens.size() > size_t(INT32_MAX)) throw Error(at + "more than 2^31 tokens");
   set_tokens(parts.tokens);
@@ -135,7 +135,8 @@ BpeTokenizer::BpeTokenizer(BpeParts parts)
                     " is not a token");
       return it->second;
     };
-    add_merge(id_of(left), id_of(right), id_of(left + right), int32_t(i));
+    const int32_t l = id_of(left), r = id_of(right), merged = id_of(left + right);  // in this order, for the error
+    add_merge(l, r, merged, int32_t(i));
   }
   for (int32_t id : parts.added) {
     check(id, "added token");
