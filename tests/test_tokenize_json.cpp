@@ -139,53 +139,58 @@ TEST(PreTokenize, RulesCutInTurn) {
 }
 
 // tiny_json's tokenizer as GGUF's metadata holds it: tokens by id, merges "a b", added tokens control.
-GgufTokenizerMetadata tiny_gguf_metadata() {
+hub::GgufTokenizerMetadata tiny_gguf_metadata() {
   const nlohmann::json doc = nlohmann::json::parse(slurp(kData / "tiny_json" / "tokenizer.json"));
-  GgufTokenizerMetadata m;
-  m.source = "tiny.gguf";
+  hub::GgufTokenizerMetadata m;
   m.model = "gpt2";
   m.pre = "smollm";
   m.tokens.resize(doc["model"]["vocab"].size());
   for (const auto& [token, id] : doc["model"]["vocab"].items()) m.tokens[id.get<size_t>()] = token;
   for (const auto& pair : doc["model"]["merges"]) m.merges.push_back(pair[0].get<std::string>() + " " + pair[1].get<std::string>());
-  m.token_types.assign(m.tokens.size(), int32_t(GgufTokenType::kNormal));
+  m.token_types.assign(m.tokens.size(), int64_t(GgufTokenType::kNormal));
   for (const auto& a : doc["added_tokens"])
-    m.token_types[a["id"].get<size_t>()] = int32_t(a["special"].get<bool>() ? GgufTokenType::kControl : GgufTokenType::kUserDefined);
+    m.token_types[a["id"].get<size_t>()] = int64_t(a["special"].get<bool>() ? GgufTokenType::kControl : GgufTokenType::kUserDefined);
   m.bos = 1;
   m.eos = 2;
   return m;
 }
 
-TEST(GgufTokenizer, MetadataGivesTheIdsOfTheSameTokenizerJson) {
-  // "smollm" is llama.cpp's name for tiny_json's rules: each number alone, then GPT-2's pattern.
-  const std::unique_ptr<BpeTokenizer> tok = gguf_bpe_tokenizer(tiny_gguf_metadata());
-  expect_reference_ids(*tok, read_lines(kData / "tiny_json_encodings.jsonl"));
+TEST(GgufTokenizer, MetadataGivesTheIdsOfTheSameVocabulary) {
+  // Without control tokens, the ids of GPT-2's files of the same vocabulary: "smollm" pre-tokenizes
+  // by GPT-2's pattern as transformers' GGUF loader does (not isolating numbers as llama.cpp).
+  hub::GgufTokenizerMetadata m = tiny_gguf_metadata();
+  m.token_types.assign(m.tokens.size(), int64_t(GgufTokenType::kNormal));
+  for (const char* pre : {"smollm", "gpt2"}) {
+    m.pre = pre;
+    expect_reference_ids(*gguf_bpe_tokenizer(m, "tiny.gguf"), read_lines(kData / "tiny_vocab_encodings.jsonl"));
+  }
+  // Control and user-defined tokens are one token each in the text.
+  const std::unique_ptr<BpeTokenizer> tok = gguf_bpe_tokenizer(tiny_gguf_metadata(), "tiny.gguf");
+  const std::vector<int32_t> x = tok->encode("x");
+  EXPECT_EQ(tok->encode("<|im_start|>x<|im<|endoftext|>"), (std::vector<int32_t>{1, x[0], 3, 0}));
   EXPECT_EQ(tok->bos_id(), 1);
   EXPECT_EQ(tok->eos_id(), 2);
-  EXPECT_EQ(gguf_pre_tokenizer("gpt2", "f"), std::vector<PreTokenizeRule>{PreTokenizeRule::kGpt2Pattern});
+  EXPECT_EQ(tok->description(), "byte-level BPE (GGUF), 596 tokens (tiny.gguf)");
 }
 
 TEST(GgufTokenizer, MetadataScalifyDoesNotReadIsAnErrorNamingIt) {
-  GgufTokenizerMetadata m = tiny_gguf_metadata();
+  hub::GgufTokenizerMetadata m = tiny_gguf_metadata();
   m.pre = "llama-bpe";
-  EXPECT_ERROR(gguf_bpe_tokenizer(m), "'tiny.gguf': tokenizer.ggml.pre is 'llama-bpe', a pre-tokenizer Scalify does not read");
+  EXPECT_ERROR(gguf_bpe_tokenizer(m, "tiny.gguf"), "'tiny.gguf': tokenizer.ggml.pre is 'llama-bpe', a pre-tokenizer Scalify does not read");
   m.pre = "";
-  EXPECT_ERROR(gguf_bpe_tokenizer(m), "tokenizer.ggml.pre is missing (llama.cpp's \"default\")");
+  EXPECT_ERROR(gguf_bpe_tokenizer(m, "tiny.gguf"), "tokenizer.ggml.pre is missing (llama.cpp's \"default\")");
   m = tiny_gguf_metadata();
   m.model = "llama";
-  EXPECT_ERROR(gguf_bpe_tokenizer(m), "tokenizer.ggml.model is 'llama', not \"gpt2\"");
+  EXPECT_ERROR(gguf_bpe_tokenizer(m, "tiny.gguf"), "tokenizer.ggml.model is 'llama', not \"gpt2\"");
   m = tiny_gguf_metadata();
   m.merges[3] = "nospace";
-  EXPECT_ERROR(gguf_bpe_tokenizer(m), "tokenizer.ggml.merges[3] is 'nospace', not two tokens");
+  EXPECT_ERROR(gguf_bpe_tokenizer(m, "tiny.gguf"), "tokenizer.ggml.merges[3] is 'nospace', not two tokens");
   m = tiny_gguf_metadata();
   m.merges[3] = "zz qq";
-  EXPECT_ERROR(gguf_bpe_tokenizer(m), "merge 3 ('zz qq'): 'zz' is not a token");
-  m = tiny_gguf_metadata();
-  m.token_types.pop_back();
-  EXPECT_ERROR(gguf_bpe_tokenizer(m), "tokenizer.ggml.token_type has 595 entries for 596 tokens");
+  EXPECT_ERROR(gguf_bpe_tokenizer(m, "tiny.gguf"), "merge 3 ('zz qq'): 'zz' is not a token");
   m = tiny_gguf_metadata();
   m.eos = 596;
-  EXPECT_ERROR(gguf_bpe_tokenizer(m), "tokenizer.ggml.eos_token_id is 596, not a token id in [0, 596)");
+  EXPECT_ERROR(gguf_bpe_tokenizer(m, "tiny.gguf"), "'tiny.gguf': the end-of-sequence token 596 is not a token id in [0, 596)");
 }
 
 // A copy of tiny_json's tokenizer.json changed by `edit`, in a folder of its own.

@@ -176,7 +176,9 @@ void add_train_commands(CLI::App& app) {
     std::string text;
     if (!sa->model.empty()) {
       const train::Pretrained p = train::load_pretrained(sa->model);
-      if (!p.tokenizer) throw Error("sample: '" + sa->model + "' holds no tokenizer (vocab.json + merges.txt, tokenizer.model or tokenizer.json)");
+      if (!p.tokenizer)
+        throw Error("sample: '" + sa->model + "' holds no tokenizer (vocab.json + merges.txt, tokenizer.model or tokenizer.json; " +
+                    tokenize::gguf_tokenizer_not_read() + ")");
       text = train::sample_text(*p.session, p.tokenizer.get(), sa->prompt, sa->o, sa->model);
     } else {
       if (sa->checkpoint.empty()) throw CLI::ValidationError("sample", "give a checkpoint or --model DIR");

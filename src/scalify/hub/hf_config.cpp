@@ -5,6 +5,7 @@
 #include <string>
 
 #include "scalify/error.hpp"
+#include "scalify/hub/gguf_model.hpp"
 #include "scalify/io/input_file.hpp"
 #include "scalify/io/json_text.hpp"
 
@@ -126,6 +127,7 @@ nn::GptConfig llama(const Fields& f) {
 }  // namespace
 
 HfConfig read_hf_config(const std::string& dir) {
+  if (is_gguf(dir)) return gguf_config(GgufFile::open(dir));
   namespace fs = std::filesystem;
   std::error_code ec;
   if (!fs::is_directory(dir, ec)) throw FileError(dir + ": not a model folder (expected a folder holding config.json and *.safetensors)");

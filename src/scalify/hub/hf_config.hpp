@@ -24,6 +24,7 @@ struct HfConfig {
 // config.json, invalid JSON, a model_type other than gpt2 / llama, a missing or out-of-range size,
 // and any option this engine would compute differently (an activation other than tanh GELU or
 // SiLU, rope scaling, a head width other than hidden_size / heads, biases on only some layers).
+// A GGUF file in the folder's place (gguf_file.hpp's is_gguf) is read by gguf_model.hpp's gguf_config.
 HfConfig read_hf_config(const std::string& dir);
 // config.json's text for a model of `family` (the fields transformers needs to build it).
 std::string hf_config_json(const HfConfig& config);

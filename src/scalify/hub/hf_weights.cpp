@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "scalify/error.hpp"
+#include "scalify/hub/gguf_model.hpp"
 #include "scalify/io/atomic_file.hpp"
 #include "scalify/io/input_file.hpp"
 #include "scalify/io/json_text.hpp"
@@ -92,6 +93,7 @@ bool is_buffer(const std::string& name) {
 }  // namespace
 
 std::vector<std::string> weight_files(const std::string& dir, std::map<std::string, std::string>* listed) {
+  if (is_gguf(dir)) return {dir};
   const fs::path index = fs::path(dir) / "model.safetensors.index.json", single = fs::path(dir) / "model.safetensors";
   std::error_code ec;
   if (fs::exists(index, ec) && fs::exists(single, ec))
@@ -122,20 +124,26 @@ std::vector<std::string> weight_files(const std::string& dir, std::map<std::stri
 }
 
 std::map<std::string, Tensor> load_hf_weights(const std::string& dir, const HfConfig& config) {
-  std::map<std::string, std::string> listed;                     // index: tensor name -> shard
   std::map<std::string, std::pair<Tensor, std::string>> stored;  // name -> tensor, file
-  for (const std::string& file : weight_files(dir, &listed)) {
-    const io::SafeTensors st = io::read_safetensors(file, io::Unverified::quiet);
-    for (const auto& [name, t] : st.tensors) {
-      if (t.dtype() != DType::f32 && t.dtype() != DType::f16 && t.dtype() != DType::bf16)
-        throw Error(file + ": tensor '" + name + "' is " + std::string(dtype_name(t.dtype())) + "; weights must be F32, F16 or BF16");
-      if (!stored.emplace(name, std::pair{t, file}).second) throw Error(file + ": tensor '" + name + "' is stored twice in " + dir);
-      if (!listed.empty() && (!listed.count(name) || fs::path(file).filename() != listed[name]))
-        throw Error(file + ": tensor '" + name + "' is not where model.safetensors.index.json says");
+  const bool gguf = is_gguf(dir);
+  const std::string described_by = gguf ? "its metadata" : "config.json";
+  if (gguf) {
+    for (auto& [name, t] : gguf_hf_tensors(GgufFile::open(dir), config)) stored.emplace(name, std::pair{std::move(t), dir});
+  } else {
+    std::map<std::string, std::string> listed;  // index: tensor name -> shard
+    for (const std::string& file : weight_files(dir, &listed)) {
+      const io::SafeTensors st = io::read_safetensors(file, io::Unverified::quiet);
+      for (const auto& [name, t] : st.tensors) {
+        if (t.dtype() != DType::f32 && t.dtype() != DType::f16 && t.dtype() != DType::bf16)
+          throw Error(file + ": tensor '" + name + "' is " + std::string(dtype_name(t.dtype())) + "; weights must be F32, F16 or BF16");
+        if (!stored.emplace(name, std::pair{t, file}).second) throw Error(file + ": tensor '" + name + "' is stored twice in " + dir);
+        if (!listed.empty() && (!listed.count(name) || fs::path(file).filename() != listed[name]))
+          throw Error(file + ": tensor '" + name + "' is not where model.safetensors.index.json says");
+      }
     }
+    for (const auto& [name, file] : listed)
+      if (!stored.count(name)) throw Error(file + ": tensor '" + name + "' is listed in model.safetensors.index.json but missing");
   }
-  for (const auto& [name, file] : listed)
-    if (!stored.count(name)) throw Error(file + ": tensor '" + name + "' is listed in model.safetensors.index.json but missing");
   // The causal-LM's names carry the base model's prefix; a base model saved alone has none.
   const std::string prefix = config.family == Family::llama           ? (stored.count("model.embed_tokens.weight") ? "model." : "")
                              : stored.count("transformer.wte.weight") ? "transformer."
@@ -149,19 +157,22 @@ std::map<std::string, Tensor> load_hf_weights(const std::string& dir, const HfCo
       if (it == stored.end())
         throw Error(dir + ": tensor '" + name + "' is missing (config.json describes a " + family_name(config.family) + " model with " +
                     std::to_string(config.model.layers) + " layers)");
-      const auto& [t, file] = it->second;
+      const Tensor t = it->second.first;
+      const std::string& file = it->second.second;
       if (t.shape() != shape)
-        throw Error(file + ": tensor '" + name + "' has shape " + shape_str(t.shape()) + ", config.json implies " + shape_str(shape));
+        throw Error(file + ": tensor '" + name + "' has shape " + shape_str(t.shape()) + ", " + described_by + " implies " +
+                    shape_str(shape));
       parts.push_back(rule.transpose ? t.to(DType::f32).permute({1, 0}).contiguous() : t.to(DType::f32));
       used.insert(name);
+      it->second.first = Tensor();  // placed: its memory goes (a model's weights are held once, not twice)
     }
     params[rule.engine] = parts.size() == 1 ? parts[0] : ops::concat(parts, int(parts[0].dim()) - 1);
   }
   for (const auto& [name, entry] : stored)
     // A tied head stored anyway is the embedding again (transformers ties it and ignores the copy).
     if (!used.count(name) && !is_buffer(name) && !(config.model.tied_head && name == "lm_head.weight"))
-      throw Error(entry.second + ": tensor '" + name + "' has no place in the " + family_name(config.family) +
-                  " model config.json describes");
+      throw Error(entry.second + ": tensor '" + name + "' has no place in the " + family_name(config.family) + " model " + described_by +
+                  " describes");
   return params;
 }
 

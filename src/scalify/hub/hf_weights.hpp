@@ -16,7 +16,8 @@
 //     norm.weight, lm_head.weight (untied)       lnf.w, head
 //     layers.L.self_attn.rotary_emb.inv_freq     buffer, skipped
 // Weights are read from model.safetensors or the shards model.safetensors.index.json lists (F32,
-// F16 or BF16), and become f32 parameters.
+// F16 or BF16), and become f32 parameters. A GGUF file given in the folder's place (is_gguf) gives
+// its tensors under these names (gguf_model.hpp), dequantised to f32.
 #include <map>
 #include <string>
 

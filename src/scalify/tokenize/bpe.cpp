@@ -126,6 +126,8 @@ BpeTokenizer::BpeTokenizer(BpeParts parts)
       throw Error(at + what + " " + std::to_string(id) + " is not a token id in [0, " + std::to_string(parts.tokens.size()) + ")");
   };
   if (unk_ != -1) check(unk_, "the unknown token");
+  if (bos_ != -1) check(bos_, "the beginning-of-sequence token");
+  if (eos_ != -1) check(eos_, "the end-of-sequence token");
   for (size_t i = 0; i < parts.merges.size(); ++i) {
     const auto& [left, right] = parts.merges[i];
     const auto id_of = [&](const std::string& symbol) {

@@ -1,35 +1,32 @@
 #include "scalify/tokenize/gguf_tokenizer.hpp"
 
 #include "scalify/error.hpp"
+#include "scalify/hub/gguf_file.hpp"
 #include "scalify/io/json_text.hpp"
 
 namespace scalify::tokenize {
 
 std::vector<PreTokenizeRule> gguf_pre_tokenizer(const std::string& pre, const std::string& source) {
-  // As llama.cpp's llm_tokenizer_bpe splits them ("\p{N}" then GPT-2's pattern for smollm). On
-  // SmolLM2's vocabulary the number rule changes no id (no token holds a number beside anything),
-  // which is why transformers' loader, which ignores tokenizer.ggml.pre, gives the same ids.
-  if (pre == "gpt2") return {PreTokenizeRule::kGpt2Pattern};
-  if (pre == "smollm") return {PreTokenizeRule::kEachNumber, PreTokenizeRule::kGpt2Pattern};
+  // transformers' GGUF loader, the reference, ignores tokenizer.ggml.pre: it pre-tokenizes every
+  // "gpt2" model by GPT-2's pattern (a ByteLevel with its regex). llama.cpp isolates each number
+  // first for "smollm", which moves ids where numbers follow spaces ("  99": Ġ Ġ 9 9 in
+  // transformers, ĠĠ 9 9 in llama.cpp); Scalify gives transformers' ids.
+  if (pre == "gpt2" || pre == "smollm") return {PreTokenizeRule::kGpt2Pattern};
   throw Error("tokenizer: '" + source + "': tokenizer.ggml.pre is " +
               (pre.empty() ? "missing (llama.cpp's \"default\")" : "'" + io::text_excerpt(pre) + "'") +
               ", a pre-tokenizer Scalify does not read (it reads \"gpt2\" and \"smollm\")");
 }
 
-std::unique_ptr<BpeTokenizer> gguf_bpe_tokenizer(const GgufTokenizerMetadata& m) {
-  const std::string at = "tokenizer: '" + m.source + "': ";
-  if (m.model != "gpt2") throw Error(at + "tokenizer.ggml.model is '" + io::text_excerpt(m.model) + "', not \"gpt2\" (a byte-level BPE)");
-  if (!m.token_types.empty() && m.token_types.size() != m.tokens.size())
-    throw Error(at + "tokenizer.ggml.token_type has " + std::to_string(m.token_types.size()) + " entries for " +
-                std::to_string(m.tokens.size()) + " tokens");
-  for (const auto& [name, id] : {std::pair<const char*, int64_t>{"bos", m.bos}, {"eos", m.eos}})
-    if (id < -1 || id >= int64_t(m.tokens.size()))
-      throw Error(at + "tokenizer.ggml." + name + "_token_id is " + std::to_string(id) + ", not a token id in [0, " +
-                  std::to_string(m.tokens.size()) + ")");
+bool gguf_tokenizer_is_read(const std::string& model) { return model == "gpt2"; }
+
+std::unique_ptr<BpeTokenizer> gguf_bpe_tokenizer(const hub::GgufTokenizerMetadata& m, const std::string& source) {
+  const std::string at = "tokenizer: '" + source + "': ";
+  if (!gguf_tokenizer_is_read(m.model))
+    throw Error(at + "tokenizer.ggml.model is '" + io::text_excerpt(m.model) + "', not \"gpt2\" (a byte-level BPE), the one Scalify reads");
   BpeParts parts;
-  parts.source = m.source;
+  parts.source = source;
   parts.kind = "byte-level BPE (GGUF)";
-  parts.pre = gguf_pre_tokenizer(m.pre, m.source);
+  parts.pre = gguf_pre_tokenizer(m.pre, source);
   parts.tokens = m.tokens;
   parts.merges.reserve(m.merges.size());
   for (size_t i = 0; i < m.merges.size(); ++i) {
@@ -44,9 +41,13 @@ std::unique_ptr<BpeTokenizer> gguf_bpe_tokenizer(const GgufTokenizerMetadata& m)
     const auto type = GgufTokenType(m.token_types[id]);
     if (type == GgufTokenType::kControl || type == GgufTokenType::kUserDefined) parts.added.push_back(int32_t(id));
   }
-  parts.bos = int32_t(m.bos);
-  parts.eos = int32_t(m.eos);
+  parts.bos = m.bos ? int32_t(*m.bos) : -1;
+  parts.eos = m.eos ? int32_t(*m.eos) : -1;
   return std::make_unique<BpeTokenizer>(std::move(parts));
+}
+
+std::unique_ptr<BpeTokenizer> read_gguf_tokenizer(const std::string& path) {
+  return gguf_bpe_tokenizer(hub::gguf_tokenizer_metadata(hub::GgufFile::open(path)), path);
 }
 
 }  // namespace scalify::tokenize

@@ -3,7 +3,9 @@
 #include <filesystem>
 
 #include "scalify/error.hpp"
+#include "scalify/hub/gguf_file.hpp"
 #include "scalify/tokenize/bpe.hpp"
+#include "scalify/tokenize/gguf_tokenizer.hpp"
 #include "scalify/tokenize/sentencepiece.hpp"
 #include "scalify/tokenize/tokenizer_json.hpp"
 
@@ -13,6 +15,8 @@ std::unique_ptr<Tokenizer> load_tokenizer(const std::string& model_dir) {
   namespace fs = std::filesystem;
   std::error_code ec;
   if (!fs::exists(model_dir, ec)) throw FileError("tokenizer: model folder '" + model_dir + "' does not exist");
+  // A GGUF file holds its tokenizer in its metadata.
+  if (hub::is_gguf(model_dir)) return read_gguf_tokenizer(model_dir);
   if (!fs::is_directory(model_dir, ec)) throw FileError("tokenizer: model folder '" + model_dir + "' is not a folder");
   const std::string vocab = (fs::path(model_dir) / "vocab.json").string();
   const std::string merges = (fs::path(model_dir) / "merges.txt").string();
@@ -31,9 +35,18 @@ std::unique_ptr<Tokenizer> load_tokenizer(const std::string& model_dir) {
               "tokenizer.model (SentencePiece) and tokenizer.json (byte-level BPE)");
 }
 
+const char* gguf_tokenizer_not_read() {
+  return "a GGUF file's tokenizer is read where its tokenizer.ggml.model is \"gpt2\" (give other models' text as an llm.c .bin "
+         "token file, tokenised elsewhere)";
+}
+
 bool has_tokenizer_files(const std::string& model_dir) {
   namespace fs = std::filesystem;
   std::error_code ec;
+  if (hub::is_gguf(model_dir)) {
+    const hub::GgufFile file = hub::GgufFile::open(model_dir);
+    return file.has("tokenizer.ggml.model") && gguf_tokenizer_is_read(file.get_text("tokenizer.ggml.model"));
+  }
   for (const char* name : tokenizer_file_names())
     if (fs::exists(fs::path(model_dir) / name, ec)) return true;
   return false;

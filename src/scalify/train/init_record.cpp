@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "scalify/error.hpp"
+#include "scalify/hub/gguf_file.hpp"
 #include "scalify/hub/hf_weights.hpp"
 #include "scalify/io/input_file.hpp"
 #include "scalify/io/json_text.hpp"
@@ -64,7 +65,8 @@ TrainConfig record_init(const TrainConfig& config) {
   c.init = fs::absolute(c.init).lexically_normal().string();
   if (c.init.size() > 1 && c.init.back() == '/') c.init.pop_back();
   std::error_code ec;
-  if (!fs::is_directory(c.init, ec)) return c;  // with_pretrained_model names the missing folder
+  // with_pretrained_model names a missing folder; a GGUF file is its own config and weights.
+  if (!fs::is_directory(c.init, ec) && !hub::is_gguf(c.init)) return c;
   c.init_files = to_text(files_record(c.init));
   c.init_weights = to_text(weights_record(c.init));
   return c;
@@ -74,7 +76,7 @@ void check_init_files(const TrainConfig& config, const std::string& run) {
   if (config.init.empty() || config.init_files.empty()) return;
   const Record recorded = from_text(config.init_files, "init_files");
   std::error_code ec;
-  if (!fs::is_directory(config.init, ec))
+  if (!fs::is_directory(config.init, ec) && !(hub::is_gguf(config.init) && fs::exists(config.init, ec)))
     throw Error("init: the model folder '" + config.init + "' that '" + run +
                 "' was fine-tuned from no longer exists; its config.json and tokenizer are part of the run");
   const Record now = files_record(config.init);

@@ -97,7 +97,7 @@ TrainConfig with_pretrained_model(const TrainConfig& config) {
 Tokenized tokenize_file(const std::string& model_dir, const std::string& path, const std::string& out) {
   // The output replaces whatever file it names: never one of the inputs.
   namespace fs = std::filesystem;
-  std::vector<std::string> inputs = {path};  // and every file of the model folder
+  std::vector<std::string> inputs = {path, model_dir};  // and every file of the model folder
   std::error_code ec;
   for (const auto& e : fs::directory_iterator(model_dir, ec)) inputs.push_back(e.path().string());
   io::refuse_to_overwrite(out, inputs, "tokenize");
