@@ -108,8 +108,11 @@ TEST(TokenizerJson, PreTokenizerRulesAndAddedTokensGiveTokenizersIds) {
       << tok->description();
   const std::vector<Line> lines = read_lines(kData / "tiny_json_encodings.jsonl");
   expect_reference_ids(*tok, lines);
-  for (const Line& r : lines)
-    if (!has_missing_byte(r.text)) EXPECT_EQ(tok->decode(r.ids), r.text);
+  for (const Line& r : lines) {
+    if (!has_missing_byte(r.text)) {
+      EXPECT_EQ(tok->decode(r.ids), r.text);
+    }
+  }
   // Added tokens are one token each and count their text's bytes; the longest match wins.
   EXPECT_EQ(tok->encode("<|im_start|><|im_end|>x<|endoftext|>"), (std::vector<int32_t>{1, 2, tok->encode("x")[0], 0}));
   EXPECT_EQ(tok->encode("<|im"), std::vector<int32_t>{3});
@@ -126,6 +129,21 @@ TEST(TokenizerJson, SplitByGpt2sPatternDigitRunsUnknownTokenAndIgnoreMerges) {
   const std::vector<int32_t> ids = tok->encode("\x04\x06\x13");
   ASSERT_EQ(ids.size(), 1u);
   EXPECT_EQ(tok->decode(ids), "<unk>");
+}
+
+TEST(TokenizerJson, SplitByLlama3sPatternGivesTokenizersIds) {
+  // Sequence[Split(Llama 3's pattern), ByteLevel(use_regex false)] with ignore_merges, as Llama 3's file.
+  const std::unique_ptr<Tokenizer> tok = load_tokenizer((kData / "tiny_json_llama3").string());
+  expect_reference_ids(*tok, read_lines(kData / "tiny_json_llama3_encodings.jsonl"));
+}
+
+TEST(PreTokenize, Llama3sPatternCutsAsItsAlternatives) {
+  using V = std::vector<std::string_view>;
+  EXPECT_EQ(llama3_pretokenize("I'M 12345 x"), (V{"I", "'M", " ", "123", "45", " x"}));  // contractions in any case; 3 digits
+  EXPECT_EQ(llama3_pretokenize("a!!\n\nb ?x"), (V{"a", "!!\n\n", "b", " ?", "x"}));      // punctuation takes its line breaks
+  EXPECT_EQ(llama3_pretokenize("x \n\n  y"), (V{"x", " \n\n", " ", " y"}));              // spaces up to the last line break
+  EXPECT_EQ(llama3_pretokenize("(x)\r\n"), (V{"(x", ")\r\n"}));                          // one character before letters goes with them
+  EXPECT_EQ(llama3_pretokenize(""), V{});
 }
 
 TEST(PreTokenize, RulesCutInTurn) {

@@ -1,6 +1,6 @@
 """Real vocabularies as transformers takes them (issue 46), through `scalify tokenize`: a byte-level
-BPE whose vocab.json lacks some bytes, a folder with only tokenizer.json (its pre-tokenizer rules
-and added tokens) give the ids of Hugging Face's `tokenizers`, committed by
+BPE whose vocab.json lacks some bytes, a folder with only tokenizer.json (its pre-tokenizer rules,
+GPT-2's and Llama 3's patterns, and added tokens) give the ids of Hugging Face's `tokenizers`, committed by
 tests/data/tokenizer/make_reference.py; so does the real SmolLM2 GGUF file (skipped when absent)."""
 import json
 import os
@@ -46,7 +46,7 @@ def reference(name: str, count: int) -> list[dict]:
     return [r for r in lines[:count] if r["ids"]]
 
 
-@pytest.mark.parametrize("folder", ["tiny_vocab", "tiny_json", "tiny_json_split"])
+@pytest.mark.parametrize("folder", ["tiny_vocab", "tiny_json", "tiny_json_split", "tiny_json_llama3"])
 def test_tokenize_gives_the_ids_of_tokenizers(folder: str, tmp_path: Path) -> None:
     for r in reference(folder + "_encodings.jsonl", 50):
         assert cli_ids(DATA / folder, r["text"], tmp_path) == r["ids"], r["text"]

@@ -144,12 +144,14 @@ BpeTokenizer::BpeTokenizer(BpeParts parts)
     check(id, "added token");
     if (parts.tokens[size_t(id)].empty()) throw Error(at + "added token " + std::to_string(id) + " is empty");
     bytes_[size_t(id)] = parts.tokens[size_t(id)];  // written as it is in text, not in stand-in characters
-    added_.push_back(id);
+    added_[uint8_t(bytes_[size_t(id)][0])].push_back(id);
+    has_added_ = true;
   }
   // The longest first, so that of two added tokens starting at one place the longer wins.
-  std::stable_sort(added_.begin(), added_.end(), [&](int32_t a, int32_t b) { return bytes_[size_t(a)].size() > bytes_[size_t(b)].size(); });
+  for (std::vector<int32_t>& ids : added_)
+    std::stable_sort(ids.begin(), ids.end(), [&](int32_t a, int32_t b) { return bytes_[size_t(a)].size() > bytes_[size_t(b)].size(); });
   mark_encodable();
-  for (int32_t id : added_) encodable_[size_t(id)] = true;
+  for (int32_t id : parts.added) encodable_[size_t(id)] = true;
   if (ignore_merges_)
     for (size_t id = 0; id < bytes_.size(); ++id)
       if (encodable_[id]) word_id_.emplace(bytes_[id], int32_t(id));
@@ -242,9 +244,9 @@ std::vector<int32_t> BpeTokenizer::encode(std::string_view text) const {
   std::vector<int32_t> ids;
   // Added tokens first, the leftmost, then the longest: the text between them is pre-tokenized.
   size_t plain = 0;
-  for (size_t i = 0; i < text.size() && !added_.empty();) {
+  for (size_t i = 0; i < text.size() && has_added_;) {
     int32_t found = -1;
-    for (int32_t id : added_)
+    for (int32_t id : added_[uint8_t(text[i])])
       if (text.compare(i, bytes_[size_t(id)].size(), bytes_[size_t(id)]) == 0) {
         found = id;
         break;

@@ -84,7 +84,9 @@ class BpeTokenizer : public Tokenizer {
   std::array<int32_t, 256> byte_id_{};            // the token of each single byte, -1 for none
   std::unordered_map<uint64_t, Merge> merges_;
   std::vector<PreTokenizeRule> pre_ = {PreTokenizeRule::kGpt2Pattern};
-  std::vector<int32_t> added_;  // matched in the text, the longest first where several start at one place
+  // Matched in the text: by their first byte, the longest first where several start at one place.
+  std::array<std::vector<int32_t>, 256> added_;
+  bool has_added_ = false;
   int32_t unk_ = -1, bos_ = -1, eos_ = -1;
   bool fuse_unk_ = false, ignore_merges_ = false;
   std::unordered_map<std::string, int32_t> word_id_;  // with ignore_merges: each encodable token's bytes -> id

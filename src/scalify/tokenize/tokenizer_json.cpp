@@ -16,6 +16,10 @@ constexpr uint64_t kMaxFileBytes = uint64_t(256) << 20;
 // tokenizers' ByteLevel pattern, which a Split may also give (GPT-2's regex).
 constexpr const char* kGpt2Pattern = R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
 
+// Llama 3's (and its derivatives'), which a Split gives.
+constexpr const char* kLlama3Pattern =
+    R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
+
 // The parts of one file, each read with errors naming the file and the key.
 class Reader {
  public:
@@ -69,14 +73,17 @@ class Reader {
       const auto regex = pattern.is_object() ? pattern.find("Regex") : pattern.end();
       const std::string text = regex == pattern.end() ? io::json_excerpt(pattern) : string_of(*regex, where + ".pattern.Regex");
       const std::string behavior = string_of(member(p, "behavior", where), where + ".behavior");
-      if (text != kGpt2Pattern || behavior != "Isolated" || flag(p, "invert", where, false))
+      const bool known = text == kGpt2Pattern || text == kLlama3Pattern;
+      if (!known || behavior != "Isolated" || flag(p, "invert", where, false))
         fail(where + " is a Split by " + io::text_excerpt(text, 200) + " (" + behavior +
-             "), which Scalify does not read: it reads a Split only by GPT-2's pattern " + kGpt2Pattern + ", Isolated");
-      rules.push_back(PreTokenizeRule::kGpt2Pattern);
+             "), which Scalify does not read: it reads a Split, Isolated, by GPT-2's pattern " + kGpt2Pattern + " or Llama 3's " +
+             kLlama3Pattern);
+      rules.push_back(text == kGpt2Pattern ? PreTokenizeRule::kGpt2Pattern : PreTokenizeRule::kLlama3Pattern);
       return false;
     }
     fail(where + " is a " + io::text_excerpt(type) +
-         " pre-tokenizer, which Scalify does not read (it reads ByteLevel, Digits, a Split by GPT-2's pattern, and Sequences of them)");
+         " pre-tokenizer, which Scalify does not read (it reads ByteLevel, Digits, a Split by GPT-2's or Llama 3's pattern, and Sequences "
+         "of them)");
   }
 
   const std::string& path() const { return path_; }

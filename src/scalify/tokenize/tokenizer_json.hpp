@@ -5,9 +5,9 @@
 //
 // Read: model "BPE" (vocab, merges as "a b" strings or [a, b] pairs, unk_token, fuse_unk,
 // ignore_merges); pre_tokenizer ByteLevel (add_prefix_space false, with or without its regex),
-// Digits, Split by GPT-2's pattern, or a Sequence of them, with a ByteLevel among them;
+// Digits, Split by GPT-2's or Llama 3's pattern, or a Sequence of them, with a ByteLevel among them;
 // added_tokens, found whole in the text (<|im_start|> is one token). No normalizer. Anything else
-// (another model type, byte_fallback, dropout, a Split by another pattern, a normalizer) is an
+// (another model type, byte_fallback, dropout, a Split by another pattern such as Qwen's, a normalizer) is an
 // error naming it, never a tokenizer that gives other ids.
 #include <memory>
 #include <string>

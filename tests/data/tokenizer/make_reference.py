@@ -12,6 +12,8 @@ Writes, beside this script:
   tiny_json_split/tokenizer.json   the same vocabulary with pre_tokenizer Sequence[Split(GPT-2's
       pattern), Digits, ByteLevel(use_regex false)], merges as "a b" strings, unk_token <unk> with
       fuse_unk, ignore_merges
+  tiny_json_llama3/tokenizer.json   the same vocabulary split by Llama 3's pattern
+      (Sequence[Split(Llama 3's pattern), ByteLevel(use_regex false)]), ignore_merges, as Llama 3's file
   tiny_vocab/vocab.json, merges.txt   tiny_json's model as GPT-2's two files (no added tokens)
   *_encodings.jsonl   one {"text", "ids"} per test line, as `tokenizers` encodes it
   smollm2_lines.jsonl   SmolLM2-135M-Instruct's ids of the hand-picked lines and of the first
@@ -34,6 +36,8 @@ SMOLLM2_HF = "/work/cache/smollm2-hf"  # transformers 5's save of the GGUF (toke
 
 # Bytes the tiny vocabularies have no token for: control bytes, and bytes no UTF-8 text holds.
 MISSING_BYTES = [4, 6, 19, 0x1F, 0xC0, 0xC1, 0xF5, 0xFF]
+LLAMA3_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|"
+                  r"\s+(?!\S)|\s+")
 GPT2_PATTERN = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
 
 # Lines for each rule: digits (of several scripts, in runs and beside letters), added tokens
@@ -47,6 +51,8 @@ HAND_PICKED = [
     "a\x04b", "th\x04e", "!!\x04!!", "..\x04..", "--\x04\x06--", "==\x04\x04==", "\x04\x06\x13", "in\x1f\x1fside", "\x04start", "end\x06", "tab\x13\x04\ttab",
     "a  b   c\t\td", "   leading", "trailing   ", "\n\n\nnewlines\n\n", " \t \n ", "\u00a0nbsp\u00a0", "ideo\u3000space",
     "I'm you're he'll she'd we've it's", "DON'T I'M", "'s 't 're", "!!! ??? ...", "http://example.com/path?q=1&r=2",
+    "'S 'RE 'Ll 'VE 'D", "a\r\n\r\nb", "x \n\n  y", "12345678 1234 x12y", "hello!!!\n\nworld", " ?!x", "  \t\n", "?\r\n",
+    "a,\nb", " \u00a0\nx", "(x) [y]\n", "\x04hello \x04 1",
 ]
 
 
@@ -129,6 +135,16 @@ def main():
     with open(os.path.join(HERE, "tiny_json_split", "tokenizer.json"), "w", encoding="utf-8") as f:
         json.dump(s, f, ensure_ascii=False)
     write_encodings("tiny_json_split_encodings.jsonl", Tokenizer.from_str(json.dumps(s)), lines)
+
+    l3 = json.loads(json.dumps(d))
+    l3["pre_tokenizer"] = {"type": "Sequence", "pretokenizers": [
+        {"type": "Split", "pattern": {"Regex": LLAMA3_PATTERN}, "behavior": "Isolated", "invert": False},
+        {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": False}]}
+    l3["model"]["ignore_merges"] = True
+    os.makedirs(os.path.join(HERE, "tiny_json_llama3"), exist_ok=True)
+    with open(os.path.join(HERE, "tiny_json_llama3", "tokenizer.json"), "w", encoding="utf-8") as f:
+        json.dump(l3, f, ensure_ascii=False)
+    write_encodings("tiny_json_llama3_encodings.jsonl", Tokenizer.from_str(json.dumps(l3)), lines)
 
     # GPT-2's two files of tiny_json's model (as transformers 4 saved SmolLM2's), read by tokenizers
     # as a ByteLevel BPE without added tokens.
