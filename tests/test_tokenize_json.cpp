@@ -9,6 +9,7 @@
 
 #include <filesystem>
 #include <functional>
+#include <random>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -301,6 +302,40 @@ TEST(TokenizerJson, WhatScalifyDoesNotReadIsAnErrorNamingIt) {
   EXPECT_ERROR(load_tokenizer(dir.string()), (dir / "tokenizer.json").string() + "': not valid JSON");
   spit(dir / "tokenizer.json", "[]");
   EXPECT_ERROR(load_tokenizer(dir.string()), "not a tokenizer.json: the file is [], not an object");
+}
+
+TEST(TokenizerJson, DamagedFilesAreErrorsOrTokenizersNeverCrashes) {
+  // A fuzzer (run under the sanitizers by scripts/sanitize.sh): bytes of tiny_json's file changed
+  // at random, and GGUF metadata with merges and types changed at random; each either reads (and
+  // then encodes) or is a scalify::Error.
+  const std::string good = slurp(kData / "tiny_json" / "tokenizer.json");
+  const fs::path dir = scratch("fuzz");
+  std::mt19937 rng(46);
+  size_t read = 0, refused = 0;
+  for (int i = 0; i < 300; ++i) {
+    std::string bytes = good;
+    for (int k = 0, n = 1 + int(rng() % 8); k < n; ++k) bytes[rng() % bytes.size()] = char("\"{}[],:0123456789 aZ\\\x00\xff"[rng() % 24]);
+    spit(dir / "tokenizer.json", bytes);
+    try {
+      const std::unique_ptr<Tokenizer> tok = load_tokenizer(dir.string());
+      (void)tok->encode("<|im_start|>Hello 123 w\x04rld\n");
+      ++read;
+    } catch (const Error&) {
+      ++refused;
+    }
+  }
+  EXPECT_GT(refused, 0u);
+  EXPECT_EQ(read + refused, 300u);
+  for (int i = 0; i < 300; ++i) {
+    hub::GgufTokenizerMetadata m = tiny_gguf_metadata();
+    std::string& merge = m.merges[rng() % m.merges.size()];
+    merge[rng() % merge.size()] = char("Ġ \x00ab"[rng() % 5]);
+    m.token_types[rng() % m.token_types.size()] = int64_t(rng() % 8) - 1;
+    m.tokens[rng() % m.tokens.size()] = std::string(rng() % 3, 'x');
+    try {
+      (void)gguf_bpe_tokenizer(m, "fuzz.gguf")->encode("<|im_start|>Hello 123 w\x04rld\n");
+    } catch (const Error&) {}
+  }
 }
 
 TEST(LoadTokenizer, GptTwosFilesAndTokenizerModelComeBeforeTokenizerJson) {

@@ -125,16 +125,6 @@ void cut_numbers(std::string_view word, bool each, std::vector<std::string_view>
 
 }  // namespace
 
-const char* rule_name(PreTokenizeRule rule) {
-  switch (rule) {
-    case PreTokenizeRule::kGpt2Pattern: return "ByteLevel(use_regex)";
-    case PreTokenizeRule::kLlama3Pattern: return "Split(Llama 3's pattern)";
-    case PreTokenizeRule::kEachNumber: return "Digits(individual_digits)";
-    case PreTokenizeRule::kNumberRuns: return "Digits";
-  }
-  return "?";
-}
-
 std::vector<std::string_view> pretokenize(std::string_view text, const std::vector<PreTokenizeRule>& rules) {
   std::vector<std::string_view> words;
   if (!text.empty()) words.push_back(text);

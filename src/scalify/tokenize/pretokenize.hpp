@@ -27,8 +27,6 @@ enum class PreTokenizeRule : uint8_t {
   kEachNumber,     // every number (\p{N}) a word of its own (Digits with individual_digits)
   kNumberRuns,     // every run of numbers a word (Digits without individual_digits)
 };
-// How tokenizer.json writes the rule, for descriptions and errors.
-const char* rule_name(PreTokenizeRule rule);
 
 // The words of `text` after each rule in turn; no rules leave the text one word (an empty text
 // none). Together the words are exactly `text`.
