@@ -348,6 +348,10 @@ TEST(LoadTokenizer, GptTwosFilesAndTokenizerModelComeBeforeTokenizerJson) {
   fs::remove(dir / "merges.txt");
   EXPECT_TRUE(has_tokenizer_files(dir.string()));
   EXPECT_EQ(load_tokenizer(dir.string())->encode("<|im_start|>"), std::vector<int32_t>{1});
+  using N = std::vector<std::string>;
+  EXPECT_EQ(tokenizer_files_read(dir.string()), N{"tokenizer.json"});
+  EXPECT_EQ(tokenizer_files_read((kData / "tiny_vocab").string()), (N{"vocab.json", "merges.txt"}));
+  EXPECT_EQ(tokenizer_files_read(scratch("none").string()), N{});
 }
 
 }  // namespace

@@ -11,6 +11,20 @@
 
 namespace scalify::tokenize {
 
+namespace {
+// The files of a folder its tokenizer is read from, in the order looked for: GPT-2's two files,
+// else tokenizer.model, else tokenizer.json; none when it has none of them.
+std::vector<std::string> files_read(const std::string& model_dir) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const auto has = [&](const char* name) { return fs::exists(fs::path(model_dir) / name, ec); };
+  if (has("vocab.json") && has("merges.txt")) return {"vocab.json", "merges.txt"};
+  for (const char* name : {"tokenizer.model", "tokenizer.json"})
+    if (has(name)) return {name};
+  return {};
+}
+}  // namespace
+
 std::unique_ptr<Tokenizer> load_tokenizer(const std::string& model_dir) {
   namespace fs = std::filesystem;
   std::error_code ec;
@@ -18,21 +32,23 @@ std::unique_ptr<Tokenizer> load_tokenizer(const std::string& model_dir) {
   // A GGUF file holds its tokenizer in its metadata.
   if (hub::is_gguf(model_dir)) return read_gguf_tokenizer(model_dir);
   if (!fs::is_directory(model_dir, ec)) throw FileError("tokenizer: model folder '" + model_dir + "' is not a folder");
-  const std::string vocab = (fs::path(model_dir) / "vocab.json").string();
-  const std::string merges = (fs::path(model_dir) / "merges.txt").string();
-  const std::string model = (fs::path(model_dir) / "tokenizer.model").string();
-  const std::string json = (fs::path(model_dir) / "tokenizer.json").string();
-  const bool has_vocab = fs::exists(vocab, ec), has_merges = fs::exists(merges, ec);
-  if (has_vocab && has_merges) return std::make_unique<BpeTokenizer>(vocab, merges);
-  if (fs::exists(model, ec)) return std::make_unique<SentencePieceTokenizer>(model);
-  if (fs::exists(json, ec)) return read_tokenizer_json(json);
+  const std::vector<std::string> files = files_read(model_dir);
+  const auto path = [&](const std::string& name) { return (fs::path(model_dir) / name).string(); };
+  if (files.size() == 2) return std::make_unique<BpeTokenizer>(path(files[0]), path(files[1]));
+  if (files.size() == 1 && files[0] == "tokenizer.model") return std::make_unique<SentencePieceTokenizer>(path(files[0]));
+  if (files.size() == 1) return read_tokenizer_json(path(files[0]));
   // One of the pair alone is a folder copied in part: say which half is missing.
+  const bool has_vocab = fs::exists(path("vocab.json"), ec), has_merges = fs::exists(path("merges.txt"), ec);
   if (has_vocab || has_merges)
     throw Error("tokenizer: '" + model_dir + "' has " + (has_vocab ? "vocab.json but no merges.txt" : "merges.txt but no vocab.json") +
                 " (GPT-2's BPE needs both)");
   throw Error("tokenizer: '" + model_dir +
               "' holds no tokenizer Scalify reads: looked for vocab.json + merges.txt (GPT-2 byte-level BPE) and "
               "tokenizer.model (SentencePiece) and tokenizer.json (byte-level BPE)");
+}
+
+std::vector<std::string> tokenizer_files_read(const std::string& model_dir) {
+  return hub::is_gguf(model_dir) ? std::vector<std::string>{} : files_read(model_dir);
 }
 
 const char* gguf_tokenizer_not_read() {

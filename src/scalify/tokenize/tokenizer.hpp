@@ -38,7 +38,10 @@ const char* gguf_tokenizer_not_read();
 // Whether the folder holds any of those files, or the GGUF file a tokenizer Scalify reads (a model
 // without a tokenizer still reads token files).
 bool has_tokenizer_files(const std::string& model_dir);
-// The files of a model folder that make its tokenizer (what has_tokenizer_files looks for, what an
+// The files of a model folder that load_tokenizer reads (none for a GGUF file, whose tokenizer is
+// in the file).
+std::vector<std::string> tokenizer_files_read(const std::string& model_dir);
+// The files of a model folder that may make its tokenizer (what has_tokenizer_files looks for, what an
 // export takes along).
 const std::vector<const char*>& tokenizer_file_names();
 

@@ -29,8 +29,12 @@ Record files_record(const fs::path& dir) {
   std::error_code ec;
   for (const char* name : {"config.json"})
     if (fs::exists(dir / name, ec)) r[name] = crc_of(dir / name);
+  // Every tokenizer file present, but tokenizer.json only where it is the one read: a folder with
+  // GPT-2's files and tokenizer.json records what it recorded before tokenizer.json was read.
+  const std::vector<std::string> read = tokenize::tokenizer_files_read(dir.string());
   for (const char* name : tokenize::tokenizer_file_names())
-    if (fs::exists(dir / name, ec)) r[name] = crc_of(dir / name);
+    if (fs::exists(dir / name, ec) && (std::string(name) != "tokenizer.json" || read == std::vector<std::string>{name}))
+      r[name] = crc_of(dir / name);
   return r;
 }
 // The weight files load_hf_weights reads, and the index naming them.
