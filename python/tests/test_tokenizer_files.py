@@ -7,6 +7,7 @@ import os
 import struct
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -39,7 +40,7 @@ def cli_ids(model: Path, text: str, tmp_path: Path) -> list[int]:
     return read_token_file(out)
 
 
-def reference(name: str, count: int) -> list[dict]:
+def reference(name: str, count: int) -> list[dict[str, Any]]:
     with open(DATA / name, encoding="utf-8") as f:
         lines = [json.loads(line) for line in f]
     # The hand-picked lines come first: every rule, missing bytes, added tokens; no line is empty.
