@@ -158,9 +158,9 @@ TEST(PreTokenize, RulesCutInTurn) {
 }
 
 // tiny_json's tokenizer as GGUF's metadata holds it: tokens by id, merges "a b", added tokens control.
-hub::GgufTokenizerMetadata tiny_gguf_metadata() {
+GgufTokenizerMetadata tiny_gguf_metadata() {
   const nlohmann::json doc = nlohmann::json::parse(slurp(kData / "tiny_json" / "tokenizer.json"));
-  hub::GgufTokenizerMetadata m;
+  GgufTokenizerMetadata m;
   m.model = "gpt2";
   m.pre = "smollm";
   m.tokens.resize(doc["model"]["vocab"].size());
@@ -177,7 +177,7 @@ hub::GgufTokenizerMetadata tiny_gguf_metadata() {
 TEST(GgufTokenizer, MetadataGivesTheIdsOfTheSameVocabulary) {
   // Without control tokens, the ids of GPT-2's files of the same vocabulary: "smollm" pre-tokenizes
   // by GPT-2's pattern as transformers' GGUF loader does (not isolating numbers as llama.cpp).
-  hub::GgufTokenizerMetadata m = tiny_gguf_metadata();
+  GgufTokenizerMetadata m = tiny_gguf_metadata();
   m.token_types.assign(m.tokens.size(), int64_t(GgufTokenType::kNormal));
   for (const char* pre : {"smollm", "gpt2"}) {
     m.pre = pre;
@@ -193,7 +193,7 @@ TEST(GgufTokenizer, MetadataGivesTheIdsOfTheSameVocabulary) {
 }
 
 TEST(GgufTokenizer, MetadataScalifyDoesNotReadIsAnErrorNamingIt) {
-  hub::GgufTokenizerMetadata m = tiny_gguf_metadata();
+  GgufTokenizerMetadata m = tiny_gguf_metadata();
   m.pre = "llama-bpe";
   EXPECT_ERROR(gguf_bpe_tokenizer(m, "tiny.gguf"), "'tiny.gguf': tokenizer.ggml.pre is 'llama-bpe', a pre-tokenizer Scalify does not read");
   m.pre = "";
@@ -327,7 +327,7 @@ TEST(TokenizerJson, DamagedFilesAreErrorsOrTokenizersNeverCrashes) {
   EXPECT_GT(refused, 0u);
   EXPECT_EQ(read + refused, 300u);
   for (int i = 0; i < 300; ++i) {
-    hub::GgufTokenizerMetadata m = tiny_gguf_metadata();
+    GgufTokenizerMetadata m = tiny_gguf_metadata();
     std::string& merge = m.merges[rng() % m.merges.size()];
     merge[rng() % merge.size()] = char("Ġ \x00ab"[rng() % 5]);
     m.token_types[rng() % m.token_types.size()] = int64_t(rng() % 8) - 1;

@@ -14,6 +14,7 @@
 #include <sstream>
 #include <string>
 
+#include "scalify/hub/model_tokenizer.hpp"
 #include "scalify/tokenize/bpe.hpp"
 #include "scalify/tokenize/tokenizer.hpp"
 #include "train_fixtures.hpp"
@@ -66,8 +67,8 @@ class Fnv1a {
 
 TEST(Smollm2Tokenizer, TheGgufFilesTokenizerGivesTransformersIdsOnTheReferenceLines) {
   REQUIRE_SMOLLM2(path);
-  ASSERT_TRUE(has_tokenizer_files(path));
-  const std::unique_ptr<Tokenizer> tok = load_tokenizer(path);
+  ASSERT_TRUE(hub::has_model_tokenizer(path));
+  const std::unique_ptr<Tokenizer> tok = hub::load_model_tokenizer(path);
   EXPECT_EQ(tok->vocab_size(), 49152);
   EXPECT_NE(tok->description().find("byte-level BPE (GGUF), 49152 tokens"), std::string::npos) << tok->description();
   const auto* bpe = dynamic_cast<const BpeTokenizer*>(tok.get());
@@ -91,7 +92,7 @@ TEST(Smollm2Tokenizer, EveryLineAndFileOfTheDefaultCorpusGivesTransformersIds) {
   const nlohmann::json ref = nlohmann::json::parse(testing::slurp((kData / "smollm2_corpus.json").string()));
   const fs::path corpus = ref["corpus"].get<std::string>();
   if (!fs::exists(corpus)) GTEST_SKIP() << corpus << " is absent (scripts/setup.sh installs Debian's fortunes)";
-  const std::unique_ptr<Tokenizer> tok = load_tokenizer(path);
+  const std::unique_ptr<Tokenizer> tok = hub::load_model_tokenizer(path);
   for (const nlohmann::json& f : ref["files"]) {
     const std::string name = f["file"];
     SCOPED_TRACE(name);

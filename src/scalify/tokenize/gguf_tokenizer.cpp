@@ -1,7 +1,6 @@
 #include "scalify/tokenize/gguf_tokenizer.hpp"
 
 #include "scalify/error.hpp"
-#include "scalify/hub/gguf_file.hpp"
 #include "scalify/io/json_text.hpp"
 
 namespace scalify::tokenize {
@@ -19,7 +18,7 @@ std::vector<PreTokenizeRule> gguf_pre_tokenizer(const std::string& pre, const st
 
 bool gguf_tokenizer_is_read(const std::string& model) { return model == "gpt2"; }
 
-std::unique_ptr<BpeTokenizer> gguf_bpe_tokenizer(const hub::GgufTokenizerMetadata& m, const std::string& source) {
+std::unique_ptr<BpeTokenizer> gguf_bpe_tokenizer(const GgufTokenizerMetadata& m, const std::string& source) {
   const std::string at = "tokenizer: '" + source + "': ";
   if (!gguf_tokenizer_is_read(m.model))
     throw Error(at + "tokenizer.ggml.model is '" + io::text_excerpt(m.model) + "', not \"gpt2\" (a byte-level BPE), the one Scalify reads");
@@ -44,10 +43,6 @@ std::unique_ptr<BpeTokenizer> gguf_bpe_tokenizer(const hub::GgufTokenizerMetadat
   parts.bos = m.bos ? int32_t(*m.bos) : -1;
   parts.eos = m.eos ? int32_t(*m.eos) : -1;
   return std::make_unique<BpeTokenizer>(std::move(parts));
-}
-
-std::unique_ptr<BpeTokenizer> read_gguf_tokenizer(const std::string& path) {
-  return gguf_bpe_tokenizer(hub::gguf_tokenizer_metadata(hub::GgufFile::open(path)), path);
 }
 
 }  // namespace scalify::tokenize

@@ -3,9 +3,8 @@
 #include <filesystem>
 
 #include "scalify/error.hpp"
-#include "scalify/hub/gguf_file.hpp"
+#include "scalify/io/input_file.hpp"
 #include "scalify/tokenize/bpe.hpp"
-#include "scalify/tokenize/gguf_tokenizer.hpp"
 #include "scalify/tokenize/sentencepiece.hpp"
 #include "scalify/tokenize/tokenizer_json.hpp"
 
@@ -29,8 +28,10 @@ std::unique_ptr<Tokenizer> load_tokenizer(const std::string& model_dir) {
   namespace fs = std::filesystem;
   std::error_code ec;
   if (!fs::exists(model_dir, ec)) throw FileError("tokenizer: model folder '" + model_dir + "' does not exist");
-  // A GGUF file holds its tokenizer in its metadata.
-  if (hub::is_gguf(model_dir)) return read_gguf_tokenizer(model_dir);
+  // A GGUF file holds its tokenizer in its metadata, which hub::load_model_tokenizer reads.
+  if (!fs::is_directory(model_dir, ec) &&
+      (fs::path(model_dir).extension() == ".gguf" || io::read_input_head(model_dir, "tokenizer", 4) == "GGUF"))
+    throw Error("tokenizer: '" + model_dir + "' is a GGUF file, not a model folder (hub::load_model_tokenizer reads its tokenizer)");
   if (!fs::is_directory(model_dir, ec)) throw FileError("tokenizer: model folder '" + model_dir + "' is not a folder");
   const std::vector<std::string> files = files_read(model_dir);
   const auto path = [&](const std::string& name) { return (fs::path(model_dir) / name).string(); };
@@ -47,9 +48,7 @@ std::unique_ptr<Tokenizer> load_tokenizer(const std::string& model_dir) {
               "tokenizer.model (SentencePiece) and tokenizer.json (byte-level BPE)");
 }
 
-std::vector<std::string> tokenizer_files_read(const std::string& model_dir) {
-  return hub::is_gguf(model_dir) ? std::vector<std::string>{} : files_read(model_dir);
-}
+std::vector<std::string> tokenizer_files_read(const std::string& model_dir) { return files_read(model_dir); }
 
 const char* gguf_tokenizer_not_read() {
   return "a GGUF file's tokenizer is read where its tokenizer.ggml.model is \"gpt2\" (give other models' text as an llm.c .bin "
@@ -59,10 +58,6 @@ const char* gguf_tokenizer_not_read() {
 bool has_tokenizer_files(const std::string& model_dir) {
   namespace fs = std::filesystem;
   std::error_code ec;
-  if (hub::is_gguf(model_dir)) {
-    const hub::GgufFile file = hub::GgufFile::open(model_dir);
-    return file.has("tokenizer.ggml.model") && gguf_tokenizer_is_read(file.get_text("tokenizer.ggml.model"));
-  }
   for (const char* name : tokenizer_file_names())
     if (fs::exists(fs::path(model_dir) / name, ec)) return true;
   return false;

@@ -30,16 +30,14 @@ class Tokenizer {
 // The tokenizer of a Hugging Face model folder: vocab.json + merges.txt (GPT-2's byte-level BPE),
 // else tokenizer.model (SentencePiece), else tokenizer.json (its byte-level BPE, with its
 // pre-tokenizer and added tokens: tokenizer_json.hpp). A folder with none is a scalify::Error
-// naming the folder and the files looked for. A GGUF file in the folder's place gives the
-// byte-level BPE of its metadata (gguf_tokenizer.hpp), or an Error naming what it holds instead.
+// naming the folder and the files looked for. A GGUF file is hub::load_model_tokenizer's
+// (gguf_tokenizer.hpp makes its tokenizer).
 std::unique_ptr<Tokenizer> load_tokenizer(const std::string& model_dir);
 // Which GGUF tokenizers are read: what every place that needs a model's tokenizer and has none says.
 const char* gguf_tokenizer_not_read();
-// Whether the folder holds any of those files, or the GGUF file a tokenizer Scalify reads (a model
-// without a tokenizer still reads token files).
+// Whether the folder holds any of those files (a model without a tokenizer still reads token files).
 bool has_tokenizer_files(const std::string& model_dir);
-// The files of a model folder that load_tokenizer reads (none for a GGUF file, whose tokenizer is
-// in the file).
+// The files of a model folder that load_tokenizer reads.
 std::vector<std::string> tokenizer_files_read(const std::string& model_dir);
 // The files of a model folder that may make its tokenizer (what has_tokenizer_files looks for, what an
 // export takes along).

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "scalify/error.hpp"
+#include "scalify/hub/model_tokenizer.hpp"
 #include "scalify/hub/gguf_file.hpp"
 #include "scalify/hub/hf_weights.hpp"
 #include "scalify/io/input_file.hpp"
@@ -103,7 +104,7 @@ void check_init_files(const TrainConfig& config, const std::string& run) {
 std::unique_ptr<tokenize::Tokenizer> run_tokenizer(const TrainConfig& config, const std::string& run) {
   if (config.init.empty()) return nullptr;
   check_init_files(config, run);
-  return tokenize::has_tokenizer_files(config.init) ? tokenize::load_tokenizer(config.init) : nullptr;
+  return hub::has_model_tokenizer(config.init) ? hub::load_model_tokenizer(config.init) : nullptr;
 }
 
 }  // namespace scalify::train
