@@ -183,12 +183,12 @@ grep -Eq '^\{"val_loss": [0-9.e+-]+, "val_bpb": [0-9.e+-]+, "windows": [0-9]+, "
 "$cli" eval --model "$hf/tiny_gpt2" --data "$out/text.bin" --json 2> /dev/null | cmp -s - "$out/eval_text" \
   || { echo "the token file evaluates differently from its text"; exit 1; }
 "$cli" eval --model "$hf/tiny_llama_gqa" --data "$out/text" --context 32 --windows 3 | grep -q "(96 tokens in 3 windows of 32)"
-# A GGUF file in the folder's place (tests/data/gguf): token files evaluate; its tokenizer is not read
-# yet, which text and tokenize say; a truncated file is an error naming it.
+# A GGUF file in the folder's place (tests/data/gguf): token files evaluate; this one holds no
+# tokenizer, which text and tokenize say; a truncated file is an error naming it.
 gguf="$(dirname "$(realpath "$0")")/data/gguf"
 "$cli" eval --model "$gguf/tiny_llama_gqa.gguf" --data "$out/text.bin" --context 32 --windows 3 | grep -q "(96 tokens in 3 windows of 32)"
-expect_error "GGUF tokenizers are not read yet" eval --model "$gguf/tiny_llama_gqa.gguf" --data "$out/text"
-expect_error "GGUF tokenizers are not read yet" tokenize --model "$gguf/tiny_llama_gqa.gguf" --data "$out/text" --out "$out/g.bin"
+expect_error "a GGUF file's tokenizer is read where its tokenizer.ggml.model is" eval --model "$gguf/tiny_llama_gqa.gguf" --data "$out/text"
+expect_error "metadata 'tokenizer.ggml.model' is missing" tokenize --model "$gguf/tiny_llama_gqa.gguf" --data "$out/text" --out "$out/g.bin"
 head -c 3000 "$gguf/tiny_llama_gqa.gguf" > "$out/truncated.gguf"
 expect_error "$out/truncated.gguf: tensor 'token_embd.weight''s data (128000 bytes at offset 0 of the data section) runs past the end of the file" eval --model "$out/truncated.gguf" --data "$out/text.bin"
 "$cli" export "$out/cmp/runs/f32" --out "$out/exported" | grep -q "^gpt2 model written to "

@@ -14,6 +14,7 @@
 #include "scalify/hub/gguf_dequantize.hpp"
 #include "scalify/hub/gguf_file.hpp"
 #include "scalify/hub/gguf_model.hpp"
+#include "scalify/hub/model_tokenizer.hpp"
 #include "scalify/hub/hf_config.hpp"
 #include "scalify/hub/hf_weights.hpp"
 #include "scalify/io/safetensors.hpp"
@@ -124,9 +125,9 @@ TEST(GgufModel, ALlamaFromTheConverterIsTheHuggingFaceFolder) {
   EXPECT_LT(diff / peak, 3e-6);
 }
 
-TEST(GgufModel, ATokenizerIsNotReadYetButTokenFilesEvaluate) {
+TEST(GgufModel, AFileWithoutATokenizerHasNoneButTokenFilesEvaluate) {
   const std::string gguf = kData + "/tiny_llama_gqa.gguf";
-  EXPECT_ERROR(tokenize::load_tokenizer(gguf), "GGUF tokenizers are not read yet");
+  EXPECT_ERROR(hub::load_model_tokenizer(gguf), "metadata 'tokenizer.ggml.model' is missing");
   const train::Pretrained p = train::load_pretrained(gguf);
   EXPECT_EQ(p.tokenizer, nullptr);
   std::vector<int32_t> tokens(2 * 16 + 1);

@@ -15,6 +15,7 @@
 #include "scalify/platform/crc32c.hpp"
 #include "scalify/quant/recipe.hpp"
 #include "scalify/tokenize/bpe.hpp"
+#include "scalify/tokenize/tokenizer_json.hpp"
 #include "scalify/train/evaluate.hpp"
 #include "scalify/train/session.hpp"
 #include "scalify/train/trainer.hpp"
@@ -195,6 +196,9 @@ TEST(HostileJson, DeepModelFolderFilesAreErrorsNamingTheFile) {
   fs::copy_file(kHf + "/tiny_gpt2/config.json", dir / "config.json", fs::copy_options::overwrite_existing);
   spit(dir / "vocab.json", "{\"a\": " + kDeep + "}");
   EXPECT_ERROR(tokenize::BpeTokenizer((dir / "vocab.json").string(), (dir / "merges.txt").string()), "nested deeper than 64 levels");
+  spit(dir / "tokenizer.json", "{\"model\": " + kDeep + "}");
+  EXPECT_ERROR(tokenize::read_tokenizer_json((dir / "tokenizer.json").string()),
+               (dir / "tokenizer.json").string() + "': JSON nested deeper than 64 levels");
 
   const fs::path sharded = scratch("deep_index");
   fs::copy(kHf + "/tiny_llama", sharded);

@@ -17,7 +17,7 @@ void add_pretrained_commands(CLI::App& app) {
   };
   auto ta = std::make_shared<TokenizeArgs>();
   auto* t = app.add_subcommand("tokenize", "Text to an llm.c token file (.bin) with a Hugging Face model folder's tokenizer");
-  t->add_option("--model", ta->model, "model folder holding vocab.json + merges.txt or tokenizer.model")->required();
+  t->add_option("--model", ta->model, "model folder holding vocab.json + merges.txt, tokenizer.model or tokenizer.json")->required();
   t->add_option("--data", ta->data, "text file")->required();
   t->add_option("--out", ta->out, "token file to write")->required();
   t->callback([ta] {

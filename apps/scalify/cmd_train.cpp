@@ -189,7 +189,7 @@ void add_train_commands(CLI::App& app) {
     if (!sa->model.empty()) {
       const train::Pretrained p = train::load_pretrained(sa->model);
       if (!p.tokenizer)
-        throw Error("sample: '" + sa->model + "' holds no tokenizer (vocab.json + merges.txt or tokenizer.model; " +
+        throw Error("sample: '" + sa->model + "' holds no tokenizer (vocab.json + merges.txt, tokenizer.model or tokenizer.json; " +
                     tokenize::gguf_tokenizer_not_read() + ")");
       train::SampleOptions o = sa->o;
       o.eos_ids = p.hf.eos_ids;

@@ -73,10 +73,10 @@ def test_training_starts_from_a_gguf_files_weights(tmp_path, token_file):
     assert from_gguf["val_loss"] == pytest.approx(from_folder["val_loss"], rel=1e-6)
 
 
-def test_a_gguf_tokenizer_is_not_read_yet(tmp_path):
+def test_a_gguf_without_a_tokenizer_needs_token_files(tmp_path):
     text = tmp_path / "t.txt"
     text.write_text("hello world\n")
-    with pytest.raises(ValueError, match="GGUF tokenizers are not read yet"):
+    with pytest.raises(ValueError, match="tokenizer is read where its tokenizer.ggml.model is"):
         scalify.train(str(tmp_path / "run"), init=str(GGUF), steps=1, data=str(text))
 
 

@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "scalify/hub/gguf_file.hpp"
+#include "scalify/tokenize/gguf_tokenizer.hpp"
 #include "scalify/hub/hf_config.hpp"
 #include "scalify/tensor/tensor.hpp"
 
@@ -40,17 +41,7 @@ std::map<std::string, Tensor> gguf_hf_tensors(const GgufFile& file, const HfConf
 
 // The tokenizer metadata of a GGUF file (llama.cpp's tokenizer.ggml.* keys), checked for
 // consistency (every list as long as the token list, ids inside it): what a tokenizer is built from.
-struct GgufTokenizerMetadata {
-  std::string model;                 // tokenizer.ggml.model: "gpt2" (byte-level BPE), "llama" (SentencePiece), ...
-  std::string pre;                   // tokenizer.ggml.pre: llama.cpp's pre-tokeniser name ("smollm", "llama-bpe"); "" if absent
-  std::vector<std::string> tokens;   // tokenizer.ggml.tokens, by id
-  std::vector<std::string> merges;   // tokenizer.ggml.merges, "left right" each, by rank; empty if absent
-  std::vector<int64_t> token_types;  // tokenizer.ggml.token_type (1 normal, 2 unknown, 3 control, 4 user-defined,
-                                     // 5 unused, 6 byte); empty if absent
-  std::vector<double> scores;        // tokenizer.ggml.scores (SentencePiece); empty if absent
-  std::optional<int64_t> bos, eos, unknown, padding;  // tokenizer.ggml.{bos,eos,unknown,padding}_token_id
-  std::optional<bool> add_bos, add_eos;               // tokenizer.ggml.add_bos_token / add_eos_token
-};
+using GgufTokenizerMetadata = tokenize::GgufTokenizerMetadata;  // defined beside the tokenizer it makes
 // Errors name the file and the key: no tokenizer.ggml.model or tokens, a list of another length,
 // an id outside the vocabulary.
 GgufTokenizerMetadata gguf_tokenizer_metadata(const GgufFile& file);

@@ -1,6 +1,8 @@
 #include "scalify/tokenize/bpe.hpp"
 
 #include <nlohmann/json.hpp>
+#include <algorithm>
+#include <climits>
 #include <queue>
 
 #include "scalify/error.hpp"
@@ -56,40 +58,26 @@ std::array<char32_t, 256> byte_to_unicode() {
 }
 
 BpeTokenizer::BpeTokenizer(const std::string& vocab_path, const std::string& merges_path)
-    : vocab_path_(vocab_path), merges_path_(merges_path) {
+    : kind_("GPT-2 byte-level BPE"), files_(vocab_path + ", " + merges_path), source_("'" + vocab_path + "'") {
   // vocab.json: {"token": id, ...}, the ids 0..n-1 each once.
   const nlohmann::json vocab =
       io::parse_json(io::read_input_file(vocab_path, "tokenizer", kMaxFileBytes), "tokenizer: '" + vocab_path + "'");
   if (!vocab.is_object() || vocab.empty())
     throw Error("tokenizer: '" + vocab_path + "' must be a JSON object of tokens and their ids, {\"token\": id, ...}");
-  std::unordered_map<std::string, int32_t> ids;
-  std::vector<const std::string*> token_of(vocab.size(), nullptr);
+  std::vector<std::string> token_of(vocab.size());
+  std::vector<bool> seen(vocab.size(), false);
   for (const auto& [token, value] : vocab.items()) {
     if (!value.is_number_integer() || value.get<int64_t>() < 0 || value.get<int64_t>() >= int64_t(vocab.size()))
       throw Error("tokenizer: '" + vocab_path + "': the id of token " + in_quotes(token) + " is " + io::json_excerpt(value) +
                   ", not an integer in [0, " + std::to_string(vocab.size()) + ") (the number of tokens)");
     const int32_t id = value.get<int32_t>();
-    if (token_of[size_t(id)])
-      throw Error("tokenizer: '" + vocab_path + "': tokens " + in_quotes(*token_of[size_t(id)]) + " and " + in_quotes(token) +
+    if (seen[size_t(id)])
+      throw Error("tokenizer: '" + vocab_path + "': tokens " + in_quotes(token_of[size_t(id)]) + " and " + in_quotes(token) +
                   " have the same id " + std::to_string(id));
-    token_of[size_t(id)] = &ids.emplace(token, id).first->first;
+    seen[size_t(id)] = true;
+    token_of[size_t(id)] = token;
   }
-  const std::array<char32_t, 256> stand_in = byte_to_unicode();
-  std::unordered_map<char32_t, uint8_t> unicode_to_byte;
-  for (int b = 0; b < 256; ++b) unicode_to_byte[stand_in[size_t(b)]] = uint8_t(b);
-  bytes_.reserve(token_of.size());
-  for (const std::string* token : token_of) bytes_.push_back(token_bytes_of(*token, unicode_to_byte));
-  // Every byte needs a token of its own, so that any text encodes (GPT-2's vocabularies start
-  // with all 256).
-  for (int b = 0; b < 256; ++b) {
-    std::string s;
-    utf8_append(s, stand_in[size_t(b)]);
-    const auto it = ids.find(s);
-    if (it == ids.end())
-      throw Error("tokenizer: '" + vocab_path + "' has no token for byte " + std::to_string(b) + " (" + in_quotes(s) +
-                  "): not a GPT-2 byte-level vocabulary");
-    byte_id_[size_t(b)] = it->second;
-  }
+  set_tokens(token_of);
 
   // merges.txt: an optional "#version: ..." first line, then one merge a line, "left right", by rank.
   const std::string text = io::read_input_file(merges_path, "tokenizer", kMaxFileBytes);
@@ -109,16 +97,89 @@ BpeTokenizer::BpeTokenizer(const std::string& vocab_path, const std::string& mer
       throw Error(at() + "expected two symbols separated by one space, got " + in_quotes(line));
     const std::string left = line.substr(0, space), right = line.substr(space + 1);
     const auto id_of = [&](const std::string& symbol) {
-      const auto it = ids.find(symbol);
-      if (it == ids.end()) throw Error(at() + "symbol " + in_quotes(symbol) + " is not in '" + vocab_path + "'");
+      const auto it = ids_.find(symbol);
+      if (it == ids_.end()) throw Error(at() + "symbol " + in_quotes(symbol) + " is not in '" + vocab_path + "'");
       return it->second;
     };
     const int32_t l = id_of(left), r = id_of(right), merged = id_of(left + right);
-    // A pair listed twice keeps its last rank, as in both of Hugging Face's implementations.
-    merges_[pair_key(l, r)] = Merge{rank++, merged};
+    add_merge(l, r, merged, rank++);
   }
+  mark_encodable();
+}
+
+BpeTokenizer::BpeTokenizer(BpeParts parts)
+    : kind_(parts.kind),
+      files_(parts.source),
+      source_("'" + parts.source + "'"),
+      pre_(std::move(parts.pre)),
+      unk_(parts.unk),
+      bos_(parts.bos),
+      eos_(parts.eos),
+      fuse_unk_(parts.fuse_unk),
+      ignore_merges_(parts.ignore_merges) {
+  const std::string at = "tokenizer: '" + parts.source + "': ";
+  if (parts.tokens.empty()) throw Error(at + "the vocabulary has no tokens");
+  if (parts.tokens.size() > size_t(INT32_MAX)) throw Error(at + "more than 2^31 tokens");
+  set_tokens(parts.tokens);
+  const auto check = [&](int32_t id, const char* what) {
+    if (id < 0 || size_t(id) >= parts.tokens.size())
+      throw Error(at + what + " " + std::to_string(id) + " is not a token id in [0, " + std::to_string(parts.tokens.size()) + ")");
+  };
+  if (unk_ != -1) check(unk_, "the unknown token");
+  if (bos_ != -1) check(bos_, "the beginning-of-sequence token");
+  if (eos_ != -1) check(eos_, "the end-of-sequence token");
+  for (size_t i = 0; i < parts.merges.size(); ++i) {
+    const auto& [left, right] = parts.merges[i];
+    const auto id_of = [&](const std::string& symbol) {
+      const auto it = ids_.find(symbol);
+      if (it == ids_.end())
+        throw Error(at + "merge " + std::to_string(i) + " (" + in_quotes(left + " " + right) + "): " + in_quotes(io::text_excerpt(symbol)) +
+                    " is not a token");
+      return it->second;
+    };
+    const int32_t l = id_of(left), r = id_of(right), merged = id_of(left + right);  // in this order, for the error
+    add_merge(l, r, merged, int32_t(i));
+  }
+  for (int32_t id : parts.added) {
+    check(id, "added token");
+    if (parts.tokens[size_t(id)].empty()) throw Error(at + "added token " + std::to_string(id) + " is empty");
+    bytes_[size_t(id)] = parts.tokens[size_t(id)];  // written as it is in text, not in stand-in characters
+    added_[uint8_t(bytes_[size_t(id)][0])].push_back(id);
+    has_added_ = true;
+  }
+  // The longest first, so that of two added tokens starting at one place the longer wins.
+  for (std::vector<int32_t>& ids : added_)
+    std::stable_sort(ids.begin(), ids.end(), [&](int32_t a, int32_t b) { return bytes_[size_t(a)].size() > bytes_[size_t(b)].size(); });
+  mark_encodable();
+  for (int32_t id : parts.added) encodable_[size_t(id)] = true;
+  if (ignore_merges_)
+    for (size_t id = 0; id < bytes_.size(); ++id)
+      if (encodable_[id]) word_id_.emplace(bytes_[id], int32_t(id));
+}
+
+void BpeTokenizer::set_tokens(const std::vector<std::string>& tokens) {
+  const std::array<char32_t, 256> stand_in = byte_to_unicode();
+  std::unordered_map<char32_t, uint8_t> unicode_to_byte;
+  for (int b = 0; b < 256; ++b) unicode_to_byte[stand_in[size_t(b)]] = uint8_t(b);
+  bytes_.reserve(tokens.size());
+  for (size_t id = 0; id < tokens.size(); ++id) {
+    bytes_.push_back(token_bytes_of(tokens[id], unicode_to_byte));
+    ids_[tokens[id]] = int32_t(id);
+  }
+  // A byte without a token of its own is dropped from the text (or is the unknown token).
+  for (int b = 0; b < 256; ++b) {
+    std::string s;
+    utf8_append(s, stand_in[size_t(b)]);
+    const auto it = ids_.find(s);
+    byte_id_[size_t(b)] = it == ids_.end() ? -1 : it->second;
+  }
+}
+
+void BpeTokenizer::mark_encodable() {
   encodable_.assign(bytes_.size(), false);
-  for (int32_t id : byte_id_) encodable_[size_t(id)] = true;
+  for (int32_t id : byte_id_)
+    if (id >= 0) encodable_[size_t(id)] = true;
+  if (unk_ >= 0) encodable_[size_t(unk_)] = true;
   for (const auto& [pair, merge] : merges_) encodable_[size_t(merge.result)] = true;
 }
 
@@ -128,10 +189,21 @@ void BpeTokenizer::encode_word(std::string_view word, std::vector<int32_t>& out)
     int32_t id;
     int32_t prev, next;  // -1 at the ends
     bool alive;
+    char first;  // the byte it started as
   };
-  if (word.empty()) return;
-  std::vector<Symbol> s(word.size());
-  for (size_t i = 0; i < word.size(); ++i) s[i] = {byte_id_[uint8_t(word[i])], int32_t(i) - 1, int32_t(i + 1), true};
+  if (ignore_merges_) {
+    const auto it = word_id_.find(std::string(word));
+    if (it != word_id_.end()) return out.push_back(it->second);
+  }
+  std::vector<Symbol> s;
+  s.reserve(word.size());
+  for (char c : word) {
+    int32_t id = byte_id_[uint8_t(c)];
+    if (id < 0 && unk_ >= 0 && !(fuse_unk_ && !s.empty() && s.back().id == unk_ && byte_id_[uint8_t(s.back().first)] < 0)) id = unk_;
+    if (id < 0) continue;
+    s.push_back({id, int32_t(s.size()) - 1, int32_t(s.size()) + 1, true, c});
+  }
+  if (s.empty()) return;
   s.back().next = -1;
   // Candidate merges, the lowest rank first, then the leftmost. A candidate goes stale when one of
   // its tokens merges with another; it is skipped when its pair no longer merges into its result.
@@ -164,9 +236,31 @@ void BpeTokenizer::encode_word(std::string_view word, std::vector<int32_t>& out)
   for (int32_t i = 0; i >= 0; i = s[size_t(i)].next) out.push_back(s[size_t(i)].id);
 }
 
+void BpeTokenizer::encode_text(std::string_view text, std::vector<int32_t>& out) const {
+  for (std::string_view word : pretokenize(text, pre_)) encode_word(word, out);
+}
+
 std::vector<int32_t> BpeTokenizer::encode(std::string_view text) const {
   std::vector<int32_t> ids;
-  for (std::string_view word : gpt2_pretokenize(text)) encode_word(word, ids);
+  // Added tokens first, the leftmost, then the longest: the text between them is pre-tokenized.
+  size_t plain = 0;
+  for (size_t i = 0; i < text.size() && has_added_;) {
+    int32_t found = -1;
+    for (int32_t id : added_[uint8_t(text[i])])
+      if (text.compare(i, bytes_[size_t(id)].size(), bytes_[size_t(id)]) == 0) {
+        found = id;
+        break;
+      }
+    if (found < 0) {
+      ++i;
+      continue;
+    }
+    encode_text(text.substr(plain, i - plain), ids);
+    ids.push_back(found);
+    i += bytes_[size_t(found)].size();
+    plain = i;
+  }
+  encode_text(text.substr(plain), ids);
   return ids;
 }
 
@@ -188,12 +282,10 @@ size_t BpeTokenizer::token_bytes(int32_t id) const {
 
 void BpeTokenizer::check_id(int32_t id) const {
   if (id < 0 || id >= vocab_size())
-    throw Error("tokenizer: token id " + std::to_string(id) + " is outside the vocabulary [0, " + std::to_string(vocab_size()) + ") of '" +
-                vocab_path_ + "'");
+    throw Error("tokenizer: token id " + std::to_string(id) + " is outside the vocabulary [0, " + std::to_string(vocab_size()) + ") of " +
+                source_);
 }
 
-std::string BpeTokenizer::description() const {
-  return "GPT-2 byte-level BPE, " + std::to_string(vocab_size()) + " tokens (" + vocab_path_ + ", " + merges_path_ + ")";
-}
+std::string BpeTokenizer::description() const { return kind_ + ", " + std::to_string(vocab_size()) + " tokens (" + files_ + ")"; }
 
 }  // namespace scalify::tokenize

@@ -116,8 +116,8 @@ std::vector<int32_t> read_tokens(const std::string& path, const tokenize::Tokeni
     tokens = tokenize::read_token_file(path);
   } else {
     if (!tokenizer)
-      throw Error(path + ": text, and the model folder has no tokenizer (vocab.json + merges.txt or tokenizer.model; " +
-                  tokenize::gguf_tokenizer_not_read() + "; an llm.c .bin token file needs none)");
+      throw Error(path + ": text, and the model folder has no tokenizer (vocab.json + merges.txt, tokenizer.model or tokenizer.json; " +
+                  tokenize::gguf_tokenizer_not_read() + ")");
     Corpus c;
     const std::vector<uint8_t> text = read_text(path, c);
     tokens = tokenizer->encode(std::string_view(reinterpret_cast<const char*>(text.data()), text.size()));
@@ -148,8 +148,8 @@ Corpus load_token_corpus(const std::string& path, const tokenize::Tokenizer* tok
     total = all.size();
   } else {
     if (!tokenizer)
-      throw Error("data: '" + path + "' is text, and the model folder has no tokenizer to read it with (" +
-                  tokenize::gguf_tokenizer_not_read() + " for a GGUF model)");
+      throw Error("data: '" + path + "' is text, and the model has no tokenizer to read it with (" + tokenize::gguf_tokenizer_not_read() +
+                  ")");
     // The bytes split as load_corpus splits them, then each part encoded on its own.
     const std::vector<uint8_t> all = read_text(path, c);
     const size_t at = split_point(all.size(), val_fraction);

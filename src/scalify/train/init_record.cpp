@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "scalify/error.hpp"
+#include "scalify/hub/model_tokenizer.hpp"
 #include "scalify/hub/gguf_file.hpp"
 #include "scalify/hub/hf_weights.hpp"
 #include "scalify/io/input_file.hpp"
@@ -29,8 +30,12 @@ Record files_record(const fs::path& dir) {
   std::error_code ec;
   for (const char* name : {"config.json"})
     if (fs::exists(dir / name, ec)) r[name] = crc_of(dir / name);
+  // Every tokenizer file present, but tokenizer.json only where it is the one read: a folder with
+  // GPT-2's files and tokenizer.json records what it recorded before tokenizer.json was read.
+  const std::vector<std::string> read = tokenize::tokenizer_files_read(dir.string());
   for (const char* name : tokenize::tokenizer_file_names())
-    if (fs::exists(dir / name, ec)) r[name] = crc_of(dir / name);
+    if (fs::exists(dir / name, ec) && (std::string(name) != "tokenizer.json" || read == std::vector<std::string>{name}))
+      r[name] = crc_of(dir / name);
   return r;
 }
 // The weight files load_hf_weights reads, and the index naming them.
@@ -99,7 +104,7 @@ void check_init_files(const TrainConfig& config, const std::string& run) {
 std::unique_ptr<tokenize::Tokenizer> run_tokenizer(const TrainConfig& config, const std::string& run) {
   if (config.init.empty()) return nullptr;
   check_init_files(config, run);
-  return tokenize::has_tokenizer_files(config.init) ? tokenize::load_tokenizer(config.init) : nullptr;
+  return hub::has_model_tokenizer(config.init) ? hub::load_model_tokenizer(config.init) : nullptr;
 }
 
 }  // namespace scalify::train

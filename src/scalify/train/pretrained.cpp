@@ -11,6 +11,7 @@
 
 #include "scalify/error.hpp"
 #include "scalify/hub/gguf_export.hpp"
+#include "scalify/hub/model_tokenizer.hpp"
 #include "scalify/hub/hf_weights.hpp"
 #include "scalify/io/atomic_file.hpp"
 #include "scalify/io/input_file.hpp"
@@ -66,7 +67,7 @@ Pretrained load_pretrained(const std::string& dir, const quant::Recipe& recipe) 
   cfg.batch = eval_batch(cfg.model.seq, cfg.model.vocab);
   cfg.recipe = recipe.name;
   p.session = inference_session(cfg, recipe, hub::load_hf_weights(dir, p.hf));
-  if (tokenize::has_tokenizer_files(dir)) p.tokenizer = tokenize::load_tokenizer(dir);
+  if (hub::has_model_tokenizer(dir)) p.tokenizer = hub::load_model_tokenizer(dir);
   return p;
 }
 
@@ -146,7 +147,7 @@ Tokenized tokenize_file(const std::string& model_dir, const std::string& path, c
   std::error_code ec;
   for (const auto& e : fs::directory_iterator(model_dir, ec)) inputs.push_back(e.path().string());
   io::refuse_to_overwrite(out, inputs, "tokenize");
-  const std::unique_ptr<tokenize::Tokenizer> tokenizer = tokenize::load_tokenizer(model_dir);
+  const std::unique_ptr<tokenize::Tokenizer> tokenizer = hub::load_model_tokenizer(model_dir);
   const std::string text = io::read_input_file(path, "data", uint64_t(platform::memory_limit_bytes() / 4));
   const std::vector<int32_t> tokens = tokenizer->encode(text);
   tokenize::write_token_file(out, tokens, tokenizer->vocab_size());
