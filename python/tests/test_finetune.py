@@ -206,10 +206,12 @@ def test_a_sweep_reports_each_evaluation_on_stderr(tmp_path, corpus):
             "--sweep", "0:1")
     assert r.returncode == 0, r.stderr
     lines = [l for l in r.stderr.splitlines() if l.startswith("quantize: evaluation")]
-    # f32, FP8-AMAX, five block-scaled rows, two biases, the biases' pass: each a line as it starts.
-    assert len(lines) == 10, r.stderr
-    assert re.fullmatch(r"quantize: evaluation 1 of 10: f32 \(elapsed \d+ s\)", lines[0])
-    assert re.fullmatch(r"quantize: evaluation 9 of 10: fp8_cscale bias 1 \(elapsed \d+ s\)", lines[8])
+    # f32, FP8-AMAX in e4m3 and e5m2, five block-scaled rows, two biases in each format, the
+    # biases' pass: each a line as it starts.
+    assert len(lines) == 13, r.stderr
+    assert re.fullmatch(r"quantize: evaluation 1 of 13: f32 \(elapsed \d+ s\)", lines[0])
+    assert re.fullmatch(r"quantize: evaluation 10 of 13: fp8_cscale bias 1 \(elapsed \d+ s\)", lines[9])
+    assert re.fullmatch(r"quantize: evaluation 12 of 13: fp8_cscale_e5m2 bias 1 \(elapsed \d+ s\)", lines[11])
     assert "quantize: evaluation" not in r.stdout
 
 
