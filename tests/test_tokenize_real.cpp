@@ -17,6 +17,7 @@
 #include "scalify/hub/model_tokenizer.hpp"
 #include "scalify/tokenize/bpe.hpp"
 #include "scalify/tokenize/tokenizer.hpp"
+#include "real_model.hpp"
 #include "train_fixtures.hpp"
 
 namespace scalify::tokenize {
@@ -24,26 +25,6 @@ namespace {
 
 namespace fs = std::filesystem;
 const fs::path kData = fs::path(SCALIFY_HF_DATA_DIR).parent_path() / "tokenizer";
-
-// $SCALIFY_SMOLLM2, else ${SCALIFY_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/scalify}/SmolLM2-135M-Instruct.Q4_1.gguf
-// (as test_gguf_real.cpp finds it).
-std::string smollm2_path() {
-  if (const char* p = std::getenv("SCALIFY_SMOLLM2")) return p;
-  std::string cache;
-  if (const char* c = std::getenv("SCALIFY_CACHE")) {
-    cache = c;
-  } else if (const char* x = std::getenv("XDG_CACHE_HOME")) {
-    cache = std::string(x) + "/scalify";
-  } else {
-    const char* home = std::getenv("HOME");
-    cache = std::string(home ? home : "") + "/.cache/scalify";
-  }
-  return cache + "/SmolLM2-135M-Instruct.Q4_1.gguf";
-}
-
-#define REQUIRE_SMOLLM2(path)              \
-  const std::string path = smollm2_path(); \
-  if (!fs::exists(path)) GTEST_SKIP() << path << " is absent (scripts/fetch_smollm2.sh installs it, or set SCALIFY_SMOLLM2)"
 
 // FNV-1a 64 of id lists: each id as 4 little-endian bytes, 0xFFFFFFFF after each list (as make_reference.py).
 class Fnv1a {

@@ -175,6 +175,9 @@ TEXT = (
 )
 
 
+GREEDY_PROMPT, GREEDY_TOKENS = "The capital of France is", 12
+
+
 def smollm2() -> None:
     path = Path(os.environ.get("SCALIFY_SMOLLM2", Path(os.environ.get("SCALIFY_CACHE", Path.home() / ".cache" / "scalify"))
                                 / "SmolLM2-135M-Instruct.Q4_1.gguf"))
@@ -211,13 +214,19 @@ def smollm2() -> None:
             logits = model(x).logits.to(torch.float64)
             total += torch.nn.functional.cross_entropy(logits[0], y[0], reduction="sum").item()
     loss = total / (context * windows)
+    # Greedy decoding of a prompt: the ids transformers' generate gives (eos included when reached).
+    prompt_ids = tok(GREEDY_PROMPT)["input_ids"]
+    with torch.no_grad():
+        out = model.generate(torch.tensor([prompt_ids]), max_new_tokens=GREEDY_TOKENS, do_sample=False)
+    greedy = {"prompt": GREEDY_PROMPT, "prompt_ids": prompt_ids, "ids": out[0, len(prompt_ids):].tolist(),
+              "text": tok.decode(out[0, len(prompt_ids):])}
     header = np.zeros(256, dtype=np.int32)
     header[:3] = [20240520, 1, len(ids)]
     (HERE / "smollm2_ids.bin").write_bytes(header.tobytes() + np.array(ids, dtype=np.uint16).tobytes())
     (HERE / "smollm2.json").write_text(json.dumps({
         "file": path.name, "sha256_of_file": hashlib.sha256(path.read_bytes()).hexdigest(),
         "context": context, "windows": windows, "ids": ids, "text": TEXT,
-        "loss": loss, "tensors": tensors}, indent=1) + "\n")
+        "loss": loss, "greedy": greedy, "tensors": tensors}, indent=1) + "\n")
     print(f"transformers' loss per token: {loss!r} on {windows} windows of {context}")
 
 
