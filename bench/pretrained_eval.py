@@ -2,7 +2,9 @@
 of the same tokens, with the same number of threads. Each side runs as its own process under
 /usr/bin/time (wall seconds, peak RSS), alternating, `--rounds` times (the order reversed every
 other round); the table gives the ratios per round and their median, and the two losses (they must
-agree: the same model on the same windows).
+agree: the same model on the same windows). Evaluation alone, without loading: transformers times
+its own loop; Scalify's is its time on all windows less its time on one (run beside it), so
+tokens/s count the windows after the first.
 
     python bench/pretrained_eval.py --scalify build/apps/scalify/scalify \
         --model ~/.cache/scalify/SmolLM2-135M-Instruct.Q4_1.gguf --tokens tokens.bin \
@@ -70,22 +72,31 @@ def main():
                    "--windows", str(args.windows), "--json"]
     torch_cmd = [sys.executable, "-c", TRANSFORMERS_EVAL, args.model, args.tokens, str(args.context), str(args.windows),
                  str(args.threads)]
-    tokens = args.context * args.windows
+    if args.windows < 2:
+        p.error("--windows must be at least 2 (evaluation alone is timed as all windows less one)")
+    one_window = scalify_cmd[:scalify_cmd.index("--windows") + 1] + ["1", "--json"]
+    tokens = args.context * (args.windows - 1)
     print(f"{args.windows} windows of {args.context} tokens, {args.threads} threads\n")
-    print("| round | scalify s | transformers s | time ratio | scalify MiB | transformers MiB | memory ratio |")
-    print("|---:|---:|---:|---:|---:|---:|---:|")
-    time_ratios, memory_ratios = [], []
+    print("| round | scalify s | transformers s | time ratio | scalify eval tok/s | transformers eval tok/s | "
+          "scalify MiB | transformers MiB | memory ratio |")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    time_ratios, rate_ratios, memory_ratios = [], [], []
     for r in range(args.rounds):
         runs = {}
-        for side in (("scalify", "transformers") if r % 2 == 0 else ("transformers", "scalify")):
-            runs[side] = timed(scalify_cmd if side == "scalify" else torch_cmd, env)
+        for side in (("scalify", "one", "transformers") if r % 2 == 0 else ("transformers", "one", "scalify")):
+            runs[side] = timed({"scalify": scalify_cmd, "one": one_window, "transformers": torch_cmd}[side], env)
         (s_out, s_wall, s_rss), (t_out, t_wall, t_rss) = runs["scalify"], runs["transformers"]
-        s_loss, t_loss = json.loads(s_out.strip().splitlines()[-1])["val_loss"], json.loads(t_out)["loss"]
+        s_loss, t = json.loads(s_out.strip().splitlines()[-1])["val_loss"], json.loads(t_out)
+        t_loss = t["loss"]
+        s_rate = tokens / max(s_wall - runs["one"][1], 1e-3)
+        t_rate = args.context * args.windows / t["eval_s"]  # its loop timed every window
         time_ratios.append(s_wall / t_wall)
+        rate_ratios.append(s_rate / t_rate)
         memory_ratios.append(s_rss / t_rss)
-        print(f"| {r + 1} | {s_wall:.1f} | {t_wall:.1f} | {time_ratios[-1]:.2f} | {s_rss:.0f} | {t_rss:.0f} | {memory_ratios[-1]:.2f} |")
-    print(f"\nmedian: time {statistics.median(time_ratios):.2f}x transformers' (whole process, load included; "
-          f"{tokens} tokens), peak RSS {statistics.median(memory_ratios):.2f}x")
+        print(f"| {r + 1} | {s_wall:.1f} | {t_wall:.1f} | {time_ratios[-1]:.2f} | {s_rate:.0f} | {t_rate:.0f} | {s_rss:.0f} | "
+              f"{t_rss:.0f} | {memory_ratios[-1]:.2f} |")
+    print(f"\nmedian: whole process {statistics.median(time_ratios):.2f}x transformers' time (loading included), "
+          f"evaluation {statistics.median(rate_ratios):.2f}x its tokens per second, peak RSS {statistics.median(memory_ratios):.2f}x")
     print(f"loss per token: scalify {s_loss:.8f}, transformers {t_loss:.8f} (relative {abs(s_loss - t_loss) / t_loss:.1e})")
 
 
