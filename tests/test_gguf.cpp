@@ -254,6 +254,20 @@ TEST(GgufHostile, LyingFilesAreErrorsNamingWhatIsWrong) {
   EXPECT_ERROR(hub::dequantize_ggml(77, nullptr, 0, nullptr), "GGUF: type 77 is not dequantised by Scalify");
 }
 
+TEST(GgufHostile, AScalarQueryOrKeyWeightIsAnError) {
+  // Un-permuting q and k comes before the shape check: a tensor of no dimensions has no rows
+  // (it read past an empty shape, a segfault, before).
+  const hub::HfConfig config = hub::read_hf_config(kData + "/tiny_llama_gqa.gguf");
+  for (const char* name : {"blk.0.attn_q.weight", "blk.0.attn_k.weight"}) {
+    Bytes b = header(1, 0);
+    tensor_info(b, name, {}, 0, 0);
+    b.pad(32);
+    b.b.append(32, '\0');
+    const hub::GgufFile f = hub::GgufFile::parse(b.b, "scalar.gguf");
+    EXPECT_ERROR(hub::gguf_hf_tensors(f, config), std::string("scalar.gguf: tensor '") + name + "' has no dimensions");
+  }
+}
+
 TEST(GgufHostile, FuzzedFilesGiveOnlyScalifyErrors) {
   int errors = 0, parsed = 0;
   for (const char* name : {"synthetic.gguf", "tiny_llama_gqa.gguf"}) {

@@ -22,6 +22,8 @@ int64_t size_key(const GgufFile& f, const std::string& key, int64_t lo, int64_t 
 // llama.cpp's converter's LlamaModel.permute, undone: within each of `heads` heads of `rows / heads`
 // rows, GGUF row 2i + j holds Hugging Face row j (rows / heads / 2) + i.
 Tensor unpermute_rows(const Tensor& t, int64_t heads, const std::string& name, const std::string& file) {
+  if (t.dim() < 1)  // a scalar has no rows (and the shape check comes after this)
+    throw Error(file + ": tensor '" + name + "' has no dimensions; a projection's weight or bias has rows");
   const int64_t rows = t.shape()[0], rest = t.numel() / std::max<int64_t>(rows, 1);
   if (heads <= 0 || rows % (2 * heads) != 0)
     throw Error(file + ": tensor '" + name + "' has " + std::to_string(rows) + " rows, not a whole number of " + std::to_string(heads) +
