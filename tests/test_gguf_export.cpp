@@ -12,6 +12,10 @@
 #include "expect_error.hpp"
 #include "scalify/hub/gguf_export.hpp"
 #include "scalify/hub/gguf_writer.hpp"
+#include "scalify/hub/hf_config.hpp"
+#include "scalify/hub/hf_weights.hpp"
+#include "scalify/hub/model_tokenizer.hpp"
+#include "scalify/tokenize/tokenizer.hpp"
 #include "train_fixtures.hpp"
 
 namespace scalify {
@@ -180,6 +184,20 @@ TEST(GgufExport, ReadsBpeFoldersRefusesSentencePiece) {
   std::filesystem::create_directories(empty);
   EXPECT_FALSE(hub::read_bpe_vocabulary(empty.string()).has_value());
   EXPECT_ERROR(hub::read_bpe_vocabulary((empty / "model.gguf").string()), "is not a model folder");
+}
+
+TEST(GgufExport, TheWrittenTokenizerReadsBackAsTheFolders) {
+  // The exported file's tokenizer.ggml.pre is llama.cpp's "gpt-2"; Scalify's own reader takes it
+  // (it refused "gpt-2" before, so `eval`/`tokenize --model` failed on every exported GGUF).
+  const std::string folder = std::string(SCALIFY_HF_DATA_DIR) + "/tiny_gpt2";
+  const hub::HfConfig config = hub::read_hf_config(folder);
+  const hub::GgufVocabulary vocab = hub::read_bpe_vocabulary(folder).value();
+  const std::string path = (testing::scratch("gguf_roundtrip") / "model.gguf").string();
+  std::filesystem::create_directories(std::filesystem::path(path).parent_path());
+  hub::save_gguf_model(path, config, hub::load_hf_weights(folder, config), GgufWriter::Type::f32, &vocab, "t");
+  const std::unique_ptr<tokenize::Tokenizer> ours = hub::load_model_tokenizer(path), theirs = hub::load_model_tokenizer(folder);
+  const std::string text = "Hello world, it's 2024: numbers 12345 and  spaces\n";
+  EXPECT_EQ(ours->encode(text), theirs->encode(text));
 }
 
 TEST(GgufExport, RefusesTokenizerJsonItCannotName) {

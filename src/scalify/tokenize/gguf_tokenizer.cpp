@@ -10,10 +10,12 @@ std::vector<PreTokenizeRule> gguf_pre_tokenizer(const std::string& pre, const st
   // "gpt2" model by GPT-2's pattern (a ByteLevel with its regex). llama.cpp isolates each number
   // first for "smollm", which moves ids where numbers follow spaces ("  99": Ġ Ġ 9 9 in
   // transformers, ĠĠ 9 9 in llama.cpp); Scalify gives transformers' ids.
-  if (pre == "gpt2" || pre == "smollm") return {PreTokenizeRule::kGpt2Pattern};
+  // "gpt-2" is llama.cpp's name for GPT-2's pattern (what convert_hf_to_gguf.py and Scalify's own
+  // export write); "gpt2" as before.
+  if (pre == "gpt-2" || pre == "gpt2" || pre == "smollm") return {PreTokenizeRule::kGpt2Pattern};
   throw Error("tokenizer: '" + source + "': tokenizer.ggml.pre is " +
               (pre.empty() ? "missing (llama.cpp's \"default\")" : "'" + io::text_excerpt(pre) + "'") +
-              ", a pre-tokenizer Scalify does not read (it reads \"gpt2\" and \"smollm\")");
+              ", a pre-tokenizer Scalify does not read (it reads \"gpt-2\", \"gpt2\" and \"smollm\")");
 }
 
 bool gguf_tokenizer_is_read(const std::string& model) { return model == "gpt2"; }
