@@ -10,6 +10,7 @@
 
 #include "expect_error.hpp"
 #include "gradcheck.hpp"
+#include "scalify/hub/gguf_file.hpp"
 #include "scalify/hub/hf_config.hpp"
 #include "scalify/hub/hf_weights.hpp"
 #include "scalify/io/safetensors.hpp"
@@ -17,6 +18,7 @@
 #include "scalify/nn/gpt.hpp"
 #include "scalify/nn/rope.hpp"
 #include "scalify/tokenize/bpe.hpp"
+#include "scalify/tokenize/token_file.hpp"
 #include "scalify/train/evaluate.hpp"
 #include "scalify/train/pretrained_ptq.hpp"
 #include "scalify/train/trainer.hpp"
@@ -272,6 +274,29 @@ TEST(FineTune, StartsFromThePretrainedWeightsAndResumesBitForBit) {
     train::export_checkpoint(a.string(), (a / "hf").string());
     EXPECT_TRUE(fs::exists(a / "hf" / (std::string(model) == "tiny_gpt2" ? "merges.txt" : "tokenizer.model"))) << model;
   }
+}
+
+// A fine-tune on windows shorter than the model's context declares the model's context when
+// exported, as a Hugging Face folder and as GGUF alike (GGUF wrote the training windows' length).
+TEST(FineTune, ExportsDeclareThePretrainedContextNotTheTrainingWindow) {
+  const fs::path model = scratch("ft_short_model"), run = scratch("ft_short_run");
+  fs::create_directories(model);
+  for (const char* f : {"config.json", "model.safetensors"}) fs::copy_file(kData + "/tiny_llama_gqa/" + f, model / f);  // no tokenizer
+  const hub::HfConfig hf = hub::read_hf_config(model.string());
+  std::vector<int32_t> tokens(4000);
+  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = int32_t(i * 37 % uint64_t(hf.model.vocab));
+  tokenize::write_token_file((model / "tokens.bin").string(), tokens, hf.model.vocab);
+  train::TrainConfig c = fine_tuning("", run);
+  c.init = model.string();
+  c.data = (model / "tokens.bin").string();
+  c.steps = 1;
+  c.model.seq = hf.model.seq / 4;
+  c.given.insert("seq");
+  train::train(c, false, {});
+  train::export_checkpoint(run.string(), (run / "hf").string());
+  EXPECT_EQ(hub::read_hf_config((run / "hf").string()).model.seq, hf.model.seq);
+  train::export_gguf(run.string(), (run / "model.gguf").string(), "f32");
+  EXPECT_EQ(hub::GgufFile::open((run / "model.gguf").string()).get_uint("llama.context_length"), uint64_t(hf.model.seq));
 }
 
 // A fine-tuned run records what it was trained from (the init folder's absolute path and a

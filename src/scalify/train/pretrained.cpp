@@ -57,6 +57,15 @@ std::string tokenizer_config_for(const std::string& model_dir) {
   return c.dump(2) + "\n";
 }
 
+// The shape an exported model declares (Hugging Face or GGUF alike). A fine-tune on windows
+// shorter than its model's context: rotary positions still reach the whole context (learned ones
+// are the trained rows, seq of them).
+nn::GptConfig exported_shape(const TrainConfig& cfg, const Session& s) {
+  nn::GptConfig m = s.model.config();
+  if (!cfg.init.empty() && !m.learned_positions()) m.seq = hub::read_hf_config(cfg.init).model.seq;
+  return m;
+}
+
 }  // namespace
 
 Pretrained load_pretrained(const std::string& dir, const quant::Recipe& recipe) {
@@ -160,10 +169,7 @@ hub::Family export_checkpoint(const std::string& checkpoint, const std::string& 
   check_init_files(cfg, checkpoint);  // before anything is written
   const std::unique_ptr<Session> s = load_session(st, cfg, checkpoint_file(checkpoint));
   hub::HfConfig hf;
-  hf.model = s->model.config();
-  // A fine-tune on windows shorter than its model's context: rotary positions still reach the whole
-  // context (learned ones are the trained rows, seq of them).
-  if (!cfg.init.empty() && !hf.model.learned_positions()) hf.model.seq = hub::read_hf_config(cfg.init).model.seq;
+  hf.model = exported_shape(cfg, *s);
   hf.family = hub::family_of(hf.model);
   hf.dtype = dtype;
   hub::save_hf_model(dir, hf, parameter_values(*s));
@@ -204,7 +210,7 @@ GgufExport export_gguf(const std::string& checkpoint, const std::string& path, c
   check_init_files(cfg, checkpoint);
   const std::unique_ptr<Session> s = load_session(st, cfg, checkpoint_file(checkpoint));
   hub::HfConfig hf;
-  hf.model = s->model.config();
+  hf.model = exported_shape(cfg, *s);
   hf.family = hub::family_of(hf.model);
   std::optional<hub::GgufVocabulary> vocab;
   if (!cfg.init.empty())
