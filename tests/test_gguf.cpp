@@ -21,6 +21,7 @@
 #include "scalify/nn/gpt.hpp"
 #include "scalify/tokenize/tokenizer.hpp"
 #include "scalify/train/pretrained.hpp"
+#include "scalify/train/ptq.hpp"
 #include "train_fixtures.hpp"
 
 namespace scalify {
@@ -266,6 +267,18 @@ TEST(GgufHostile, AScalarQueryOrKeyWeightIsAnError) {
     const hub::GgufFile f = hub::GgufFile::parse(b.b, "scalar.gguf");
     EXPECT_ERROR(hub::gguf_hf_tensors(f, config), std::string("scalar.gguf: tensor '") + name + "' has no dimensions");
   }
+}
+
+TEST(GgufModel, QuantizeRefusesToWriteOverTheGgufItReads) {
+  // `quantize --model m.gguf --out m.gguf` listed only a folder's files as inputs: the model file
+  // itself was replaced by the quantised safetensors.
+  const fs::path dir = scratch("gguf_quantize_self");
+  fs::create_directories(dir);
+  const std::string model = (dir / "model.gguf").string();
+  fs::copy_file(kData + "/tiny_llama_gqa.gguf", model, fs::copy_options::overwrite_existing);
+  const std::string before = slurp(model);
+  EXPECT_ERROR(train::quantize_pretrained(model, model, train::PtqOptions{}, 0), "which this command reads");
+  EXPECT_TRUE(slurp(model) == before) << "the model file changed";
 }
 
 TEST(GgufHostile, FuzzedFilesGiveOnlyScalifyErrors) {

@@ -204,6 +204,7 @@ GgufExport export_gguf(const std::string& checkpoint, const std::string& path, c
   // The file replaces whatever it names: never the checkpoint or a file of the model it was fine-tuned from.
   std::vector<std::string> inputs = {checkpoint_file(checkpoint)};
   std::error_code ec;
+  if (!cfg.init.empty()) inputs.push_back(cfg.init);  // a .gguf init is a file
   if (!cfg.init.empty())
     for (const auto& e : std::filesystem::directory_iterator(cfg.init, ec)) inputs.push_back(e.path().string());
   io::refuse_to_overwrite(path, inputs, "export");

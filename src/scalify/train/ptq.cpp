@@ -223,7 +223,7 @@ std::vector<PtqWeight> quantize_checkpoint(const std::string& checkpoint, const 
 
 std::vector<PtqWeight> quantize_pretrained(const std::string& model_dir, const std::string& out, const PtqOptions& o, int64_t context) {
   check(o);
-  std::vector<std::string> inputs;  // every file of the model folder
+  std::vector<std::string> inputs = {model_dir};  // the model (a .gguf file) and every file of a model folder
   std::error_code ec;
   for (const auto& e : fs::directory_iterator(model_dir, ec)) inputs.push_back(e.path().string());
   check_output_file(out, inputs);
