@@ -121,6 +121,22 @@ TEST(TokenizerJson, PreTokenizerRulesAndAddedTokensGiveTokenizersIds) {
   EXPECT_EQ(tok->decode({1}), "<|im_start|>");
 }
 
+TEST(TokenizerJson, NonNormalizedAddedTokensSplitFirstAsTokenizersDoes) {
+  // tokenizers splits off the non-normalized added tokens (special ones by default) first, and
+  // matches the normalized ones in the text between: with "a<" (normalized) and "<b>" (not),
+  // "xa<b>y" is x, a, <b>, y in tokenizers ([91, 68, 597, 92] with these ids); one leftmost
+  // pass over both gave x, a<, b, >, y.
+  nlohmann::json doc = nlohmann::json::parse(slurp(kData / "tiny_json" / "tokenizer.json"));
+  const int64_t n = 596;
+  doc["added_tokens"].push_back({{"id", n}, {"content", "a<"}, {"normalized", true}, {"special", false}});
+  doc["added_tokens"].push_back({{"id", n + 1}, {"content", "<b>"}, {"normalized", false}, {"special", true}});
+  const fs::path dir = scratch("normalized_added");
+  spit(dir / "tokenizer.json", doc.dump());
+  const std::unique_ptr<Tokenizer> tok = load_tokenizer(dir.string());
+  EXPECT_EQ(tok->encode("xa<b>y"), (std::vector<int32_t>{91, 68, 597, 92}));
+  EXPECT_EQ(tok->encode("xa<y"), (std::vector<int32_t>{91, 596, 92}));
+}
+
 TEST(TokenizerJson, SplitByGpt2sPatternDigitRunsUnknownTokenAndIgnoreMerges) {
   // Sequence[Split(GPT-2's pattern), Digits, ByteLevel(use_regex false)], merges as "a b"
   // strings, unk_token with fuse_unk: a run of bytes without a token is one <unk>.

@@ -140,18 +140,21 @@ BpeTokenizer::BpeTokenizer(BpeParts parts)
     const int32_t l = id_of(left), r = id_of(right), merged = id_of(left + right);  // in this order, for the error
     add_merge(l, r, merged, int32_t(i));
   }
-  for (int32_t id : parts.added) {
-    check(id, "added token");
-    if (parts.tokens[size_t(id)].empty()) throw Error(at + "added token " + std::to_string(id) + " is empty");
-    bytes_[size_t(id)] = parts.tokens[size_t(id)];  // written as it is in text, not in stand-in characters
-    added_[uint8_t(bytes_[size_t(id)][0])].push_back(id);
-    has_added_ = true;
+  for (int pass = 0; pass < 2; ++pass) {
+    for (int32_t id : pass == 0 ? parts.added : parts.added_normalized) {
+      check(id, "added token");
+      if (parts.tokens[size_t(id)].empty()) throw Error(at + "added token " + std::to_string(id) + " is empty");
+      bytes_[size_t(id)] = parts.tokens[size_t(id)];  // written as it is in text, not in stand-in characters
+      added_[pass][uint8_t(bytes_[size_t(id)][0])].push_back(id);
+      has_added_[pass] = true;
+    }
+    // The longest first, so that of two added tokens starting at one place the longer wins.
+    for (std::vector<int32_t>& ids : added_[pass])
+      std::stable_sort(ids.begin(), ids.end(), [&](int32_t a, int32_t b) { return bytes_[size_t(a)].size() > bytes_[size_t(b)].size(); });
   }
-  // The longest first, so that of two added tokens starting at one place the longer wins.
-  for (std::vector<int32_t>& ids : added_)
-    std::stable_sort(ids.begin(), ids.end(), [&](int32_t a, int32_t b) { return bytes_[size_t(a)].size() > bytes_[size_t(b)].size(); });
   mark_encodable();
   for (int32_t id : parts.added) encodable_[size_t(id)] = true;
+  for (int32_t id : parts.added_normalized) encodable_[size_t(id)] = true;
   if (ignore_merges_)
     for (size_t id = 0; id < bytes_.size(); ++id)
       if (encodable_[id]) word_id_.emplace(bytes_[id], int32_t(id));
@@ -242,11 +245,18 @@ void BpeTokenizer::encode_text(std::string_view text, std::vector<int32_t>& out)
 
 std::vector<int32_t> BpeTokenizer::encode(std::string_view text) const {
   std::vector<int32_t> ids;
-  // Added tokens first, the leftmost, then the longest: the text between them is pre-tokenized.
+  split_added(text, 0, ids);
+  return ids;
+}
+
+void BpeTokenizer::split_added(std::string_view text, int pass, std::vector<int32_t>& out) const {
+  if (pass == 2) return encode_text(text, out);
+  // Added tokens first, the leftmost, then the longest: the text between them goes to the next pass.
+  const std::array<std::vector<int32_t>, 256>& table = added_[pass];
   size_t plain = 0;
-  for (size_t i = 0; i < text.size() && has_added_;) {
+  for (size_t i = 0; i < text.size() && has_added_[pass];) {
     int32_t found = -1;
-    for (int32_t id : added_[uint8_t(text[i])])
+    for (int32_t id : table[uint8_t(text[i])])
       if (text.compare(i, bytes_[size_t(id)].size(), bytes_[size_t(id)]) == 0) {
         found = id;
         break;
@@ -255,13 +265,12 @@ std::vector<int32_t> BpeTokenizer::encode(std::string_view text) const {
       ++i;
       continue;
     }
-    encode_text(text.substr(plain, i - plain), ids);
-    ids.push_back(found);
+    split_added(text.substr(plain, i - plain), pass + 1, out);
+    out.push_back(found);
     i += bytes_[size_t(found)].size();
     plain = i;
   }
-  encode_text(text.substr(plain), ids);
-  return ids;
+  split_added(text.substr(plain), pass + 1, out);
 }
 
 // The bytes as they are: Hugging Face's decode replaces bytes that do not form UTF-8 (a text cut

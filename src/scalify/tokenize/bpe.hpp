@@ -37,6 +37,9 @@ struct BpeParts {
   // Tokens found whole in the text before it is pre-tokenized (tokenizer.json's added_tokens,
   // GGUF's control and user-defined tokens, e.g. <|im_start|>): their tokens are their text as written.
   std::vector<int32_t> added;
+  // Added tokens matched second, in the text between the others (tokenizer.json's "normalized":
+  // true ones: tokenizers' AddedVocabulary splits off the non-normalized ones first).
+  std::vector<int32_t> added_normalized;
   std::vector<PreTokenizeRule> pre = {PreTokenizeRule::kGpt2Pattern};
   int32_t unk = -1;                     // the token of a byte with no token, -1 for none: such bytes are dropped
   bool fuse_unk = false;                // a run of such bytes is one unknown token
@@ -76,6 +79,8 @@ class BpeTokenizer : public Tokenizer {
   void mark_encodable();
   void encode_word(std::string_view word, std::vector<int32_t>& out) const;
   void encode_text(std::string_view text, std::vector<int32_t>& out) const;  // a text without added tokens
+  // Pass 0 splits off added_[0]'s tokens, pass 1 added_[1]'s in the text between, then encode_text.
+  void split_added(std::string_view text, int pass, std::vector<int32_t>& out) const;
   void check_id(int32_t id) const;                                           // an Error naming an id outside the vocabulary
 
   std::string kind_, files_, source_;             // for description() and errors
@@ -85,8 +90,9 @@ class BpeTokenizer : public Tokenizer {
   std::unordered_map<uint64_t, Merge> merges_;
   std::vector<PreTokenizeRule> pre_ = {PreTokenizeRule::kGpt2Pattern};
   // Matched in the text: by their first byte, the longest first where several start at one place.
-  std::array<std::vector<int32_t>, 256> added_;
-  bool has_added_ = false;
+  // [0]: BpeParts::added, [1]: BpeParts::added_normalized, matched in that order.
+  std::array<std::vector<int32_t>, 256> added_[2];
+  bool has_added_[2] = {false, false};
   int32_t unk_ = -1, bos_ = -1, eos_ = -1;
   bool fuse_unk_ = false, ignore_merges_ = false;
   std::unordered_map<std::string, int32_t> word_id_;  // with ignore_merges: each encodable token's bytes -> id

@@ -148,7 +148,9 @@ std::unique_ptr<BpeTokenizer> read_tokenizer_json(const std::string& path) {
       if (r.flag(a, option, where, false)) r.fail(where + " has " + option + " set, which Scalify does not read");
     const std::string content = r.string_of(r.member(a, "content", where), where + ".content");
     if (content.empty()) r.fail(where + " has an empty content");
-    parts.added.push_back(place(r.member(a, "id", where), content, where));
+    // tokenizers' AddedToken: normalized defaults to !special.
+    const bool normalized = r.flag(a, "normalized", where, !r.flag(a, "special", where, false));
+    (normalized ? parts.added_normalized : parts.added).push_back(place(r.member(a, "id", where), content, where));
   }
   size_t size = limit;
   while (size > 0 && !seen[size - 1]) --size;
