@@ -452,6 +452,22 @@ std::string load_error(const fs::path& dir) {
   return testing::error_of([&] { hub::load_hf_weights(dir.string(), hub::read_hf_config(dir.string())); });
 }
 
+// A model's longest context need not fit in memory to evaluate it at a shorter one: loading for
+// inference counts the parameters and a window of logits, not attention at the model's context
+// (at 65536 positions that alone would be 4 heads x 65536^2 f32 values, 69 GB, per window).
+TEST(HfLoad, ALongContextModelEvaluatesAtAShortOne) {
+  const fs::path dir = copy_of("tiny_llama", "long_context");
+  set_config(dir, "max_position_embeddings", 65536);
+  const train::Pretrained p = train::load_pretrained(dir.string());
+  EXPECT_EQ(p.hf.model.seq, 65536);
+  std::vector<int32_t> tokens(33);
+  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = int32_t(i * 37 % uint64_t(p.hf.model.vocab));
+  const train::Pretrained short_one = train::load_pretrained((kData + "/tiny_llama"));
+  EXPECT_EQ(train::evaluate_tokens(*p.session, tokens, nullptr, 32, 1).loss,
+            train::evaluate_tokens(*short_one.session, tokens, nullptr, 32, 1).loss)
+      << "rotary positions: the same weights give the same loss whatever the longest context";
+}
+
 TEST(HfBadInput, ConfigErrorsNameTheFileAndField) {
   EXPECT_ERROR(hub::read_hf_config("/nonexistent/model"), "not a model folder");
   const fs::path d = copy_of("tiny_gpt2", "bad_config");

@@ -60,7 +60,10 @@ double estimated_memory_bytes(const TrainConfig& cfg, const quant::Recipe& r, bo
   // Attention's probabilities, f32 [batch, heads, seq, seq]: per token heads x seq values, kept for
   // the backward in every layer, one layer's at a time without one. At seq 8192 they outweigh the rest.
   const double attention = double(m.heads) * double(m.seq) * 4;
-  if (!with_optimizer) return 4 * params + tokens * (double(m.vocab) * 4 + attention);
+  // A model loaded for inference is checked before its evaluation's context is chosen (`eval
+  // --context`, sampling's window): its attention is that context's, not the longest the model
+  // allows, so only the parameters and one window of logits are counted here.
+  if (!with_optimizer) return 4 * params + tokens * double(m.vocab) * 4;
   const double state = 2.0 * dtype_size(r.master_weight) + 2.0 * dtype_size(r.optimizer_state);
   const double activations =
       double(m.layers) * (16 * double(m.d_model) * dtype_size(r.data_storage) + attention) + 3.0 * 4 * double(m.vocab);
