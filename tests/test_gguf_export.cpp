@@ -183,7 +183,8 @@ TEST(GgufExport, ReadsBpeFoldersRefusesSentencePiece) {
   const auto empty = testing::scratch("no_tokenizer");
   std::filesystem::create_directories(empty);
   EXPECT_FALSE(hub::read_bpe_vocabulary(empty.string()).has_value());
-  EXPECT_ERROR(hub::read_bpe_vocabulary((empty / "model.gguf").string()), "is not a model folder");
+  EXPECT_ERROR(hub::read_bpe_vocabulary((empty / "model.gguf").string()), "cannot open");
+  EXPECT_ERROR(hub::read_bpe_vocabulary((empty / "nothing").string()), "is neither a model folder nor a GGUF file");
 }
 
 TEST(GgufExport, TheWrittenTokenizerReadsBackAsTheFolders) {

@@ -17,6 +17,8 @@
 #include "scalify/tokenize/token_file.hpp"
 #include "scalify/train/pretrained.hpp"
 #include "scalify/train/evaluate.hpp"
+#include "scalify/train/trainer.hpp"
+#include "scalify/hub/gguf_export.hpp"
 #include "real_model.hpp"
 #include "train_fixtures.hpp"
 
@@ -103,6 +105,38 @@ TEST(Smollm2, GreedySampleEqualsTransformersGenerate) {
   o.tokens = int64_t(g["ids"].size());
   o.eos_ids = p.hf.eos_ids;
   EXPECT_EQ(train::sample_ids(*p.session, prompt, o, path), g["ids"].get<std::vector<int32_t>>()) << g["text"];
+}
+
+// The flow: fine-tune the GGUF model, export the run as GGUF: the file carries the source's
+// tokenizer metadata unchanged, so the export tokenizes as the source does.
+TEST(Smollm2, AFineTuneExportsAsGgufWithTheSourcesTokenizer) {
+  REQUIRE_SMOLLM2(path);
+  const fs::path run = testing::scratch("smollm2_ft"), out = testing::scratch("smollm2_ft.gguf");
+  std::vector<int32_t> tokens(200);
+  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = int32_t(1000 + i * 37 % 5000);
+  fs::create_directories(run.parent_path());
+  tokenize::write_token_file((run.string() + ".bin"), tokens, 49152);
+  train::TrainConfig c;
+  c.init = path;
+  c.data = run.string() + ".bin";
+  c.out = run.string();
+  c.steps = 1;
+  c.batch = 1;
+  c.model.seq = 16;
+  c.given = {"seq", "batch", "steps"};
+  c.eval_every = 1;
+  c.eval_windows = 1;
+  train::train(train::with_pretrained_model(c), false, {});
+  train::export_gguf(run.string(), out.string(), "q8_0");
+  const hub::GgufTokenizerMetadata from = hub::gguf_tokenizer_metadata(hub::GgufFile::open(path)),
+                                   to = hub::gguf_tokenizer_metadata(hub::GgufFile::open(out.string()));
+  EXPECT_EQ(to.tokens, from.tokens);
+  EXPECT_EQ(to.merges, from.merges);
+  EXPECT_EQ(to.token_types, from.token_types);
+  EXPECT_EQ(to.pre, from.pre);
+  EXPECT_EQ(to.eos, from.eos);
+  const std::string text = "<|im_start|>user 12345, the capital of France?";
+  EXPECT_EQ(train::load_pretrained(out.string()).tokenizer->encode(text), train::load_pretrained(path).tokenizer->encode(text));
 }
 
 }  // namespace

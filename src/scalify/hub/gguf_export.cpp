@@ -7,6 +7,8 @@
 #include <utility>
 
 #include "scalify/error.hpp"
+#include "scalify/hub/gguf_file.hpp"
+#include "scalify/hub/gguf_model.hpp"
 #include "scalify/hub/hf_weights.hpp"
 #include "scalify/io/input_file.hpp"
 #include "scalify/io/json_text.hpp"
@@ -143,9 +145,24 @@ GgufVocabulary byte_vocabulary() {
 std::optional<GgufVocabulary> read_bpe_vocabulary(const std::string& dir) {
   const fs::path d(dir), vocab_json = d / "vocab.json", merges_txt = d / "merges.txt", tokenizer_json = d / "tokenizer.json";
   std::error_code ec;
-  if (!fs::is_directory(d, ec))  // a .gguf init carries its tokenizer as metadata, which is not copied yet
-    throw Error("export: '" + dir + "' is not a model folder; GGUF export takes the tokenizer from the folder a model was fine-tuned from");
   GgufVocabulary v;
+  if (is_gguf(dir)) {  // a model fine-tuned from a GGUF file: its tokenizer metadata, as it is
+    const GgufFile f = GgufFile::open(dir);
+    if (!f.has("tokenizer.ggml.model")) return std::nullopt;
+    const GgufTokenizerMetadata t = gguf_tokenizer_metadata(f);
+    if (t.model != "gpt2")
+      throw Error("export: '" + dir + "' holds a '" + t.model +
+                  "' tokenizer; GGUF export writes byte-level BPE (\"gpt2\") tokenizers only");
+    v.tokens = t.tokens;
+    v.types.assign(t.token_types.begin(), t.token_types.end());
+    if (v.types.empty()) v.types.assign(v.tokens.size(), 1);  // no token_type list: every token a normal one
+    v.merges = t.merges;
+    v.bos = t.bos ? int32_t(*t.bos) : -1;
+    v.eos = t.eos ? int32_t(*t.eos) : -1;
+    v.pre = t.pre;
+    return v;
+  }
+  if (!fs::is_directory(d, ec)) throw Error("export: '" + dir + "' is neither a model folder nor a GGUF file");
   if (fs::exists(vocab_json, ec) && fs::exists(merges_txt, ec)) {
     read_vocab_object(v, read_json(vocab_json, "vocabulary"), vocab_json.string());
     const std::string text = io::read_input_file(merges_txt.string(), "merges", kMaxTokenizerFile);

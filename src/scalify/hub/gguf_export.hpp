@@ -35,7 +35,8 @@ GgufVocabulary byte_vocabulary();
 
 // The tokenizer of a Hugging Face model folder: vocab.json + merges.txt, or tokenizer.json (a BPE
 // model with a ByteLevel pre-tokenizer: "gpt-2"), its added tokens (special ones as control
-// tokens) and config.json's bos/eos ids; nullopt when the folder holds no tokenizer files. Errors
+// tokens) and config.json's bos/eos ids; or of a GGUF file (a model fine-tuned from one): its
+// tokenizer.ggml.* lists as they are. nullopt when the model holds no tokenizer. Errors
 // name what GGUF's "gpt2" tokenizer cannot hold: a SentencePiece tokenizer.model, another
 // tokenizer.json model or pre-tokenizer, ids with gaps.
 std::optional<GgufVocabulary> read_bpe_vocabulary(const std::string& dir);
