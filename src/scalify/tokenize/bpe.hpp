@@ -81,7 +81,7 @@ class BpeTokenizer : public Tokenizer {
   void encode_text(std::string_view text, std::vector<int32_t>& out) const;  // a text without added tokens
   // Pass 0 splits off added_[0]'s tokens, pass 1 added_[1]'s in the text between, then encode_text.
   void split_added(std::string_view text, int pass, std::vector<int32_t>& out) const;
-  void check_id(int32_t id) const;                                           // an Error naming an id outside the vocabulary
+  void check_id(int32_t id) const;  // an Error naming an id outside the vocabulary
 
   std::string kind_, files_, source_;             // for description() and errors
   std::unordered_map<std::string, int32_t> ids_;  // token string -> id
