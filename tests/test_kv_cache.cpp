@@ -87,10 +87,11 @@ double cached_vs_recomputed(const nn::Gpt& model) {
   return diff / largest;
 }
 
-// Measured (the largest difference over seeds 1-3, relative to the largest logit): GPT-2-shaped
-// 1.64e-7, Llama-shaped 1.41e-7, about an f32 ulp (the step's attention is the composed ops, the
-// recompute's the fused kernel); the tolerance is twice an ulp.
-constexpr double kTolerance = 0x1p-22;
+// Measured (the largest difference over seeds 1-3, relative to the largest logit): natively
+// GPT-2-shaped 1.64e-7, Llama-shaped 1.41e-7; with the limited paths (SCALIFY_ISA=avx2 or scalar,
+// SCALIFY_GEMM=f32) up to 2.96e-7 and 2.31e-7: one to two and a half f32 ulps (the step's
+// attention is the composed ops, the recompute's the fused kernel); the tolerance is four ulps.
+constexpr double kTolerance = 0x1p-21;
 
 TEST(KvCache, Gpt2ShapedStepsEqualTheRecompute) {
   for (uint64_t seed : {1, 2, 3}) EXPECT_LE(cached_vs_recomputed(nn::Gpt(gpt2_shaped(), seed)), kTolerance);
