@@ -14,8 +14,9 @@ rm -rf build/venv
 build/venv/bin/pip install --quiet --upgrade pip
 build/venv/bin/pip install --quiet --config-settings=cmake.define.SCALIFY_LIBRARY_DIR="$PWD/build" ".[test,plot]"
 scripts/install_torch_cpu.sh build/venv  # the DLPack tests hand CPU torch tensors over without a copy
-# scalify.torch on transformers' GPT-2, Llama and BERT, built from configs (no hub): ~7 s, no torch pulled in
-build/venv/bin/pip install --quiet "transformers>=5"
+# scalify.torch on transformers' GPT-2, Llama and BERT, built from configs (no hub): ~7 s, no torch
+# pulled in; accelerate for transformers' GGUF loader (the exported GGUF files are run through it)
+build/venv/bin/pip install --quiet "transformers>=5" accelerate
 echo "== mypy --strict: the installed package's stubs and wrappers, the examples"
 build/venv/bin/mypy --cache-dir build/mypy_cache --strict -p scalify
 build/venv/bin/mypy --cache-dir build/mypy_cache --strict examples/python
