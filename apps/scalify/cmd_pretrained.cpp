@@ -39,8 +39,8 @@ void add_pretrained_commands(CLI::App& app) {
   x->add_option("--format", xa->format,
                 "hf (default): a Hugging Face folder; gguf: GGUF v3, architecture \"llama\" for Llama-shaped models, \"gpt2\" for "
                 "GPT-2-shaped ones, the tokenizer as metadata (byte-level BPE: a model fine-tuned from a folder with vocab.json + "
-                "merges.txt or tokenizer.json, its own; the byte-level GPT, its 256 bytes; a SentencePiece tokenizer is refused, a "
-                "folder without one gives none)")
+                "merges.txt or tokenizer.json, its own; from a GGUF file, that file's; the byte-level GPT, its 256 bytes; a "
+                "SentencePiece tokenizer is refused, a folder without one gives none)")
       ->check(CLI::IsMember({"hf", "gguf"}));
   x->add_option("--dtype", xa->dtype,
                 "weights stored as f32 (default), f16 or bf16 (rounded to nearest even); gguf also q8_0 (ggml's 8-bit blocks of 32; "

@@ -69,7 +69,8 @@ hub::Family export_checkpoint(const std::string& checkpoint, const std::string& 
 // The same checkpoint as one GGUF file `path` (hub/gguf_export; written atomically) whose matrices
 // are stored as `dtype` (f32, f16, bf16 or q8_0), with its tokenizer as metadata: a model
 // fine-tuned from a folder, that folder's byte-level BPE tokenizer (a SentencePiece one is refused;
-// a folder without one gives none); the byte-level GPT, its 256 bytes.
+// a folder without one gives none); from a GGUF file, that file's tokenizer metadata; the
+// byte-level GPT, its 256 bytes.
 struct GgufExport {
   hub::Family family;
   bool with_tokenizer = false;
