@@ -224,6 +224,13 @@ TEST(GgufTokenizer, MetadataScalifyDoesNotReadIsAnErrorNamingIt) {
   m.merges[3] = "zz qq";
   EXPECT_ERROR(gguf_bpe_tokenizer(m, "tiny.gguf"), "merge 3 ('zz qq'): 'zz' is not a token");
   m = tiny_gguf_metadata();
+  m.token_types.assign(m.tokens.size(), 1);
+  m.token_types[7] = -5;
+  EXPECT_ERROR(gguf_bpe_tokenizer(m, "tiny.gguf"),
+               "'tiny.gguf': tokenizer.ggml.token_type[7] is -5, not one of llama.cpp's token types 0-6");
+  m.token_types[7] = 7;
+  EXPECT_ERROR(gguf_bpe_tokenizer(m, "tiny.gguf"), "tokenizer.ggml.token_type[7] is 7");
+  m = tiny_gguf_metadata();
   m.eos = 596;
   EXPECT_ERROR(gguf_bpe_tokenizer(m, "tiny.gguf"), "'tiny.gguf': the end-of-sequence token 596 is not a token id in [0, 596)");
 }

@@ -39,6 +39,9 @@ std::unique_ptr<BpeTokenizer> gguf_bpe_tokenizer(const GgufTokenizerMetadata& m,
     parts.merges.emplace_back(s.substr(0, space), s.substr(space + 1));
   }
   for (size_t id = 0; id < m.token_types.size(); ++id) {
+    if (m.token_types[id] < 0 || m.token_types[id] > int64_t(GgufTokenType::kByte))  // llama.cpp's 0 (undefined) to 6
+      throw Error(at + "tokenizer.ggml.token_type[" + std::to_string(id) + "] is " + std::to_string(m.token_types[id]) +
+                  ", not one of llama.cpp's token types 0-6");
     const auto type = GgufTokenType(m.token_types[id]);
     if (type == GgufTokenType::kControl || type == GgufTokenType::kUserDefined) parts.added.push_back(int32_t(id));
   }
