@@ -13,6 +13,7 @@
 #include <string>
 
 #include "scalify/hub/gguf_file.hpp"
+#include "scalify/note.hpp"
 #include "scalify/hub/gguf_model.hpp"
 #include "scalify/tokenize/token_file.hpp"
 #include "scalify/train/pretrained.hpp"
@@ -137,6 +138,13 @@ TEST(Smollm2, AFineTuneExportsAsGgufWithTheSourcesTokenizer) {
   EXPECT_EQ(to.eos, from.eos);
   const std::string text = "<|im_start|>user 12345, the capital of France?";
   EXPECT_EQ(train::load_pretrained(out.string()).tokenizer->encode(text), train::load_pretrained(path).tokenizer->encode(text));
+  // As a Hugging Face folder the weights go, the tokenizer does not, and the export says so.
+  std::string said;
+  const auto previous = set_note_sink([&](const std::string& m) { said += m; });
+  train::export_checkpoint(run.string(), (run / "hf").string());
+  set_note_sink(previous);
+  EXPECT_NE(said.find("whose tokenizer this export does not write as Hugging Face files"), std::string::npos) << said;
+  EXPECT_FALSE(train::load_pretrained((run / "hf").string()).tokenizer);
 }
 
 }  // namespace

@@ -10,7 +10,9 @@
 #include <string>
 
 #include "scalify/error.hpp"
+#include "scalify/note.hpp"
 #include "scalify/hub/gguf_export.hpp"
+#include "scalify/hub/gguf_file.hpp"
 #include "scalify/hub/model_tokenizer.hpp"
 #include "scalify/hub/hf_weights.hpp"
 #include "scalify/io/atomic_file.hpp"
@@ -174,7 +176,10 @@ hub::Family export_checkpoint(const std::string& checkpoint, const std::string& 
   hf.dtype = dtype;
   hub::save_hf_model(dir, hf, parameter_values(*s));
   const std::filesystem::path to(dir);
-  if (!cfg.init.empty()) {  // fine-tuned: the pretrained model's tokenizer goes with it
+  if (!cfg.init.empty() && hub::is_gguf(cfg.init)) {
+    note("export: the model was fine-tuned from the GGUF file '" + cfg.init + "', whose tokenizer this export does not write as " +
+         "Hugging Face files: '" + dir + "' has no tokenizer (export --format gguf carries it)");
+  } else if (!cfg.init.empty()) {  // fine-tuned: the pretrained model's tokenizer goes with it
     std::vector<std::string> names(tokenize::tokenizer_file_names().begin(), tokenize::tokenizer_file_names().end());
     for (const char* name : kTokenizerSideFiles)
       if (std::find(names.begin(), names.end(), name) == names.end()) names.push_back(name);
