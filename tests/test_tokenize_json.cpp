@@ -5,12 +5,10 @@
 // tests/data/tokenizer (made by make_reference.py); files Scalify does not read are errors naming
 // what is wrong.
 #include <gtest/gtest.h>
-#include <unistd.h>
 
 #include <filesystem>
 #include <functional>
 #include <random>
-#include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
@@ -20,6 +18,7 @@
 #include "scalify/tokenize/pretokenize.hpp"
 #include "scalify/tokenize/tokenizer.hpp"
 #include "scalify/tokenize/tokenizer_json.hpp"
+#include "train_fixtures.hpp"
 
 namespace scalify::tokenize {
 namespace {
@@ -30,26 +29,14 @@ const fs::path kData = fs::path(SCALIFY_HF_DATA_DIR).parent_path() / "tokenizer"
 // The bytes make_reference.py's tiny vocabularies have no token for.
 const std::string kMissingBytes = "\x04\x06\x13\x1f\xc0\xc1\xf5\xff";
 
-std::string slurp(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  std::ostringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
-void spit(const fs::path& p, const std::string& bytes) { std::ofstream(p, std::ios::binary) << bytes; }
-
-fs::path scratch_root() { return fs::temp_directory_path() / ("scalify_test_tokenize_json_" + std::to_string(::getpid())); }
+using testing::slurp;
+using testing::spit;
+// A fresh, empty folder of this test process (train_fixtures' scratch names it; this creates it).
 fs::path scratch(const std::string& name) {
-  const fs::path p = scratch_root() / name;
-  fs::remove_all(p);
+  const fs::path p = testing::scratch("tokenize_json_" + name);
   fs::create_directories(p);
   return p;
 }
-class RemoveScratch : public ::testing::Environment {
- public:
-  void TearDown() override { fs::remove_all(scratch_root()); }
-};
-const ::testing::Environment* const kRemoveScratch = ::testing::AddGlobalTestEnvironment(new RemoveScratch);
 
 struct Line {
   std::string text;
