@@ -31,3 +31,10 @@ inline std::string smollm2_path() {
 #define REQUIRE_SMOLLM2(path)                                  \
   const std::string path = ::scalify::testing::smollm2_path(); \
   if (!std::filesystem::exists(path)) GTEST_SKIP() << path << " is absent (scripts/fetch_smollm2.sh installs it, or set SCALIFY_SMOLLM2)"
+
+// A fine-tune of the real model writes about 3 GB (its checkpoint carries Adam's moments); a
+// machine without that much scratch disk skips it, saying so, rather than failing mid-write.
+#define REQUIRE_SCRATCH_DISK(bytes)                                                                                                       \
+  if (const auto free_bytes = std::filesystem::space(std::filesystem::temp_directory_path()).available; free_bytes < uintmax_t(bytes))    \
+  GTEST_SKIP() << "needs " << (uintmax_t(bytes) >> 20) << " MB of scratch disk in " << std::filesystem::temp_directory_path() << ", has " \
+               << (free_bytes >> 20) << " MB"

@@ -112,6 +112,7 @@ TEST(Smollm2, GreedySampleEqualsTransformersGenerate) {
 // tokenizer metadata unchanged, so the export tokenizes as the source does.
 TEST(Smollm2, AFineTuneExportsAsGgufWithTheSourcesTokenizer) {
   REQUIRE_SMOLLM2(path);
+  REQUIRE_SCRATCH_DISK(4ull << 30);
   const fs::path run = testing::scratch("smollm2_ft"), out = testing::scratch("smollm2_ft.gguf");
   std::vector<int32_t> tokens(200);
   for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = int32_t(1000 + i * 37 % 5000);

@@ -16,6 +16,7 @@
 #include "scalify/tokenize/token_file.hpp"
 #include "scalify/tokenize/tokenizer.hpp"
 #include "scalify/tokenize/unicode_classes.hpp"
+#include "train_fixtures.hpp"
 
 namespace scalify::tokenize {
 namespace {
@@ -24,28 +25,14 @@ namespace fs = std::filesystem;
 
 const fs::path kData = SCALIFY_HF_DATA_DIR;
 
-std::string slurp(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  std::ostringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
-void spit(const fs::path& p, const std::string& bytes) { std::ofstream(p, std::ios::binary) << bytes; }
-
-fs::path scratch_root() { return fs::temp_directory_path() / ("scalify_test_tokenize_" + std::to_string(::getpid())); }
+using testing::slurp;
+using testing::spit;
 // A fresh folder of this test process.
 fs::path scratch(const std::string& name) {
-  const fs::path p = scratch_root() / name;
-  fs::remove_all(p);
+  const fs::path p = testing::scratch(name);
   fs::create_directories(p);
   return p;
 }
-// Removes this process's scratch folders when its tests end.
-class RemoveScratch : public ::testing::Environment {
- public:
-  void TearDown() override { fs::remove_all(scratch_root()); }
-};
-const ::testing::Environment* const kRemoveScratch = ::testing::AddGlobalTestEnvironment(new RemoveScratch);
 
 struct Reference {
   std::string text, decoded;

@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <cstdint>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -17,8 +18,23 @@ namespace scalify::testing {
 
 namespace fs = std::filesystem;
 
+// This process's scratch folder, removed when the process exits (a fine-tune of the real model
+// leaves gigabytes) unless SCALIFY_KEEP_SCRATCH is set. A forked child exits without removing it.
+inline const fs::path& scratch_root() {
+  struct Root {
+    pid_t owner = ::getpid();
+    fs::path path = fs::temp_directory_path() / ("scalify_test_" + std::to_string(owner));
+    ~Root() {
+      std::error_code ignored;
+      if (::getpid() == owner && !std::getenv("SCALIFY_KEEP_SCRATCH")) fs::remove_all(path, ignored);
+    }
+  };
+  static const Root root;
+  return root.path;
+}
+
 inline fs::path scratch(const std::string& name) {
-  const fs::path p = fs::temp_directory_path() / ("scalify_test_" + std::to_string(::getpid())) / name;
+  const fs::path p = scratch_root() / name;
   fs::remove_all(p);
   fs::create_directories(p.parent_path());
   return p;
