@@ -37,14 +37,15 @@ using testing::scratch, testing::slurp, testing::spit, testing::text_corpus, tes
 TEST(Gpt, GradientsMatchFiniteDifferencesInEveryVariant) {
   struct Variant {
     const char* name;
-    bool unit, rms, swiglu, tied;
+    bool unit, rms, swiglu, tied, umup = false;
   };
   // The unit-scaled variant's backward scales each op's gradient on purpose (Table A.2; test_unit
   // checks those factors), so it is checked here with ExactGradients: same forward, beta = alpha.
   const Variant variants[] = {{"standard", false, false, false, true},
                               {"untied head", false, false, false, false},
                               {"rmsnorm+swiglu", false, true, true, true},
-                              {"unit-scaled", true, false, false, true}};
+                              {"unit-scaled", true, false, false, true},
+                              {"u-μP", false, true, true, false, true}};
   for (const Variant& v : variants) {
     nn::GptConfig c;
     c.vocab = 7;
@@ -56,9 +57,14 @@ TEST(Gpt, GradientsMatchFiniteDifferencesInEveryVariant) {
     c.rms_norm = v.rms;
     c.swiglu = v.swiglu;
     c.tied_head = v.tied;
+    c.umup = v.umup;
+    c.bias = !v.umup;
+    if (v.umup) {  // every hyperparameter away from 1, so each enters the check
+      c.residual_mult = 0.7, c.residual_attn_ratio = 1.3, c.act_mult = 1.6, c.attn_mult = 0.8, c.loss_mult = 1.2;
+    }
     nn::Gpt model(c, 3);
     std::optional<unit::ExactGradients> exact;
-    if (v.unit) exact.emplace();
+    if (v.unit || v.umup) exact.emplace();
     const Tensor ids = Tensor::from_indices({1, 5, 2, 6, 0, 3}, {2, 3}), targets = Tensor::from_indices({5, 2, 4, 0, 3, 1}, {2, 3});
     std::vector<std::string> names;
     std::vector<Tensor> values;

@@ -304,7 +304,7 @@ void set_baselines(std::vector<RecipeOutcome>& outcomes, const std::vector<Recip
   std::map<std::pair<std::string, uint64_t>, const RecipeOutcome*> by_seed;
   for (const RecipeOutcome& r : runs) by_seed[{r.recipe, r.seeds.at(0)}] = &r;
   for (RecipeOutcome& o : outcomes) {
-    o.baseline = o.unit_scaled ? "unit_f32" : "f32";
+    o.baseline = quant::load_recipe(o.recipe).umup ? "umup" : o.unit_scaled ? "unit_f32" : "f32";
     // Only complete pairs count: a seed the baseline (or the recipe) did not finish would leave
     // the others' mean and spread standing for a comparison that was not made.
     std::vector<std::vector<double>> mine, theirs;
@@ -653,10 +653,14 @@ CompareReport compare(const CompareConfig& given, bool resume, const CompareProg
     if (config.speed.rounds < 0 || config.speed.rounds > 100) throw Error("compare: speed rounds must be 0 to 100");
     for (std::string& r : config.recipes)  // compare.json must still find them from another directory
       if (r.ends_with(".json")) r = fs::absolute(r).lexically_normal().string();
-    // f32 is every comparison's baseline (unit_f32 that of the unit-scaled recipes): added when missing.
+    // f32 is every comparison's baseline (unit_f32 that of the unit-scaled recipes, umup the u-μP ones): added when missing.
     auto has = [&](const std::string& r) { return std::find(config.recipes.begin(), config.recipes.end(), r) != config.recipes.end(); };
-    bool unit = false;
-    for (const std::string& r : config.recipes) unit = unit || quant::load_recipe(r).unit_scaled;
+    bool unit = false, umup = false;
+    for (const std::string& r : config.recipes) {
+      unit = unit || quant::load_recipe(r).unit_scaled;
+      umup = umup || quant::load_recipe(r).umup;
+    }
+    if (umup && !has("umup")) config.recipes.insert(config.recipes.begin(), "umup");
     if (unit && !has("unit_f32")) config.recipes.insert(config.recipes.begin(), "unit_f32");
     if (!has("f32")) config.recipes.insert(config.recipes.begin(), "f32");
     std::set<std::string> names;

@@ -20,7 +20,7 @@ const std::map<std::string, std::vector<std::string>>& named_lists() {
         "fp8_unscaled"}},
       {"fp16", {"scalify_fp16_1", "scalify_fp16_2", "unit_fp16", "f16_loss_scaled", "fp16_unscaled"}},
       {"scalify", {"scalify_fp16_1", "scalify_fp16_2", "scalify_fp8_3", "scalify_fp8_4"}},
-      {"unit", {"unit_f32", "unit_fp16", "unit_fp8"}},
+      {"unit", {"unit_f32", "unit_fp16", "unit_fp8", "umup", "umup_fp8"}},
       {"per_tensor", {"current", "delayed", "fp8_amax", "fp8_cscale"}},
       {"allreduce", {"f32_allreduce_f16", "f32_allreduce_e4m3", "f32_allreduce_e5m2"}},
       {"fp4",

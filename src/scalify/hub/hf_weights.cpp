@@ -177,7 +177,7 @@ std::map<std::string, Tensor> load_hf_weights(const std::string& dir, const HfCo
 }
 
 Family family_of(const nn::GptConfig& m) {
-  if (m.unit_scaled) throw Error("a unit-scaled model has no Hugging Face layout");
+  if (m.unit_scaled || m.umup) throw Error("a unit-scaled or u-μP model has no Hugging Face layout");
   const bool gpt2 = !m.rms_norm && !m.swiglu && m.learned_positions() && m.bias && m.final_norm && m.kv_heads == 0;
   const bool llama = m.rms_norm && m.swiglu && !m.learned_positions() && m.final_norm && !m.gelu_erf;
   if (gpt2) return Family::gpt2;

@@ -44,9 +44,10 @@ Var CausalSelfAttention::operator()(const Var& x, const LayerOptions& o, KvBlock
   const int64_t B = x.shape()[0], T = x.shape()[1], D = x.shape()[2], H = heads, hd = D / H;
   const int64_t start = cache ? cache->length() : 0;
   if (start > 0 && T != 1) throw Error("attention: a filled key/value cache takes one token at a time, got " + std::to_string(T));
-  if (cache && o.unit_scaled) throw Error("attention: unit-scaled attention has no key/value cache (Gpt::kv_cache_refusal)");
+  if (cache && (o.unit_scaled || o.umup)) throw Error("attention: unit-scaled attention has no key/value cache (Gpt::kv_cache_refusal)");
   const bool u = o.unit_scaled;
-  Var qkv_out = o.tap(qkv(x, o), "attn.qkv");
+  const unit::Constrain c = o.umup ? unit::Constrain::x_to_output_scale : unit::Constrain::x;  // uu.Linear's default
+  Var qkv_out = o.tap(qkv(x, o, c), "attn.qkv");
   if (rope_theta > 0 || kv_heads != heads || cache) {  // to the packed [q | k | v] of H heads each
     const int64_t kv_width = hd * kv_heads;
     Var q = slice(qkv_out, 2, 0, D), k = slice(qkv_out, 2, D, D + kv_width), v = slice(qkv_out, 2, D + kv_width, D + 2 * kv_width);
@@ -73,12 +74,16 @@ Var CausalSelfAttention::operator()(const Var& x, const LayerOptions& o, KvBlock
   // scaling's own attention rules, per-block scales and probed runs (which tap the scores and
   // probabilities) compose the scaled ops below.
   const ScaledTensor& qs = qkv_out.scaled();
-  if (!u && !o.probe && !qs.any_scale && (!qs.scale.defined() || qs.scale.numel() == 1) && !is_integer(qs.data.dtype()))
+  if (!u && !o.umup && !o.probe && !qs.any_scale && (!qs.scale.defined() || qs.scale.numel() == 1) && !is_integer(qs.data.dtype()))
     return o.tap(proj(causal_self_attention(qkv_out, H), o), "attn.out");
   auto split_heads = [&](int64_t part) {  // [B, H, T, hd]
     return permute(reshape(slice(qkv_out, 2, part * D, (part + 1) * D), {B, T, H, hd}), {0, 2, 1, 3});
   };
   const Var q = split_heads(0), k = split_heads(1), v = split_heads(2);
+  if (o.umup) {
+    const Var mix = reshape(permute(unit::scaled_dot_product_attention(q, k, v, o.attn_mult), {0, 2, 1, 3}), {B, T, D});
+    return o.tap(proj(o.tap(mix, "attn.mix"), o, c), "attn.out");
+  }
   const Var kt = transpose(k, -1, -2);
   const Var scores =
       o.tap(u ? unit::matmul_activations(q, kt) : mul_scalar(matmul(q, kt), 1 / std::sqrt(double(hd))), "attn.scores (masked)");

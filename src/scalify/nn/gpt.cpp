@@ -29,18 +29,31 @@ void GptConfig::validate() const {
   need(!(unit_scaled && (rope_theta > 0 || (kv_heads != 0 && kv_heads != heads))),
        "unit scaling supports learned positions and multi-head attention only (rope_theta 0, kv_heads = heads)");
   need(tau > 0 && tau < 1, "tau must be in (0, 1), got " + std::to_string(tau));
+  need(!(umup && unit_scaled), "umup and unit_scaled are two parametrisations: choose one");
+  need(!umup || (rms_norm && swiglu && !bias && !tied_head),
+       "u-μP's transformer has RMSNorm, SwiGLU, no biases and an untied head (rms_norm, swiglu on; bias, tied_head off)");
+  for (const auto& [name, v] : {std::pair<const char*, double>{"residual_mult", residual_mult},
+                                {"residual_attn_ratio", residual_attn_ratio},
+                                {"act_mult", act_mult},
+                                {"attn_mult", attn_mult},
+                                {"loss_mult", loss_mult}})
+    need(v > 0 && v < 1e6, std::string(name) + " must be in (0, 1e6), got " + std::to_string(v));
 }
 
 BlockSpec GptConfig::block() const {
   return {d_model,
-          mlp_hidden > 0 ? mlp_hidden : Mlp::hidden_width(d_model, swiglu),
+          mlp_hidden > 0 ? mlp_hidden
+          : umup         ? 4 * d_model
+                         : Mlp::hidden_width(d_model, swiglu),  // uu.MLP: 4 d
           heads,
           kv_heads > 0 ? kv_heads : heads,
           rms_norm,
           swiglu,
           gelu_erf,
           bias,
-          norm_eps > 0 ? norm_eps : LayerNorm::default_eps(rms_norm),
+          norm_eps > 0 ? norm_eps
+          : umup       ? 1e-5
+                       : LayerNorm::default_eps(rms_norm),  // uu.RMSNorm's 1e-5
           rope_theta};
 }
 
@@ -56,11 +69,11 @@ int64_t GptConfig::parameter_count() const {
 Gpt::Gpt(const GptConfig& c, uint64_t seed, const quant::Recipe& recipe, Weights weights)
     : c_(c), rescale_norm_grad_(recipe.rescale_norm_grad) {
   c.validate();
-  Init init{c.unit_scaled, c.layers, seed * 1000, weights == Weights::random};
+  Init init{c.unit_scaled || c.umup, c.layers, seed * 1000, weights == Weights::random};
   const int64_t D = c.d_model;
   wte_ = init.weight({c.vocab, D}, false);
   if (c.learned_positions())
-    wpe_ = c.unit_scaled || !init.draw ? init.weight({c.seq, D}, false) : Var(Tensor::randn({c.seq, D}, ++init.seed, 0.01), true);
+    wpe_ = init.unit_scaled || !init.draw ? init.weight({c.seq, D}, false) : Var(Tensor::randn({c.seq, D}, ++init.seed, 0.01), true);
   const BlockSpec spec = c.block();
   for (int l = 0; l < c.layers; ++l) blocks_.push_back(GptBlock::make(spec, init));
   if (c.final_norm) lnf_ = LayerNorm::make(D, init, c.rms_norm, spec.norm_eps);
@@ -158,7 +171,24 @@ bool projection_matrix(const std::string& name) {
 }
 }  // namespace
 
+std::string Gpt::mup_type(const std::string& name) const {
+  if (name == "head") return "output";
+  if (name == "wte" || name == "wpe" || projection_matrix(name)) return "weight";
+  return name.compare(name.size() - 2, 2, ".b") == 0 ? "bias" : "norm";
+}
+
 double Gpt::lr_multiplier(const std::string& name) const {
+  if (c_.umup) {
+    const std::string type = mup_type(name);
+    const bool in_block = name[0] == 'h' && name != "head";  // TransformerStack's parameters: mup_scaling_depth = layers
+    const double depth = in_block ? 1 / std::sqrt(double(c_.layers)) : 1.0;
+    if (type != "weight") return depth;
+    int64_t fan_in = c_.d_model;  // embeddings: the model width
+    if (name != "wte" && name != "wpe")
+      for (const auto& [n, v] : parameters())
+        if (n == name) fan_in = v.shape()[0];  // [in, out]
+    return depth / std::sqrt(double(fan_in));
+  }
   if (!c_.unit_scaled) return 1.0;
   // Unit-scaled parameters are O(1) where standard ones are O(1/sqrt(d)), so Adam's steps must be
   // larger: seed 002 Table A.3 puts unit-scaled Adam's learning rates 2^4 above the standard ones;
@@ -176,6 +206,7 @@ std::string Gpt::kv_cache_refusal() const {
   // is given: one new token would be scaled differently from the same row in a full recompute.
   // Unit scaling's attention scales by the window's length (matmul_activations' sizes, the causal
   // softmax's counts): every position's keys and values change as the window grows.
+  if (c_.umup) return "u-μP's attention scales by the window's length, so earlier positions' keys and values change with it";
   if (c_.unit_scaled) return "unit-scaled attention scales by the window's length, so earlier positions' keys and values change with it";
   const auto q = quantized_linears();
   if (!q.empty())
@@ -202,8 +233,8 @@ Var Gpt::forward(const Tensor& ids, ScaleProbe* probe, KvCache* cache) const {
                 (start > 0 ? " (the context of " + std::to_string(c_.seq) + " less the " + std::to_string(start) + " cached)" : "") +
                 ", got " + shape_str(ids.shape()));
   const int64_t B = ids.size(0), T = ids.size(1);
-  LayerOptions o{c_.unit_scaled, probe, "", c_.rms_norm, c_.swiglu, rescale_norm_grad_};
-  const bool u = c_.unit_scaled;
+  LayerOptions o{c_.unit_scaled, probe, "", c_.rms_norm, c_.swiglu, rescale_norm_grad_, c_.umup, c_.act_mult, c_.attn_mult};
+  const bool u = c_.unit_scaled || c_.umup;  // u-μP's embeddings are unit scaling's
   Var x;
   if (c_.learned_positions()) {
     // Positions for every row (not broadcast), so the embedding's gradient count is B * T.
@@ -217,8 +248,11 @@ Var Gpt::forward(const Tensor& ids, ScaleProbe* probe, KvCache* cache) const {
   }
   x = o.tap(x, "embed");
   Residual r;
-  r.kind = u ? c_.residual : Residual::Kind::plain;
+  r.kind = c_.umup ? Residual::Kind::umup : u ? c_.residual : Residual::Kind::plain;
   r.tau = c_.tau;
+  r.adds = 2 * c_.layers;
+  r.residual_mult = c_.residual_mult;
+  r.residual_attn_ratio = c_.residual_attn_ratio;
   r.branch_rewrite = u;
   for (size_t l = 0; l < blocks_.size(); ++l) {
     LayerOptions ol = o;
@@ -229,6 +263,10 @@ Var Gpt::forward(const Tensor& ids, ScaleProbe* probe, KvCache* cache) const {
   }
   const Var xf = c_.final_norm ? o.tap(lnf_(x, o), "lnf") : x;
   const Var head = c_.tied_head ? transpose(wte_, 0, 1) : head_;
+  if (c_.umup) {  // linear_readout: alpha = 1 / fan_in, beta_x = fan_out^-1/2, beta_w = rows^-1/2
+    const double rows = double(numel_of(xf.shape()) / c_.d_model);
+    return o.tap(unit::matmul(xf, head, 1.0 / double(c_.d_model), 1 / std::sqrt(double(c_.vocab)), 1 / std::sqrt(rows)), "logits");
+  }
   return o.tap(u ? unit::matmul(xf, head, Constrain::x) : scalify::matmul(xf, head), "logits");
 }
 
@@ -238,7 +276,8 @@ Var Gpt::loss(const Tensor& ids, const Tensor& targets, ScaleProbe* probe) const
   const int64_t BT = ids.numel();
   const Var logits2 = reshape(logits(ids, probe), {BT, c_.vocab});
   const Tensor flat_targets = targets.reshape({BT});
-  return c_.unit_scaled ? unit::softmax_cross_entropy(logits2, flat_targets) : cross_entropy(logits2, flat_targets);
+  if (c_.umup) return unit::cross_entropy(logits2, flat_targets, c_.loss_mult);
+  return c_.unit_scaled ? unit::softmax_cross_entropy(logits2, flat_targets) : scalify::cross_entropy(logits2, flat_targets);
 }
 
 }  // namespace scalify::nn

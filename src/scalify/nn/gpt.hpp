@@ -29,11 +29,20 @@ struct GptConfig {
   int kv_heads = 0;        // key/value heads; 0: as many as heads; fewer: grouped-query attention
   int64_t mlp_hidden = 0;  // the MLP's hidden width; 0: Mlp::hidden_width's default
   bool unit_scaled = false;
-  bool rms_norm = false;  // RMSNorm instead of LayerNorm (standard variant)
-  bool swiglu = false;    // SwiGLU MLP instead of GELU (standard variant)
-  bool gelu_erf = false;  // GELU with erf (Hugging Face's "gelu", Cerebras-GPT's) instead of GPT-2's tanh form
-  bool bias = true;       // biases in the blocks' linear layers (Llama has none)
-  bool tied_head = true;  // logits = x wte^T; false: a separate [d, vocab] head
+  // u-μP (unit-scaling 0.3.5's TransformerDecoder; docs/NUMERICS.md): unit-variance parameters,
+  // its ops and residual rule, a 1/fan_in readout and the lr rule of lr_multiplier. Needs
+  // rms_norm, swiglu, no biases and an untied head (Session::model_config sets them for a u-μP
+  // recipe). Its hyperparameters, each unit-scaling's default:
+  bool umup = false;
+  double residual_mult = 1, residual_attn_ratio = 1;  // transformer_residual_scaling_rule's
+  double act_mult = 1;                                // the SwiGLU's (silu_glu's mult)
+  double attn_mult = 1;                               // the attention softmax's (scaled_dot_product_attention's mult)
+  double loss_mult = 1;                               // the cross-entropy's (its logits times it)
+  bool rms_norm = false;                              // RMSNorm instead of LayerNorm (standard variant)
+  bool swiglu = false;                                // SwiGLU MLP instead of GELU (standard variant)
+  bool gelu_erf = false;                              // GELU with erf (Hugging Face's "gelu", Cerebras-GPT's) instead of GPT-2's tanh form
+  bool bias = true;                                   // biases in the blocks' linear layers (Llama has none)
+  bool tied_head = true;                              // logits = x wte^T; false: a separate [d, vocab] head
   bool final_norm = true;
   double norm_eps = 0;    // 0: LayerNorm::default_eps (1e-5 LayerNorm, 1e-6 RMSNorm)
   double rope_theta = 0;  // > 0: rotary positions with this base instead of learned ones (wpe)
@@ -81,8 +90,12 @@ class Gpt {
   const GptConfig& config() const { return c_; }
   // Learning-rate multiplier per parameter: 1 in the standard model; with unit scaling 32 (Adam's
   // larger steps for O(1) parameters), times 1/sqrt(d_model) for non-projection parameters
-  // (embeddings, norms, biases; Appendix J.1).
+  // (embeddings, norms, biases; Appendix J.1). u-μP (unit-scaling's optim.lr_scale_func_adam):
+  // weights fan_in^-1/2 (embeddings' fan_in d_model), norms, biases and the head 1, the blocks'
+  // parameters also layers^-1/2.
   double lr_multiplier(const std::string& name) const;
+  // u-μP's tag of a parameter: "weight", "bias", "norm" or "output" (unit-scaling's mup_type).
+  std::string mup_type(const std::string& name) const;
   // Whether AdamW's weight decay applies: matrices only, not gains, biases or embeddings' positions.
   static bool decays(const std::string& name);
 

@@ -33,6 +33,10 @@ struct LayerOptions {
   bool rms_norm = false;           // RMSNorm (weight only) instead of LayerNorm
   bool swiglu = false;             // SwiGLU MLP instead of GELU (standard variant only)
   bool rescale_norm_grad = false;  // SCALIFY (seed 000): dynamic_rescale_l2_grad before every norm (2 per block + the final one)
+  // u-μP (unit-scaling 0.3.5's TransformerLayer): its ops instead of the standard ones, with the
+  // SwiGLU's and the attention softmax's `mult`.
+  bool umup = false;
+  double act_mult = 1, attn_mult = 1;
   Var tap(const Var& x, const char* name) const;
 };
 

@@ -12,6 +12,14 @@ Mlp Mlp::make(int64_t d, int64_t hidden, bool swiglu, bool gelu_erf, bool bias, 
 }
 
 Var Mlp::operator()(const Var& x, const LayerOptions& o) const {
+  if (o.umup) {  // unit-scaling's MLP: linear_1 and linear_gate (fused here) and linear_2, constraint none
+    if (!swiglu) throw Error("u-μP's MLP is SwiGLU (swiglu on)");
+    const Var h = o.tap(fc(x, o, unit::Constrain::none, 2), "mlp.fc");
+    const int64_t hidden = h.shape().back() / 2;
+    const int last = int(h.shape().size()) - 1;
+    const Var a = o.tap(unit::silu_glu(slice(h, last, hidden, 2 * hidden), slice(h, last, 0, hidden), o.act_mult), "mlp.swiglu");
+    return o.tap(out(a, o, unit::Constrain::none), "mlp.out");
+  }
   const Var h = o.tap(fc(x, o), "mlp.fc");
   Var a;
   if (swiglu) {

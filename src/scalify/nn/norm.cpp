@@ -13,6 +13,7 @@ LayerNorm LayerNorm::make(int64_t d, const Init& init, bool rms, double eps) {
 Var LayerNorm::operator()(const Var& x_in, const LayerOptions& o) const {
   const Var x = o.rescale_norm_grad ? dynamic_rescale_l2_grad(x_in) : x_in;
   if (!b.defined()) {
+    if (o.umup) return unit::rms_norm(x, w, eps);
     if (o.unit_scaled) throw Error("RMSNorm has no unit-scaled form here; use LayerNorm with unit scaling");
     return scalify::rms_norm(x, w, eps);
   }

@@ -39,11 +39,24 @@ void check_config(const AdamWConfig& c) {
 }
 }  // namespace
 
-AdamW::AdamW(std::vector<Var> params, AdamWConfig config, std::vector<double> lr_scale, std::vector<bool> decay)
-    : params_(std::move(params)), lr_scale_(std::move(lr_scale)), decay_(std::move(decay)), c_(config) {
+AdamW::AdamW(std::vector<Var> params, AdamWConfig config, std::vector<double> lr_scale, std::vector<bool> decay,
+             std::vector<double> decay_scale)
+    : params_(std::move(params)),
+      lr_scale_(std::move(lr_scale)),
+      decay_(std::move(decay)),
+      decay_scale_(std::move(decay_scale)),
+      c_(config) {
   check_config(c_);
   if (lr_scale_.empty()) lr_scale_.assign(params_.size(), 1.0);
   if (decay_.empty()) decay_.assign(params_.size(), true);
+  if (decay_scale_.empty()) decay_scale_.assign(params_.size(), 1.0);
+  if (decay_scale_.size() != params_.size())
+    throw Error("AdamW: " + std::to_string(decay_scale_.size()) + " decay multipliers for " + std::to_string(params_.size()) +
+                " parameters");
+  for (size_t k = 0; k < decay_scale_.size(); ++k)
+    if (!(decay_scale_[k] >= 0) || !std::isfinite(decay_scale_[k]))
+      throw Error("AdamW: decay_scale of parameter " + std::to_string(k) + " must be finite and >= 0, got " +
+                  std::to_string(decay_scale_[k]));
   if (lr_scale_.size() != params_.size() || decay_.size() != params_.size())
     throw Error("AdamW: " + std::to_string(lr_scale_.size()) + " learning-rate multipliers and " + std::to_string(decay_.size()) +
                 " decay switches for " + std::to_string(params_.size()) + " parameters");
@@ -105,7 +118,7 @@ void AdamW::step_plain(const std::vector<size_t>& ks, double bc1, double bc2, do
   const float ibc1 = float(1 / bc1), ibc2 = float(1 / bc2), eps = float(c_.eps), gm = float(gradient_multiplier);
   for_each_chunk(param_chunks(sizes), [&](const ParamChunk& c, size_t) {
     const size_t k = ks[c.param];
-    const float lr = float(c_.lr * lr_scale_[k]), wd = decay_[k] ? float(c_.weight_decay) : 0.0f;
+    const float lr = float(c_.lr * lr_scale_[k]), wd = decay_[k] ? float(c_.weight_decay * decay_scale_[k]) : 0.0f;
     float* m = m_[k].data.data<float>();
     float* v = v_[k].data.data<float>();
     float* pw = next[c.param].data<float>();
@@ -141,6 +154,7 @@ struct FusedUpdate {
   Ema em, ev;
   float gmul, ps, inv_ps, lr;
   bool scale_g, decays;
+  float wd;  // the weight decay where it applies
   Tensor m_out, v_out, p_out;
 };
 // Stores len f32 values at element begin of t, rounded as Tensor::to rounds, and leaves in y the
@@ -199,8 +213,8 @@ std::vector<size_t> AdamW::step_scaled_fused(const std::vector<size_t>& ks, doub
     const DType state = m_[k].data.dtype();
     ups.push_back({k, ema_scales(m_[k].scalar_scale(), gs, c_.beta1), ema_scales(v_[k].scalar_scale(), sq_scale, c_.beta2), gmul, ps,
                    float(1.0 / ps), float(c_.lr * lr_scale_[k]), gradient_multiplier != 1.0 && gmul != 1.0f,
-                   c_.weight_decay != 0 && decay_[k], Tensor::empty(p.shape(), state), Tensor::empty(p.shape(), state),
-                   Tensor::empty(p.shape(), p.scaled().data.dtype())});
+                   c_.weight_decay != 0 && decay_[k], float(c_.weight_decay * decay_scale_[k]), Tensor::empty(p.shape(), state),
+                   Tensor::empty(p.shape(), state), Tensor::empty(p.shape(), p.scaled().data.dtype())});
   }
   if (ups.empty()) return rest;
   std::vector<ChunkSource<float>> in;  // per update: g, m, v, p data, read a piece at a time
@@ -212,7 +226,7 @@ std::vector<size_t> AdamW::step_scaled_fused(const std::vector<size_t>& ks, doub
       in.emplace_back(*t, p.shape());
     sizes.push_back(numel_of(p.shape()));
   }
-  const float inv_bc2 = float(1.0 / bc2), inv_bc1 = float(1.0 / bc1), eps = float(c_.eps), wd = float(c_.weight_decay);
+  const float inv_bc2 = float(1.0 / bc2), inv_bc1 = float(1.0 / bc1), eps = float(c_.eps);
   for_each_chunk(param_chunks(sizes), [&](const ParamChunk& c, size_t) {
     constexpr int64_t kPiece = 1024;  // seven buffers of it on the stack
     FusedUpdate& u = ups[c.param];
@@ -233,7 +247,7 @@ std::vector<size_t> AdamW::step_scaled_fused(const std::vector<size_t>& ks, doub
         const float denom = std::sqrt((vo[i] * ev.zs) * inv_bc2 + 0.0f) * 1.0f + eps;
         float update = ((mo[i] * em.zs) * inv_bc1 + 0.0f) / denom;
         const float w = pp[i] * u.ps;
-        if (u.decays) update = update + (w * wd + 0.0f);
+        if (u.decays) update = update + (w * u.wd + 0.0f);
         po[i] = (w - (update * u.lr + 0.0f)) * u.inv_ps + 0.0f;
       }
       store_piece(po, u.p_out, b, len, false);
@@ -260,7 +274,7 @@ void AdamW::step_scaled(size_t k, double bc1, double bc2, double gradient_multip
   const Tensor denom = ops::scale_shift(ops::unary(ops::Unary::sqrt, ops::scale_shift(v_[k].value(), 1.0 / bc2, 0.0)), 1.0, c_.eps);
   Tensor update = ops::div(ops::scale_shift(m_[k].value(), 1.0 / bc1, 0.0), denom);
   const Tensor w = p.value();
-  if (c_.weight_decay != 0 && decay_[k]) update = ops::add(update, ops::scale_shift(w, c_.weight_decay, 0.0));
+  if (c_.weight_decay != 0 && decay_[k]) update = ops::add(update, ops::scale_shift(w, c_.weight_decay * decay_scale_[k], 0.0));
   ScaledTensor next = restore(p.scaled(), ops::sub(w, ops::scale_shift(update, c_.lr * lr_scale_[k], 0.0)));
   if (c_.rescale_every > 0 && t_ % c_.rescale_every == 0) {
     next = dynamic_rescale_l2(next);

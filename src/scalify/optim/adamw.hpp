@@ -33,9 +33,12 @@ class AdamW {
   // for non-projection parameters); empty means 1 for all.
   // decay: optional per-parameter switch for weight decay (e.g. off for gains and biases); empty
   // means on for all.
+  // decay_scale: optional per-parameter multipliers of weight_decay where it applies (u-μP's
+  // independent weight decay: 1 / (lr x lr_scale)); empty means 1 for all.
   // Throws scalify::Error naming the field for a non-finite or negative lr, betas outside [0, 1),
   // eps not finite and positive, or a non-finite or negative weight decay.
-  AdamW(std::vector<Var> params, AdamWConfig config, std::vector<double> lr_scale = {}, std::vector<bool> decay = {});
+  AdamW(std::vector<Var> params, AdamWConfig config, std::vector<double> lr_scale = {}, std::vector<bool> decay = {},
+        std::vector<double> decay_scale = {});
   // One update from the parameters' gradients times gradient_multiplier (gradient clipping:
   // applied as the gradients are read, so they stay in their low-precision storage), parameters
   // without one skipped, then clears the gradients. A non-finite gradient is an error naming the
@@ -59,6 +62,7 @@ class AdamW {
   std::vector<ScaledTensor> m_, v_;
   std::vector<double> lr_scale_;
   std::vector<bool> decay_;
+  std::vector<double> decay_scale_;
   AdamWConfig c_;
   int64_t t_ = 0;
 };

@@ -190,6 +190,7 @@ std::string Recipe::to_json() const {
             {"data_storage", std::string(dtype_name(data_storage))},
             {"loss_scaling",
              {{"kind", loss_kind(loss_scaling.kind)}, {"scale", loss_scaling.scale}, {"growth_interval", loss_scaling.growth_interval}}}};
+  if (umup) j["umup"] = true;                   // written only when set: every earlier recipe's JSON is unchanged
   if (high_precision != HighPrecisionLayers{})  // written only when set: every earlier recipe's JSON is unchanged
     j["high_precision"] = {
         {"first_blocks", high_precision.first_blocks}, {"last_blocks", high_precision.last_blocks}, {"layers", high_precision.layers}};
@@ -246,7 +247,7 @@ Recipe from_parsed(const json& j) {
   only_known_fields(
       j,
       {"name", "linear", "master_weight", "scaled_state", "optimizer_state", "weight_gradient", "rescale_every", "rescale_norm_grad",
-       "rescale_gradients", "unit_scaled", "data_storage", "loss_scaling", "high_precision", "gradient_allreduce"},
+       "rescale_gradients", "unit_scaled", "umup", "data_storage", "loss_scaling", "high_precision", "gradient_allreduce"},
       "the recipe");
   Recipe r;
   r.name = field<std::string>(j, "name", "recipe");
@@ -259,6 +260,7 @@ Recipe from_parsed(const json& j) {
   r.rescale_norm_grad = j.contains("rescale_norm_grad") && field<bool>(j, "rescale_norm_grad", "recipe");
   r.rescale_gradients = j.contains("rescale_gradients") && field<bool>(j, "rescale_gradients", "recipe");
   r.unit_scaled = j.contains("unit_scaled") && field<bool>(j, "unit_scaled", "recipe");
+  r.umup = j.contains("umup") && field<bool>(j, "umup", "recipe");
   r.data_storage = j.contains("data_storage") ? parse_dtype(field<std::string>(j, "data_storage", "recipe")) : DType::f32;
   const json ls = field<json>(j, "loss_scaling", "recipe");
   only_known_fields(ls, {"kind", "scale", "growth_interval"}, "loss_scaling");
@@ -360,6 +362,8 @@ void Recipe::validate() const {
     if (pattern.empty() || pattern.size() > 256) refuse("high_precision.layers: a pattern must have 1 to 256 characters");
   if ((rescale_every > 0 || rescale_gradients) && !scaled_state)
     refuse("rescale_every and rescale_gradients rescale scaled tensors: they need scaled_state");
+  if (umup && unit_scaled) refuse("unit scaling and u-μP are two parametrisations of the model: choose one");
+  if (umup && scaled_state) refuse("u-μP and SCALIFY's scaled state are two models of scaling: choose one");
   if (unit_scaled && scaled_state) refuse("unit scaling and SCALIFY's scaled state are two models of scaling: choose one");
 }
 
@@ -484,6 +488,14 @@ const PresetDef kPresets[] = {
     {"unit_f32", [](Recipe& r) { r.unit_scaled = true; }},
     {"unit_fp16", [](Recipe& r) { casts(r, Format::f16, Format::f16, true); }},
     {"unit_fp8", [](Recipe& r) { casts(r, Format::e4m3, Format::e5m2, true); }},
+    // u-μP (unit-scaling 0.3.5): f32, and plain E4M3 / E5M2 casts with no scale at all (the µnit
+    // Scaling line of work: u-μP keeps every tensor near unit scale, so none is needed).
+    {"umup", [](Recipe& r) { r.umup = true; }},
+    {"umup_fp8",
+     [](Recipe& r) {
+       casts(r, Format::e4m3, Format::e5m2, false);
+       r.umup = true;
+     }},
     {"current", [](Recipe& r) { fp8(r, Scaling::current); }},
     // An amax history of 16 steps, reduced by max (TransformerEngine's defaults are 1024 / max).
     {"delayed", [](Recipe& r) { fp8(r, Scaling::delayed); }},

@@ -35,6 +35,7 @@ struct Recipe {
   bool rescale_norm_grad = false;        // SCALIFY #2-#4: dynamic_rescale_l2_grad before every norm (2 per block + the final one)
   bool rescale_gradients = false;        // SCALIFY #4: dynamic_rescale_l2 of scaled weight gradients before their cast
   bool unit_scaled = false;              // unit scaling (seeds 001/002): the model is unit-scaled, its casts need no scale
+  bool umup = false;                     // u-μP (unit-scaling 0.3.5): the model is u-μP's, its casts need no scale
   // Storage of every activation's and gradient's data (SPEC §2 data precision): parameters stored
   // wider are cast to it at use, so ops keep their outputs in it end to end; their gradients go
   // back to the parameters' storage. f32: activations f32 unless the parameters are narrower.

@@ -131,14 +131,19 @@ std::unique_ptr<Session> make_session(const TrainConfig& cfg, const io::SafeTens
   base.beta1 = cfg.beta1;
   base.beta2 = cfg.beta2;
   base.eps = cfg.eps;
-  base.weight_decay = cfg.weight_decay;
-  std::vector<double> lr_scale;
+  // u-μP: weight_decay is the independent decay per step, unit-scaling's default 0 unless set.
+  base.weight_decay = s->model.config().umup && !cfg.given.count("weight_decay") ? 0.0 : cfg.weight_decay;
+  std::vector<double> lr_scale, decay_scale;
   std::vector<bool> decay;
+  const bool umup = s->model.config().umup;
   for (const std::string& n : s->names) {
     lr_scale.push_back(s->model.lr_multiplier(n));
-    decay.push_back(nn::Gpt::decays(n));
+    // u-μP's independent weight decay (unit-scaling's optim.scaled_parameters): every parameter
+    // decays by weight_decay x lr(t) / lr per step, whatever its learning rate.
+    decay.push_back(umup || nn::Gpt::decays(n));
+    decay_scale.push_back(umup ? 1 / (cfg.lr * lr_scale.back()) : 1.0);
   }
-  s->opt = std::make_unique<optim::AdamW>(s->params, quant::optimizer_config(s->recipe, base), lr_scale, decay);
+  s->opt = std::make_unique<optim::AdamW>(s->params, quant::optimizer_config(s->recipe, base), lr_scale, decay, decay_scale);
   if (s->recipe.loss_scaling.kind != quant::LossScalerConfig::Kind::none)
     s->scaler = std::make_unique<quant::LossScaler>(s->recipe.loss_scaling);
   if (ckpt) {

@@ -33,10 +33,16 @@ struct Session {
 
   Session(const TrainConfig& c, quant::Recipe r, nn::Weights weights = nn::Weights::random)
       : cfg(c), recipe(std::move(r)), model(model_config(c, recipe), c.seed, recipe, weights) {}
-  // A unit-scaling recipe trains the unit-scaled variant of the configured model.
+  // A unit-scaling recipe trains the unit-scaled variant of the configured model; a u-μP one its
+  // u-μP variant, with unit-scaling's TransformerDecoder's pieces: RMSNorm, SwiGLU, no biases, an
+  // untied readout.
   static nn::GptConfig model_config(const TrainConfig& c, const quant::Recipe& r) {
     nn::GptConfig m = c.model;
     m.unit_scaled = m.unit_scaled || r.unit_scaled;
+    if (r.umup) {
+      m.umup = m.rms_norm = m.swiglu = true;
+      m.bias = m.tied_head = false;
+    }
     return m;
   }
   // The model the forward pass runs: the recipe's data storage narrower than a parameter's means

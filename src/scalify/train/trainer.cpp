@@ -373,11 +373,18 @@ TrainResult train(const TrainConfig& given, bool resume, const Progress& progres
         << (s.recipe.gradient_allreduce ? "in " + std::string(format_name(*s.recipe.gradient_allreduce)) : std::string("in their storage"))
         << "\n";
   log << run.how << ": recipe " << cfg.recipe << " (quantised: " << quant::quantized_layers(s.recipe)
-      << (s.recipe.unit_scaled ? "; unit-scaled model" : "") << "), " << cfg.model.parameter_count() << " parameters, corpus "
-      << corpus.source << " (" << corpus.files.size() << " files, " << corpus.train.size() << " training / " << corpus.val.size()
-      << " validation " << corpus.unit() << (corpus.tokenizer.empty() ? "" : ", " + corpus.tokenizer) << ")\n";
+      << (s.recipe.unit_scaled ? "; unit-scaled model" : "") << (s.recipe.umup ? "; u-μP model" : "") << "), "
+      << s.model.config().parameter_count() << " parameters, corpus " << corpus.source << " (" << corpus.files.size() << " files, "
+      << corpus.train.size() << " training / " << corpus.val.size() << " validation " << corpus.unit()
+      << (corpus.tokenizer.empty() ? "" : ", " + corpus.tokenizer) << ")\n";
   log << "learning rate: " << cfg.lr << " after " << cfg.warmup << " warmup steps, cosine to " << cfg.min_lr
       << (!cfg.init.empty() && !given.given.count("lr") ? " (the fine-tuning default for --init; set lr to choose)" : "") << "\n";
+  if (s.model.config().umup) {  // the per-tensor factors of the lr (the blocks after h0 as h0)
+    log << "u-μP learning-rate factors:";
+    for (const std::string& n : s.names)
+      if (!(n[0] == 'h' && n != "head" && !n.starts_with("h0."))) log << " " << n << " " << s.model.lr_multiplier(n);
+    log << "; weight decay " << s.opt->config().weight_decay << " per step at the peak lr, every parameter (independent)\n";
+  }
   log << "memory: at least " << std::lround(estimated_memory_bytes(cfg, s.recipe, true) / (1024.0 * 1024.0))
       << " MB estimated (training state, activations, attention)\n";
   for (const std::string& f : corpus.skipped) log << "skipped: " << f << "\n";

@@ -44,6 +44,10 @@ Var matmul(const Var& x, const Var& w, Constrain constrain, const MatmulFn& prod
     case Constrain::x_to_grad_input_scale: alpha = beta_x; break;
     case Constrain::none: break;
   }
+  return matmul(x, w, alpha, beta_x, beta_w, product);
+}
+
+Var matmul(const Var& x, const Var& w, double alpha, double beta_x, double beta_w, const MatmulFn& product) {
   const Var xs = scaled(x, 1.0, beta_x), ws = scaled(w, 1.0, beta_w);
   return scaled(product ? product(xs, ws) : scalify::matmul(xs, ws), alpha, 1.0);
 }
@@ -146,6 +150,44 @@ Var softmax_cross_entropy(const Var& logits, const Tensor& targets) {
   return scaled_unary(logits, 1.0, N * s / std::sqrt(s - 1), [&](const Var& v) { return scalify::cross_entropy(v, targets); });
 }
 
+Var silu_glu(const Var& input, const Var& gate, double mult) {
+  check_mult(mult, "unit::silu_glu");
+  const double s = interpolate(1 / (1 + 1 / (mult * mult)), 2, std::sqrt(2.0));
+  const Var g = scaled(gate, 1.0, s);
+  const Var act = mult == 1 ? scalify::silu(g) : g * scalify::sigmoid(g * mult);
+  return scaled(scaled(input, 1.0, s) * act, s, 1.0);
+}
+
+Var scaled_dot_product_attention(const Var& q, const Var& k, const Var& v, double mult) {
+  check_mult(mult, "unit::scaled_dot_product_attention");
+  const double T = double(v.shape()[v.shape().size() - 2]), d = double(v.shape().back());
+  const double s = T > 1 ? 1 / interpolate(1 / (1 + 4 * d / (mult * mult)), std::sqrt(std::log(T) / T), 1.0) : 1.0;
+  const Var scores = mul_scalar(scalify::matmul(scaled(q, 1.0, s), transpose(scaled(k, 1.0, s), -1, -2)), mult / d);
+  return scaled(scalify::matmul(scalify::softmax(causal_mask(scores)), scaled(v, 1.0, s)), s, 1.0);
+}
+
+Var cross_entropy(const Var& logits, const Tensor& targets, double mult) {
+  check_mult(mult, "unit::cross_entropy");
+  const double s = double(logits.shape().back()), N = double(rows_of(logits));
+  if (s < 2) throw Error("cross_entropy: needs at least 2 classes");
+  // scalify::cross_entropy is the mean: N on the gradient gives unit-scaling's sum's gradient.
+  return scalify::cross_entropy(scaled(scaled(logits, 1.0, N * s / std::sqrt(s - 1)), mult, 1.0), targets);
+}
+
+Var rms_norm(const Var& x, const Var& weight, double eps) {
+  return scalify::rms_norm(x, weight.defined() ? scaled(weight, 1.0, 1 / std::sqrt(double(rows_of(x)))) : weight, eps);
+}
+
+double umup_residual_tau(int index, int adds, double residual_mult, double residual_attn_ratio) {
+  if (index < 0 || index >= adds)
+    throw Error("umup_residual_tau: index " + std::to_string(index) + " outside [0, " + std::to_string(adds) + ")");
+  const double alpha_mlp = residual_mult * std::sqrt(2 / (1 + residual_attn_ratio * residual_attn_ratio));
+  const double alpha_attn = residual_attn_ratio * alpha_mlp;
+  const int n_attn = (index + 1) / 2, n_mlp = index / 2;
+  return (index % 2 == 0 ? alpha_attn : alpha_mlp) /
+         std::sqrt(adds / 2.0 + n_attn * alpha_attn * alpha_attn + n_mlp * alpha_mlp * alpha_mlp);
+}
+
 Var layer_norm(const Var& x, const Var& weight, const Var& bias, double eps) {
   const double beta = 1 / std::sqrt(double(rows_of(x)));  // weights and bias are cut edges
   Var y = scalify::layer_norm(x, {}, {}, eps);
@@ -167,6 +209,9 @@ Var residual(const Var& x, const std::function<Var(const Var&)>& branch, const R
   } else if (r.kind == Residual::Kind::running_mean) {
     if (r.layer < 1) throw Error("residual: running-mean needs layer >= 1");
     a = std::sqrt(double(r.layer) / (r.layer + 1)), b = std::sqrt(1.0 / (r.layer + 1));
+  } else if (r.kind == Residual::Kind::umup) {
+    const double t = umup_residual_tau(r.layer - 1, r.adds, r.residual_mult, r.residual_attn_ratio);
+    a = 1 / std::sqrt(1 + t * t), b = t / std::sqrt(1 + t * t);
   }
   const Var skip = a == 1 ? x : mul_scalar(x, a);
   if (r.branch_rewrite) return skip + scaled(branch(scaled(x, 1.0, b)), b, 1.0);

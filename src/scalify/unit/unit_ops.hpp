@@ -47,6 +47,8 @@ enum class Constraint : uint8_t { none, gmean, to_output_scale, to_grad_input_sc
 // output gradient are the unit-scaled ones, so its casts need no scale).
 using MatmulFn = std::function<Var(const Var& x, const Var& w)>;
 Var matmul(const Var& x, const Var& w, Constrain constrain = Constrain::x, const MatmulFn& product = {});
+// X @ W with the given factors: alpha X W forward, beta_x and beta_w on the two gradients.
+Var matmul(const Var& x, const Var& w, double alpha, double beta_x, double beta_w, const MatmulFn& product = {});
 // Two activations a [..., M, K] @ b [..., K, N] (attention's q k^T and att v): both inputs are
 // non-cut edges, so alpha = beta_a = beta_b = (K^-1/2 N^-1/2 M^-1/2)^(1/3).
 Var matmul_activations(const Var& a, const Var& b);
@@ -78,6 +80,23 @@ Var softmax(const Var& x);
 Var softmax(const Var& x, int dim, double mult = 1.0, Constraint c = Constraint::to_output_scale);
 // softmax cross-entropy over s classes (the loss): alpha = 1, beta = s / sqrt(s - 1).
 Var softmax_cross_entropy(const Var& logits, const Tensor& targets);
+// u-μP's ops (unit-scaling 0.3.5, functional.py):
+// silu_glu: input * silu(gate, mult), the three scales one s = L(1 / (1 + 1 / mult^2), 2, sqrt 2):
+//   s on both inputs' gradients and on the output.
+Var silu_glu(const Var& input, const Var& gate, double mult = 1.0);
+// Causal attention of q, k, v [..., T, d] as scaled_dot_product_attention: softmax(mult q k^T / d) v
+// times s, and s on the three inputs' gradients, s = 1 / L(1 / (1 + 4 d / mult^2), sqrt(ln T / T), 1). T = 1 (ln 1 = 0, where unit-scaling
+// divides by zero) takes s = 1: the output is v itself.
+Var scaled_dot_product_attention(const Var& q, const Var& k, const Var& v, double mult = 1.0);
+// cross_entropy: the mean loss of mult * logits [N, s]; the logits' gradient (softmax - onehot)
+// times s / sqrt(s - 1), with neither mult nor 1/N in it.
+Var cross_entropy(const Var& logits, const Tensor& targets, double mult = 1.0);
+// rms_norm over the last dimension with an optional gain: the gain's gradient times rows^-1/2.
+Var rms_norm(const Var& x, const Var& weight, double eps);
+// transformer_residual_scaling_rule(residual_mult, residual_attn_ratio)(index, adds): the tau of
+// residual add `index` (0-based; even: attention, odd: MLP) of `adds` (2 per layer), Appendix G.
+double umup_residual_tau(int index, int adds, double residual_mult, double residual_attn_ratio);
+
 // layer_norm over the last dimension of X [b, n]: alpha = beta_x = 1, beta_w = beta_c = b^-1/2.
 Var layer_norm(const Var& x, const Var& weight = {}, const Var& bias = {}, double eps = 1e-5);
 // embedding [V, D] gathered by N ids: forward unchanged; beta_W = sqrt(V / N) (each row receives
@@ -86,9 +105,13 @@ Var embedding(const Var& weight, const Tensor& ids);
 
 // Residual connections x_{l+1} = combine(x_l, f(x_l)).
 struct Residual {
-  enum class Kind : uint8_t { plain, fixed, running_mean } kind = Kind::fixed;
-  double tau = 0.2;  // fixed(tau): sqrt(1 - tau) x + sqrt(tau) f(x)
-  int layer = 1;     // running-mean at layer l: sqrt(l / (l + 1)) x + sqrt(1 / (l + 1)) f(x)
+  // umup: residual_split / residual_add, 1/sqrt(1 + t^2) x + t/sqrt(1 + t^2) f(x), with
+  // t = umup_residual_tau(layer - 1, adds, residual_mult, residual_attn_ratio).
+  enum class Kind : uint8_t { plain, fixed, running_mean, umup } kind = Kind::fixed;
+  double tau = 0.2;                                   // fixed(tau): sqrt(1 - tau) x + sqrt(tau) f(x)
+  int adds = 0;                                       // umup: the model's residual adds (2 per layer)
+  double residual_mult = 1, residual_attn_ratio = 1;  // umup
+  int layer = 1;                                      // running-mean at layer l: sqrt(l / (l + 1)) x + sqrt(1 / (l + 1)) f(x)
   // The residual-branch rewrite id*(f(id*(x, 1, b)), b, 1): the branch runs at unit scale in
   // both directions and its weight b moves onto the gradient at the branch entry.
   bool branch_rewrite = true;

@@ -1,0 +1,201 @@
+// u-μP (GptConfig::umup) against unit-scaling 0.3.5, the library that defines it: references
+// written by tests/data/umup/make_reference.py (committed data), and the unit scale of every
+// tensor of a u-μP model at initialisation.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <map>
+#include <set>
+#include <sstream>
+#include <string>
+
+#include "scalify/error.hpp"
+#include "scalify/io/safetensors.hpp"
+#include "scalify/nn/block.hpp"
+#include "scalify/nn/gpt.hpp"
+#include "scalify/optim/adamw.hpp"
+#include "scalify/tensor/ops.hpp"
+#include "scalify/unit/unit_ops.hpp"
+
+namespace scalify {
+namespace {
+
+const std::string kDir = std::string(SCALIFY_TESTS_DATA_DIR) + "/umup/";
+
+nn::GptConfig umup_config(int64_t d_model, int layers) {
+  nn::GptConfig c;
+  c.vocab = 40;
+  c.seq = 16;
+  c.d_model = d_model;
+  c.layers = layers;
+  c.heads = 2;
+  c.umup = c.rms_norm = c.swiglu = true;
+  c.bias = c.tied_head = false;
+  c.rope_theta = 10000;  // unit-scaling's TransformerDecoder has no position embedding
+  return c;
+}
+
+double rms(const Tensor& t) { return std::sqrt(ops::mean(ops::unary(ops::Unary::square, t.to(DType::f64)), {}).item()); }
+
+TEST(UmupReference, LearningRateFactorsAreUnitScalingsAdamFactors) {
+  // unit-scaling's optim.AdamW (lr = 1) on a TransformerDecoder: "<d_model> <layers> <name> <factor>".
+  std::ifstream in(kDir + "lr_factors.txt");
+  ASSERT_TRUE(in) << kDir + "lr_factors.txt";
+  std::map<std::pair<int64_t, int>, std::map<std::string, double>> ref;
+  int64_t d;
+  int layers;
+  std::string name;
+  double factor;
+  while (in >> d >> layers >> name >> factor) ref[{d, layers}][name] = factor;
+  ASSERT_EQ(ref.size(), 4u);
+  for (const auto& [shape, factors] : ref) {
+    const nn::Gpt model(umup_config(shape.first, shape.second), 1);
+    std::set<std::string> names;
+    for (const auto& [n, p] : model.parameters()) {
+      names.insert(n);
+      ASSERT_TRUE(factors.count(n)) << n << " has no reference";
+      EXPECT_NEAR(model.lr_multiplier(n), factors.at(n), 1e-15 * factors.at(n)) << n << " at d_model " << shape.first;
+    }
+    EXPECT_EQ(names.size(), factors.size()) << "the same parameters as unit-scaling's model";
+  }
+}
+
+TEST(UmupReference, ResidualTausAreTransformerResidualScalingRules) {
+  std::ifstream in(kDir + "taus.txt");
+  ASSERT_TRUE(in);
+  int layers, index, count = 0;
+  double mult, ratio, tau;
+  while (in >> layers >> mult >> ratio >> index >> tau) {
+    EXPECT_NEAR(unit::umup_residual_tau(index, 2 * layers, mult, ratio), tau, 1e-15)
+        << layers << " " << mult << " " << ratio << " " << index;
+    ++count;
+  }
+  EXPECT_EQ(count, 2 * (1 + 2 + 4 + 3 + 3 + 6));
+  EXPECT_THROW(unit::umup_residual_tau(4, 4, 1, 1), Error);
+}
+
+TEST(UmupReference, TransformerLayerMatchesUnitScalingToF32Rounding) {
+  // unit-scaling's TransformerLayer (affine RMSNorms; the one difference, as Scalify's norms have
+  // gains) at initialisation, from its weights and inputs: output, input gradient and every
+  // weight's gradient of sum(y * g), with its (non-exact, unit-scaled) backward.
+  const io::SafeTensors st = io::read_safetensors(kDir + "layer.safetensors", io::Unverified::quiet);
+  std::map<std::string, Tensor> t;
+  for (const auto& [n, v] : st.tensors) t[n] = v;
+  auto meta = [&](const char* k) { return std::stod(st.metadata.at(k)); };
+  const int64_t D = int64_t(meta("d_model"));
+  const int heads = int(meta("heads")), layers = int(meta("layers")), index = int(meta("index"));
+  const nn::BlockSpec spec{D, 4 * D, heads, heads, true, true, false, false, meta("norm_eps"), 0};
+  nn::Init init{true, layers, 1};
+  nn::GptBlock block = nn::GptBlock::make(spec, init);
+  const std::map<std::string, Var*> params = {
+      {"ln1.w", &block.ln1.w}, {"attn.qkv.w", &block.attn.qkv.w}, {"attn.proj.w", &block.attn.proj.w},
+      {"ln2.w", &block.ln2.w}, {"mlp.fc.w", &block.mlp.fc.w},     {"mlp.out.w", &block.mlp.out.w}};
+  for (const auto& [n, p] : params) *p = Var(t.at("w." + n).to(DType::f32), true);
+  unit::Residual r;
+  r.kind = unit::Residual::Kind::umup;
+  r.adds = 2 * layers;
+  r.layer = 2 * index + 1;
+  r.residual_mult = meta("residual_mult");
+  r.residual_attn_ratio = meta("residual_attn_ratio");
+  EXPECT_NEAR(unit::umup_residual_tau(2 * index, 2 * layers, r.residual_mult, r.residual_attn_ratio), meta("mhsa_tau"), 1e-15);
+  EXPECT_NEAR(unit::umup_residual_tau(2 * index + 1, 2 * layers, r.residual_mult, r.residual_attn_ratio), meta("mlp_tau"), 1e-15);
+  nn::LayerOptions o;
+  o.unit_scaled = false;
+  o.umup = true;
+  o.attn_mult = meta("attn_mult");
+  const Var x(t.at("x").to(DType::f32), true);
+  const Var y = block(x, r, o);
+  sum(y * Var(t.at("g").to(DType::f32))).backward();
+  // f32 rounding: each tensor within 2e-6 of its RMS (f32's epsilon 1.2e-7; the errors are 1-4e-7).
+  auto expect_close = [](const std::string& what, const Tensor& got, const Tensor& want) {
+    ASSERT_EQ(got.shape(), want.shape()) << what;
+    const double err = rms(ops::sub(got.to(DType::f64), want)), scale = rms(want);
+    std::printf("%-14s RMS %8.4f, error RMS %.2e\n", what.c_str(), scale, err);
+    EXPECT_LT(err, 2e-6 * scale) << what;
+  };
+  expect_close("y", y.value(), t.at("y"));
+  expect_close("grad x", x.grad(), t.at("grad.x"));
+  for (const auto& [n, p] : params) expect_close("grad " + n, p->grad(), t.at("grad." + n));
+}
+
+// Every activation and gradient (the probe's) and every parameter of a u-μP model at
+// initialisation, as test_unit's UnitGpt.ScalesAtInitialisation does for the unit-scaled one.
+TEST(UmupGpt, EveryTensorHasUnitScaleAtInitialisationAtTwoWidths) {
+  for (const int64_t d : {64, 256}) {
+    nn::GptConfig c = umup_config(d, 4);
+    c.vocab = 64;
+    c.seq = 32;
+    c.rope_theta = 0;  // learned positions (Scalify's default), unit-scaled as the embedding
+    const nn::Gpt model(c, 1);
+    const Tensor ids = Tensor::rand({8, 32}, 5, -0.49, 63.49).to(DType::i64);
+    const Tensor tg = Tensor::rand({8, 32}, 50, -0.49, 63.49).to(DType::i64);
+    nn::ScaleProbe probe;
+    model.loss(ids, tg, &probe).backward();
+    double lo = 1e30, hi = 0;
+    auto check = [&](const std::string& name, double v) {
+      lo = std::min(lo, v), hi = std::max(hi, v);
+      // u-μP's attention scale (scaled_dot_product_attention's sqrt(ln T / T) model of a flat
+      // causal softmax) undercounts how alike the values of deeper layers are: the attention's
+      // output (attn.mix, attn.out) grows to 2.1-2.4 in layers 3 and 4, and its input gradient
+      // (attn.qkv's) falls to 0.41-0.49. unit-scaling 0.3.5's own TransformerDecoder does the
+      // same (attn.mix 2.07-2.33 in layers 3-4 at d_model 64 and 256, seq 32), and the layer
+      // itself matches it to f32 rounding (UmupReference): these get [0.35, 2.5], named here.
+      const bool attention = name.find("attn.mix") != std::string::npos || name.find("attn.out") != std::string::npos ||
+                             name.find("attn.qkv (grad)") != std::string::npos;
+      const double min = attention ? 0.35 : 0.5, max = attention ? 2.5 : 2;
+      EXPECT_TRUE(v >= min && v <= max) << name << " has RMS " << v << " at d_model " << d;
+    };
+    size_t checked = 0;
+    for (const auto& e : probe.entries) {
+      // The one exception, by design: u-μP's readout (linear_readout) scales by 1/fan_in, not
+      // fan_in^-1/2, so the logits start at d_model^-1/2 of unit scale (μP's readout); their
+      // gradient is unit-scaled.
+      if (e.name == "logits")
+        EXPECT_NEAR(e.forward_rms, 1 / std::sqrt(double(d)), 0.1 / std::sqrt(double(d))) << "logits at d_model " << d;
+      else
+        check(e.name, e.forward_rms);
+      check(e.name + " (grad)", e.backward_rms);
+      checked += 2;
+    }
+    for (const auto& [name, p] : model.parameters()) {
+      check("parameter " + name, rms(p.value()));
+      ++checked;
+    }
+    EXPECT_GT(checked, 4u * 20);
+    std::printf("d_model %ld: %zu tensors, RMS in [%.3g, %.3g] (logits apart)\n", long(d), checked, lo, hi);
+  }
+}
+
+TEST(UmupOptimizer, DecayScaleMultipliesEachParametersWeightDecay) {
+  // u-μP's independent weight decay goes through AdamW's per-parameter decay_scale: with a zero
+  // gradient (Adam's update 0) a step is w (1 - lr lr_scale weight_decay decay_scale).
+  const Var a(Tensor::full({3}, 1.0), true), b(Tensor::full({3}, 1.0), true);
+  optim::AdamWConfig c;
+  c.lr = 0.5, c.weight_decay = 0.1;
+  optim::AdamW opt({a, b}, c, {1.0, 0.25}, {true, true}, {2.0, 8.0});
+  sum(a * 0.0 + b * 0.0).backward();
+  opt.step();
+  EXPECT_FLOAT_EQ(a.value().to(DType::f64).data<double>()[0], 1 - 0.5 * 0.1 * 2.0);
+  EXPECT_FLOAT_EQ(b.value().to(DType::f64).data<double>()[0], 1 - 0.5 * 0.25 * 0.1 * 8.0);
+  EXPECT_THROW(optim::AdamW({a}, c, {}, {}, {-1.0}), Error);
+  EXPECT_THROW(optim::AdamW({a}, c, {}, {}, {1.0, 1.0}), Error);
+}
+
+TEST(UmupGpt, ConfigurationIsRefusedWhereItIsNotUnitScalingsTransformer) {
+  nn::GptConfig c = umup_config(32, 2);
+  c.bias = true;
+  EXPECT_THROW(c.validate(), Error);
+  c = umup_config(32, 2);
+  c.unit_scaled = true;
+  EXPECT_THROW(c.validate(), Error);
+  c = umup_config(32, 2);
+  c.attn_mult = 0;
+  EXPECT_THROW(c.validate(), Error);
+  EXPECT_NO_THROW(umup_config(32, 2).validate());
+}
+
+}  // namespace
+}  // namespace scalify
