@@ -265,7 +265,7 @@ void bind_recipe(nb::module_& m) {
             std::optional<HighPrecisionLayers> high_precision, std::optional<std::string> master_weight, std::optional<bool> scaled_state,
             std::optional<std::string> optimizer_state, std::optional<std::string> weight_gradient, std::optional<int> rescale_every,
             std::optional<bool> rescale_norm_grad, std::optional<bool> rescale_gradients, std::optional<bool> unit_scaled,
-            std::optional<std::string> data_storage, std::optional<std::string> gradient_allreduce) {
+            std::optional<bool> umup, std::optional<std::string> data_storage, std::optional<std::string> gradient_allreduce) {
            Recipe r;
            if (name) r.name = *name;
            if (linear) r.linear = *linear;
@@ -279,12 +279,13 @@ void bind_recipe(nb::module_& m) {
            if (rescale_norm_grad) r.rescale_norm_grad = *rescale_norm_grad;
            if (rescale_gradients) r.rescale_gradients = *rescale_gradients;
            if (unit_scaled) r.unit_scaled = *unit_scaled;
+           if (umup) r.umup = *umup;
            set_allreduce(r, gradient_allreduce);
            new (self) Recipe(r);
          },
          nb::kw_only(), "name"_a = nb::none(), "linear"_a = nb::none(), "high_precision"_a = nb::none(), "master_weight"_a = nb::none(),
          "scaled_state"_a = nb::none(), "optimizer_state"_a = nb::none(), "weight_gradient"_a = nb::none(), "rescale_every"_a = nb::none(),
-         "rescale_norm_grad"_a = nb::none(), "rescale_gradients"_a = nb::none(), "unit_scaled"_a = nb::none(),
+         "rescale_norm_grad"_a = nb::none(), "rescale_gradients"_a = nb::none(), "unit_scaled"_a = nb::none(), "umup"_a = nb::none(),
          "data_storage"_a = nb::none(), "gradient_allreduce"_a = nb::none(),
          "A recipe: f32 training (the defaults) with the fields given changed.")
       .def_rw("name", &Recipe::name, "The recipe's name, as run logs and reports show it")
@@ -296,6 +297,7 @@ void bind_recipe(nb::module_& m) {
       .def_rw("rescale_gradients", &Recipe::rescale_gradients,
               "SCALIFY #4: rescale scaled weight gradients before their cast (needs scaled_state)")
       .def_rw("unit_scaled", &Recipe::unit_scaled, "Unit scaling: the model is unit-scaled, its casts need no scale")
+      .def_rw("umup", &Recipe::umup, "u-μP (unit-scaling 0.3.5): the model is u-μP's, its casts need no scale")
       .def_prop_rw("master_weight", dtype_get(&Recipe::master_weight), dtype_set(&Recipe::master_weight), master_doc.c_str())
       .def_prop_rw("optimizer_state", dtype_get(&Recipe::optimizer_state), dtype_set(&Recipe::optimizer_state), state_doc.c_str())
       .def_prop_rw("data_storage", dtype_get(&Recipe::data_storage), dtype_set(&Recipe::data_storage), data_doc.c_str())
@@ -324,11 +326,12 @@ void bind_recipe(nb::module_& m) {
       // (loss scaling has no field here).
       .def("__repr__",
            [](nb::handle self) {
-             const std::string text = "Recipe(" +
-                                      changed_fields(self, {"name", "linear", "high_precision", "master_weight", "scaled_state",
-                                                            "optimizer_state", "weight_gradient", "rescale_every", "rescale_norm_grad",
-                                                            "rescale_gradients", "unit_scaled", "data_storage", "gradient_allreduce"}) +
-                                      ")";
+             const std::string text =
+                 "Recipe(" +
+                 changed_fields(self, {"name", "linear", "high_precision", "master_weight", "scaled_state", "optimizer_state",
+                                       "weight_gradient", "rescale_every", "rescale_norm_grad", "rescale_gradients", "unit_scaled", "umup",
+                                       "data_storage", "gradient_allreduce"}) +
+                 ")";
              const Recipe& r = nb::cast<const Recipe&>(self);
              Recipe without_loss_scaling = r;
              without_loss_scaling.loss_scaling = Recipe{}.loss_scaling;
