@@ -62,7 +62,8 @@ struct Recipe {
 
 // Presets:
 //   f32; scalify_fp16_1..scalify_fp8_4 (seed 000 Table 3 rows #1-#4); unit_f32, unit_fp16,
-//   unit_fp8 (seeds 001/002: plain casts in a unit-scaled model); current, delayed, fp8_amax,
+//   unit_fp8 (seeds 001/002: plain casts in a unit-scaled model); umup, umup_fp8 (u-μP,
+//   unit-scaling 0.3.5: f32, and plain E4M3 / E5M2 casts with no scale); current, delayed, fp8_amax,
 //   fp8_cscale (seed 003, b = 4 from a sweep), mxfp8, blockwise (seed 004); f16_loss_scaled; the
 //   baselines with no scaling of any kind, fp16_unscaled and fp8_unscaled; FP4: nvfp4, its
 //   ablations (nvfp4_no_hadamard, _no_sr, _1x16_weights, _no_tensor_scale, _all_layers), mxfp4 and
