@@ -47,7 +47,7 @@ void add_compare_command(CLI::App& app, const std::string& command_line) {
   c->add_option("--recipes", o->recipes,
                 "comma-separated presets, recipe .json files or named lists (" + lists +
                     "); default: seeds (every preset). "
-                    "f32 (and unit_f32 for unit scaling) is added as the baseline when missing");
+                    "f32 (and unit_f32 for unit scaling, umup for u-μP) is added as the baseline when missing");
   o->config.add_to(c);
   c->add_option("--out", o->out, "report folder (default runs/compare)");
   c->add_option("--seeds", o->seeds,

@@ -82,6 +82,7 @@ json outcome_json(const RecipeOutcome& o) {
           {"peak_memory_mb", num(o.peak_memory_mb)},
           {"quantized_layers", o.quantized},
           {"unit_scaled", o.unit_scaled},
+          {"umup", o.umup},
           {"steps", r.steps},
           {"skipped_steps", r.skipped},
           {"nonfinite_steps", r.nonfinite_steps},
@@ -129,6 +130,7 @@ RecipeOutcome outcome_from(const json& j) {
   o.peak_memory_mb = number_or_nan(j.at("peak_memory_mb"));
   o.quantized = j.at("quantized_layers");
   o.unit_scaled = j.at("unit_scaled");
+  o.umup = j.value("umup", false);  // absent from reports written before u-μP
   train::TrainResult& r = o.result;
   r.steps = j.at("steps");
   r.skipped = j.at("skipped_steps");
@@ -194,6 +196,7 @@ RecipeOutcome run_recipe(const CompareConfig& config, const std::string& recipe,
   const quant::Recipe r = quant::load_recipe(recipe);
   o.quantized = quant::quantized_layers(r);
   o.unit_scaled = r.unit_scaled;
+  o.umup = r.umup;
   train::TrainConfig c = config.base;
   c.recipe = recipe;
   c.seed = seed;
@@ -304,7 +307,7 @@ void set_baselines(std::vector<RecipeOutcome>& outcomes, const std::vector<Recip
   std::map<std::pair<std::string, uint64_t>, const RecipeOutcome*> by_seed;
   for (const RecipeOutcome& r : runs) by_seed[{r.recipe, r.seeds.at(0)}] = &r;
   for (RecipeOutcome& o : outcomes) {
-    o.baseline = quant::load_recipe(o.recipe).umup ? "umup" : o.unit_scaled ? "unit_f32" : "f32";
+    o.baseline = o.umup ? "umup" : o.unit_scaled ? "unit_f32" : "f32";
     // Only complete pairs count: a seed the baseline (or the recipe) did not finish would leave
     // the others' mean and spread standing for a comparison that was not made.
     std::vector<std::vector<double>> mine, theirs;
@@ -580,7 +583,8 @@ void write_report(const CompareConfig& config, CompareReport& rep, const std::st
      << (rep.plot_error.empty() ? "" : "(Plots missing: " + rep.plot_error + ".)\n\n") << "## Reading\n\n"
      << reading(rep.rows, b.model.layers, config.seeds.size()) << "\n## What each recipe quantises\n\n";
   std::map<std::string, std::vector<std::string>> by_layers;
-  for (const RecipeOutcome& o : rep.rows) by_layers[o.quantized + (o.unit_scaled ? "; unit-scaled model" : "")].push_back(o.name);
+  for (const RecipeOutcome& o : rep.rows)
+    by_layers[o.quantized + (o.unit_scaled ? "; unit-scaled model" : o.umup ? "; u-μP model" : "")].push_back(o.name);
   for (const auto& [what, names] : by_layers) md << "- " << join(names) << ": " << what << ".\n";
   md << "\n"
      << numerics(config, rep.rows, rep.runs)

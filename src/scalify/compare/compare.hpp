@@ -69,6 +69,7 @@ struct RecipeOutcome {
   double seconds = 0, peak_memory_mb = 0;
   std::string quantized;  // quant::quantized_layers
   bool unit_scaled = false;
+  bool umup = false;  // a u-μP recipe (its baseline is umup)
   RecipeSpeed speed;  // a row's interleaved timing (compare/speed.hpp)
 };
 
