@@ -18,6 +18,7 @@
 #include "scalify/nn/gpt.hpp"
 #include "scalify/optim/adamw.hpp"
 #include "scalify/tensor/ops.hpp"
+#include "scalify/train/config.hpp"
 #include "scalify/unit/unit_ops.hpp"
 
 namespace scalify {
@@ -182,6 +183,18 @@ TEST(UmupOptimizer, DecayScaleMultipliesEachParametersWeightDecay) {
   EXPECT_FLOAT_EQ(b.value().to(DType::f64).data<double>()[0], 1 - 0.5 * 0.25 * 0.1 * 8.0);
   EXPECT_THROW(optim::AdamW({a}, c, {}, {}, {-1.0}), Error);
   EXPECT_THROW(optim::AdamW({a}, c, {}, {}, {1.0, 1.0}), Error);
+}
+
+TEST(UmupOptimizer, WeightDecayIsIndependentAndZeroUnlessGiven) {
+  // Under u-μP weight_decay is the decay per step (unit-scaling's independent weight decay, its
+  // default 0); the standard default (0.1, times the lr) would take 10 % of every weight a step.
+  train::TrainConfig c;
+  c.recipe = "umup";
+  EXPECT_EQ(train::with_recipe_defaults(c).weight_decay, 0.0);
+  c.set("weight_decay", "0.001");
+  EXPECT_EQ(train::with_recipe_defaults(c).weight_decay, 0.001);
+  train::TrainConfig standard;
+  EXPECT_EQ(train::with_recipe_defaults(standard).weight_decay, 0.1);
 }
 
 TEST(UmupGpt, ConfigurationIsRefusedWhereItIsNotUnitScalingsTransformer) {

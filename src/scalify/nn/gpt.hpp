@@ -29,6 +29,19 @@ struct GptConfig {
   int kv_heads = 0;        // key/value heads; 0: as many as heads; fewer: grouped-query attention
   int64_t mlp_hidden = 0;  // the MLP's hidden width; 0: Mlp::hidden_width's default
   bool unit_scaled = false;
+  bool rms_norm = false;  // RMSNorm instead of LayerNorm (standard variant)
+  bool swiglu = false;    // SwiGLU MLP instead of GELU (standard variant)
+  bool gelu_erf = false;  // GELU with erf (Hugging Face's "gelu", Cerebras-GPT's) instead of GPT-2's tanh form
+  bool bias = true;       // biases in the blocks' linear layers (Llama has none)
+  bool tied_head = true;  // logits = x wte^T; false: a separate [d, vocab] head
+  bool final_norm = true;
+  double norm_eps = 0;    // 0: LayerNorm::default_eps (1e-5 LayerNorm, 1e-6 RMSNorm)
+  double rope_theta = 0;  // > 0: rotary positions with this base instead of learned ones (wpe)
+  // Unit scaling's residual scheme. fixed(0.1) by measurement: at initialisation it keeps every
+  // activation and gradient of a 4-layer model within [0.55, 1.32] across seeds, while
+  // running-mean reaches the edges of [0.5, 2] in the deeper attention layers (docs/RESULTS.md).
+  unit::Residual::Kind residual = unit::Residual::Kind::fixed;
+  double tau = 0.1;  // for Residual::Kind::fixed
   // u-μP (unit-scaling 0.3.5's TransformerDecoder; docs/NUMERICS.md): unit-variance parameters,
   // its ops and residual rule, a 1/fan_in readout and the lr rule of lr_multiplier. Needs
   // rms_norm, swiglu, no biases and an untied head (Session::model_config sets them for a u-μP
@@ -38,20 +51,7 @@ struct GptConfig {
   double act_mult = 1;                                // the SwiGLU's (silu_glu's mult)
   double attn_mult = 1;                               // the attention softmax's (scaled_dot_product_attention's mult)
   double loss_mult = 1;                               // the cross-entropy's (its logits times it)
-  bool rms_norm = false;                              // RMSNorm instead of LayerNorm (standard variant)
-  bool swiglu = false;                                // SwiGLU MLP instead of GELU (standard variant)
-  bool gelu_erf = false;                              // GELU with erf (Hugging Face's "gelu", Cerebras-GPT's) instead of GPT-2's tanh form
-  bool bias = true;                                   // biases in the blocks' linear layers (Llama has none)
-  bool tied_head = true;                              // logits = x wte^T; false: a separate [d, vocab] head
-  bool final_norm = true;
-  double norm_eps = 0;    // 0: LayerNorm::default_eps (1e-5 LayerNorm, 1e-6 RMSNorm)
-  double rope_theta = 0;  // > 0: rotary positions with this base instead of learned ones (wpe)
-  // Unit scaling's residual scheme. fixed(0.1) by measurement: at initialisation it keeps every
-  // activation and gradient of a 4-layer model within [0.55, 1.32] across seeds, while
-  // running-mean reaches the edges of [0.5, 2] in the deeper attention layers (docs/RESULTS.md).
-  unit::Residual::Kind residual = unit::Residual::Kind::fixed;
-  double tau = 0.1;       // for Residual::Kind::fixed
-  void validate() const;  // throws scalify::Error naming the bad field
+  void validate() const;                              // throws scalify::Error naming the bad field
   bool operator==(const GptConfig&) const = default;
   int64_t parameter_count() const;
   BlockSpec block() const;  // the values above resolved (kv_heads, mlp_hidden, norm_eps) for a block

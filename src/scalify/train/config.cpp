@@ -179,6 +179,17 @@ void TrainConfig::set(const std::string& key_equals_value) {
   set(key_equals_value.substr(0, eq), key_equals_value.substr(eq + 1));
 }
 
+TrainConfig with_recipe_defaults(const TrainConfig& config) {
+  TrainConfig c = config;
+  bool umup = false;
+  try {
+    umup = quant::load_recipe(c.recipe).umup;
+  } catch (const Error&) {  // validate() reports it
+  }
+  if (umup && !c.given.count("weight_decay")) c.weight_decay = 0;
+  return c;
+}
+
 void TrainConfig::validate() const {
   auto need = [](bool ok, const std::string& key, const std::string& what) {
     if (!ok) throw Error("config: '" + key + "' " + what);

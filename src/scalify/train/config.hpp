@@ -41,6 +41,10 @@ struct TrainConfig {
   static std::vector<std::string> keys();
 };
 
+// The config with its recipe's defaults for keys not given: a u-μP recipe's weight_decay is its
+// independent decay per step, 0 (unit-scaling's default) unless set. A recipe that does not load
+// leaves the config as it is (validate() names it).
+TrainConfig with_recipe_defaults(const TrainConfig& config);
 TrainConfig load_config_file(const std::string& path);  // validates
 TrainConfig run_config(const std::string& run_dir);     // a run folder's config.toml, validated
 // The config a resumed run trains with (the CLI's --resume, Python's resume=True): the run

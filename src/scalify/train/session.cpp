@@ -131,8 +131,7 @@ std::unique_ptr<Session> make_session(const TrainConfig& cfg, const io::SafeTens
   base.beta1 = cfg.beta1;
   base.beta2 = cfg.beta2;
   base.eps = cfg.eps;
-  // u-μP: weight_decay is the independent decay per step, unit-scaling's default 0 unless set.
-  base.weight_decay = s->model.config().umup && !cfg.given.count("weight_decay") ? 0.0 : cfg.weight_decay;
+  base.weight_decay = cfg.weight_decay;  // u-μP: the independent decay per step (with_recipe_defaults)
   std::vector<double> lr_scale, decay_scale;
   std::vector<bool> decay;
   const bool umup = s->model.config().umup;

@@ -342,7 +342,7 @@ TrainResult train(const TrainConfig& given, bool resume, const Progress& progres
     // are the ones it recorded.
     config = resume ? given : record_init(given);
     check_init_files(config, given.out);
-    config = with_pretrained_model(config);
+    config = with_recipe_defaults(with_pretrained_model(config));
     config.validate();
     if (save_initial && resume)
       throw Error("train: " + for_surface("--save-initial", "save_initial=True") + " writes a new run's step 0; a resumed run is past it");
@@ -518,7 +518,7 @@ std::vector<StepTime> time_training_steps(const TrainConfig& given, const Corpus
   } restore_statistics;
   quant::set_collect_statistics(false);  // as on the steps between train()'s statistics steps
   const platform::World& world = platform::world();
-  TrainConfig config = with_pretrained_model(given);
+  TrainConfig config = with_recipe_defaults(with_pretrained_model(given));
   config.validate();
   std::unique_ptr<Session> s = make_session(config, nullptr);
   const std::vector<quant::Quantizer*> quantizers = model_quantizers(s->model);
