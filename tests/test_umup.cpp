@@ -122,6 +122,26 @@ TEST(UmupReference, TransformerLayerMatchesUnitScalingToF32Rounding) {
   for (const auto& [n, p] : params) expect_close("grad " + n, p->grad(), t.at("grad." + n));
 }
 
+TEST(UmupAttention, TheFusedKernelEqualsTheComposedOpsForwardAndBackward) {
+  // unit::causal_self_attention (the model's, through the fused kernel) against
+  // unit::scaled_dot_product_attention composed of matmuls and softmax, in f64: a wrong score
+  // factor or a missing s on either side shows far above rounding.
+  const int64_t B = 2, T = 7, H = 2, hd = 4, D = H * hd;
+  for (const double mult : {1.0, 0.5, 3.0}) {
+    const Tensor packed = Tensor::randn({B, T, 3 * D}, 11, 1.0, DType::f64), g = Tensor::randn({B, T, D}, 12, 1.0, DType::f64);
+    const Var fused_in(packed, true), composed_in(packed, true);
+    const Var fused = unit::causal_self_attention(fused_in, H, mult);
+    sum(fused * Var(g)).backward();
+    auto heads = [&](int64_t part) {
+      return permute(reshape(slice(composed_in, 2, part * D, (part + 1) * D), {B, T, H, hd}), {0, 2, 1, 3});
+    };
+    const Var composed = reshape(permute(unit::scaled_dot_product_attention(heads(0), heads(1), heads(2), mult), {0, 2, 1, 3}), {B, T, D});
+    sum(composed * Var(g)).backward();
+    EXPECT_LT(rms(ops::sub(fused.value(), composed.value())), 1e-13 * rms(composed.value())) << mult;
+    EXPECT_LT(rms(ops::sub(fused_in.grad(), composed_in.grad())), 1e-13 * rms(composed_in.grad())) << mult;
+  }
+}
+
 // Every activation and gradient (the probe's) and every parameter of a u-μP model at
 // initialisation, as test_unit's UnitGpt.ScalesAtInitialisation does for the unit-scaled one.
 TEST(UmupGpt, EveryTensorHasUnitScaleAtInitialisationAtTwoWidths) {

@@ -74,8 +74,10 @@ Var CausalSelfAttention::operator()(const Var& x, const LayerOptions& o, KvBlock
   // scaling's own attention rules, per-block scales and probed runs (which tap the scores and
   // probabilities) compose the scaled ops below.
   const ScaledTensor& qs = qkv_out.scaled();
-  if (!u && !o.umup && !o.probe && !qs.any_scale && (!qs.scale.defined() || qs.scale.numel() == 1) && !is_integer(qs.data.dtype()))
-    return o.tap(proj(causal_self_attention(qkv_out, H), o), "attn.out");
+  const bool fusable = !qs.any_scale && (!qs.scale.defined() || qs.scale.numel() == 1) && !is_integer(qs.data.dtype());
+  if (o.umup && fusable)  // probed too: u-μP's attention taps only its output
+    return o.tap(proj(o.tap(unit::causal_self_attention(qkv_out, H, o.attn_mult), "attn.mix"), o, c), "attn.out");
+  if (!u && !o.umup && !o.probe && fusable) return o.tap(proj(causal_self_attention(qkv_out, H), o), "attn.out");
   auto split_heads = [&](int64_t part) {  // [B, H, T, hd]
     return permute(reshape(slice(qkv_out, 2, part * D, (part + 1) * D), {B, T, H, hd}), {0, 2, 1, 3});
   };

@@ -158,12 +158,27 @@ Var silu_glu(const Var& input, const Var& gate, double mult) {
   return scaled(scaled(input, 1.0, s) * act, s, 1.0);
 }
 
+// scaled_dot_product_attention's s for T keys of width d.
+double attention_scale(double T, double d, double mult) {
+  return T > 1 ? 1 / interpolate(1 / (1 + 4 * d / (mult * mult)), std::sqrt(std::log(T) / T), 1.0) : 1.0;
+}
+
 Var scaled_dot_product_attention(const Var& q, const Var& k, const Var& v, double mult) {
   check_mult(mult, "unit::scaled_dot_product_attention");
-  const double T = double(v.shape()[v.shape().size() - 2]), d = double(v.shape().back());
-  const double s = T > 1 ? 1 / interpolate(1 / (1 + 4 * d / (mult * mult)), std::sqrt(std::log(T) / T), 1.0) : 1.0;
+  const double d = double(v.shape().back()), s = attention_scale(double(v.shape()[v.shape().size() - 2]), d, mult);
   const Var scores = mul_scalar(scalify::matmul(scaled(q, 1.0, s), transpose(scaled(k, 1.0, s), -1, -2)), mult / d);
   return scaled(scalify::matmul(scalify::softmax(causal_mask(scores)), scaled(v, 1.0, s)), s, 1.0);
+}
+
+Var causal_self_attention(const Var& qkv, int64_t heads, double mult) {
+  check_mult(mult, "unit::causal_self_attention");
+  const int64_t D = qkv.shape().back() / 3;
+  const double d = double(D / heads), s = attention_scale(double(qkv.shape()[1]), d, mult);
+  // The fused kernel scales the scores by d^-1/2; u-μP's are mult / d, which q takes, exactly in
+  // both directions.
+  const Var x = scaled(qkv, 1.0, s);
+  const Var q = mul_scalar(slice(x, 2, 0, D), mult / std::sqrt(d));
+  return scaled(scalify::causal_self_attention(concat({q, slice(x, 2, D, 3 * D)}, 2), heads), s, 1.0);
 }
 
 Var cross_entropy(const Var& logits, const Tensor& targets, double mult) {
