@@ -202,6 +202,7 @@ SweepGrid parse_vary(const std::string& spec, const train::TrainConfig& base) {
     throw Error("sweep: --vary " + g.key + ": give at least 2 values (a sweep of " + std::to_string(g.values.size()) + " shows no best)");
   for (const SweepValue& v : g.values) {  // the key's own rules: an integer key refuses 0.5, lr refuses -1, ...
     train::TrainConfig c = base;
+    c.out = "sweep";  // the cells' folders are the sweep's; only the value is judged here
     try {
       c.set(g.key, v.text);
       if (g.key == "lr") c.min_lr = base.min_lr / base.lr * c.lr;

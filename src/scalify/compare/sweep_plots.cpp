@@ -41,6 +41,9 @@ std::string write_sweep_plots(const SweepConfig& config, const std::vector<Sweep
      << (log_x ? "set logscale x 2\n" : "") << "set xtics (";
   for (size_t i = 0; i < values.size(); ++i) gp << (i ? ", " : "") << report::gnuplot_quote(values[i].label) << " " << number(values[i].x);
   gp << ")\n";
+  // The x-axis a little beyond the grid, so the end points and their circles show whole.
+  const double first = values.front().x, last = values.back().x, pad = (last - first) * 0.04;
+  gp << "set xrange [" << number(log_x ? first / 1.15 : first - pad) << ":" << number(log_x ? last * 1.15 : last + pad) << "]\n";
   for (const std::string& recipe : config.recipes) {
     const std::string name = recipe_name(recipe);
     for (const bool across_widths : {true, false}) {
@@ -50,6 +53,7 @@ std::string write_sweep_plots(const SweepConfig& config, const std::vector<Sweep
       std::ostringstream plots;
       for (int64_t panel : panels) {
         std::ostringstream plot;
+        bool any = false;  // a finite point to draw (gnuplot refuses a plot of none)
         for (size_t k = 0; k < curves.size(); ++k) {
           const int64_t w = across_widths ? curves[k] : panel, d = across_widths ? panel : curves[k];
           std::vector<double> losses(values.size(), NAN);
@@ -59,6 +63,7 @@ std::string write_sweep_plots(const SweepConfig& config, const std::vector<Sweep
           for (double& l : losses)
             if (diverged_loss(l, vocab)) l = NAN;  // a gap in the curve
           const std::optional<size_t> best = best_value(losses, vocab);
+          any = any || best.has_value();
           for (size_t i = 0; i < values.size(); ++i) dat << number(values[i].x) << " " << number(losses[i]) << "\n";
           dat << "\n\n";
           if (best)
@@ -73,11 +78,12 @@ std::string write_sweep_plots(const SweepConfig& config, const std::vector<Sweep
                << " index " << block + 1 << " with points pt 6 ps 3.5 lw 2 " << colour << " notitle";
           block += 2;
         }
+        if (!any) plot.str("set yrange [0:1]\nset label 1 'every cell diverged' at graph 0.5,0.5 center\nplot NaN notitle");
         plots << "set title "
               << report::gnuplot_quote(name + ": " + (across_widths ? "depth " : "width ") + std::to_string(panel) +
                                        " (circled: each curve's best)")
               << "\n"
-              << plot.str() << "\n";
+              << plot.str() << "\nunset label 1\nset autoscale y\n";
       }
       const std::string png = (dir / (name + (across_widths ? "_widths.png" : "_depths.png"))).string();
       fs::remove(png);
