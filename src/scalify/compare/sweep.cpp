@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -101,6 +102,22 @@ struct RunOutcome {
   std::string status = "ok", note;
 };
 
+// The run's loss before its first update (its first step's, in metrics.jsonl); ln vocab (a uniform
+// prediction) when it has none.
+double untrained_loss(const train::TrainConfig& c) {
+  const fs::path metrics = fs::path(c.out) / "metrics.jsonl";
+  std::ifstream in;
+  if (fs::is_regular_file(metrics)) in.open(metrics);
+  for (std::string line; std::getline(in, line);) {
+    const json j = io::try_parse_json(line);
+    if (!j.is_discarded() && j.value("step", int64_t(-1)) == 0 && j.contains("loss") && j["loss"].is_number()) {
+      const double loss = j["loss"].get<double>();
+      if (std::isfinite(loss)) return loss;
+    }
+  }
+  return std::log(double(c.model.vocab));
+}
+
 RunOutcome train_cell(const train::TrainConfig& c, bool resume, const train::Progress& progress) {
   RunOutcome o;
   try {
@@ -118,9 +135,10 @@ RunOutcome train_cell(const train::TrainConfig& c, bool resume, const train::Pro
     o.status = "failed";
     o.note = e.what();
   }
-  if (o.status == "ok" && diverged_loss(o.val_loss, c.model.vocab)) {
+  const double untrained = std::stod(platform::from_root(platform::world(), [&] { return shortest(untrained_loss(c)); }));
+  if (o.status == "ok" && diverged_loss(o.val_loss, untrained)) {
     o.status = "diverged";
-    o.note = std::isfinite(o.val_loss) ? "validation loss " + fixed(o.val_loss, 3) + " above an untrained model's (ln vocab)"
+    o.note = std::isfinite(o.val_loss) ? "validation loss " + fixed(o.val_loss, 3) + " above the untrained model's " + fixed(untrained, 3)
                                        : "the validation loss is not finite";
   }
   return o;
@@ -260,12 +278,12 @@ train::TrainConfig cell_config(const SweepConfig& config, const std::string& rec
   return c;
 }
 
-bool diverged_loss(double loss, int64_t vocab) { return !std::isfinite(loss) || loss > std::log(double(vocab)); }
+bool diverged_loss(double loss, double untrained) { return !std::isfinite(loss) || loss > untrained; }
 
-std::optional<size_t> best_value(const std::vector<double>& losses, int64_t vocab) {
+std::optional<size_t> best_value(const std::vector<double>& losses) {
   std::optional<size_t> best;
   for (size_t i = 0; i < losses.size(); ++i)
-    if (!diverged_loss(losses[i], vocab) && (!best || losses[i] < losses[*best])) best = i;
+    if (std::isfinite(losses[i]) && (!best || losses[i] < losses[*best])) best = i;
   return best;
 }
 
@@ -283,7 +301,6 @@ std::vector<SweepRecipeReport> summarise_sweep(const SweepConfig& config, const 
   const std::vector<int64_t> widths = config.widths.empty() ? std::vector<int64_t>{config.base.model.d_model} : config.widths;
   const std::vector<int64_t> depths = config.depths.empty() ? std::vector<int64_t>{config.base.model.layers} : config.depths;
   const size_t n = config.grid.values.size();
-  const int64_t vocab = config.base.model.vocab;
   std::vector<SweepRecipeReport> out;
   for (const std::string& recipe : config.recipes) {
     SweepRecipeReport r;
@@ -311,13 +328,13 @@ std::vector<SweepRecipeReport> summarise_sweep(const SweepConfig& config, const 
         const auto it = row.find({w, d});
         for (size_t i = 0; i < n && it != row.end(); ++i)
           if (const SweepCell* c = it->second[i]; c && c->status == "ok") losses[i] = c->val_loss;
-        const std::optional<size_t> b = best_value(losses, vocab);
+        const std::optional<size_t> b = best_value(losses);
         best[{w, d}] = b;
         md << "| " << w << " | " << d << " |";
         csv << w << "," << d;
         for (size_t i = 0; i < n; ++i) {
           const SweepCell* c = it == row.end() ? nullptr : it->second[i];
-          const bool bad = !c || c->status != "ok" || diverged_loss(losses[i], vocab);
+          const bool bad = !c || c->status != "ok" || !std::isfinite(losses[i]);
           const std::string shown = !c ? "not run" : c->status == "failed" ? "failed" : bad ? "diverged" : fixed(losses[i], 4);
           md << " " << (b == i ? "**" + shown + "**" : shown) << " |";
           csv << "," << (bad ? (c ? (c->status == "failed" ? "failed" : "diverged") : "") : fixed(losses[i], 6));
@@ -446,9 +463,8 @@ SweepReport sweep(const SweepConfig& given, const SweepStepProgress& progress, c
   md << ". Each run: " << b.steps << " steps of " << b.batch * b.accum << " windows of " << b.model.seq << " tokens, corpus "
      << (b.data.empty() ? "the default" : b.data) << ", " << config.seeds.size() << (config.seeds.size() > 1 ? " seeds (mean)" : " seed")
      << ".\n\n## Results\n\nFinal validation loss (nats per token); **bold**: the best value of each shape. A cell whose loss is not "
-        "finite or above an untrained model's (ln "
-     << b.model.vocab << " = " << fixed(std::log(double(b.model.vocab)), 3)
-     << ") is *diverged* and never the best; ties go to the lower value. Verdict: *transfers* when the best values of the widths "
+        "finite or above its untrained model's (its first step's loss, before any update) is *diverged* and never the best; ties go to the "
+        "lower value. Verdict: *transfers* when the best values of the widths "
         "(of each depth; and of the depths, of each width) lie within one grid step of each other, else *moves by N steps* "
         "(the largest distance).\n\n"
      << rep.table << (rep.plot_error.empty() ? "" : "(Plots missing: " + rep.plot_error + ".)\n\n")

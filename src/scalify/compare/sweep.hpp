@@ -55,12 +55,12 @@ struct SweepConfig {
 train::TrainConfig cell_config(const SweepConfig& config, const std::string& recipe, int64_t width, int64_t depth, size_t value,
                                uint64_t seed);
 
-// A loss a sweep cannot count: not finite, or above an untrained model's (ln vocab: a uniform
-// prediction), so the run learnt nothing or diverged.
-bool diverged_loss(double loss, int64_t vocab);
-// The index of the lowest loss of one shape's row, skipping diverged ones; ties go to the lower
-// value. nullopt when every value diverged.
-std::optional<size_t> best_value(const std::vector<double>& losses, int64_t vocab);
+// A final loss a sweep cannot count: not finite, or above the untrained model's (the run's first
+// step's loss, before any update; ln vocab where a run has none), so the run diverged.
+bool diverged_loss(double loss, double untrained);
+// The index of the lowest loss of one shape's row (a diverged cell's is NaN: never the best); ties
+// go to the lower value. nullopt when every value diverged.
+std::optional<size_t> best_value(const std::vector<double>& losses);
 // Whether the best values of shapes that differ along one axis agree: the largest distance, in
 // grid steps, between two of them (nullopt for a shape with none is left out). "transfers" when
 // at most 1, "moves by N steps" beyond; "no verdict (...)" with fewer than two shapes to compare.
@@ -76,7 +76,7 @@ struct SweepCell {
   int64_t width = 0, depth = 0;
   size_t value = 0;           // index into the grid's values
   double val_loss = NAN;      // mean over seeds; NaN unless every seed finished
-  std::string status = "ok";  // ok | diverged (any seed; or a loss above ln vocab) | failed
+  std::string status = "ok";  // ok | diverged (any seed: not finite, or above its untrained loss) | failed
   std::string note;
   std::vector<std::string> runs;  // run folders, relative to the sweep's folder
 };

@@ -32,7 +32,6 @@ std::string write_sweep_plots(const SweepConfig& config, const std::vector<Sweep
   const fs::path dir(config.out);
   const std::vector<SweepValue>& values = config.grid.values;
   const bool log_x = std::all_of(values.begin(), values.end(), [](const SweepValue& v) { return v.x > 0; });
-  const int64_t vocab = config.base.model.vocab;
   std::ostringstream gp, dat;
   const fs::path data_file = dir / "sweep_plots.dat";
   int block = 0;
@@ -60,9 +59,7 @@ std::string write_sweep_plots(const SweepConfig& config, const std::vector<Sweep
           for (const SweepCell& c : cells)
             if (c.recipe == recipe && c.width == w && c.depth == d && c.status == "ok" && c.value < values.size())
               losses[c.value] = c.val_loss;
-          for (double& l : losses)
-            if (diverged_loss(l, vocab)) l = NAN;  // a gap in the curve
-          const std::optional<size_t> best = best_value(losses, vocab);
+          const std::optional<size_t> best = best_value(losses);
           any = any || best.has_value();
           for (size_t i = 0; i < values.size(); ++i) dat << number(values[i].x) << " " << number(losses[i]) << "\n";
           dat << "\n\n";
