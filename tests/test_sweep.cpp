@@ -113,6 +113,12 @@ TEST(SweepArguments, BadVaryWidthsAndDepthsAreErrorsNamingTheProblem) {
   ASSERT_EQ(listed.values.size(), 3u);
   EXPECT_EQ(listed.values[0].text, "0.01");  // ascending: one grid step between neighbours
   EXPECT_EQ(listed.values[2].text, "0.3");
+  const compare::SweepGrid powers = compare::parse_vary("lr=2^-5,2^-12,0.001", base);
+  ASSERT_EQ(powers.values.size(), 3u);
+  EXPECT_EQ(powers.values[0].label, "2^-12");
+  EXPECT_EQ(powers.values[0].x, 1.0 / 4096);
+  EXPECT_EQ(powers.values[1].label, "0.001");
+  EXPECT_NE(error_of([&] { compare::parse_vary("lr=2^-3,0.125", base); }).find("given twice"), std::string::npos);
 
   EXPECT_NE(error_of([&] { compare::parse_vary("learning_rate=1,2", base); }).find("unknown key 'learning_rate'"), std::string::npos);
   EXPECT_NE(error_of([&] { compare::parse_vary("lr=0.001,fast", base); }).find("'fast' is not a number"), std::string::npos);

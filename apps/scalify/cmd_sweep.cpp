@@ -24,7 +24,8 @@ void add_sweep_command(CLI::App& app, const std::string& command_line) {
                                "Train a grid of one hyperparameter x model widths x depths x recipes and report whether the best "
                                "value transfers across widths and depths (table, verdict, plots)");
   c->add_option("--vary", o->vary,
-                "the train-config key and its values: KEY=v1,v2,... or KEY=2^a:2^b (every power of two from 2^a to 2^b), "
+                "the train-config key and its values: KEY=v1,v2,... (numbers or powers such as 2^-8) or KEY=2^a:2^b (every power of two "
+                "from 2^a to 2^b), "
                 "e.g. lr=2^-10:2^-4; at least 2 values. Varying lr moves min_lr with it (the config's min_lr/lr ratio)")
       ->required();
   c->add_option("--widths", o->widths,

@@ -207,6 +207,13 @@ SweepGrid parse_vary(const std::string& spec, const train::TrainConfig& base) {
     }
   } else {
     for (const std::string& item : split(rhs, ',')) {
+      if (const std::optional<int> k = power_of_two(item)) {  // "2^-8" in a list: that power of two
+        const double p = std::ldexp(1.0, *k);
+        for (const SweepValue& v : g.values)
+          if (v.x == p) throw Error("sweep: --vary " + g.key + ": " + item + " is given twice");
+        g.values.push_back({p, shortest(p), item});
+        continue;
+      }
       const std::optional<double> x = io::parse_number<double>(item);
       if (!x || !std::isfinite(*x))
         throw Error("sweep: --vary " + g.key + ": '" + item + "' is not a number (give KEY=v1,v2,... or KEY=2^a:2^b)");

@@ -29,7 +29,7 @@ struct SweepValue {
   std::string text, label;
 };
 
-// --vary: "KEY=v1,v2,..." (numbers, at least 2, no repeats) or "KEY=2^a:2^b" (every power of two
+// --vary: "KEY=v1,v2,..." (numbers or powers of two such as 2^-8, at least 2, no repeats) or "KEY=2^a:2^b" (every power of two
 // from 2^a to 2^b, integer a <= b). Values come back in ascending order (one grid step apart each).
 // Throws naming the problem: an unknown or non-numeric key, a value that is not a number or that
 // the key refuses, fewer than 2 values, an empty range.
