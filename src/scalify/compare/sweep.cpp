@@ -11,6 +11,7 @@
 #include <set>
 #include <sstream>
 
+#include "scalify/compare/compare.hpp"
 #include "scalify/compare/sweep_plots.hpp"
 #include "scalify/error.hpp"
 #include "scalify/io/atomic_file.hpp"
@@ -130,6 +131,8 @@ RunOutcome train_cell(const train::TrainConfig& c, bool resume, const train::Pro
   } catch (const train::Diverged& e) {
     o.status = "diverged";
     o.note = e.what();
+  } catch (const Stopped&) {  // the caller stops the whole sweep (Python: Ctrl-C), the run left resumable
+    throw;
   } catch (const std::exception& e) {  // a cell that cannot run is reported; the sweep goes on
     if (platform::world().size() > 1 && !dynamic_cast<const platform::EveryRankError*>(&e)) throw;
     o.status = "failed";

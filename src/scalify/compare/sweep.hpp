@@ -101,7 +101,8 @@ std::vector<SweepRecipeReport> summarise_sweep(const SweepConfig& config, const 
 // Runs the sweep into config.out: a new folder, or one holding this same sweep (its finished cells
 // are read back; an interrupted cell resumes from its checkpoint). step: a line per training step
 // ("[k/n] recipe w.. d.. key=value  step ..."); cell: each finished cell with its line
-// ("[k/n] recipe w.. d.. key=value: val loss ...").
+// ("[k/n] recipe w.. d.. key=value: val loss ..."). A callback that throws compare::Stopped
+// (compare.hpp) stops the whole sweep, the cell then training left to resume on a rerun.
 using SweepStepProgress = std::function<void(const std::string& line)>;
 using SweepCellProgress = std::function<void(const SweepCell& cell, size_t k, size_t n, const std::string& line)>;
 SweepReport sweep(const SweepConfig& config, const SweepStepProgress& step = {}, const SweepCellProgress& cell = {},
