@@ -103,6 +103,34 @@ TEST(SweepVerdict, TablesOfHandMadeLossesGiveTheirVerdicts) {
   EXPECT_EQ(r[0].across_widths.text, "moves by 2 steps");
 }
 
+TEST(SweepVerdict, DepthsAreComparedWidthByWidthAndTheLargestDistanceIsTheVerdict) {
+  compare::SweepConfig c = hand_config();
+  c.widths = {32, 64};
+  c.depths = {2, 4};
+  auto cell = [](int64_t w, int64_t d, size_t v, double loss) {
+    compare::SweepCell x;
+    x.recipe = "f32";
+    x.width = w;
+    x.depth = d;
+    x.value = v;
+    x.val_loss = loss;
+    return x;
+  };
+  // Best value index: width 32 -> 2 at depth 2, 3 at depth 4; width 64 -> 2 at depth 2, 0 at depth 4.
+  const std::vector<std::vector<double>> rows = {{3.0, 2.8, 2.5, 2.9, 3.2},
+                                                 {3.0, 2.8, 2.6, 2.5, 3.2},  // width 32: depth 2, 4
+                                                 {3.0, 2.8, 2.5, 2.9, 3.2},
+                                                 {2.0, 2.8, 2.6, 2.5, 3.2}};  // width 64: depth 2, 4
+  std::vector<compare::SweepCell> cells;
+  for (size_t r = 0; r < rows.size(); ++r)
+    for (size_t v = 0; v < 5; ++v) cells.push_back(cell(r < 2 ? 32 : 64, r % 2 ? 4 : 2, v, rows[r][v]));
+  const auto rep = compare::summarise_sweep(c, cells);
+  ASSERT_EQ(rep.size(), 1u);
+  EXPECT_EQ(rep[0].across_depths.text, "moves by 2 steps");  // width 64: index 2 at depth 2, 0 at depth 4
+  EXPECT_EQ(rep[0].across_widths.text, "moves by 3 steps");  // depth 4: index 3 at width 32, 0 at width 64
+  EXPECT_NE(rep[0].table.find("| 64 | 4 | **2.0000** |"), std::string::npos) << rep[0].table;
+}
+
 TEST(SweepArguments, BadVaryWidthsAndDepthsAreErrorsNamingTheProblem) {
   train::TrainConfig base;  // d_model 128, heads 4: head dimension 32
   const compare::SweepGrid g = compare::parse_vary("lr=2^-10:2^-8", base);
@@ -147,6 +175,10 @@ TEST(SweepArguments, BadVaryWidthsAndDepthsAreErrorsNamingTheProblem) {
   EXPECT_EQ(wide.seed, 7u);
   EXPECT_EQ(wide.lr, 1.0 / 512);
   EXPECT_DOUBLE_EQ(wide.min_lr, base.min_lr / base.lr / 512);  // min_lr follows lr
+  compare::SweepConfig pretrained = c;
+  pretrained.base.init = "some/model";
+  pretrained.recipes = {"f32"};
+  EXPECT_NE(error_of([&] { compare::sweep(pretrained); }).find("init (a pretrained model) has one shape"), std::string::npos);
   EXPECT_NE(error_of([&] { compare::cell_config(c, "f32", 80, 2, 0, 1); }).find("width 80 is not a multiple of the head dimension 32"),
             std::string::npos);
 }
@@ -237,6 +269,35 @@ TEST(Sweep, WritesTablesVerdictsAndPlotsAndARerunSkipsFinishedCells) {
   compare::SweepConfig other = config;
   other.widths = {32};
   EXPECT_NE(error_of([&] { compare::sweep(other); }).find("holds another sweep"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace scalify
+
+namespace scalify {
+namespace {
+
+TEST(Sweep, SeveralDepthsGetTheirOwnPlotAndVerdict) {
+  const fs::path out = scratch("sweep_depths");
+  compare::SweepConfig c;
+  c.base = tiny_run(text_corpus(), "", "f32");
+  c.base.steps = 6;
+  c.base.eval_every = 6;
+  c.grid = compare::parse_vary("lr=2^-9:2^-8", c.base);
+  c.depths = {1, 2};
+  c.recipes = {"f32"};
+  c.out = out.string();
+  const compare::SweepReport rep = compare::sweep(c);
+  ASSERT_EQ(rep.cells.size(), 4u);
+  EXPECT_EQ(rep.plot_error, "");
+  EXPECT_EQ(rep.recipes.at(0).across_widths.text, "no verdict (one width)");
+  EXPECT_TRUE(rep.recipes.at(0).across_depths.steps.has_value());
+  for (const char* png : {"f32_widths.png", "f32_depths.png"}) {
+    uint32_t w = 0, h = 0;
+    EXPECT_TRUE(valid_png(out / png, &w, &h)) << png;
+  }
+  EXPECT_NE(slurp(out / "report.md").find("](f32_depths.png)"), std::string::npos);
+  EXPECT_TRUE(fs::exists(out / "runs/f32/w32_d1/lr=2^-9/model.safetensors"));
 }
 
 }  // namespace

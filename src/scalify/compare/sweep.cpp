@@ -384,6 +384,8 @@ SweepReport sweep(const SweepConfig& given, const SweepStepProgress& progress, c
     config.base.out = config.out;
     config.base.validate();
     if (config.recipes.empty()) throw Error("sweep: no recipes");
+    if (!config.base.init.empty())
+      throw Error("sweep: init (a pretrained model) has one shape; a sweep trains new models of each width and depth");
     if (config.grid.values.size() < 2) throw Error("sweep: the grid needs at least 2 values");
     std::set<std::string> names;
     for (std::string& r : config.recipes) {
@@ -407,7 +409,8 @@ SweepReport sweep(const SweepConfig& given, const SweepStepProgress& progress, c
         throw Error("sweep: '" + config.out + "' holds another sweep (its sweep.json differs); choose another " +
                     for_surface("--out", "out folder"));
     } else {
-      if (fs::exists(dir / "runs")) throw Error("sweep: '" + (dir / "runs").string() + "' already exists; choose another --out");
+      if (fs::exists(dir / "runs"))
+        throw Error("sweep: '" + (dir / "runs").string() + "' already exists; choose another " + for_surface("--out", "out folder"));
       io::write_text_atomically((dir / "sweep.json").string(), asked);
     }
   });
