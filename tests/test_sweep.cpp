@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <filesystem>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -298,6 +299,41 @@ TEST(Sweep, SeveralDepthsGetTheirOwnPlotAndVerdict) {
   }
   EXPECT_NE(slurp(out / "report.md").find("](f32_depths.png)"), std::string::npos);
   EXPECT_TRUE(fs::exists(out / "runs/f32/w32_d1/lr=2^-9/model.safetensors"));
+}
+
+}  // namespace
+}  // namespace scalify
+
+namespace scalify {
+namespace {
+
+TEST(Sweep, SeveralSeedsGiveARunEachAndTheCellTheirMean) {
+  const fs::path out = scratch("sweep_seeds");
+  compare::SweepConfig c;
+  c.base = tiny_run(text_corpus(), "", "f32");
+  c.base.steps = 4;
+  c.base.eval_every = 4;
+  c.grid = compare::parse_vary("lr=2^-9:2^-8", c.base);
+  c.recipes = {"f32"};
+  c.seeds = {3, 5};
+  c.out = out.string();
+  const compare::SweepReport rep = compare::sweep(c);
+  ASSERT_EQ(rep.cells.size(), 2u);
+  for (const compare::SweepCell& cell : rep.cells) {
+    ASSERT_EQ(cell.runs.size(), 2u);
+    double sum = 0;
+    for (const std::string& run : cell.runs) {
+      EXPECT_NE(run.find("_seed"), std::string::npos) << run;
+      double last = NAN;  // the trainer's own record of the run's last evaluation
+      std::istringstream metrics(slurp(out / run / "metrics.jsonl"));
+      for (std::string line; std::getline(metrics, line);)
+        if (const nlohmann::json j = nlohmann::json::parse(line); j.contains("val_loss")) last = j["val_loss"].get<double>();
+      sum += last;
+    }
+    EXPECT_EQ(cell.val_loss, sum / 2);
+  }
+  EXPECT_TRUE(fs::exists(out / "runs/f32/w32_d2/lr=2^-8_seed5/model.safetensors"));
+  EXPECT_NE(rep.cells[0].val_loss, rep.cells[1].val_loss);
 }
 
 }  // namespace

@@ -32,7 +32,7 @@ void add_sweep_command(CLI::App& app, const std::string& command_line) {
                 "comma-separated d_model values (default: the config's); heads = width / the config's head dimension "
                 "(d_model / heads), so every width must be a multiple of it");
   c->add_option("--depths", o->depths, "comma-separated layer counts (default: the config's)");
-  c->add_option("--recipes", o->recipes, "comma-separated presets or recipe .json files (default f32)");
+  c->add_option("--recipes", o->recipes, "comma-separated presets, recipe .json files or compare's named lists (default f32)");
   o->config.add_to(c);
   c->add_option("--seeds", o->seeds, "each cell under several seeds, its loss their mean: a count N or a list such as 1,5,9");
   c->add_option("--out", o->out, "report folder (default runs/sweep); the same command again in the same folder skips the finished cells");
