@@ -56,6 +56,21 @@ if "$cli" compare --resume "$out/cmp" --steps 5 2> "$out/err"; then echo "resume
 grep -q "drop --steps" "$out/err"
 if "$cli" compare --recipes current --out "$out/cmp" 2> "$out/err"; then echo "overwrote a comparison"; exit 1; fi
 grep -q "already holds a comparison" "$out/err"
+# sweep: 2 widths x 2 learning rates end to end, a rerun that trains nothing, then bad input.
+sweep_args=(sweep --vary lr=2^-6:2^-5 --widths 16,32 --steps 10 --out "$out/sweep" --set d_model=16 --set layers=1 --set heads=1
+  --set seq=16 --set batch=2 --set eval_every=10 --set eval_windows=2 --set stats_every=5)
+"$cli" "${sweep_args[@]}" > "$out/sweep.log" 2> "$out/sweep.err"
+grep -q "^\[4/4\] f32 w32_d1 lr=2^-5: val loss [0-9.]*$" "$out/sweep.err" || { cat "$out/sweep.err"; exit 1; }
+grep -q "^| 32 | 1 |" "$out/sweep.log"
+grep -q "^across widths: \(transfers\|moves by [0-9]* steps\)" "$out/sweep.log"
+test -s "$out/sweep/f32_widths.png" || { echo "sweep wrote no f32_widths.png"; exit 1; }
+before="$(stat -c %y "$out/sweep/runs/f32/w16_d1/lr=2^-6/model.safetensors")"
+"$cli" "${sweep_args[@]}" > "$out/sweep2.log" 2> /dev/null
+test "$(stat -c %y "$out/sweep/runs/f32/w16_d1/lr=2^-6/model.safetensors")" = "$before" || { echo "a rerun of the sweep trained again"; exit 1; }
+cmp -s "$out/sweep.log" "$out/sweep2.log" || { echo "a rerun of the sweep reported other losses"; exit 1; }
+if "$cli" sweep --vary lr=1e-3,2e-3 --widths 24 --out "$out/sweep_bad" --set d_model=16 --set heads=1 2> "$out/err"; then echo "accepted width 24 with head dimension 16"; exit 1; fi
+grep -q "width 24 is not a multiple of the head dimension 16" "$out/err"
+test ! -e "$out/sweep_bad" || { echo "a refused sweep left a folder"; exit 1; }
 # Hardening (issue 13). A hostile --out is a folder name, never shell text.
 (cd "$out" && "$cli" snr --out "$out/a';touch INJECTED;'" --from 0 --to 1 --samples 64 --formats e4m3 > /dev/null 2>&1)
 test -z "$(find "$out" -name INJECTED)" || { echo "--out ran a shell command"; exit 1; }

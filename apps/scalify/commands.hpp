@@ -21,6 +21,7 @@ void add_train_commands(CLI::App& app);
 void add_inspect_commands(CLI::App& app);
 void add_pretrained_commands(CLI::App& app);
 void add_compare_command(CLI::App& app, const std::string& command_line);
+void add_sweep_command(CLI::App& app, const std::string& command_line);
 
 // Number options take plain decimal text only (io/number_text.hpp), parsed here and handed to
 // CLI11 rewritten as the number it is (use with ->transform): CLI11 alone reads "0x10" as 16 and

@@ -42,6 +42,7 @@ int main(int argc, char** argv) {
   std::string command_line = "scalify";
   for (int i = 1; i < argc; ++i) command_line.append(" ").append(argv[i]);
   scalify::cli::add_compare_command(app, command_line);
+  scalify::cli::add_sweep_command(app, command_line);
   // A first word that names no subcommand: say so (CLI11 would only report an unexpected argument).
   if (argc > 1 && argv[1][0] != '-') {
     std::string valid;
@@ -63,13 +64,13 @@ int main(int argc, char** argv) {
     const scalify::platform::World& world = scalify::platform::world();
     ranks = world.size();
     root = world.root();
-    // Data parallelism is train's and compare's; any other command on several ranks would only
+    // Data parallelism is train's, compare's and sweep's; any other command on several ranks would only
     // do the same work N times, each rank writing the same files.
     const std::string command = argc > 1 ? argv[1] : "";
     if (ranks > 1) check_ranks_agree_on_process(world, command);
-    if (ranks > 1 && command != "train" && command != "compare" && command != "info" && !command.starts_with("-")) {
+    if (ranks > 1 && command != "train" && command != "compare" && command != "sweep" && command != "info" && !command.starts_with("-")) {
       if (world.root())
-        std::fprintf(stderr, "scalify: error: '%s' runs on one process; only train and compare use several (mpirun -np %d)\n",
+        std::fprintf(stderr, "scalify: error: '%s' runs on one process; only train, compare and sweep use several (mpirun -np %d)\n",
                      command.c_str(), ranks);
       return 2;
     }

@@ -61,6 +61,7 @@ from ._scalify import (
 )
 from ._formats import amax, block_dequantize, block_quantize, dequantize, formats, quantize
 from ._recipes import preset, preset_names
+from ._sweep import SweepCell, SweepResult, SweepVerdict, sweep
 from ._training import Gpt, compare, inspect, load_checkpoint, read_metrics, train, training_batch
 
 __all__ = [
@@ -119,6 +120,10 @@ __all__ = [
     "training_batch",
     "train",
     "compare",
+    "sweep",
+    "SweepResult",
+    "SweepCell",
+    "SweepVerdict",
     "read_metrics",
     "load_checkpoint",
     "inspect",

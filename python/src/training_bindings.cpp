@@ -16,6 +16,7 @@
 
 #include "bindings.hpp"
 #include "scalify/compare/compare.hpp"
+#include "scalify/compare/sweep.hpp"
 #include "scalify/error.hpp"
 #include "scalify/inspect/inspect.hpp"
 #include "scalify/io/atomic_file.hpp"
@@ -203,6 +204,93 @@ nb::list run_compare(const std::map<std::string, std::string>& settings, const s
   return rows;
 }
 
+// `scalify sweep`: {"key", "values" (the grid's numbers, ascending), "labels", "cells" (one dict
+// per cell: recipe, width, depth, value, label, val_loss, status, note, best), "verdicts" ({recipe:
+// {across_widths, across_depths, widths_steps, depths_steps}}), "report" (report.md's path)}.
+// widths / depths: "" for the config's. progress(k, n, val_loss, recipe=, width=, depth=,
+// value=, status=, line=) after every cell.
+nb::dict run_sweep(const std::map<std::string, std::string>& settings, const std::string& vary, const std::string& widths,
+                   const std::string& depths, const std::string& recipes, const std::string& out, const std::string& seeds,
+                   nb::object progress) {
+  namespace cmp = scalify::compare;
+  refuse_several_ranks();
+  for (const auto& [text, what] : {std::pair{&out, "sweep: out"}, {&vary, "sweep: vary"}, {&recipes, "sweep: recipes"}})
+    without_nul(*text, what);
+  cmp::SweepConfig c;
+  apply_settings(c.base, settings);
+  c.grid = cmp::parse_vary(vary, c.base);
+  if (!widths.empty()) c.widths = cmp::parse_sizes(widths, "widths");
+  if (!depths.empty()) c.depths = cmp::parse_sizes(depths, "depths");
+  c.recipes = cmp::recipe_list(recipes);
+  if (!seeds.empty()) c.seeds = cmp::seed_list(seeds, c.base.seed);
+  c.out = out;
+  cmp::SweepReport rep;
+  try {
+    nb::gil_scoped_release release;
+    rep = cmp::sweep(
+        c,
+        [&](const std::string&) {
+          nb::gil_scoped_acquire acquire;
+          try {
+            if (PyErr_CheckSignals() != 0) throw nb::python_error();
+          } catch (const nb::python_error&) {  // Ctrl-C: the whole sweep stops
+            throw cmp::Stopped(std::current_exception());
+          }
+        },
+        [&](const cmp::SweepCell& cell, size_t k, size_t n, const std::string& line) {
+          nb::gil_scoped_acquire acquire;
+          try {
+            if (!progress.is_none())
+              progress(k, n, cell.val_loss, "recipe"_a = cell.recipe, "width"_a = cell.width, "depth"_a = cell.depth,
+                       "value"_a = c.grid.values[cell.value].x, "status"_a = cell.status, "line"_a = line);
+          } catch (const nb::python_error&) {  // the callback's own error: the whole sweep stops
+            throw cmp::Stopped(std::current_exception());
+          }
+        },
+        "python: scalify.sweep");
+  } catch (const cmp::Stopped& stopped) {  // the GIL held again: raised as itself
+    std::rethrow_exception(stopped.cause);
+  }
+  nb::dict d;
+  d["key"] = c.grid.key;
+  nb::list values, labels, cells;
+  for (const cmp::SweepValue& v : c.grid.values) values.append(v.x), labels.append(v.label);
+  std::map<std::pair<std::string, std::pair<int64_t, int64_t>>, std::vector<double>> rows;  // for each shape's best
+  for (const cmp::SweepCell& cell : rep.cells) {
+    auto& row = rows[{cell.recipe, {cell.width, cell.depth}}];
+    row.resize(c.grid.values.size(), NAN);
+    if (cell.status == "ok") row[cell.value] = cell.val_loss;
+  }
+  for (const cmp::SweepCell& cell : rep.cells) {
+    nb::dict r;
+    r["recipe"] = cell.recipe;
+    r["width"] = cell.width;
+    r["depth"] = cell.depth;
+    r["value"] = c.grid.values[cell.value].x;
+    r["label"] = c.grid.values[cell.value].label;
+    r["val_loss"] = cell.val_loss;
+    r["status"] = cell.status;
+    r["note"] = cell.note;
+    r["best"] = cmp::best_value(rows.at({cell.recipe, {cell.width, cell.depth}})) == cell.value;
+    cells.append(r);
+  }
+  nb::dict verdicts;
+  for (const cmp::SweepRecipeReport& r : rep.recipes) {
+    nb::dict v;
+    v["across_widths"] = r.across_widths.text;
+    v["across_depths"] = r.across_depths.text;
+    v["widths_steps"] = r.across_widths.steps;
+    v["depths_steps"] = r.across_depths.steps;
+    verdicts[r.recipe.c_str()] = v;
+  }
+  d["values"] = values;
+  d["labels"] = labels;
+  d["cells"] = cells;
+  d["verdicts"] = verdicts;
+  d["report"] = (fs::path(out) / "report.md").string();
+  return d;
+}
+
 // A safetensors file (a checkpoint, a quantised checkpoint): every tensor's values as float32
 // (codes decoded: FP8 / FP4 codes as their format values, without their scales), and the metadata.
 nb::tuple load_checkpoint(const std::string& path) {
@@ -334,6 +422,10 @@ void bind_training(nb::module_& m) {
         "progress"_a.none() = nb::none(),
         nb::sig("def compare(settings: collections.abc.Mapping[str, str], recipes: str, out: str, resume: bool = False, seeds: str = '', "
                 "speed_rounds: int = 5, progress: collections.abc.Callable[..., None] | None = None) -> list[dict[str, typing.Any]]"));
+  m.def("sweep", &run_sweep, "settings"_a, "vary"_a, "widths"_a, "depths"_a, "recipes"_a, "out"_a, "seeds"_a = "",
+        "progress"_a.none() = nb::none(),
+        nb::sig("def sweep(settings: collections.abc.Mapping[str, str], vary: str, widths: str, depths: str, recipes: str, out: str, "
+                "seeds: str = '', progress: collections.abc.Callable[..., None] | None = None) -> dict[str, typing.Any]"));
   m.def("load_checkpoint", &load_checkpoint, "path"_a,
         nb::sig("def load_checkpoint(path: str) -> tuple[dict[str, numpy.typing.NDArray[numpy.float32]], dict[str, str]]"));
   m.def("inspect", &run_inspect, "checkpoint"_a, "format"_a = "e4m3", "initial"_a = false, "batch"_a = 0, "data"_a = "",
