@@ -103,9 +103,12 @@ struct RunOutcome {
   std::string status = "ok", note;
 };
 
-// The run's loss before its first update (its first step's, in metrics.jsonl); ln vocab (a uniform
-// prediction) when it has none.
+// The loss a run that learned nothing stays near: the larger of a uniform prediction's (ln vocab)
+// and its first step's (before any update, in metrics.jsonl; one batch, so noisy). A standard
+// model starts above ln vocab, a u-μP one (its 1/fan_in readout) just below it, where a barely
+// moving run at a tiny learning rate must not count as diverged.
 double untrained_loss(const train::TrainConfig& c) {
+  const double uniform = std::log(double(c.model.vocab));
   const fs::path metrics = fs::path(c.out) / "metrics.jsonl";
   std::ifstream in;
   if (fs::is_regular_file(metrics)) in.open(metrics);
@@ -113,10 +116,10 @@ double untrained_loss(const train::TrainConfig& c) {
     const json j = io::try_parse_json(line);
     if (!j.is_discarded() && j.value("step", int64_t(-1)) == 0 && j.contains("loss") && j["loss"].is_number()) {
       const double loss = j["loss"].get<double>();
-      if (std::isfinite(loss)) return loss;
+      if (std::isfinite(loss)) return std::max(loss, uniform);
     }
   }
-  return std::log(double(c.model.vocab));
+  return uniform;
 }
 
 RunOutcome train_cell(const train::TrainConfig& c, bool resume, const train::Progress& progress) {
@@ -476,7 +479,8 @@ SweepReport sweep(const SweepConfig& given, const SweepStepProgress& progress, c
   md << ". Each run: " << b.steps << " steps of " << b.batch * b.accum << " windows of " << b.model.seq << " tokens, corpus "
      << (b.data.empty() ? "the default" : b.data) << ", " << config.seeds.size() << (config.seeds.size() > 1 ? " seeds (mean)" : " seed")
      << ".\n\n## Results\n\nFinal validation loss (nats per token); **bold**: the best value of each shape. A cell whose loss is not "
-        "finite or above its untrained model's (its first step's loss, before any update) is *diverged* and never the best; ties go to the "
+        "finite or above its untrained model's (the larger of its first step's loss, before any update, and ln vocab) is *diverged* and "
+        "never the best; ties go to the "
         "lower value. Verdict: *transfers* when the best values of the widths "
         "(of each depth; and of the depths, of each width) lie within one grid step of each other, else *moves by N steps* "
         "(the largest distance).\n\n"

@@ -55,8 +55,8 @@ struct SweepConfig {
 train::TrainConfig cell_config(const SweepConfig& config, const std::string& recipe, int64_t width, int64_t depth, size_t value,
                                uint64_t seed);
 
-// A final loss a sweep cannot count: not finite, or above the untrained model's (the run's first
-// step's loss, before any update; ln vocab where a run has none), so the run diverged.
+// A final loss a sweep cannot count: not finite, or above the untrained model's (the larger of the
+// run's first step's loss, before any update, and ln vocab), so the run diverged.
 bool diverged_loss(double loss, double untrained);
 // The index of the lowest loss of one shape's row (a diverged cell's is NaN: never the best); ties
 // go to the lower value. nullopt when every value diverged.
