@@ -4,6 +4,7 @@
 
 #include <string>
 
+#include "scalify/compare/recipe_lists.hpp"
 #include "scalify/error.hpp"
 #include "scalify/quant/recipe.hpp"
 
@@ -83,6 +84,11 @@ TEST(RecipeState, BadStateFieldsAreRefusedByName) {
   Recipe scaled = preset("scalify_fp8_4");
   scaled.first_moment = {.storage = Format::e4m3, .scaling = optim::StateScaling::per_tensor};
   EXPECT_THROW(scaled.validate(), Error);
+}
+
+TEST(RecipeState, CompareNamesTheStateList) {
+  EXPECT_EQ(compare::recipe_list("f32,state"), (std::vector<std::string>{"f32", "msamp_o2", "coat", "fp8_adam_no_expansion"}));
+  EXPECT_EQ(compare::recipe_family("coat"), "FP8 optimizer state");
 }
 
 }  // namespace
