@@ -104,6 +104,32 @@ TEST(StateFormat, PerTensorMatchesScalarReference) {
   }
 }
 
+// Every code's value, every midpoint between neighbours (ties go to the even code) and the f32s
+// either side of it, both signs where the code has one; the largest value is in the data, so the
+// per-tensor scale is 1.
+TEST(StateFormat, NearestRoundingOfEveryCodeAndTie) {
+  for (const Case& c : {Case{{Format::e4m3, StateScaling::per_tensor}, kE4M3}, Case{{Format::e5m2, StateScaling::per_tensor}, kE5M2},
+                        Case{{Format::f16, StateScaling::per_tensor}, kF16},
+                        Case{{.storage = Format::e4m3, .scaling = StateScaling::per_tensor, .non_negative = true}, kE4M4},
+                        Case{{.storage = Format::e5m2, .scaling = StateScaling::per_tensor, .non_negative = true}, kE5M3}}) {
+    std::vector<float> x;
+    for (uint32_t m = 0; m <= c.layout.max_mag; ++m) {
+      x.push_back(float(c.layout.value(m)));
+      if (m == c.layout.max_mag) break;
+      const auto mid = float((c.layout.value(m) + c.layout.value(m + 1)) / 2);
+      ASSERT_EQ(double(mid), (c.layout.value(m) + c.layout.value(m + 1)) / 2);
+      for (float v : {mid, std::nextafter(mid, 0.0f), std::nextafter(mid, INFINITY)}) x.push_back(v);
+    }
+    if (!c.format.non_negative)
+      for (size_t i = 0, n = x.size(); i < n; ++i) x.push_back(-x[i]);
+    const EncodedState s = encode_state(x, c.format);
+    ASSERT_EQ(s.scales[0], 1.0f);
+    const int bytes = c.format.storage == Format::f16 ? 2 : 1;
+    for (size_t i = 0; i < x.size(); ++i)
+      ASSERT_EQ(code_at(s, bytes, i), c.layout.encode(x[i])) << format_name(c.format.storage) << " " << x[i];
+  }
+}
+
 // Per-group scales amax / max (f32), codes encode(x / scale) in f32; the last group is partial.
 TEST(StateFormat, PerGroupMatchesScalarReference) {
   for (const Case& c : {Case{{.storage = Format::e4m3, .scaling = StateScaling::per_group, .group_size = 128}, kE4M3},

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <bit>
+#include <cfloat>
 #include <cmath>
 #include <cstring>
 
@@ -38,6 +39,48 @@ uint32_t get_code(const std::vector<std::byte>& codes, int bytes, int64_t i) {
   uint32_t code = 0;
   std::memcpy(&code, codes.data() + size_t(i) * size_t(bytes), size_t(bytes));
   return code;
+}
+
+// Round-to-nearest-even encoding of a finite f32 times 2^shift into the codec, saturating: the f32
+// bits rounded at the codec's mantissa width (the carry moves into the exponent), subnormals
+// through an exact f64 product. The same codes as detail::encode_bits (test_state_format checks
+// them against an independent reference), a few integer operations instead of its general path.
+uint32_t encode_nearest(const FormatInfo& c, float x, int shift) {
+  const uint32_t bits = std::bit_cast<uint32_t>(x), sign = bits >> 31 ? c.sign_mask() : 0u;
+  const double a = std::ldexp(double(std::fabs(x)), shift);
+  const int emin = c.emin(), m = c.man_bits;
+  uint32_t mag;
+  if (a < std::ldexp(1.0, emin)) {
+    mag = uint32_t(std::nearbyint(std::ldexp(a, m - emin)));  // 2^m (rounded up) is the first normal code
+  } else if (a > double(FLT_MAX)) {
+    mag = c.max_code();
+  } else {
+    const uint32_t f = std::bit_cast<uint32_t>(float(a));  // exact: a power-of-two multiple of an f32, in f32's normal range
+    const int cut = 23 - m;
+    const uint32_t r = f + ((1u << (cut - 1)) - 1) + ((f >> cut) & 1u);
+    const uint32_t rebias = uint32_t(127 - c.bias) << m;
+    mag = (r >> cut) - rebias;
+    if ((r >> cut) < rebias) mag = 0;  // unreachable for a >= 2^emin; kept for safety of the unsigned subtraction
+  }
+  return sign | std::min(mag, c.max_code());
+}
+
+// Decoded values of every code of an 8- or 16-bit codec, built once per layout.
+const std::vector<float>& decode_table(const FormatInfo& c) {
+  static const auto tables = [] {
+    std::vector<std::pair<FormatInfo, std::vector<float>>> t;
+    for (const Format f : {Format::f16, Format::bf16, Format::e4m3, Format::e5m2})
+      for (const bool non_negative : {false, true}) {
+        const FormatInfo layout = codec({.storage = f, .scaling = StateScaling::per_tensor, .non_negative = non_negative});
+        std::vector<float> values(size_t(1) << info(f).bits);
+        for (uint32_t code = 0; code < values.size(); ++code) values[code] = std::bit_cast<float>(detail::decode_bits(layout, code));
+        t.emplace_back(layout, std::move(values));
+      }
+    return t;
+  }();
+  for (const auto& [layout, values] : tables)
+    if (layout.id == c.id && layout.man_bits == c.man_bits) return values;
+  throw Error("optimizer state: no decode table for " + std::string(c.name));
 }
 
 // The largest e with amax * 2^e <= max (amax > 0): the per-tensor power-of-two scale is 2^-e.
@@ -117,8 +160,10 @@ EncodedState encode_state(std::span<const float> x, const StateFormat& f, uint64
   auto encode_one = [&](float v, int shift, int64_t i) {
     uint32_t b = std::bit_cast<uint32_t>(v);
     if (f.non_negative) b &= 0x7FFFFFFFu;
-    const uint32_t rnd = f.rounding == Rounding::stochastic ? random_bits(seed, i) : 0u;
-    put_code(s.codes, bytes, i, detail::encode_bits(c, b, shift, Overflow::saturate, f.rounding, rnd));
+    const uint32_t code = f.rounding == Rounding::stochastic
+                              ? detail::encode_bits(c, b, shift, Overflow::saturate, f.rounding, random_bits(seed, i))
+                              : encode_nearest(c, std::bit_cast<float>(b), shift);
+    put_code(s.codes, bytes, i, code);
   };
   if (f.scaling == StateScaling::none) {
 #pragma omp parallel for schedule(static)
@@ -178,7 +223,8 @@ void decode_state(const EncodedState& s, const StateFormat& f, std::span<float> 
   }
   const FormatInfo c = codec(f);
   const int bytes = info(f.storage).storage_bytes();
-  auto decode_one = [&](int64_t i) { return std::bit_cast<float>(detail::decode_bits(c, get_code(s.codes, bytes, i))); };
+  const std::vector<float>& table = decode_table(c);
+  auto decode_one = [&](int64_t i) { return table[get_code(s.codes, bytes, i)]; };
   const int64_t group = f.scaling == StateScaling::per_group ? f.group_size : std::max<int64_t>(n, 1);
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < n; ++i) {
