@@ -45,25 +45,40 @@ uint32_t get_code(const std::vector<std::byte>& codes, int bytes, int64_t i) {
 // bits rounded at the codec's mantissa width (the carry moves into the exponent), subnormals
 // through an exact f64 product. The same codes as detail::encode_bits (test_state_format checks
 // them against an independent reference), a few integer operations instead of its general path.
-uint32_t encode_nearest(const FormatInfo& c, float x, int shift) {
-  const uint32_t bits = std::bit_cast<uint32_t>(x), sign = bits >> 31 ? c.sign_mask() : 0u;
-  const double a = std::ldexp(double(std::fabs(x)), shift);
-  const int emin = c.emin(), m = c.man_bits;
-  uint32_t mag;
-  if (a < std::ldexp(1.0, emin)) {
-    mag = uint32_t(std::nearbyint(std::ldexp(a, m - emin)));  // 2^m (rounded up) is the first normal code
-  } else if (a > double(FLT_MAX)) {
-    mag = c.max_code();
-  } else {
-    const uint32_t f = std::bit_cast<uint32_t>(float(a));  // exact: a power-of-two multiple of an f32, in f32's normal range
-    const int cut = 23 - m;
-    const uint32_t r = f + ((1u << (cut - 1)) - 1) + ((f >> cut) & 1u);
-    const uint32_t rebias = uint32_t(127 - c.bias) << m;
-    mag = (r >> cut) - rebias;
-    if ((r >> cut) < rebias) mag = 0;  // unreachable for a >= 2^emin; kept for safety of the unsigned subtraction
+struct NearestEncoder {
+  FormatInfo c;
+  int shift;
+  double normal_min, to_subnormal_units;  // 2^emin, 2^(m - emin)
+  float mul;                              // 2^shift where f32 holds it (|shift| <= 100), else 0
+  NearestEncoder(const FormatInfo& codec, int shift_)
+      : c(codec),
+        shift(shift_),
+        normal_min(std::ldexp(1.0, codec.emin())),
+        to_subnormal_units(std::ldexp(1.0, codec.man_bits - codec.emin())),
+        mul(shift_ >= -100 && shift_ <= 100 ? std::bit_cast<float>(uint32_t(127 + shift_) << 23) : 0.0f) {}
+  uint32_t operator()(float x) const {
+    const uint32_t sign = std::bit_cast<uint32_t>(x) >> 31 ? c.sign_mask() : 0u;
+    // |x| 2^shift: an f32 product where it stays normal (exact), else f64.
+    float af = std::fabs(x) * mul;
+    double a = af;
+    if (mul == 0 || (af < FLT_MIN && af != 0)) {
+      a = std::ldexp(double(std::fabs(x)), shift);
+      af = float(a);
+    }
+    uint32_t mag;
+    if (a < normal_min) {
+      mag = uint32_t(std::nearbyint(a * to_subnormal_units));  // 2^m (rounded up) is the first normal code
+    } else if (a > double(FLT_MAX)) {
+      mag = c.max_code();
+    } else {
+      const uint32_t f = std::bit_cast<uint32_t>(af);  // exact: a power-of-two multiple of an f32, in f32's normal range
+      const int cut = 23 - c.man_bits;
+      const uint32_t r = f + ((1u << (cut - 1)) - 1) + ((f >> cut) & 1u);
+      mag = (r >> cut) - (uint32_t(127 - c.bias) << c.man_bits);
+    }
+    return sign | std::min(mag, c.max_code());
   }
-  return sign | std::min(mag, c.max_code());
-}
+};
 
 // Decoded values of every code of an 8- or 16-bit codec, built once per layout.
 const std::vector<float>& decode_table(const FormatInfo& c) {
@@ -157,17 +172,18 @@ EncodedState encode_state(std::span<const float> x, const StateFormat& f, uint64
   s.codes.resize(size_t(n) * size_t(bytes));
   const double max = state_code_max(f);
   // One element: x (its sign kept, -0 as +0 in non-negative codes) times 2^shift, rounded.
-  auto encode_one = [&](float v, int shift, int64_t i) {
+  const NearestEncoder unshifted(c, 0);
+  auto encode_one = [&](float v, const NearestEncoder& enc, int64_t i) {
     uint32_t b = std::bit_cast<uint32_t>(v);
     if (f.non_negative) b &= 0x7FFFFFFFu;
     const uint32_t code = f.rounding == Rounding::stochastic
-                              ? detail::encode_bits(c, b, shift, Overflow::saturate, f.rounding, random_bits(seed, i))
-                              : encode_nearest(c, std::bit_cast<float>(b), shift);
+                              ? detail::encode_bits(c, b, enc.shift, Overflow::saturate, f.rounding, random_bits(seed, i))
+                              : enc(std::bit_cast<float>(b));
     put_code(s.codes, bytes, i, code);
   };
   if (f.scaling == StateScaling::none) {
 #pragma omp parallel for schedule(static)
-    for (int64_t i = 0; i < n; ++i) encode_one(x[size_t(i)], 0, i);
+    for (int64_t i = 0; i < n; ++i) encode_one(x[size_t(i)], unshifted, i);
     return s;
   }
   if (f.scaling == StateScaling::per_tensor) {
@@ -175,8 +191,9 @@ EncodedState encode_state(std::span<const float> x, const StateFormat& f, uint64
     for (float v : x) amax = std::max(amax, std::fabs(v));
     const int e = amax > 0 ? power_of_two_exponent(max, amax) : 0;
     s.scales.push_back(float(std::ldexp(1.0, -e)));
+    const NearestEncoder shifted(c, e);
 #pragma omp parallel for schedule(static)
-    for (int64_t i = 0; i < n; ++i) encode_one(x[size_t(i)], e, i);
+    for (int64_t i = 0; i < n; ++i) encode_one(x[size_t(i)], shifted, i);
     return s;
   }
   const int64_t groups = (n + f.group_size - 1) / f.group_size;
@@ -195,20 +212,20 @@ EncodedState encode_state(std::span<const float> x, const StateFormat& f, uint64
       if (a > 0) lo = std::min(lo, a);
     }
     if (hi == 0) {
-      for (int64_t i = begin; i < end; ++i) encode_one(0.0f, 0, i);
+      for (int64_t i = begin; i < end; ++i) encode_one(0.0f, unshifted, i);
       continue;
     }
     if (!f.expand) {
       const float scale = float(hi / max);
       s.scales[size_t(g)] = scale;
-      for (int64_t i = begin; i < end; ++i) encode_one(x[size_t(i)] / scale, 0, i);
+      for (int64_t i = begin; i < end; ++i) encode_one(x[size_t(i)] / scale, unshifted, i);
       continue;
     }
     const Expansion e = expansion_for(hi, lo, max, f.expand_min);
     s.expand_k[size_t(g)] = e.k;
     s.centre[size_t(g)] = e.centre;
     s.scales[size_t(g)] = e.scale;
-    for (int64_t i = begin; i < end; ++i) encode_one(e.forward(x[size_t(i)]), 0, i);
+    for (int64_t i = begin; i < end; ++i) encode_one(e.forward(x[size_t(i)]), unshifted, i);
   }
   return s;
 }
@@ -224,17 +241,21 @@ void decode_state(const EncodedState& s, const StateFormat& f, std::span<float> 
   const FormatInfo c = codec(f);
   const int bytes = info(f.storage).storage_bytes();
   const std::vector<float>& table = decode_table(c);
-  auto decode_one = [&](int64_t i) { return table[get_code(s.codes, bytes, i)]; };
   const int64_t group = f.scaling == StateScaling::per_group ? f.group_size : std::max<int64_t>(n, 1);
+  const int64_t groups = (n + group - 1) / group;
+  // Pieces of at most 64K elements (whole groups), so one tensor's decode runs on every thread.
+  const int64_t piece = std::max<int64_t>(1, 65536 / group) * group;
+  const int64_t pieces = (n + piece - 1) / piece;
 #pragma omp parallel for schedule(static)
-  for (int64_t i = 0; i < n; ++i) {
-    const auto g = size_t(i / group);
-    const float q = decode_one(i), scale = s.scales.empty() ? 1.0f : s.scales[g];
-    if (!f.expand) {
-      out[size_t(i)] = q * scale;
-      continue;
+  for (int64_t p = 0; p < pieces; ++p) {
+    for (int64_t g = p * piece / group; g < std::min(groups, (p + 1) * piece / group); ++g) {
+      const int64_t begin = g * group, end = std::min(n, begin + group);
+      const float scale = s.scales.empty() ? 1.0f : s.scales[size_t(g)];
+      for (int64_t i = begin; i < end; ++i) {
+        const uint32_t code = bytes == 1 ? uint32_t(s.codes[size_t(i)]) : get_code(s.codes, bytes, i);
+        out[size_t(i)] = f.expand ? Expansion{s.expand_k[size_t(g)], s.centre[size_t(g)], scale}.inverse(table[code]) : table[code] * scale;
+      }
     }
-    out[size_t(i)] = Expansion{s.expand_k[g], s.centre[g], scale}.inverse(q);
   }
 }
 
