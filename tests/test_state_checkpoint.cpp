@@ -7,6 +7,7 @@
 #include <cstring>
 #include <filesystem>
 
+#include "scalify/inspect/inspect.hpp"
 #include "scalify/io/safetensors.hpp"
 #include "scalify/quant/recipe.hpp"
 #include "scalify/train/trainer.hpp"
@@ -63,6 +64,19 @@ TEST(StateCheckpoint, MomentsAreStoredInTheirOwnFormat) {
   }
   EXPECT_GT(moments, 0);
   EXPECT_FALSE(st.has("optim.m.wte")) << "a widened moment";
+
+  // inspect: the moments' code values, one row per parameter and moment, in E4M3, every value counted.
+  const inspect::Inspection in = inspect::inspect_checkpoint(run.string(), {});
+  int firsts = 0, seconds = 0;
+  for (const inspect::InspectedTensor& t : in.tensors) {
+    if (t.kind != inspect::TensorKind::first_moment && t.kind != inspect::TensorKind::second_moment) continue;
+    (t.kind == inspect::TensorKind::first_moment ? firsts : seconds) += 1;
+    EXPECT_EQ(t.storage, DType::e4m3) << t.name;
+    EXPECT_EQ(t.histogram.count, st.at("optim.m." + t.name + ".codes").numel()) << t.name;
+    EXPECT_EQ(t.histogram.nonfinite, 0) << t.name;
+  }
+  EXPECT_EQ(firsts, moments / 2);
+  EXPECT_EQ(seconds, moments / 2);
 }
 
 }  // namespace

@@ -230,6 +230,19 @@ EncodedState encode_state(std::span<const float> x, const StateFormat& f, uint64
   return s;
 }
 
+std::vector<float> code_values(const EncodedState& s, const StateFormat& f) {
+  std::vector<float> out(size_t(s.numel));
+  if (f.storage == Format::f32) {
+    std::memcpy(out.data(), s.codes.data(), s.codes.size());
+    return out;
+  }
+  const FormatInfo c = codec(f);
+  const std::vector<float>& table = decode_table(c);
+  const int bytes = info(f.storage).storage_bytes();
+  for (int64_t i = 0; i < s.numel; ++i) out[size_t(i)] = table[get_code(s.codes, bytes, i)];
+  return out;
+}
+
 void decode_state(const EncodedState& s, const StateFormat& f, std::span<float> out) {
   if (int64_t(out.size()) != s.numel)
     throw Error("optimizer state: decoding " + std::to_string(s.numel) + " values into " + std::to_string(out.size()));

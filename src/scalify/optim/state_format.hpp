@@ -83,6 +83,9 @@ struct EncodedState {
 
 // Encodes x (finite; >= 0 when f.non_negative, else throws naming the value). seed feeds stochastic rounding.
 EncodedState encode_state(std::span<const float> x, const StateFormat& f, uint64_t seed = 0);
+// The values the codes hold in their format, before the scale and the expansion's inverse (what
+// `scalify inspect` histograms against the format's range).
+std::vector<float> code_values(const EncodedState& s, const StateFormat& f);
 // Decodes into out (out.size() == s.numel).
 void decode_state(const EncodedState& s, const StateFormat& f, std::span<float> out);
 
