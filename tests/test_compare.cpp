@@ -420,7 +420,14 @@ TEST(Compare, ARecipeJsonFileRunsUnderItsStem) {
 double declared_bytes_per_parameter(const quant::Recipe& r) {
   const double gradient = r.weight_gradient == Format::f32 ? double(std::min(dtype_size(r.master_weight), dtype_size(r.data_storage)))
                                                            : double(info(r.weight_gradient).bits) / 8.0;
-  return dtype_size(r.master_weight) + gradient + 2.0 * dtype_size(r.optimizer_state);
+  // A moment in its own format (issue 48): its codes, plus per group an f32 scale (and COAT's k and
+  // centre); f32 moments in optimizer_state's storage.
+  auto moment = [&](const optim::StateFormat& f) {
+    if (f.is_plain_f32()) return double(dtype_size(r.optimizer_state));
+    const double per_group = f.scaling == optim::StateScaling::per_group ? (f.expand ? 12.0 : 4.0) / double(f.group_size) : 0.0;
+    return double(info(f.storage).bits) / 8.0 + per_group;
+  };
+  return dtype_size(r.master_weight) + gradient + moment(r.first_moment) + moment(r.second_moment);
 }
 
 TEST(Compare, StateBytesPerParameterMatchWhatEachRecipeDeclares) {

@@ -323,7 +323,7 @@ void bind_recipe(nb::module_& m) {
           },
           nb::arg("other").none(), nb::sig("def __eq__(self, other: object, /) -> bool"))
       // The fields that differ from Recipe(); Recipe.from_json(...) where those cannot say it all
-      // (loss scaling has no field here).
+      // (loss scaling and the optimizer-state roles have no field here).
       .def("__repr__",
            [](nb::handle self) {
              const std::string text =
@@ -333,9 +333,12 @@ void bind_recipe(nb::module_& m) {
                                        "data_storage", "gradient_allreduce"}) +
                  ")";
              const Recipe& r = nb::cast<const Recipe&>(self);
-             Recipe without_loss_scaling = r;
-             without_loss_scaling.loss_scaling = Recipe{}.loss_scaling;
-             if (without_loss_scaling.to_json() == r.to_json()) return text;
+             // The fields with no keyword here: loss scaling and the optimizer-state roles.
+             Recipe keywords_only = r;
+             keywords_only.loss_scaling = Recipe{}.loss_scaling;
+             keywords_only.first_moment = keywords_only.second_moment = {};
+             keywords_only.master_rounding = Recipe{}.master_rounding;
+             if (keywords_only.to_json() == r.to_json()) return text;
              return "Recipe.from_json(" + std::string(nb::repr(nb::str(r.to_json().c_str())).c_str()) + ")";
            })
       // The JSON form is the state: every field, loss scaling included.

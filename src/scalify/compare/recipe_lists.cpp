@@ -23,6 +23,7 @@ const std::map<std::string, std::vector<std::string>>& named_lists() {
       {"unit", {"unit_f32", "unit_fp16", "unit_fp8", "umup", "umup_fp8"}},
       {"per_tensor", {"current", "delayed", "fp8_amax", "fp8_cscale"}},
       {"allreduce", {"f32_allreduce_f16", "f32_allreduce_e4m3", "f32_allreduce_e5m2"}},
+      {"state", {"msamp_o2", "coat", "fp8_adam_no_expansion"}},
       {"fp4",
        {"nvfp4", "nvfp4_no_hadamard", "nvfp4_no_sr", "nvfp4_1x16_weights", "nvfp4_no_tensor_scale", "nvfp4_all_layers", "mxfp4",
         "mxfp4_rceil"}},
@@ -32,8 +33,9 @@ const std::map<std::string, std::vector<std::string>>& named_lists() {
 
 // (family, the named list that defines it), in drawing order; "other" holds the rest.
 const std::vector<std::pair<std::string, std::string>>& families() {
-  static const std::vector<std::pair<std::string, std::string>> f = {
-      {"SCALIFY", "scalify"}, {"unit scaling", "unit"}, {"per-tensor FP8", "per_tensor"}, {"FP4", "fp4"}, {"all-reduce", "allreduce"}};
+  static const std::vector<std::pair<std::string, std::string>> f = {{"SCALIFY", "scalify"},           {"unit scaling", "unit"},
+                                                                     {"per-tensor FP8", "per_tensor"}, {"FP4", "fp4"},
+                                                                     {"all-reduce", "allreduce"},      {"FP8 optimizer state", "state"}};
   return f;
 }
 

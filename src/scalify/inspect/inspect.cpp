@@ -8,6 +8,7 @@
 
 #include "scalify/error.hpp"
 #include "scalify/io/atomic_file.hpp"
+#include "scalify/optim/state_format.hpp"
 #include "scalify/report/gnuplot.hpp"
 #include "scalify/train/session.hpp"
 
@@ -21,6 +22,8 @@ const char* kind_name(TensorKind k) {
     case TensorKind::activation_grad: return "activation_grad";
     case TensorKind::weight: return "weight";
     case TensorKind::weight_grad: return "weight_grad";
+    case TensorKind::first_moment: return "first_moment";
+    case TensorKind::second_moment: return "second_moment";
   }
   return "?";
 }
@@ -88,6 +91,19 @@ Inspection inspect_checkpoint(const std::string& checkpoint, const InspectOption
   for (size_t i = 0; i < s->params.size(); ++i)
     if (s->params[i].scaled_grad().data.defined())
       r.tensors.push_back(describe(s->names[i], TensorKind::weight_grad, s->params[i].scaled_grad(), o.format));
+  if (s->opt->encodes_state())
+    for (const TensorKind kind : {TensorKind::first_moment, TensorKind::second_moment})
+      for (size_t i = 0; i < s->params.size(); ++i) {
+        const bool m = kind == TensorKind::first_moment;
+        const optim::StateFormat& f = m ? s->opt->config().m_format : s->opt->config().v_format;
+        const optim::EncodedState& e = m ? s->opt->encoded_first_moment(i) : s->opt->encoded_second_moment(i);
+        InspectedTensor t = describe(s->names[i], kind, ScaledTensor(Tensor::from_vector(optim::code_values(e, f), {e.numel})), o.format);
+        t.storage = dtype_of(f.storage);
+        double largest = 0;
+        for (float v : e.scales) largest = std::max(largest, double(v));
+        t.scale_log2 = largest > 0 ? std::log2(largest) : NAN;
+        r.tensors.push_back(t);
+      }
   return r;
 }
 
@@ -114,6 +130,9 @@ std::string draw_heat_maps(const Inspection& in, const fs::path& dir) {
     }
   }
   const int zero_x = lo - 2, nonfinite_x = hi + 2;  // one empty column between them and the bins
+  // Encoded optimizer moments get two more panels.
+  const bool has_moments =
+      std::any_of(in.tensors.begin(), in.tensors.end(), [](const InspectedTensor& t) { return t.kind == TensorKind::first_moment; });
   std::ostringstream gp;
   size_t rows_max = 0;
   for (TensorKind k : {TensorKind::activation, TensorKind::weight})
@@ -121,7 +140,7 @@ std::string draw_heat_maps(const Inspection& in, const fs::path& dir) {
         rows_max, size_t(std::count_if(in.tensors.begin(), in.tensors.end(), [&](const InspectedTensor& t) { return t.kind == k; })));
   gp << "set terminal pngcairo noenhanced size 2400," << 260 + 13 * rows_max << " font ',9'\n"
      << "set output " << report::gnuplot_quote((dir / "histograms.png").string()) << "\n"
-     << "set multiplot layout 1,4 title "
+     << "set multiplot layout 1," << (has_moments ? 6 : 4) << " title "
      << report::gnuplot_quote("log2 |x| of every tensor, recipe " + in.recipe + ", step " + std::to_string(in.step) +
                               "; shade: share of the tensor's values (square root); dashed: " + std::string(format_name(in.format)) +
                               "'s smallest subnormal, smallest normal and largest value; scaled tensors: their data, scale in the label")
@@ -130,10 +149,14 @@ std::string draw_heat_maps(const Inspection& in, const fs::path& dir) {
      << "set xrange [" << zero_x << ":" << nonfinite_x + 1 << "]\nset xlabel 'log2 |x|'\nset ytics nomirror\nset tics front\n";
   for (double v : {range.min_subnormal, range.min_normal, range.max})
     gp << "set arrow from " << std::log2(v) << ", graph 0 to " << std::log2(v) << ", graph 1 nohead dt 2 lw 1.5 lc rgb '#d62728' front\n";
-  const std::pair<TensorKind, const char*> panels[] = {{TensorKind::activation, "activations"},
-                                                       {TensorKind::activation_grad, "activation gradients"},
-                                                       {TensorKind::weight, "weights"},
-                                                       {TensorKind::weight_grad, "weight gradients"}};
+  std::vector<std::pair<TensorKind, const char*>> panels = {{TensorKind::activation, "activations"},
+                                                            {TensorKind::activation_grad, "activation gradients"},
+                                                            {TensorKind::weight, "weights"},
+                                                            {TensorKind::weight_grad, "weight gradients"}};
+  if (has_moments) {
+    panels.emplace_back(TensorKind::first_moment, "first moments (codes)");
+    panels.emplace_back(TensorKind::second_moment, "second moments (codes)");
+  }
   // Numbered ticks every 5 or 10 binades, clear of the zero and non-finite columns' labels.
   std::ostringstream xtics;
   xtics << "'0' " << zero_x + 0.5 << ", 'inf/NaN' " << nonfinite_x + 0.5;

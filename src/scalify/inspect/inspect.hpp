@@ -11,7 +11,9 @@
 
 namespace scalify::inspect {
 
-enum class TensorKind : uint8_t { activation, activation_grad, weight, weight_grad };
+// first_moment / second_moment: AdamW's moments where the recipe encodes them (optim/state_format),
+// as the values their codes hold in the storage format (before the scale and COAT's expansion).
+enum class TensorKind : uint8_t { activation, activation_grad, weight, weight_grad, first_moment, second_moment };
 const char* kind_name(TensorKind k);
 
 struct InspectedTensor {

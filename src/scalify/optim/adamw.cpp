@@ -7,6 +7,7 @@
 #include <string>
 
 #include "scalify/error.hpp"
+#include "scalify/formats/bulk.hpp"
 #include "scalify/optim/grad_norm.hpp"
 #include "scalify/optim/param_chunks.hpp"
 #include "scalify/scaled/scale_rules.hpp"
@@ -36,7 +37,23 @@ void check_config(const AdamWConfig& c) {
   need(c.eps > 0 && std::isfinite(c.eps), "eps", "finite and > 0", c.eps);
   need(c.weight_decay >= 0 && std::isfinite(c.weight_decay), "weight_decay", "finite and >= 0", c.weight_decay);
   need(c.rescale_every >= 0, "rescale_every", ">= 0 (0: never)", c.rescale_every);
+  validate(c.m_format, "AdamW m_format");
+  validate(c.v_format, "AdamW v_format");
+  if (c.m_format.non_negative) throw Error("AdamW m_format: the first moment takes both signs (non_negative must be false)");
+  if (c.master_rounding != Rounding::nearest_even && c.master_rounding != Rounding::stochastic)
+    throw Error("AdamW: master_rounding must be nearest_even or stochastic");
 }
+// New weights (f32) into the master-weight storage: Tensor::to's rounding, or stochastic.
+Tensor store_master(const Tensor& w, DType dtype, Rounding rounding, uint64_t seed) {
+  if (dtype == DType::f32 || rounding == Rounding::nearest_even) return w.to(dtype);
+  Tensor out = Tensor::empty(w.shape(), dtype);
+  const auto n = size_t(w.numel());
+  quantize(std::span<const float>(w.data<float>(), n), *dtype_format(dtype), 1.0f,
+           std::span<std::byte>(out.raw_bytes(), n * size_t(dtype_size(dtype))), {.rounding = rounding, .seed = seed});
+  return out;
+}
+// The seed of stochastic rounding for step t, parameter k, and what it rounds (0 m, 1 v, 2 weight).
+uint64_t rounding_seed(int64_t t, size_t k, int what) { return (uint64_t(t) << 24) ^ (uint64_t(k) << 2) ^ uint64_t(what); }
 }  // namespace
 
 AdamW::AdamW(std::vector<Var> params, AdamWConfig config, std::vector<double> lr_scale, std::vector<bool> decay,
@@ -63,8 +80,17 @@ AdamW::AdamW(std::vector<Var> params, AdamWConfig config, std::vector<double> lr
   for (size_t k = 0; k < lr_scale_.size(); ++k)
     if (!(lr_scale_[k] >= 0) || !std::isfinite(lr_scale_[k]))
       throw Error("AdamW: lr_scale of parameter " + std::to_string(k) + " must be finite and >= 0, got " + std::to_string(lr_scale_[k]));
-  for (const Var& p : params_) {
-    if (p.scaled().is_scaled()) {  // zeros whose scale is ANY: the first update takes g's scale
+  m_codes_.resize(params_.size());
+  v_codes_.resize(params_.size());
+  for (size_t k = 0; k < params_.size(); ++k) {
+    const Var& p = params_[k];
+    if (!p.scaled().is_scaled() && encodes_state()) {  // zeros, encoded: codes 0, scale 1
+      const std::vector<float> zeros(size_t(numel_of(p.shape())), 0.0f);
+      m_codes_[k] = encode_state(zeros, c_.m_format);
+      v_codes_[k] = encode_state(zeros, c_.v_format);
+      m_.emplace_back();
+      v_.emplace_back();
+    } else if (p.scaled().is_scaled()) {  // zeros whose scale is ANY: the first update takes g's scale
       m_.push_back(any_scale_constant(Tensor::zeros(p.shape(), c_.state_dtype)));
       v_.push_back(any_scale_constant(Tensor::zeros(p.shape(), c_.state_dtype)));
     } else {
@@ -86,7 +112,10 @@ void AdamW::step(double gradient_multiplier, Gradients gradients) {
   if (gradients == Gradients::unchecked) check_finite_gradients();  // before any parameter changes
   ++t_;
   const double bc1 = 1 - std::pow(c_.beta1, double(t_)), bc2 = 1 - std::pow(c_.beta2, double(t_));
-  step_plain(plain, bc1, bc2, gradient_multiplier);
+  if (encodes_state())
+    step_encoded(plain, bc1, bc2, gradient_multiplier);
+  else
+    step_plain(plain, bc1, bc2, gradient_multiplier);
   for (size_t k : step_scaled_fused(scaled, bc1, bc2, gradient_multiplier)) step_scaled(k, bc1, bc2, gradient_multiplier);
   for (size_t k : plain) params_[k].zero_grad();
   for (size_t k : scaled) params_[k].zero_grad();
@@ -132,7 +161,40 @@ void AdamW::step_plain(const std::vector<size_t>& ks, double bc1, double bc2, do
       pw[i] = pold[i] - lr * ((m[i] * ibc1) / (std::sqrt(v[i] * ibc2) + eps) + wd * pold[i]);
     }
   });
-  for (size_t j = 0; j < ks.size(); ++j) params_[ks[j]].set_value(next[j].to(values[j].dtype()));
+  for (size_t j = 0; j < ks.size(); ++j)
+    params_[ks[j]].set_value(store_master(next[j], values[j].dtype(), c_.master_rounding, rounding_seed(t_, ks[j], 2)));
+}
+
+// Encoded moments: decoded to f32, updated with the weight in f64 (the moments rounded to f32 only
+// to be encoded; the update reads the f64 ones), re-encoded. The encoders and decoders run
+// parallel over each parameter.
+void AdamW::step_encoded(const std::vector<size_t>& ks, double bc1, double bc2, double gradient_multiplier) {
+  const double b1 = c_.beta1, b2 = c_.beta2, c1 = 1 - c_.beta1, c2 = 1 - c_.beta2, eps = c_.eps;
+  for (size_t k : ks) {
+    Var& p = params_[k];
+    const Tensor value = p.value(), gradient = p.grad();
+    const Dense<float> w(value), g(gradient);
+    const auto n = int64_t(value.numel());
+    std::vector<float> m(static_cast<size_t>(n)), v(static_cast<size_t>(n));
+    decode_state(m_codes_[k], c_.m_format, m);
+    decode_state(v_codes_[k], c_.v_format, v);
+    Tensor next = Tensor::empty(p.shape(), DType::f32);
+    float* pw = next.data<float>();
+    const float* pg = g.data();
+    const float* pold = w.data();
+    const double lr = c_.lr * lr_scale_[k], wd = decay_[k] ? c_.weight_decay : 0.0;
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < n; ++i) {
+      const double gi = double(pg[i]) * gradient_multiplier, wi = pold[i];
+      const double mi = b1 * double(m[size_t(i)]) + c1 * gi, vi = b2 * double(v[size_t(i)]) + c2 * gi * gi;
+      pw[i] = float(wi - lr * ((mi / bc1) / (std::sqrt(vi / bc2) + eps) + wd * wi));
+      m[size_t(i)] = float(mi);
+      v[size_t(i)] = float(vi);
+    }
+    m_codes_[k] = encode_state(m, c_.m_format, rounding_seed(t_, k, 0));
+    v_codes_[k] = encode_state(v, c_.v_format, rounding_seed(t_, k, 1));
+    p.set_value(store_master(next, value.dtype(), c_.master_rounding, rounding_seed(t_, k, 2)));
+  }
 }
 
 namespace {
@@ -282,6 +344,32 @@ void AdamW::step_scaled(size_t k, double bc1, double bc2, double gradient_multip
     v_[k] = dynamic_rescale_l2(v_[k]);
   }
   p.set_value(next);
+}
+
+void AdamW::load_encoded_state(int64_t steps, std::vector<EncodedState> m, std::vector<EncodedState> v) {
+  if (steps < 0 || m.size() != params_.size() || v.size() != params_.size())
+    throw Error("AdamW: encoded state for " + std::to_string(m.size()) + " parameters, expected " + std::to_string(params_.size()));
+  for (size_t k = 0; k < params_.size(); ++k)
+    if (m[k].numel != m_codes_[k].numel || v[k].numel != v_codes_[k].numel || m[k].codes.size() != m_codes_[k].codes.size() ||
+        v[k].codes.size() != v_codes_[k].codes.size() || m[k].scales.size() != m_codes_[k].scales.size() ||
+        v[k].scales.size() != v_codes_[k].scales.size() || m[k].expand_k.size() != m_codes_[k].expand_k.size() ||
+        v[k].expand_k.size() != v_codes_[k].expand_k.size() || m[k].centre.size() != m_codes_[k].centre.size() ||
+        v[k].centre.size() != v_codes_[k].centre.size())
+      throw Error("AdamW: encoded state of parameter " + std::to_string(k) + " does not match its shape " + shape_str(params_[k].shape()) +
+                  " and the state formats");
+  t_ = steps;
+  m_codes_ = std::move(m);
+  v_codes_ = std::move(v);
+}
+
+int64_t AdamW::state_bytes(size_t i) const {
+  auto bytes = [](const ScaledTensor& t) {
+    int64_t b = 0;
+    for (const Tensor& x : {t.data, t.scale})
+      if (x.defined()) b += x.numel() * dtype_size(x.dtype());
+    return b;
+  };
+  return bytes(m_[i]) + bytes(v_[i]) + m_codes_[i].bytes() + v_codes_[i].bytes();
 }
 
 void AdamW::load_state(int64_t steps, std::vector<ScaledTensor> m, std::vector<ScaledTensor> v) {

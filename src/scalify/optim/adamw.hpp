@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "scalify/autograd/var.hpp"
+#include "scalify/optim/state_format.hpp"
 
 namespace scalify::optim {
 
@@ -25,6 +26,14 @@ struct AdamWConfig {
   // Scaled parameters: one fused pass per parameter (the same arithmetic, bit for bit), or the
   // composed scaled ops (the reference; also what any case the fused pass does not cover runs).
   bool fused = true;
+  // Storage of m and v for unscaled parameters (optim/state_format.hpp): f32 (the plain update
+  // above), or a low-precision format, in which case every step decodes the moments, updates them
+  // and the weights in f64 and re-encodes them (v_format must be non_negative for 8-bit codes
+  // to spend the sign bit; m_format must not be).
+  StateFormat m_format{}, v_format{};
+  // How new unscaled weights round into a master-weight storage narrower than f32 (bf16, f16):
+  // nearest_even, or stochastic (bits from a hash of the step and parameter, so a resume repeats them).
+  Rounding master_rounding = Rounding::nearest_even;
 };
 
 class AdamW {
@@ -52,14 +61,25 @@ class AdamW {
   const AdamWConfig& config() const { return c_; }
   // Checkpoints: restores the step count and both moments (shapes must match the parameters').
   void load_state(int64_t steps, std::vector<ScaledTensor> m, std::vector<ScaledTensor> v);
+  // Whether unscaled parameters keep encoded moments (m_format or v_format not f32); then
+  // first_moment / second_moment of those parameters are empty and these hold them.
+  bool encodes_state() const { return !c_.m_format.is_plain_f32() || !c_.v_format.is_plain_f32(); }
+  const EncodedState& encoded_first_moment(size_t i) const { return m_codes_[i]; }
+  const EncodedState& encoded_second_moment(size_t i) const { return v_codes_[i]; }
+  // Checkpoints of encoded state: codes as saved (sizes must match the parameters').
+  void load_encoded_state(int64_t steps, std::vector<EncodedState> m, std::vector<EncodedState> v);
+  // True bytes of parameter i's two moments (codes and scales).
+  int64_t state_bytes(size_t i) const;
 
  private:
   void check_finite_gradients() const;  // throws naming the first parameter with one
   void step_plain(const std::vector<size_t>& ks, double bc1, double bc2, double gradient_multiplier);
+  void step_encoded(const std::vector<size_t>& ks, double bc1, double bc2, double gradient_multiplier);
   void step_scaled(size_t k, double bc1, double bc2, double gradient_multiplier);
   std::vector<size_t> step_scaled_fused(const std::vector<size_t>& ks, double bc1, double bc2, double gradient_multiplier);
   std::vector<Var> params_;
   std::vector<ScaledTensor> m_, v_;
+  std::vector<EncodedState> m_codes_, v_codes_;  // unscaled parameters when encodes_state()
   std::vector<double> lr_scale_;
   std::vector<bool> decay_;
   std::vector<double> decay_scale_;

@@ -104,6 +104,51 @@ json parse_without_duplicate_keys(const std::string& text) {
   });
 }
 
+constexpr std::pair<optim::StateScaling, const char*> kStateScalings[] = {
+    {optim::StateScaling::none, "none"}, {optim::StateScaling::per_tensor, "per_tensor"}, {optim::StateScaling::per_group, "per_group"}};
+
+json state_json(const optim::StateFormat& f) {
+  json j = {{"storage", std::string(format_name(f.storage))}};
+  for (const auto& [s, name] : kStateScalings)
+    if (s == f.scaling) j["scaling"] = name;
+  if (f.scaling == optim::StateScaling::per_group) j["group_size"] = f.group_size;
+  for (const auto& [r, name] : kRoundings)
+    if (r == f.rounding) j["rounding"] = name;
+  j["non_negative"] = f.non_negative;
+  if (f.expand) {
+    j["expand"] = true;
+    j["expand_min"] = f.expand_min;
+  }
+  return j;
+}
+
+optim::StateFormat state_from(const json& j, const char* where) {
+  only_known_fields(j, {"storage", "scaling", "group_size", "rounding", "non_negative", "expand", "expand_min"}, where);
+  optim::StateFormat f;
+  f.storage = parse_format(field<std::string>(j, "storage", where));
+  if (j.contains("scaling")) {
+    const std::string name = field<std::string>(j, "scaling", where);
+    const auto* it = std::find_if(std::begin(kStateScalings), std::end(kStateScalings), [&](const auto& p) { return name == p.second; });
+    if (it == std::end(kStateScalings))
+      throw Error(std::string("recipe: field 'scaling' in ") + where + " must be none, per_tensor or per_group, got '" + name + "'");
+    f.scaling = it->first;
+  }
+  if (j.contains("group_size")) f.group_size = int_field(j, "group_size", where, 1, 1 << 30);
+  if (j.contains("rounding")) {
+    const std::string name = field<std::string>(j, "rounding", where);
+    if (name == "nearest_even")
+      f.rounding = Rounding::nearest_even;
+    else if (name == "stochastic")
+      f.rounding = Rounding::stochastic;
+    else
+      throw Error(std::string("recipe: field 'rounding' in ") + where + " must be nearest_even or stochastic, got '" + name + "'");
+  }
+  f.non_negative = j.contains("non_negative") && field<bool>(j, "non_negative", where);
+  f.expand = j.contains("expand") && field<bool>(j, "expand", where);
+  if (j.contains("expand_min")) f.expand_min = int_field(j, "expand_min", where, 1, 1 << 20);
+  return f;
+}
+
 QuantizerConfig role_from(const json& j, const char* where) {
   only_known_fields(j,
                     {"scaling", "format", "margin", "history", "reduce", "update_interval", "bias", "block", "saturate", "rounding",
@@ -194,7 +239,10 @@ std::string Recipe::to_json() const {
   if (high_precision != HighPrecisionLayers{})  // written only when set: every earlier recipe's JSON is unchanged
     j["high_precision"] = {
         {"first_blocks", high_precision.first_blocks}, {"last_blocks", high_precision.last_blocks}, {"layers", high_precision.layers}};
-  if (gradient_allreduce) j["gradient_allreduce"] = format_name(*gradient_allreduce);  // likewise
+  if (gradient_allreduce) j["gradient_allreduce"] = format_name(*gradient_allreduce);      // likewise
+  if (first_moment != optim::StateFormat{}) j["first_moment"] = state_json(first_moment);  // likewise
+  if (second_moment != optim::StateFormat{}) j["second_moment"] = state_json(second_moment);
+  if (master_rounding == Rounding::stochastic) j["master_rounding"] = "stochastic";
   return j.dump(2);
 }
 
@@ -244,11 +292,11 @@ LinearRecipe linear_from(const json& lin) {
 }
 
 Recipe from_parsed(const json& j) {
-  only_known_fields(
-      j,
-      {"name", "linear", "master_weight", "scaled_state", "optimizer_state", "weight_gradient", "rescale_every", "rescale_norm_grad",
-       "rescale_gradients", "unit_scaled", "umup", "data_storage", "loss_scaling", "high_precision", "gradient_allreduce"},
-      "the recipe");
+  only_known_fields(j,
+                    {"name", "linear", "master_weight", "scaled_state", "optimizer_state", "weight_gradient", "rescale_every",
+                     "rescale_norm_grad", "rescale_gradients", "unit_scaled", "umup", "data_storage", "loss_scaling", "high_precision",
+                     "gradient_allreduce", "first_moment", "second_moment", "master_rounding"},
+                    "the recipe");
   Recipe r;
   r.name = field<std::string>(j, "name", "recipe");
   r.linear = linear_from(field<json>(j, "linear", "recipe"));
@@ -285,12 +333,30 @@ Recipe from_parsed(const json& j) {
     r.high_precision.layers = field<std::vector<std::string>>(hp, "layers", "high_precision");
   }
   if (j.contains("gradient_allreduce")) r.gradient_allreduce = parse_format(field<std::string>(j, "gradient_allreduce", "recipe"));
+  if (j.contains("first_moment")) r.first_moment = state_from(field<json>(j, "first_moment", "recipe"), "first_moment");
+  if (j.contains("second_moment")) r.second_moment = state_from(field<json>(j, "second_moment", "recipe"), "second_moment");
+  if (j.contains("master_rounding")) {
+    const std::string name = field<std::string>(j, "master_rounding", "recipe");
+    if (name != "nearest_even" && name != "stochastic")
+      throw Error("recipe: field 'master_rounding' must be nearest_even or stochastic, got '" + name + "'");
+    r.master_rounding = name == "stochastic" ? Rounding::stochastic : Rounding::nearest_even;
+  }
   return r;
 }
 }  // namespace
 
 void Recipe::validate() const {
   auto refuse = [&](const std::string& why) { throw Error("recipe '" + name + "': " + why); };
+  for (const auto& [role, f] :
+       {std::pair<const char*, const optim::StateFormat&>{"first_moment", first_moment}, {"second_moment", second_moment}})
+    try {
+      optim::validate(f, role);
+    } catch (const Error& e) {
+      refuse(e.what());
+    }
+  if (first_moment.non_negative) refuse("first_moment: the first moment takes both signs (non_negative must be false)");
+  if (scaled_state && (!first_moment.is_plain_f32() || !second_moment.is_plain_f32()))
+    refuse("first_moment / second_moment apply to unscaled parameters; with scaled_state the moments are set by optimizer_state");
   // Every activation and gradient is rounded into the data storage after every op: below 16 bits
   // (FP8, FP6, FP4) nothing survives that without a scale per op, and the model learns nothing.
   if (!dtype_format(data_storage) || dtype_size(data_storage) < 2)
@@ -433,6 +499,14 @@ void casts(Recipe& r, Format forward, Format backward, bool unit_scaled) {
 // Per-tensor FP8 (seed 003, TransformerEngine): e4m3 forward, e5m2 gradients.
 void fp8(Recipe& r, Scaling s) { r.linear = roles(s, Format::e4m3, Format::e5m2); }
 
+// FP8 GEMMs and both Adam moments in E4M3 with per-group scales, with or without COAT's expansion.
+void fp8_state(Recipe& r, bool expand) {
+  fp8(r, Scaling::delayed);
+  r.first_moment = {.storage = Format::e4m3, .scaling = optim::StateScaling::per_group, .group_size = 128, .expand = expand};
+  r.second_moment = r.first_moment;
+  r.second_moment.non_negative = true;
+}
+
 // FP4 training (issue 31). NVFP4 as TransformerEngine's NVFP4BlockScaling and the NVFP4
 // pretraining paper (arXiv 2509.25149) define it: E2M1 operands, E4M3 block scales under an f32
 // tensor scale (BlockScaleRule::nvfp4); 1 x 16 blocks along the reduction for activations and
@@ -543,6 +617,20 @@ const PresetDef kPresets[] = {
     {"f32_allreduce_f16", [](Recipe& r) { r.gradient_allreduce = Format::f16; }},
     {"f32_allreduce_e4m3", [](Recipe& r) { r.gradient_allreduce = Format::e4m3; }},
     {"f32_allreduce_e5m2", [](Recipe& r) { r.gradient_allreduce = Format::e5m2; }},
+    // MS-AMP O2 (Azure/MS-AMP): per-tensor FP8 GEMMs with an amax history (e4m3 forward, e5m2
+    // gradients), Adam's m in E4M3 and v in FP16, each with a per-tensor power-of-two scale.
+    {"msamp_o2",
+     [](Recipe& r) {
+       fp8(r, Scaling::delayed);
+       r.first_moment = {.storage = Format::e4m3, .scaling = optim::StateScaling::per_tensor};
+       r.second_moment = {.storage = Format::f16, .scaling = optim::StateScaling::per_tensor, .non_negative = true};
+     }},
+    // COAT (arXiv 2410.19313, NVlabs/COAT defaults): both moments E4M3 with per-group scales (128)
+    // after the dynamic range expansion (k a multiple of 1/16); v's codes spend the sign bit on
+    // one more mantissa bit (E4M4). Per-tensor FP8 GEMMs as msamp_o2.
+    {"coat", [](Recipe& r) { fp8_state(r, true); }},
+    // COAT's ablation: the same per-group E4M3 moments without the expansion.
+    {"fp8_adam_no_expansion", [](Recipe& r) { fp8_state(r, false); }},
 };
 
 }  // namespace
@@ -641,6 +729,9 @@ std::vector<Var> prepare_parameters(const std::vector<Var>& params, const Recipe
 optim::AdamWConfig optimizer_config(const Recipe& r, optim::AdamWConfig base) {
   base.state_dtype = r.optimizer_state;
   base.rescale_every = r.rescale_every;
+  base.m_format = r.first_moment;
+  base.v_format = r.second_moment;
+  base.master_rounding = r.master_rounding;
   return base;
 }
 

@@ -25,17 +25,21 @@ struct HighPrecisionLayers {
 
 struct Recipe {
   std::string name = "f32";
-  LinearRecipe linear;                   // the operands of every quantised linear layer's three GEMMs
-  HighPrecisionLayers high_precision;    // linear layers left out of `linear`
-  DType master_weight = DType::f32;      // storage of the master weights
-  bool scaled_state = false;             // SCALIFY: master weights and optimizer state as scaled tensors
-  DType optimizer_state = DType::f32;    // storage of AdamW's m and v
-  Format weight_gradient = Format::f32;  // cast of the weight gradients before the update (f32: none)
-  int rescale_every = 0;                 // SCALIFY: dynamic_rescale_l2 of the state every N steps
-  bool rescale_norm_grad = false;        // SCALIFY #2-#4: dynamic_rescale_l2_grad before every norm (2 per block + the final one)
-  bool rescale_gradients = false;        // SCALIFY #4: dynamic_rescale_l2 of scaled weight gradients before their cast
-  bool unit_scaled = false;              // unit scaling (seeds 001/002): the model is unit-scaled, its casts need no scale
-  bool umup = false;                     // u-μP (unit-scaling 0.3.5): the model is u-μP's, its casts need no scale
+  LinearRecipe linear;                 // the operands of every quantised linear layer's three GEMMs
+  HighPrecisionLayers high_precision;  // linear layers left out of `linear`
+  DType master_weight = DType::f32;    // storage of the master weights
+  bool scaled_state = false;           // SCALIFY: master weights and optimizer state as scaled tensors
+  DType optimizer_state = DType::f32;  // storage of AdamW's m and v (scaled_state: their data)
+  // AdamW's m and v of unscaled parameters (optim/state_format.hpp): f32, bf16, scaled f16, or FP8
+  // with per-tensor or per-group scales, optionally COAT's expansion. Not with scaled_state.
+  optim::StateFormat first_moment{}, second_moment{};
+  Rounding master_rounding = Rounding::nearest_even;  // new master weights narrower than f32: nearest_even or stochastic
+  Format weight_gradient = Format::f32;               // cast of the weight gradients before the update (f32: none)
+  int rescale_every = 0;                              // SCALIFY: dynamic_rescale_l2 of the state every N steps
+  bool rescale_norm_grad = false;  // SCALIFY #2-#4: dynamic_rescale_l2_grad before every norm (2 per block + the final one)
+  bool rescale_gradients = false;  // SCALIFY #4: dynamic_rescale_l2 of scaled weight gradients before their cast
+  bool unit_scaled = false;        // unit scaling (seeds 001/002): the model is unit-scaled, its casts need no scale
+  bool umup = false;               // u-μP (unit-scaling 0.3.5): the model is u-μP's, its casts need no scale
   // Storage of every activation's and gradient's data (SPEC §2 data precision): parameters stored
   // wider are cast to it at use, so ops keep their outputs in it end to end; their gradients go
   // back to the parameters' storage. f32: activations f32 unless the parameters are narrower.
@@ -67,7 +71,8 @@ struct Recipe {
 //   fp8_cscale (seed 003, b = 4 from a sweep), mxfp8, blockwise (seed 004); f16_loss_scaled; the
 //   baselines with no scaling of any kind, fp16_unscaled and fp8_unscaled; FP4: nvfp4, its
 //   ablations (nvfp4_no_hadamard, _no_sr, _1x16_weights, _no_tensor_scale, _all_layers), mxfp4 and
-//   mxfp4_rceil; f32 with low-precision gradient communication: f32_allreduce_f16, _e4m3, _e5m2.
+//   mxfp4_rceil; f32 with low-precision gradient communication: f32_allreduce_f16, _e4m3, _e5m2;
+//   low-precision optimizer state (issue 48): msamp_o2, coat, fp8_adam_no_expansion.
 std::vector<std::string> preset_names();
 Recipe preset(const std::string& name);  // throws listing the valid names
 // A preset name, or the path of a recipe JSON file (anything ending in .json).

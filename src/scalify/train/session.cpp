@@ -1,8 +1,10 @@
 #include "scalify/train/session.hpp"
 
 #include <algorithm>
+#include <cstring>
 #include <charconv>
 #include <cmath>
+#include <tuple>
 #include <cstdio>
 #include <filesystem>
 #include <nlohmann/json.hpp>
@@ -37,6 +39,30 @@ ScaledTensor get(const io::SafeTensors& st, const json& any_scale, const std::st
   if (st.has(name + ".scale")) s.scale = st.at(name + ".scale");
   s.any_scale = std::find(any_scale.begin(), any_scale.end(), name) != any_scale.end();
   return s;
+}
+
+// Encoded optimizer state (optim/state_format.hpp), stored as encoded, not widened: the codes in
+// the storage format's dtype (a non-negative moment's 8-bit codes are its unsigned layout, which
+// the run's recipe names), and the f32 scales, expansion exponents and centres where it has them.
+void put_encoded(io::SafeTensors& st, const std::string& name, const optim::EncodedState& e, const optim::StateFormat& f) {
+  Tensor codes = Tensor::empty({e.numel}, dtype_of(f.storage));
+  std::memcpy(codes.raw_bytes(), e.codes.data(), e.codes.size());
+  st.tensors.emplace_back(name + ".codes", codes);
+  for (const auto& [part, v] :
+       {std::pair<const char*, const std::vector<float>&>{".scales", e.scales}, {".expand_k", e.expand_k}, {".centre", e.centre}})
+    if (!v.empty()) st.tensors.emplace_back(name + part, Tensor::from_vector(v, {int64_t(v.size())}));
+}
+optim::EncodedState get_encoded(const io::SafeTensors& st, const std::string& name) {
+  optim::EncodedState e;
+  const Tensor& codes = st.at(name + ".codes");
+  e.numel = codes.numel();
+  e.codes.resize(size_t(codes.numel()) * size_t(dtype_size(codes.dtype())));
+  std::memcpy(e.codes.data(), codes.raw_bytes(), e.codes.size());
+  auto floats = [&](const char* part) { return st.has(name + part) ? st.at(name + part).to_floats() : std::vector<float>{}; };
+  e.scales = floats(".scales");
+  e.expand_k = floats(".expand_k");
+  e.centre = floats(".centre");
+  return e;
 }
 
 // Metadata of a checkpoint written with CheckpointContents::model ("model"); absent in resumable ones.
@@ -148,12 +174,22 @@ std::unique_ptr<Session> make_session(const TrainConfig& cfg, const io::SafeTens
   if (ckpt) {
     const json meta = io::parse_json(ckpt->metadata.at("scalify.state"), "checkpoint metadata 'scalify.state'");
     if (!holds_model_only(*ckpt)) {  // a final model.safetensors: no moments, nothing trains on from it
-      std::vector<ScaledTensor> m, v;
-      for (const std::string& n : s->names) {
-        m.push_back(get(*ckpt, any_scale, "optim.m." + n));
-        v.push_back(get(*ckpt, any_scale, "optim.v." + n));
+      const auto steps = meta.at("optimizer_steps").get<int64_t>();
+      if (s->opt->encodes_state()) {
+        std::vector<optim::EncodedState> m, v;
+        for (const std::string& n : s->names) {
+          m.push_back(get_encoded(*ckpt, "optim.m." + n));
+          v.push_back(get_encoded(*ckpt, "optim.v." + n));
+        }
+        s->opt->load_encoded_state(steps, std::move(m), std::move(v));
+      } else {
+        std::vector<ScaledTensor> m, v;
+        for (const std::string& n : s->names) {
+          m.push_back(get(*ckpt, any_scale, "optim.m." + n));
+          v.push_back(get(*ckpt, any_scale, "optim.v." + n));
+        }
+        s->opt->load_state(steps, std::move(m), std::move(v));
       }
-      s->opt->load_state(meta.at("optimizer_steps").get<int64_t>(), std::move(m), std::move(v));
     }
     if (s->scaler) {
       const json& l = meta.at("loss_scaler");
@@ -178,6 +214,11 @@ void save_checkpoint(const Session& s, const std::string& path, int64_t step, in
   for (size_t i = 0; i < s.params.size(); ++i) {
     put(st, any_scale, "param." + s.names[i], s.params[i].scaled());
     if (contents == CheckpointContents::model) continue;
+    if (s.opt->encodes_state()) {
+      put_encoded(st, "optim.m." + s.names[i], s.opt->encoded_first_moment(i), s.opt->config().m_format);
+      put_encoded(st, "optim.v." + s.names[i], s.opt->encoded_second_moment(i), s.opt->config().v_format);
+      continue;
+    }
     put(st, any_scale, "optim.m." + s.names[i], s.opt->first_moment(i));
     put(st, any_scale, "optim.v." + s.names[i], s.opt->second_moment(i));
   }
@@ -315,8 +356,20 @@ std::unique_ptr<Session> load_session(const io::SafeTensors& st, const TrainConf
   if (nonfinite == NonFinite::allow) return s;
   std::vector<std::string> bad;
   for (const std::string& name : nonfinite_parameters(*s)) bad.push_back("parameter '" + name + "'");
-  for (const auto& [key, t] : st.tensors)  // the optimizer state a resume continues from
-    if (key.starts_with("optim.") && !key.ends_with(".scale") && !all_finite(t.to_floats())) bad.push_back("tensor '" + key + "'");
+  // The optimizer state a resume continues from; encoded moments' codes are read through their
+  // format (a non-negative moment's unsigned codes are no NaN of the storage dtype).
+  for (const auto& [key, t] : st.tensors)
+    if (key.starts_with("optim.") && !key.ends_with(".scale") && !key.ends_with(".codes") && !all_finite(t.to_floats()))
+      bad.push_back("tensor '" + key + "'");
+  if (s->opt->encodes_state())
+    for (size_t i = 0; i < s->names.size(); ++i)
+      for (const auto& [which, e, f] : {std::tuple<const char*, const optim::EncodedState&, const optim::StateFormat&>{
+                                            "m", s->opt->encoded_first_moment(i), s->opt->config().m_format},
+                                        {"v", s->opt->encoded_second_moment(i), s->opt->config().v_format}}) {
+        std::vector<float> values(size_t(e.numel));
+        optim::decode_state(e, f, values);
+        if (!all_finite(values)) bad.push_back("tensor 'optim." + std::string(which) + "." + s->names[i] + ".codes'");
+      }
   if (!bad.empty())
     throw Error("checkpoint '" + file + "': " + bad[0] + " holds NaN or infinite values" +
                 (bad.size() > 1 ? " (and " + std::to_string(bad.size() - 1) + " more)" : std::string()) +

@@ -55,8 +55,7 @@ double state_bytes_per_parameter(const Session& s) {
   double total = 0, count = 0;
   for (size_t i = 0; i < s.params.size(); ++i) {
     count += double(s.params[i].value().numel());
-    total +=
-        bytes(s.params[i].scaled()) + bytes(s.params[i].scaled_grad()) + bytes(s.opt->first_moment(i)) + bytes(s.opt->second_moment(i));
+    total += bytes(s.params[i].scaled()) + bytes(s.params[i].scaled_grad()) + double(s.opt->state_bytes(i));
   }
   return total / count;
 }

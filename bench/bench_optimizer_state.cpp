@@ -1,0 +1,73 @@
+// AdamW's step at GPT-2 size (124M parameters in GPT-2 small's tensor shapes) with f32 moments
+// against low-precision ones (issue 48): the two optimizers step alternately in every iteration
+// (alternating.hpp), and the ratio of their totals is the figure (docs/BENCHMARKS.md).
+#include <benchmark/benchmark.h>
+
+#include <vector>
+
+#include "alternating.hpp"
+#include "scalify/optim/adamw.hpp"
+#include "scalify/quant/recipe.hpp"
+
+namespace {
+
+using namespace scalify;
+
+// GPT-2 small: token and position embeddings, 12 blocks of qkv / proj / fc / out with biases and
+// two norms, the final norm (the head is tied).
+std::vector<Shape> gpt2_shapes() {
+  std::vector<Shape> s = {{50257, 768}, {1024, 768}};
+  for (int l = 0; l < 12; ++l)
+    for (const Shape& t :
+         std::vector<Shape>{{768}, {768}, {768, 2304}, {2304}, {768, 768}, {768}, {768}, {768}, {768, 3072}, {3072}, {3072, 768}, {768}})
+      s.push_back(t);
+  s.push_back({768});
+  s.push_back({768});
+  return s;
+}
+
+struct Run {
+  std::vector<Var> params;
+  std::vector<Tensor> grads;
+  optim::AdamW opt;
+  Run(const std::vector<Shape>& shapes, const optim::AdamWConfig& c) : params(make(shapes)), opt(params, c) {
+    for (size_t k = 0; k < shapes.size(); ++k) grads.push_back(Tensor::randn(shapes[k], 100 + k));
+  }
+  static std::vector<Var> make(const std::vector<Shape>& shapes) {
+    std::vector<Var> p;
+    for (size_t k = 0; k < shapes.size(); ++k) p.emplace_back(Tensor::randn(shapes[k], k), true);
+    return p;
+  }
+  void step() {
+    for (size_t k = 0; k < params.size(); ++k) params[k].set_grad(ScaledTensor(grads[k]));
+    opt.step(1.0, optim::Gradients::finite);
+  }
+};
+
+void BM_AdamWStepVsF32State(benchmark::State& st, const char* recipe) {
+  const std::vector<Shape> shapes = gpt2_shapes();
+  optim::AdamWConfig base{.lr = 1e-4};
+  Run f32(shapes, base), low(shapes, quant::optimizer_config(quant::preset(recipe), base));
+  f32.step();  // past the first step's zero moments
+  low.step();
+  const AlternatingSeconds t = time_alternately(
+      st, [&] { f32.step(); }, [&] { low.step(); });
+  int64_t n = 0;
+  for (const Shape& s : shapes) n += numel_of(s);
+  st.counters["params"] = double(n);
+  st.counters["ratio_vs_f32"] = t.second / t.first;
+  st.counters["f32_state_B_per_param"] = double(8);
+  int64_t bytes = 0;
+  for (size_t k = 0; k < shapes.size(); ++k) bytes += low.opt.state_bytes(k);
+  st.counters["state_B_per_param"] = double(bytes) / double(n);
+}
+BENCHMARK_CAPTURE(BM_AdamWStepVsF32State, msamp_o2, "msamp_o2")->UseManualTime()->Unit(benchmark::kMillisecond)->Iterations(3);
+BENCHMARK_CAPTURE(BM_AdamWStepVsF32State, coat, "coat")->UseManualTime()->Unit(benchmark::kMillisecond)->Iterations(3);
+BENCHMARK_CAPTURE(BM_AdamWStepVsF32State, fp8_adam_no_expansion, "fp8_adam_no_expansion")
+    ->UseManualTime()
+    ->Unit(benchmark::kMillisecond)
+    ->Iterations(3);
+
+}  // namespace
+
+BENCHMARK_MAIN();

@@ -1,0 +1,275 @@
+#include "scalify/optim/state_format.hpp"
+
+#include <algorithm>
+#include <bit>
+#include <cfloat>
+#include <cmath>
+#include <cstring>
+
+#include "scalify/error.hpp"
+
+namespace scalify::optim {
+
+namespace {
+bool is_fp8(Format f) { return f == Format::e4m3 || f == Format::e5m2; }
+
+// The code layout: the storage format, or for non-negative 8-bit codes the same exponent field
+// with the sign bit spent on one more mantissa bit (the sign mask moves to bit 8, never set).
+FormatInfo codec(const StateFormat& f) {
+  FormatInfo c = info(f.storage);
+  if (f.non_negative && c.bits == 8) {
+    c.bits = 9;
+    c.man_bits += 1;
+  }
+  return c;
+}
+
+// Random bits for element i: splitmix64 of (seed, i), so the same seed gives the same codes.
+uint32_t random_bits(uint64_t seed, int64_t i) {
+  uint64_t z = seed * 0x9E3779B97F4A7C15ull + uint64_t(i) + 0x632BE59BD9B4E019ull;
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return uint32_t((z ^ (z >> 31)) >> 32);
+}
+
+void put_code(std::vector<std::byte>& codes, int bytes, int64_t i, uint32_t code) {
+  std::memcpy(codes.data() + size_t(i) * size_t(bytes), &code, size_t(bytes));  // little-endian low bytes
+}
+uint32_t get_code(const std::vector<std::byte>& codes, int bytes, int64_t i) {
+  uint32_t code = 0;
+  std::memcpy(&code, codes.data() + size_t(i) * size_t(bytes), size_t(bytes));
+  return code;
+}
+
+// Round-to-nearest-even encoding of a finite f32 times 2^shift into the codec, saturating: the f32
+// bits rounded at the codec's mantissa width (the carry moves into the exponent), subnormals
+// through an exact f64 product. The same codes as detail::encode_bits (test_state_format checks
+// them against an independent reference), a few integer operations instead of its general path.
+struct NearestEncoder {
+  FormatInfo c;
+  int shift;
+  double normal_min, to_subnormal_units;  // 2^emin, 2^(m - emin)
+  float mul;                              // 2^shift where f32 holds it (|shift| <= 100), else 0
+  NearestEncoder(const FormatInfo& codec, int shift_)
+      : c(codec),
+        shift(shift_),
+        normal_min(std::ldexp(1.0, codec.emin())),
+        to_subnormal_units(std::ldexp(1.0, codec.man_bits - codec.emin())),
+        mul(shift_ >= -100 && shift_ <= 100 ? std::bit_cast<float>(uint32_t(127 + shift_) << 23) : 0.0f) {}
+  uint32_t operator()(float x) const {
+    const uint32_t sign = std::bit_cast<uint32_t>(x) >> 31 ? c.sign_mask() : 0u;
+    // |x| 2^shift: an f32 product where it stays normal (exact), else f64.
+    float af = std::fabs(x) * mul;
+    double a = af;
+    if (mul == 0 || (af < FLT_MIN && af != 0)) {
+      a = std::ldexp(double(std::fabs(x)), shift);
+      af = float(a);
+    }
+    uint32_t mag;
+    if (a < normal_min) {
+      mag = uint32_t(std::nearbyint(a * to_subnormal_units));  // 2^m (rounded up) is the first normal code
+    } else if (a > double(FLT_MAX)) {
+      mag = c.max_code();
+    } else {
+      const uint32_t f = std::bit_cast<uint32_t>(af);  // exact: a power-of-two multiple of an f32, in f32's normal range
+      const int cut = 23 - c.man_bits;
+      const uint32_t r = f + ((1u << (cut - 1)) - 1) + ((f >> cut) & 1u);
+      mag = (r >> cut) - (uint32_t(127 - c.bias) << c.man_bits);
+    }
+    return sign | std::min(mag, c.max_code());
+  }
+};
+
+// Decoded values of every code of an 8- or 16-bit codec, built once per layout.
+const std::vector<float>& decode_table(const FormatInfo& c) {
+  static const auto tables = [] {
+    std::vector<std::pair<FormatInfo, std::vector<float>>> t;
+    for (const Format f : {Format::f16, Format::bf16, Format::e4m3, Format::e5m2})
+      for (const bool non_negative : {false, true}) {
+        const FormatInfo layout = codec({.storage = f, .scaling = StateScaling::per_tensor, .non_negative = non_negative});
+        std::vector<float> values(size_t(1) << info(f).bits);
+        for (uint32_t code = 0; code < values.size(); ++code) values[code] = std::bit_cast<float>(detail::decode_bits(layout, code));
+        t.emplace_back(layout, std::move(values));
+      }
+    return t;
+  }();
+  for (const auto& [layout, values] : tables)
+    if (layout.id == c.id && layout.man_bits == c.man_bits) return values;
+  throw Error("optimizer state: no decode table for " + std::string(c.name));
+}
+
+// The largest e with amax * 2^e <= max (amax > 0): the per-tensor power-of-two scale is 2^-e.
+int power_of_two_exponent(double max, double amax) {
+  int e = std::ilogb(max) - std::ilogb(amax);
+  while (std::ldexp(amax, e) > max) --e;
+  while (std::ldexp(amax, e + 1) <= max) ++e;
+  return e;
+}
+}  // namespace
+
+void validate(const StateFormat& f, const std::string& role) {
+  auto fail = [&](const std::string& what) { throw Error(role + ": " + what); };
+  if (f.storage != Format::f32 && f.storage != Format::bf16 && f.storage != Format::f16 && !is_fp8(f.storage))
+    fail("storage must be one of f32, bf16, f16, e4m3, e5m2, got " + std::string(format_name(f.storage)));
+  const bool scaled = f.scaling != StateScaling::none;
+  if ((f.storage == Format::f32 || f.storage == Format::bf16) && scaled)
+    fail(std::string(format_name(f.storage)) + " storage takes no scale (scaling must be none)");
+  if ((f.storage == Format::f16 || is_fp8(f.storage)) && !scaled)
+    fail(std::string(format_name(f.storage)) + " storage needs a scale (scaling per_tensor or per_group)");
+  if (f.group_size < 1) fail("group_size must be >= 1, got " + std::to_string(f.group_size));
+  if (f.expand_min < 1) fail("expand_min must be >= 1, got " + std::to_string(f.expand_min));
+  if (f.expand && !(is_fp8(f.storage) && f.scaling == StateScaling::per_group))
+    fail("the dynamic range expansion needs e4m3 or e5m2 storage with per_group scaling");
+  if (f.rounding != Rounding::nearest_even && f.rounding != Rounding::stochastic) fail("rounding must be nearest_even or stochastic");
+  if (f.storage == Format::f32 && f.rounding != Rounding::nearest_even) fail("f32 storage is not rounded (rounding must be nearest_even)");
+}
+
+float state_code_max(const StateFormat& f) {
+  const FormatInfo c = codec(f);
+  return std::bit_cast<float>(detail::decode_bits(c, c.max_code()));
+}
+
+float Expansion::forward(float x) const {
+  const auto y = float(std::pow(double(std::fabs(x)) / double(centre), double(k)));
+  return std::copysign(y / scale, x);
+}
+float Expansion::inverse(float y) const {
+  return std::copysign(float(std::pow(double(std::fabs(y)) * double(scale), 1.0 / double(k)) * double(centre)), y);
+}
+
+Expansion expansion_for(float hi, float lo, double code_max, int expand_min) {
+  const double ratio = double(hi) / double(lo);
+  const double k = ratio == 1 ? kMaxExpansion : std::floor(std::log2(code_max * code_max / 2) / std::log2(ratio) * expand_min) / expand_min;
+  Expansion e;
+  e.k = float(std::clamp(k, 1.0 / expand_min, kMaxExpansion));
+  e.centre = float(std::sqrt(double(hi) * double(lo)));
+  e.scale = float(std::pow(double(hi) / double(e.centre), double(e.k)) / code_max);
+  return e;
+}
+
+int64_t EncodedState::bytes() const {
+  return int64_t(codes.size()) + int64_t(sizeof(float) * (scales.size() + expand_k.size() + centre.size()));
+}
+
+EncodedState encode_state(std::span<const float> x, const StateFormat& f, uint64_t seed) {
+  validate(f, "optimizer state");
+  const auto n = int64_t(x.size());
+  for (int64_t i = 0; i < n; ++i) {
+    if (!std::isfinite(x[size_t(i)])) throw Error("optimizer state: non-finite value at element " + std::to_string(i));
+    if (f.non_negative && x[size_t(i)] < 0)
+      throw Error("optimizer state: negative value " + std::to_string(x[size_t(i)]) + " at element " + std::to_string(i) +
+                  " in a non-negative state");
+  }
+  EncodedState s;
+  s.numel = n;
+  if (f.storage == Format::f32) {
+    s.codes.resize(x.size_bytes());
+    std::memcpy(s.codes.data(), x.data(), x.size_bytes());
+    return s;
+  }
+  const FormatInfo c = codec(f);
+  const int bytes = info(f.storage).storage_bytes();
+  s.codes.resize(size_t(n) * size_t(bytes));
+  const double max = state_code_max(f);
+  // One element: x (its sign kept, -0 as +0 in non-negative codes) times 2^shift, rounded.
+  const NearestEncoder unshifted(c, 0);
+  auto encode_one = [&](float v, const NearestEncoder& enc, int64_t i) {
+    uint32_t b = std::bit_cast<uint32_t>(v);
+    if (f.non_negative) b &= 0x7FFFFFFFu;
+    const uint32_t code = f.rounding == Rounding::stochastic
+                              ? detail::encode_bits(c, b, enc.shift, Overflow::saturate, f.rounding, random_bits(seed, i))
+                              : enc(std::bit_cast<float>(b));
+    put_code(s.codes, bytes, i, code);
+  };
+  if (f.scaling == StateScaling::none) {
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < n; ++i) encode_one(x[size_t(i)], unshifted, i);
+    return s;
+  }
+  if (f.scaling == StateScaling::per_tensor) {
+    float amax = 0;
+    for (float v : x) amax = std::max(amax, std::fabs(v));
+    const int e = amax > 0 ? power_of_two_exponent(max, amax) : 0;
+    s.scales.push_back(float(std::ldexp(1.0, -e)));
+    const NearestEncoder shifted(c, e);
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < n; ++i) encode_one(x[size_t(i)], shifted, i);
+    return s;
+  }
+  const int64_t groups = (n + f.group_size - 1) / f.group_size;
+  s.scales.assign(size_t(groups), 1.0f);
+  if (f.expand) {
+    s.expand_k.assign(size_t(groups), 1.0f);
+    s.centre.assign(size_t(groups), 1.0f);
+  }
+#pragma omp parallel for schedule(static)
+  for (int64_t g = 0; g < groups; ++g) {
+    const int64_t begin = g * f.group_size, end = std::min(n, begin + f.group_size);
+    float hi = 0, lo = INFINITY;
+    for (int64_t i = begin; i < end; ++i) {
+      const float a = std::fabs(x[size_t(i)]);
+      hi = std::max(hi, a);
+      if (a > 0) lo = std::min(lo, a);
+    }
+    if (hi == 0) {
+      for (int64_t i = begin; i < end; ++i) encode_one(0.0f, unshifted, i);
+      continue;
+    }
+    if (!f.expand) {
+      const float scale = float(hi / max);
+      s.scales[size_t(g)] = scale;
+      for (int64_t i = begin; i < end; ++i) encode_one(x[size_t(i)] / scale, unshifted, i);
+      continue;
+    }
+    const Expansion e = expansion_for(hi, lo, max, f.expand_min);
+    s.expand_k[size_t(g)] = e.k;
+    s.centre[size_t(g)] = e.centre;
+    s.scales[size_t(g)] = e.scale;
+    for (int64_t i = begin; i < end; ++i) encode_one(e.forward(x[size_t(i)]), unshifted, i);
+  }
+  return s;
+}
+
+std::vector<float> code_values(const EncodedState& s, const StateFormat& f) {
+  std::vector<float> out(size_t(s.numel));
+  if (f.storage == Format::f32) {
+    std::memcpy(out.data(), s.codes.data(), s.codes.size());
+    return out;
+  }
+  const FormatInfo c = codec(f);
+  const std::vector<float>& table = decode_table(c);
+  const int bytes = info(f.storage).storage_bytes();
+  for (int64_t i = 0; i < s.numel; ++i) out[size_t(i)] = table[get_code(s.codes, bytes, i)];
+  return out;
+}
+
+void decode_state(const EncodedState& s, const StateFormat& f, std::span<float> out) {
+  if (int64_t(out.size()) != s.numel)
+    throw Error("optimizer state: decoding " + std::to_string(s.numel) + " values into " + std::to_string(out.size()));
+  const int64_t n = s.numel;
+  if (f.storage == Format::f32) {
+    std::memcpy(out.data(), s.codes.data(), out.size_bytes());
+    return;
+  }
+  const FormatInfo c = codec(f);
+  const int bytes = info(f.storage).storage_bytes();
+  const std::vector<float>& table = decode_table(c);
+  const int64_t group = f.scaling == StateScaling::per_group ? f.group_size : std::max<int64_t>(n, 1);
+  const int64_t groups = (n + group - 1) / group;
+  // Pieces of at most 64K elements (whole groups), so one tensor's decode runs on every thread.
+  const int64_t piece = std::max<int64_t>(1, 65536 / group) * group;
+  const int64_t pieces = (n + piece - 1) / piece;
+#pragma omp parallel for schedule(static)
+  for (int64_t p = 0; p < pieces; ++p) {
+    for (int64_t g = p * piece / group; g < std::min(groups, (p + 1) * piece / group); ++g) {
+      const int64_t begin = g * group, end = std::min(n, begin + group);
+      const float scale = s.scales.empty() ? 1.0f : s.scales[size_t(g)];
+      for (int64_t i = begin; i < end; ++i) {
+        const uint32_t code = bytes == 1 ? uint32_t(s.codes[size_t(i)]) : get_code(s.codes, bytes, i);
+        out[size_t(i)] = f.expand ? Expansion{s.expand_k[size_t(g)], s.centre[size_t(g)], scale}.inverse(table[code]) : table[code] * scale;
+      }
+    }
+  }
+}
+
+}  // namespace scalify::optim

@@ -1,0 +1,92 @@
+#pragma once
+// How an optimizer moment is stored: f32, bf16, scaled f16, or FP8 (E4M3 / E5M2) with a per-tensor
+// power-of-two scale or per-group f32 scales, rounded to nearest or stochastically, optionally
+// through COAT's per-group dynamic range expansion (arXiv 2410.19313).
+//
+// Non-negative moments (Adam's second moment) waste no bit on a sign: an 8-bit code spends the
+// sign bit on one more mantissa bit, so E4M3 becomes an unsigned E4M4 (bias 7, top code 0xFF NaN,
+// largest 480) and E5M2 an unsigned E5M3 (bias 15, IEEE specials, largest 61440). 16-bit codes keep
+// their IEEE layout.
+//
+// Scales (the value of a code is decode(code) * scale):
+//  - per tensor: scale = 2^-e with e = floor(log2(max_code / amax)) (MS-AMP's formula, margin 0):
+//    the codes are exactly encode(x * 2^e), no rounding before the encode;
+//  - per group of group_size consecutive elements: scale = amax / max_code (f32), codes
+//    encode(x / scale) (COAT's per-group quantisation);
+//  - expansion (per group, FP8 only): with M and m the largest and smallest non-zero |x| of the
+//    group (f32) and c = sqrt(M m) (f32), k = floor(log2(max_code^2 / 2) / log2(M / m) * expand_min)
+//    / expand_min as COAT's kernel, then y = sign(x) (|x| / c)^k, scale = (M / c)^k / max_code and
+//    codes encode(y / scale); read back as sign(q) (|decode(q)| * scale)^(1/k) * c. The powers are
+//    taken in f64 and rounded to f32. k is clamped to [1/expand_min, 1024]: a range wider than
+//    max_code^2 / 2 would floor k to 0, and M = m (or nearly) would make it infinite (or so large
+//    that an f32 read-back no longer tells the codes apart); within the clamp every code decodes
+//    to an f32 that encodes back to it (StateFormat.ExpansionInverseIsExactOnEveryCode).
+// A zero group (or tensor) has scale 1 (and k = 1, c = 1).
+// Stochastic rounding draws its random bits from a hash of (seed, element index): the same seed
+// gives the same codes, so a resumed run repeats them.
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "scalify/formats/format.hpp"
+#include "scalify/formats/scalar.hpp"
+
+namespace scalify::optim {
+
+enum class StateScaling : uint8_t {
+  none,        // f32, bf16
+  per_tensor,  // one power-of-two scale
+  per_group,   // one f32 scale per group_size elements
+};
+
+struct StateFormat {
+  Format storage = Format::f32;  // f32, bf16, f16, e4m3 or e5m2
+  StateScaling scaling = StateScaling::none;
+  int64_t group_size = 128;
+  Rounding rounding = Rounding::nearest_even;  // nearest_even or stochastic
+  bool non_negative = false;                   // values >= 0: 8-bit codes carry no sign bit
+  bool expand = false;                         // COAT's dynamic range expansion (FP8, per_group)
+  int expand_min = 16;                         // k is a multiple of 1 / expand_min
+
+  bool is_plain_f32() const { return storage == Format::f32; }
+  bool operator==(const StateFormat&) const = default;
+};
+
+// Throws scalify::Error naming `role` and the field: storage other than f32 / bf16 / f16 / e4m3 /
+// e5m2; f32 or bf16 with a scale; f16 or FP8 without one; expansion without FP8 per-group scales;
+// group_size or expand_min < 1; stochastic rounding into f32.
+void validate(const StateFormat& f, const std::string& role);
+
+// The largest finite value of the format's code (480 for non-negative E4M3).
+float state_code_max(const StateFormat& f);
+
+// One group's expansion: y = sign(x) (|x| / centre)^k / scale, and its inverse.
+struct Expansion {
+  float k = 1, centre = 1, scale = 1;
+  float forward(float x) const;  // the value whose code is stored
+  float inverse(float y) const;  // the moment a decoded code stands for
+};
+// The expansion for a group with largest and smallest non-zero magnitudes hi >= lo > 0.
+Expansion expansion_for(float hi, float lo, double code_max, int expand_min);
+inline constexpr double kMaxExpansion = 1024;
+
+struct EncodedState {
+  int64_t numel = 0;
+  std::vector<std::byte> codes;         // numel codes, 1, 2 or 4 bytes each
+  std::vector<float> scales;            // none: empty; per tensor: 1; per group: one per group
+  std::vector<float> expand_k, centre;  // expansion: k and c per group
+  // True bytes held: codes + scales + the expansion's k and c.
+  int64_t bytes() const;
+};
+
+// Encodes x (finite; >= 0 when f.non_negative, else throws naming the value). seed feeds stochastic rounding.
+EncodedState encode_state(std::span<const float> x, const StateFormat& f, uint64_t seed = 0);
+// The values the codes hold in their format, before the scale and the expansion's inverse (what
+// `scalify inspect` histograms against the format's range).
+std::vector<float> code_values(const EncodedState& s, const StateFormat& f);
+// Decodes into out (out.size() == s.numel).
+void decode_state(const EncodedState& s, const StateFormat& f, std::span<float> out);
+
+}  // namespace scalify::optim

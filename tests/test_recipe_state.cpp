@@ -1,0 +1,95 @@
+// The optimizer-state roles of a recipe (issue 48): the presets' published choices, JSON written
+// and read back, old JSON (no state fields) still loading as f32 state, bad fields refused by name.
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "scalify/compare/recipe_lists.hpp"
+#include "scalify/error.hpp"
+#include "scalify/quant/recipe.hpp"
+
+namespace scalify::quant {
+namespace {
+
+std::string error_of(const std::string& json) {
+  try {
+    Recipe::from_json(json).validate();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "no error";
+}
+
+TEST(RecipeState, PresetsHoldTheirPublishedChoices) {
+  const Recipe ms = preset("msamp_o2"), coat = preset("coat"), ablation = preset("fp8_adam_no_expansion");
+  EXPECT_EQ(ms.first_moment.storage, Format::e4m3);
+  EXPECT_EQ(ms.first_moment.scaling, optim::StateScaling::per_tensor);
+  EXPECT_EQ(ms.second_moment.storage, Format::f16);
+  EXPECT_EQ(ms.second_moment.scaling, optim::StateScaling::per_tensor);
+  for (const Recipe* r : {&coat, &ablation})
+    for (const optim::StateFormat* f : {&r->first_moment, &r->second_moment}) {
+      EXPECT_EQ(f->storage, Format::e4m3) << r->name;
+      EXPECT_EQ(f->scaling, optim::StateScaling::per_group) << r->name;
+      EXPECT_EQ(f->group_size, 128) << r->name;
+      EXPECT_EQ(f->expand_min, 16) << r->name;
+      EXPECT_EQ(f->expand, r == &coat) << r->name;
+    }
+  EXPECT_FALSE(coat.first_moment.non_negative);
+  EXPECT_TRUE(coat.second_moment.non_negative);
+}
+
+TEST(RecipeState, JsonRoundTripsAndOldJsonLoads) {
+  for (const std::string name : {"msamp_o2", "coat", "fp8_adam_no_expansion"}) {
+    const Recipe r = preset(name);
+    const Recipe back = Recipe::from_json(r.to_json());
+    EXPECT_EQ(back.first_moment, r.first_moment) << name;
+    EXPECT_EQ(back.second_moment, r.second_moment) << name;
+    EXPECT_EQ(back.to_json(), r.to_json()) << name;
+  }
+  Recipe sr = preset("f32");
+  sr.master_weight = DType::bf16;
+  sr.master_rounding = Rounding::stochastic;
+  sr.first_moment = {
+      .storage = Format::e5m2, .scaling = optim::StateScaling::per_group, .group_size = 32, .rounding = Rounding::stochastic};
+  EXPECT_EQ(Recipe::from_json(sr.to_json()).master_rounding, Rounding::stochastic);
+  EXPECT_EQ(Recipe::from_json(sr.to_json()).first_moment, sr.first_moment);
+  // Every recipe before the roles: no state fields in its JSON, f32 moments when read.
+  const std::string old = preset("current").to_json();
+  EXPECT_EQ(old.find("moment"), std::string::npos);
+  EXPECT_EQ(old.find("master_rounding"), std::string::npos);
+  const Recipe loaded = Recipe::from_json(old);
+  EXPECT_TRUE(loaded.first_moment.is_plain_f32() && loaded.second_moment.is_plain_f32());
+  EXPECT_EQ(loaded.master_rounding, Rounding::nearest_even);
+}
+
+TEST(RecipeState, BadStateFieldsAreRefusedByName) {
+  std::string base = preset("f32").to_json();
+  base.pop_back();  // the closing brace: append a field
+  while (!base.empty() && base.back() != '}' && base.back() != '"' && base.back() != 'e') base.pop_back();
+  auto with = [&](const std::string& field) { return base + ",\n" + field + "}"; };
+  auto expect = [&](const std::string& field, const std::string& words) {
+    const std::string e = error_of(with(field));
+    EXPECT_NE(e.find(words), std::string::npos) << field << " -> " << e;
+  };
+  expect(R"("first_moment": {"storage": "e4m3"})", "first_moment: e4m3 storage needs a scale");
+  expect(R"("second_moment": {"storage": "bf16", "scaling": "per_tensor"})", "second_moment: bf16 storage takes no scale");
+  expect(R"("first_moment": {"storage": "e4m3", "scaling": "per_tensor", "non_negative": true})", "first moment takes both signs");
+  expect(R"("first_moment": {"storage": "e4m3", "scaling": "per_tensor", "expand": true})", "expansion needs");
+  expect(R"("first_moment": {"storage": "e4m3", "scaling": "per_group", "group_size": 0})", "group_size");
+  expect(R"("first_moment": {"storage": "e4m3", "scaling": "per_channel"})", "must be none, per_tensor or per_group");
+  expect(R"("first_moment": {"storage": "e4m3", "scaling": "per_tensor", "rounding": "toward_zero"})", "nearest_even or stochastic");
+  expect(R"("first_moment": {"storage": "e2m1", "scaling": "per_tensor"})", "storage must be one of");
+  expect(R"("second_moment": {"storage": "e4m3", "sclaing": "per_tensor"})", "unknown field 'sclaing' in second_moment");
+  expect(R"("master_rounding": "up")", "master_rounding");
+  Recipe scaled = preset("scalify_fp8_4");
+  scaled.first_moment = {.storage = Format::e4m3, .scaling = optim::StateScaling::per_tensor};
+  EXPECT_THROW(scaled.validate(), Error);
+}
+
+TEST(RecipeState, CompareNamesTheStateList) {
+  EXPECT_EQ(compare::recipe_list("f32,state"), (std::vector<std::string>{"f32", "msamp_o2", "coat", "fp8_adam_no_expansion"}));
+  EXPECT_EQ(compare::recipe_family("coat"), "FP8 optimizer state");
+}
+
+}  // namespace
+}  // namespace scalify::quant

@@ -1,0 +1,270 @@
+// Optimizer state formats (optim/state_format): codes, scales and the COAT expansion against a
+// scalar reference written here from the formats' bit layouts, independent of scalify's encoder.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "scalify/error.hpp"
+#include "scalify/optim/state_format.hpp"
+
+namespace scalify::optim {
+namespace {
+
+// A floating-point code layout: magnitude codes 0..max_mag; with a sign bit at sign_bit (0: none).
+struct Layout {
+  int exp_bits, man_bits, bias;
+  uint32_t max_mag, sign_bit;
+  double value(uint32_t mag) const {  // by hand: subnormal m 2^(1-bias-M), normal (1 + m/2^M) 2^(e-bias)
+    const uint32_t e = mag >> man_bits, m = mag & ((1u << man_bits) - 1);
+    const double frac = double(m) / double(1u << man_bits);
+    return e == 0 ? std::ldexp(frac, 1 - bias) : std::ldexp(1 + frac, int(e) - bias);
+  }
+  // Round-to-nearest, ties to the even code, saturating at max_mag.
+  uint32_t encode(double x) const {
+    const double a = std::fabs(x);
+    uint32_t lo = 0, hi = max_mag;  // the largest magnitude code with value <= a
+    if (a >= value(max_mag)) return (x < 0 ? sign_bit : 0) | max_mag;
+    while (lo < hi) {
+      const uint32_t mid = (lo + hi + 1) / 2;
+      if (value(mid) <= a)
+        lo = mid;
+      else
+        hi = mid - 1;
+    }
+    uint32_t mag = lo;
+    if (value(lo) != a) {
+      const double down = a - value(lo), up = value(lo + 1) - a;
+      if (up < down || (up == down && (lo & 1))) mag = lo + 1;
+    }
+    return (std::signbit(x) && sign_bit ? sign_bit : 0) | mag;
+  }
+  double decode(uint32_t code) const { return (code & sign_bit ? -1 : 1) * value(code & ~sign_bit); }
+};
+// The layouts (OCP FP8, IEEE f16, bf16), and the non-negative 8-bit ones: sign bit as mantissa bit.
+const Layout kE4M3{4, 3, 7, 0x7E, 0x80}, kE5M2{5, 2, 15, 0x7B, 0x80}, kF16{5, 10, 15, 0x7BFF, 0x8000}, kBF16{8, 7, 127, 0x7F7F, 0x8000},
+    kE4M4{4, 4, 7, 0xFE, 0}, kE5M3{5, 3, 15, 0xF7, 0};
+
+uint32_t code_at(const EncodedState& s, int bytes, size_t i) {
+  uint32_t c = 0;
+  std::memcpy(&c, s.codes.data() + i * size_t(bytes), size_t(bytes));
+  return c;
+}
+
+// Moment-like data: magnitudes over several decades, both signs (or none), some zeros.
+std::vector<float> moments(size_t n, bool non_negative, unsigned seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> z(0.0f, 1.0f);
+  std::vector<float> x(n);
+  for (size_t i = 0; i < n; ++i) {
+    const float v = z(rng) * std::pow(10.0f, -3.0f + 2.0f * z(rng));
+    x[i] = i % 17 == 5 ? 0.0f : non_negative ? std::fabs(v) : v;
+  }
+  return x;
+}
+
+struct Case {
+  StateFormat format;
+  Layout layout;
+};
+
+// Per-tensor scale 2^-e, e the largest with amax 2^e <= the code's max; codes encode(x 2^e).
+TEST(StateFormat, PerTensorMatchesScalarReference) {
+  for (const Case& c : {Case{{Format::e4m3, StateScaling::per_tensor}, kE4M3}, Case{{Format::e5m2, StateScaling::per_tensor}, kE5M2},
+                        Case{{Format::f16, StateScaling::per_tensor}, kF16},
+                        Case{{.storage = Format::e4m3, .scaling = StateScaling::per_tensor, .non_negative = true}, kE4M4},
+                        Case{{.storage = Format::e5m2, .scaling = StateScaling::per_tensor, .non_negative = true}, kE5M3},
+                        Case{{Format::bf16, StateScaling::none}, kBF16}}) {
+    const StateFormat& f = c.format;
+    SCOPED_TRACE(std::string(format_name(f.storage)) + (f.non_negative ? " non-negative" : ""));
+    const std::vector<float> x = moments(1000, f.non_negative, 7);
+    const EncodedState s = encode_state(x, f);
+    double amax = 0;
+    for (float v : x) amax = std::max(amax, double(std::fabs(v)));
+    int e = 0;
+    if (f.scaling == StateScaling::per_tensor) {
+      e = -200;
+      while (amax * std::ldexp(1.0, e + 1) <= c.layout.value(c.layout.max_mag)) ++e;
+      ASSERT_EQ(s.scales.size(), 1u);
+      EXPECT_EQ(s.scales[0], std::ldexp(1.0, -e));
+    }
+    EXPECT_FLOAT_EQ(state_code_max(f), float(c.layout.value(c.layout.max_mag)));
+    const int bytes = f.storage == Format::f16 || f.storage == Format::bf16 ? 2 : 1;
+    ASSERT_EQ(s.codes.size(), x.size() * size_t(bytes));
+    std::vector<float> back(x.size());
+    decode_state(s, f, back);
+    for (size_t i = 0; i < x.size(); ++i) {
+      const uint32_t want = c.layout.encode(std::ldexp(double(x[i]), e));
+      ASSERT_EQ(code_at(s, bytes, i), want) << "element " << i << " = " << x[i];
+      ASSERT_EQ(back[i], float(std::ldexp(c.layout.decode(want), -e))) << "element " << i;
+    }
+  }
+}
+
+// Every code's value, every midpoint between neighbours (ties go to the even code) and the f32s
+// either side of it, both signs where the code has one; the largest value is in the data, so the
+// per-tensor scale is 1.
+TEST(StateFormat, NearestRoundingOfEveryCodeAndTie) {
+  for (const Case& c : {Case{{Format::e4m3, StateScaling::per_tensor}, kE4M3}, Case{{Format::e5m2, StateScaling::per_tensor}, kE5M2},
+                        Case{{Format::f16, StateScaling::per_tensor}, kF16},
+                        Case{{.storage = Format::e4m3, .scaling = StateScaling::per_tensor, .non_negative = true}, kE4M4},
+                        Case{{.storage = Format::e5m2, .scaling = StateScaling::per_tensor, .non_negative = true}, kE5M3}}) {
+    std::vector<float> x;
+    for (uint32_t m = 0; m <= c.layout.max_mag; ++m) {
+      x.push_back(float(c.layout.value(m)));
+      if (m == c.layout.max_mag) break;
+      const auto mid = float((c.layout.value(m) + c.layout.value(m + 1)) / 2);
+      ASSERT_EQ(double(mid), (c.layout.value(m) + c.layout.value(m + 1)) / 2);
+      for (float v : {mid, std::nextafter(mid, 0.0f), std::nextafter(mid, INFINITY)}) x.push_back(v);
+    }
+    if (!c.format.non_negative)
+      for (size_t i = 0, n = x.size(); i < n; ++i) x.push_back(-x[i]);
+    const EncodedState s = encode_state(x, c.format);
+    ASSERT_EQ(s.scales[0], 1.0f);
+    const int bytes = c.format.storage == Format::f16 ? 2 : 1;
+    for (size_t i = 0; i < x.size(); ++i)
+      ASSERT_EQ(code_at(s, bytes, i), c.layout.encode(x[i])) << format_name(c.format.storage) << " " << x[i];
+  }
+}
+
+// Per-group scales amax / max (f32), codes encode(x / scale) in f32; the last group is partial.
+TEST(StateFormat, PerGroupMatchesScalarReference) {
+  for (const Case& c : {Case{{.storage = Format::e4m3, .scaling = StateScaling::per_group, .group_size = 128}, kE4M3},
+                        Case{{.storage = Format::e4m3, .scaling = StateScaling::per_group, .group_size = 64, .non_negative = true}, kE4M4},
+                        Case{{.storage = Format::e5m2, .scaling = StateScaling::per_group, .group_size = 128}, kE5M2}}) {
+    const StateFormat& f = c.format;
+    const std::vector<float> x = moments(300, f.non_negative, 11);
+    const EncodedState s = encode_state(x, f);
+    const size_t groups = (x.size() + size_t(f.group_size) - 1) / size_t(f.group_size);
+    ASSERT_EQ(s.scales.size(), groups);
+    std::vector<float> back(x.size());
+    decode_state(s, f, back);
+    for (size_t g = 0; g < groups; ++g) {
+      const size_t begin = g * size_t(f.group_size), end = std::min(x.size(), begin + size_t(f.group_size));
+      float amax = 0;
+      for (size_t i = begin; i < end; ++i) amax = std::max(amax, std::fabs(x[i]));
+      const auto scale = float(double(amax) / c.layout.value(c.layout.max_mag));
+      ASSERT_EQ(s.scales[g], scale) << "group " << g;
+      for (size_t i = begin; i < end; ++i) {
+        const uint32_t want = c.layout.encode(x[i] / scale);
+        ASSERT_EQ(code_at(s, 1, i), want) << "element " << i;
+        ASSERT_EQ(back[i], float(c.layout.decode(want)) * scale) << "element " << i;
+      }
+    }
+    EXPECT_EQ(s.bytes(), int64_t(x.size() + 4 * groups));  // codes + one f32 scale per group
+  }
+}
+
+// COAT: per group k = floor(log2(max^2 / 2) / log2(hi / lo) * 16) / 16 over the non-zero
+// magnitudes, centre sqrt(hi lo), scale (hi / centre)^k / max, codes encode(sign (|x| / centre)^k / scale).
+TEST(StateFormat, ExpansionMatchesScalarReference) {
+  for (const Case& c : {Case{{.storage = Format::e4m3, .scaling = StateScaling::per_group, .expand = true}, kE4M3},
+                        Case{{.storage = Format::e4m3, .scaling = StateScaling::per_group, .non_negative = true, .expand = true}, kE4M4}}) {
+    const StateFormat& f = c.format;
+    const std::vector<float> x = moments(256 + 40, f.non_negative, 5);
+    const EncodedState s = encode_state(x, f);
+    std::vector<float> back(x.size());
+    decode_state(s, f, back);
+    const double max = c.layout.value(c.layout.max_mag);
+    EXPECT_EQ(s.bytes(), int64_t(x.size() + 3 * 4 * 3));  // codes + scale, k and centre for 3 groups
+    for (size_t g = 0; g < 3; ++g) {
+      const size_t begin = g * 128, end = std::min(x.size(), begin + 128);
+      float hi = 0, lo = 1e30f;
+      for (size_t i = begin; i < end; ++i)
+        if (x[i] != 0) hi = std::max(hi, std::fabs(x[i])), lo = std::min(lo, std::fabs(x[i]));
+      const double k = std::floor(std::log2(max * max / 2) / std::log2(double(hi) / lo) * 16) / 16;
+      ASSERT_GE(k, 1.0 / 16);  // the data's range needs no clamp
+      const auto centre = float(std::sqrt(double(hi) * lo));
+      const auto scale = float(std::pow(double(hi) / centre, k) / max);
+      ASSERT_EQ(s.expand_k[g], float(k));
+      ASSERT_EQ(s.centre[g], centre);
+      ASSERT_EQ(s.scales[g], scale);
+      for (size_t i = begin; i < end; ++i) {
+        const auto y = float(std::pow(std::fabs(double(x[i])) / centre, k));
+        const uint32_t want = c.layout.encode(std::copysign(y / scale, x[i]));
+        ASSERT_EQ(code_at(s, 1, i), want) << "element " << i;
+        const double q = c.layout.decode(want);
+        ASSERT_EQ(back[i], std::copysign(float(std::pow(std::fabs(q) * scale, 1 / k) * centre), float(q))) << "element " << i;
+      }
+    }
+  }
+}
+
+// Every code read back through a group's inverse and expanded again gives the code back, for
+// groups from narrow (k at its cap) to wider than E4M3 (k at its floor 1/16); codes whose
+// read-back would be an f32 subnormal or zero (only below a wide group's smallest value) are out.
+TEST(StateFormat, ExpansionInverseIsExactOnEveryCode) {
+  for (const Layout& layout : {kE4M3, kE4M4}) {
+    const double max = layout.value(layout.max_mag);
+    for (const auto& [hi, lo] : std::vector<std::pair<float, float>>{
+             {1.0f, 1.0f}, {1.0f, 0.999f}, {2.0f, 1.0f}, {3e-3f, 1e-5f}, {1.0f, 1e-4f}, {1e10f, 1e-10f}, {1e30f, 1e-30f}}) {
+      const Expansion e = expansion_for(hi, lo, max, 16);
+      SCOPED_TRACE("hi " + std::to_string(hi) + " lo " + std::to_string(lo) + " k " + std::to_string(e.k));
+      int checked = 0;
+      for (uint32_t code = 0; code <= (layout.sign_bit | layout.max_mag); ++code) {
+        if ((code & ~layout.sign_bit) > layout.max_mag) continue;  // NaN codes
+        const float x = e.inverse(float(layout.decode(code)));
+        if (code & ~layout.sign_bit && !std::isnormal(x)) continue;
+        ASSERT_EQ(layout.encode(e.forward(x)), code) << "code " << code << " reads back as " << x;
+        ++checked;
+      }
+      if (e.k >= 1) {
+        EXPECT_EQ(checked, layout.sign_bit ? 2 * int(layout.max_mag) + 2 : int(layout.max_mag) + 1);
+      }
+    }
+  }
+}
+
+TEST(StateFormat, StochasticRoundingPicksANeighbourAndRepeatsWithTheSeed) {
+  const StateFormat f{.storage = Format::e4m3, .scaling = StateScaling::per_tensor, .rounding = Rounding::stochastic};
+  const std::vector<float> x = moments(4096, false, 3);
+  const EncodedState a = encode_state(x, f, 42), b = encode_state(x, f, 42), other = encode_state(x, f, 43);
+  EXPECT_EQ(a.codes, b.codes);
+  EXPECT_NE(a.codes, other.codes);
+  const int e = -std::ilogb(a.scales[0]);
+  int not_nearest = 0, inexact = 0;
+  for (size_t i = 0; i < x.size(); ++i) {
+    const double v = std::ldexp(double(x[i]), e), got = kE4M3.decode(code_at(a, 1, i));
+    const double nearest = kE4M3.decode(kE4M3.encode(v));
+    if (got == v) continue;
+    ++inexact;
+    ASSERT_EQ(std::signbit(got), std::signbit(v)) << i;
+    const uint32_t mag = kE4M3.encode(std::fabs(v)), down = kE4M3.value(mag) <= std::fabs(v) ? mag : mag - 1;
+    ASSERT_TRUE(std::fabs(got) == kE4M3.value(down) || std::fabs(got) == kE4M3.value(down + 1))
+        << "element " << i << ": " << v << " -> " << got;
+    not_nearest += got != nearest;
+  }
+  EXPECT_GT(inexact, 1000);
+  EXPECT_GT(not_nearest, inexact / 10);  // not round-to-nearest
+}
+
+TEST(StateFormat, RejectsBadFormatsAndValues) {
+  auto message = [](auto f) {
+    try {
+      f();
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_NE(message([] { validate({Format::e4m3, StateScaling::none}, "m"); }).find("needs a scale"), std::string::npos);
+  EXPECT_NE(message([] { validate({Format::bf16, StateScaling::per_tensor}, "m"); }).find("takes no scale"), std::string::npos);
+  EXPECT_NE(message([] { validate({Format::e2m1, StateScaling::per_tensor}, "v"); }).find("storage must be one of"), std::string::npos);
+  EXPECT_NE(
+      message([] { validate({.storage = Format::e4m3, .scaling = StateScaling::per_tensor, .expand = true}, "v"); }).find("expansion"),
+      std::string::npos);
+  EXPECT_NE(
+      message([] { validate({.storage = Format::e4m3, .scaling = StateScaling::per_group, .group_size = 0}, "v"); }).find("group_size"),
+      std::string::npos);
+  const std::vector<float> negative{1.0f, -2.0f};
+  EXPECT_NE(message([&] {
+              encode_state(negative, {.storage = Format::e4m3, .scaling = StateScaling::per_tensor, .non_negative = true});
+            }).find("negative value"),
+            std::string::npos);
+}
+
+}  // namespace
+}  // namespace scalify::optim
