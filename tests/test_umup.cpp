@@ -205,16 +205,54 @@ TEST(UmupOptimizer, DecayScaleMultipliesEachParametersWeightDecay) {
   EXPECT_THROW(optim::AdamW({a}, c, {}, {}, {1.0, 1.0}), Error);
 }
 
+std::string validation_error(const train::TrainConfig& c) {  // "" when c is valid
+  try {
+    c.validate();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
 TEST(UmupOptimizer, WeightDecayIsIndependentAndZeroUnlessGiven) {
-  // Under u-μP weight_decay is the decay per step (unit-scaling's independent weight decay, its
-  // default 0); the standard default (0.1, times the lr) would take 10 % of every weight a step.
+  // Under u-μP the decay is independent_weight_decay, per step (unit-scaling's independent weight
+  // decay, its default 0); weight_decay keeps its one meaning (AdamW's coupled coefficient, 0.1 by
+  // default), which u-μP does not use: each recipe refuses the other's key by name.
   train::TrainConfig c;
   c.recipe = "umup";
   EXPECT_EQ(train::with_recipe_defaults(c).weight_decay, 0.0);
-  c.set("weight_decay", "0.001");
-  EXPECT_EQ(train::with_recipe_defaults(c).weight_decay, 0.001);
+  EXPECT_EQ(train::with_recipe_defaults(c).independent_weight_decay, 0.0);
+  EXPECT_NO_THROW(train::with_recipe_defaults(c).validate());
+  c.set("independent_weight_decay", "0.001");
+  EXPECT_EQ(train::with_recipe_defaults(c).independent_weight_decay, 0.001);
+  EXPECT_NO_THROW(train::with_recipe_defaults(c).validate());
+  c.set("weight_decay", "0.1");  // compare --recipes f32,umup --set weight_decay=0.1
+  const std::string refused = validation_error(train::with_recipe_defaults(c));
+  EXPECT_NE(refused.find("'weight_decay'"), std::string::npos) << refused;
+  EXPECT_NE(refused.find("set independent_weight_decay"), std::string::npos) << refused;
   train::TrainConfig standard;
   EXPECT_EQ(train::with_recipe_defaults(standard).weight_decay, 0.1);
+  standard.set("independent_weight_decay", "0.001");
+  EXPECT_NE(validation_error(train::with_recipe_defaults(standard)).find("'independent_weight_decay'"), std::string::npos);
+  // A resumed run reads its config.toml (every key given): the decay it trained with stays.
+  train::TrainConfig run;
+  run.recipe = "umup";
+  run.set("independent_weight_decay", "0.002");
+  const train::TrainConfig resumed = train::parse_config(train::with_recipe_defaults(run).to_toml(), "config.toml");
+  EXPECT_EQ(train::with_recipe_defaults(resumed).independent_weight_decay, 0.002);
+  EXPECT_NO_THROW(train::with_recipe_defaults(resumed).validate());
+}
+
+TEST(UmupOptimizer, GradientClippingIsOffUnlessGiven) {
+  // Unit-scaled gradients have a global norm of hundreds (growing with the width): grad_clip 1
+  // would clip every step by a width-dependent factor; unit-scaling does not clip.
+  train::TrainConfig c;
+  c.recipe = "umup";
+  EXPECT_EQ(train::with_recipe_defaults(c).grad_clip, 0.0);
+  c.set("grad_clip", "5");
+  EXPECT_EQ(train::with_recipe_defaults(c).grad_clip, 5.0);
+  train::TrainConfig standard;
+  EXPECT_EQ(train::with_recipe_defaults(standard).grad_clip, 1.0);
 }
 
 TEST(UmupGpt, ConfigurationIsRefusedWhereItIsNotUnitScalingsTransformer) {

@@ -131,6 +131,7 @@ const std::map<std::string, Key>& table() {
       DBL_KEY("lr", lr),
       DBL_KEY("min_lr", min_lr),
       DBL_KEY("weight_decay", weight_decay),
+      DBL_KEY("independent_weight_decay", independent_weight_decay),
       DBL_KEY("beta1", beta1),
       DBL_KEY("beta2", beta2),
       DBL_KEY("eps", eps),
@@ -187,6 +188,7 @@ TrainConfig with_recipe_defaults(const TrainConfig& config) {
   } catch (const Error&) {  // validate() reports it
   }
   if (umup && !c.given.count("weight_decay")) c.weight_decay = 0;
+  if (umup && !c.given.count("grad_clip")) c.grad_clip = 0;
   return c;
 }
 
@@ -210,13 +212,20 @@ void TrainConfig::validate() const {
   need(checkpoint_every >= 1, "checkpoint_every", "must be >= 1");
   need(stats_every >= 1, "stats_every", "must be >= 1");
   need(val_fraction > 0 && val_fraction < 1, "val_fraction", "must be in (0, 1)");
+  need(independent_weight_decay >= 0 && independent_weight_decay < 1, "independent_weight_decay", "must be in [0, 1)");
   need(!out.empty(), "out", "must not be empty");
   need(model.vocab == 256 || !init.empty(), "vocab", "must be 256 (byte tokens) unless init names a pretrained model");
+  bool umup = false;
   try {
-    quant::load_recipe(recipe);
+    umup = quant::load_recipe(recipe).umup;
   } catch (const Error& e) {  // the recipe file itself: still a file error
     rethrow_as(e, std::string("config: 'recipe': ") + e.what());
   }
+  need(!umup || weight_decay == 0, "weight_decay",
+       "is AdamW's coupled decay, which u-μP (recipe '" + recipe +
+           "') does not use: set independent_weight_decay (the decay per step) instead");
+  need(umup || independent_weight_decay == 0, "independent_weight_decay",
+       "is u-μP's weight decay; recipe '" + recipe + "' is not u-μP: set weight_decay instead");
   try {
     model.validate();
   } catch (const Error& e) {

@@ -131,14 +131,14 @@ std::unique_ptr<Session> make_session(const TrainConfig& cfg, const io::SafeTens
   base.beta1 = cfg.beta1;
   base.beta2 = cfg.beta2;
   base.eps = cfg.eps;
-  base.weight_decay = cfg.weight_decay;  // u-μP: the independent decay per step (with_recipe_defaults)
+  const bool umup = s->model.config().umup;
+  base.weight_decay = umup ? cfg.independent_weight_decay : cfg.weight_decay;  // u-μP: the decay per step
   std::vector<double> lr_scale, decay_scale;
   std::vector<bool> decay;
-  const bool umup = s->model.config().umup;
   for (const std::string& n : s->names) {
     lr_scale.push_back(s->model.lr_multiplier(n));
     // u-μP's independent weight decay (unit-scaling's optim.scaled_parameters): every parameter
-    // decays by weight_decay x lr(t) / lr per step, whatever its learning rate.
+    // decays by independent_weight_decay x lr(t) / lr per step, whatever its learning rate.
     decay.push_back(umup || nn::Gpt::decays(n));
     decay_scale.push_back(umup ? 1 / (cfg.lr * lr_scale.back()) : 1.0);
   }
