@@ -255,6 +255,32 @@ TEST(UmupOptimizer, GradientClippingIsOffUnlessGiven) {
   EXPECT_EQ(train::with_recipe_defaults(standard).grad_clip, 1.0);
 }
 
+TEST(UmupGpt, AttentionKeepsTheContextsScaleOnShorterWindows) {
+  // u-μP's attention scale s takes T = the model's context (seq), not the window's length: causal
+  // attention then gives a short window's rows exactly as the same rows of a full window, so
+  // evaluation and sampling on shorter windows run at the scale the model trained at.
+  const nn::GptConfig c = umup_config(32, 2);
+  const nn::Gpt model(c, 1);
+  std::vector<int64_t> tokens;
+  for (int64_t i = 0; i < c.seq; ++i) tokens.push_back((7 * i + 3) % c.vocab);
+  const int64_t shorter = 5;
+  const Tensor full = model.logits(Tensor::from_indices(tokens, {1, c.seq})).value().to(DType::f64);
+  const Tensor part = model.logits(Tensor::from_indices(std::vector<int64_t>(tokens.begin(), tokens.begin() + shorter), {1, shorter}))
+                          .value()
+                          .to(DType::f64);
+  const double* f = full.contiguous().data<double>();
+  const double* p = part.contiguous().data<double>();
+  const double scale = rms(full);
+  for (int64_t i = 0; i < shorter * c.vocab; ++i) ASSERT_NEAR(p[i], f[i], 1e-6 * scale) << "logit " << i;
+  // The composed op (probed runs, scaled inputs) keeps the same rule.
+  const Var q(Tensor::randn({1, 2, c.seq, 16}, 11, 1.0)), k(Tensor::randn({1, 2, c.seq, 16}, 12, 1.0)),
+      v(Tensor::randn({1, 2, c.seq, 16}, 13, 1.0));
+  auto head = [&](const Var& x) { return Var(x.value().slice(2, 0, shorter).contiguous()); };
+  const Tensor all = unit::scaled_dot_product_attention(q, k, v, 1.5).value().slice(2, 0, shorter).contiguous().to(DType::f64);
+  const Tensor few = unit::scaled_dot_product_attention(head(q), head(k), head(v), 1.5, c.seq).value().to(DType::f64);
+  for (int64_t i = 0; i < few.numel(); ++i) ASSERT_NEAR(few.data<double>()[i], all.data<double>()[i], 1e-6) << "element " << i;
+}
+
 TEST(UmupGpt, ConfigurationIsRefusedWhereItIsNotUnitScalingsTransformer) {
   nn::GptConfig c = umup_config(32, 2);
   c.bias = true;

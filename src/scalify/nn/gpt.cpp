@@ -206,7 +206,7 @@ std::string Gpt::kv_cache_refusal() const {
   // is given: one new token would be scaled differently from the same row in a full recompute.
   // Unit scaling's attention scales by the window's length (matmul_activations' sizes, the causal
   // softmax's counts): every position's keys and values change as the window grows.
-  if (c_.umup) return "u-μP's attention scales by the window's length, so earlier positions' keys and values change with it";
+  if (c_.umup) return "u-μP's attention (unit-scaling's scaled ops) has no key/value cache path";
   if (c_.unit_scaled) return "unit-scaled attention scales by the window's length, so earlier positions' keys and values change with it";
   const auto q = quantized_linears();
   if (!q.empty())
@@ -233,7 +233,8 @@ Var Gpt::forward(const Tensor& ids, ScaleProbe* probe, KvCache* cache) const {
                 (start > 0 ? " (the context of " + std::to_string(c_.seq) + " less the " + std::to_string(start) + " cached)" : "") +
                 ", got " + shape_str(ids.shape()));
   const int64_t B = ids.size(0), T = ids.size(1);
-  LayerOptions o{c_.unit_scaled, probe, "", c_.rms_norm, c_.swiglu, rescale_norm_grad_, c_.umup, c_.act_mult, c_.attn_mult};
+  LayerOptions o{c_.unit_scaled,     probe,   "",          c_.rms_norm,  c_.swiglu,
+                 rescale_norm_grad_, c_.umup, c_.act_mult, c_.attn_mult, c_.umup ? c_.seq : 0};
   const bool u = c_.unit_scaled || c_.umup;  // u-μP's embeddings are unit scaling's
   Var x;
   if (c_.learned_positions()) {
