@@ -281,6 +281,31 @@ TEST(UmupGpt, AttentionKeepsTheContextsScaleOnShorterWindows) {
   for (int64_t i = 0; i < few.numel(); ++i) ASSERT_NEAR(few.data<double>()[i], all.data<double>()[i], 1e-6) << "element " << i;
 }
 
+TEST(UmupGpt, LogitsCarryTheLossMultSoSamplingSeesTheLossesDistribution) {
+  // loss_mult scales the logits the cross-entropy sees; sampling reads logits(), so the mult is in
+  // them: the loss is the mean cross-entropy of logits() itself (log-softmax in f64 here).
+  nn::GptConfig c = umup_config(32, 2);
+  const nn::Gpt plain(c, 1);
+  c.loss_mult = 2.5;
+  const nn::Gpt model(c, 1);
+  const int64_t T = 6;
+  std::vector<int64_t> ids, targets;
+  for (int64_t i = 0; i < T; ++i) ids.push_back((5 * i + 1) % c.vocab), targets.push_back((3 * i + 2) % c.vocab);
+  const Tensor in = Tensor::from_indices(ids, {1, T});
+  const Tensor logits = model.logits(in).value().to(DType::f64).contiguous();
+  const Tensor base = plain.logits(in).value().to(DType::f64).contiguous();
+  double loss = 0;
+  for (int64_t t = 0; t < T; ++t) {
+    const double* l = logits.data<double>() + t * c.vocab;
+    double top = l[0], z = 0;
+    for (int64_t v = 0; v < c.vocab; ++v) top = std::max(top, l[v]);
+    for (int64_t v = 0; v < c.vocab; ++v) z += std::exp(l[v] - top);
+    loss += (top + std::log(z) - l[targets[size_t(t)]]) / T;
+    for (int64_t v = 0; v < c.vocab; ++v) ASSERT_NEAR(l[v], 2.5 * base.data<double>()[t * c.vocab + v], 1e-6 * std::fabs(l[v]) + 1e-12);
+  }
+  EXPECT_NEAR(model.loss(in, Tensor::from_indices(targets, {1, T})).value().item(), loss, 1e-5 * loss);
+}
+
 TEST(UmupGpt, ConfigurationIsRefusedWhereItIsNotUnitScalingsTransformer) {
   nn::GptConfig c = umup_config(32, 2);
   c.bias = true;

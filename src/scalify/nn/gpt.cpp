@@ -266,7 +266,10 @@ Var Gpt::forward(const Tensor& ids, ScaleProbe* probe, KvCache* cache) const {
   const Var head = c_.tied_head ? transpose(wte_, 0, 1) : head_;
   if (c_.umup) {  // linear_readout: alpha = 1 / fan_in, beta_x = fan_out^-1/2, beta_w = rows^-1/2
     const double rows = double(numel_of(xf.shape()) / c_.d_model);
-    return o.tap(unit::matmul(xf, head, 1.0 / double(c_.d_model), 1 / std::sqrt(double(c_.vocab)), 1 / std::sqrt(rows)), "logits");
+    const Var readout = unit::matmul(xf, head, 1.0 / double(c_.d_model), 1 / std::sqrt(double(c_.vocab)), 1 / std::sqrt(rows));
+    // cross_entropy's mult on the logits themselves, forward only (the library's logits' gradient
+    // has no mult in it), so the loss and sampling see the same distribution softmax(mult logits).
+    return o.tap(c_.loss_mult == 1 ? readout : unit::scaled(readout, c_.loss_mult, 1.0), "logits");
   }
   return o.tap(u ? unit::matmul(xf, head, Constrain::x) : scalify::matmul(xf, head), "logits");
 }
@@ -277,7 +280,7 @@ Var Gpt::loss(const Tensor& ids, const Tensor& targets, ScaleProbe* probe) const
   const int64_t BT = ids.numel();
   const Var logits2 = reshape(logits(ids, probe), {BT, c_.vocab});
   const Tensor flat_targets = targets.reshape({BT});
-  if (c_.umup) return unit::cross_entropy(logits2, flat_targets, c_.loss_mult);
+  if (c_.umup) return unit::cross_entropy(logits2, flat_targets);  // loss_mult is in the logits
   return c_.unit_scaled ? unit::softmax_cross_entropy(logits2, flat_targets) : scalify::cross_entropy(logits2, flat_targets);
 }
 
