@@ -306,6 +306,38 @@ TEST(UmupGpt, LogitsCarryTheLossMultSoSamplingSeesTheLossesDistribution) {
   EXPECT_NEAR(model.loss(in, Tensor::from_indices(targets, {1, T})).value().item(), loss, 1e-5 * loss);
 }
 
+TEST(UmupConfig, ModelKeysAreUnitScalingsAndAConflictingOneIsRefusedByName) {
+  // A u-μP recipe trains unit-scaling's transformer: its keys resolved in the config (so
+  // config.toml, the memory estimate and compare's parameter count see that model), a given
+  // conflicting one refused by name rather than overridden.
+  train::TrainConfig c;
+  c.recipe = "umup";
+  c.model.d_model = 64;
+  const train::TrainConfig r = train::with_recipe_defaults(c);
+  EXPECT_TRUE(r.model.rms_norm && r.model.swiglu && !r.model.bias && !r.model.tied_head);
+  EXPECT_EQ(r.model.mlp_hidden, 4 * 64);
+  // Counted by hand: per block qkv 3d², proj d², SwiGLU 3 x 4d² = 12d², two RMS gains 2d; the
+  // embeddings (vocab + seq) d, the final gain d, the untied head vocab d.
+  const int64_t d = 64, V = r.model.vocab, T = r.model.seq, L = r.model.layers;
+  EXPECT_EQ(r.model.parameter_count(), L * (16 * d * d + 2 * d) + (V + T) * d + d + V * d);
+  for (const auto& [key, value] :
+       {std::pair<const char*, const char*>{"bias", "true"}, {"tied_head", "true"}, {"rms_norm", "false"}, {"swiglu", "false"}}) {
+    train::TrainConfig bad = c;
+    bad.set(key, value);
+    try {
+      train::with_recipe_defaults(bad);
+      ADD_FAILURE() << key << " = " << value << " was accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("'" + std::string(key) + "'"), std::string::npos) << e.what();
+    }
+  }
+  train::TrainConfig agreeing = c;
+  agreeing.set("bias", "false");
+  EXPECT_NO_THROW(train::with_recipe_defaults(agreeing));
+  // A run's config.toml read again (every key given) keeps them.
+  EXPECT_NO_THROW(train::with_recipe_defaults(train::parse_config(r.to_toml(), "config.toml")));
+}
+
 TEST(UmupGpt, ConfigurationIsRefusedWhereItIsNotUnitScalingsTransformer) {
   nn::GptConfig c = umup_config(32, 2);
   c.bias = true;

@@ -180,12 +180,36 @@ void TrainConfig::set(const std::string& key_equals_value) {
   set(key_equals_value.substr(0, eq), key_equals_value.substr(eq + 1));
 }
 
+namespace {
+struct FixedKey {
+  const char* key;
+  bool nn::GptConfig::*field;
+  bool value;
+};
+constexpr FixedKey kUmupModel[] = {{"rms_norm", &nn::GptConfig::rms_norm, true},
+                                   {"swiglu", &nn::GptConfig::swiglu, true},
+                                   {"bias", &nn::GptConfig::bias, false},
+                                   {"tied_head", &nn::GptConfig::tied_head, false}};
+}  // namespace
+
+void set_umup_model_keys(nn::GptConfig& m) {
+  for (const FixedKey& k : kUmupModel) m.*k.field = k.value;
+  if (m.mlp_hidden == 0) m.mlp_hidden = 4 * m.d_model;  // uu.MLP's
+}
+
 TrainConfig with_recipe_defaults(const TrainConfig& config) {
   TrainConfig c = config;
   bool umup = false;
   try {
     umup = quant::load_recipe(c.recipe).umup;
   } catch (const Error&) {  // validate() reports it
+  }
+  if (umup) {
+    for (const FixedKey& k : kUmupModel)
+      if (c.given.count(k.key) && c.model.*k.field != k.value)
+        throw Error("config: '" + std::string(k.key) + "' must be " + (k.value ? "true" : "false") + " under u-μP (recipe '" + c.recipe +
+                    "'): its transformer is unit-scaling's (RMSNorm, SwiGLU, no biases, an untied head)");
+    set_umup_model_keys(c.model);
   }
   if (umup && !c.given.count("weight_decay")) c.weight_decay = 0;
   if (umup && !c.given.count("grad_clip")) c.grad_clip = 0;
@@ -293,7 +317,9 @@ TrainConfig run_config(const std::string& run_dir) {
 }
 
 TrainConfig resume_config(const std::string& run_dir, const std::function<void(TrainConfig&)>& overrides) {
-  const TrainConfig run = run_config(run_dir);
+  TrainConfig run = run_config(run_dir);
+  // A u-μP run of an earlier version recorded the standard model keys; it trained u-μP's.
+  if (quant::load_recipe(run.recipe).umup) set_umup_model_keys(run.model);
   TrainConfig c = run;
   overrides(c);
   c.out = run_dir;

@@ -49,7 +49,15 @@ struct TrainConfig {
 // coupled weight_decay (0; its decay is independent_weight_decay) and without gradient clipping
 // (grad_clip 0: unit-scaled gradients have a global norm of hundreds, growing with the width, and
 // unit-scaling does not clip). A recipe that does not load leaves the config as it is (validate() names it).
+// A u-μP recipe's model keys are unit-scaling's TransformerDecoder's (umup_model_keys): set
+// where not given, and a given one that differs is an error naming it; mlp_hidden 0 becomes the
+// 4 d_model it means, so config.toml (and what counts parameters or memory from it) holds the
+// model that trains.
 TrainConfig with_recipe_defaults(const TrainConfig& config);
+// u-μP's transformer in `m`'s keys: RMSNorm, SwiGLU, no biases, an untied head, an MLP of 4 d_model
+// (where mlp_hidden is 0). The one place of the rule: Session::model_config, with_recipe_defaults
+// and the run folders of earlier versions (their config.toml holds the standard keys) use it.
+void set_umup_model_keys(nn::GptConfig& m);
 TrainConfig load_config_file(const std::string& path);  // validates
 TrainConfig run_config(const std::string& run_dir);     // a run folder's config.toml, validated
 // The config a resumed run trains with (the CLI's --resume, Python's resume=True): the run

@@ -55,7 +55,7 @@ std::string gigabytes(double bytes) {
 }  // namespace
 
 double estimated_memory_bytes(const TrainConfig& cfg, const quant::Recipe& r, bool with_optimizer) {
-  const nn::GptConfig& m = cfg.model;
+  const nn::GptConfig m = Session::model_config(cfg, r);  // the model that trains (u-μP's keys)
   const double params = double(m.parameter_count()), tokens = double(cfg.batch) * double(m.seq);
   // Attention's probabilities, f32 [batch, heads, seq, seq]: per token heads x seq values, kept for
   // the backward in every layer, one layer's at a time without one. At seq 8192 they outweigh the rest.
@@ -71,7 +71,7 @@ double estimated_memory_bytes(const TrainConfig& cfg, const quant::Recipe& r, bo
 }
 
 void check_fits_in_memory(const TrainConfig& cfg, const quant::Recipe& r, bool with_optimizer) {
-  const nn::GptConfig& m = cfg.model;
+  const nn::GptConfig m = Session::model_config(cfg, r);
   const double bytes = estimated_memory_bytes(cfg, r, with_optimizer), limit = double(platform::memory_limit_bytes());
   if (bytes > limit)
     throw Error("model: d_model=" + std::to_string(m.d_model) + ", layers=" + std::to_string(m.layers) + " (" +
