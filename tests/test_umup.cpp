@@ -19,7 +19,9 @@
 #include "scalify/optim/adamw.hpp"
 #include "scalify/tensor/ops.hpp"
 #include "scalify/train/config.hpp"
+#include "scalify/train/trainer.hpp"
 #include "scalify/unit/unit_ops.hpp"
+#include "train_fixtures.hpp"
 
 namespace scalify {
 namespace {
@@ -336,6 +338,25 @@ TEST(UmupConfig, ModelKeysAreUnitScalingsAndAConflictingOneIsRefusedByName) {
   EXPECT_NO_THROW(train::with_recipe_defaults(agreeing));
   // A run's config.toml read again (every key given) keeps them.
   EXPECT_NO_THROW(train::with_recipe_defaults(train::parse_config(r.to_toml(), "config.toml")));
+}
+
+TEST(UmupOptimizer, TinyLearningRateTrainsAndOverflowingDecayScaleNamesLr) {
+  // The independent decay's per-parameter scale 1 / (lr factor) is taken only where there is a
+  // decay: an lr near the smallest double trains (it moves nothing) instead of failing on an
+  // infinite scale; with a decay it is refused naming lr.
+  train::TrainConfig c = testing::tiny_run(testing::text_corpus(), testing::scratch("umup_tiny_lr"), "umup");
+  c.steps = 1;
+  c.set("lr", "1e-320");
+  c.set("min_lr", "0");
+  EXPECT_NO_THROW(train::train(c, false));
+  c.out = testing::scratch("umup_tiny_lr_decay").string();
+  c.set("independent_weight_decay", "0.1");
+  try {
+    train::train(c, false);
+    ADD_FAILURE() << "an infinite decay scale was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("'lr'"), std::string::npos) << e.what();
+  }
 }
 
 TEST(UmupGpt, ConfigurationIsRefusedWhereItIsNotUnitScalingsTransformer) {

@@ -140,7 +140,10 @@ std::unique_ptr<Session> make_session(const TrainConfig& cfg, const io::SafeTens
     // u-μP's independent weight decay (unit-scaling's optim.scaled_parameters): every parameter
     // decays by independent_weight_decay x lr(t) / lr per step, whatever its learning rate.
     decay.push_back(umup || nn::Gpt::decays(n));
-    decay_scale.push_back(umup ? 1 / (cfg.lr * lr_scale.back()) : 1.0);
+    // Its scale only where there is a decay to scale (an lr near the smallest double overflows it).
+    decay_scale.push_back(umup && base.weight_decay > 0 ? 1 / (cfg.lr * lr_scale.back()) : 1.0);
+    if (!std::isfinite(decay_scale.back()))
+      throw Error("config: 'lr' is too small for independent_weight_decay: 1 / (lr x " + n + "'s lr factor) overflows");
   }
   s->opt = std::make_unique<optim::AdamW>(s->params, quant::optimizer_config(s->recipe, base), lr_scale, decay, decay_scale);
   if (s->recipe.loss_scaling.kind != quant::LossScalerConfig::Kind::none)
