@@ -119,6 +119,28 @@ TEST(Ptq, QuantisedCheckpointHoldsFp8CodesAndEvaluatesAsTheSweep) {
   }
 }
 
+TEST(Ptq, UnitScaledAndUmupRunsAreEvaluatedInTheirOwnModel) {
+  // A unit-scaled or u-μP run's weights mean nothing in the standard model (a u-μP run's quantised
+  // file once evaluated at 16 nats where its run gave 5.6): the sweep's f32 row is `eval RUN`
+  // exactly, and the quantised file evaluates as its sweep row, near f32 (MXFP8 weights and
+  // activations, well inside 5 % where the standard model is off by several nats).
+  for (const std::string recipe : {"umup", "unit_f32"}) {
+    train::TrainConfig t = tiny_run(text_corpus(), scratch("ptq_model_" + recipe), recipe);
+    t.steps = 30;
+    t.eval_every = t.checkpoint_every = 30;
+    train::train(t, false);
+    const std::vector<train::PtqSweepRow> rows = train::ptq_sweep(t.out, 0, 0);
+    const double f32 = train::evaluate(t.out).loss;
+    EXPECT_EQ(row(rows, "f32").eval.loss, f32) << recipe;
+    const std::string file = (scratch("ptq_model_" + recipe + "_q") / "mx.safetensors").string();
+    fs::create_directories(fs::path(file).parent_path());
+    train::quantize_checkpoint(t.out, file, {train::PtqMethod::mx, 0});
+    const double q = train::evaluate(file).loss;
+    EXPECT_EQ(q, row(rows, "mxfp8").eval.loss) << recipe;
+    EXPECT_LT(std::fabs(q - f32), 0.05 * f32) << recipe << ": f32 " << f32 << ", mxfp8 " << q;
+  }
+}
+
 // Seed 003 takes FP8-AMAX's activation bias per data sample (Appendix G), so the rows whose
 // activation scale is a statistic of the whole tensor (FP8-AMAX's bias, NVFP4's tensor scale) are
 // evaluated one window per forward pass, a batch loss per window; the rows with no such statistic

@@ -19,7 +19,9 @@
 #include "scalify/optim/adamw.hpp"
 #include "scalify/tensor/ops.hpp"
 #include "scalify/train/config.hpp"
+#include "scalify/train/trainer.hpp"
 #include "scalify/unit/unit_ops.hpp"
+#include "train_fixtures.hpp"
 
 namespace scalify {
 namespace {
@@ -205,16 +207,156 @@ TEST(UmupOptimizer, DecayScaleMultipliesEachParametersWeightDecay) {
   EXPECT_THROW(optim::AdamW({a}, c, {}, {}, {1.0, 1.0}), Error);
 }
 
+std::string validation_error(const train::TrainConfig& c) {  // "" when c is valid
+  try {
+    c.validate();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
 TEST(UmupOptimizer, WeightDecayIsIndependentAndZeroUnlessGiven) {
-  // Under u-μP weight_decay is the decay per step (unit-scaling's independent weight decay, its
-  // default 0); the standard default (0.1, times the lr) would take 10 % of every weight a step.
+  // Under u-μP the decay is independent_weight_decay, per step (unit-scaling's independent weight
+  // decay, its default 0); weight_decay keeps its one meaning (AdamW's coupled coefficient, 0.1 by
+  // default), which u-μP does not use: each recipe refuses the other's key by name.
   train::TrainConfig c;
   c.recipe = "umup";
   EXPECT_EQ(train::with_recipe_defaults(c).weight_decay, 0.0);
-  c.set("weight_decay", "0.001");
-  EXPECT_EQ(train::with_recipe_defaults(c).weight_decay, 0.001);
+  EXPECT_EQ(train::with_recipe_defaults(c).independent_weight_decay, 0.0);
+  EXPECT_NO_THROW(train::with_recipe_defaults(c).validate());
+  c.set("independent_weight_decay", "0.001");
+  EXPECT_EQ(train::with_recipe_defaults(c).independent_weight_decay, 0.001);
+  EXPECT_NO_THROW(train::with_recipe_defaults(c).validate());
+  c.set("weight_decay", "0.1");  // compare --recipes f32,umup --set weight_decay=0.1
+  const std::string refused = validation_error(train::with_recipe_defaults(c));
+  EXPECT_NE(refused.find("'weight_decay'"), std::string::npos) << refused;
+  EXPECT_NE(refused.find("set independent_weight_decay"), std::string::npos) << refused;
   train::TrainConfig standard;
   EXPECT_EQ(train::with_recipe_defaults(standard).weight_decay, 0.1);
+  standard.set("independent_weight_decay", "0.001");
+  EXPECT_NE(validation_error(train::with_recipe_defaults(standard)).find("'independent_weight_decay'"), std::string::npos);
+  // A resumed run reads its config.toml (every key given): the decay it trained with stays.
+  train::TrainConfig run;
+  run.recipe = "umup";
+  run.set("independent_weight_decay", "0.002");
+  const train::TrainConfig resumed = train::parse_config(train::with_recipe_defaults(run).to_toml(), "config.toml");
+  EXPECT_EQ(train::with_recipe_defaults(resumed).independent_weight_decay, 0.002);
+  EXPECT_NO_THROW(train::with_recipe_defaults(resumed).validate());
+}
+
+TEST(UmupOptimizer, GradientClippingIsOffUnlessGiven) {
+  // Unit-scaled gradients have a global norm of hundreds (growing with the width): grad_clip 1
+  // would clip every step by a width-dependent factor; unit-scaling does not clip.
+  train::TrainConfig c;
+  c.recipe = "umup";
+  EXPECT_EQ(train::with_recipe_defaults(c).grad_clip, 0.0);
+  c.set("grad_clip", "5");
+  EXPECT_EQ(train::with_recipe_defaults(c).grad_clip, 5.0);
+  train::TrainConfig standard;
+  EXPECT_EQ(train::with_recipe_defaults(standard).grad_clip, 1.0);
+}
+
+TEST(UmupGpt, AttentionKeepsTheContextsScaleOnShorterWindows) {
+  // u-μP's attention scale s takes T = the model's context (seq), not the window's length: causal
+  // attention then gives a short window's rows exactly as the same rows of a full window, so
+  // evaluation and sampling on shorter windows run at the scale the model trained at.
+  const nn::GptConfig c = umup_config(32, 2);
+  const nn::Gpt model(c, 1);
+  std::vector<int64_t> tokens;
+  for (int64_t i = 0; i < c.seq; ++i) tokens.push_back((7 * i + 3) % c.vocab);
+  const int64_t shorter = 5;
+  const Tensor full = model.logits(Tensor::from_indices(tokens, {1, c.seq})).value().to(DType::f64);
+  const Tensor part = model.logits(Tensor::from_indices(std::vector<int64_t>(tokens.begin(), tokens.begin() + shorter), {1, shorter}))
+                          .value()
+                          .to(DType::f64);
+  const double* f = full.contiguous().data<double>();
+  const double* p = part.contiguous().data<double>();
+  const double scale = rms(full);
+  for (int64_t i = 0; i < shorter * c.vocab; ++i) ASSERT_NEAR(p[i], f[i], 1e-6 * scale) << "logit " << i;
+  // The composed op (probed runs, scaled inputs) keeps the same rule.
+  const Var q(Tensor::randn({1, 2, c.seq, 16}, 11, 1.0)), k(Tensor::randn({1, 2, c.seq, 16}, 12, 1.0)),
+      v(Tensor::randn({1, 2, c.seq, 16}, 13, 1.0));
+  auto head = [&](const Var& x) { return Var(x.value().slice(2, 0, shorter).contiguous()); };
+  const Tensor all = unit::scaled_dot_product_attention(q, k, v, 1.5).value().slice(2, 0, shorter).contiguous().to(DType::f64);
+  const Tensor few = unit::scaled_dot_product_attention(head(q), head(k), head(v), 1.5, c.seq).value().to(DType::f64);
+  for (int64_t i = 0; i < few.numel(); ++i) ASSERT_NEAR(few.data<double>()[i], all.data<double>()[i], 1e-6) << "element " << i;
+}
+
+TEST(UmupGpt, LogitsCarryTheLossMultSoSamplingSeesTheLossesDistribution) {
+  // loss_mult scales the logits the cross-entropy sees; sampling reads logits(), so the mult is in
+  // them: the loss is the mean cross-entropy of logits() itself (log-softmax in f64 here).
+  nn::GptConfig c = umup_config(32, 2);
+  const nn::Gpt plain(c, 1);
+  c.loss_mult = 2.5;
+  const nn::Gpt model(c, 1);
+  const int64_t T = 6;
+  std::vector<int64_t> ids, targets;
+  for (int64_t i = 0; i < T; ++i) ids.push_back((5 * i + 1) % c.vocab), targets.push_back((3 * i + 2) % c.vocab);
+  const Tensor in = Tensor::from_indices(ids, {1, T});
+  const Tensor logits = model.logits(in).value().to(DType::f64).contiguous();
+  const Tensor base = plain.logits(in).value().to(DType::f64).contiguous();
+  double loss = 0;
+  for (int64_t t = 0; t < T; ++t) {
+    const double* l = logits.data<double>() + t * c.vocab;
+    double top = l[0], z = 0;
+    for (int64_t v = 0; v < c.vocab; ++v) top = std::max(top, l[v]);
+    for (int64_t v = 0; v < c.vocab; ++v) z += std::exp(l[v] - top);
+    loss += (top + std::log(z) - l[targets[size_t(t)]]) / T;
+    for (int64_t v = 0; v < c.vocab; ++v) ASSERT_NEAR(l[v], 2.5 * base.data<double>()[t * c.vocab + v], 1e-6 * std::fabs(l[v]) + 1e-12);
+  }
+  EXPECT_NEAR(model.loss(in, Tensor::from_indices(targets, {1, T})).value().item(), loss, 1e-5 * loss);
+}
+
+TEST(UmupConfig, ModelKeysAreUnitScalingsAndAConflictingOneIsRefusedByName) {
+  // A u-μP recipe trains unit-scaling's transformer: its keys resolved in the config (so
+  // config.toml, the memory estimate and compare's parameter count see that model), a given
+  // conflicting one refused by name rather than overridden.
+  train::TrainConfig c;
+  c.recipe = "umup";
+  c.model.d_model = 64;
+  const train::TrainConfig r = train::with_recipe_defaults(c);
+  EXPECT_TRUE(r.model.rms_norm && r.model.swiglu && !r.model.bias && !r.model.tied_head);
+  EXPECT_EQ(r.model.mlp_hidden, 4 * 64);
+  // Counted by hand: per block qkv 3d², proj d², SwiGLU 3 x 4d² = 12d², two RMS gains 2d; the
+  // embeddings (vocab + seq) d, the final gain d, the untied head vocab d.
+  const int64_t d = 64, V = r.model.vocab, T = r.model.seq, L = r.model.layers;
+  EXPECT_EQ(r.model.parameter_count(), L * (16 * d * d + 2 * d) + (V + T) * d + d + V * d);
+  for (const auto& [key, value] :
+       {std::pair<const char*, const char*>{"bias", "true"}, {"tied_head", "true"}, {"rms_norm", "false"}, {"swiglu", "false"}}) {
+    train::TrainConfig bad = c;
+    bad.set(key, value);
+    try {
+      train::with_recipe_defaults(bad);
+      ADD_FAILURE() << key << " = " << value << " was accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("'" + std::string(key) + "'"), std::string::npos) << e.what();
+    }
+  }
+  train::TrainConfig agreeing = c;
+  agreeing.set("bias", "false");
+  EXPECT_NO_THROW(train::with_recipe_defaults(agreeing));
+  // A run's config.toml read again (every key given) keeps them.
+  EXPECT_NO_THROW(train::with_recipe_defaults(train::parse_config(r.to_toml(), "config.toml")));
+}
+
+TEST(UmupOptimizer, TinyLearningRateTrainsAndOverflowingDecayScaleNamesLr) {
+  // The independent decay's per-parameter scale 1 / (lr factor) is taken only where there is a
+  // decay: an lr near the smallest double trains (it moves nothing) instead of failing on an
+  // infinite scale; with a decay it is refused naming lr.
+  train::TrainConfig c = testing::tiny_run(testing::text_corpus(), testing::scratch("umup_tiny_lr"), "umup");
+  c.steps = 1;
+  c.set("lr", "1e-320");
+  c.set("min_lr", "0");
+  EXPECT_NO_THROW(train::train(c, false));
+  c.out = testing::scratch("umup_tiny_lr_decay").string();
+  c.set("independent_weight_decay", "0.1");
+  try {
+    train::train(c, false);
+    ADD_FAILURE() << "an infinite decay scale was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("'lr'"), std::string::npos) << e.what();
+  }
 }
 
 TEST(UmupGpt, ConfigurationIsRefusedWhereItIsNotUnitScalingsTransformer) {

@@ -76,14 +76,14 @@ Var CausalSelfAttention::operator()(const Var& x, const LayerOptions& o, KvBlock
   const ScaledTensor& qs = qkv_out.scaled();
   const bool fusable = !qs.any_scale && (!qs.scale.defined() || qs.scale.numel() == 1) && !is_integer(qs.data.dtype());
   if (o.umup && fusable)  // probed too: u-μP's attention taps only its output
-    return o.tap(proj(o.tap(unit::causal_self_attention(qkv_out, H, o.attn_mult), "attn.mix"), o, c), "attn.out");
+    return o.tap(proj(o.tap(unit::causal_self_attention(qkv_out, H, o.attn_mult, o.context), "attn.mix"), o, c), "attn.out");
   if (!u && !o.umup && !o.probe && fusable) return o.tap(proj(causal_self_attention(qkv_out, H), o), "attn.out");
   auto split_heads = [&](int64_t part) {  // [B, H, T, hd]
     return permute(reshape(slice(qkv_out, 2, part * D, (part + 1) * D), {B, T, H, hd}), {0, 2, 1, 3});
   };
   const Var q = split_heads(0), k = split_heads(1), v = split_heads(2);
   if (o.umup) {
-    const Var mix = reshape(permute(unit::scaled_dot_product_attention(q, k, v, o.attn_mult), {0, 2, 1, 3}), {B, T, D});
+    const Var mix = reshape(permute(unit::scaled_dot_product_attention(q, k, v, o.attn_mult, o.context), {0, 2, 1, 3}), {B, T, D});
     return o.tap(proj(o.tap(mix, "attn.mix"), o, c), "attn.out");
   }
   const Var kt = transpose(k, -1, -2);

@@ -206,7 +206,7 @@ std::string Gpt::kv_cache_refusal() const {
   // is given: one new token would be scaled differently from the same row in a full recompute.
   // Unit scaling's attention scales by the window's length (matmul_activations' sizes, the causal
   // softmax's counts): every position's keys and values change as the window grows.
-  if (c_.umup) return "u-μP's attention scales by the window's length, so earlier positions' keys and values change with it";
+  if (c_.umup) return "u-μP's attention (unit-scaling's scaled ops) has no key/value cache path";
   if (c_.unit_scaled) return "unit-scaled attention scales by the window's length, so earlier positions' keys and values change with it";
   const auto q = quantized_linears();
   if (!q.empty())
@@ -233,7 +233,8 @@ Var Gpt::forward(const Tensor& ids, ScaleProbe* probe, KvCache* cache) const {
                 (start > 0 ? " (the context of " + std::to_string(c_.seq) + " less the " + std::to_string(start) + " cached)" : "") +
                 ", got " + shape_str(ids.shape()));
   const int64_t B = ids.size(0), T = ids.size(1);
-  LayerOptions o{c_.unit_scaled, probe, "", c_.rms_norm, c_.swiglu, rescale_norm_grad_, c_.umup, c_.act_mult, c_.attn_mult};
+  LayerOptions o{c_.unit_scaled,     probe,   "",          c_.rms_norm,  c_.swiglu,
+                 rescale_norm_grad_, c_.umup, c_.act_mult, c_.attn_mult, c_.umup ? c_.seq : 0};
   const bool u = c_.unit_scaled || c_.umup;  // u-μP's embeddings are unit scaling's
   Var x;
   if (c_.learned_positions()) {
@@ -265,7 +266,10 @@ Var Gpt::forward(const Tensor& ids, ScaleProbe* probe, KvCache* cache) const {
   const Var head = c_.tied_head ? transpose(wte_, 0, 1) : head_;
   if (c_.umup) {  // linear_readout: alpha = 1 / fan_in, beta_x = fan_out^-1/2, beta_w = rows^-1/2
     const double rows = double(numel_of(xf.shape()) / c_.d_model);
-    return o.tap(unit::matmul(xf, head, 1.0 / double(c_.d_model), 1 / std::sqrt(double(c_.vocab)), 1 / std::sqrt(rows)), "logits");
+    const Var readout = unit::matmul(xf, head, 1.0 / double(c_.d_model), 1 / std::sqrt(double(c_.vocab)), 1 / std::sqrt(rows));
+    // cross_entropy's mult on the logits themselves, forward only (the library's logits' gradient
+    // has no mult in it), so the loss and sampling see the same distribution softmax(mult logits).
+    return o.tap(c_.loss_mult == 1 ? readout : unit::scaled(readout, c_.loss_mult, 1.0), "logits");
   }
   return o.tap(u ? unit::matmul(xf, head, Constrain::x) : scalify::matmul(xf, head), "logits");
 }
@@ -276,7 +280,7 @@ Var Gpt::loss(const Tensor& ids, const Tensor& targets, ScaleProbe* probe) const
   const int64_t BT = ids.numel();
   const Var logits2 = reshape(logits(ids, probe), {BT, c_.vocab});
   const Tensor flat_targets = targets.reshape({BT});
-  if (c_.umup) return unit::cross_entropy(logits2, flat_targets, c_.loss_mult);
+  if (c_.umup) return unit::cross_entropy(logits2, flat_targets);  // loss_mult is in the logits
   return c_.unit_scaled ? unit::softmax_cross_entropy(logits2, flat_targets) : scalify::cross_entropy(logits2, flat_targets);
 }
 

@@ -50,7 +50,7 @@ struct GptConfig {
   double residual_mult = 1, residual_attn_ratio = 1;  // transformer_residual_scaling_rule's
   double act_mult = 1;                                // the SwiGLU's (silu_glu's mult)
   double attn_mult = 1;                               // the attention softmax's (scaled_dot_product_attention's mult)
-  double loss_mult = 1;                               // the cross-entropy's (its logits times it)
+  double loss_mult = 1;                               // the cross-entropy's: logits() are the readout times it
   void validate() const;                              // throws scalify::Error naming the bad field
   bool operator==(const GptConfig&) const = default;
   int64_t parameter_count() const;

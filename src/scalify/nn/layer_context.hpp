@@ -37,6 +37,9 @@ struct LayerOptions {
   // SwiGLU's and the attention softmax's `mult`.
   bool umup = false;
   double act_mult = 1, attn_mult = 1;
+  // The model's context (GptConfig::seq): u-μP's attention scale takes it as T whatever the
+  // window's length, so evaluation and sampling on shorter windows run at the trained scale.
+  int64_t context = 0;
   Var tap(const Var& x, const char* name) const;
 };
 

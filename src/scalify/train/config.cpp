@@ -131,6 +131,7 @@ const std::map<std::string, Key>& table() {
       DBL_KEY("lr", lr),
       DBL_KEY("min_lr", min_lr),
       DBL_KEY("weight_decay", weight_decay),
+      DBL_KEY("independent_weight_decay", independent_weight_decay),
       DBL_KEY("beta1", beta1),
       DBL_KEY("beta2", beta2),
       DBL_KEY("eps", eps),
@@ -179,6 +180,23 @@ void TrainConfig::set(const std::string& key_equals_value) {
   set(key_equals_value.substr(0, eq), key_equals_value.substr(eq + 1));
 }
 
+namespace {
+struct FixedKey {
+  const char* key;
+  bool nn::GptConfig::*field;
+  bool value;
+};
+constexpr FixedKey kUmupModel[] = {{"rms_norm", &nn::GptConfig::rms_norm, true},
+                                   {"swiglu", &nn::GptConfig::swiglu, true},
+                                   {"bias", &nn::GptConfig::bias, false},
+                                   {"tied_head", &nn::GptConfig::tied_head, false}};
+}  // namespace
+
+void set_umup_model_keys(nn::GptConfig& m) {
+  for (const FixedKey& k : kUmupModel) m.*k.field = k.value;
+  if (m.mlp_hidden == 0) m.mlp_hidden = 4 * m.d_model;  // uu.MLP's
+}
+
 TrainConfig with_recipe_defaults(const TrainConfig& config) {
   TrainConfig c = config;
   bool umup = false;
@@ -186,7 +204,15 @@ TrainConfig with_recipe_defaults(const TrainConfig& config) {
     umup = quant::load_recipe(c.recipe).umup;
   } catch (const Error&) {  // validate() reports it
   }
+  if (umup) {
+    for (const FixedKey& k : kUmupModel)
+      if (c.given.count(k.key) && c.model.*k.field != k.value)
+        throw Error("config: '" + std::string(k.key) + "' must be " + (k.value ? "true" : "false") + " under u-μP (recipe '" + c.recipe +
+                    "'): its transformer is unit-scaling's (RMSNorm, SwiGLU, no biases, an untied head)");
+    set_umup_model_keys(c.model);
+  }
   if (umup && !c.given.count("weight_decay")) c.weight_decay = 0;
+  if (umup && !c.given.count("grad_clip")) c.grad_clip = 0;
   return c;
 }
 
@@ -210,13 +236,20 @@ void TrainConfig::validate() const {
   need(checkpoint_every >= 1, "checkpoint_every", "must be >= 1");
   need(stats_every >= 1, "stats_every", "must be >= 1");
   need(val_fraction > 0 && val_fraction < 1, "val_fraction", "must be in (0, 1)");
+  need(independent_weight_decay >= 0 && independent_weight_decay < 1, "independent_weight_decay", "must be in [0, 1)");
   need(!out.empty(), "out", "must not be empty");
   need(model.vocab == 256 || !init.empty(), "vocab", "must be 256 (byte tokens) unless init names a pretrained model");
+  bool umup = false;
   try {
-    quant::load_recipe(recipe);
+    umup = quant::load_recipe(recipe).umup;
   } catch (const Error& e) {  // the recipe file itself: still a file error
     rethrow_as(e, std::string("config: 'recipe': ") + e.what());
   }
+  need(!umup || weight_decay == 0, "weight_decay",
+       "is AdamW's coupled decay, which u-μP (recipe '" + recipe +
+           "') does not use: set independent_weight_decay (the decay per step) instead");
+  need(umup || independent_weight_decay == 0, "independent_weight_decay",
+       "is u-μP's weight decay; recipe '" + recipe + "' is not u-μP: set weight_decay instead");
   try {
     model.validate();
   } catch (const Error& e) {
@@ -284,7 +317,9 @@ TrainConfig run_config(const std::string& run_dir) {
 }
 
 TrainConfig resume_config(const std::string& run_dir, const std::function<void(TrainConfig&)>& overrides) {
-  const TrainConfig run = run_config(run_dir);
+  TrainConfig run = run_config(run_dir);
+  // A u-μP run of an earlier version recorded the standard model keys; it trained u-μP's.
+  if (quant::load_recipe(run.recipe).umup) set_umup_model_keys(run.model);
   TrainConfig c = run;
   overrides(c);
   c.out = run_dir;

@@ -24,6 +24,10 @@ struct TrainConfig {
   int64_t steps = 300, batch = 16, accum = 1;
   nn::GptConfig model;  // keys: vocab, seq, d_model, layers, heads, kv_heads, mlp_hidden, ... (GptConfig's fields)
   double lr = 2e-3, min_lr = 2e-4, weight_decay = 0.1, beta1 = 0.9, beta2 = 0.95, eps = 1e-8, grad_clip = 1.0;
+  // u-μP's weight decay (unit-scaling's independent_weight_decay): every parameter decays by this
+  // x lr(t) / lr per step, whatever its learning rate; 0 by default. weight_decay is AdamW's coupled
+  // coefficient, which u-μP does not use: each recipe refuses the other's key (validate()).
+  double independent_weight_decay = 0;
   int64_t warmup = 30;  // linear warmup steps, then cosine decay from lr to min_lr
   // 256 evaluation windows (16 batches of the default 16): enough batches for compare's
   // window-sampling error of a delta (compare/noise.hpp); 64 gave 4.
@@ -41,10 +45,19 @@ struct TrainConfig {
   static std::vector<std::string> keys();
 };
 
-// The config with its recipe's defaults for keys not given: a u-μP recipe's weight_decay is its
-// independent decay per step, 0 (unit-scaling's default) unless set. A recipe that does not load
-// leaves the config as it is (validate() names it).
+// The config with its recipe's defaults for keys not given: a u-μP recipe trains without AdamW's
+// coupled weight_decay (0; its decay is independent_weight_decay) and without gradient clipping
+// (grad_clip 0: unit-scaled gradients have a global norm of hundreds, growing with the width, and
+// unit-scaling does not clip). A recipe that does not load leaves the config as it is (validate() names it).
+// A u-μP recipe's model keys are unit-scaling's TransformerDecoder's (umup_model_keys): set
+// where not given, and a given one that differs is an error naming it; mlp_hidden 0 becomes the
+// 4 d_model it means, so config.toml (and what counts parameters or memory from it) holds the
+// model that trains.
 TrainConfig with_recipe_defaults(const TrainConfig& config);
+// u-μP's transformer in `m`'s keys: RMSNorm, SwiGLU, no biases, an untied head, an MLP of 4 d_model
+// (where mlp_hidden is 0). The one place of the rule: Session::model_config, with_recipe_defaults
+// and the run folders of earlier versions (their config.toml holds the standard keys) use it.
+void set_umup_model_keys(nn::GptConfig& m);
 TrainConfig load_config_file(const std::string& path);  // validates
 TrainConfig run_config(const std::string& run_dir);     // a run folder's config.toml, validated
 // The config a resumed run trains with (the CLI's --resume, Python's resume=True): the run

@@ -94,14 +94,20 @@ std::vector<std::string> ptq_weights(const nn::Gpt& model) {
   return names;
 }
 
-quant::Recipe ptq_inference_recipe(const PtqOptions& o) {
+quant::Recipe model_of(quant::Recipe r, const quant::Recipe& trained) {
+  r.unit_scaled = trained.unit_scaled;
+  r.umup = trained.umup;
+  return r;
+}
+
+quant::Recipe ptq_inference_recipe(const PtqOptions& o, const quant::Recipe& trained) {
   quant::Recipe r;
   r.name = std::string("ptq_") + ptq_method_name(o.method);
   quant::QuantizerConfig as_given;
   as_given.scaling = quant::Scaling::none;
   as_given.format = Format::f32;
   r.linear = quant::LinearRecipe::uniform(as_given, o.activations ? role(o, false) : as_given, as_given);
-  return r;
+  return model_of(r, trained);
 }
 
 bool activation_scale_per_window(const quant::Recipe& recipe) {
@@ -217,8 +223,10 @@ std::vector<PtqWeight> quantize_checkpoint(const std::string& checkpoint, const 
   check_output_file(out, inputs);
   const auto [src, cfg] = read_checkpoint(checkpoint);
   const std::unique_ptr<Session> s = load_session(src, cfg, checkpoint_file(checkpoint));
-  return write_quantized(out, s->names, parameter_values(*s), weight_names(*s), o, cfg,
-                         {{"source_step", checkpoint_step(src, checkpoint_file(checkpoint))}});
+  json ptq = {{"source_step", checkpoint_step(src, checkpoint_file(checkpoint))}};
+  if (s->recipe.unit_scaled) ptq["unit_scaled"] = true;  // the model variant its values belong to; absent: standard
+  if (s->recipe.umup) ptq["umup"] = true;
+  return write_quantized(out, s->names, parameter_values(*s), weight_names(*s), o, cfg, ptq);
 }
 
 std::vector<PtqWeight> quantize_pretrained(const std::string& model_dir, const std::string& out, const PtqOptions& o, int64_t context) {
@@ -298,6 +306,7 @@ EvalResult evaluate_quantized(const io::SafeTensors& st, const std::string& file
   TrainConfig cfg = checkpoint_config(st, file);
   if (!data.empty()) cfg.data = data;
   PtqOptions o;
+  quant::Recipe trained;  // the model variant: unit_scaled, umup
   int version = 0;
   int64_t context = 0;  // > 0: quantised from a pretrained model, evaluated on windows of this many tokens
   try {
@@ -311,6 +320,8 @@ EvalResult evaluate_quantized(const io::SafeTensors& st, const std::string& file
     if (element != format_name(element_of(o))) throw Error("element format " + io::json_excerpt(ptq.at("element")));
     o.bias = ptq.at("bias").get<int>();
     o.activations = !ptq.contains("activations") || ptq.at("activations").get<bool>();
+    trained.unit_scaled = ptq.contains("unit_scaled") && ptq.at("unit_scaled").get<bool>();
+    trained.umup = ptq.contains("umup") && ptq.at("umup").get<bool>();
     if (ptq.contains("context")) context = ptq.at("context").get<int64_t>();
     if (ptq.contains("context") && (context < 1 || context > cfg.model.seq)) throw Error("context " + std::to_string(context));
     check(o);
@@ -335,10 +346,10 @@ EvalResult evaluate_quantized(const io::SafeTensors& st, const std::string& file
     const std::unique_ptr<tokenize::Tokenizer> tokenizer = run_tokenizer(cfg, file);
     const std::vector<int32_t> tokens = read_tokens(cfg.data.empty() ? default_corpus_path() : cfg.data, tokenizer.get(), cfg.model.vocab);
     const TokenEval t =
-        evaluate_tokens(*inference_session(cfg, ptq_inference_recipe(o), values), tokens, tokenizer.get(), context, size_t(0));
+        evaluate_tokens(*inference_session(cfg, ptq_inference_recipe(o, trained), values), tokens, tokenizer.get(), context, size_t(0));
     return {t.loss, t.bits_per_byte, t.windows, {}};
   }
-  return evaluate_values(cfg, ptq_inference_recipe(o), values, corpus_for(cfg));
+  return evaluate_values(cfg, ptq_inference_recipe(o, trained), values, corpus_for(cfg));
 }
 
 std::vector<PtqSweepRow> ptq_sweep(const std::string& checkpoint, int lo, int hi, const std::string& data, const SweepProgress& progress) {
@@ -348,7 +359,8 @@ std::vector<PtqSweepRow> ptq_sweep(const std::string& checkpoint, int lo, int hi
   const Corpus val = corpus_for(cfg);
   return ptq_sweep(
       parameter_values(*s), weight_names(*s), lo, hi,
-      [&](const quant::Recipe& r, const std::map<std::string, Tensor>& v) { return evaluate_values(cfg, r, v, val); }, progress);
+      [&](const quant::Recipe& r, const std::map<std::string, Tensor>& v) { return evaluate_values(cfg, model_of(r, s->recipe), v, val); },
+      progress);
 }
 
 size_t ptq_sweep_evaluations(int lo, int hi) {

@@ -91,8 +91,12 @@ size_t ptq_sweep_evaluations(int lo, int hi);
 // The weights PTQ quantises: the four linear layers of every block (h{l}.attn.qkv.w ...).
 std::vector<std::string> ptq_weights(const nn::Gpt& model);
 // The recipe a model whose weights hold quantised values is evaluated with: the weights cast
-// nothing (their values are exact), the activations are quantised as the method says.
-quant::Recipe ptq_inference_recipe(const PtqOptions& options);
+// nothing (their values are exact), the activations are quantised as the method says, in the
+// model `trained` trains (its unit-scaled or u-μP variant: model_of).
+quant::Recipe ptq_inference_recipe(const PtqOptions& options, const quant::Recipe& trained = {});
+// `r` evaluating the model variant that `trained` trains: a unit-scaled or u-μP model's values
+// mean nothing in the standard model.
+quant::Recipe model_of(quant::Recipe r, const quant::Recipe& trained);
 // Whether `recipe` scales each linear layer's input activation from a statistic of the whole
 // tensor it is given (FP8-AMAX's bias, a current scale, NVFP4's f32 tensor scale). Seed 003 takes
 // that statistic per data sample (Appendix G: the activation bias "varies depending on the data

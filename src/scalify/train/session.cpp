@@ -81,7 +81,7 @@ std::string gigabytes(double bytes) {
 }  // namespace
 
 double estimated_memory_bytes(const TrainConfig& cfg, const quant::Recipe& r, bool with_optimizer) {
-  const nn::GptConfig& m = cfg.model;
+  const nn::GptConfig m = Session::model_config(cfg, r);  // the model that trains (u-μP's keys)
   const double params = double(m.parameter_count()), tokens = double(cfg.batch) * double(m.seq);
   // Attention's probabilities, f32 [batch, heads, seq, seq]: per token heads x seq values, kept for
   // the backward in every layer, one layer's at a time without one. At seq 8192 they outweigh the rest.
@@ -97,7 +97,7 @@ double estimated_memory_bytes(const TrainConfig& cfg, const quant::Recipe& r, bo
 }
 
 void check_fits_in_memory(const TrainConfig& cfg, const quant::Recipe& r, bool with_optimizer) {
-  const nn::GptConfig& m = cfg.model;
+  const nn::GptConfig m = Session::model_config(cfg, r);
   const double bytes = estimated_memory_bytes(cfg, r, with_optimizer), limit = double(platform::memory_limit_bytes());
   if (bytes > limit)
     throw Error("model: d_model=" + std::to_string(m.d_model) + ", layers=" + std::to_string(m.layers) + " (" +
@@ -157,16 +157,19 @@ std::unique_ptr<Session> make_session(const TrainConfig& cfg, const io::SafeTens
   base.beta1 = cfg.beta1;
   base.beta2 = cfg.beta2;
   base.eps = cfg.eps;
-  base.weight_decay = cfg.weight_decay;  // u-μP: the independent decay per step (with_recipe_defaults)
+  const bool umup = s->model.config().umup;
+  base.weight_decay = umup ? cfg.independent_weight_decay : cfg.weight_decay;  // u-μP: the decay per step
   std::vector<double> lr_scale, decay_scale;
   std::vector<bool> decay;
-  const bool umup = s->model.config().umup;
   for (const std::string& n : s->names) {
     lr_scale.push_back(s->model.lr_multiplier(n));
     // u-μP's independent weight decay (unit-scaling's optim.scaled_parameters): every parameter
-    // decays by weight_decay x lr(t) / lr per step, whatever its learning rate.
+    // decays by independent_weight_decay x lr(t) / lr per step, whatever its learning rate.
     decay.push_back(umup || nn::Gpt::decays(n));
-    decay_scale.push_back(umup ? 1 / (cfg.lr * lr_scale.back()) : 1.0);
+    // Its scale only where there is a decay to scale (an lr near the smallest double overflows it).
+    decay_scale.push_back(umup && base.weight_decay > 0 ? 1 / (cfg.lr * lr_scale.back()) : 1.0);
+    if (!std::isfinite(decay_scale.back()))
+      throw Error("config: 'lr' is too small for independent_weight_decay: 1 / (lr x " + n + "'s lr factor) overflows");
   }
   s->opt = std::make_unique<optim::AdamW>(s->params, quant::optimizer_config(s->recipe, base), lr_scale, decay, decay_scale);
   if (s->recipe.loss_scaling.kind != quant::LossScalerConfig::Kind::none)

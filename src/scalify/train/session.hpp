@@ -40,8 +40,8 @@ struct Session {
     nn::GptConfig m = c.model;
     m.unit_scaled = m.unit_scaled || r.unit_scaled;
     if (r.umup) {
-      m.umup = m.rms_norm = m.swiglu = true;
-      m.bias = m.tied_head = false;
+      m.umup = true;
+      set_umup_model_keys(m);
     }
     return m;
   }

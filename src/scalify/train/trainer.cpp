@@ -382,7 +382,8 @@ TrainResult train(const TrainConfig& given, bool resume, const Progress& progres
     log << "u-μP learning-rate factors:";
     for (const std::string& n : s.names)
       if (!(n[0] == 'h' && n != "head" && !n.starts_with("h0."))) log << " " << n << " " << s.model.lr_multiplier(n);
-    log << "; weight decay " << s.opt->config().weight_decay << " per step at the peak lr, every parameter (independent)\n";
+    log << "; independent_weight_decay " << s.opt->config().weight_decay << " per step at the peak lr, every parameter; grad_clip "
+        << cfg.grad_clip << (cfg.grad_clip == 0 ? " (off" : " (") << (given.given.count("grad_clip") ? ")" : ", u-μP's default)") << "\n";
   }
   log << "memory: at least " << std::lround(estimated_memory_bytes(cfg, s.recipe, true) / (1024.0 * 1024.0))
       << " MB estimated (training state, activations, attention)\n";

@@ -163,17 +163,18 @@ double attention_scale(double T, double d, double mult) {
   return T > 1 ? 1 / interpolate(1 / (1 + 4 * d / (mult * mult)), std::sqrt(std::log(T) / T), 1.0) : 1.0;
 }
 
-Var scaled_dot_product_attention(const Var& q, const Var& k, const Var& v, double mult) {
+Var scaled_dot_product_attention(const Var& q, const Var& k, const Var& v, double mult, int64_t length) {
   check_mult(mult, "unit::scaled_dot_product_attention");
-  const double d = double(v.shape().back()), s = attention_scale(double(v.shape()[v.shape().size() - 2]), d, mult);
+  const double T = double(length > 0 ? length : v.shape()[v.shape().size() - 2]);
+  const double d = double(v.shape().back()), s = attention_scale(T, d, mult);
   const Var scores = mul_scalar(scalify::matmul(scaled(q, 1.0, s), transpose(scaled(k, 1.0, s), -1, -2)), mult / d);
   return scaled(scalify::matmul(scalify::softmax(causal_mask(scores)), scaled(v, 1.0, s)), s, 1.0);
 }
 
-Var causal_self_attention(const Var& qkv, int64_t heads, double mult) {
+Var causal_self_attention(const Var& qkv, int64_t heads, double mult, int64_t length) {
   check_mult(mult, "unit::causal_self_attention");
   const int64_t D = qkv.shape().back() / 3;
-  const double d = double(D / heads), s = attention_scale(double(qkv.shape()[1]), d, mult);
+  const double d = double(D / heads), s = attention_scale(double(length > 0 ? length : qkv.shape()[1]), d, mult);
   // The fused kernel scales the scores by d^-1/2; u-μP's are mult / d, which q takes, exactly in
   // both directions.
   const Var x = scaled(qkv, 1.0, s);

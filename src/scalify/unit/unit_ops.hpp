@@ -86,11 +86,12 @@ Var softmax_cross_entropy(const Var& logits, const Tensor& targets);
 Var silu_glu(const Var& input, const Var& gate, double mult = 1.0);
 // Causal attention of q, k, v [..., T, d] as scaled_dot_product_attention: softmax(mult q k^T / d) v
 // times s, and s on the three inputs' gradients, s = 1 / L(1 / (1 + 4 d / mult^2), sqrt(ln T / T), 1). T = 1 (ln 1 = 0, where unit-scaling
-// divides by zero) takes s = 1: the output is v itself.
-Var scaled_dot_product_attention(const Var& q, const Var& k, const Var& v, double mult = 1.0);
+// divides by zero) takes s = 1: the output is v itself. `length` > 0 is the T of s instead of the
+// window's (a model's context: its attention keeps its trained scale on shorter windows).
+Var scaled_dot_product_attention(const Var& q, const Var& k, const Var& v, double mult = 1.0, int64_t length = 0);
 // The same on a packed projection qkv [B, T, 3D] of `heads` heads -> [B, T, D], through the fused
 // kernel (scalify::causal_self_attention).
-Var causal_self_attention(const Var& qkv, int64_t heads, double mult = 1.0);
+Var causal_self_attention(const Var& qkv, int64_t heads, double mult = 1.0, int64_t length = 0);
 // cross_entropy: the mean loss of mult * logits [N, s]; the logits' gradient (softmax - onehot)
 // times s / sqrt(s - 1), with neither mult nor 1/N in it.
 Var cross_entropy(const Var& logits, const Tensor& targets, double mult = 1.0);
