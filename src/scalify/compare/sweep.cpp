@@ -398,7 +398,8 @@ SweepReport sweep(const SweepConfig& given, const SweepStepProgress& progress, c
     for (const std::string& r : config.recipes)  // every cell's config is checked before the first trains
       for (int64_t w : config.widths)
         for (int64_t d : config.depths)
-          for (size_t i = 0; i < config.grid.values.size(); ++i) cell_config(config, r, w, d, i, config.seeds[0]).validate();
+          for (size_t i = 0; i < config.grid.values.size(); ++i)
+            train::with_recipe_defaults(cell_config(config, r, w, d, i, config.seeds[0])).validate();
   });
   const fs::path dir(config.out);
   std::unique_ptr<io::FolderLock> lock;

@@ -245,7 +245,8 @@ void TrainConfig::validate() const {
   } catch (const Error& e) {  // the recipe file itself: still a file error
     rethrow_as(e, std::string("config: 'recipe': ") + e.what());
   }
-  need(!umup || weight_decay == 0, "weight_decay",
+  // An untouched default is u-μP's 0 (with_recipe_defaults); a given one is a mistake.
+  need(!umup || weight_decay == 0 || !given.count("weight_decay"), "weight_decay",
        "is AdamW's coupled decay, which u-μP (recipe '" + recipe +
            "') does not use: set independent_weight_decay (the decay per step) instead");
   need(umup || independent_weight_decay == 0, "independent_weight_decay",
