@@ -369,6 +369,16 @@ TEST(UmupGpt, ConfigurationIsRefusedWhereItIsNotUnitScalingsTransformer) {
   c = umup_config(32, 2);
   c.attn_mult = 0;
   EXPECT_THROW(c.validate(), Error);
+  c = umup_config(32, 2);
+  c.kv_heads = 1;  // grouped-query attention: no counterpart in unit-scaling
+  try {
+    c.validate();
+    ADD_FAILURE() << "kv_heads < heads was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("kv_heads"), std::string::npos) << e.what();
+  }
+  c.kv_heads = c.heads;
+  EXPECT_NO_THROW(c.validate());
   EXPECT_NO_THROW(umup_config(32, 2).validate());
 }
 
