@@ -359,6 +359,27 @@ TEST(UmupOptimizer, TinyLearningRateTrainsAndOverflowingDecayScaleNamesLr) {
   }
 }
 
+TEST(UmupConfig, KeysAddedForUmupAreWrittenOnlyWhenSet) {
+  // config.toml (and a checkpoint's config) of a run that leaves u-μP's keys at their defaults
+  // holds none of them, so it still loads in a build from before u-μP; a set one is written and
+  // reads back.
+  const char* added[] = {"residual_mult", "residual_attn_ratio", "act_mult", "attn_mult", "loss_mult", "independent_weight_decay"};
+  const std::string standard = train::TrainConfig().to_toml();
+  for (const char* k : added) EXPECT_EQ(standard.find(std::string("\n") + k + " ="), std::string::npos) << k;
+  train::TrainConfig c;
+  c.recipe = "umup";
+  c.set("loss_mult", "2.5");
+  c.set("independent_weight_decay", "0.01");
+  const std::string text = c.to_toml();
+  EXPECT_NE(text.find("\nloss_mult = 2.5\n"), std::string::npos) << text;
+  EXPECT_NE(text.find("\nindependent_weight_decay = 0.01\n"), std::string::npos) << text;
+  EXPECT_EQ(text.find("\nact_mult ="), std::string::npos) << text;
+  const train::TrainConfig back = train::parse_config(text, "config.toml");
+  EXPECT_EQ(back.model.loss_mult, 2.5);
+  EXPECT_EQ(back.model.act_mult, 1.0);
+  EXPECT_EQ(back.independent_weight_decay, 0.01);
+}
+
 TEST(UmupGpt, ConfigurationIsRefusedWhereItIsNotUnitScalingsTransformer) {
   nn::GptConfig c = umup_config(32, 2);
   c.bias = true;
