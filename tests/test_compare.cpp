@@ -330,6 +330,21 @@ TEST(Compare, BaselinesAloneDrawTheirLossAndNoDelta) {
   EXPECT_NE(md.find("![loss](loss.png)"), std::string::npos);
 }
 
+TEST(Compare, CountsTheUmupRecipesOwnTransformer) {
+  // A u-μP recipe trains unit-scaling's transformer (SwiGLU of 4 d: 12 d² per block, no biases,
+  // an untied head), not the base model: its count, by hand, next to the base's.
+  train::TrainConfig base = tiny_run(text_corpus(), "", "f32");
+  base.steps = 2;
+  const fs::path out = scratch("compare_umup_count");
+  compare::compare(comparison(base, {"umup"}, out), false);
+  const int64_t d = base.model.d_model, V = base.model.vocab, T = base.model.seq, L = base.model.layers;
+  const int64_t umup = L * (16 * d * d + 2 * d) + (V + T) * d + d + V * d;
+  const json summary = json::parse(slurp(out / "summary.json"));
+  EXPECT_EQ(summary.at("umup_parameters").get<int64_t>(), umup);
+  EXPECT_EQ(summary.at("parameters").get<int64_t>(), base.model.parameter_count());
+  EXPECT_NE(slurp(out / "report.md").find("(the u-μP recipes' transformer: " + std::to_string(umup) + ")"), std::string::npos);
+}
+
 TEST(Compare, ResumeRerunsOnlyTheUnfinishedRecipes) {
   const train::TrainConfig base = tiny_run(text_corpus(), "", "f32");
   const fs::path whole = scratch("compare_whole"), cut = scratch("compare_cut");

@@ -479,6 +479,24 @@ std::string seed_text(const std::vector<uint64_t>& seeds) {
   return (seeds.size() > 1 ? "seeds " : "seed ") + s;
 }
 
+namespace {
+// The u-μP recipes train unit-scaling's transformer (RMSNorm, SwiGLU of 4 d, no biases, an untied
+// head: train::with_recipe_defaults), another parameter count than the base model's; 0 when no
+// recipe is u-μP.
+int64_t umup_parameter_count(const CompareConfig& config) {
+  for (const std::string& r : config.recipes) {
+    try {
+      if (!quant::load_recipe(r).umup) continue;
+      train::TrainConfig c = config.base;
+      c.recipe = r;
+      return train::with_recipe_defaults(c).model.parameter_count();
+    } catch (const Error&) {  // its run failed on it and says why
+    }
+  }
+  return 0;
+}
+}  // namespace
+
 void write_report(const CompareConfig& config, CompareReport& rep, const std::string& command) {
   const fs::path dir(config.out);
   const auto f32 =
@@ -520,13 +538,15 @@ void write_report(const CompareConfig& config, CompareReport& rep, const std::st
   }
   for (const RecipeOutcome& o : rep.runs) runs.push_back(outcome_json(o));
   write_text(dir / "summary.csv", csv.str());
-  const json summary = {{"config", config.base.to_toml()},
-                        {"parameters", config.base.model.parameter_count()},
-                        {"parity_nats", kParityNats},
-                        {"seeds", config.seeds},
-                        {"speed_rounds", config.speed.rounds},
-                        {"recipes", rows},
-                        {"runs", runs}};
+  const int64_t umup_parameters = umup_parameter_count(config);
+  json summary = {{"config", config.base.to_toml()},
+                  {"parameters", config.base.model.parameter_count()},
+                  {"parity_nats", kParityNats},
+                  {"seeds", config.seeds},
+                  {"speed_rounds", config.speed.rounds},
+                  {"recipes", rows},
+                  {"runs", runs}};
+  if (umup_parameters > 0) summary["umup_parameters"] = umup_parameters;
   write_text(dir / "summary.json", summary.dump(2) + "\n");
 
   const train::TrainConfig& b = config.base;
@@ -540,6 +560,7 @@ void write_report(const CompareConfig& config, CompareReport& rep, const std::st
      << ". Command:\n\n```\n"
      << (command.empty() ? "(library call)" : command) << "\n```\n\nModel: GPT, d_model " << b.model.d_model << ", " << b.model.layers
      << " layers, " << b.model.heads << " heads, context " << b.model.seq << " tokens, " << b.model.parameter_count() << " parameters"
+     << (umup_parameters > 0 ? " (the u-μP recipes' transformer: " + std::to_string(umup_parameters) + ")" : std::string())
      << (b.model.unit_scaled ? ", unit-scaled" : "") << ". Training: " << b.steps << " steps of " << b.batch * b.accum
      << " windows, AdamW lr " << b.lr << ", " << seed_text(config.seeds)
      << ". Corpus: " << (b.data.empty() ? "the default (Debian's fortunes)" : b.data) << ". Validation: " << b.eval_windows

@@ -30,6 +30,11 @@ void GptConfig::validate() const {
        "unit scaling supports learned positions and multi-head attention only (rope_theta 0, kv_heads = heads)");
   need(tau > 0 && tau < 1, "tau must be in (0, 1), got " + std::to_string(tau));
   need(!(umup && unit_scaled), "umup and unit_scaled are two parametrisations: choose one");
+  // unit-scaling's attention has no grouped heads, and repeating kv heads sums their gradients
+  // (growing by sqrt(group)): no unit scale to keep.
+  need(!(umup && kv_heads != 0 && kv_heads != heads),
+       "u-μP supports multi-head attention only (kv_heads = heads, got kv_heads = " + std::to_string(kv_heads) +
+           ", heads = " + std::to_string(heads) + "): unit-scaling has no grouped-query attention");
   need(!umup || (rms_norm && swiglu && !bias && !tied_head),
        "u-μP's transformer has RMSNorm, SwiGLU, no biases and an untied head (rms_norm, swiglu on; bias, tied_head off)");
   for (const auto& [name, v] : {std::pair<const char*, double>{"residual_mult", residual_mult},

@@ -24,6 +24,9 @@ struct Key {
   std::function<void(TrainConfig&, const std::string&)> set;
   std::function<std::string(const TrainConfig&)> get;
   bool is_string = false;
+  // Written by to_toml() only when it differs from its default: a key added since (u-μP's), so a
+  // run that leaves it alone still loads in a build from before it.
+  bool only_if_set = false;
 };
 
 int64_t to_int(const std::string& key, const std::string& v) {
@@ -82,6 +85,13 @@ const std::map<std::string, Key>& table() {
           [](const TrainConfig& c) { return std::string(c.field ? "true" : "false"); } \
     }                                                                                  \
   }
+#define NEW_DBL_KEY(name, field)                                                                                                     \
+  {                                                                                                                                  \
+    name, {                                                                                                                          \
+      [](TrainConfig& c, const std::string& v) { c.field = to_double(name, v); }, [](const TrainConfig& c) { return num(c.field); }, \
+          false, true                                                                                                                \
+    }                                                                                                                                \
+  }
 #define STR_KEY(name, field)                                                                                        \
   {                                                                                                                 \
     name, {                                                                                                         \
@@ -119,11 +129,11 @@ const std::map<std::string, Key>& table() {
       DBL_KEY("norm_eps", model.norm_eps),
       DBL_KEY("rope_theta", model.rope_theta),
       BOOL_KEY("unit_scaled", model.unit_scaled),
-      DBL_KEY("residual_mult", model.residual_mult),
-      DBL_KEY("residual_attn_ratio", model.residual_attn_ratio),
-      DBL_KEY("act_mult", model.act_mult),
-      DBL_KEY("attn_mult", model.attn_mult),
-      DBL_KEY("loss_mult", model.loss_mult),
+      NEW_DBL_KEY("residual_mult", model.residual_mult),
+      NEW_DBL_KEY("residual_attn_ratio", model.residual_attn_ratio),
+      NEW_DBL_KEY("act_mult", model.act_mult),
+      NEW_DBL_KEY("attn_mult", model.attn_mult),
+      NEW_DBL_KEY("loss_mult", model.loss_mult),
       BOOL_KEY("rms_norm", model.rms_norm),
       BOOL_KEY("swiglu", model.swiglu),
       BOOL_KEY("tied_head", model.tied_head),
@@ -131,7 +141,7 @@ const std::map<std::string, Key>& table() {
       DBL_KEY("lr", lr),
       DBL_KEY("min_lr", min_lr),
       DBL_KEY("weight_decay", weight_decay),
-      DBL_KEY("independent_weight_decay", independent_weight_decay),
+      NEW_DBL_KEY("independent_weight_decay", independent_weight_decay),
       DBL_KEY("beta1", beta1),
       DBL_KEY("beta2", beta2),
       DBL_KEY("eps", eps),
@@ -145,6 +155,7 @@ const std::map<std::string, Key>& table() {
   };
 #undef INT_KEY
 #undef DBL_KEY
+#undef NEW_DBL_KEY
 #undef BOOL_KEY
 #undef STR_KEY
   return t;
@@ -260,8 +271,10 @@ void TrainConfig::validate() const {
 
 std::string TrainConfig::to_toml() const {
   std::string s = "# scalify train: the effective configuration of this run\n";
+  static const TrainConfig defaults;
   for (const auto& [k, key] : table()) {
     const std::string v = key.get(*this);
+    if (key.only_if_set && v == key.get(defaults)) continue;
     if (key.is_string) {
       std::ostringstream q;  // TOML quoting and escapes
       q << toml::value<std::string>(v);

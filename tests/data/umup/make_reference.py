@@ -10,7 +10,11 @@ Writes, next to this script:
   layer.safetensors  one causal u-μP TransformerLayer at initialisation (f64): its weights in
                   Scalify's layout ([in, out]; the MLP's fc is [linear_gate | linear_1]), the input x,
                   the output gradient g, the output y and the gradients (dx and every weight's) of
-                  sum(y * g); the layer's taus, heads and attention mult in the metadata.
+                  sum(y * g); the layer's taus, heads and attention mult in the metadata;
+  ops.safetensors  single ops (f64) with mults away from 1: "<op>.<tensor>" for silu_glu (mult
+                  1.7), linear_readout (w in Scalify's [in, out] layout), cross_entropy (mult 1.3;
+                  the loss and the logits' gradient of loss.backward()) and embedding; each op's
+                  output y and the gradients of sum(y * g) (the loss itself for cross_entropy).
 
 The one difference from the library's own modules: the norms are made affine
 (elementwise_affine=True, gains drawn around 1), as Scalify's norms always have a gain; the
@@ -161,10 +165,50 @@ def layer_reference() -> None:
     write_safetensors(HERE / "layer.safetensors", tensors, metadata)
 
 
+def ops_reference() -> None:
+    torch.manual_seed(48)
+    torch.set_default_dtype(torch.float64)
+    U = uu.functional
+    t: dict[str, torch.Tensor] = {}
+
+    def leaf(shape: tuple[int, ...]) -> torch.Tensor:
+        return torch.randn(*shape).requires_grad_()
+
+    rows, hidden, d, vocab = 6, 8, 16, 40
+    x, gate, g = leaf((rows, hidden)), leaf((rows, hidden)), torch.randn(rows, hidden)
+    y = U.silu_glu(x, gate, mult=1.7)
+    (y * g).sum().backward()
+    t.update({"silu_glu.input": x, "silu_glu.gate": gate, "silu_glu.g": g, "silu_glu.y": y,
+              "silu_glu.grad.input": x.grad, "silu_glu.grad.gate": gate.grad})
+
+    x, w, g = leaf((rows, d)), leaf((vocab, d)), torch.randn(rows, vocab)
+    y = U.linear_readout(x, w, None)
+    (y * g).sum().backward()
+    t.update({"readout.x": x, "readout.w": w.T, "readout.g": g, "readout.y": y,
+              "readout.grad.x": x.grad, "readout.grad.w": w.grad.T})
+
+    logits, targets = leaf((rows, vocab)), torch.randint(0, vocab, (rows,))
+    loss = U.cross_entropy(logits, targets, mult=1.3)
+    loss.backward()
+    t.update({"cross_entropy.logits": logits, "cross_entropy.targets": targets.to(torch.float64),
+              "cross_entropy.y": loss.reshape(1), "cross_entropy.grad.logits": logits.grad})
+
+    ids, w = torch.tensor([[3, 7, 3, 0], [39, 7, 12, 3]]), leaf((vocab, d))
+    g = torch.randn(2, 4, d)
+    y = U.embedding(ids, w)
+    (y * g).sum().backward()
+    t.update({"embedding.ids": ids.to(torch.float64), "embedding.w": w, "embedding.g": g, "embedding.y": y,
+              "embedding.grad.w": w.grad})
+    write_safetensors(HERE / "ops.safetensors", t,
+                      {"silu_glu_mult": "1.7", "cross_entropy_mult": "1.3",
+                       "source": "unit-scaling 0.3.5 functional, tests/data/umup/make_reference.py"})
+
+
 def main() -> None:
     (HERE / "lr_factors.txt").write_text("\n".join(lr_factors()) + "\n")
     (HERE / "taus.txt").write_text("\n".join(taus()) + "\n")
     layer_reference()
+    ops_reference()
 
 
 if __name__ == "__main__":
