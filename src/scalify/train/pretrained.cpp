@@ -135,9 +135,9 @@ TrainConfig with_pretrained_model(const TrainConfig& config) {
     throw Error("train: init '" + c.init +
                 "' gives the model's shape (config.json); the config sets model keys (vocab, d_model, layers, heads, ...) "
                 "that differ from it: leave them out (seq alone may be set, to train on shorter windows)");
-  if (quant::load_recipe(c.recipe).unit_scaled || quant::load_recipe(c.recipe).umup)
-    throw Error("train: recipe '" + c.recipe +
-                "' trains the unit-scaled (or u-μP) model, which computes something else than the pretrained '" + c.init + "'");
+  if (const quant::Recipe r = quant::load_recipe(c.recipe); r.unit_scaled || r.umup)
+    throw Error("train: recipe '" + c.recipe + "' trains the " + (r.umup ? "u-μP" : "unit-scaled") +
+                " model, which computes something else than the pretrained '" + c.init + "'");
   const int64_t seq = c.given.count("seq") ? c.model.seq : pretrained.seq;
   if (seq < 1 || seq > pretrained.seq)
     throw Error("train: seq " + std::to_string(seq) + " is outside [1, " + std::to_string(pretrained.seq) + "], the context of init '" +
