@@ -151,82 +151,97 @@ int64_t EncodedState::bytes() const {
   return int64_t(codes.size()) + int64_t(sizeof(float) * (scales.size() + expand_k.size() + centre.size()));
 }
 
-EncodedState encode_state(std::span<const float> x, const StateFormat& f, uint64_t seed) {
-  validate(f, "optimizer state");
-  const auto n = int64_t(x.size());
-  for (int64_t i = 0; i < n; ++i) {
-    if (!std::isfinite(x[size_t(i)])) throw Error("optimizer state: non-finite value at element " + std::to_string(i));
-    if (f.non_negative && x[size_t(i)] < 0)
-      throw Error("optimizer state: negative value " + std::to_string(x[size_t(i)]) + " at element " + std::to_string(i) +
-                  " in a non-negative state");
-  }
-  EncodedState s;
-  s.numel = n;
+int state_tensor_exponent(const StateFormat& f, float amax) { return amax > 0 ? power_of_two_exponent(state_code_max(f), amax) : 0; }
+
+void encode_state_range(const float* x, const StateFormat& f, int64_t begin, int64_t end, int exponent, uint64_t seed, EncodedState& s) {
   if (f.storage == Format::f32) {
-    s.codes.resize(x.size_bytes());
-    std::memcpy(s.codes.data(), x.data(), x.size_bytes());
-    return s;
+    std::memcpy(s.codes.data() + size_t(begin) * sizeof(float), x, size_t(end - begin) * sizeof(float));
+    return;
   }
   const FormatInfo c = codec(f);
   const int bytes = info(f.storage).storage_bytes();
-  s.codes.resize(size_t(n) * size_t(bytes));
   const double max = state_code_max(f);
-  // One element: x (its sign kept, -0 as +0 in non-negative codes) times 2^shift, rounded.
-  const NearestEncoder unshifted(c, 0);
+  // One element: v (its sign kept, -0 as +0 in non-negative codes) times 2^shift, rounded.
   auto encode_one = [&](float v, const NearestEncoder& enc, int64_t i) {
     uint32_t b = std::bit_cast<uint32_t>(v);
     if (f.non_negative) b &= 0x7FFFFFFFu;
     const uint32_t code = f.rounding == Rounding::stochastic
                               ? detail::encode_bits(c, b, enc.shift, Overflow::saturate, f.rounding, random_bits(seed, i))
                               : enc(std::bit_cast<float>(b));
-    put_code(s.codes, bytes, i, code);
+    if (bytes == 1)
+      s.codes[size_t(i)] = std::byte(code);
+    else
+      put_code(s.codes, bytes, i, code);
   };
-  if (f.scaling == StateScaling::none) {
-#pragma omp parallel for schedule(static)
-    for (int64_t i = 0; i < n; ++i) encode_one(x[size_t(i)], unshifted, i);
-    return s;
+  if (f.scaling != StateScaling::per_group) {
+    const NearestEncoder enc(c, f.scaling == StateScaling::per_tensor ? exponent : 0);
+    for (int64_t i = begin; i < end; ++i) encode_one(x[i - begin], enc, i);
+    return;
   }
-  if (f.scaling == StateScaling::per_tensor) {
-    float amax = 0;
-    for (float v : x) amax = std::max(amax, std::fabs(v));
-    const int e = amax > 0 ? power_of_two_exponent(max, amax) : 0;
-    s.scales.push_back(float(std::ldexp(1.0, -e)));
-    const NearestEncoder shifted(c, e);
-#pragma omp parallel for schedule(static)
-    for (int64_t i = 0; i < n; ++i) encode_one(x[size_t(i)], shifted, i);
-    return s;
-  }
-  const int64_t groups = (n + f.group_size - 1) / f.group_size;
-  s.scales.assign(size_t(groups), 1.0f);
-  if (f.expand) {
-    s.expand_k.assign(size_t(groups), 1.0f);
-    s.centre.assign(size_t(groups), 1.0f);
-  }
-#pragma omp parallel for schedule(static)
-  for (int64_t g = 0; g < groups; ++g) {
-    const int64_t begin = g * f.group_size, end = std::min(n, begin + f.group_size);
+  const NearestEncoder unshifted(c, 0);
+  for (int64_t gb = begin; gb < end; gb += f.group_size) {
+    const int64_t g = gb / f.group_size, ge = std::min(end, gb + f.group_size);
+    const float* xg = x + (gb - begin);
     float hi = 0, lo = INFINITY;
-    for (int64_t i = begin; i < end; ++i) {
-      const float a = std::fabs(x[size_t(i)]);
+    for (int64_t i = 0; i < ge - gb; ++i) {
+      const float a = std::fabs(xg[i]);
       hi = std::max(hi, a);
       if (a > 0) lo = std::min(lo, a);
     }
+    s.scales[size_t(g)] = 1.0f;
+    if (f.expand) s.expand_k[size_t(g)] = s.centre[size_t(g)] = 1.0f;
     if (hi == 0) {
-      for (int64_t i = begin; i < end; ++i) encode_one(0.0f, unshifted, i);
+      for (int64_t i = gb; i < ge; ++i) encode_one(0.0f, unshifted, i);
       continue;
     }
     if (!f.expand) {
       const float scale = float(hi / max);
       s.scales[size_t(g)] = scale;
-      for (int64_t i = begin; i < end; ++i) encode_one(x[size_t(i)] / scale, unshifted, i);
+      for (int64_t i = gb; i < ge; ++i) encode_one(xg[i - gb] / scale, unshifted, i);
       continue;
     }
     const Expansion e = expansion_for(hi, lo, max, f.expand_min);
     s.expand_k[size_t(g)] = e.k;
     s.centre[size_t(g)] = e.centre;
     s.scales[size_t(g)] = e.scale;
-    for (int64_t i = begin; i < end; ++i) encode_one(e.forward(x[size_t(i)]), unshifted, i);
+    for (int64_t i = gb; i < ge; ++i) encode_one(e.forward(xg[i - gb]), unshifted, i);
   }
+}
+
+EncodedState encode_state(std::span<const float> x, const StateFormat& f, uint64_t seed) {
+  validate(f, "optimizer state");
+  const auto n = int64_t(x.size());
+  float amax = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    if (!std::isfinite(x[size_t(i)])) throw Error("optimizer state: non-finite value at element " + std::to_string(i));
+    if (f.non_negative && x[size_t(i)] < 0)
+      throw Error("optimizer state: negative value " + std::to_string(x[size_t(i)]) + " at element " + std::to_string(i) +
+                  " in a non-negative state");
+    amax = std::max(amax, std::fabs(x[size_t(i)]));
+  }
+  EncodedState s;
+  s.numel = n;
+  s.codes.resize(size_t(n) * size_t(info(f.storage).storage_bytes()));
+  int exponent = 0;
+  if (f.scaling == StateScaling::per_tensor) {
+    exponent = state_tensor_exponent(f, amax);
+    s.scales.push_back(float(std::ldexp(1.0, -exponent)));
+  }
+  // Pieces of whole groups, so one tensor's encode runs on every thread.
+  const int64_t group = f.scaling == StateScaling::per_group ? f.group_size : 1;
+  const int64_t piece = std::max<int64_t>(1, 65536 / group) * group;
+  if (f.scaling == StateScaling::per_group) {
+    const int64_t groups = (n + group - 1) / group;
+    s.scales.assign(size_t(groups), 1.0f);
+    if (f.expand) {
+      s.expand_k.assign(size_t(groups), 1.0f);
+      s.centre.assign(size_t(groups), 1.0f);
+    }
+  }
+  const int64_t pieces = (n + piece - 1) / piece;
+#pragma omp parallel for schedule(static)
+  for (int64_t p = 0; p < pieces; ++p)
+    encode_state_range(x.data() + p * piece, f, p * piece, std::min(n, (p + 1) * piece), exponent, seed, s);
   return s;
 }
 
@@ -243,33 +258,47 @@ std::vector<float> code_values(const EncodedState& s, const StateFormat& f) {
   return out;
 }
 
+void decode_state_range(const EncodedState& s, const StateFormat& f, int64_t begin, int64_t end, float* out) {
+  if (f.storage == Format::f32) {
+    std::memcpy(out, s.codes.data() + size_t(begin) * sizeof(float), size_t(end - begin) * sizeof(float));
+    return;
+  }
+  const int bytes = info(f.storage).storage_bytes();
+  const float* table = decode_table(codec(f)).data();
+  const int64_t group = f.scaling == StateScaling::per_group ? f.group_size : std::max<int64_t>(s.numel, 1);
+  for (int64_t gb = begin; gb < end; gb = (gb / group + 1) * group) {
+    const int64_t g = gb / group, ge = std::min(end, (g + 1) * group);
+    const float scale = s.scales.empty() ? 1.0f : s.scales[size_t(g)];
+    float* o = out + (gb - begin);
+    if (bytes == 1) {
+      const auto* codes = reinterpret_cast<const uint8_t*>(s.codes.data()) + gb;
+      for (int64_t i = 0; i < ge - gb; ++i) o[i] = table[codes[i]] * scale;
+    } else {
+      const std::byte* codes = s.codes.data() + 2 * gb;
+      for (int64_t i = 0; i < ge - gb; ++i) {
+        uint16_t code;  // little-endian, as put_code stores it
+        std::memcpy(&code, codes + 2 * i, 2);
+        o[i] = table[code] * scale;
+      }
+    }
+    if (f.expand) {
+      const Expansion e{s.expand_k[size_t(g)], s.centre[size_t(g)], scale};
+      const auto* codes = reinterpret_cast<const uint8_t*>(s.codes.data()) + gb;
+      for (int64_t i = 0; i < ge - gb; ++i) o[i] = e.inverse(table[codes[i]]);
+    }
+  }
+}
+
 void decode_state(const EncodedState& s, const StateFormat& f, std::span<float> out) {
   if (int64_t(out.size()) != s.numel)
     throw Error("optimizer state: decoding " + std::to_string(s.numel) + " values into " + std::to_string(out.size()));
   const int64_t n = s.numel;
-  if (f.storage == Format::f32) {
-    std::memcpy(out.data(), s.codes.data(), out.size_bytes());
-    return;
-  }
-  const FormatInfo c = codec(f);
-  const int bytes = info(f.storage).storage_bytes();
-  const std::vector<float>& table = decode_table(c);
-  const int64_t group = f.scaling == StateScaling::per_group ? f.group_size : std::max<int64_t>(n, 1);
-  const int64_t groups = (n + group - 1) / group;
+  const int64_t group = f.scaling == StateScaling::per_group ? f.group_size : 1;
   // Pieces of at most 64K elements (whole groups), so one tensor's decode runs on every thread.
   const int64_t piece = std::max<int64_t>(1, 65536 / group) * group;
   const int64_t pieces = (n + piece - 1) / piece;
 #pragma omp parallel for schedule(static)
-  for (int64_t p = 0; p < pieces; ++p) {
-    for (int64_t g = p * piece / group; g < std::min(groups, (p + 1) * piece / group); ++g) {
-      const int64_t begin = g * group, end = std::min(n, begin + group);
-      const float scale = s.scales.empty() ? 1.0f : s.scales[size_t(g)];
-      for (int64_t i = begin; i < end; ++i) {
-        const uint32_t code = bytes == 1 ? uint32_t(s.codes[size_t(i)]) : get_code(s.codes, bytes, i);
-        out[size_t(i)] = f.expand ? Expansion{s.expand_k[size_t(g)], s.centre[size_t(g)], scale}.inverse(table[code]) : table[code] * scale;
-      }
-    }
-  }
+  for (int64_t p = 0; p < pieces; ++p) decode_state_range(s, f, p * piece, std::min(n, (p + 1) * piece), out.data() + p * piece);
 }
 
 }  // namespace scalify::optim

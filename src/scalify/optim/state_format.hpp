@@ -89,4 +89,18 @@ std::vector<float> code_values(const EncodedState& s, const StateFormat& f);
 // Decodes into out (out.size() == s.numel).
 void decode_state(const EncodedState& s, const StateFormat& f, std::span<float> out);
 
+// Ranges of an encoded tensor, for a pass that updates the state a piece at a time in place
+// (AdamW's fused step) and the whole-tensor calls above. s has its layout already (codes,
+// scales, k and centres sized, as encode_state gives them); begin and end are multiples of
+// f.group_size for per-group formats (end may be s.numel).
+// Decodes elements [begin, end) into out[0, end - begin).
+void decode_state_range(const EncodedState& s, const StateFormat& f, int64_t begin, int64_t end, float* out);
+// Encodes x[0, end - begin) into elements [begin, end), the same codes as encode_state: per-group
+// formats compute and store the groups' scales (and expansions); per-tensor formats encode at the
+// scale 2^-exponent (state_tensor_exponent; the caller stores the scale). Values are not checked
+// (finite, and >= 0 when f.non_negative: encode_state checks them).
+void encode_state_range(const float* x, const StateFormat& f, int64_t begin, int64_t end, int exponent, uint64_t seed, EncodedState& s);
+// The per-tensor scale 2^-e of a tensor with largest magnitude amax: e (0 when amax is 0).
+int state_tensor_exponent(const StateFormat& f, float amax);
+
 }  // namespace scalify::optim
