@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <bit>
 #include <cfloat>
+#include <climits>
 #include <cmath>
 #include <cstring>
 
@@ -77,6 +78,44 @@ struct NearestEncoder {
       mag = (r >> cut) - (uint32_t(127 - c.bias) << c.man_bits);
     }
     return sign | std::min(mag, c.max_code());
+  }
+};
+
+// NearestEncoder's arithmetic in f32 alone and without branches, so the compiler vectorises it
+// over a piece: the same codes where it applies (applies()): 2^shift an f32 normal, and every
+// product below f32's normal range too small to reach half the codec's smallest subnormal (so
+// NearestEncoder's f64 path gives 0 there too) — 8-bit codecs and f16, not bf16.
+struct VectorEncoder {
+  int32_t sign_mask, max_code, exp_offset, cut;  // sign_mask 0 for non-negative codes (the sign is dropped)
+  int32_t normal_min_bits;                       // 2^emin's f32 bits
+  float mul, subnormal_units;
+  static bool applies(const FormatInfo& c, int shift) { return shift >= -100 && shift <= 100 && c.man_bits - c.emin() < 125; }
+  VectorEncoder(const FormatInfo& c, int shift, bool non_negative)
+      : sign_mask(non_negative ? 0 : int32_t(c.sign_mask())),
+        max_code(int32_t(c.max_code())),
+        exp_offset(int32_t(uint32_t(127 - c.bias) << c.man_bits)),
+        cut(23 - c.man_bits),
+        normal_min_bits(int32_t(uint32_t(127 + c.emin()) << 23)),
+        mul(std::bit_cast<float>(uint32_t(127 + shift) << 23)),
+        subnormal_units(float(std::ldexp(1.0, c.man_bits - c.emin()))) {}
+  // out[i] = the code of x[i] / div (div = 1 divides exactly).
+  template <class Code>
+  void operator()(const float* x, float div, Code* out, int64_t n) const {
+#pragma omp simd
+    for (int64_t i = 0; i < n; ++i) {
+      const float v = x[i] / div;
+      const int32_t sign = int32_t(std::bit_cast<uint32_t>(v) >> 31) * sign_mask;
+      const float af = std::fabs(v) * mul;
+      // Selections by masks of the bits' order (that of non-negative floats): a float comparison
+      // or a conditional would stop the vectoriser under -ftrapping-math.
+      const auto f = int32_t(std::bit_cast<uint32_t>(af));  // inf rounds past max_code: saturates below
+      const int32_t below_normals = -int32_t(f < normal_min_bits);
+      // Below the codec's normals: af x 2^(m - emin) is exact, rounded to an integer (half to even) by 2^23's spacing.
+      const float sub_in = std::bit_cast<float>((f & below_normals) | (normal_min_bits & ~below_normals));
+      const auto subnormal = int32_t((sub_in * subnormal_units + 0x1p23f) - 0x1p23f);
+      const int32_t normal = ((f + ((1 << (cut - 1)) - 1) + ((f >> cut) & 1)) >> cut) - exp_offset;
+      out[i] = Code(sign | std::min((subnormal & below_normals) | (normal & ~below_normals), max_code));
+    }
   }
 };
 
@@ -173,38 +212,63 @@ void encode_state_range(const float* x, const StateFormat& f, int64_t begin, int
     else
       put_code(s.codes, bytes, i, code);
   };
+  // A piece of count values v[j] / div into elements [first, first + count): vectorised where it applies.
+  const int shift = f.scaling == StateScaling::per_tensor ? exponent : 0;
+  const bool vectorised = f.rounding == Rounding::nearest_even && VectorEncoder::applies(c, shift);
+  const NearestEncoder enc(c, shift);
+  const VectorEncoder venc(c, shift, f.non_negative);
+  auto encode_piece = [&](const float* v, float div, int64_t first, int64_t count) {
+    if (vectorised && bytes == 1)
+      venc(v, div, reinterpret_cast<uint8_t*>(s.codes.data()) + first, count);
+    else if (vectorised) {
+      uint16_t codes[256];
+      for (int64_t j = 0; j < count; j += 256) {
+        const int64_t len = std::min<int64_t>(256, count - j);
+        venc(v + j, div, codes, len);
+        std::memcpy(s.codes.data() + 2 * (first + j), codes, size_t(len) * 2);  // little-endian, as put_code
+      }
+    } else
+      for (int64_t j = 0; j < count; ++j) encode_one(v[j] / div, enc, first + j);
+  };
   if (f.scaling != StateScaling::per_group) {
-    const NearestEncoder enc(c, f.scaling == StateScaling::per_tensor ? exponent : 0);
-    for (int64_t i = begin; i < end; ++i) encode_one(x[i - begin], enc, i);
+    encode_piece(x, 1.0f, begin, end - begin);
     return;
   }
-  const NearestEncoder unshifted(c, 0);
   for (int64_t gb = begin; gb < end; gb += f.group_size) {
     const int64_t g = gb / f.group_size, ge = std::min(end, gb + f.group_size);
     const float* xg = x + (gb - begin);
-    float hi = 0, lo = INFINITY;
+    // The largest and smallest non-zero magnitudes, by their bits (VectorEncoder says why).
+    int32_t hi_bits = 0, lo_bits = INT32_MAX;
+#pragma omp simd reduction(max : hi_bits) reduction(min : lo_bits)
     for (int64_t i = 0; i < ge - gb; ++i) {
-      const float a = std::fabs(xg[i]);
-      hi = std::max(hi, a);
-      if (a > 0) lo = std::min(lo, a);
+      const auto a = int32_t(std::bit_cast<uint32_t>(xg[i]) & 0x7FFFFFFFu);
+      const int32_t nonzero = -int32_t(a != 0);
+      hi_bits = std::max(hi_bits, a);
+      lo_bits = std::min(lo_bits, (a & nonzero) | (INT32_MAX & ~nonzero));
     }
+    const float hi = std::bit_cast<float>(hi_bits), lo = std::bit_cast<float>(lo_bits);  // lo is used only where hi > 0
     s.scales[size_t(g)] = 1.0f;
     if (f.expand) s.expand_k[size_t(g)] = s.centre[size_t(g)] = 1.0f;
     if (hi == 0) {
-      for (int64_t i = gb; i < ge; ++i) encode_one(0.0f, unshifted, i);
+      for (int64_t i = gb; i < ge; ++i) encode_one(0.0f, enc, i);
       continue;
     }
     if (!f.expand) {
       const float scale = float(hi / max);
       s.scales[size_t(g)] = scale;
-      for (int64_t i = gb; i < ge; ++i) encode_one(xg[i - gb] / scale, unshifted, i);
+      encode_piece(xg, scale, gb, ge - gb);
       continue;
     }
     const Expansion e = expansion_for(hi, lo, max, f.expand_min);
     s.expand_k[size_t(g)] = e.k;
     s.centre[size_t(g)] = e.centre;
     s.scales[size_t(g)] = e.scale;
-    for (int64_t i = gb; i < ge; ++i) encode_one(e.forward(xg[i - gb]), unshifted, i);
+    for (int64_t j = gb; j < ge; j += 256) {
+      float y[256];
+      const int64_t len = std::min<int64_t>(256, ge - j);
+      for (int64_t i = 0; i < len; ++i) y[i] = e.forward(xg[j - gb + i]);
+      encode_piece(y, 1.0f, j, len);
+    }
   }
 }
 
