@@ -1,5 +1,6 @@
 #include "scalify/optim/adamw.hpp"
 
+#include <bit>
 #include <cmath>
 #include <cstring>
 #include <deque>
@@ -224,26 +225,29 @@ void AdamW::step_encoded(const std::vector<size_t>& ks, double bc1, double bc2, 
     const float* pg = grads[c.param].data() + c.begin;
     const float* pold = weights[c.param].data() + c.begin;
     float* pw = next[c.param].data<float>() + c.begin;
-    float am = 0, av = 0;
+    // The largest magnitudes by their bits (the order of non-negative floats; a float max
+    // stops the vectoriser under -ftrapping-math); a local copy of the update for the same reason.
+    const PlainUpdate u = up;
+    int32_t am = 0, av = 0;
 #pragma omp simd reduction(max : am, av)
     for (int64_t i = 0; i < len; ++i) {
-      up.moments(pg[i], m[i], v[i]);
-      pw[i] = up.weight(pold[i], m[i], v[i], lr, wd);
-      am = std::max(am, std::fabs(m[i]));
-      av = std::max(av, std::fabs(v[i]));
+      u.moments(pg[i], m[i], v[i]);
+      pw[i] = u.weight(pold[i], m[i], v[i], lr, wd);
+      am = std::max(am, int32_t(std::bit_cast<uint32_t>(m[i]) & 0x7FFFFFFFu));
+      av = std::max(av, int32_t(std::bit_cast<uint32_t>(v[i]) & 0x7FFFFFFFu));
     }
-    m_amax[ci] = am;
-    v_amax[ci] = av;
+    m_amax[ci] = std::bit_cast<float>(am);  // NaN where a moment is: not finite, an error below
+    v_amax[ci] = std::bit_cast<float>(av);
     // Non-finite moments (a gradient near f32's largest squared) are an error after the pass.
-    if (!per_tensor(mf) && std::isfinite(am)) encode_state_range(m, mf, c.begin, c.end, 0, rounding_seed(t_, k, 0), m_codes_[k]);
-    if (!per_tensor(vf) && std::isfinite(av)) encode_state_range(v, vf, c.begin, c.end, 0, rounding_seed(t_, k, 1), v_codes_[k]);
+    if (!per_tensor(mf) && std::isfinite(m_amax[ci])) encode_state_range(m, mf, c.begin, c.end, 0, rounding_seed(t_, k, 0), m_codes_[k]);
+    if (!per_tensor(vf) && std::isfinite(v_amax[ci])) encode_state_range(v, vf, c.begin, c.end, 0, rounding_seed(t_, k, 1), v_codes_[k]);
   });
   // Per tensor: the largest magnitude over the parameter's chunks gives the new scale.
   std::vector<float> m_tensor_amax(ks.size()), v_tensor_amax(ks.size());
   for (size_t ci = 0; ci < chunks.size(); ++ci) {
     const size_t j = chunks[ci].param;
-    m_tensor_amax[j] = std::max(m_tensor_amax[j], m_amax[ci]);
-    v_tensor_amax[j] = std::max(v_tensor_amax[j], v_amax[ci]);
+    m_tensor_amax[j] = std::isfinite(m_amax[ci]) ? std::max(m_tensor_amax[j], m_amax[ci]) : INFINITY;
+    v_tensor_amax[j] = std::isfinite(v_amax[ci]) ? std::max(v_tensor_amax[j], v_amax[ci]) : INFINITY;
   }
   for (size_t j = 0; j < ks.size(); ++j)
     if (!std::isfinite(m_tensor_amax[j]) || !std::isfinite(v_tensor_amax[j]))
@@ -261,8 +265,9 @@ void AdamW::step_encoded(const std::vector<size_t>& ks, double bc1, double bc2, 
       const float* pg = grads[c.param].data() + c.begin;
       if (per_tensor(mf)) decode_state_range(m_codes_[k], mf, c.begin, c.end, m);
       if (per_tensor(vf)) decode_state_range(v_codes_[k], vf, c.begin, c.end, v);
+      const PlainUpdate u = up;
 #pragma omp simd
-      for (int64_t i = 0; i < len; ++i) up.moments(pg[i], m[i], v[i]);  // the one not per-tensor: garbage, unused
+      for (int64_t i = 0; i < len; ++i) u.moments(pg[i], m[i], v[i]);  // the one not per-tensor: garbage, unused
       if (per_tensor(mf)) encode_state_range(m, mf, c.begin, c.end, m_exp[c.param], rounding_seed(t_, k, 0), m_codes_[k]);
       if (per_tensor(vf)) encode_state_range(v, vf, c.begin, c.end, v_exp[c.param], rounding_seed(t_, k, 1), v_codes_[k]);
     });

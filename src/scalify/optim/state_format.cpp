@@ -101,6 +101,10 @@ struct VectorEncoder {
   // out[i] = the code of x[i] / div (div = 1 divides exactly).
   template <class Code>
   void operator()(const float* x, float div, Code* out, int64_t n) const {
+    // Locals: stores through a byte pointer could alias the members, which would be reloaded.
+    const int32_t sign_mask = this->sign_mask, max_code = this->max_code, exp_offset = this->exp_offset, cut = this->cut,
+                  normal_min_bits = this->normal_min_bits;
+    const float mul = this->mul, subnormal_units = this->subnormal_units;
 #pragma omp simd
     for (int64_t i = 0; i < n; ++i) {
       const float v = x[i] / div;
