@@ -253,8 +253,8 @@ void encode_state_range(const float* x, const StateFormat& f, int64_t begin, int
     const float hi = std::bit_cast<float>(hi_bits), lo = std::bit_cast<float>(lo_bits);  // lo is used only where hi > 0
     s.scales[size_t(g)] = 1.0f;
     if (f.expand) s.expand_k[size_t(g)] = s.centre[size_t(g)] = 1.0f;
-    if (hi == 0) {
-      for (int64_t i = gb; i < ge; ++i) encode_one(0.0f, enc, i);
+    if (hi == 0) {  // +0's code is 0 in every codec
+      std::memset(s.codes.data() + size_t(gb) * size_t(bytes), 0, size_t(ge - gb) * size_t(bytes));
       continue;
     }
     if (!f.expand) {
