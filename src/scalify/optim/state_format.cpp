@@ -8,6 +8,7 @@
 #include <cstring>
 
 #include "scalify/error.hpp"
+#include "scalify/tensor/vector_math.hpp"
 
 namespace scalify::optim {
 
@@ -172,12 +173,35 @@ float state_code_max(const StateFormat& f) {
   return std::bit_cast<float>(detail::decode_bits(c, c.max_code()));
 }
 
+void Expansion::forward(const float* x, float* y, int64_t n) const {
+  constexpr int64_t kPiece = 256;
+  double base[kPiece], power[kPiece];
+  for (int64_t b = 0; b < n; b += kPiece) {
+    const int64_t len = std::min(kPiece, n - b);
+    for (int64_t i = 0; i < len; ++i) base[i] = double(std::fabs(x[b + i])) / double(centre);
+    vecmath::active().pow_f64(base, double(k), power, len);
+    for (int64_t i = 0; i < len; ++i) y[b + i] = std::copysign(float(power[i]) / scale, x[b + i]);
+  }
+}
+void Expansion::inverse(const float* y, float* x, int64_t n) const {
+  constexpr int64_t kPiece = 256;
+  double base[kPiece], power[kPiece];
+  for (int64_t b = 0; b < n; b += kPiece) {
+    const int64_t len = std::min(kPiece, n - b);
+    for (int64_t i = 0; i < len; ++i) base[i] = double(std::fabs(y[b + i])) * double(scale);
+    vecmath::active().pow_f64(base, 1.0 / double(k), power, len);
+    for (int64_t i = 0; i < len; ++i) x[b + i] = std::copysign(float(power[i] * double(centre)), y[b + i]);
+  }
+}
 float Expansion::forward(float x) const {
-  const auto y = float(std::pow(double(std::fabs(x)) / double(centre), double(k)));
-  return std::copysign(y / scale, x);
+  float y;
+  forward(&x, &y, 1);
+  return y;
 }
 float Expansion::inverse(float y) const {
-  return std::copysign(float(std::pow(double(std::fabs(y)) * double(scale), 1.0 / double(k)) * double(centre)), y);
+  float x;
+  inverse(&y, &x, 1);
+  return x;
 }
 
 Expansion expansion_for(float hi, float lo, double code_max, int expand_min) {
@@ -270,7 +294,7 @@ void encode_state_range(const float* x, const StateFormat& f, int64_t begin, int
     for (int64_t j = gb; j < ge; j += 256) {
       float y[256];
       const int64_t len = std::min<int64_t>(256, ge - j);
-      for (int64_t i = 0; i < len; ++i) y[i] = e.forward(xg[j - gb + i]);
+      e.forward(xg + (j - gb), y, len);
       encode_piece(y, 1.0f, j, len);
     }
   }
@@ -338,6 +362,13 @@ void decode_state_range(const EncodedState& s, const StateFormat& f, int64_t beg
     const int64_t g = gb / group, ge = std::min(end, (g + 1) * group);
     const float scale = s.scales.empty() ? 1.0f : s.scales[size_t(g)];
     float* o = out + (gb - begin);
+    if (f.expand) {  // FP8 codes, read through the group's inverse
+      const Expansion e{s.expand_k[size_t(g)], s.centre[size_t(g)], scale};
+      const auto* codes = reinterpret_cast<const uint8_t*>(s.codes.data()) + gb;
+      for (int64_t i = 0; i < ge - gb; ++i) o[i] = table[codes[i]];
+      e.inverse(o, o, ge - gb);
+      continue;
+    }
     if (bytes == 1) {
       const auto* codes = reinterpret_cast<const uint8_t*>(s.codes.data()) + gb;
       for (int64_t i = 0; i < ge - gb; ++i) o[i] = table[codes[i]] * scale;
@@ -348,11 +379,6 @@ void decode_state_range(const EncodedState& s, const StateFormat& f, int64_t beg
         std::memcpy(&code, codes + 2 * i, 2);
         o[i] = table[code] * scale;
       }
-    }
-    if (f.expand) {
-      const Expansion e{s.expand_k[size_t(g)], s.centre[size_t(g)], scale};
-      const auto* codes = reinterpret_cast<const uint8_t*>(s.codes.data()) + gb;
-      for (int64_t i = 0; i < ge - gb; ++i) o[i] = e.inverse(table[codes[i]]);
     }
   }
 }

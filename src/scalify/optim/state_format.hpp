@@ -17,10 +17,11 @@
 //    group (f32) and c = sqrt(M m) (f32), k = floor(log2(max_code^2 / 2) / log2(M / m) * expand_min)
 //    / expand_min as COAT's kernel, then y = sign(x) (|x| / c)^k, scale = (M / c)^k / max_code and
 //    codes encode(y / scale); read back as sign(q) (|decode(q)| * scale)^(1/k) * c. The powers are
-//    taken in f64 and rounded to f32. k is clamped to [1/expand_min, 1024]: a range wider than
-//    max_code^2 / 2 would floor k to 0, and M = m (or nearly) would make it infinite (or so large
-//    that an f32 read-back no longer tells the codes apart); within the clamp every code decodes
-//    to an f32 that encodes back to it (StateFormat.ExpansionInverseIsExactOnEveryCode).
+//    taken in f64 and rounded to f32, by the active vector math (tensor/vector_math.hpp: libm's
+//    pow, or with AVX2 SLEEF's, within 1 f64 ulp of it: rarely a code moves by one across ISAs). k is clamped to [1/expand_min, 1024]: a
+//    range wider than max_code^2 / 2 would floor k to 0, and M = m (or nearly) would make it infinite (or so large that an f32 read-back no
+//    longer tells the codes apart); within the clamp every code decodes to an f32 that encodes back to it
+//    (StateFormat.ExpansionInverseIsExactOnEveryCode).
 // A zero group (or tensor) has scale 1 (and k = 1, c = 1).
 // Stochastic rounding draws its random bits from a hash of (seed, element index): the same seed
 // gives the same codes, so a resumed run repeats them.
@@ -67,6 +68,9 @@ struct Expansion {
   float k = 1, centre = 1, scale = 1;
   float forward(float x) const;  // the value whose code is stored
   float inverse(float y) const;  // the moment a decoded code stands for
+  // The same over n values, the powers vectorised.
+  void forward(const float* x, float* y, int64_t n) const;
+  void inverse(const float* y, float* x, int64_t n) const;
 };
 // The expansion for a group with largest and smallest non-zero magnitudes hi >= lo > 0.
 Expansion expansion_for(float hi, float lo, double code_max, int expand_min);
