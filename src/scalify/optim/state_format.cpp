@@ -8,6 +8,7 @@
 #include <cstring>
 
 #include "scalify/error.hpp"
+#include "scalify/formats/kernels.hpp"
 #include "scalify/tensor/vector_math.hpp"
 
 namespace scalify::optim {
@@ -99,9 +100,12 @@ struct VectorEncoder {
         normal_min_bits(int32_t(uint32_t(127 + c.emin()) << 23)),
         mul(std::bit_cast<float>(uint32_t(127 + shift) << 23)),
         subnormal_units(float(std::ldexp(1.0, c.man_bits - c.emin()))) {}
+  bool avx2 = kernels::active_isa() != kernels::Isa::scalar;  // the loop compiled for AVX2 (the build's target is SSE2)
   // out[i] = the code of x[i] / div (div = 1 divides exactly).
   template <class Code>
-  void operator()(const float* x, float div, Code* out, int64_t n) const {
+  void operator()(const float* x, float div, Code* out, int64_t n) const;
+  template <class Code>
+  [[gnu::always_inline]] void encode(const float* x, float div, Code* out, int64_t n) const {
     // Locals: stores through a byte pointer could alias the members, which would be reloaded.
     const int32_t sign_mask = this->sign_mask, max_code = this->max_code, exp_offset = this->exp_offset, cut = this->cut,
                   normal_min_bits = this->normal_min_bits;
@@ -123,6 +127,21 @@ struct VectorEncoder {
     }
   }
 };
+
+#if SCALIFY_HAVE_X86_SIMD
+template <class Code>
+[[gnu::target("avx2")]] void encode_avx2(const VectorEncoder& e, const float* x, float div, Code* out, int64_t n) {
+  e.encode(x, div, out, n);
+}
+#endif
+
+template <class Code>
+void VectorEncoder::operator()(const float* x, float div, Code* out, int64_t n) const {
+#if SCALIFY_HAVE_X86_SIMD
+  if (avx2) return encode_avx2(*this, x, div, out, n);
+#endif
+  encode(x, div, out, n);
+}
 
 // Decoded values of every code of an 8- or 16-bit codec, built once per layout.
 const std::vector<float>& decode_table(const FormatInfo& c) {
