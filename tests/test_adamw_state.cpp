@@ -146,9 +146,9 @@ TEST(AdamWState, FusedStepUpdatesTheCodesInPlace) {
   for (int t = 1; t <= 2; ++t) {
     params[0].set_grad(ScaledTensor(Tensor::randn({1000}, 2 + t)));
     opt.step();
+    EXPECT_EQ(opt.encoded_first_moment(0).codes.data(), m_codes) << "step " << t;
+    EXPECT_EQ(opt.encoded_second_moment(0).scales.data(), v_scales) << "step " << t;
   }
-  EXPECT_EQ(opt.encoded_first_moment(0).codes.data(), m_codes);
-  EXPECT_EQ(opt.encoded_second_moment(0).scales.data(), v_scales);
   EXPECT_NE(opt.encoded_first_moment(0).scales[0], 1.0f);  // the step did change the state
 }
 
