@@ -258,6 +258,19 @@ TEST(KernelsVsReference, VectorMathMatchesF64) {
         EXPECT_NEAR(y[i], e, 2e-6 * e * (1 + std::fabs(x[i]))) << which << " exp x=" << x[i];
       }
       EXPECT_NEAR(sum, want_sum, 1e-5 * want_sum) << which << " exp sum n=" << n;
+      // COAT's expansion powers (optim/state_format): bases across its range, exponents that
+      // are multiples of 1/16 and their inverses; within 1 f64 ulp of libm's pow.
+      std::uniform_real_distribution<double> log_base(-20, 20);
+      std::vector<double> base(static_cast<size_t>(n)), power(static_cast<size_t>(n));
+      for (auto& b : base) b = std::exp(log_base(rng));
+      base[0] = 0;
+      for (const double e : {1.0 / 16, 0.5, 1.3125, 7.0, 16.0625, 1 / 7.0, 1 / 1.3125}) {
+        table->pow_f64(base.data(), e, power.data(), n);
+        for (size_t i = 0; i < base.size(); ++i) {
+          const double want = std::pow(base[i], e);
+          EXPECT_LE(std::fabs(power[i] - want), std::nextafter(want, INFINITY) - want) << which << " pow " << base[i] << "^" << e;
+        }
+      }
     }
   }
 }

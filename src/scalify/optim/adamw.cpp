@@ -1,8 +1,10 @@
 #include "scalify/optim/adamw.hpp"
 
+#include <bit>
 #include <cmath>
 #include <cstring>
 #include <deque>
+#include <numeric>
 #include <span>
 #include <string>
 
@@ -165,35 +167,140 @@ void AdamW::step_plain(const std::vector<size_t>& ks, double bc1, double bc2, do
     params_[ks[j]].set_value(store_master(next[j], values[j].dtype(), c_.master_rounding, rounding_seed(t_, ks[j], 2)));
 }
 
-// Encoded moments: decoded to f32, updated with the weight in f64 (the moments rounded to f32 only
-// to be encoded; the update reads the f64 ones), re-encoded. The encoders and decoders run
-// parallel over each parameter.
+namespace {
+// AdamW's f32 update of one element (step_plain's arithmetic): m and v in place, the new weight returned.
+struct PlainUpdate {
+  float b1, b2, c1, c2, ibc1, ibc2, eps, gm;
+  float moments(float g, float& m, float& v) const {  // returns g times the multiplier
+    const float gi = g * gm;
+    m = b1 * m + c1 * gi;
+    v = b2 * v + c2 * gi * gi;
+    return gi;
+  }
+  float weight(float w, float m, float v, float lr, float wd) const { return w - lr * ((m * ibc1) / (std::sqrt(v * ibc2) + eps) + wd * w); }
+};
+bool per_tensor(const StateFormat& f) { return f.scaling == StateScaling::per_tensor; }
+}  // namespace
+
+// Encoded moments, one fused pass over all parameters: each chunk's moments decoded into
+// per-thread buffers, updated with the weight in step_plain's f32 arithmetic, and encoded back in
+// place (no per-step allocation but the new weights). A per-tensor scale needs the new moment's
+// amax before any code: those moments keep their codes in the first pass, which gathers the
+// chunks' amax, and a second pass decodes them again, recomputes them (the same arithmetic, the
+// same values) and encodes them at the new scale. Chunks hold whole groups of per-group formats.
 void AdamW::step_encoded(const std::vector<size_t>& ks, double bc1, double bc2, double gradient_multiplier) {
-  const double b1 = c_.beta1, b2 = c_.beta2, c1 = 1 - c_.beta1, c2 = 1 - c_.beta2, eps = c_.eps;
+  if (!c_.fused) return step_encoded_reference(ks, bc1, bc2, gradient_multiplier);
+  std::vector<Tensor> values, gradients, next;
+  std::vector<int64_t> sizes;
+  for (size_t k : ks) {
+    values.push_back(params_[k].value());
+    gradients.push_back(params_[k].grad());
+    next.push_back(Tensor::empty(params_[k].shape(), DType::f32));
+    sizes.push_back(next.back().numel());
+  }
+  const std::deque<Dense<float>> weights(values.begin(), values.end()), grads(gradients.begin(), gradients.end());
+  const PlainUpdate up{float(c_.beta1), float(c_.beta2), float(1 - c_.beta1), float(1 - c_.beta2),
+                       float(1 / bc1),  float(1 / bc2),  float(c_.eps),       float(gradient_multiplier)};
+  const StateFormat &mf = c_.m_format, &vf = c_.v_format;
+  int64_t whole_groups = 1;
+  for (const StateFormat* f : {&mf, &vf})
+    if (f->scaling == StateScaling::per_group) whole_groups = std::lcm(whole_groups, f->group_size);
+  const std::vector<ParamChunk> chunks = param_chunks(sizes, std::max<int64_t>(1, kParamChunk / whole_groups) * whole_groups);
+  std::vector<float> m_amax(chunks.size()), v_amax(chunks.size());
+  auto buffers = [](int64_t len) {  // grown once per thread, then reused
+    thread_local std::vector<float> m, v;
+    if (m.size() < size_t(len)) {
+      m.resize(size_t(len));
+      v.resize(size_t(len));
+    }
+    return std::pair{m.data(), v.data()};
+  };
+  for_each_chunk(chunks, [&](const ParamChunk& c, size_t ci) {
+    const size_t k = ks[c.param];
+    const int64_t len = c.end - c.begin;
+    const auto [m, v] = buffers(len);
+    decode_state_range(m_codes_[k], mf, c.begin, c.end, m);
+    decode_state_range(v_codes_[k], vf, c.begin, c.end, v);
+    const float lr = float(c_.lr * lr_scale_[k]), wd = decay_[k] ? float(c_.weight_decay * decay_scale_[k]) : 0.0f;
+    const float* pg = grads[c.param].data() + c.begin;
+    const float* pold = weights[c.param].data() + c.begin;
+    float* pw = next[c.param].data<float>() + c.begin;
+    // The largest magnitudes by their bits (the order of non-negative floats; a float max
+    // stops the vectoriser under -ftrapping-math); a local copy of the update for the same reason.
+    const PlainUpdate u = up;
+    int32_t am = 0, av = 0;
+#pragma omp simd reduction(max : am, av)
+    for (int64_t i = 0; i < len; ++i) {
+      u.moments(pg[i], m[i], v[i]);
+      pw[i] = u.weight(pold[i], m[i], v[i], lr, wd);
+      am = std::max(am, int32_t(std::bit_cast<uint32_t>(m[i]) & 0x7FFFFFFFu));
+      av = std::max(av, int32_t(std::bit_cast<uint32_t>(v[i]) & 0x7FFFFFFFu));
+    }
+    m_amax[ci] = std::bit_cast<float>(am);  // NaN where a moment is: not finite, an error below
+    v_amax[ci] = std::bit_cast<float>(av);
+    // Non-finite moments (a gradient near f32's largest squared) are an error after the pass.
+    if (!per_tensor(mf) && std::isfinite(m_amax[ci])) encode_state_range(m, mf, c.begin, c.end, 0, rounding_seed(t_, k, 0), m_codes_[k]);
+    if (!per_tensor(vf) && std::isfinite(v_amax[ci])) encode_state_range(v, vf, c.begin, c.end, 0, rounding_seed(t_, k, 1), v_codes_[k]);
+  });
+  // Per tensor: the largest magnitude over the parameter's chunks gives the new scale.
+  std::vector<float> m_tensor_amax(ks.size()), v_tensor_amax(ks.size());
+  for (size_t ci = 0; ci < chunks.size(); ++ci) {
+    const size_t j = chunks[ci].param;
+    m_tensor_amax[j] = std::isfinite(m_amax[ci]) ? std::max(m_tensor_amax[j], m_amax[ci]) : INFINITY;
+    v_tensor_amax[j] = std::isfinite(v_amax[ci]) ? std::max(v_tensor_amax[j], v_amax[ci]) : INFINITY;
+  }
+  for (size_t j = 0; j < ks.size(); ++j)
+    if (!std::isfinite(m_tensor_amax[j]) || !std::isfinite(v_tensor_amax[j]))
+      throw Error("AdamW: the moments of parameter " + std::to_string(ks[j]) + " overflowed f32 (gradient too large)");
+  if (per_tensor(mf) || per_tensor(vf)) {
+    std::vector<int> m_exp(ks.size()), v_exp(ks.size());
+    for (size_t j = 0; j < ks.size(); ++j) {
+      m_exp[j] = state_tensor_exponent(mf, m_tensor_amax[j]);
+      v_exp[j] = state_tensor_exponent(vf, v_tensor_amax[j]);
+    }
+    for_each_chunk(chunks, [&](const ParamChunk& c, size_t) {
+      const size_t k = ks[c.param];
+      const int64_t len = c.end - c.begin;
+      const auto [m, v] = buffers(len);
+      const float* pg = grads[c.param].data() + c.begin;
+      if (per_tensor(mf)) decode_state_range(m_codes_[k], mf, c.begin, c.end, m);
+      if (per_tensor(vf)) decode_state_range(v_codes_[k], vf, c.begin, c.end, v);
+      const PlainUpdate u = up;
+#pragma omp simd
+      for (int64_t i = 0; i < len; ++i) u.moments(pg[i], m[i], v[i]);  // the one not per-tensor: garbage, unused
+      if (per_tensor(mf)) encode_state_range(m, mf, c.begin, c.end, m_exp[c.param], rounding_seed(t_, k, 0), m_codes_[k]);
+      if (per_tensor(vf)) encode_state_range(v, vf, c.begin, c.end, v_exp[c.param], rounding_seed(t_, k, 1), v_codes_[k]);
+    });
+    for (size_t j = 0; j < ks.size(); ++j) {
+      if (per_tensor(mf)) m_codes_[ks[j]].scales[0] = float(std::ldexp(1.0, -m_exp[j]));
+      if (per_tensor(vf)) v_codes_[ks[j]].scales[0] = float(std::ldexp(1.0, -v_exp[j]));
+    }
+  }
+  for (size_t j = 0; j < ks.size(); ++j)
+    params_[ks[j]].set_value(store_master(next[j], values[j].dtype(), c_.master_rounding, rounding_seed(t_, ks[j], 2)));
+}
+
+// The reference of step_encoded: whole moments decoded, the same f32 update element by element,
+// whole moments encoded (AdamWState.FusedEncodedStepEqualsTheReference checks the two agree).
+void AdamW::step_encoded_reference(const std::vector<size_t>& ks, double bc1, double bc2, double gradient_multiplier) {
+  const PlainUpdate up{float(c_.beta1), float(c_.beta2), float(1 - c_.beta1), float(1 - c_.beta2),
+                       float(1 / bc1),  float(1 / bc2),  float(c_.eps),       float(gradient_multiplier)};
   for (size_t k : ks) {
     Var& p = params_[k];
     const Tensor value = p.value(), gradient = p.grad();
     const Dense<float> w(value), g(gradient);
-    const auto n = int64_t(value.numel());
-    std::vector<float> m(static_cast<size_t>(n)), v(static_cast<size_t>(n));
+    const auto n = size_t(value.numel());
+    std::vector<float> m(n), v(n), next(n);
     decode_state(m_codes_[k], c_.m_format, m);
     decode_state(v_codes_[k], c_.v_format, v);
-    Tensor next = Tensor::empty(p.shape(), DType::f32);
-    float* pw = next.data<float>();
-    const float* pg = g.data();
-    const float* pold = w.data();
-    const double lr = c_.lr * lr_scale_[k], wd = decay_[k] ? c_.weight_decay : 0.0;
-#pragma omp parallel for schedule(static)
-    for (int64_t i = 0; i < n; ++i) {
-      const double gi = double(pg[i]) * gradient_multiplier, wi = pold[i];
-      const double mi = b1 * double(m[size_t(i)]) + c1 * gi, vi = b2 * double(v[size_t(i)]) + c2 * gi * gi;
-      pw[i] = float(wi - lr * ((mi / bc1) / (std::sqrt(vi / bc2) + eps) + wd * wi));
-      m[size_t(i)] = float(mi);
-      v[size_t(i)] = float(vi);
+    const float lr = float(c_.lr * lr_scale_[k]), wd = decay_[k] ? float(c_.weight_decay * decay_scale_[k]) : 0.0f;
+    for (size_t i = 0; i < n; ++i) {
+      up.moments(g.data()[i], m[i], v[i]);
+      next[i] = up.weight(w.data()[i], m[i], v[i], lr, wd);
     }
     m_codes_[k] = encode_state(m, c_.m_format, rounding_seed(t_, k, 0));
     v_codes_[k] = encode_state(v, c_.v_format, rounding_seed(t_, k, 1));
-    p.set_value(store_master(next, value.dtype(), c_.master_rounding, rounding_seed(t_, k, 2)));
+    p.set_value(store_master(Tensor::from_vector(next, p.shape()), value.dtype(), c_.master_rounding, rounding_seed(t_, k, 2)));
   }
 }
 

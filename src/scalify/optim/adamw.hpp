@@ -25,11 +25,13 @@ struct AdamWConfig {
   int rescale_every = 0;           // 0: never
   // Scaled parameters: one fused pass per parameter (the same arithmetic, bit for bit), or the
   // composed scaled ops (the reference; also what any case the fused pass does not cover runs).
+  // Encoded moments: one fused pass over all parameters, or the reference that decodes and
+  // encodes whole tensors (the same codes and weights, bit for bit).
   bool fused = true;
   // Storage of m and v for unscaled parameters (optim/state_format.hpp): f32 (the plain update
   // above), or a low-precision format, in which case every step decodes the moments, updates them
-  // and the weights in f64 and re-encodes them (v_format must be non_negative for 8-bit codes
-  // to spend the sign bit; m_format must not be).
+  // and the weights in the f32 arithmetic of the plain update and re-encodes them (v_format must
+  // be non_negative for 8-bit codes to spend the sign bit; m_format must not be).
   StateFormat m_format{}, v_format{};
   // How new unscaled weights round into a master-weight storage narrower than f32 (bf16, f16):
   // nearest_even, or stochastic (bits from a hash of the step and parameter, so a resume repeats them).
@@ -75,6 +77,7 @@ class AdamW {
   void check_finite_gradients() const;  // throws naming the first parameter with one
   void step_plain(const std::vector<size_t>& ks, double bc1, double bc2, double gradient_multiplier);
   void step_encoded(const std::vector<size_t>& ks, double bc1, double bc2, double gradient_multiplier);
+  void step_encoded_reference(const std::vector<size_t>& ks, double bc1, double bc2, double gradient_multiplier);
   void step_scaled(size_t k, double bc1, double bc2, double gradient_multiplier);
   std::vector<size_t> step_scaled_fused(const std::vector<size_t>& ks, double bc1, double bc2, double gradient_multiplier);
   std::vector<Var> params_;

@@ -17,10 +17,11 @@ struct ParamChunk {
   int64_t begin, end;  // element range within that parameter
 };
 
-inline std::vector<ParamChunk> param_chunks(const std::vector<int64_t>& sizes) {
+// chunk: the chunks' length (the last of a parameter may be shorter).
+inline std::vector<ParamChunk> param_chunks(const std::vector<int64_t>& sizes, int64_t chunk = kParamChunk) {
   std::vector<ParamChunk> chunks;
   for (size_t k = 0; k < sizes.size(); ++k)
-    for (int64_t b = 0; b < sizes[k]; b += kParamChunk) chunks.push_back({k, b, std::min(sizes[k], b + kParamChunk)});
+    for (int64_t b = 0; b < sizes[k]; b += chunk) chunks.push_back({k, b, std::min(sizes[k], b + chunk)});
   return chunks;
 }
 

@@ -3,10 +3,13 @@
 #include <algorithm>
 #include <bit>
 #include <cfloat>
+#include <climits>
 #include <cmath>
 #include <cstring>
 
 #include "scalify/error.hpp"
+#include "scalify/formats/kernels.hpp"
+#include "scalify/tensor/vector_math.hpp"
 
 namespace scalify::optim {
 
@@ -80,6 +83,66 @@ struct NearestEncoder {
   }
 };
 
+// NearestEncoder's arithmetic in f32 alone and without branches, so the compiler vectorises it
+// over a piece: the same codes where it applies (applies()): 2^shift an f32 normal, and every
+// product below f32's normal range too small to reach half the codec's smallest subnormal (so
+// NearestEncoder's f64 path gives 0 there too) — 8-bit codecs and f16, not bf16.
+struct VectorEncoder {
+  int32_t sign_mask, max_code, exp_offset, cut;  // sign_mask 0 for non-negative codes (the sign is dropped)
+  int32_t normal_min_bits;                       // 2^emin's f32 bits
+  float mul, subnormal_units;
+  static bool applies(const FormatInfo& c, int shift) { return shift >= -100 && shift <= 100 && c.man_bits - c.emin() < 125; }
+  VectorEncoder(const FormatInfo& c, int shift, bool non_negative)
+      : sign_mask(non_negative ? 0 : int32_t(c.sign_mask())),
+        max_code(int32_t(c.max_code())),
+        exp_offset(int32_t(uint32_t(127 - c.bias) << c.man_bits)),
+        cut(23 - c.man_bits),
+        normal_min_bits(int32_t(uint32_t(127 + c.emin()) << 23)),
+        mul(std::bit_cast<float>(uint32_t(127 + shift) << 23)),
+        subnormal_units(float(std::ldexp(1.0, c.man_bits - c.emin()))) {}
+  bool avx2 = kernels::active_isa() != kernels::Isa::scalar;  // the loop compiled for AVX2 (the build's target is SSE2)
+  // out[i] = the code of x[i] / div (div = 1 divides exactly).
+  template <class Code>
+  void operator()(const float* x, float div, Code* out, int64_t n) const;
+  template <class Code>
+  [[gnu::always_inline]] void encode(const float* x, float div, Code* out, int64_t n) const {
+    // Locals: stores through a byte pointer could alias the members, which would be reloaded.
+    const int32_t sign_mask = this->sign_mask, max_code = this->max_code, exp_offset = this->exp_offset, cut = this->cut,
+                  normal_min_bits = this->normal_min_bits;
+    const float mul = this->mul, subnormal_units = this->subnormal_units;
+#pragma omp simd
+    for (int64_t i = 0; i < n; ++i) {
+      const float v = x[i] / div;
+      const int32_t sign = int32_t(std::bit_cast<uint32_t>(v) >> 31) * sign_mask;
+      const float af = std::fabs(v) * mul;
+      // Selections by masks of the bits' order (that of non-negative floats): a float comparison
+      // or a conditional would stop the vectoriser under -ftrapping-math.
+      const auto f = int32_t(std::bit_cast<uint32_t>(af));  // inf rounds past max_code: saturates below
+      const int32_t below_normals = -int32_t(f < normal_min_bits);
+      // Below the codec's normals: af x 2^(m - emin) is exact, rounded to an integer (half to even) by 2^23's spacing.
+      const float sub_in = std::bit_cast<float>((f & below_normals) | (normal_min_bits & ~below_normals));
+      const auto subnormal = int32_t((sub_in * subnormal_units + 0x1p23f) - 0x1p23f);
+      const int32_t normal = ((f + ((1 << (cut - 1)) - 1) + ((f >> cut) & 1)) >> cut) - exp_offset;
+      out[i] = Code(sign | std::min((subnormal & below_normals) | (normal & ~below_normals), max_code));
+    }
+  }
+};
+
+#if SCALIFY_HAVE_X86_SIMD
+template <class Code>
+[[gnu::target("avx2")]] void encode_avx2(const VectorEncoder& e, const float* x, float div, Code* out, int64_t n) {
+  e.encode(x, div, out, n);
+}
+#endif
+
+template <class Code>
+void VectorEncoder::operator()(const float* x, float div, Code* out, int64_t n) const {
+#if SCALIFY_HAVE_X86_SIMD
+  if (avx2) return encode_avx2(*this, x, div, out, n);
+#endif
+  encode(x, div, out, n);
+}
+
 // Decoded values of every code of an 8- or 16-bit codec, built once per layout.
 const std::vector<float>& decode_table(const FormatInfo& c) {
   static const auto tables = [] {
@@ -129,12 +192,35 @@ float state_code_max(const StateFormat& f) {
   return std::bit_cast<float>(detail::decode_bits(c, c.max_code()));
 }
 
+void Expansion::forward(const float* x, float* y, int64_t n) const {
+  constexpr int64_t kPiece = 256;
+  double base[kPiece], power[kPiece];
+  for (int64_t b = 0; b < n; b += kPiece) {
+    const int64_t len = std::min(kPiece, n - b);
+    for (int64_t i = 0; i < len; ++i) base[i] = double(std::fabs(x[b + i])) / double(centre);
+    vecmath::active().pow_f64(base, double(k), power, len);
+    for (int64_t i = 0; i < len; ++i) y[b + i] = std::copysign(float(power[i]) / scale, x[b + i]);
+  }
+}
+void Expansion::inverse(const float* y, float* x, int64_t n) const {
+  constexpr int64_t kPiece = 256;
+  double base[kPiece], power[kPiece];
+  for (int64_t b = 0; b < n; b += kPiece) {
+    const int64_t len = std::min(kPiece, n - b);
+    for (int64_t i = 0; i < len; ++i) base[i] = double(std::fabs(y[b + i])) * double(scale);
+    vecmath::active().pow_f64(base, 1.0 / double(k), power, len);
+    for (int64_t i = 0; i < len; ++i) x[b + i] = std::copysign(float(power[i] * double(centre)), y[b + i]);
+  }
+}
 float Expansion::forward(float x) const {
-  const auto y = float(std::pow(double(std::fabs(x)) / double(centre), double(k)));
-  return std::copysign(y / scale, x);
+  float y;
+  forward(&x, &y, 1);
+  return y;
 }
 float Expansion::inverse(float y) const {
-  return std::copysign(float(std::pow(double(std::fabs(y)) * double(scale), 1.0 / double(k)) * double(centre)), y);
+  float x;
+  inverse(&y, &x, 1);
+  return x;
 }
 
 Expansion expansion_for(float hi, float lo, double code_max, int expand_min) {
@@ -151,82 +237,122 @@ int64_t EncodedState::bytes() const {
   return int64_t(codes.size()) + int64_t(sizeof(float) * (scales.size() + expand_k.size() + centre.size()));
 }
 
-EncodedState encode_state(std::span<const float> x, const StateFormat& f, uint64_t seed) {
-  validate(f, "optimizer state");
-  const auto n = int64_t(x.size());
-  for (int64_t i = 0; i < n; ++i) {
-    if (!std::isfinite(x[size_t(i)])) throw Error("optimizer state: non-finite value at element " + std::to_string(i));
-    if (f.non_negative && x[size_t(i)] < 0)
-      throw Error("optimizer state: negative value " + std::to_string(x[size_t(i)]) + " at element " + std::to_string(i) +
-                  " in a non-negative state");
-  }
-  EncodedState s;
-  s.numel = n;
+int state_tensor_exponent(const StateFormat& f, float amax) { return amax > 0 ? power_of_two_exponent(state_code_max(f), amax) : 0; }
+
+void encode_state_range(const float* x, const StateFormat& f, int64_t begin, int64_t end, int exponent, uint64_t seed, EncodedState& s) {
   if (f.storage == Format::f32) {
-    s.codes.resize(x.size_bytes());
-    std::memcpy(s.codes.data(), x.data(), x.size_bytes());
-    return s;
+    std::memcpy(s.codes.data() + size_t(begin) * sizeof(float), x, size_t(end - begin) * sizeof(float));
+    return;
   }
   const FormatInfo c = codec(f);
   const int bytes = info(f.storage).storage_bytes();
-  s.codes.resize(size_t(n) * size_t(bytes));
   const double max = state_code_max(f);
-  // One element: x (its sign kept, -0 as +0 in non-negative codes) times 2^shift, rounded.
-  const NearestEncoder unshifted(c, 0);
+  // One element: v (its sign kept, -0 as +0 in non-negative codes) times 2^shift, rounded.
   auto encode_one = [&](float v, const NearestEncoder& enc, int64_t i) {
     uint32_t b = std::bit_cast<uint32_t>(v);
     if (f.non_negative) b &= 0x7FFFFFFFu;
     const uint32_t code = f.rounding == Rounding::stochastic
                               ? detail::encode_bits(c, b, enc.shift, Overflow::saturate, f.rounding, random_bits(seed, i))
                               : enc(std::bit_cast<float>(b));
-    put_code(s.codes, bytes, i, code);
+    if (bytes == 1)
+      s.codes[size_t(i)] = std::byte(code);
+    else
+      put_code(s.codes, bytes, i, code);
   };
-  if (f.scaling == StateScaling::none) {
-#pragma omp parallel for schedule(static)
-    for (int64_t i = 0; i < n; ++i) encode_one(x[size_t(i)], unshifted, i);
-    return s;
+  // A piece of count values v[j] / div into elements [first, first + count): vectorised where it applies.
+  const int shift = f.scaling == StateScaling::per_tensor ? exponent : 0;
+  const bool vectorised = f.rounding == Rounding::nearest_even && VectorEncoder::applies(c, shift);
+  const NearestEncoder enc(c, shift);
+  const VectorEncoder venc(c, shift, f.non_negative);
+  auto encode_piece = [&](const float* v, float div, int64_t first, int64_t count) {
+    if (vectorised && bytes == 1)
+      venc(v, div, reinterpret_cast<uint8_t*>(s.codes.data()) + first, count);
+    else if (vectorised) {
+      uint16_t codes[256];
+      for (int64_t j = 0; j < count; j += 256) {
+        const int64_t len = std::min<int64_t>(256, count - j);
+        venc(v + j, div, codes, len);
+        std::memcpy(s.codes.data() + 2 * (first + j), codes, size_t(len) * 2);  // little-endian, as put_code
+      }
+    } else
+      for (int64_t j = 0; j < count; ++j) encode_one(v[j] / div, enc, first + j);
+  };
+  if (f.scaling != StateScaling::per_group) {
+    encode_piece(x, 1.0f, begin, end - begin);
+    return;
   }
-  if (f.scaling == StateScaling::per_tensor) {
-    float amax = 0;
-    for (float v : x) amax = std::max(amax, std::fabs(v));
-    const int e = amax > 0 ? power_of_two_exponent(max, amax) : 0;
-    s.scales.push_back(float(std::ldexp(1.0, -e)));
-    const NearestEncoder shifted(c, e);
-#pragma omp parallel for schedule(static)
-    for (int64_t i = 0; i < n; ++i) encode_one(x[size_t(i)], shifted, i);
-    return s;
-  }
-  const int64_t groups = (n + f.group_size - 1) / f.group_size;
-  s.scales.assign(size_t(groups), 1.0f);
-  if (f.expand) {
-    s.expand_k.assign(size_t(groups), 1.0f);
-    s.centre.assign(size_t(groups), 1.0f);
-  }
-#pragma omp parallel for schedule(static)
-  for (int64_t g = 0; g < groups; ++g) {
-    const int64_t begin = g * f.group_size, end = std::min(n, begin + f.group_size);
-    float hi = 0, lo = INFINITY;
-    for (int64_t i = begin; i < end; ++i) {
-      const float a = std::fabs(x[size_t(i)]);
-      hi = std::max(hi, a);
-      if (a > 0) lo = std::min(lo, a);
+  for (int64_t gb = begin; gb < end; gb += f.group_size) {
+    const int64_t g = gb / f.group_size, ge = std::min(end, gb + f.group_size);
+    const float* xg = x + (gb - begin);
+    // The largest and smallest non-zero magnitudes, by their bits (VectorEncoder says why).
+    int32_t hi_bits = 0, lo_bits = INT32_MAX;
+#pragma omp simd reduction(max : hi_bits) reduction(min : lo_bits)
+    for (int64_t i = 0; i < ge - gb; ++i) {
+      const auto a = int32_t(std::bit_cast<uint32_t>(xg[i]) & 0x7FFFFFFFu);
+      const int32_t nonzero = -int32_t(a != 0);
+      hi_bits = std::max(hi_bits, a);
+      lo_bits = std::min(lo_bits, (a & nonzero) | (INT32_MAX & ~nonzero));
     }
-    if (hi == 0) {
-      for (int64_t i = begin; i < end; ++i) encode_one(0.0f, unshifted, i);
+    const float hi = std::bit_cast<float>(hi_bits), lo = std::bit_cast<float>(lo_bits);  // lo is used only where hi > 0
+    s.scales[size_t(g)] = 1.0f;
+    if (f.expand) s.expand_k[size_t(g)] = s.centre[size_t(g)] = 1.0f;
+    if (hi == 0) {  // +0's code is 0 in every codec
+      std::memset(s.codes.data() + size_t(gb) * size_t(bytes), 0, size_t(ge - gb) * size_t(bytes));
       continue;
     }
     if (!f.expand) {
       const float scale = float(hi / max);
       s.scales[size_t(g)] = scale;
-      for (int64_t i = begin; i < end; ++i) encode_one(x[size_t(i)] / scale, unshifted, i);
+      encode_piece(xg, scale, gb, ge - gb);
       continue;
     }
     const Expansion e = expansion_for(hi, lo, max, f.expand_min);
     s.expand_k[size_t(g)] = e.k;
     s.centre[size_t(g)] = e.centre;
     s.scales[size_t(g)] = e.scale;
-    for (int64_t i = begin; i < end; ++i) encode_one(e.forward(x[size_t(i)]), unshifted, i);
+    for (int64_t j = gb; j < ge; j += 256) {
+      float y[256];
+      const int64_t len = std::min<int64_t>(256, ge - j);
+      e.forward(xg + (j - gb), y, len);
+      encode_piece(y, 1.0f, j, len);
+    }
   }
+}
+
+EncodedState encode_state(std::span<const float> x, const StateFormat& f, uint64_t seed) {
+  validate(f, "optimizer state");
+  const auto n = int64_t(x.size());
+  float amax = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    if (!std::isfinite(x[size_t(i)])) throw Error("optimizer state: non-finite value at element " + std::to_string(i));
+    if (f.non_negative && x[size_t(i)] < 0)
+      throw Error("optimizer state: negative value " + std::to_string(x[size_t(i)]) + " at element " + std::to_string(i) +
+                  " in a non-negative state");
+    amax = std::max(amax, std::fabs(x[size_t(i)]));
+  }
+  EncodedState s;
+  s.numel = n;
+  s.codes.resize(size_t(n) * size_t(info(f.storage).storage_bytes()));
+  int exponent = 0;
+  if (f.scaling == StateScaling::per_tensor) {
+    exponent = state_tensor_exponent(f, amax);
+    s.scales.push_back(float(std::ldexp(1.0, -exponent)));
+  }
+  // Pieces of whole groups, so one tensor's encode runs on every thread.
+  const int64_t group = f.scaling == StateScaling::per_group ? f.group_size : 1;
+  const int64_t piece = std::max<int64_t>(1, 65536 / group) * group;
+  if (f.scaling == StateScaling::per_group) {
+    const int64_t groups = (n + group - 1) / group;
+    s.scales.assign(size_t(groups), 1.0f);
+    if (f.expand) {
+      s.expand_k.assign(size_t(groups), 1.0f);
+      s.centre.assign(size_t(groups), 1.0f);
+    }
+  }
+  const int64_t pieces = (n + piece - 1) / piece;
+#pragma omp parallel for schedule(static)
+  for (int64_t p = 0; p < pieces; ++p)
+    encode_state_range(x.data() + p * piece, f, p * piece, std::min(n, (p + 1) * piece), exponent, seed, s);
   return s;
 }
 
@@ -243,33 +369,49 @@ std::vector<float> code_values(const EncodedState& s, const StateFormat& f) {
   return out;
 }
 
+void decode_state_range(const EncodedState& s, const StateFormat& f, int64_t begin, int64_t end, float* out) {
+  if (f.storage == Format::f32) {
+    std::memcpy(out, s.codes.data() + size_t(begin) * sizeof(float), size_t(end - begin) * sizeof(float));
+    return;
+  }
+  const int bytes = info(f.storage).storage_bytes();
+  const float* table = decode_table(codec(f)).data();
+  const int64_t group = f.scaling == StateScaling::per_group ? f.group_size : std::max<int64_t>(s.numel, 1);
+  for (int64_t gb = begin; gb < end; gb = (gb / group + 1) * group) {
+    const int64_t g = gb / group, ge = std::min(end, (g + 1) * group);
+    const float scale = s.scales.empty() ? 1.0f : s.scales[size_t(g)];
+    float* o = out + (gb - begin);
+    if (f.expand) {  // FP8 codes, read through the group's inverse
+      const Expansion e{s.expand_k[size_t(g)], s.centre[size_t(g)], scale};
+      const auto* codes = reinterpret_cast<const uint8_t*>(s.codes.data()) + gb;
+      for (int64_t i = 0; i < ge - gb; ++i) o[i] = table[codes[i]];
+      e.inverse(o, o, ge - gb);
+      continue;
+    }
+    if (bytes == 1) {
+      const auto* codes = reinterpret_cast<const uint8_t*>(s.codes.data()) + gb;
+      for (int64_t i = 0; i < ge - gb; ++i) o[i] = table[codes[i]] * scale;
+    } else {
+      const std::byte* codes = s.codes.data() + 2 * gb;
+      for (int64_t i = 0; i < ge - gb; ++i) {
+        uint16_t code;  // little-endian, as put_code stores it
+        std::memcpy(&code, codes + 2 * i, 2);
+        o[i] = table[code] * scale;
+      }
+    }
+  }
+}
+
 void decode_state(const EncodedState& s, const StateFormat& f, std::span<float> out) {
   if (int64_t(out.size()) != s.numel)
     throw Error("optimizer state: decoding " + std::to_string(s.numel) + " values into " + std::to_string(out.size()));
   const int64_t n = s.numel;
-  if (f.storage == Format::f32) {
-    std::memcpy(out.data(), s.codes.data(), out.size_bytes());
-    return;
-  }
-  const FormatInfo c = codec(f);
-  const int bytes = info(f.storage).storage_bytes();
-  const std::vector<float>& table = decode_table(c);
-  const int64_t group = f.scaling == StateScaling::per_group ? f.group_size : std::max<int64_t>(n, 1);
-  const int64_t groups = (n + group - 1) / group;
+  const int64_t group = f.scaling == StateScaling::per_group ? f.group_size : 1;
   // Pieces of at most 64K elements (whole groups), so one tensor's decode runs on every thread.
   const int64_t piece = std::max<int64_t>(1, 65536 / group) * group;
   const int64_t pieces = (n + piece - 1) / piece;
 #pragma omp parallel for schedule(static)
-  for (int64_t p = 0; p < pieces; ++p) {
-    for (int64_t g = p * piece / group; g < std::min(groups, (p + 1) * piece / group); ++g) {
-      const int64_t begin = g * group, end = std::min(n, begin + group);
-      const float scale = s.scales.empty() ? 1.0f : s.scales[size_t(g)];
-      for (int64_t i = begin; i < end; ++i) {
-        const uint32_t code = bytes == 1 ? uint32_t(s.codes[size_t(i)]) : get_code(s.codes, bytes, i);
-        out[size_t(i)] = f.expand ? Expansion{s.expand_k[size_t(g)], s.centre[size_t(g)], scale}.inverse(table[code]) : table[code] * scale;
-      }
-    }
-  }
+  for (int64_t p = 0; p < pieces; ++p) decode_state_range(s, f, p * piece, std::min(n, (p + 1) * piece), out.data() + p * piece);
 }
 
 }  // namespace scalify::optim

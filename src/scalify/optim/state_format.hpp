@@ -17,10 +17,11 @@
 //    group (f32) and c = sqrt(M m) (f32), k = floor(log2(max_code^2 / 2) / log2(M / m) * expand_min)
 //    / expand_min as COAT's kernel, then y = sign(x) (|x| / c)^k, scale = (M / c)^k / max_code and
 //    codes encode(y / scale); read back as sign(q) (|decode(q)| * scale)^(1/k) * c. The powers are
-//    taken in f64 and rounded to f32. k is clamped to [1/expand_min, 1024]: a range wider than
-//    max_code^2 / 2 would floor k to 0, and M = m (or nearly) would make it infinite (or so large
-//    that an f32 read-back no longer tells the codes apart); within the clamp every code decodes
-//    to an f32 that encodes back to it (StateFormat.ExpansionInverseIsExactOnEveryCode).
+//    taken in f64 and rounded to f32, by the active vector math (tensor/vector_math.hpp: libm's
+//    pow, or with AVX2 SLEEF's, within 1 f64 ulp of it: rarely a code moves by one across ISAs). k is clamped to [1/expand_min, 1024]: a
+//    range wider than max_code^2 / 2 would floor k to 0, and M = m (or nearly) would make it infinite (or so large that an f32 read-back no
+//    longer tells the codes apart); within the clamp every code decodes to an f32 that encodes back to it
+//    (StateFormat.ExpansionInverseIsExactOnEveryCode).
 // A zero group (or tensor) has scale 1 (and k = 1, c = 1).
 // Stochastic rounding draws its random bits from a hash of (seed, element index): the same seed
 // gives the same codes, so a resumed run repeats them.
@@ -67,6 +68,9 @@ struct Expansion {
   float k = 1, centre = 1, scale = 1;
   float forward(float x) const;  // the value whose code is stored
   float inverse(float y) const;  // the moment a decoded code stands for
+  // The same over n values, the powers vectorised.
+  void forward(const float* x, float* y, int64_t n) const;
+  void inverse(const float* y, float* x, int64_t n) const;
 };
 // The expansion for a group with largest and smallest non-zero magnitudes hi >= lo > 0.
 Expansion expansion_for(float hi, float lo, double code_max, int expand_min);
@@ -88,5 +92,19 @@ EncodedState encode_state(std::span<const float> x, const StateFormat& f, uint64
 std::vector<float> code_values(const EncodedState& s, const StateFormat& f);
 // Decodes into out (out.size() == s.numel).
 void decode_state(const EncodedState& s, const StateFormat& f, std::span<float> out);
+
+// Ranges of an encoded tensor, for a pass that updates the state a piece at a time in place
+// (AdamW's fused step) and the whole-tensor calls above. s has its layout already (codes,
+// scales, k and centres sized, as encode_state gives them); begin and end are multiples of
+// f.group_size for per-group formats (end may be s.numel).
+// Decodes elements [begin, end) into out[0, end - begin).
+void decode_state_range(const EncodedState& s, const StateFormat& f, int64_t begin, int64_t end, float* out);
+// Encodes x[0, end - begin) into elements [begin, end), the same codes as encode_state: per-group
+// formats compute and store the groups' scales (and expansions); per-tensor formats encode at the
+// scale 2^-exponent (state_tensor_exponent; the caller stores the scale). Values are not checked
+// (finite, and >= 0 when f.non_negative: encode_state checks them).
+void encode_state_range(const float* x, const StateFormat& f, int64_t begin, int64_t end, int exponent, uint64_t seed, EncodedState& s);
+// The per-tensor scale 2^-e of a tensor with largest magnitude amax: e (0 when amax is 0).
+int state_tensor_exponent(const StateFormat& f, float amax);
 
 }  // namespace scalify::optim

@@ -48,7 +48,11 @@ float exp_shifted_sum(const float* x, float* y, int64_t n, float mul, float shif
   return float(sum);
 }
 
-const Table kReference{gelu_tanh, gelu_tanh_backward, exp_shifted_sum};
+void pow_f64(const double* x, double e, double* y, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) y[i] = std::pow(x[i], e);
+}
+
+const Table kReference{gelu_tanh, gelu_tanh_backward, exp_shifted_sum, pow_f64};
 
 }  // namespace
 

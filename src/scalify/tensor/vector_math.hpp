@@ -1,6 +1,7 @@
 #pragma once
 // Vectorised f32 kernels for the transcendental-heavy elementwise ops of a training step (GELU,
-// the softmax's exponentials). Two implementations with one interface: the plain loops over libm
+// the softmax's exponentials, the powers of COAT's state expansion in f64). Two implementations with one interface: the plain loops over
+// libm
 // (`reference`, used for f64, on CPUs without AVX2 and with SCALIFY_ISA=scalar) and AVX2 + FMA
 // loops over SLEEF's vector functions (`avx2`, within 1 ulp of libm per function). Chosen by the
 // format kernels' ISA (formats/kernels.hpp: the best the CPU has, or SCALIFY_ISA).
@@ -15,6 +16,8 @@ struct Table {
   void (*gelu_tanh_backward)(const float* x, const float* g, float* out, int64_t n, float x_mul);
   // y = exp(mul * x - shift); returns the sum of y (softmax rows)
   float (*exp_shifted_sum)(const float* x, float* y, int64_t n, float mul, float shift);
+  // y = pow(x, e) in f64, x >= 0 (optim/state_format's dynamic range expansion)
+  void (*pow_f64)(const double* x, double e, double* y, int64_t n);
 };
 
 const Table& reference();

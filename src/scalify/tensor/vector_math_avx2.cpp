@@ -89,9 +89,21 @@ float exp_shifted_sum(const float* x, float* y, int64_t n, float mul, float shif
   return sum;
 }
 
+void pow_f64(const double* x, double e, double* y, int64_t n) {
+  const __m256d k = _mm256_set1_pd(e);
+  int64_t i = 0;
+  for (; i + 4 <= n; i += 4) _mm256_storeu_pd(y + i, Sleef_powd4_u10avx2(_mm256_loadu_pd(x + i), k));
+  if (i < n) {  // the tail through a padded buffer
+    alignas(32) double buf[4] = {1, 1, 1, 1};
+    for (int64_t j = 0; j < n - i; ++j) buf[j] = x[i + j];
+    _mm256_store_pd(buf, Sleef_powd4_u10avx2(_mm256_load_pd(buf), k));
+    for (int64_t j = 0; j < n - i; ++j) y[i + j] = buf[j];
+  }
+}
+
 }  // namespace
 
 extern const Table kAvx2;
-const Table kAvx2{gelu_tanh, gelu_tanh_backward, exp_shifted_sum};
+const Table kAvx2{gelu_tanh, gelu_tanh_backward, exp_shifted_sum, pow_f64};
 
 }  // namespace scalify::vecmath
