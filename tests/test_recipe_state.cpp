@@ -81,6 +81,7 @@ TEST(RecipeState, BadStateFieldsAreRefusedByName) {
   expect(R"("first_moment": {"storage": "e2m1", "scaling": "per_tensor"})", "storage must be one of");
   expect(R"("second_moment": {"storage": "e4m3", "sclaing": "per_tensor"})", "unknown field 'sclaing' in second_moment");
   expect(R"("master_rounding": "up")", "master_rounding");
+  expect(R"("master_rounding": "stochastic")", "master_rounding stochastic rounds unscaled master weights narrower than f32");
   Recipe scaled = preset("scalify_fp8_4");
   scaled.first_moment = {.storage = Format::e4m3, .scaling = optim::StateScaling::per_tensor};
   EXPECT_THROW(scaled.validate(), Error);

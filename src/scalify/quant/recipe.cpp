@@ -355,6 +355,9 @@ void Recipe::validate() const {
       refuse(e.what());
     }
   if (first_moment.non_negative) refuse("first_moment: the first moment takes both signs (non_negative must be false)");
+  if (master_rounding == Rounding::stochastic && (scaled_state || dtype_size(master_weight) >= 4))
+    refuse("master_rounding stochastic rounds unscaled master weights narrower than f32 (master_weight bf16 or f16), got " +
+           std::string(scaled_state ? "scaled_state" : "master_weight " + std::string(dtype_name(master_weight))));
   if (scaled_state && (!first_moment.is_plain_f32() || !second_moment.is_plain_f32()))
     refuse("first_moment / second_moment apply to unscaled parameters; with scaled_state the moments are set by optimizer_state");
   // Every activation and gradient is rounded into the data storage after every op: below 16 bits
