@@ -132,43 +132,9 @@ void AdamW::check_finite_gradients() const {
       throw Error("optimizer: non-finite gradient in parameter " + std::to_string(k) + " of shape " + shape_str(params_[k].shape()));
 }
 
-void AdamW::step_plain(const std::vector<size_t>& ks, double bc1, double bc2, double gradient_multiplier) {
-  // One parallel, vectorised pass in f32 arithmetic (as PyTorch's) over every plain parameter at
-  // once: read the weight, gradient and moments, write the moments in place and the new weight
-  // into a fresh (pooled) buffer.
-  std::vector<Tensor> values, gradients, next;
-  std::vector<int64_t> sizes;
-  for (size_t k : ks) {
-    values.push_back(params_[k].value());
-    gradients.push_back(params_[k].grad());
-    next.push_back(Tensor::empty(params_[k].shape(), DType::f32));
-    sizes.push_back(next.back().numel());
-  }
-  const std::deque<Dense<float>> weights(values.begin(), values.end()), grads(gradients.begin(), gradients.end());
-  const float b1 = float(c_.beta1), b2 = float(c_.beta2), c1 = float(1 - c_.beta1), c2 = float(1 - c_.beta2);
-  const float ibc1 = float(1 / bc1), ibc2 = float(1 / bc2), eps = float(c_.eps), gm = float(gradient_multiplier);
-  for_each_chunk(param_chunks(sizes), [&](const ParamChunk& c, size_t) {
-    const size_t k = ks[c.param];
-    const float lr = float(c_.lr * lr_scale_[k]), wd = decay_[k] ? float(c_.weight_decay * decay_scale_[k]) : 0.0f;
-    float* m = m_[k].data.data<float>();
-    float* v = v_[k].data.data<float>();
-    float* pw = next[c.param].data<float>();
-    const float* pg = grads[c.param].data();
-    const float* pold = weights[c.param].data();
-#pragma omp simd
-    for (int64_t i = c.begin; i < c.end; ++i) {
-      const float gi = pg[i] * gm;
-      m[i] = b1 * m[i] + c1 * gi;
-      v[i] = b2 * v[i] + c2 * gi * gi;
-      pw[i] = pold[i] - lr * ((m[i] * ibc1) / (std::sqrt(v[i] * ibc2) + eps) + wd * pold[i]);
-    }
-  });
-  for (size_t j = 0; j < ks.size(); ++j)
-    params_[ks[j]].set_value(store_master(next[j], values[j].dtype(), c_.master_rounding, rounding_seed(t_, ks[j], 2)));
-}
-
 namespace {
-// AdamW's f32 update of one element (step_plain's arithmetic): m and v in place, the new weight returned.
+// AdamW's update of one element in f32 arithmetic (as PyTorch's), shared by the plain and the
+// encoded-state passes.
 struct PlainUpdate {
   float b1, b2, c1, c2, ibc1, ibc2, eps, gm;
   float moments(float g, float& m, float& v) const {  // returns g times the multiplier
@@ -179,6 +145,53 @@ struct PlainUpdate {
   }
   float weight(float w, float m, float v, float lr, float wd) const { return w - lr * ((m * ibc1) / (std::sqrt(v * ibc2) + eps) + wd * w); }
 };
+// The parameters ks of one fused pass: their weights and gradients read as f32, and buffers for
+// the new weights.
+struct FusedPass {
+  std::vector<Tensor> values, gradients, next;
+  std::vector<int64_t> sizes;
+  std::deque<Dense<float>> weights, grads;
+  FusedPass(const std::vector<Var>& params, const std::vector<size_t>& ks) {
+    for (size_t k : ks) {
+      values.push_back(params[k].value());
+      gradients.push_back(params[k].grad());
+      next.push_back(Tensor::empty(params[k].shape(), DType::f32));
+      sizes.push_back(next.back().numel());
+    }
+    for (size_t j = 0; j < ks.size(); ++j) {
+      weights.emplace_back(values[j]);
+      grads.emplace_back(gradients[j]);
+    }
+  }
+};
+}  // namespace
+
+void AdamW::step_plain(const std::vector<size_t>& ks, double bc1, double bc2, double gradient_multiplier) {
+  // One parallel, vectorised pass over every plain parameter at once: read the weight, gradient
+  // and moments, write the moments in place and the new weight into a fresh (pooled) buffer.
+  const FusedPass pass(params_, ks);
+  const auto& [values, gradients, next, sizes, weights, grads] = pass;
+  const PlainUpdate up{float(c_.beta1), float(c_.beta2), float(1 - c_.beta1), float(1 - c_.beta2),
+                       float(1 / bc1),  float(1 / bc2),  float(c_.eps),       float(gradient_multiplier)};
+  for_each_chunk(param_chunks(sizes), [&](const ParamChunk& c, size_t) {
+    const size_t k = ks[c.param];
+    const float lr = float(c_.lr * lr_scale_[k]), wd = decay_[k] ? float(c_.weight_decay * decay_scale_[k]) : 0.0f;
+    float* m = m_[k].data.data<float>();
+    float* v = v_[k].data.data<float>();
+    float* pw = next[c.param].data<float>();
+    const float* pg = grads[c.param].data();
+    const float* pold = weights[c.param].data();
+#pragma omp simd
+    for (int64_t i = c.begin; i < c.end; ++i) {
+      up.moments(pg[i], m[i], v[i]);
+      pw[i] = up.weight(pold[i], m[i], v[i], lr, wd);
+    }
+  });
+  for (size_t j = 0; j < ks.size(); ++j)
+    params_[ks[j]].set_value(store_master(next[j], values[j].dtype(), c_.master_rounding, rounding_seed(t_, ks[j], 2)));
+}
+
+namespace {
 bool per_tensor(const StateFormat& f) { return f.scaling == StateScaling::per_tensor; }
 }  // namespace
 
@@ -190,15 +203,8 @@ bool per_tensor(const StateFormat& f) { return f.scaling == StateScaling::per_te
 // same values) and encodes them at the new scale. Chunks hold whole groups of per-group formats.
 void AdamW::step_encoded(const std::vector<size_t>& ks, double bc1, double bc2, double gradient_multiplier) {
   if (!c_.fused) return step_encoded_reference(ks, bc1, bc2, gradient_multiplier);
-  std::vector<Tensor> values, gradients, next;
-  std::vector<int64_t> sizes;
-  for (size_t k : ks) {
-    values.push_back(params_[k].value());
-    gradients.push_back(params_[k].grad());
-    next.push_back(Tensor::empty(params_[k].shape(), DType::f32));
-    sizes.push_back(next.back().numel());
-  }
-  const std::deque<Dense<float>> weights(values.begin(), values.end()), grads(gradients.begin(), gradients.end());
+  const FusedPass pass(params_, ks);
+  const auto& [values, gradients, next, sizes, weights, grads] = pass;
   const PlainUpdate up{float(c_.beta1), float(c_.beta2), float(1 - c_.beta1), float(1 - c_.beta2),
                        float(1 / bc1),  float(1 / bc2),  float(c_.eps),       float(gradient_multiplier)};
   const StateFormat &mf = c_.m_format, &vf = c_.v_format;
