@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -68,19 +69,43 @@ void write_file_atomically(const std::string& path, const std::function<void(con
   int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0644);
   if (fd < 0) fail("cannot create", tmp);
   try {
-    // Buffer the content so the fault-injection hook can stop halfway; checkpoints of the
-    // models trained here are megabytes, not gigabytes.
-    std::vector<char> bytes;
+    // The content streams to the temporary through a buffer of kBuffer bytes: a checkpoint of a
+    // large model is gigabytes, and holding it whole doubled the training run's peak memory.
+    // The fault-injection hook first counts the bytes (a dry run of `write`) to die at half of them.
+    const bool die = die_during_write(target);
+    size_t total = 0;
+    if (die) write([&](const void*, size_t size) { total += size; });
+    constexpr size_t kBuffer = size_t(4) << 20;
+    std::vector<char> buffer;
+    buffer.reserve(kBuffer);
+    size_t written = 0;
+    auto flush = [&] {
+      write_all(fd, buffer.data(), buffer.size(), tmp);
+      written += buffer.size();
+      buffer.clear();
+    };
     write([&](const void* data, size_t size) {
       const char* p = static_cast<const char*>(data);
-      bytes.insert(bytes.end(), p, p + size);
+      if (!die && buffer.empty() && size >= kBuffer) {  // a large piece needs no copy
+        write_all(fd, p, size, tmp);
+        written += size;
+        return;
+      }
+      while (size > 0) {
+        if (die && written + buffer.size() == total / 2) {  // before a byte past the half (total / 2 < total)
+          flush();
+          ::fsync(fd);
+          ::raise(SIGKILL);
+        }
+        size_t take = std::min(size, kBuffer - buffer.size());
+        if (die) take = std::min(take, total / 2 - (written + buffer.size()));
+        buffer.insert(buffer.end(), p, p + take);
+        p += take;
+        size -= take;
+        if (buffer.size() == kBuffer) flush();
+      }
     });
-    if (die_during_write(target)) {
-      write_all(fd, bytes.data(), bytes.size() / 2, tmp);
-      ::fsync(fd);
-      ::raise(SIGKILL);
-    }
-    write_all(fd, bytes.data(), bytes.size(), tmp);
+    flush();
     if (::fsync(fd) != 0) fail("cannot flush", tmp);
     const int closed = ::close(fd);
     fd = -1;

@@ -8,7 +8,8 @@
 
 namespace scalify::io {
 
-// `write` appends the content through the given sink (called any number of times). Throws
+// `write` appends the content through the given sink (called any number of times); the bytes
+// stream to disk through a small buffer, never held whole. Throws
 // scalify::Error naming the path on any failure, leaving the previous file untouched and no
 // temporary behind (unless the process itself dies: a later write removes a temporary whose
 // writer has ended, never one of a live process). A target that exists and is not a regular
@@ -27,7 +28,8 @@ void refuse_to_overwrite(const std::string& out, const std::vector<std::string>&
 void make_folder(const std::string& path);
 
 // Test hook (fault injection): when the environment variable SCALIFY_TEST_DIE_DURING_WRITE names
-// a target path's file name, the process kills itself (SIGKILL) after writing half the bytes.
+// a target path's file name, the process kills itself (SIGKILL) after writing half the bytes
+// (`write` then runs twice: once to count them).
 // Used by the test that checks a killed write leaves the previous checkpoint readable.
 
 }  // namespace scalify::io
