@@ -504,7 +504,7 @@ TrainResult train(const TrainConfig& given, bool resume, const Progress& progres
     if (world.root()) save_checkpoint(s, (dir / "model.safetensors").string(), end, skipped, CheckpointContents::model);
   }
   // The process's peak resident memory (VmHWM) now that the last evaluation and both files are
-  // written: serialising a checkpoint holds its bytes, more than any step of a large model.
+  // written (a checkpoint streams to disk: io/atomic_file.hpp).
   r.peak_memory_mb = double(platform::peak_memory_bytes()) / (1024.0 * 1024.0);
   log << "peak memory: " << std::lround(r.peak_memory_mb) << " MB\n";
   log << "stopped at step " << end << " of " << cfg.steps << "\n";
