@@ -59,6 +59,16 @@ TEST(StateCheckpoint, ResumeIsBitIdenticalForEveryLowPrecisionStatePreset) {
       EXPECT_LE(top, 65504.0);
       EXPECT_EQ(wa.at("param.wte").dtype(), DType::f32);
       EXPECT_FALSE(wa.has("param.wte.scale"));
+      // inspect: those weights as their f16 data and scale, judged against f16 (none clipped).
+      int masters = 0;
+      for (const inspect::InspectedTensor& t : inspect::inspect_checkpoint(a.string(), {}).tensors)
+        if (t.kind == inspect::TensorKind::weight && t.storage == DType::f16) {
+          ++masters;
+          EXPECT_TRUE(std::isfinite(t.scale_log2)) << t.name;
+          EXPECT_EQ(t.histogram.clipped, 0) << t.name;
+          EXPECT_EQ(t.histogram.normal + t.histogram.subnormal + t.histogram.underflow + t.histogram.zeros, t.histogram.count) << t.name;
+        }
+      EXPECT_EQ(masters, 8);  // 4 linear layers x 2 blocks
     }
   }
 }
