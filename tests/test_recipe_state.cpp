@@ -120,6 +120,16 @@ TEST(RecipeState, ScaledF16LinearMasterWeights) {
               std::string::npos)
         << err.what();
   }
+  Recipe unit = preset("unit_fp8");
+  unit.linear_master_weight = LinearMaster::scaled_f16;
+  try {
+    unit.validate();
+    ADD_FAILURE() << "unit scaling with scaled f16 linear masters was accepted";
+  } catch (const Error& err) {
+    EXPECT_NE(std::string(err.what()).find("needs the standard model: unit scaling passes each weight through a scaling op"),
+              std::string::npos)
+        << err.what();
+  }
   Recipe unquantized = preset("f32");
   unquantized.linear_master_weight = LinearMaster::scaled_f16;
   try {

@@ -372,6 +372,10 @@ void Recipe::validate() const {
     refuse(
         "linear_master_weight scaled_f16 is MS-AMP's per-tensor scale for unscaled parameters; with scaled_state SCALIFY's scaled "
         "master weights already carry their own scales (set master_weight instead)");
+  if (linear_master_weight == LinearMaster::scaled_f16 && (unit_scaled || umup))
+    refuse(std::string("linear_master_weight scaled_f16 needs the standard model: ") + (umup ? "u-μP" : "unit scaling") +
+           " passes each weight through a scaling op of its own before the GEMM, and that op would round the weight's gradient "
+           "into the master's f16 data, which has no scale for it");
   if (linear_master_weight == LinearMaster::scaled_f16 && !linear.quantized)
     refuse("linear_master_weight scaled_f16 applies to the weights of the quantised linear layers, and linear.quantized is false");
   if (scaled_state && (!first_moment.is_plain_f32() || !second_moment.is_plain_f32()))
