@@ -4,6 +4,7 @@
 // the codes in place; stochastically rounded bf16 master weights land on a neighbour.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <string>
 #include <vector>
@@ -180,6 +181,74 @@ TEST(AdamWState, StochasticBf16MasterWeightsLandOnANeighbour) {
   }
   EXPECT_GT(inexact, 3000);
   EXPECT_GT(not_nearest, inexact / 10);
+}
+
+// f16's round to nearest even of x, computed here in double: 11 significant bits above 2^-14,
+// the fixed quantum 2^-24 below (subnormals). |x| must stay below 65520 (no overflow here).
+double f16_nearest(double x) {
+  const int e = std::max(std::ilogb(std::fabs(x)), -14);
+  const double quantum = std::ldexp(1.0, e - 10);
+  return std::nearbyint(x / quantum) * quantum;  // the default rounding mode: ties to even
+}
+
+// MS-AMP's scaled f16 master weights (Recipe::linear_master_weight scaled_f16): the parameter is
+// f16 data and one power-of-two scale; the update reads its represented value and the encoded
+// moments (not SCALIFY's scaled state), and stores the new f32 weights at the scale 2^-e, e the
+// largest exponent with amax x 2^e <= 65504 (MS-AMP's rule, margin 0). The test runs the same
+// update on an f32 master holding the same represented values and encodes its result itself.
+TEST(AdamWState, ScaledF16MasterStoresTheF32UpdateAtItsAmaxScale) {
+  AdamWConfig c{.lr = 1e-2, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1};
+  c.m_format = {.storage = Format::e4m3, .scaling = StateScaling::per_tensor};
+  c.v_format = {.storage = Format::f16, .scaling = StateScaling::per_tensor, .non_negative = true};
+  AdamWConfig scaled_config = c;
+  scaled_config.scaled_masters = true;
+  const Shape shape{33, 17};
+  const int64_t n = numel_of(shape);
+  // The starting master: N(0, 0.02) weights in f16 at scale 2^-20 (their amax x 2^20 fits f16).
+  const Tensor w0 = ops::scale_shift(Tensor::randn(shape, 5), 0.02, 0.0);
+  std::vector<float> data0(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) data0[size_t(i)] = float(f16_nearest(std::ldexp(w0.to_vector()[size_t(i)], 20)));
+  std::vector<Var> scaled = {Var(ScaledTensor(Tensor::from_vector(data0, shape).to(DType::f16), 0x1p-20f), true)};
+  std::vector<Var> f32 = {Var(scaled[0].value(), true)};
+  AdamW scaled_opt(scaled, scaled_config, {0.5}), f32_opt(f32, c, {0.5});
+  ASSERT_EQ(scaled_opt.encoded_first_moment(0).numel, n) << "encoded moments, not SCALIFY's scaled state";
+  for (int t = 1; t <= 3; ++t) {
+    const Tensor g = ops::scale_shift(Tensor::randn(shape, uint64_t(10 + t)), 1e-3, 0.0);
+    f32[0].set_value(scaled[0].value());  // the same represented weights before every step
+    scaled[0].set_grad(ScaledTensor(g));
+    f32[0].set_grad(ScaledTensor(g));
+    scaled_opt.step();
+    f32_opt.step();
+    const std::vector<double> want = f32[0].value().to_vector();  // the f32 update
+    double top = 0;
+    for (double w : want) top = std::max(top, std::fabs(w));
+    int e = 0;
+    while (std::ldexp(top, e + 1) <= 65504.0) ++e;
+    while (std::ldexp(top, e) > 65504.0) --e;
+    const ScaledTensor& p = scaled[0].scaled();
+    ASSERT_EQ(p.data.dtype(), DType::f16) << "step " << t;
+    ASSERT_TRUE(p.has_single_scale()) << "step " << t;
+    EXPECT_EQ(double(p.scalar_scale()), std::ldexp(1.0, -e)) << "step " << t;
+    const std::vector<double> data = p.data.to_vector(), represented = scaled[0].value().to_vector();
+    for (size_t i = 0; i < want.size(); ++i) {
+      const double x = std::ldexp(want[i], e);
+      ASSERT_EQ(data[i], f16_nearest(x)) << "step " << t << " element " << i;
+      // The represented weight is the f32 update to within half an f16 step at this scale.
+      const double half_step = std::ldexp(1.0, std::max(std::ilogb(std::fabs(x)), -14) - 11 - e);
+      ASSERT_LE(std::fabs(represented[i] - want[i]), half_step) << "step " << t << " element " << i;
+    }
+    EXPECT_EQ(scaled_opt.state_bytes(0), f32_opt.state_bytes(0));
+  }
+  EXPECT_GT(scaled[0].scaled().scalar_scale(), 0x1p-20f) << "the scale followed the weights' amax";
+}
+
+// An all-zero master (a bias at initialisation) keeps scale 1; dtypes without a scale are refused.
+TEST(AdamWState, ScaledMasterOfZerosAndBadDtypes) {
+  const ScaledTensor z = store_scaled_master(Tensor::zeros({5}), DType::f16);
+  EXPECT_EQ(z.scalar_scale(), 1.0f);
+  EXPECT_EQ(z.data.dtype(), DType::f16);
+  EXPECT_THROW(store_scaled_master(Tensor::zeros({5}), DType::f32), Error);
+  EXPECT_THROW(store_scaled_master(Tensor::from_vector(std::vector<float>{1.0f, NAN}, Shape{2}), DType::f16), Error);
 }
 
 TEST(AdamWState, RejectsASignlessFirstMoment) {

@@ -330,6 +330,29 @@ TEST(QLinear, MxTransposeIsQuantisedFromTheSource) {
   EXPECT_NE(first_far_from_product(xv.grad(), gq, forward_copy.transpose(0, 1)), -1);
 }
 
+// A scaled master weight (MS-AMP's scaled f16, Recipe::linear_master_weight) under a recipe whose
+// scales do not propagate (msamp_o2's delayed FP8): the GEMMs read its represented value, so the
+// layer computes exactly what it computes from an f32 weight holding those values, and the weight's
+// gradient comes back as that f32 gradient, unscaled and not rounded into f16 (also when a second
+// backward pass accumulates into it).
+TEST(QLinear, ScaledMasterWeightIsReadAsItsRepresentedValue) {
+  const LinearRecipe r = preset("msamp_o2").linear;
+  const Tensor x = Tensor::randn({6, 16}, 1), g = Tensor::randn({6, 8}, 4);
+  const ScaledTensor master(ops::scale_shift(Tensor::randn({16, 8}, 2), 1024.0, 0.0).to(DType::f16), 0x1p-15f);
+  Var x1(x, true), w1(master, true), x2(x, true), w2(master.value(), true);
+  const QLinear a(r, 7), b(r, 7);
+  for (int pass = 0; pass < 2; ++pass) {
+    const Var y1 = a(x1, w1, Var()), y2 = b(x2, w2, Var());
+    EXPECT_EQ(y1.value().to_vector(), y2.value().to_vector()) << "pass " << pass;
+    y1.backward(g);
+    y2.backward(g);
+  }
+  EXPECT_EQ(x1.grad().to_vector(), x2.grad().to_vector());
+  EXPECT_FALSE(w1.scaled_grad().is_scaled());
+  EXPECT_EQ(w1.scaled_grad().data.dtype(), DType::f32);
+  EXPECT_EQ(w1.grad().to_vector(), w2.grad().to_vector());
+}
+
 TEST(QLinear, TinyTransformerTrainsUnderEveryPreset) {
   const int64_t V = 12, T = 8, B = 8, D = 32;
   double f32_final = 0;

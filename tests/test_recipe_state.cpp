@@ -7,6 +7,7 @@
 #include "scalify/compare/recipe_lists.hpp"
 #include "scalify/error.hpp"
 #include "scalify/quant/recipe.hpp"
+#include "scalify/train/session.hpp"
 
 namespace scalify::quant {
 namespace {
@@ -85,6 +86,78 @@ TEST(RecipeState, BadStateFieldsAreRefusedByName) {
   Recipe scaled = preset("scalify_fp8_4");
   scaled.first_moment = {.storage = Format::e4m3, .scaling = optim::StateScaling::per_tensor};
   EXPECT_THROW(scaled.validate(), Error);
+}
+
+// MS-AMP O2's scaled f16 master weights of the quantised linear layers: msamp_o2 holds them, the
+// JSON names them only when set (every earlier recipe's JSON is unchanged), bad values and
+// combinations that cannot apply are refused by name.
+TEST(RecipeState, ScaledF16LinearMasterWeights) {
+  EXPECT_EQ(preset("msamp_o2").linear_master_weight, LinearMaster::scaled_f16);
+  EXPECT_NE(preset("msamp_o2").to_json().find(R"("linear_master_weight": "scaled_f16")"), std::string::npos);
+  EXPECT_EQ(Recipe::from_json(preset("msamp_o2").to_json()).linear_master_weight, LinearMaster::scaled_f16);
+  for (const std::string name : {"f32", "coat", "delayed", "scalify_fp8_4"}) {
+    EXPECT_EQ(preset(name).linear_master_weight, LinearMaster::master_weight) << name;
+    EXPECT_EQ(preset(name).to_json().find("linear_master_weight"), std::string::npos) << name;
+  }
+  EXPECT_TRUE(optimizer_config(preset("msamp_o2"), {}).scaled_masters);
+  EXPECT_FALSE(optimizer_config(preset("coat"), {}).scaled_masters);
+
+  std::string ms = preset("msamp_o2").to_json();
+  const std::string set = R"("linear_master_weight": "scaled_f16")";
+  auto replaced = [&](const std::string& by) { return std::string(ms).replace(ms.find(set), set.size(), by); };
+  std::string e = error_of(replaced(R"("linear_master_weight": "f16")"));
+  EXPECT_NE(e.find("linear_master_weight must be master_weight or scaled_f16, got 'f16'"), std::string::npos) << e;
+  e = error_of(replaced(R"("linear_master_weight": 16)"));
+  EXPECT_NE(e.find("'linear_master_weight' in recipe has the wrong type"), std::string::npos) << e;
+
+  Recipe scaled = preset("scalify_fp8_4");
+  scaled.linear_master_weight = LinearMaster::scaled_f16;
+  try {
+    scaled.validate();
+    ADD_FAILURE() << "scaled_state with scaled f16 linear masters was accepted";
+  } catch (const Error& err) {
+    EXPECT_NE(std::string(err.what()).find("with scaled_state SCALIFY's scaled master weights already carry their own scales"),
+              std::string::npos)
+        << err.what();
+  }
+  Recipe unit = preset("unit_fp8");
+  unit.linear_master_weight = LinearMaster::scaled_f16;
+  try {
+    unit.validate();
+    ADD_FAILURE() << "unit scaling with scaled f16 linear masters was accepted";
+  } catch (const Error& err) {
+    EXPECT_NE(std::string(err.what()).find("needs the standard model: unit scaling passes each weight through a scaling op"),
+              std::string::npos)
+        << err.what();
+  }
+  Recipe unquantized = preset("f32");
+  unquantized.linear_master_weight = LinearMaster::scaled_f16;
+  try {
+    unquantized.validate();
+    ADD_FAILURE() << "scaled f16 linear masters without quantised linear layers were accepted";
+  } catch (const Error& err) {
+    EXPECT_NE(std::string(err.what()).find("applies to the weights of the quantised linear layers, and linear.quantized is false"),
+              std::string::npos)
+        << err.what();
+  }
+}
+
+// The memory estimate counts the scaled f16 masters: 2 bytes per quantised linear weight instead of
+// f32's 4 (12 d_model^2 weights per block of the default GELU model with a 4 x MLP).
+TEST(RecipeState, MemoryEstimateCountsScaledF16Masters) {
+  train::TrainConfig cfg;
+  cfg.model.d_model = 128;
+  cfg.model.layers = 5;
+  cfg.model.heads = 4;
+  cfg.model.seq = 64;
+  Recipe f32_masters = preset("msamp_o2");
+  f32_masters.linear_master_weight = LinearMaster::master_weight;
+  const double saved = train::estimated_memory_bytes(cfg, f32_masters, true) - train::estimated_memory_bytes(cfg, preset("msamp_o2"), true);
+  EXPECT_EQ(saved, 2.0 * 12 * 128 * 128 * 5);
+  Recipe kept = preset("msamp_o2");
+  kept.high_precision.last_blocks = 1;  // its layers keep f32 masters
+  EXPECT_EQ(train::estimated_memory_bytes(cfg, f32_masters, true) - train::estimated_memory_bytes(cfg, kept, true),
+            2.0 * 12 * 128 * 128 * 4);
 }
 
 TEST(RecipeState, CompareNamesTheStateList) {

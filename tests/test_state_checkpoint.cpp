@@ -4,6 +4,8 @@
 // that encodes its moments.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 
@@ -40,6 +42,34 @@ TEST(StateCheckpoint, ResumeIsBitIdenticalForEveryLowPrecisionStatePreset) {
     }
     EXPECT_EQ(wa.metadata.at("scalify.state"), wb.metadata.at("scalify.state")) << recipe;
     EXPECT_EQ(testing::metrics_records(a), testing::metrics_records(b)) << recipe;
+    if (recipe == "msamp_o2") {
+      // MS-AMP's scaled f16 masters: the quantised linear layers' weights stored as f16 data and one
+      // power-of-two scale, the largest that keeps the data within f16 (its amax above 65504 / 2);
+      // the other parameters in f32 with no scale.
+      ASSERT_TRUE(wa.has("param.h0.attn.qkv.w.scale"));
+      const Tensor& data = wa.at("param.h0.attn.qkv.w");
+      const Tensor& scale = wa.at("param.h0.attn.qkv.w.scale");
+      EXPECT_EQ(data.dtype(), DType::f16);
+      ASSERT_EQ(scale.numel(), 1);
+      int e = 0;
+      EXPECT_EQ(std::frexp(double(scale.to_floats()[0]), &e), 0.5) << "a power of two";
+      double top = 0;
+      for (float v : data.to_floats()) top = std::max(top, std::fabs(double(v)));
+      EXPECT_GT(top, 65504.0 / 2);
+      EXPECT_LE(top, 65504.0);
+      EXPECT_EQ(wa.at("param.wte").dtype(), DType::f32);
+      EXPECT_FALSE(wa.has("param.wte.scale"));
+      // inspect: those weights as their f16 data and scale, judged against f16 (none clipped).
+      int masters = 0;
+      for (const inspect::InspectedTensor& t : inspect::inspect_checkpoint(a.string(), {}).tensors)
+        if (t.kind == inspect::TensorKind::weight && t.storage == DType::f16) {
+          ++masters;
+          EXPECT_TRUE(std::isfinite(t.scale_log2)) << t.name;
+          EXPECT_EQ(t.histogram.clipped, 0) << t.name;
+          EXPECT_EQ(t.histogram.normal + t.histogram.subnormal + t.histogram.underflow + t.histogram.zeros, t.histogram.count) << t.name;
+        }
+      EXPECT_EQ(masters, 8);  // 4 linear layers x 2 blocks
+    }
   }
 }
 

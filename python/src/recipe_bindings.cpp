@@ -265,7 +265,8 @@ void bind_recipe(nb::module_& m) {
             std::optional<HighPrecisionLayers> high_precision, std::optional<std::string> master_weight, std::optional<bool> scaled_state,
             std::optional<std::string> optimizer_state, std::optional<std::string> weight_gradient, std::optional<int> rescale_every,
             std::optional<bool> rescale_norm_grad, std::optional<bool> rescale_gradients, std::optional<bool> unit_scaled,
-            std::optional<bool> umup, std::optional<std::string> data_storage, std::optional<std::string> gradient_allreduce) {
+            std::optional<bool> umup, std::optional<std::string> data_storage, std::optional<std::string> gradient_allreduce,
+            std::optional<std::string> linear_master_weight) {
            Recipe r;
            if (name) r.name = *name;
            if (linear) r.linear = *linear;
@@ -281,12 +282,13 @@ void bind_recipe(nb::module_& m) {
            if (unit_scaled) r.unit_scaled = *unit_scaled;
            if (umup) r.umup = *umup;
            set_allreduce(r, gradient_allreduce);
+           if (linear_master_weight) r.linear_master_weight = quant::parse_linear_master(*linear_master_weight);
            new (self) Recipe(r);
          },
          nb::kw_only(), "name"_a = nb::none(), "linear"_a = nb::none(), "high_precision"_a = nb::none(), "master_weight"_a = nb::none(),
          "scaled_state"_a = nb::none(), "optimizer_state"_a = nb::none(), "weight_gradient"_a = nb::none(), "rescale_every"_a = nb::none(),
          "rescale_norm_grad"_a = nb::none(), "rescale_gradients"_a = nb::none(), "unit_scaled"_a = nb::none(), "umup"_a = nb::none(),
-         "data_storage"_a = nb::none(), "gradient_allreduce"_a = nb::none(),
+         "data_storage"_a = nb::none(), "gradient_allreduce"_a = nb::none(), "linear_master_weight"_a = nb::none(),
          "A recipe: f32 training (the defaults) with the fields given changed.")
       .def_rw("name", &Recipe::name, "The recipe's name, as run logs and reports show it")
       .def_rw("linear", &Recipe::linear, "LinearRecipe: the operands of every quantised linear layer's three GEMMs")
@@ -301,6 +303,12 @@ void bind_recipe(nb::module_& m) {
       .def_prop_rw("master_weight", dtype_get(&Recipe::master_weight), dtype_set(&Recipe::master_weight), master_doc.c_str())
       .def_prop_rw("optimizer_state", dtype_get(&Recipe::optimizer_state), dtype_set(&Recipe::optimizer_state), state_doc.c_str())
       .def_prop_rw("data_storage", dtype_get(&Recipe::data_storage), dtype_set(&Recipe::data_storage), data_doc.c_str())
+      .def_prop_rw(
+          "linear_master_weight", [](const Recipe& r) { return std::string(quant::linear_master_name(r.linear_master_weight)); },
+          [](Recipe& r, const std::string& s) { r.linear_master_weight = quant::parse_linear_master(s); },
+          "Master weights of the quantised linear layers' weight matrices: 'master_weight' (stored as master_weight) or "
+          "'scaled_f16' (MS-AMP O2: f16 data and one power-of-two scale per tensor, chosen from the new weights' amax after every "
+          "update, margin 0; not with scaled_state)")
       .def_prop_rw(
           "weight_gradient", [](const Recipe& r) { return std::string(format_name(r.weight_gradient)); },
           [](Recipe& r, const std::string& s) { r.weight_gradient = parse_format(s); }, wgrad_doc.c_str())
@@ -330,7 +338,7 @@ void bind_recipe(nb::module_& m) {
                  "Recipe(" +
                  changed_fields(self, {"name", "linear", "high_precision", "master_weight", "scaled_state", "optimizer_state",
                                        "weight_gradient", "rescale_every", "rescale_norm_grad", "rescale_gradients", "unit_scaled", "umup",
-                                       "data_storage", "gradient_allreduce"}) +
+                                       "data_storage", "gradient_allreduce", "linear_master_weight"}) +
                  ")";
              const Recipe& r = nb::cast<const Recipe&>(self);
              // The fields with no keyword here: loss scaling and the optimizer-state roles.

@@ -61,7 +61,8 @@ def allowed_names(error_text):
 # Each field's docstring names every value its setter accepts: the setter's own error lists them.
 @pytest.mark.parametrize("cls, field", [(QuantizerConfig, "scaling"), (QuantizerConfig, "format"), (QuantizerConfig, "block_scale"),
                                         (QuantizerConfig, "rounding"), (QuantizerConfig, "reduce"), (QuantizerConfig, "transform"),
-                                        (Recipe, "master_weight"), (Recipe, "optimizer_state"), (Recipe, "weight_gradient")])
+                                        (Recipe, "master_weight"), (Recipe, "optimizer_state"), (Recipe, "weight_gradient"),
+                                        (Recipe, "linear_master_weight")])
 def test_each_fields_docstring_lists_the_values_its_parser_accepts(cls, field):
     with pytest.raises(ValueError) as bad:
         setattr(cls(), field, "no-such-name")
@@ -162,3 +163,21 @@ def test_validate_refuses_blocks_the_engine_cannot_honour():
         nv.validate()
     for name in scalify.preset_names():
         Recipe.preset(name).validate()
+
+
+def test_linear_master_weight_is_a_typed_field_that_msamp_o2_sets():
+    assert Recipe.preset("msamp_o2").linear_master_weight == "scaled_f16"
+    assert Recipe.preset("coat").linear_master_weight == "master_weight"
+    r = Recipe(name="mine", linear=Recipe.preset("delayed").linear, linear_master_weight="scaled_f16")
+    assert r.linear_master_weight == "scaled_f16"
+    assert Recipe.from_json(r.to_json()).linear_master_weight == "scaled_f16"
+    assert "linear_master_weight='scaled_f16'" in repr(r)
+    assert "linear_master_weight" not in Recipe.preset("delayed").to_json()  # written only when set
+    with pytest.raises(ValueError, match="master_weight or scaled_f16, got 'f16'"):
+        r.linear_master_weight = "f16"
+    with pytest.raises(TypeError):
+        Recipe(linear_master_weight=16)  # type: ignore[arg-type]
+    scaled = Recipe.preset("scalify_fp8_4")
+    scaled.linear_master_weight = "scaled_f16"
+    with pytest.raises(ValueError, match="with scaled_state SCALIFY's scaled master weights already carry their own scales"):
+        scaled.validate()

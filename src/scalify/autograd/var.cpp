@@ -96,6 +96,10 @@ Var Var::make(std::string name, ScaledTensor value, const std::vector<Var>& inpu
   return out;
 }
 
+DType gradient_storage(const ScaledTensor& leaf, const ScaledTensor& grad) {
+  return leaf.is_scaled() && !grad.is_scaled() && grad.data.defined() ? grad.data.dtype() : leaf.data.dtype();
+}
+
 ScaledTensor accumulate_gradient(const ScaledTensor& sum, const ScaledTensor& g, DType storage) {
   ScaledTensor out = scaled::add(sum, g, kernel_store_as(storage));
   if (dtype_size(storage) >= 2) out.data = to_storage(out.data, storage, "grad accumulation");
@@ -142,7 +146,7 @@ void Var::backward(const ScaledTensor& grad_output) const {
     auto g = grads.find(v);
     if (g == grads.end()) continue;
     if (!v->node) {  // a leaf: accumulate into .grad, in the leaf's storage
-      v->grad = v->grad.data.defined() ? accumulate_gradient(v->grad, g->second, v->value.data.dtype()) : g->second;
+      v->grad = v->grad.data.defined() ? accumulate_gradient(v->grad, g->second, gradient_storage(v->value, v->grad)) : g->second;
       continue;
     }
     const std::vector<ScaledTensor> in_grads = v->node->backward(g->second);

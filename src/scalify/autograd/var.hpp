@@ -112,5 +112,9 @@ bool grad_enabled();
 // backward() sums the gradients of a reused value and a leaf accumulates over backward() calls,
 // and so how data parallelism sums the ranks' gradients.
 ScaledTensor accumulate_gradient(const ScaledTensor& sum, const ScaledTensor& g, DType storage);
+// The storage a leaf's gradients are summed in: the leaf's data dtype; but the gradient's own for
+// an unscaled gradient of a scaled leaf (a scaled master weight read through its represented
+// value, quant::QLinear), which the leaf's data has no scale for.
+DType gradient_storage(const ScaledTensor& leaf, const ScaledTensor& grad);
 
 }  // namespace scalify

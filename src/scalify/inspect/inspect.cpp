@@ -86,8 +86,13 @@ Inspection inspect_checkpoint(const std::string& checkpoint, const InspectOption
   for (const InspectedTensor& a : activations) r.tensors.push_back(a);
   for (const InspectedTensor& a : activations)
     if (auto g = gradients.find(a.name); g != gradients.end()) r.tensors.push_back(g->second);
-  for (size_t i = 0; i < s->params.size(); ++i)
-    r.tensors.push_back(describe(s->names[i], TensorKind::weight, s->params[i].scaled(), o.format));
+  for (size_t i = 0; i < s->params.size(); ++i) {
+    // MS-AMP's scaled f16 masters (Recipe::linear_master_weight): their scale puts the data at the
+    // top of f16's range by design, so they are judged against f16, not the chosen format.
+    const ScaledTensor& w = s->params[i].scaled();
+    const bool scaled_master = s->opt->config().scaled_masters && w.is_scaled();
+    r.tensors.push_back(describe(s->names[i], TensorKind::weight, w, scaled_master ? *dtype_format(w.data.dtype()) : o.format));
+  }
   for (size_t i = 0; i < s->params.size(); ++i)
     if (s->params[i].scaled_grad().data.defined())
       r.tensors.push_back(describe(s->names[i], TensorKind::weight_grad, s->params[i].scaled_grad(), o.format));

@@ -54,6 +54,24 @@ Tensor store_master(const Tensor& w, DType dtype, Rounding rounding, uint64_t se
            std::span<std::byte>(out.raw_bytes(), n * size_t(dtype_size(dtype))), {.rounding = rounding, .seed = seed});
   return out;
 }
+}  // namespace
+
+ScaledTensor store_scaled_master(const Tensor& w, DType dtype, Rounding rounding, uint64_t seed) {
+  if (dtype != DType::f16 && dtype != DType::bf16)
+    throw Error("store_scaled_master: dtype must be f16 or bf16, got " + std::string(dtype_name(dtype)));
+  const Tensor f = w.to(DType::f32).contiguous();
+  const auto n = size_t(f.numel());
+  const std::span<const float> values(f.data<float>(), n);
+  const float top = amax(values);
+  if (!std::isfinite(top)) throw Error("store_scaled_master: the weights are not finite");
+  const int e = state_tensor_exponent({.storage = *dtype_format(dtype), .scaling = StateScaling::per_tensor}, top);
+  Tensor data = Tensor::empty(f.shape(), dtype);
+  quantize(values, *dtype_format(dtype), float(std::ldexp(1.0, e)), std::span<std::byte>(data.raw_bytes(), n * size_t(dtype_size(dtype))),
+           {.rounding = rounding, .seed = seed});
+  return ScaledTensor(std::move(data), float(std::ldexp(1.0, -e)));
+}
+
+namespace {
 // The seed of stochastic rounding for step t, parameter k, and what it rounds (0 m, 1 v, 2 weight).
 uint64_t rounding_seed(int64_t t, size_t k, int what) { return (uint64_t(t) << 24) ^ (uint64_t(k) << 2) ^ uint64_t(what); }
 }  // namespace
@@ -86,13 +104,13 @@ AdamW::AdamW(std::vector<Var> params, AdamWConfig config, std::vector<double> lr
   v_codes_.resize(params_.size());
   for (size_t k = 0; k < params_.size(); ++k) {
     const Var& p = params_[k];
-    if (!p.scaled().is_scaled() && encodes_state()) {  // zeros, encoded: codes 0, scale 1
+    if (!scaled_update(k) && encodes_state()) {  // zeros, encoded: codes 0, scale 1
       const std::vector<float> zeros(size_t(numel_of(p.shape())), 0.0f);
       m_codes_[k] = encode_state(zeros, c_.m_format);
       v_codes_[k] = encode_state(zeros, c_.v_format);
       m_.emplace_back();
       v_.emplace_back();
-    } else if (p.scaled().is_scaled()) {  // zeros whose scale is ANY: the first update takes g's scale
+    } else if (scaled_update(k)) {  // zeros whose scale is ANY: the first update takes g's scale
       m_.push_back(any_scale_constant(Tensor::zeros(p.shape(), c_.state_dtype)));
       v_.push_back(any_scale_constant(Tensor::zeros(p.shape(), c_.state_dtype)));
     } else {
@@ -100,6 +118,15 @@ AdamW::AdamW(std::vector<Var> params, AdamWConfig config, std::vector<double> lr
       v_.emplace_back(Tensor::zeros(p.shape()));
     }
   }
+}
+
+void AdamW::store_weights(size_t k, const Tensor& next, const Tensor& old_value) {
+  const uint64_t seed = rounding_seed(t_, k, 2);
+  Var& p = params_[k];
+  if (p.scaled().is_scaled())  // a scaled master (scaled_update(k) is false): a new scale from the new weights
+    p.set_value(store_scaled_master(next, p.scaled().data.dtype(), c_.master_rounding, seed));
+  else
+    p.set_value(store_master(next, old_value.dtype(), c_.master_rounding, seed));
 }
 
 void AdamW::set_lr(double lr) {
@@ -110,7 +137,7 @@ void AdamW::set_lr(double lr) {
 void AdamW::step(double gradient_multiplier, Gradients gradients) {
   std::vector<size_t> plain, scaled;
   for (size_t k = 0; k < params_.size(); ++k)
-    if (params_[k].scaled_grad().data.defined()) (params_[k].scaled().is_scaled() ? scaled : plain).push_back(k);
+    if (params_[k].scaled_grad().data.defined()) (scaled_update(k) ? scaled : plain).push_back(k);
   if (gradients == Gradients::unchecked) check_finite_gradients();  // before any parameter changes
   ++t_;
   const double bc1 = 1 - std::pow(c_.beta1, double(t_)), bc2 = 1 - std::pow(c_.beta2, double(t_));
@@ -187,8 +214,7 @@ void AdamW::step_plain(const std::vector<size_t>& ks, double bc1, double bc2, do
       pw[i] = up.weight(pold[i], m[i], v[i], lr, wd);
     }
   });
-  for (size_t j = 0; j < ks.size(); ++j)
-    params_[ks[j]].set_value(store_master(next[j], values[j].dtype(), c_.master_rounding, rounding_seed(t_, ks[j], 2)));
+  for (size_t j = 0; j < ks.size(); ++j) store_weights(ks[j], next[j], values[j]);
 }
 
 namespace {
@@ -282,8 +308,7 @@ void AdamW::step_encoded(const std::vector<size_t>& ks, double bc1, double bc2, 
       if (per_tensor(vf)) v_codes_[ks[j]].scales[0] = float(std::ldexp(1.0, -v_exp[j]));
     }
   }
-  for (size_t j = 0; j < ks.size(); ++j)
-    params_[ks[j]].set_value(store_master(next[j], values[j].dtype(), c_.master_rounding, rounding_seed(t_, ks[j], 2)));
+  for (size_t j = 0; j < ks.size(); ++j) store_weights(ks[j], next[j], values[j]);
 }
 
 // The reference of step_encoded: whole moments decoded, the same f32 update element by element,
@@ -306,7 +331,7 @@ void AdamW::step_encoded_reference(const std::vector<size_t>& ks, double bc1, do
     }
     m_codes_[k] = encode_state(m, c_.m_format, rounding_seed(t_, k, 0));
     v_codes_[k] = encode_state(v, c_.v_format, rounding_seed(t_, k, 1));
-    p.set_value(store_master(Tensor::from_vector(next, p.shape()), value.dtype(), c_.master_rounding, rounding_seed(t_, k, 2)));
+    store_weights(k, Tensor::from_vector(next, p.shape()), value);
   }
 }
 

@@ -36,7 +36,17 @@ struct AdamWConfig {
   // How new unscaled weights round into a master-weight storage narrower than f32 (bf16, f16):
   // nearest_even, or stochastic (bits from a hash of the step and parameter, so a resume repeats them).
   Rounding master_rounding = Rounding::nearest_even;
+  // Scaled parameters are MS-AMP's scaled master weights, not SCALIFY's: updated as unscaled ones
+  // (their represented values, the plain or encoded moments), each new weight stored by
+  // store_scaled_master in the parameter's data dtype at a scale from its new amax.
+  bool scaled_masters = false;
 };
+
+// A master weight in scaled form, MS-AMP's rule (msamp/common/tensor/meta.py, margin 0): the scale is
+// 2^-e with e the largest exponent keeping amax(w) x 2^e within `dtype`'s largest finite value
+// (f16: 65504), and the data is w x 2^e rounded into `dtype` (nearest_even or stochastic with
+// `seed`). An all-zero w gets scale 1. w: f32; dtype: f16 or bf16.
+ScaledTensor store_scaled_master(const Tensor& w, DType dtype, Rounding rounding = Rounding::nearest_even, uint64_t seed = 0);
 
 class AdamW {
  public:
@@ -75,6 +85,10 @@ class AdamW {
 
  private:
   void check_finite_gradients() const;  // throws naming the first parameter with one
+  // Whether parameter k takes SCALIFY's scaled update (step_scaled*): scaled, and not a scaled master.
+  bool scaled_update(size_t k) const { return params_[k].scaled().is_scaled() && !c_.scaled_masters; }
+  // New weights (f32) of parameter k into its master storage.
+  void store_weights(size_t k, const Tensor& next, const Tensor& old_value);
   void step_plain(const std::vector<size_t>& ks, double bc1, double bc2, double gradient_multiplier);
   void step_encoded(const std::vector<size_t>& ks, double bc1, double bc2, double gradient_multiplier);
   void step_encoded_reference(const std::vector<size_t>& ks, double bc1, double bc2, double gradient_multiplier);

@@ -4,6 +4,7 @@
 #include <optional>
 #include <utility>
 
+#include "scalify/autograd/data_precision.hpp"
 #include "scalify/autograd/functions.hpp"
 #include "scalify/error.hpp"
 #include "scalify/formats/bulk.hpp"
@@ -227,19 +228,27 @@ Var QLinear::operator()(const Var& x, const Var& w, const Var& b) const {
   const ScaledTensor xs = scaled::reshape(x.scaled(), {rows, K}), &ws = w.scaled();
   const Operand qx = quantize(fwd_x, xs, fwd), qw = quantize(fwd_w, ws, fwd);
   GemmOperandObserver::notify(LinearGemm::forward, qx.q, qw.q);
-  const ScaledTensor y = scaled::reshape(gemm(fwd, propagate, false, false, rows, N, K, qx, qw), out_shape);
+  ScaledTensor y = scaled::reshape(gemm(fwd, propagate, false, false, rows, N, K, qx, qw), out_shape);
+  // A scaled weight whose scale does not propagate (MS-AMP's scaled f16 master): the quantisers
+  // read its represented value, and its gradient comes back unscaled in f32, not rounded into the
+  // weight's f16 data (which has no scale for it). The output and the input's gradient still take
+  // their storage as every op's do (Var::make's promoted rule, applied here).
+  const bool scaled_master = !propagate && ws.is_scaled();
+  const DType x_storage = x.scaled().data.dtype();
+  if (scaled_master) y.data = to_storage(y.data, Var::storage_for({x, w}, y.data.dtype()), "qlinear");
   // The backward keeps the forward's quantised operands it reuses, else the sources to quantise.
   const bool reuse_w = reuses(r, dgrad_w, fwd_w), reuse_x = reuses(r, wgrad_x, fwd_x), reuse_g = reuses(r, wgrad_g, dgrad_g);
   const Var out = Var::make(
       "qlinear", y, {x, w},
-      [quantize, dgrad, wgrad, propagate, rows, K, N, reuse_g, hadamard = r.weight_grad.activation.transform == Transform::hadamard16,
-       qw = reuse_w ? qw : Operand(), qx = reuse_x ? qx : Operand(), w_src = reuse_w ? ScaledTensor() : ws,
-       x_src = reuse_x ? ScaledTensor() : xs, x_shape = x.shape()](const ScaledTensor& g_in) {
+      [quantize, dgrad, wgrad, propagate, rows, K, N, reuse_g, scaled_master, x_storage,
+       hadamard = r.weight_grad.activation.transform == Transform::hadamard16, qw = reuse_w ? qw : Operand(), qx = reuse_x ? qx : Operand(),
+       w_src = reuse_w ? ScaledTensor() : ws, x_src = reuse_x ? ScaledTensor() : xs, x_shape = x.shape()](const ScaledTensor& g_in) {
         const ScaledTensor g = scaled::reshape(g_in, {rows, N});
         const Operand qg = quantize(dgrad_g, g, dgrad);
         const Operand qwt = w_src.data.defined() ? quantize(dgrad_w, w_src, dgrad) : qw;
         GemmOperandObserver::notify(LinearGemm::input_grad, qg.q, qwt.q);
-        const ScaledTensor dx = gemm(dgrad, propagate, false, true, rows, K, N, qg, qwt);
+        ScaledTensor dx = gemm(dgrad, propagate, false, true, rows, K, N, qg, qwt);
+        if (scaled_master && dtype_size(x_storage) >= 2) dx.data = to_storage(dx.data, x_storage, "qlinear grad");
         // The weight-gradient GEMM reduces over the rows (tokens): a transform of both operands
         // along them leaves dw as it is (Recipe::validate: both or neither).
         auto along_tokens = [hadamard](const ScaledTensor& t) { return hadamard ? hadamard16_rows(t) : t; };
@@ -248,7 +257,8 @@ Var QLinear::operator()(const Var& x, const Var& w, const Var& b) const {
         GemmOperandObserver::notify(LinearGemm::weight_grad, qxt.q, qgt.q);
         const ScaledTensor dw = gemm(wgrad, propagate, true, false, K, N, rows, qxt, qgt);
         return std::vector<ScaledTensor>{scaled::reshape(dx, x_shape), dw};
-      });
+      },
+      scaled_master ? Var::Storage::as_computed : Var::Storage::promoted);
   return b.defined() ? out + b : out;
 }
 

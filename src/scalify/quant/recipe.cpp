@@ -243,6 +243,8 @@ std::string Recipe::to_json() const {
   if (first_moment != optim::StateFormat{}) j["first_moment"] = state_json(first_moment);  // likewise
   if (second_moment != optim::StateFormat{}) j["second_moment"] = state_json(second_moment);
   if (master_rounding == Rounding::stochastic) j["master_rounding"] = "stochastic";
+  if (linear_master_weight != LinearMaster::master_weight)
+    j["linear_master_weight"] = linear_master_name(linear_master_weight);  // likewise
   return j.dump(2);
 }
 
@@ -295,7 +297,7 @@ Recipe from_parsed(const json& j) {
   only_known_fields(j,
                     {"name", "linear", "master_weight", "scaled_state", "optimizer_state", "weight_gradient", "rescale_every",
                      "rescale_norm_grad", "rescale_gradients", "unit_scaled", "umup", "data_storage", "loss_scaling", "high_precision",
-                     "gradient_allreduce", "first_moment", "second_moment", "master_rounding"},
+                     "gradient_allreduce", "first_moment", "second_moment", "master_rounding", "linear_master_weight"},
                     "the recipe");
   Recipe r;
   r.name = field<std::string>(j, "name", "recipe");
@@ -341,6 +343,14 @@ Recipe from_parsed(const json& j) {
       throw Error("recipe: field 'master_rounding' must be nearest_even or stochastic, got '" + name + "'");
     r.master_rounding = name == "stochastic" ? Rounding::stochastic : Rounding::nearest_even;
   }
+  if (j.contains("linear_master_weight")) {
+    const std::string name = field<std::string>(j, "linear_master_weight", "recipe");
+    try {
+      r.linear_master_weight = parse_linear_master(name);
+    } catch (const Error& e) {
+      throw Error(std::string("recipe: ") + e.what());
+    }
+  }
   return r;
 }
 }  // namespace
@@ -358,6 +368,16 @@ void Recipe::validate() const {
   if (master_rounding == Rounding::stochastic && (scaled_state || dtype_size(master_weight) >= 4))
     refuse("master_rounding stochastic rounds unscaled master weights narrower than f32 (master_weight bf16 or f16), got " +
            std::string(scaled_state ? "scaled_state" : "master_weight " + std::string(dtype_name(master_weight))));
+  if (linear_master_weight == LinearMaster::scaled_f16 && scaled_state)
+    refuse(
+        "linear_master_weight scaled_f16 is MS-AMP's per-tensor scale for unscaled parameters; with scaled_state SCALIFY's scaled "
+        "master weights already carry their own scales (set master_weight instead)");
+  if (linear_master_weight == LinearMaster::scaled_f16 && (unit_scaled || umup))
+    refuse(std::string("linear_master_weight scaled_f16 needs the standard model: ") + (umup ? "u-μP" : "unit scaling") +
+           " passes each weight through a scaling op of its own before the GEMM, and that op would round the weight's gradient "
+           "into the master's f16 data, which has no scale for it");
+  if (linear_master_weight == LinearMaster::scaled_f16 && !linear.quantized)
+    refuse("linear_master_weight scaled_f16 applies to the weights of the quantised linear layers, and linear.quantized is false");
   if (scaled_state && (!first_moment.is_plain_f32() || !second_moment.is_plain_f32()))
     refuse("first_moment / second_moment apply to unscaled parameters; with scaled_state the moments are set by optimizer_state");
   // Every activation and gradient is rounded into the data storage after every op: below 16 bits
@@ -621,10 +641,12 @@ const PresetDef kPresets[] = {
     {"f32_allreduce_e4m3", [](Recipe& r) { r.gradient_allreduce = Format::e4m3; }},
     {"f32_allreduce_e5m2", [](Recipe& r) { r.gradient_allreduce = Format::e5m2; }},
     // MS-AMP O2 (Azure/MS-AMP): per-tensor FP8 GEMMs with an amax history (e4m3 forward, e5m2
-    // gradients), Adam's m in E4M3 and v in FP16, each with a per-tensor power-of-two scale.
+    // gradients), Adam's m in E4M3 and v in FP16, each with a per-tensor power-of-two scale; the
+    // FP8 linear layers' weights kept in scaled FP16 (LBAdamW's master copies, cast(kfloat16)).
     {"msamp_o2",
      [](Recipe& r) {
        fp8(r, Scaling::delayed);
+       r.linear_master_weight = LinearMaster::scaled_f16;
        r.first_moment = {.storage = Format::e4m3, .scaling = optim::StateScaling::per_tensor};
        r.second_moment = {.storage = Format::f16, .scaling = optim::StateScaling::per_tensor, .non_negative = true};
      }},
@@ -637,6 +659,14 @@ const PresetDef kPresets[] = {
 };
 
 }  // namespace
+
+const char* linear_master_name(LinearMaster m) { return m == LinearMaster::scaled_f16 ? "scaled_f16" : "master_weight"; }
+
+LinearMaster parse_linear_master(const std::string& name) {
+  for (LinearMaster m : {LinearMaster::master_weight, LinearMaster::scaled_f16})
+    if (name == linear_master_name(m)) return m;
+  throw Error("linear_master_weight must be master_weight or scaled_f16, got '" + name + "'");
+}
 
 std::vector<std::string> preset_names() {
   std::vector<std::string> names;
@@ -717,12 +747,17 @@ LinearRecipe Recipe::linear_for(const std::string& layer, int block, int blocks)
   return high_precision.keeps(layer, block, blocks) ? LinearRecipe{} : linear;
 }
 
-std::vector<Var> prepare_parameters(const std::vector<Var>& params, const Recipe& r) {
+std::vector<Var> prepare_parameters(const std::vector<Var>& params, const Recipe& r, const std::vector<bool>& quantized_weight) {
+  if (!quantized_weight.empty() && quantized_weight.size() != params.size())
+    throw Error("prepare_parameters: " + std::to_string(quantized_weight.size()) + " quantised-weight flags for " +
+                std::to_string(params.size()) + " parameters");
   std::vector<Var> out;
-  for (const Var& p : params) {
-    const Tensor v = p.value();
+  for (size_t i = 0; i < params.size(); ++i) {
+    const Tensor v = params[i].value();
     if (r.scaled_state)
       out.emplace_back(as_scaled(v, r.master_weight), true);
+    else if (r.linear_master_weight == LinearMaster::scaled_f16 && !quantized_weight.empty() && quantized_weight[i])
+      out.emplace_back(optim::store_scaled_master(v, DType::f16), true);
     else
       out.emplace_back(v.to(r.master_weight), true);
   }
@@ -735,6 +770,7 @@ optim::AdamWConfig optimizer_config(const Recipe& r, optim::AdamWConfig base) {
   base.m_format = r.first_moment;
   base.v_format = r.second_moment;
   base.master_rounding = r.master_rounding;
+  base.scaled_masters = r.linear_master_weight == LinearMaster::scaled_f16;
   return base;
 }
 

@@ -23,6 +23,12 @@ struct HighPrecisionLayers {
   bool keeps(const std::string& layer, int block, int blocks) const;
 };
 
+// The master weights of the weight matrices of the linear layers the recipe quantises (MS-AMP's
+// FP8Linear weights; every other parameter keeps master_weight): stored as master_weight, or
+// scaled_f16 (MS-AMP O2): f16 data and one power-of-two scale per tensor, the scale chosen from the
+// new weights' amax after every update by MS-AMP's rule with margin 0 (optim::AdamWConfig::scaled_masters).
+enum class LinearMaster : uint8_t { master_weight, scaled_f16 };
+
 struct Recipe {
   std::string name = "f32";
   LinearRecipe linear;                 // the operands of every quantised linear layer's three GEMMs
@@ -33,9 +39,10 @@ struct Recipe {
   // AdamW's m and v of unscaled parameters (optim/state_format.hpp): f32, bf16, scaled f16, or FP8
   // with per-tensor or per-group scales, optionally COAT's expansion. Not with scaled_state.
   optim::StateFormat first_moment{}, second_moment{};
-  Rounding master_rounding = Rounding::nearest_even;  // new master weights narrower than f32: nearest_even or stochastic
-  Format weight_gradient = Format::f32;               // cast of the weight gradients before the update (f32: none)
-  int rescale_every = 0;                              // SCALIFY: dynamic_rescale_l2 of the state every N steps
+  Rounding master_rounding = Rounding::nearest_even;                // new master weights narrower than f32: nearest_even or stochastic
+  LinearMaster linear_master_weight = LinearMaster::master_weight;  // not with scaled_state; needs quantised linear layers
+  Format weight_gradient = Format::f32;                             // cast of the weight gradients before the update (f32: none)
+  int rescale_every = 0;                                            // SCALIFY: dynamic_rescale_l2 of the state every N steps
   bool rescale_norm_grad = false;  // SCALIFY #2-#4: dynamic_rescale_l2_grad before every norm (2 per block + the final one)
   bool rescale_gradients = false;  // SCALIFY #4: dynamic_rescale_l2 of scaled weight gradients before their cast
   bool unit_scaled = false;        // unit scaling (seeds 001/002): the model is unit-scaled, its casts need no scale
@@ -83,9 +90,15 @@ Recipe load_recipe(const std::string& name_or_file);
 // norms, attention's two batched matmuls and the output head stay in high precision.
 std::string quantized_layers(const Recipe& r);
 
+// JSON and Python names of LinearMaster: "master_weight", "scaled_f16".
+const char* linear_master_name(LinearMaster m);
+LinearMaster parse_linear_master(const std::string& name);  // throws naming the valid names
+
 // Puts parameters into the recipe's master-weight storage (scaled f16 for SCALIFY state, ...),
-// and the optimizer configuration for the recipe's state.
-std::vector<Var> prepare_parameters(const std::vector<Var>& params, const Recipe& r);
+// and the optimizer configuration for the recipe's state. quantized_weight[i]: parameter i is the
+// weight matrix of a linear layer the recipe quantises (those take linear_master_weight); empty:
+// none is.
+std::vector<Var> prepare_parameters(const std::vector<Var>& params, const Recipe& r, const std::vector<bool>& quantized_weight = {});
 optim::AdamWConfig optimizer_config(const Recipe& r, optim::AdamWConfig base);
 // Casts every parameter gradient per the recipe's weight-gradient role (before the update):
 // scaled gradients in their data, with the propagated scale (rescaled first if

@@ -119,7 +119,7 @@ AllreduceCost allreduce_in_storage(const std::vector<std::string>& names, const 
   const std::byte zeros[16] = {};
   for (size_t i = 0; i < n; ++i) {
     if (!(mine[i].flags & 1)) continue;
-    const DType storage = params[i].scaled().data.dtype();
+    const DType storage = gradient_storage(params[i].scaled(), params[i].scaled_grad());
     ScaledTensor stand_in = gradient_from(all[i], {1}, zeros);
     for (size_t r = 1; r < ranks; ++r) stand_in = accumulate_gradient(stand_in, gradient_from(all[r * n + i], {1}, zeros), storage);
     sum[i] = header_of(names[i], stand_in);
@@ -152,7 +152,8 @@ AllreduceCost allreduce_in_storage(const std::vector<std::string>& names, const 
     const Shape part{int64_t(hi - lo)};
     ScaledTensor s = gradient_from(all[i], part, recv + at_in[i]);
     for (size_t r = 1; r < ranks; ++r)
-      s = accumulate_gradient(s, gradient_from(all[r * n + i], part, recv + r * block_in + at_in[i]), params[i].scaled().data.dtype());
+      s = accumulate_gradient(s, gradient_from(all[r * n + i], part, recv + r * block_in + at_in[i]),
+                              gradient_storage(params[i].scaled(), params[i].scaled_grad()));
     const Tensor d = s.data.contiguous();
     std::memcpy(mine_summed + at_out[i], d.raw_bytes(), (hi - lo) * dtype_size(d.dtype()));
   }

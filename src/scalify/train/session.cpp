@@ -80,6 +80,23 @@ std::string gigabytes(double bytes) {
 
 }  // namespace
 
+namespace {
+// Bytes the quantised linear layers' scaled f16 master weights (Recipe::linear_master_weight) save
+// against master_weight: 2-byte data instead of master_weight's (their gradients stay f32).
+double scaled_master_saving(const nn::GptConfig& m, const quant::Recipe& r) {
+  if (r.linear_master_weight != quant::LinearMaster::scaled_f16) return 0;
+  const nn::BlockSpec b = m.block();
+  const int64_t D = m.d_model, qkv = D + 2 * D / m.heads * b.kv_heads, fc = (m.swiglu ? 2 : 1) * b.mlp_hidden;
+  const std::pair<const char*, int64_t> linears[] = {
+      {"attn.qkv", D * qkv}, {"attn.proj", D * D}, {"mlp.fc", D * fc}, {"mlp.out", b.mlp_hidden * D}};
+  double weights = 0;
+  for (int l = 0; l < m.layers; ++l)
+    for (const auto& [name, count] : linears)
+      if (r.linear_for("h" + std::to_string(l) + "." + name, l, m.layers).quantized) weights += double(count);
+  return weights * (dtype_size(r.master_weight) - 2.0);
+}
+}  // namespace
+
 double estimated_memory_bytes(const TrainConfig& cfg, const quant::Recipe& r, bool with_optimizer) {
   const nn::GptConfig m = Session::model_config(cfg, r);  // the model that trains (u-μP's keys)
   const double params = double(m.parameter_count()), tokens = double(cfg.batch) * double(m.seq);
@@ -93,7 +110,7 @@ double estimated_memory_bytes(const TrainConfig& cfg, const quant::Recipe& r, bo
   const double state = 2.0 * dtype_size(r.master_weight) + 2.0 * dtype_size(r.optimizer_state);
   const double activations =
       double(m.layers) * (16 * double(m.d_model) * dtype_size(r.data_storage) + attention) + 3.0 * 4 * double(m.vocab);
-  return state * params + tokens * activations;
+  return state * params - scaled_master_saving(m, r) + tokens * activations;
 }
 
 void check_fits_in_memory(const TrainConfig& cfg, const quant::Recipe& r, bool with_optimizer) {
@@ -147,7 +164,12 @@ std::unique_ptr<Session> make_session(const TrainConfig& cfg, const io::SafeTens
         raw[i] = Var(value, true);
       }
     }
-    s->params = quant::prepare_parameters(raw, s->recipe);
+    // The weight matrices of the linear layers the recipe quantises (linear_master_weight's).
+    std::vector<bool> quantized_weight;
+    const auto quantized = s->model.quantized_linears();
+    for (const std::string& n : s->names)
+      quantized_weight.push_back(std::any_of(quantized.begin(), quantized.end(), [&](const auto& q) { return n == q.first + ".w"; }));
+    s->params = quant::prepare_parameters(raw, s->recipe, quantized_weight);
   }
   nn::NamedParams named;
   for (size_t i = 0; i < raw.size(); ++i) named.push_back({s->names[i], s->params[i]});
