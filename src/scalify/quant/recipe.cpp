@@ -107,6 +107,12 @@ json parse_without_duplicate_keys(const std::string& text) {
 constexpr std::pair<optim::StateScaling, const char*> kStateScalings[] = {
     {optim::StateScaling::none, "none"}, {optim::StateScaling::per_tensor, "per_tensor"}, {optim::StateScaling::per_group, "per_group"}};
 
+const char* state_scaling_name(optim::StateScaling scaling) {
+  for (const auto& [s, name] : kStateScalings)
+    if (s == scaling) return name;
+  return "?";
+}
+
 json state_json(const optim::StateFormat& f) {
   json j = {{"storage", std::string(format_name(f.storage))}};
   for (const auto& [s, name] : kStateScalings)
@@ -146,6 +152,13 @@ optim::StateFormat state_from(const json& j, const char* where) {
   f.non_negative = j.contains("non_negative") && field<bool>(j, "non_negative", where);
   f.expand = j.contains("expand") && field<bool>(j, "expand", where);
   if (j.contains("expand_min")) f.expand_min = int_field(j, "expand_min", where, 1, 1 << 20);
+  // A field that only applies with another would otherwise be dropped in silence.
+  if (j.contains("group_size") && f.scaling != optim::StateScaling::per_group)
+    throw Error(std::string("recipe: field 'group_size' in ") + where + " applies only to per_group scaling, and scaling is " +
+                state_scaling_name(f.scaling) + " (remove it, or set scaling per_group)");
+  if (j.contains("expand_min") && !f.expand)
+    throw Error(std::string("recipe: field 'expand_min' in ") + where +
+                " applies only with the expansion, and expand is false (remove it, or set expand true)");
   return f;
 }
 
@@ -220,6 +233,18 @@ json linear_json(const LinearRecipe& l) {
 }
 
 }  // namespace
+
+std::string state_format_json(const optim::StateFormat& f) { return state_json(f).dump(); }
+
+std::string unused_state_field(const optim::StateFormat& f) {
+  const optim::StateFormat defaults;
+  if (f.scaling != optim::StateScaling::per_group && f.group_size != defaults.group_size)
+    return "group_size " + std::to_string(f.group_size) + " applies only to per_group scaling, and scaling is " +
+           state_scaling_name(f.scaling);
+  if (!f.expand && f.expand_min != defaults.expand_min)
+    return "expand_min " + std::to_string(f.expand_min) + " applies only with the expansion, and expand is false";
+  return "";
+}
 
 std::string Recipe::to_json() const {
   json j = {{"name", name},
@@ -354,6 +379,9 @@ void Recipe::validate() const {
     } catch (const Error& e) {
       refuse(e.what());
     }
+  for (const auto& [role, f] :
+       {std::pair<const char*, const optim::StateFormat&>{"first_moment", first_moment}, {"second_moment", second_moment}})
+    if (const std::string unused = unused_state_field(f); !unused.empty()) refuse(std::string(role) + ": " + unused);
   if (first_moment.non_negative) refuse("first_moment: the first moment takes both signs (non_negative must be false)");
   if (master_rounding == Rounding::stochastic && (scaled_state || dtype_size(master_weight) >= 4))
     refuse("master_rounding stochastic rounds unscaled master weights narrower than f32 (master_weight bf16 or f16), got " +
