@@ -17,6 +17,23 @@
 namespace scalify::quant {
 
 namespace {
+constexpr std::pair<optim::StateScaling, const char*> kStateScalings[] = {
+    {optim::StateScaling::none, "none"}, {optim::StateScaling::per_tensor, "per_tensor"}, {optim::StateScaling::per_group, "per_group"}};
+}  // namespace
+
+const char* state_scaling_name(optim::StateScaling scaling) {
+  for (const auto& [s, name] : kStateScalings)
+    if (s == scaling) return name;
+  return "?";
+}
+
+optim::StateScaling parse_state_scaling(const std::string& name, const std::string& what) {
+  for (const auto& [s, n] : kStateScalings)
+    if (name == n) return s;
+  throw Error(what + " must be none, per_tensor or per_group, got '" + name + "'");
+}
+
+namespace {
 
 using json = nlohmann::json;
 constexpr int kCscaleBias = 4;
@@ -104,14 +121,6 @@ json parse_without_duplicate_keys(const std::string& text) {
   });
 }
 
-constexpr std::pair<optim::StateScaling, const char*> kStateScalings[] = {
-    {optim::StateScaling::none, "none"}, {optim::StateScaling::per_tensor, "per_tensor"}, {optim::StateScaling::per_group, "per_group"}};
-
-const char* state_scaling_name(optim::StateScaling scaling) {
-  for (const auto& [s, name] : kStateScalings)
-    if (s == scaling) return name;
-  return "?";
-}
 
 json state_json(const optim::StateFormat& f) {
   json j = {{"storage", std::string(format_name(f.storage))}};
@@ -132,14 +141,9 @@ optim::StateFormat state_from(const json& j, const char* where) {
   only_known_fields(j, {"storage", "scaling", "group_size", "rounding", "non_negative", "expand", "expand_min"}, where);
   optim::StateFormat f;
   f.storage = parse_format(field<std::string>(j, "storage", where));
-  if (j.contains("scaling")) {
-    const std::string name = field<std::string>(j, "scaling", where);
-    const auto* it = std::find_if(std::begin(kStateScalings), std::end(kStateScalings), [&](const auto& p) { return name == p.second; });
-    if (it == std::end(kStateScalings))
-      throw Error(std::string("recipe: field 'scaling' in ") + where + " must be none, per_tensor or per_group, got '" + name + "'");
-    f.scaling = it->first;
-  }
-  if (j.contains("group_size")) f.group_size = int_field(j, "group_size", where, 1, 1 << 30);
+  if (j.contains("scaling"))
+    f.scaling = parse_state_scaling(field<std::string>(j, "scaling", where), std::string("recipe: field 'scaling' in ") + where);
+  if (j.contains("group_size")) f.group_size = int_field(j, "group_size", where, 1, kMaxStateGroupSize);
   if (j.contains("rounding")) {
     const std::string name = field<std::string>(j, "rounding", where);
     if (name == "nearest_even")
@@ -151,7 +155,7 @@ optim::StateFormat state_from(const json& j, const char* where) {
   }
   f.non_negative = j.contains("non_negative") && field<bool>(j, "non_negative", where);
   f.expand = j.contains("expand") && field<bool>(j, "expand", where);
-  if (j.contains("expand_min")) f.expand_min = int_field(j, "expand_min", where, 1, 1 << 20);
+  if (j.contains("expand_min")) f.expand_min = int_field(j, "expand_min", where, 1, kMaxExpandMin);
   // A field that only applies with another would otherwise be dropped in silence.
   if (j.contains("group_size") && f.scaling != optim::StateScaling::per_group)
     throw Error(std::string("recipe: field 'group_size' in ") + where + " applies only to per_group scaling, and scaling is " +
