@@ -101,8 +101,10 @@ def compare(out: str, *, recipes: str = "seeds", steps: Optional[int] = None, da
 def load_checkpoint(path: str) -> Tuple[Dict[str, "NDArray[numpy.float32]"], Dict[str, str]]:
     """A checkpoint or quantised checkpoint (.safetensors) as ({name: float32 array}, metadata).
     Parameters are "param.<name>" (scaled ones with "param.<name>.scale"), optimizer moments
-    "optim.m.<name>" / "optim.v.<name>"; FP8 / FP4 codes come as their format values, without
-    their scales."""
+    "optim.m.<name>" / "optim.v.<name>" (encoded moments: "<...>.codes" with their "scales"; the
+    metadata's "scalify.state_formats" says their formats); FP8 / FP4 codes come as their format
+    values, without their scales, and a non-negative moment's unsigned E4M4 / E5M3 codes (U8) as
+    their byte values 0..255."""
     tensors, meta = _scalify.load_checkpoint(path)
     return dict(tensors), dict(meta)
 
