@@ -163,6 +163,16 @@ TEST(StateCheckpoint, ResumeRefusesOtherStateFormatsAndReadsOldCheckpoints) {
   other.recipe = "f32";
   EXPECT_ERROR(train::make_session(other, &st), "the recipe's state formats are plain");
 
+  // Codes labelled with a layout they cannot be under the recorded format are refused by name.
+  io::SafeTensors mislabelled = st;
+  for (auto& [name, t] : mislabelled.tensors)
+    if (name == "optim.v.wte.codes") {
+      Tensor relabelled = Tensor::empty(t.shape(), DType::e5m2);
+      std::memcpy(relabelled.raw_bytes(), t.raw_bytes(), size_t(t.numel()));
+      t = relabelled;
+    }
+  EXPECT_ERROR(train::make_session(cfg, &mislabelled), "tensor 'optim.v.wte.codes' holds e5m2, the recipe's e4m4 (unsigned) codes are u8");
+
   // A checkpoint written before the formats were recorded: no metadata, v's codes labelled
   // F8_E4M3. It still resumes, to the same codes.
   io::SafeTensors old = st;

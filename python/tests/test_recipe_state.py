@@ -115,11 +115,11 @@ def test_bad_state_values_are_value_errors_naming_the_field(field, value, words)
 
 def test_wrong_types_and_unknown_keywords_are_type_errors():
     with pytest.raises(TypeError):
-        scalify.StateFormat(group_size="128")  # type: ignore[arg-type]
+        scalify.StateFormat(group_size="128")
     with pytest.raises(TypeError, match="grup_size"):
-        scalify.StateFormat(grup_size=128)  # type: ignore[call-arg]
+        scalify.StateFormat(grup_size=128)
     with pytest.raises(TypeError):
-        Recipe().first_moment = "e4m3"  # type: ignore[assignment]
+        Recipe().first_moment = "e4m3"
     with pytest.raises(ValueError, match="Recipe.master_rounding must be nearest_even or stochastic, got 'toward_zero'"):
         Recipe().master_rounding = "toward_zero"
 
