@@ -194,14 +194,16 @@ std::string draw_heat_maps(const Inspection& in, const fs::path& dir) {
     }
     const std::string file = (dir / (std::string("heat_") + kind_name(kind) + ".dat")).string();
     io::write_text_atomically(file, dat.str());
-    // A panel's rows share their range: a kind of moment has one layout for every parameter.
-    const FormatRange& judged = rows.empty() ? range : rows[0]->range;
+    // The lines of the range the panel's rows are judged against where they share one (a kind of
+    // moment has one layout for every parameter), else the inspection's format's.
+    const bool shared = !rows.empty() && std::all_of(rows.begin(), rows.end(),
+                                                     [&](const InspectedTensor* t) { return t->range_name == rows[0]->range_name; });
+    const FormatRange& judged = shared ? rows[0]->range : range;
     gp << "unset arrow\n";
     for (double v : {judged.min_subnormal, judged.min_normal, judged.max})
       gp << "set arrow from " << std::log2(v) << ", graph 0 to " << std::log2(v) << ", graph 1 nohead dt 2 lw 1.5 lc rgb '#d62728' front\n";
-    const std::string heading = rows.empty() || rows[0]->range_name == format_name(in.format)
-                                    ? std::string(title)
-                                    : std::string(title) + (", " + rows[0]->range_name);
+    const std::string heading =
+        shared && rows[0]->range_name != format_name(in.format) ? std::string(title) + ", " + rows[0]->range_name : std::string(title);
     gp << "set title " << report::gnuplot_quote(heading) << "\nset yrange [" << (rows.empty() ? 0.5 : double(rows.size()) - 0.5)
        << ":-0.5]\n"
        << "set ytics (" << (rows.empty() ? "'none' 0" : ytics.str()) << ")\n"

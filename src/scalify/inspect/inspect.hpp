@@ -31,7 +31,7 @@ struct InspectedTensor {
 };
 
 struct InspectOptions {
-  Format format = Format::e4m3;  // the range the histograms are classified against (and drawn over)
+  Format format = Format::e4m3;  // the range the histograms are classified against (moments: their own layout's)
   std::string data;              // corpus ("": the run's)
   bool initial = false;          // the run's model at initialisation instead of the checkpoint's
   uint64_t batch = 0;            // which training batch (its index in the run's batch sequence)
