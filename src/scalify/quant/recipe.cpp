@@ -17,23 +17,6 @@
 namespace scalify::quant {
 
 namespace {
-constexpr std::pair<optim::StateScaling, const char*> kStateScalings[] = {
-    {optim::StateScaling::none, "none"}, {optim::StateScaling::per_tensor, "per_tensor"}, {optim::StateScaling::per_group, "per_group"}};
-}  // namespace
-
-const char* state_scaling_name(optim::StateScaling scaling) {
-  for (const auto& [s, name] : kStateScalings)
-    if (s == scaling) return name;
-  return "?";
-}
-
-optim::StateScaling parse_state_scaling(const std::string& name, const std::string& what) {
-  for (const auto& [s, n] : kStateScalings)
-    if (name == n) return s;
-  throw Error(what + " must be none, per_tensor or per_group, got '" + name + "'");
-}
-
-namespace {
 
 using json = nlohmann::json;
 constexpr int kCscaleBias = 4;
@@ -121,6 +104,8 @@ json parse_without_duplicate_keys(const std::string& text) {
   });
 }
 
+constexpr std::pair<optim::StateScaling, const char*> kStateScalings[] = {
+    {optim::StateScaling::none, "none"}, {optim::StateScaling::per_tensor, "per_tensor"}, {optim::StateScaling::per_group, "per_group"}};
 
 json state_json(const optim::StateFormat& f) {
   json j = {{"storage", std::string(format_name(f.storage))}};
@@ -237,6 +222,18 @@ json linear_json(const LinearRecipe& l) {
 }
 
 }  // namespace
+
+const char* state_scaling_name(optim::StateScaling scaling) {
+  for (const auto& [s, name] : kStateScalings)
+    if (s == scaling) return name;
+  return "?";
+}
+
+optim::StateScaling parse_state_scaling(const std::string& name, const std::string& what) {
+  for (const auto& [s, n] : kStateScalings)
+    if (name == n) return s;
+  throw Error(what + " must be none, per_tensor or per_group, got '" + name + "'");
+}
 
 std::string state_format_json(const optim::StateFormat& f) { return state_json(f).dump(); }
 
