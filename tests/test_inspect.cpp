@@ -181,7 +181,9 @@ TEST(Inspect, WritesCsvAndThePicture) {
   EXPECT_TRUE(valid_png(out / "histograms.png", &w, &h));
   const std::string csv = slurp(out / "tensors.csv");
   EXPECT_EQ(size_t(std::count(csv.begin(), csv.end(), '\n')), in.tensors.size() + 1);
-  EXPECT_EQ(csv.rfind("tensor,kind,storage,values,rms,scale_log2,zero,underflow,subnormal,normal,clipped,nonfinite\n", 0), 0u);
+  EXPECT_EQ(csv.rfind("tensor,kind,storage,values,rms,scale_log2,zero,underflow,subnormal,normal,clipped,nonfinite,range\n", 0), 0u);
+  EXPECT_NE(csv.find(",weight,f32,"), std::string::npos);
+  EXPECT_NE(csv.find(",e4m3\n"), std::string::npos) << "the rows judged against the --format (e4m3)";
 }
 
 // A corrupt checkpoint with an infinite weight: the commands that use the model refuse it, but

@@ -4,6 +4,7 @@
 
 #include <string>
 
+#include "expect_error.hpp"
 #include "scalify/compare/recipe_lists.hpp"
 #include "scalify/error.hpp"
 #include "scalify/quant/recipe.hpp"
@@ -158,6 +159,37 @@ TEST(RecipeState, MemoryEstimateCountsScaledF16Masters) {
   kept.high_precision.last_blocks = 1;  // its layers keep f32 masters
   EXPECT_EQ(train::estimated_memory_bytes(cfg, f32_masters, true) - train::estimated_memory_bytes(cfg, kept, true),
             2.0 * 12 * 128 * 128 * 4);
+}
+
+TEST(RecipeState, FieldsThatWouldBeIgnoredAreRefusedByName) {
+  std::string base = preset("f32").to_json();
+  base.pop_back();
+  while (!base.empty() && base.back() != '}' && base.back() != '"' && base.back() != 'e') base.pop_back();
+  auto with = [&](const std::string& field) { return base + ",\n" + field + "}"; };
+  auto expect = [&](const std::string& field, const std::string& words) {
+    const std::string e = error_of(with(field));
+    EXPECT_NE(e.find(words), std::string::npos) << field << " -> " << e;
+  };
+  expect(R"("first_moment": {"storage": "e4m3", "scaling": "per_tensor", "group_size": 64})",
+         "field 'group_size' in first_moment applies only to per_group scaling, and scaling is per_tensor");
+  expect(R"("second_moment": {"storage": "bf16", "group_size": 128})",
+         "field 'group_size' in second_moment applies only to per_group scaling, and scaling is none");
+  expect(R"("second_moment": {"storage": "e4m3", "scaling": "per_group", "non_negative": true, "expand_min": 8})",
+         "field 'expand_min' in second_moment applies only with the expansion, and expand is false");
+  expect(R"("first_moment": {"storage": "e4m3", "scaling": "per_group", "expand": false, "expand_min": 16})",
+         "field 'expand_min' in first_moment applies only with the expansion");
+  // Where they apply they are read, and the JSON of every preset stays valid.
+  EXPECT_EQ(
+      error_of(with(R"("first_moment": {"storage": "e4m3", "scaling": "per_group", "group_size": 64, "expand": true, "expand_min": 8})")),
+      "no error");
+  // The same fields set in code (the Python attributes): Recipe::validate refuses them by name.
+  Recipe ms = preset("msamp_o2");
+  ms.first_moment.group_size = 64;
+  EXPECT_ERROR(ms.validate(), "first_moment: group_size 64 applies only to per_group scaling, and scaling is per_tensor");
+  Recipe ablation = preset("fp8_adam_no_expansion");
+  ablation.second_moment.expand_min = 8;
+  EXPECT_ERROR(ablation.validate(), "second_moment: expand_min 8 applies only with the expansion, and expand is false");
+  for (const std::string& name : preset_names()) EXPECT_NO_THROW(Recipe::from_json(preset(name).to_json()).validate()) << name;
 }
 
 TEST(RecipeState, CompareNamesTheStateList) {

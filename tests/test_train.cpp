@@ -118,6 +118,27 @@ TEST(SafeTensors, AnIndependentReaderSeesTheNamesDtypesShapesAndBytes) {
   EXPECT_EQ(back.at("q").to_vector(), st.tensors[2].second.to_vector());
 }
 
+// u8: raw bytes (a non-negative optimizer moment's E4M4 / E5M3 codes), the format's U8, read back
+// as the same bytes; as numbers they are the integers 0..255.
+TEST(SafeTensors, RawBytesAreU8) {
+  const fs::path p = scratch("u8.safetensors");
+  const Tensor bytes = Tensor::from_vector(std::vector<float>{0, 1, 127, 128, 254, 255}, {6}).to(DType::u8);
+  io::SafeTensors st;
+  st.tensors = {{"codes", bytes}};
+  io::write_safetensors(p.string(), st);
+  const std::string b = slurp(p);
+  uint64_t n = 0;
+  std::memcpy(&n, b.data(), 8);
+  const auto h = nlohmann::json::parse(b.substr(8, n));
+  EXPECT_EQ(h["codes"]["dtype"], "U8");
+  EXPECT_FALSE(h["__metadata__"].contains("scalify.dtypes"));
+  const uint64_t begin = h["codes"]["data_offsets"][0];
+  EXPECT_EQ(b.substr(8 + n + begin, 6), std::string("\x00\x01\x7f\x80\xfe\xff", 6));
+  const Tensor back = io::read_safetensors(p.string()).at("codes");
+  EXPECT_EQ(back.dtype(), DType::u8);
+  EXPECT_EQ(back.to_vector(), (std::vector<double>{0, 1, 127, 128, 254, 255}));
+}
+
 TEST(SafeTensors, CorruptTruncatedAndHostileFilesAreErrorsNotCrashes) {
   const fs::path p = scratch("f.safetensors");
   io::SafeTensors st;

@@ -57,6 +57,7 @@ from ._scalify import (
     LinearRecipe as LinearRecipe,
     QuantizerConfig as QuantizerConfig,
     Recipe as Recipe,
+    StateFormat as StateFormat,
     WeightGradGemm as WeightGradGemm,
 )
 from ._formats import amax, block_dequantize, block_quantize, dequantize, formats, quantize
@@ -80,6 +81,7 @@ __all__ = [
     "WeightGradGemm",
     "QuantizerConfig",
     "HighPrecisionLayers",
+    "StateFormat",
     "preset",
     "preset_names",
     # tensors, autograd and ops

@@ -101,8 +101,10 @@ def compare(out: str, *, recipes: str = "seeds", steps: Optional[int] = None, da
 def load_checkpoint(path: str) -> Tuple[Dict[str, "NDArray[numpy.float32]"], Dict[str, str]]:
     """A checkpoint or quantised checkpoint (.safetensors) as ({name: float32 array}, metadata).
     Parameters are "param.<name>" (scaled ones with "param.<name>.scale"), optimizer moments
-    "optim.m.<name>" / "optim.v.<name>"; FP8 / FP4 codes come as their format values, without
-    their scales."""
+    "optim.m.<name>" / "optim.v.<name>" (encoded moments: "<...>.codes" with their "scales"; the
+    metadata's "scalify.state_formats" says their formats); FP8 / FP4 codes come as their format
+    values, without their scales, and a non-negative moment's unsigned E4M4 / E5M3 codes (U8) as
+    their byte values 0..255."""
     tensors, meta = _scalify.load_checkpoint(path)
     return dict(tensors), dict(meta)
 
@@ -134,9 +136,11 @@ def training_batch(index: int = 0, **settings: object) -> Tuple["NDArray[numpy.i
 def inspect(checkpoint: str, format: str = "e4m3", initial: bool = False, batch: int = 0, data: str = "") -> Dict[str, Any]:
     """``scalify inspect`` as data: one training batch forward and backward through a checkpoint (a
     run folder or .safetensors; ``initial`` for the run's model at step 0). Returns the recipe,
-    step and a list of tensors (activations, their gradients, weights, weight gradients), each
-    with its storage, log2 scale, RMS, counts against ``format``'s range (underflow, subnormal,
-    normal, clipped) and its exponent histogram (``exponents``, ``counts`` arrays)."""
+    step and a list of tensors (activations, their gradients, weights, weight gradients, and the
+    optimizer moments where the recipe encodes them), each with its storage, log2 scale, RMS,
+    counts against a range (underflow, subnormal, normal, clipped), the range's name (``range``:
+    ``format``, or a moment's own code layout: e4m3, e5m2, e4m4 (unsigned), e5m3 (unsigned),
+    f16 scaled, bf16) and its exponent histogram (``exponents``, ``counts`` arrays)."""
     return _scalify.inspect(checkpoint, format, initial, batch, data)
 
 

@@ -1,4 +1,5 @@
-// Recipes: QuantizerConfig, the GEMMs' LinearRecipe, HighPrecisionLayers and Recipe, with presets.
+// Recipes: QuantizerConfig, the GEMMs' LinearRecipe, HighPrecisionLayers, the optimizer state's
+// StateFormat and Recipe, with presets.
 // Each is plain data that behaves as Python values do: a keyword constructor (every field optional,
 // an unknown keyword a TypeError), a docstring per field naming its allowed values (written from
 // the name tables the parsers read, so the two cannot drift), ==, a repr that evaluates back to an
@@ -9,12 +10,14 @@
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
+#include <initializer_list>
 #include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "bindings.hpp"
+#include "scalify/error.hpp"
 #include "scalify/quant/recipe.hpp"
 
 namespace scalify::python {
@@ -240,8 +243,105 @@ void bind_high_precision(nb::module_& m) {
   plain_data(cls, "HighPrecisionLayers", {"first_blocks", "last_blocks", "layers"});
 }
 
+// The fields of an optimizer-state format: each setter refuses a value no format takes, naming
+// the field. The rules are optim::validate's: a value is accepted when some format with it passes.
+void check_state_field(const char* field, std::initializer_list<optim::StateFormat> candidates) {
+  std::string why;
+  for (const optim::StateFormat& f : candidates) try {
+      optim::validate(f, std::string("StateFormat.") + field);
+      return;
+    } catch (const Error& e) {
+      why = e.what();
+    }
+  throw Error(why);
+}
+void set_state_storage(optim::StateFormat& f, const std::string& name) {
+  Format storage;
+  try {
+    storage = parse_format(name);
+  } catch (const Error& e) {
+    throw Error(std::string("StateFormat.storage: ") + e.what());
+  }
+  // f32 and bf16 take no scale, f16 and FP8 need one: the storage is valid with one of the two.
+  check_state_field("storage", {{.storage = storage}, {.storage = storage, .scaling = optim::StateScaling::per_tensor}});
+  f.storage = storage;
+}
+// The state roles' rounding as their JSON spells it ('nearest_even', where QuantizerConfig says 'nearest').
+std::string state_rounding_name(Rounding r) { return r == Rounding::nearest_even ? "nearest_even" : rounding_name(r); }
+void set_state_rounding(optim::StateFormat& f, const std::string& name) {
+  const Rounding r = parse_rounding(name);
+  check_state_field("rounding", {{.storage = Format::bf16, .rounding = r}});
+  f.rounding = r;
+}
+template <class Int>
+void set_in_range(Int& field, int64_t value, const char* name, int64_t hi) {
+  if (value < 1 || value > hi)
+    throw Error(std::string("StateFormat.") + name + " must be in [1, " + std::to_string(hi) + "], got " + std::to_string(value));
+  field = Int(value);
+}
+void set_group_size(optim::StateFormat& f, int64_t n) { set_in_range(f.group_size, n, "group_size", quant::kMaxStateGroupSize); }
+void set_expand_min(optim::StateFormat& f, int64_t n) { set_in_range(f.expand_min, n, "expand_min", quant::kMaxExpandMin); }
+
+void bind_state_format(nb::module_& m) {
+  using optim::StateFormat;
+  const std::string group_doc = "per_group scaling: elements per scale, in [1, " + std::to_string(quant::kMaxStateGroupSize) +
+                                "] (default 128; set with other scalings, Recipe.validate() refuses it as unused)";
+  const std::string expand_min_doc = "The expansion's exponent k is a multiple of 1 / expand_min, in [1, " +
+                                     std::to_string(quant::kMaxExpandMin) +
+                                     "] (default 16; set without expand, Recipe.validate() refuses it as unused)";
+  nb::class_<StateFormat> cls(m, "StateFormat",
+                              "How an optimizer moment is stored (a recipe's first_moment and second_moment): "
+                              "StateFormat(storage='e4m3', scaling='per_group', group_size=128, ...), every field a keyword. "
+                              "Recipe.validate() checks the fields together (f16 and FP8 need a scale, f32 and bf16 take none, "
+                              "the expansion needs FP8 per-group scales).");
+  cls.def(
+         "__init__",
+         [](StateFormat* self, std::optional<std::string> storage, std::optional<std::string> scaling, std::optional<int64_t> group_size,
+            std::optional<std::string> rounding, std::optional<bool> non_negative, std::optional<bool> expand,
+            std::optional<int64_t> expand_min) {
+           StateFormat f;
+           if (storage) set_state_storage(f, *storage);
+           if (scaling) f.scaling = quant::parse_state_scaling(*scaling, "StateFormat.scaling");
+           if (group_size) set_group_size(f, *group_size);
+           if (rounding) set_state_rounding(f, *rounding);
+           if (non_negative) f.non_negative = *non_negative;
+           if (expand) f.expand = *expand;
+           if (expand_min) set_expand_min(f, *expand_min);
+           new (self) StateFormat(f);
+         },
+         nb::kw_only(), "storage"_a = nb::none(), "scaling"_a = nb::none(), "group_size"_a = nb::none(), "rounding"_a = nb::none(),
+         "non_negative"_a = nb::none(), "expand"_a = nb::none(), "expand_min"_a = nb::none(),
+         "A state format: the defaults (f32, no scale, nearest_even) with the fields given changed.")
+      .def_prop_rw(
+          "storage", [](const StateFormat& f) { return std::string(format_name(f.storage)); }, set_state_storage,
+          "The codes' format. Allowed: 'f32', 'bf16', 'f16' (with a scale), 'e4m3', 'e5m2' (FP8, with a scale).")
+      .def_prop_rw(
+          "scaling", [](const StateFormat& f) { return std::string(quant::state_scaling_name(f.scaling)); },
+          [](StateFormat& f, const std::string& s) { f.scaling = quant::parse_state_scaling(s, "StateFormat.scaling"); },
+          "The scale. Allowed: 'none' (f32, bf16), 'per_tensor' (one power of two, MS-AMP's), 'per_group' (one f32 scale per "
+          "group_size elements, COAT's).")
+      .def_prop_rw(
+          "group_size", [](const StateFormat& f) { return f.group_size; }, set_group_size, group_doc.c_str())
+      .def_prop_rw(
+          "rounding", [](const StateFormat& f) { return state_rounding_name(f.rounding); }, set_state_rounding,
+          "How values round into the codes. Allowed: 'nearest_even', 'stochastic' (seeded: a resumed run repeats it; not into f32).")
+      .def_rw("non_negative", &StateFormat::non_negative,
+              "True for values >= 0 (the second moment): 8-bit codes spend the sign bit on mantissa (unsigned e4m4 / e5m3)")
+      .def_rw("expand", &StateFormat::expand, "COAT's per-group dynamic range expansion (e4m3 or e5m2 with per_group scaling)")
+      .def_prop_rw(
+          "expand_min", [](const StateFormat& f) { return f.expand_min; }, set_expand_min, expand_min_doc.c_str());
+  plain_data(cls, "StateFormat", {"storage", "scaling", "group_size", "rounding", "non_negative", "expand", "expand_min"});
+}
+
+void set_master_rounding(Recipe& r, const std::string& name) {
+  const Rounding rounding = parse_rounding(name);
+  if (rounding != Rounding::nearest_even && rounding != Rounding::stochastic)
+    throw Error("Recipe.master_rounding must be nearest_even or stochastic, got '" + name + "'");
+  r.master_rounding = rounding;
+}
+
 void bind_recipe(nb::module_& m) {
-  const std::string dtypes = quoted_names(DType::i64, dtype_name);
+  const std::string dtypes = quoted_names(DType::u8, dtype_name);
   const std::string master_doc = "Storage of the master weights. Allowed: " + dtypes + ".";
   const std::string state_doc = "Storage of AdamW's m and v. Allowed: " + dtypes + ".";
   const std::string data_doc =
@@ -266,7 +366,8 @@ void bind_recipe(nb::module_& m) {
             std::optional<std::string> optimizer_state, std::optional<std::string> weight_gradient, std::optional<int> rescale_every,
             std::optional<bool> rescale_norm_grad, std::optional<bool> rescale_gradients, std::optional<bool> unit_scaled,
             std::optional<bool> umup, std::optional<std::string> data_storage, std::optional<std::string> gradient_allreduce,
-            std::optional<std::string> linear_master_weight) {
+            std::optional<std::string> linear_master_weight, std::optional<optim::StateFormat> first_moment,
+            std::optional<optim::StateFormat> second_moment, std::optional<std::string> master_rounding) {
            Recipe r;
            if (name) r.name = *name;
            if (linear) r.linear = *linear;
@@ -283,12 +384,16 @@ void bind_recipe(nb::module_& m) {
            if (umup) r.umup = *umup;
            set_allreduce(r, gradient_allreduce);
            if (linear_master_weight) r.linear_master_weight = quant::parse_linear_master(*linear_master_weight);
+           if (first_moment) r.first_moment = *first_moment;
+           if (second_moment) r.second_moment = *second_moment;
+           if (master_rounding) set_master_rounding(r, *master_rounding);
            new (self) Recipe(r);
          },
          nb::kw_only(), "name"_a = nb::none(), "linear"_a = nb::none(), "high_precision"_a = nb::none(), "master_weight"_a = nb::none(),
          "scaled_state"_a = nb::none(), "optimizer_state"_a = nb::none(), "weight_gradient"_a = nb::none(), "rescale_every"_a = nb::none(),
          "rescale_norm_grad"_a = nb::none(), "rescale_gradients"_a = nb::none(), "unit_scaled"_a = nb::none(), "umup"_a = nb::none(),
          "data_storage"_a = nb::none(), "gradient_allreduce"_a = nb::none(), "linear_master_weight"_a = nb::none(),
+         "first_moment"_a = nb::none(), "second_moment"_a = nb::none(), "master_rounding"_a = nb::none(),
          "A recipe: f32 training (the defaults) with the fields given changed.")
       .def_rw("name", &Recipe::name, "The recipe's name, as run logs and reports show it")
       .def_rw("linear", &Recipe::linear, "LinearRecipe: the operands of every quantised linear layer's three GEMMs")
@@ -319,6 +424,15 @@ void bind_recipe(nb::module_& m) {
             return std::string(format_name(*r.gradient_allreduce));
           },
           set_allreduce, allreduce_doc.c_str())
+      .def_rw("first_moment", &Recipe::first_moment,
+              "StateFormat of AdamW's first moment m (unscaled parameters; changed in place through this attribute: "
+              "r.first_moment.storage = 'e4m3')")
+      .def_rw("second_moment", &Recipe::second_moment,
+              "StateFormat of AdamW's second moment v (non_negative: True lets 8-bit codes drop the sign bit)")
+      .def_prop_rw(
+          "master_rounding", [](const Recipe& r) { return state_rounding_name(r.master_rounding); }, set_master_rounding,
+          "How new master weights round into a storage narrower than f32 (master_weight 'bf16' or 'f16', unscaled). Allowed: "
+          "'nearest_even', 'stochastic'.")
       .def("to_json", &Recipe::to_json)
       .def_static("from_json", &Recipe::from_json, "text"_a)
       .def("validate", &Recipe::validate, "Raises ValueError naming the parts that cannot be meant together")
@@ -331,21 +445,20 @@ void bind_recipe(nb::module_& m) {
           },
           nb::arg("other").none(), nb::sig("def __eq__(self, other: object, /) -> bool"))
       // The fields that differ from Recipe(); Recipe.from_json(...) where those cannot say it all
-      // (loss scaling and the optimizer-state roles have no field here).
+      // (loss scaling has no field here).
       .def("__repr__",
            [](nb::handle self) {
              const std::string text =
                  "Recipe(" +
                  changed_fields(self, {"name", "linear", "high_precision", "master_weight", "scaled_state", "optimizer_state",
                                        "weight_gradient", "rescale_every", "rescale_norm_grad", "rescale_gradients", "unit_scaled", "umup",
-                                       "data_storage", "gradient_allreduce", "linear_master_weight"}) +
+                                       "data_storage", "gradient_allreduce", "linear_master_weight", "first_moment", "second_moment",
+                                       "master_rounding"}) +
                  ")";
              const Recipe& r = nb::cast<const Recipe&>(self);
-             // The fields with no keyword here: loss scaling and the optimizer-state roles.
+             // The field with no keyword here: loss scaling.
              Recipe keywords_only = r;
              keywords_only.loss_scaling = Recipe{}.loss_scaling;
-             keywords_only.first_moment = keywords_only.second_moment = {};
-             keywords_only.master_rounding = Recipe{}.master_rounding;
              if (keywords_only.to_json() == r.to_json()) return text;
              return "Recipe.from_json(" + std::string(nb::repr(nb::str(r.to_json().c_str())).c_str()) + ")";
            })
@@ -359,6 +472,7 @@ void bind_recipe(nb::module_& m) {
 
 void bind_recipes(nb::module_& m) {
   bind_quantizer_config(m);
+  bind_state_format(m);
   bind_linear_recipe(m);
   bind_high_precision(m);
   bind_recipe(m);

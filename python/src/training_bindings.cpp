@@ -365,7 +365,8 @@ void bind_gpt(nb::module_& m) {
 }
 
 // `scalify inspect` as data: one dict per tensor (name, kind, storage, scale_log2, rms, the
-// counts against the format's range) with its exponent histogram as (exponents, counts) arrays.
+// counts against the range named in "range": the format's, or an optimizer moment's own layout)
+// with its exponent histogram as (exponents, counts) arrays.
 nb::dict run_inspect(const std::string& checkpoint, const std::string& format, bool initial, uint64_t batch, const std::string& data) {
   without_nul(checkpoint, "inspect: the checkpoint");
   without_nul(data, "inspect: data");
@@ -387,6 +388,7 @@ nb::dict run_inspect(const std::string& checkpoint, const std::string& format, b
     d["storage"] = std::string(dtype_name(t.storage));
     d["scale_log2"] = t.scale_log2;
     d["rms"] = t.rms;
+    d["range"] = t.range_name;
     const inspect::ExponentHistogram& h = t.histogram;
     for (const auto& [key, n] : {std::pair("count", h.count), std::pair("zeros", h.zeros), std::pair("nonfinite", h.nonfinite),
                                  std::pair("underflow", h.underflow), std::pair("subnormal", h.subnormal), std::pair("normal", h.normal),

@@ -8,7 +8,8 @@ import re
 import pytest
 
 import scalify
-from scalify import ForwardGemm, HighPrecisionLayers, InputGradGemm, LinearRecipe, QuantizerConfig, Recipe, WeightGradGemm
+from scalify import (ForwardGemm, HighPrecisionLayers, InputGradGemm, LinearRecipe, QuantizerConfig, Recipe, StateFormat,
+                     WeightGradGemm)
 
 
 def test_keyword_constructors_set_every_field_given_and_keep_the_defaults():
@@ -36,6 +37,7 @@ def test_keyword_constructors_set_every_field_given_and_keep_the_defaults():
                                               (ForwardGemm, dict(weight=QuantizerConfig()), dict(gradient=QuantizerConfig())),
                                               (LinearRecipe, dict(quantized=True), dict(quantised=True)),
                                               (HighPrecisionLayers, dict(last_blocks=1), dict(last=1)),
+                                              (StateFormat, dict(storage="e4m3"), dict(stroage="e4m3")),
                                               (Recipe, dict(name="x"), dict(nmae="x"))])
 def test_a_known_keyword_is_taken_and_an_unknown_one_is_a_type_error(cls, known, typo):
     made = cls(**known)
@@ -62,7 +64,8 @@ def allowed_names(error_text):
 @pytest.mark.parametrize("cls, field", [(QuantizerConfig, "scaling"), (QuantizerConfig, "format"), (QuantizerConfig, "block_scale"),
                                         (QuantizerConfig, "rounding"), (QuantizerConfig, "reduce"), (QuantizerConfig, "transform"),
                                         (Recipe, "master_weight"), (Recipe, "optimizer_state"), (Recipe, "weight_gradient"),
-                                        (Recipe, "linear_master_weight")])
+                                        (Recipe, "linear_master_weight"),
+                                        (StateFormat, "scaling")])
 def test_each_fields_docstring_lists_the_values_its_parser_accepts(cls, field):
     with pytest.raises(ValueError) as bad:
         setattr(cls(), field, "no-such-name")
@@ -74,7 +77,7 @@ def test_each_fields_docstring_lists_the_values_its_parser_accepts(cls, field):
 
 
 def test_every_field_has_a_docstring():
-    for cls in (QuantizerConfig, ForwardGemm, InputGradGemm, WeightGradGemm, LinearRecipe, HighPrecisionLayers, Recipe):
+    for cls in (QuantizerConfig, ForwardGemm, InputGradGemm, WeightGradGemm, LinearRecipe, HighPrecisionLayers, StateFormat, Recipe):
         fields = [n for n, v in vars(cls).items() if isinstance(v, property)]
         assert fields, cls
         for f in fields:  # a sentence, not nanobind's generated signature "(self) -> int"

@@ -280,6 +280,22 @@ def test_inspect_gives_histograms_as_arrays(tmp_path, corpus):
     assert qkv["storage"] == "f16"  # SCALIFY holds activations in f16
 
 
+def test_inspect_judges_each_moment_against_its_own_layout(tmp_path, corpus):
+    # coat's v codes are unsigned E4M4 (largest 480, past E4M3's 448): none clip in their own range.
+    run = scalify.train(str(tmp_path / "coat"), recipe="coat", steps=3, data=corpus, **SETTINGS)
+    r = scalify.inspect(run["run_dir"])
+    by_kind = {}
+    for t in r["tensors"]:
+        by_kind.setdefault(t["kind"], set()).add((t["storage"], t["range"]))
+        if t["kind"] in ("first_moment", "second_moment"):
+            assert t["clipped"] == 0, t["name"]
+    assert by_kind["weight"] == {("f32", "e4m3")}
+    assert by_kind["first_moment"] == {("e4m3", "e4m3")}
+    assert by_kind["second_moment"] == {("u8", "e4m4 (unsigned)")}
+    v = next(t for t in r["tensors"] if t["kind"] == "second_moment" and t["name"] == "wte")
+    assert v["exponents"].max() == 8  # codes in [256, 480]
+
+
 def test_file_errors_are_os_errors(tmp_path, corpus):
     with pytest.raises(OSError, match="cannot open"):
         scalify.load_checkpoint(str(tmp_path / "missing.safetensors"))

@@ -51,8 +51,9 @@ void ExponentHistogram::add(double x, const FormatRange& range) {
     ++clipped;
 }
 
-ExponentHistogram exponent_histogram(const Tensor& t, Format format) {
-  const FormatRange range = format_range(format);
+ExponentHistogram exponent_histogram(const Tensor& t, Format format) { return exponent_histogram(t, format_range(format)); }
+
+ExponentHistogram exponent_histogram(const Tensor& t, const FormatRange& range) {
   ExponentHistogram h;
   if (t.dtype() == DType::f64) {
     const Tensor c = t.contiguous();

@@ -35,7 +35,9 @@ struct ExponentHistogram {
   void add(double x, const FormatRange& range);
 };
 
-// The histogram of a tensor's values (any dtype; for a scaled tensor pass its data component).
+// The histogram of a tensor's values (any dtype; for a scaled tensor pass its data component),
+// classified against a format's range or any other (an optimizer moment's code layout).
 ExponentHistogram exponent_histogram(const Tensor& t, Format format);
+ExponentHistogram exponent_histogram(const Tensor& t, const FormatRange& range);
 
 }  // namespace scalify::inspect

@@ -9,6 +9,7 @@
 #include "scalify/error.hpp"
 #include "scalify/io/atomic_file.hpp"
 #include "scalify/optim/state_format.hpp"
+#include "scalify/optim/state_layout.hpp"
 #include "scalify/report/gnuplot.hpp"
 #include "scalify/train/session.hpp"
 
@@ -37,8 +38,9 @@ double largest_scale_log2(const ScaledTensor& t) {
   return m > 0 ? std::log2(m) : NAN;
 }
 
-InspectedTensor describe(const std::string& name, TensorKind kind, const ScaledTensor& t, Format format) {
-  InspectedTensor r{name, kind, t.data.dtype(), largest_scale_log2(t), 0, exponent_histogram(t.data, format)};
+InspectedTensor describe(const std::string& name, TensorKind kind, const ScaledTensor& t, const FormatRange& range,
+                         const std::string& range_name) {
+  InspectedTensor r{name, kind, t.data.dtype(), largest_scale_log2(t), 0, exponent_histogram(t.data, range), range_name, range};
   const ExponentHistogram& h = r.histogram;
   r.rms = h.count > h.nonfinite ? std::sqrt(h.sum_squares / double(h.count - h.nonfinite)) : NAN;
   return r;
@@ -50,6 +52,11 @@ Inspection inspect_checkpoint(const std::string& checkpoint, const InspectOption
   std::unique_ptr<train::Session> s;
   Inspection r;
   r.format = o.format;
+  const FormatRange range = format_range(o.format);
+  const std::string range_name(format_name(o.format));
+  auto describe_in_format = [&](const std::string& name, TensorKind kind, const ScaledTensor& t) {
+    return describe(name, kind, t, range, range_name);
+  };
   if (!fs::exists(checkpoint))
     throw MissingFileError("inspect: '" + checkpoint + "' does not exist (give a checkpoint file or a run folder)");
   if (o.initial) {
@@ -75,9 +82,9 @@ Inspection inspect_checkpoint(const std::string& checkpoint, const InspectOption
   probe.observe = [&](const std::string& name, bool gradient, const ScaledTensor& t) {
     if (!t.data.defined()) return;
     if (gradient)
-      gradients.emplace(name, describe(name, TensorKind::activation_grad, t, o.format));
+      gradients.emplace(name, describe_in_format(name, TensorKind::activation_grad, t));
     else
-      activations.push_back(describe(name, TensorKind::activation, t, o.format));
+      activations.push_back(describe_in_format(name, TensorKind::activation, t));
   };
   Var loss = s->forward_model().loss(b.ids, b.targets, &probe);
   if (s->scaler) loss = s->scaler->scale_loss(loss);  // gradients as the recipe stores them
@@ -91,19 +98,23 @@ Inspection inspect_checkpoint(const std::string& checkpoint, const InspectOption
     // top of f16's range by design, so they are judged against f16, not the chosen format.
     const ScaledTensor& w = s->params[i].scaled();
     const bool scaled_master = s->opt->config().scaled_masters && w.is_scaled();
-    r.tensors.push_back(describe(s->names[i], TensorKind::weight, w, scaled_master ? *dtype_format(w.data.dtype()) : o.format));
+    const Format judged = scaled_master ? *dtype_format(w.data.dtype()) : o.format;
+    r.tensors.push_back(describe(s->names[i], TensorKind::weight, w, format_range(judged), std::string(format_name(judged))));
   }
   for (size_t i = 0; i < s->params.size(); ++i)
     if (s->params[i].scaled_grad().data.defined())
-      r.tensors.push_back(describe(s->names[i], TensorKind::weight_grad, s->params[i].scaled_grad(), o.format));
+      r.tensors.push_back(describe_in_format(s->names[i], TensorKind::weight_grad, s->params[i].scaled_grad()));
   if (s->opt->encodes_state())
     for (const TensorKind kind : {TensorKind::first_moment, TensorKind::second_moment})
       for (size_t i = 0; i < s->params.size(); ++i) {
         const bool m = kind == TensorKind::first_moment;
         const optim::StateFormat& f = m ? s->opt->config().m_format : s->opt->config().v_format;
         const optim::EncodedState& e = m ? s->opt->encoded_first_moment(i) : s->opt->encoded_second_moment(i);
-        InspectedTensor t = describe(s->names[i], kind, ScaledTensor(Tensor::from_vector(optim::code_values(e, f), {e.numel})), o.format);
-        t.storage = dtype_of(f.storage);
+        const optim::StateLayout layout = optim::state_layout(f);
+        const FormatRange own{f.storage, layout.min_subnormal / 2, layout.min_subnormal, layout.min_normal, layout.max};
+        InspectedTensor t =
+            describe(s->names[i], kind, ScaledTensor(Tensor::from_vector(optim::code_values(e, f), {e.numel})), own, layout.name);
+        t.storage = layout.file_dtype;
         double largest = 0;
         for (float v : e.scales) largest = std::max(largest, double(v));
         t.scale_log2 = largest > 0 ? std::log2(largest) : NAN;
@@ -123,12 +134,15 @@ std::string fraction(int64_t part, int64_t whole) {
 
 // The heat maps: one panel per kind, a row per tensor, a column per binade [2^e, 2^(e+1)) drawn
 // over [e, e+1] on the log2 axis, shade = the share of the tensor's values in it; a zero column
-// on the left and a non-finite column on the right; the format's smallest subnormal, smallest
-// normal and largest value as dashed lines.
+// on the left and a non-finite column on the right; the smallest subnormal, smallest normal and
+// largest value of the range each panel's rows are judged against as dashed lines (the format's,
+// or the moments' own layout).
 std::string draw_heat_maps(const Inspection& in, const fs::path& dir) {
   const FormatRange range = format_range(in.format);
   int lo = int(std::floor(std::log2(range.min_subnormal))) - 2, hi = int(std::floor(std::log2(range.max))) + 2;
   for (const InspectedTensor& t : in.tensors) {
+    lo = std::min(lo, int(std::floor(std::log2(t.range.min_subnormal))) - 2);
+    hi = std::max(hi, int(std::floor(std::log2(t.range.max))) + 2);
     if (t.histogram.lowest() <= t.histogram.highest()) {
       lo = std::min(lo, t.histogram.lowest());
       hi = std::max(hi, t.histogram.highest());
@@ -147,13 +161,13 @@ std::string draw_heat_maps(const Inspection& in, const fs::path& dir) {
      << "set output " << report::gnuplot_quote((dir / "histograms.png").string()) << "\n"
      << "set multiplot layout 1," << (has_moments ? 6 : 4) << " title "
      << report::gnuplot_quote("log2 |x| of every tensor, recipe " + in.recipe + ", step " + std::to_string(in.step) +
-                              "; shade: share of the tensor's values (square root); dashed: " + std::string(format_name(in.format)) +
-                              "'s smallest subnormal, smallest normal and largest value; scaled tensors: their data, scale in the label")
+                              "; shade: share of the tensor's values (square root); dashed: the smallest subnormal, smallest normal and "
+                              "largest value of " +
+                              std::string(format_name(in.format)) +
+                              " (moments: their own layout); scaled tensors: their data, scale in the label")
      << "\n"
      << "set palette defined (0 'white', 0.3 '#9ecae1', 1 '#08306b')\nunset colorbox\nset cbrange [0:1]\n"
      << "set xrange [" << zero_x << ":" << nonfinite_x + 1 << "]\nset xlabel 'log2 |x|'\nset ytics nomirror\nset tics front\n";
-  for (double v : {range.min_subnormal, range.min_normal, range.max})
-    gp << "set arrow from " << std::log2(v) << ", graph 0 to " << std::log2(v) << ", graph 1 nohead dt 2 lw 1.5 lc rgb '#d62728' front\n";
   std::vector<std::pair<TensorKind, const char*>> panels = {{TensorKind::activation, "activations"},
                                                             {TensorKind::activation_grad, "activation gradients"},
                                                             {TensorKind::weight, "weights"},
@@ -186,7 +200,18 @@ std::string draw_heat_maps(const Inspection& in, const fs::path& dir) {
     }
     const std::string file = (dir / (std::string("heat_") + kind_name(kind) + ".dat")).string();
     io::write_text_atomically(file, dat.str());
-    gp << "set title " << report::gnuplot_quote(title) << "\nset yrange [" << (rows.empty() ? 0.5 : double(rows.size()) - 0.5) << ":-0.5]\n"
+    // The lines of the range the panel's rows are judged against where they share one (a kind of
+    // moment has one layout for every parameter), else the inspection's format's.
+    const bool shared = !rows.empty() && std::all_of(rows.begin(), rows.end(),
+                                                     [&](const InspectedTensor* t) { return t->range_name == rows[0]->range_name; });
+    const FormatRange& judged = shared ? rows[0]->range : range;
+    gp << "unset arrow\n";
+    for (double v : {judged.min_subnormal, judged.min_normal, judged.max})
+      gp << "set arrow from " << std::log2(v) << ", graph 0 to " << std::log2(v) << ", graph 1 nohead dt 2 lw 1.5 lc rgb '#d62728' front\n";
+    const std::string heading =
+        shared && rows[0]->range_name != format_name(in.format) ? std::string(title) + ", " + rows[0]->range_name : std::string(title);
+    gp << "set title " << report::gnuplot_quote(heading) << "\nset yrange [" << (rows.empty() ? 0.5 : double(rows.size()) - 0.5)
+       << ":-0.5]\n"
        << "set ytics (" << (rows.empty() ? "'none' 0" : ytics.str()) << ")\n"
        << "set xtics (" << xtics.str() << ")\n";
     if (rows.empty())
@@ -206,14 +231,14 @@ std::string write_inspection(const Inspection& in, const std::string& dir_name) 
   const fs::path dir(dir_name);
   io::make_folder(dir.string());
   std::ostringstream tensors, bins;
-  tensors << "tensor,kind,storage,values,rms,scale_log2,zero,underflow,subnormal,normal,clipped,nonfinite\n";
+  tensors << "tensor,kind,storage,values,rms,scale_log2,zero,underflow,subnormal,normal,clipped,nonfinite,range\n";
   bins << "tensor,kind,exponent,count\n";
   for (const InspectedTensor& t : in.tensors) {
     const ExponentHistogram& h = t.histogram;
     tensors << t.name << "," << kind_name(t.kind) << "," << dtype_name(t.storage) << "," << h.count << "," << t.rms << ","
             << (std::isfinite(t.scale_log2) ? std::to_string(int(std::lround(t.scale_log2))) : "") << "," << fraction(h.zeros, h.count)
             << "," << fraction(h.underflow, h.count) << "," << fraction(h.subnormal, h.count) << "," << fraction(h.normal, h.count) << ","
-            << fraction(h.clipped, h.count) << "," << fraction(h.nonfinite, h.count) << "\n";
+            << fraction(h.clipped, h.count) << "," << fraction(h.nonfinite, h.count) << "," << t.range_name << "\n";
     for (int e = h.lowest(); e <= h.highest(); ++e)
       if (h.at(e)) bins << t.name << "," << kind_name(t.kind) << "," << e << "," << h.at(e) << "\n";
   }

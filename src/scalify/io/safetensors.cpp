@@ -66,11 +66,12 @@ std::string standard_name(DType t) {
     case DType::e5m2: return "F8_E5M2";
     case DType::i32: return "I32";
     case DType::i64: return "I64";
+    case DType::u8: return "U8";
     default: return "";
   }
 }
 DType from_standard(const std::string& s, const std::string& what) {
-  for (DType t : {DType::f32, DType::f64, DType::f16, DType::bf16, DType::e4m3, DType::e5m2, DType::i32, DType::i64})
+  for (DType t : {DType::f32, DType::f64, DType::f16, DType::bf16, DType::e4m3, DType::e5m2, DType::i32, DType::i64, DType::u8})
     if (standard_name(t) == s) return t;
   throw Error(what + ": unsupported dtype '" + s + "'");
 }

@@ -3,8 +3,8 @@
 // N bytes of JSON {name: {dtype, shape, data_offsets: [begin, end)}, "__metadata__": {str: str}},
 // then the tensor bytes, row-major, little-endian, offsets relative to the end of the header.
 //
-// Dtype strings: F32, F64, F16, BF16, F8_E4M3 (e4m3fn), F8_E5M2, I32, I64 as the format defines
-// them. Scalify's other formats (e4m3fnuz, e5m2fnuz, e4m3b11fnuz, e8m0, e2m3, e3m2, e2m1; one code
+// Dtype strings: F32, F64, F16, BF16, F8_E4M3 (e4m3fn), F8_E5M2, I32, I64, U8 (u8: raw bytes) as the
+// format defines them. Scalify's other formats (e4m3fnuz, e5m2fnuz, e4m3b11fnuz, e8m0, e2m3, e3m2, e2m1; one code
 // per byte) are written as U8 and named in the metadata key "scalify.dtypes" (a JSON object
 // {tensor name: scalify dtype name}), so any reader gets the bytes and Scalify gets the type back.
 #include <cstdint>

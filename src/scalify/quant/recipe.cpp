@@ -126,14 +126,9 @@ optim::StateFormat state_from(const json& j, const char* where) {
   only_known_fields(j, {"storage", "scaling", "group_size", "rounding", "non_negative", "expand", "expand_min"}, where);
   optim::StateFormat f;
   f.storage = parse_format(field<std::string>(j, "storage", where));
-  if (j.contains("scaling")) {
-    const std::string name = field<std::string>(j, "scaling", where);
-    const auto* it = std::find_if(std::begin(kStateScalings), std::end(kStateScalings), [&](const auto& p) { return name == p.second; });
-    if (it == std::end(kStateScalings))
-      throw Error(std::string("recipe: field 'scaling' in ") + where + " must be none, per_tensor or per_group, got '" + name + "'");
-    f.scaling = it->first;
-  }
-  if (j.contains("group_size")) f.group_size = int_field(j, "group_size", where, 1, 1 << 30);
+  if (j.contains("scaling"))
+    f.scaling = parse_state_scaling(field<std::string>(j, "scaling", where), std::string("recipe: field 'scaling' in ") + where);
+  if (j.contains("group_size")) f.group_size = int_field(j, "group_size", where, 1, kMaxStateGroupSize);
   if (j.contains("rounding")) {
     const std::string name = field<std::string>(j, "rounding", where);
     if (name == "nearest_even")
@@ -145,7 +140,14 @@ optim::StateFormat state_from(const json& j, const char* where) {
   }
   f.non_negative = j.contains("non_negative") && field<bool>(j, "non_negative", where);
   f.expand = j.contains("expand") && field<bool>(j, "expand", where);
-  if (j.contains("expand_min")) f.expand_min = int_field(j, "expand_min", where, 1, 1 << 20);
+  if (j.contains("expand_min")) f.expand_min = int_field(j, "expand_min", where, 1, kMaxExpandMin);
+  // A field that only applies with another would otherwise be dropped in silence.
+  if (j.contains("group_size") && f.scaling != optim::StateScaling::per_group)
+    throw Error(std::string("recipe: field 'group_size' in ") + where + " applies only to per_group scaling, and scaling is " +
+                state_scaling_name(f.scaling) + " (remove it, or set scaling per_group)");
+  if (j.contains("expand_min") && !f.expand)
+    throw Error(std::string("recipe: field 'expand_min' in ") + where +
+                " applies only with the expansion, and expand is false (remove it, or set expand true)");
   return f;
 }
 
@@ -220,6 +222,30 @@ json linear_json(const LinearRecipe& l) {
 }
 
 }  // namespace
+
+const char* state_scaling_name(optim::StateScaling scaling) {
+  for (const auto& [s, name] : kStateScalings)
+    if (s == scaling) return name;
+  return "?";
+}
+
+optim::StateScaling parse_state_scaling(const std::string& name, const std::string& what) {
+  for (const auto& [s, n] : kStateScalings)
+    if (name == n) return s;
+  throw Error(what + " must be none, per_tensor or per_group, got '" + name + "'");
+}
+
+std::string state_format_json(const optim::StateFormat& f) { return state_json(f).dump(); }
+
+std::string unused_state_field(const optim::StateFormat& f) {
+  const optim::StateFormat defaults;
+  if (f.scaling != optim::StateScaling::per_group && f.group_size != defaults.group_size)
+    return "group_size " + std::to_string(f.group_size) + " applies only to per_group scaling, and scaling is " +
+           state_scaling_name(f.scaling);
+  if (!f.expand && f.expand_min != defaults.expand_min)
+    return "expand_min " + std::to_string(f.expand_min) + " applies only with the expansion, and expand is false";
+  return "";
+}
 
 std::string Recipe::to_json() const {
   json j = {{"name", name},
@@ -364,6 +390,9 @@ void Recipe::validate() const {
     } catch (const Error& e) {
       refuse(e.what());
     }
+  for (const auto& [role, f] :
+       {std::pair<const char*, const optim::StateFormat&>{"first_moment", first_moment}, {"second_moment", second_moment}})
+    if (const std::string unused = unused_state_field(f); !unused.empty()) refuse(std::string(role) + ": " + unused);
   if (first_moment.non_negative) refuse("first_moment: the first moment takes both signs (non_negative must be false)");
   if (master_rounding == Rounding::stochastic && (scaled_state || dtype_size(master_weight) >= 4))
     refuse("master_rounding stochastic rounds unscaled master weights narrower than f32 (master_weight bf16 or f16), got " +

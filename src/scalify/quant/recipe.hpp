@@ -81,6 +81,18 @@ struct Recipe {
 //   mxfp4_rceil; f32 with low-precision gradient communication: f32_allreduce_f16, _e4m3, _e5m2;
 //   low-precision optimizer state (issue 48): msamp_o2, coat, fp8_adam_no_expansion.
 std::vector<std::string> preset_names();
+// An optimizer state's scaling by its JSON name (none, per_tensor, per_group); the parser throws
+// "<what> must be none, per_tensor or per_group, got '...'".
+const char* state_scaling_name(optim::StateScaling scaling);
+optim::StateScaling parse_state_scaling(const std::string& name, const std::string& what);
+// The largest group_size and expand_min a recipe holds (JSON reads no more).
+inline constexpr int64_t kMaxStateGroupSize = int64_t(1) << 30;
+inline constexpr int kMaxExpandMin = 1 << 20;
+// An optimizer-state role as its recipe JSON object, on one line (what checkpoints record).
+std::string state_format_json(const optim::StateFormat& f);
+// "" or why a field of f is set but unused (group_size without per_group scaling, expand_min
+// without the expansion): Recipe::validate refuses it, as the JSON parser refuses the field.
+std::string unused_state_field(const optim::StateFormat& f);
 Recipe preset(const std::string& name);  // throws listing the valid names
 // A preset name, or the path of a recipe JSON file (anything ending in .json).
 Recipe load_recipe(const std::string& name_or_file);

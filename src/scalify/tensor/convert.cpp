@@ -40,6 +40,7 @@ T load_element(const std::byte* base, int64_t off, DType dt) {
       std::memcpy(&v, base + off * 8, 8);
       return T(v);
     }
+    case DType::u8: return T(std::to_integer<uint8_t>(base[off]));
     default: {
       const int es = dtype_size(dt);
       uint32_t code = 0;
@@ -72,6 +73,7 @@ void store_element(std::byte* base, int64_t off, DType dt, T v) {
       std::memcpy(base + off * 8, &i, 8);
       return;
     }
+    case DType::u8: base[off] = std::byte(uint8_t(std::clamp<long long>(std::llround(double(v)), 0, 255))); return;
     default: {
       const Format f = *dtype_format(dt);
       // f64 values round once to f32 first; that is exact for every value an f32 tensor holds.

@@ -13,7 +13,7 @@ struct DTypeRow {
   int size;
   std::optional<Format> format;
 };
-constexpr std::array<DTypeRow, 15> kDTypes{{
+constexpr std::array<DTypeRow, 16> kDTypes{{
     {DType::f32, "f32", 4, Format::f32},
     {DType::f64, "f64", 8, std::nullopt},
     {DType::f16, "f16", 2, Format::f16},
@@ -29,12 +29,13 @@ constexpr std::array<DTypeRow, 15> kDTypes{{
     {DType::e2m1, "e2m1", 1, Format::e2m1},
     {DType::i32, "i32", 4, std::nullopt},
     {DType::i64, "i64", 8, std::nullopt},
+    {DType::u8, "u8", 1, std::nullopt},
 }};
 // row() indexes the table by the enum: every dtype has its row, in the enum's order.
 constexpr bool dtypes_in_enum_order() {
   for (size_t i = 0; i < kDTypes.size(); ++i)
     if (static_cast<size_t>(kDTypes[i].dtype) != i) return false;
-  return kDTypes.size() == static_cast<size_t>(DType::i64) + 1;
+  return kDTypes.size() == static_cast<size_t>(DType::u8) + 1;
 }
 static_assert(dtypes_in_enum_order(), "kDTypes must hold one row per DType, in the enum's order");
 const DTypeRow& row(DType t) { return kDTypes[static_cast<size_t>(t)]; }

@@ -26,6 +26,7 @@ enum class DType : uint8_t {
   e2m1,
   i32,
   i64,
+  u8,  // raw bytes: codes whose layout no other dtype names (a non-negative moment's E4M4 / E5M3)
 };
 
 // The number format a floating dtype is stored in (none for f64 and the integer types).
@@ -34,6 +35,6 @@ DType dtype_of(Format f);
 int dtype_size(DType t);
 std::string_view dtype_name(DType t);
 DType parse_dtype(std::string_view name);  // throws scalify::Error listing the valid names
-inline bool is_integer(DType t) { return t == DType::i32 || t == DType::i64; }
+inline bool is_integer(DType t) { return t == DType::i32 || t == DType::i64 || t == DType::u8; }
 
 }  // namespace scalify

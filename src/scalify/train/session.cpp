@@ -14,8 +14,10 @@
 #include "scalify/hub/hf_weights.hpp"
 #include "scalify/io/json_text.hpp"
 #include "scalify/io/safetensors.hpp"
+#include "scalify/optim/state_layout.hpp"
 #include "scalify/platform/memory.hpp"
 #include "scalify/quant/quantizer.hpp"
+#include "scalify/quant/recipe.hpp"
 #include "scalify/train/corpus.hpp"
 #include "scalify/train/init_record.hpp"
 
@@ -42,19 +44,26 @@ ScaledTensor get(const io::SafeTensors& st, const json& any_scale, const std::st
 }
 
 // Encoded optimizer state (optim/state_format.hpp), stored as encoded, not widened: the codes in
-// the storage format's dtype (a non-negative moment's 8-bit codes are its unsigned layout, which
-// the run's recipe names), and the f32 scales, expansion exponents and centres where it has them.
+// their layout's dtype (optim/state_layout.hpp: a non-negative moment's unsigned 8-bit codes as
+// raw bytes, U8, which no reader mistakes for E4M3 or E5M2), and the f32 scales, expansion
+// exponents and centres where it has them. The metadata kStateFormatsKey records both moments'
+// formats, so a resume under a recipe whose formats differ is refused instead of misread.
 void put_encoded(io::SafeTensors& st, const std::string& name, const optim::EncodedState& e, const optim::StateFormat& f) {
-  Tensor codes = Tensor::empty({e.numel}, dtype_of(f.storage));
+  Tensor codes = Tensor::empty({e.numel}, optim::state_layout(f).file_dtype);
   std::memcpy(codes.raw_bytes(), e.codes.data(), e.codes.size());
   st.tensors.emplace_back(name + ".codes", codes);
   for (const auto& [part, v] :
        {std::pair<const char*, const std::vector<float>&>{".scales", e.scales}, {".expand_k", e.expand_k}, {".centre", e.centre}})
     if (!v.empty()) st.tensors.emplace_back(name + part, Tensor::from_vector(v, {int64_t(v.size())}));
 }
-optim::EncodedState get_encoded(const io::SafeTensors& st, const std::string& name) {
+optim::EncodedState get_encoded(const io::SafeTensors& st, const std::string& name, const optim::StateFormat& f) {
   optim::EncodedState e;
   const Tensor& codes = st.at(name + ".codes");
+  // Checkpoints from before the layouts labelled unsigned codes with their storage's dtype.
+  const optim::StateLayout layout = optim::state_layout(f);
+  if (codes.dtype() != layout.file_dtype && codes.dtype() != dtype_of(f.storage))
+    throw Error("checkpoint: tensor '" + name + ".codes' holds " + std::string(dtype_name(codes.dtype())) + ", the recipe's " +
+                layout.name + " codes are " + std::string(dtype_name(layout.file_dtype)));
   e.numel = codes.numel();
   e.codes.resize(size_t(codes.numel()) * size_t(dtype_size(codes.dtype())));
   std::memcpy(e.codes.data(), codes.raw_bytes(), e.codes.size());
@@ -67,6 +76,25 @@ optim::EncodedState get_encoded(const io::SafeTensors& st, const std::string& na
 
 // Metadata of a checkpoint written with CheckpointContents::model ("model"); absent in resumable ones.
 constexpr const char* kContentsKey = "scalify.contents";
+// Metadata of a resumable checkpoint with encoded moments: {"first_moment": ..., "second_moment":
+// ...}, each the moment's format as its recipe JSON object (quant::state_format_json); absent in
+// checkpoints of plain (f32 or scaled_state) moments and in those written before it.
+constexpr const char* kStateFormatsKey = "scalify.state_formats";
+json state_formats(const optim::AdamWConfig& c) {
+  return {{"first_moment", json::parse(quant::state_format_json(c.m_format))},
+          {"second_moment", json::parse(quant::state_format_json(c.v_format))}};
+}
+// A resume continues from moments in the formats the checkpoint says they are in, or not at all.
+void check_state_formats(const io::SafeTensors& st, const optim::AdamW& opt) {
+  const auto it = st.metadata.find(kStateFormatsKey);
+  if (it == st.metadata.end()) return;
+  const json stored = io::parse_json(it->second, std::string("checkpoint metadata '") + kStateFormatsKey + "'");
+  const bool encoded = opt.encodes_state();
+  if (!encoded || stored != state_formats(opt.config()))
+    throw Error("checkpoint: its optimizer state is stored as " + stored.dump() + ", the recipe's state formats are " +
+                (encoded ? state_formats(opt.config()).dump() : std::string("plain (f32 first_moment and second_moment)")) +
+                "; resume with the recipe the checkpoint was written with");
+}
 bool holds_model_only(const io::SafeTensors& st) {
   const auto it = st.metadata.find(kContentsKey);
   return it != st.metadata.end() && it->second == "model";
@@ -200,11 +228,12 @@ std::unique_ptr<Session> make_session(const TrainConfig& cfg, const io::SafeTens
     const json meta = io::parse_json(ckpt->metadata.at("scalify.state"), "checkpoint metadata 'scalify.state'");
     if (!holds_model_only(*ckpt)) {  // a final model.safetensors: no moments, nothing trains on from it
       const auto steps = meta.at("optimizer_steps").get<int64_t>();
+      check_state_formats(*ckpt, *s->opt);
       if (s->opt->encodes_state()) {
         std::vector<optim::EncodedState> m, v;
         for (const std::string& n : s->names) {
-          m.push_back(get_encoded(*ckpt, "optim.m." + n));
-          v.push_back(get_encoded(*ckpt, "optim.v." + n));
+          m.push_back(get_encoded(*ckpt, "optim.m." + n, s->opt->config().m_format));
+          v.push_back(get_encoded(*ckpt, "optim.v." + n, s->opt->config().v_format));
         }
         s->opt->load_encoded_state(steps, std::move(m), std::move(v));
       } else {
@@ -262,6 +291,8 @@ void save_checkpoint(const Session& s, const std::string& path, int64_t step, in
   st.metadata = {{"format_version", kFormatVersion}, {"step", std::to_string(step)},  {"config", s.cfg.to_toml()},
                  {"recipe", s.recipe.to_json()},     {"scalify.state", state.dump()}, {"scalify.any_scale", any_scale.dump()}};
   if (contents == CheckpointContents::model) st.metadata[kContentsKey] = "model";
+  if (contents != CheckpointContents::model && s.opt->encodes_state())
+    st.metadata[kStateFormatsKey] = state_formats(s.opt->config()).dump();
   io::write_safetensors(path, st);
 }
 
