@@ -161,6 +161,24 @@ TEST(RecipeState, MemoryEstimateCountsScaledF16Masters) {
             2.0 * 12 * 128 * 128 * 4);
 }
 
+// The memory estimate counts the moments in their own formats: 8 bytes per parameter in f32,
+// msamp_o2's 1 (E4M3) + 2 (f16), coat's 2 x (1 + 3 x 4 / 128) (codes, and per group of 128 the
+// scale, k and centre). The other roles of the three presets are delayed's.
+TEST(RecipeState, MemoryEstimateCountsTheMomentsInTheirFormats) {
+  train::TrainConfig cfg;
+  cfg.model.d_model = 128;
+  cfg.model.layers = 5;
+  cfg.model.heads = 4;
+  cfg.model.seq = 64;
+  const double params = double(train::Session::model_config(cfg, preset("delayed")).parameter_count());
+  const double delayed = train::estimated_memory_bytes(cfg, preset("delayed"), true);
+  Recipe msamp = preset("msamp_o2");
+  msamp.linear_master_weight = LinearMaster::master_weight;
+  EXPECT_DOUBLE_EQ(delayed - train::estimated_memory_bytes(cfg, msamp, true), (8 - 3) * params);
+  EXPECT_DOUBLE_EQ(delayed - train::estimated_memory_bytes(cfg, preset("coat"), true), (8 - 2 * (1 + 12.0 / 128)) * params);
+  EXPECT_DOUBLE_EQ(delayed - train::estimated_memory_bytes(cfg, preset("fp8_adam_no_expansion"), true), (8 - 2 * (1 + 4.0 / 128)) * params);
+}
+
 TEST(RecipeState, FieldsThatWouldBeIgnoredAreRefusedByName) {
   std::string base = preset("f32").to_json();
   base.pop_back();

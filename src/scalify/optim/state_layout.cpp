@@ -16,4 +16,9 @@ StateLayout state_layout(const StateFormat& f) {
   return l;
 }
 
+double state_bytes_per_value(const StateFormat& f) {
+  const double per_group = f.scaling == StateScaling::per_group ? (f.expand ? 3 : 1) * 4.0 / double(f.group_size) : 0;
+  return info(f.storage).storage_bytes() + per_group;
+}
+
 }  // namespace scalify::optim

@@ -20,4 +20,8 @@ struct StateLayout {
 
 StateLayout state_layout(const StateFormat& f);
 
+// The bytes a moment in format f holds per value, for large tensors: its code, and per group the
+// f32 scale (and the expansion's k and centre); a per-tensor scale counts as nothing.
+double state_bytes_per_value(const StateFormat& f);
+
 }  // namespace scalify::optim

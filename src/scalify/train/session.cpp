@@ -135,7 +135,11 @@ double estimated_memory_bytes(const TrainConfig& cfg, const quant::Recipe& r, bo
   // --context`, sampling's window): its attention is that context's, not the longest the model
   // allows, so only the parameters and one window of logits are counted here.
   if (!with_optimizer) return 4 * params + tokens * double(m.vocab) * 4;
-  const double state = 2.0 * dtype_size(r.master_weight) + 2.0 * dtype_size(r.optimizer_state);
+  // Master weights and gradients, and the moments: scaled tensors of optimizer_state under
+  // SCALIFY, else in their own formats (f32 by default; optim/state_layout.hpp).
+  const double moments = r.scaled_state ? 2.0 * dtype_size(r.optimizer_state)
+                                        : optim::state_bytes_per_value(r.first_moment) + optim::state_bytes_per_value(r.second_moment);
+  const double state = 2.0 * dtype_size(r.master_weight) + moments;
   const double activations =
       double(m.layers) * (16 * double(m.d_model) * dtype_size(r.data_storage) + attention) + 3.0 * 4 * double(m.vocab);
   return state * params - scaled_master_saving(m, r) + tokens * activations;
