@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "scalify/error.hpp"
+#include "scalify/formats/kernels.hpp"
 #include "scalify/optim/state_format.hpp"
 
 namespace scalify::optim {
@@ -239,6 +240,51 @@ TEST(StateFormat, StochasticRoundingPicksANeighbourAndRepeatsWithTheSeed) {
   }
   EXPECT_GT(inexact, 1000);
   EXPECT_GT(not_nearest, inexact / 10);  // not round-to-nearest
+}
+
+// Every code of every layout decodes (arithmetically, no table) to its value by hand, times the
+// scale; magnitudes past the largest finite one are IEEE infinities and NaNs (e5m2, e5m3, f16,
+// bf16: the first is inf) or NaN (e4m3, e4m4), with the code's sign. Native ISA and scalar.
+TEST(StateFormat, DecodesEveryCodeOfEveryLayout) {
+  const kernels::Isa native = kernels::active_isa();
+  for (const kernels::Isa isa : {native, kernels::Isa::scalar}) {
+    kernels::set_isa(isa);
+    for (const Case& c : {Case{{Format::e4m3, StateScaling::per_tensor}, kE4M3}, Case{{Format::e5m2, StateScaling::per_tensor}, kE5M2},
+                          Case{{Format::f16, StateScaling::per_tensor}, kF16},
+                          Case{{.storage = Format::e4m3, .scaling = StateScaling::per_tensor, .non_negative = true}, kE4M4},
+                          Case{{.storage = Format::e5m2, .scaling = StateScaling::per_tensor, .non_negative = true}, kE5M3},
+                          Case{{Format::bf16, StateScaling::none}, kBF16}}) {
+      const StateFormat& f = c.format;
+      const bool wide = f.storage == Format::f16 || f.storage == Format::bf16, ieee = f.storage != Format::e4m3;
+      const uint32_t codes = wide ? 65536 : 256;
+      for (const float scale : {1.0f, 0.125f}) {
+        EncodedState s;
+        s.numel = codes;
+        s.codes.resize(size_t(codes) * (wide ? 2 : 1));
+        for (uint32_t code = 0; code < codes; ++code) std::memcpy(s.codes.data() + code * (wide ? 2 : 1), &code, wide ? 2 : 1);
+        if (f.scaling == StateScaling::per_tensor) s.scales = {scale};
+        const float applied = f.scaling == StateScaling::per_tensor ? scale : 1.0f;
+        std::vector<float> out(codes);
+        decode_state(s, f, out);
+        for (uint32_t code = 0; code < codes; ++code) {
+          const uint32_t mag = code & ~c.layout.sign_bit;
+          const bool negative = c.layout.sign_bit && (code & c.layout.sign_bit);
+          SCOPED_TRACE("isa " + std::string(kernels::isa_name(isa)) + " " + std::string(format_name(f.storage)) + " code " +
+                       std::to_string(code));
+          if (mag <= c.layout.max_mag) {
+            ASSERT_EQ(out[code], float(c.layout.decode(code) * applied));
+            ASSERT_EQ(std::signbit(out[code]), negative);
+          } else if (ieee && mag == c.layout.max_mag + 1) {
+            ASSERT_EQ(out[code], negative ? -INFINITY : INFINITY);
+          } else {
+            ASSERT_TRUE(std::isnan(out[code]));
+            ASSERT_EQ(std::signbit(out[code]), negative);
+          }
+        }
+      }
+    }
+  }
+  kernels::set_isa(native);
 }
 
 TEST(StateFormat, RejectsBadFormatsAndValues) {

@@ -11,6 +11,10 @@
 #include "scalify/formats/kernels.hpp"
 #include "scalify/tensor/vector_math.hpp"
 
+#if SCALIFY_HAVE_X86_SIMD
+#include <immintrin.h>
+#endif
+
 namespace scalify::optim {
 
 namespace {
@@ -37,11 +41,6 @@ uint32_t random_bits(uint64_t seed, int64_t i) {
 
 void put_code(std::vector<std::byte>& codes, int bytes, int64_t i, uint32_t code) {
   std::memcpy(codes.data() + size_t(i) * size_t(bytes), &code, size_t(bytes));  // little-endian low bytes
-}
-uint32_t get_code(const std::vector<std::byte>& codes, int bytes, int64_t i) {
-  uint32_t code = 0;
-  std::memcpy(&code, codes.data() + size_t(i) * size_t(bytes), size_t(bytes));
-  return code;
 }
 
 // Round-to-nearest-even encoding of a finite f32 times 2^shift into the codec, saturating: the f32
@@ -129,9 +128,34 @@ struct VectorEncoder {
 };
 
 #if SCALIFY_HAVE_X86_SIMD
+// encode in AVX2 intrinsics, 8 values at a time (the compiler vectorises the 8-bit codes' loop
+// with 128-bit vectors only), the same operations; the tail by encode.
 template <class Code>
 [[gnu::target("avx2")]] void encode_avx2(const VectorEncoder& e, const float* x, float div, Code* out, int64_t n) {
-  e.encode(x, div, out, n);
+  const __m256 vdiv = _mm256_set1_ps(div), mul = _mm256_set1_ps(e.mul), units = _mm256_set1_ps(e.subnormal_units),
+               two23 = _mm256_set1_ps(0x1p23f);
+  const __m256i sign_mask = _mm256_set1_epi32(e.sign_mask), max_code = _mm256_set1_epi32(e.max_code),
+                exp_offset = _mm256_set1_epi32(e.exp_offset), normal_min = _mm256_set1_epi32(e.normal_min_bits),
+                half = _mm256_set1_epi32((1 << (e.cut - 1)) - 1), one = _mm256_set1_epi32(1), abs = _mm256_set1_epi32(0x7FFFFFFF);
+  const __m128i cut = _mm_cvtsi32_si128(e.cut);
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256i v = _mm256_castps_si256(_mm256_div_ps(_mm256_loadu_ps(x + i), vdiv));
+    const __m256i sign = _mm256_and_si256(_mm256_srai_epi32(v, 31), sign_mask);
+    const __m256i f = _mm256_castps_si256(_mm256_mul_ps(_mm256_castsi256_ps(_mm256_and_si256(v, abs)), mul));
+    const __m256i below = _mm256_cmpgt_epi32(normal_min, f);
+    const __m256 sub_in = _mm256_castsi256_ps(_mm256_blendv_epi8(normal_min, f, below));
+    const __m256i subnormal = _mm256_cvttps_epi32(_mm256_sub_ps(_mm256_add_ps(_mm256_mul_ps(sub_in, units), two23), two23));
+    const __m256i rounded = _mm256_add_epi32(_mm256_add_epi32(f, half), _mm256_and_si256(_mm256_srl_epi32(f, cut), one));
+    const __m256i normal = _mm256_sub_epi32(_mm256_srl_epi32(rounded, cut), exp_offset);
+    const __m256i code = _mm256_or_si256(sign, _mm256_min_epi32(_mm256_blendv_epi8(normal, subnormal, below), max_code));
+    const __m128i codes16 = _mm_packus_epi32(_mm256_castsi256_si128(code), _mm256_extracti128_si256(code, 1));
+    if constexpr (sizeof(Code) == 1)
+      _mm_storel_epi64(reinterpret_cast<__m128i*>(out + i), _mm_packus_epi16(codes16, codes16));
+    else
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i), codes16);
+  }
+  e.encode(x + i, div, out + i, n - i);
 }
 #endif
 
@@ -143,22 +167,114 @@ void VectorEncoder::operator()(const float* x, float div, Code* out, int64_t n) 
   encode(x, div, out, n);
 }
 
-// Decoded values of every code of an 8- or 16-bit codec, built once per layout.
-const std::vector<float>& decode_table(const FormatInfo& c) {
-  static const auto tables = [] {
-    std::vector<std::pair<FormatInfo, std::vector<float>>> t;
-    for (const Format f : {Format::f16, Format::bf16, Format::e4m3, Format::e5m2})
-      for (const bool non_negative : {false, true}) {
-        const FormatInfo layout = codec({.storage = f, .scaling = StateScaling::per_tensor, .non_negative = non_negative});
-        std::vector<float> values(size_t(1) << info(f).bits);
-        for (uint32_t code = 0; code < values.size(); ++code) values[code] = std::bit_cast<float>(detail::decode_bits(layout, code));
-        t.emplace_back(layout, std::move(values));
-      }
-    return t;
-  }();
-  for (const auto& [layout, values] : tables)
-    if (layout.id == c.id && layout.man_bits == c.man_bits) return values;
-  throw Error("optimizer state: no decode table for " + std::string(c.name));
+// Decoding by arithmetic, no table: a code's magnitude bits shifted into f32's exponent and
+// mantissa position read as the f32 2^(bias - 127) times the code's value, for normal and
+// subnormal codes alike (an f32 subnormal times 2^(127 - bias) is exact), so the product by
+// 2^(127 - bias) is the value; the sign goes to bit 31. Infinities and NaNs are selected by the
+// magnitude, as detail::decode_bits gives them (test_state_format checks every code of every layout).
+// Needs f32 subnormals read as such (no denormals-are-zero; Scalify never sets it).
+struct VectorDecoder {
+  int32_t sign_mask, mag_mask, shift;
+  int32_t special_min, inf_mag;  // the first magnitude that is not finite (INT32_MAX: none); the one that is inf (-1: none)
+  float mul;
+  bool avx2 = kernels::active_isa() != kernels::Isa::scalar;
+  explicit VectorDecoder(const FormatInfo& c)
+      : sign_mask(int32_t(c.sign_mask())),
+        mag_mask(int32_t(c.sign_mask() - 1)),
+        shift(23 - c.man_bits),
+        special_min(c.specials == Specials::ieee ? int32_t(c.inf_code())
+                    : c.specials == Specials::fn ? int32_t(c.nan_code())
+                                                 : INT32_MAX),
+        inf_mag(c.specials == Specials::ieee ? int32_t(c.inf_code()) : -1),
+        mul(std::bit_cast<float>(uint32_t(127 + 127 - c.bias) << 23)) {}
+  // out[i] = the value of code[i] times scale.
+  template <class Code>
+  void operator()(const Code* code, float scale, float* out, int64_t n) const;
+  template <class Code>
+  [[gnu::always_inline]] void decode(const Code* code, float scale, float* out, int64_t n) const {
+    const int32_t sign_mask = this->sign_mask, mag_mask = this->mag_mask, shift = this->shift, special_min = this->special_min,
+                  inf_mag = this->inf_mag;
+    const float mul = this->mul;
+#pragma omp simd
+    for (int64_t i = 0; i < n; ++i) {
+      const auto c = int32_t(code[i]);
+      const int32_t mag = c & mag_mask;
+      const int32_t sign = -int32_t((c & sign_mask) != 0) & int32_t(0x80000000u);
+      const int32_t finite = int32_t(std::bit_cast<uint32_t>(std::bit_cast<float>(mag << shift) * mul));
+      const int32_t special = -int32_t(mag >= special_min);
+      const int32_t is_inf = -int32_t(mag == inf_mag);
+      const int32_t nonfinite = (is_inf & 0x7F800000) | (~is_inf & 0x7FC00000);
+      out[i] = std::bit_cast<float>(sign | (finite & ~special) | (nonfinite & special)) * scale;
+    }
+  }
+};
+
+#if SCALIFY_HAVE_X86_SIMD
+// decode in AVX2 intrinsics, 8 codes at a time (as encode_avx2), the same operations.
+template <class Code>
+[[gnu::target("avx2")]] void decode_avx2(const VectorDecoder& d, const Code* code, float scale, float* out, int64_t n) {
+  const __m256i mag_mask = _mm256_set1_epi32(d.mag_mask), sign_mask = _mm256_set1_epi32(d.sign_mask),
+                special_below = _mm256_set1_epi32(d.special_min == INT32_MAX ? INT32_MAX : d.special_min - 1),
+                inf_mag = _mm256_set1_epi32(d.inf_mag), inf = _mm256_set1_epi32(0x7F800000), nan = _mm256_set1_epi32(0x7FC00000),
+                zero = _mm256_setzero_si256(), sign_bit = _mm256_set1_epi32(int32_t(0x80000000u));
+  const __m128i shift = _mm_cvtsi32_si128(d.shift);
+  const __m256 mul = _mm256_set1_ps(d.mul), vscale = _mm256_set1_ps(scale);
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256i c = sizeof(Code) == 1 ? _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(code + i)))
+                                        : _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(code + i)));
+    const __m256i mag = _mm256_and_si256(c, mag_mask);
+    const __m256i sign = _mm256_andnot_si256(_mm256_cmpeq_epi32(_mm256_and_si256(c, sign_mask), zero), sign_bit);
+    const __m256i finite = _mm256_castps_si256(_mm256_mul_ps(_mm256_castsi256_ps(_mm256_sll_epi32(mag, shift)), mul));
+    const __m256i special = _mm256_cmpgt_epi32(mag, special_below);
+    const __m256i nonfinite = _mm256_blendv_epi8(nan, inf, _mm256_cmpeq_epi32(mag, inf_mag));
+    const __m256i bits = _mm256_or_si256(sign, _mm256_blendv_epi8(finite, nonfinite, special));
+    _mm256_storeu_ps(out + i, _mm256_mul_ps(_mm256_castsi256_ps(bits), vscale));
+  }
+  d.decode(code + i, scale, out + i, n - i);
+}
+#endif
+
+template <class Code>
+void VectorDecoder::operator()(const Code* code, float scale, float* out, int64_t n) const {
+#if SCALIFY_HAVE_X86_SIMD
+  if (avx2) return decode_avx2(*this, code, scale, out, n);
+#endif
+  decode(code, scale, out, n);
+}
+
+// The largest and smallest non-zero magnitudes of n values, by their bits (the order of
+// non-negative floats; VectorEncoder says why not by float comparisons); lo is INT32_MAX's float
+// where every value is zero.
+[[gnu::always_inline]] inline std::pair<float, float> magnitude_range(const float* x, int64_t n) {
+  int32_t hi_bits = 0, lo_bits = INT32_MAX;
+#pragma omp simd reduction(max : hi_bits) reduction(min : lo_bits)
+  for (int64_t i = 0; i < n; ++i) {
+    const auto a = int32_t(std::bit_cast<uint32_t>(x[i]) & 0x7FFFFFFFu);
+    const int32_t nonzero = -int32_t(a != 0);
+    hi_bits = std::max(hi_bits, a);
+    lo_bits = std::min(lo_bits, (a & nonzero) | (INT32_MAX & ~nonzero));
+  }
+  return {std::bit_cast<float>(hi_bits), std::bit_cast<float>(lo_bits)};
+}
+#if SCALIFY_HAVE_X86_SIMD
+[[gnu::target("avx2")]] std::pair<float, float> magnitude_range_avx2(const float* x, int64_t n) { return magnitude_range(x, n); }
+#endif
+std::pair<float, float> group_range(const float* x, int64_t n, bool avx2) {
+#if SCALIFY_HAVE_X86_SIMD
+  if (avx2) return magnitude_range_avx2(x, n);
+#endif
+  return magnitude_range(x, n);
+}
+
+using Code16 [[gnu::may_alias]] = uint16_t;  // 16-bit codes read in place from the byte storage
+// The values of codes [begin, end) of an 8- or 16-bit state times scale into out.
+void decode_codes(const EncodedState& s, const StateFormat& f, int64_t begin, int64_t end, float scale, float* out) {
+  const VectorDecoder d(codec(f));
+  if (info(f.storage).storage_bytes() == 1)
+    d(reinterpret_cast<const uint8_t*>(s.codes.data()) + begin, scale, out, end - begin);
+  else
+    d(reinterpret_cast<const Code16*>(s.codes.data()) + begin, scale, out, end - begin);  // little-endian, as put_code
 }
 
 // The largest e with amax * 2^e <= max (amax > 0): the per-tensor power-of-two scale is 2^-e.
@@ -284,16 +400,7 @@ void encode_state_range(const float* x, const StateFormat& f, int64_t begin, int
   for (int64_t gb = begin; gb < end; gb += f.group_size) {
     const int64_t g = gb / f.group_size, ge = std::min(end, gb + f.group_size);
     const float* xg = x + (gb - begin);
-    // The largest and smallest non-zero magnitudes, by their bits (VectorEncoder says why).
-    int32_t hi_bits = 0, lo_bits = INT32_MAX;
-#pragma omp simd reduction(max : hi_bits) reduction(min : lo_bits)
-    for (int64_t i = 0; i < ge - gb; ++i) {
-      const auto a = int32_t(std::bit_cast<uint32_t>(xg[i]) & 0x7FFFFFFFu);
-      const int32_t nonzero = -int32_t(a != 0);
-      hi_bits = std::max(hi_bits, a);
-      lo_bits = std::min(lo_bits, (a & nonzero) | (INT32_MAX & ~nonzero));
-    }
-    const float hi = std::bit_cast<float>(hi_bits), lo = std::bit_cast<float>(lo_bits);  // lo is used only where hi > 0
+    const auto [hi, lo] = group_range(xg, ge - gb, venc.avx2);  // lo is used only where hi > 0
     s.scales[size_t(g)] = 1.0f;
     if (f.expand) s.expand_k[size_t(g)] = s.centre[size_t(g)] = 1.0f;
     if (hi == 0) {  // +0's code is 0 in every codec
@@ -362,10 +469,7 @@ std::vector<float> code_values(const EncodedState& s, const StateFormat& f) {
     std::memcpy(out.data(), s.codes.data(), s.codes.size());
     return out;
   }
-  const FormatInfo c = codec(f);
-  const std::vector<float>& table = decode_table(c);
-  const int bytes = info(f.storage).storage_bytes();
-  for (int64_t i = 0; i < s.numel; ++i) out[size_t(i)] = table[get_code(s.codes, bytes, i)];
+  decode_codes(s, f, 0, s.numel, 1.0f, out.data());
   return out;
 }
 
@@ -374,31 +478,16 @@ void decode_state_range(const EncodedState& s, const StateFormat& f, int64_t beg
     std::memcpy(out, s.codes.data() + size_t(begin) * sizeof(float), size_t(end - begin) * sizeof(float));
     return;
   }
-  const int bytes = info(f.storage).storage_bytes();
-  const float* table = decode_table(codec(f)).data();
   const int64_t group = f.scaling == StateScaling::per_group ? f.group_size : std::max<int64_t>(s.numel, 1);
   for (int64_t gb = begin; gb < end; gb = (gb / group + 1) * group) {
     const int64_t g = gb / group, ge = std::min(end, (g + 1) * group);
     const float scale = s.scales.empty() ? 1.0f : s.scales[size_t(g)];
     float* o = out + (gb - begin);
-    if (f.expand) {  // FP8 codes, read through the group's inverse
-      const Expansion e{s.expand_k[size_t(g)], s.centre[size_t(g)], scale};
-      const auto* codes = reinterpret_cast<const uint8_t*>(s.codes.data()) + gb;
-      for (int64_t i = 0; i < ge - gb; ++i) o[i] = table[codes[i]];
-      e.inverse(o, o, ge - gb);
-      continue;
-    }
-    if (bytes == 1) {
-      const auto* codes = reinterpret_cast<const uint8_t*>(s.codes.data()) + gb;
-      for (int64_t i = 0; i < ge - gb; ++i) o[i] = table[codes[i]] * scale;
-    } else {
-      const std::byte* codes = s.codes.data() + 2 * gb;
-      for (int64_t i = 0; i < ge - gb; ++i) {
-        uint16_t code;  // little-endian, as put_code stores it
-        std::memcpy(&code, codes + 2 * i, 2);
-        o[i] = table[code] * scale;
-      }
-    }
+    if (f.expand) {  // read through the group's inverse
+      decode_codes(s, f, gb, ge, 1.0f, o);
+      Expansion{s.expand_k[size_t(g)], s.centre[size_t(g)], scale}.inverse(o, o, ge - gb);
+    } else
+      decode_codes(s, f, gb, ge, scale, o);
   }
 }
 
