@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <random>
 #include <vector>
 
@@ -285,6 +286,36 @@ TEST(StateFormat, DecodesEveryCodeOfEveryLayout) {
     }
   }
   kernels::set_isa(native);
+}
+
+// Groups and tensors of f32 subnormals: amax / max (per group) or 2^-e (per tensor) would
+// underflow to a zero scale, reading every code back as 0; the scale stays at least f32's smallest
+// subnormal, so the values (integer multiples of 2^-149 here) come back to within the format's
+// rounding (half its spacing: 2^-(mantissa bits + 1) relative).
+TEST(StateFormat, TinyValuesKeepANonZeroScale) {
+  const float tiny = std::numeric_limits<float>::denorm_min();
+  std::vector<float> x;
+  for (const int units : {71, -50, 33, 0, -7, 12}) x.push_back(float(units) * tiny);
+  std::vector<float> magnitudes;
+  for (const float v : x) magnitudes.push_back(std::fabs(v));
+  for (const auto& [f, mantissa_bits] :
+       {std::pair{StateFormat{.storage = Format::e4m3, .scaling = StateScaling::per_group}, 3},
+        std::pair{StateFormat{.storage = Format::e4m3, .scaling = StateScaling::per_group, .non_negative = true}, 4},
+        std::pair{StateFormat{.storage = Format::e5m2, .scaling = StateScaling::per_group}, 2},
+        std::pair{StateFormat{.storage = Format::e4m3, .scaling = StateScaling::per_tensor}, 3},
+        std::pair{StateFormat{.storage = Format::f16, .scaling = StateScaling::per_tensor, .non_negative = true}, 10}}) {
+    const std::vector<float>& in = f.non_negative ? magnitudes : x;
+    const EncodedState s = encode_state(in, f);
+    SCOPED_TRACE(std::string(format_name(f.storage)) + (f.scaling == StateScaling::per_group ? " per group" : " per tensor"));
+    ASSERT_GT(s.scales[0], 0.0f);
+    std::vector<float> back(in.size());
+    decode_state(s, f, back);
+    for (size_t i = 0; i < in.size(); ++i) {
+      EXPECT_LE(std::fabs(double(back[i]) - double(in[i])), std::ldexp(std::fabs(double(in[i])), -mantissa_bits - 1))
+          << "element " << i << ": " << back[i];
+      EXPECT_EQ(back[i] == 0, in[i] == 0) << "element " << i;
+    }
+  }
 }
 
 TEST(StateFormat, RejectsBadFormatsAndValues) {

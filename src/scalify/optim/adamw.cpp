@@ -199,9 +199,9 @@ bool per_tensor(const StateFormat& f) { return f.scaling == StateScaling::per_te
 namespace {
 // The encoded step's update of a piece of decoded moments m, v (in place) and weights, with the
 // largest magnitudes of the new moments (their bits: the order of non-negative floats; a float
-// max stops the vectoriser under -ftrapping-math). The moments saturate at f32's largest finite
-// value (a gradient above ~1e19 would make v infinite, which no code holds): the step never
-// raises on them, and the weights see the saturated moments.
+// max stops the vectoriser under -ftrapping-math). The moments saturate at 2^127 (a gradient above
+// ~6e20 would make v infinite, which no code holds): the step never raises on them, and the
+// weights see the saturated moments.
 struct EncodedUpdate {
   PlainUpdate up;
   float lr, wd;
@@ -232,11 +232,12 @@ struct EncodedUpdate {
       v[i] = saturate(v[i]);
     }
   }
-  // x with an infinite magnitude replaced by f32's largest finite one, sign kept (by bits, as above).
+  // x with its magnitude at most 2^127, sign kept (by bits, as above): larger (f32's largest is
+  // 2^128 - 2^104), a code rounded up could read back as infinity.
   static float saturate(float x) {
     const auto b = int32_t(std::bit_cast<uint32_t>(x));
-    const int32_t inf = -int32_t((b & 0x7FFFFFFF) == 0x7F800000);
-    return std::bit_cast<float>((b & ~inf) | ((b - 1) & inf));  // inf's bits minus one: FLT_MAX
+    const int32_t big = -int32_t((b & 0x7FFFFFFF) > 0x7F000000);
+    return std::bit_cast<float>((b & ~big) | (((b & int32_t(0x80000000u)) | 0x7F000000) & big));
   }
 };
 #if SCALIFY_HAVE_X86_SIMD
@@ -270,7 +271,7 @@ void encoded_moments(bool avx2, const EncodedUpdate& e, const float* g, float* m
 // their codes in the first pass, which gathers the chunks' amax, and a second pass reads the
 // codes and the gradient again, recomputes the moments (the same arithmetic, the same values) and
 // encodes them at the new scale. Chunks hold whole groups of per-group formats. The moments
-// saturate at f32's largest finite value (EncodedUpdate), so the pass never stops halfway.
+// saturate at 2^127 (EncodedUpdate), so the pass never stops halfway.
 void AdamW::step_encoded(const std::vector<size_t>& ks, double bc1, double bc2, double gradient_multiplier) {
   if (!c_.fused) return step_encoded_reference(ks, bc1, bc2, gradient_multiplier);
   const FusedPass pass(params_, ks);

@@ -6,6 +6,7 @@
 #include <climits>
 #include <cmath>
 #include <cstring>
+#include <limits>
 
 #include "scalify/error.hpp"
 #include "scalify/formats/kernels.hpp"
@@ -353,7 +354,11 @@ int64_t EncodedState::bytes() const {
   return int64_t(codes.size()) + int64_t(sizeof(float) * (scales.size() + expand_k.size() + centre.size()));
 }
 
-int state_tensor_exponent(const StateFormat& f, float amax) { return amax > 0 ? power_of_two_exponent(state_code_max(f), amax) : 0; }
+// At most 149: 2^-e is then at least f32's smallest subnormal, never a zero scale (amax below
+// ~max 2^-149 only).
+int state_tensor_exponent(const StateFormat& f, float amax) {
+  return amax > 0 ? std::min(149, power_of_two_exponent(state_code_max(f), amax)) : 0;
+}
 
 void encode_state_range(const float* x, const StateFormat& f, int64_t begin, int64_t end, int exponent, uint64_t seed, EncodedState& s) {
   if (f.storage == Format::f32) {
@@ -408,7 +413,9 @@ void encode_state_range(const float* x, const StateFormat& f, int64_t begin, int
       continue;
     }
     if (!f.expand) {
-      const float scale = float(hi / max);
+      // At least f32's smallest subnormal: hi / max underflows to 0 for hi below ~max 2^-150, and a
+      // zero scale would read every code back as 0 (the codes saturate at that scale instead).
+      const float scale = std::max(float(hi / max), std::numeric_limits<float>::denorm_min());
       s.scales[size_t(g)] = scale;
       encode_piece(xg, scale, gb, ge - gb);
       continue;
