@@ -160,6 +160,38 @@ TEST(StateFormat, PerGroupMatchesScalarReference) {
   }
 }
 
+// Per-group codes of values whose quotient by the group's scale lies on or within a few f32 ulps
+// of a midpoint between two codes (every midpoint, normal and subnormal codes, both signs): the
+// same codes as the f32 quotient rounded by the reference, so a faster division may not move them.
+TEST(StateFormat, PerGroupCodesNearEveryMidpoint) {
+  for (const Case& c : {Case{{.storage = Format::e4m3, .scaling = StateScaling::per_group, .group_size = 4096}, kE4M3},
+                        Case{{.storage = Format::e4m3, .scaling = StateScaling::per_group, .group_size = 4096, .non_negative = true}, kE4M4},
+                        Case{{.storage = Format::e5m2, .scaling = StateScaling::per_group, .group_size = 4096}, kE5M2}}) {
+    const StateFormat& f = c.format;
+    for (const double ratio : {0.7, 0.3, 1.9}) {  // scales whose reciprocal is inexact
+      const auto hi = float(c.layout.value(c.layout.max_mag) * ratio);
+      std::vector<float> x = {hi};
+      const float scale = float(double(hi) / c.layout.value(c.layout.max_mag));  // the scale the encoder picks, as the other tests
+      for (uint32_t mag = 0; mag < c.layout.max_mag; ++mag) {
+        const auto mid = float((c.layout.value(mag) + c.layout.value(mag + 1)) / 2 * scale);
+        float below = mid, above = mid;
+        x.push_back(mid);
+        for (int step = 0; step < 3; ++step) {
+          below = std::nextafter(below, 0.0f);
+          above = std::nextafter(above, INFINITY);
+          x.push_back(below);
+          x.push_back(above);
+        }
+      }
+      if (!f.non_negative)
+        for (size_t i = 1, n = x.size(); i < n; i += 2) x.push_back(-x[i]);
+      const EncodedState s = encode_state(x, f);
+      ASSERT_EQ(s.scales[0], scale);
+      for (size_t i = 0; i < x.size(); ++i) ASSERT_EQ(code_at(s, 1, i), c.layout.encode(x[i] / scale)) << "element " << i << " " << x[i];
+    }
+  }
+}
+
 // COAT: per group k = floor(log2(max^2 / 2) / log2(hi / lo) * 16) / 16 over the non-zero
 // magnitudes, centre sqrt(hi lo), scale (hi / centre)^k / max, codes encode(sign (|x| / centre)^k / scale).
 TEST(StateFormat, ExpansionMatchesScalarReference) {
