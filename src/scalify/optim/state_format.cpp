@@ -149,11 +149,14 @@ template <class Code>
     const __m256i sign = _mm256_and_si256(_mm256_srai_epi32(v, 31), sign_mask);
     const __m256i f = _mm256_castps_si256(_mm256_mul_ps(_mm256_castsi256_ps(_mm256_and_si256(v, abs)), mul));
     const __m256i below = _mm256_cmpgt_epi32(normal_min, f);
-    const __m256 sub_in = _mm256_castsi256_ps(_mm256_blendv_epi8(normal_min, f, below));
-    const __m256i subnormal = _mm256_cvttps_epi32(_mm256_sub_ps(_mm256_add_ps(_mm256_mul_ps(sub_in, units), two23), two23));
     const __m256i rounded = _mm256_add_epi32(_mm256_add_epi32(f, half), _mm256_and_si256(_mm256_srl_epi32(f, cut), one));
-    const __m256i normal = _mm256_sub_epi32(_mm256_srl_epi32(rounded, cut), exp_offset);
-    const __m256i code = _mm256_or_si256(sign, _mm256_min_epi32(_mm256_blendv_epi8(normal, subnormal, below), max_code));
+    __m256i mag = _mm256_sub_epi32(_mm256_srl_epi32(rounded, cut), exp_offset);
+    if (!_mm256_testz_si256(below, below)) {  // some lanes below the codec's normals (rare in a group scaled to its amax)
+      const __m256 sub_in = _mm256_castsi256_ps(_mm256_blendv_epi8(normal_min, f, below));
+      const __m256i subnormal = _mm256_cvttps_epi32(_mm256_sub_ps(_mm256_add_ps(_mm256_mul_ps(sub_in, units), two23), two23));
+      mag = _mm256_blendv_epi8(mag, subnormal, below);
+    }
+    const __m256i code = _mm256_or_si256(sign, _mm256_min_epi32(mag, max_code));
     const __m128i codes16 = _mm_packus_epi32(_mm256_castsi256_si128(code), _mm256_extracti128_si256(code, 1));
     if constexpr (sizeof(Code) == 1)
       _mm_storel_epi64(reinterpret_cast<__m128i*>(out + i), _mm_packus_epi16(codes16, codes16));
@@ -164,9 +167,30 @@ template <class Code>
 }
 #endif
 
+#if SCALIFY_HAVE_X86_SIMD
+// f16 codes (the only 16-bit codes VectorEncoder takes: bf16's subnormals are out of its reach)
+// by F16C's conversion, which rounds to nearest even as encode does, subnormals included; only
+// its overflow to infinity is clamped to the largest code, as encode saturates.
+[[gnu::target("avx2,f16c")]] void encode_f16c(const VectorEncoder& e, const float* x, float div, uint16_t* out, int64_t n) {
+  const __m256 vdiv = _mm256_set1_ps(div), mul = _mm256_set1_ps(e.mul), abs = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
+  const __m128i max_code = _mm_set1_epi16(int16_t(e.max_code)), sign_mask = _mm_set1_epi16(int16_t(e.sign_mask));
+  const bool divide = div != 1.0f;
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256 v = divide ? _mm256_div_ps(_mm256_loadu_ps(x + i), vdiv) : _mm256_loadu_ps(x + i);
+    const __m128i mag = _mm_min_epu16(_mm256_cvtps_ph(_mm256_mul_ps(_mm256_and_ps(v, abs), mul), _MM_FROUND_TO_NEAREST_INT), max_code);
+    const __m128i sign = _mm_and_si128(_mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT), sign_mask);  // the sign survives any rounding
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i), _mm_or_si128(mag, sign));
+  }
+  e.encode(x + i, div, out + i, n - i);
+}
+#endif
+
 template <class Code>
 void VectorEncoder::operator()(const float* x, float div, Code* out, int64_t n) const {
 #if SCALIFY_HAVE_X86_SIMD
+  if constexpr (sizeof(Code) == 2)
+    if (avx2) return encode_f16c(*this, x, div, out, n);
   if (avx2) return encode_avx2(*this, x, div, out, n);
 #endif
   encode(x, div, out, n);
@@ -232,10 +256,24 @@ template <class Code>
     const __m256i sign = _mm256_andnot_si256(_mm256_cmpeq_epi32(_mm256_and_si256(c, sign_mask), zero), sign_bit);
     const __m256i finite = _mm256_castps_si256(_mm256_mul_ps(_mm256_castsi256_ps(_mm256_sll_epi32(mag, shift)), mul));
     const __m256i special = _mm256_cmpgt_epi32(mag, special_below);
-    const __m256i nonfinite = _mm256_blendv_epi8(nan, inf, _mm256_cmpeq_epi32(mag, inf_mag));
-    const __m256i bits = _mm256_or_si256(sign, _mm256_blendv_epi8(finite, nonfinite, special));
+    __m256i bits = _mm256_or_si256(sign, finite);
+    if (!_mm256_testz_si256(special, special)) {  // infinities or NaNs: never written by the encoders
+      const __m256i nonfinite = _mm256_blendv_epi8(nan, inf, _mm256_cmpeq_epi32(mag, inf_mag));
+      bits = _mm256_or_si256(sign, _mm256_blendv_epi8(finite, nonfinite, special));
+    }
     _mm256_storeu_ps(out + i, _mm256_mul_ps(_mm256_castsi256_ps(bits), vscale));
   }
+  d.decode(code + i, scale, out + i, n - i);
+}
+#endif
+
+#if SCALIFY_HAVE_X86_SIMD
+// f16 codes by F16C's conversion (exact; a NaN keeps its payload, quieted).
+[[gnu::target("avx2,f16c")]] void decode_f16c(const VectorDecoder& d, const uint16_t* code, float scale, float* out, int64_t n) {
+  const __m256 vscale = _mm256_set1_ps(scale);
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    _mm256_storeu_ps(out + i, _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(code + i))), vscale));
   d.decode(code + i, scale, out + i, n - i);
 }
 #endif
@@ -243,6 +281,8 @@ template <class Code>
 template <class Code>
 void VectorDecoder::operator()(const Code* code, float scale, float* out, int64_t n) const {
 #if SCALIFY_HAVE_X86_SIMD
+  if constexpr (sizeof(Code) == 2)
+    if (avx2 && shift == 13 && sign_mask == 0x8000) return decode_f16c(*this, code, scale, out, n);  // f16's layout
   if (avx2) return decode_avx2(*this, code, scale, out, n);
 #endif
   decode(code, scale, out, n);
