@@ -101,6 +101,7 @@ struct VectorEncoder {
         mul(std::bit_cast<float>(uint32_t(127 + shift) << 23)),
         subnormal_units(float(std::ldexp(1.0, c.man_bits - c.emin()))) {}
   bool avx2 = kernels::active_isa() != kernels::Isa::scalar;  // the loop compiled for AVX2 (the build's target is SSE2)
+  bool avx512 = kernels::active_isa() == kernels::Isa::avx512;
   // out[i] = the code of x[i] / div (div = 1 divides exactly).
   template <class Code>
   void operator()(const float* x, float div, Code* out, int64_t n) const;
@@ -186,11 +187,44 @@ template <class Code>
 }
 #endif
 
+#if SCALIFY_HAVE_X86_SIMD
+// encode_avx2's operations on 16 values at a time with AVX-512 (half the instructions), 8-bit codes.
+[[gnu::target("avx512f,avx512bw,avx512vl,avx512dq")]] void encode_avx512(const VectorEncoder& e, const float* x, float div, uint8_t* out,
+                                                                         int64_t n) {
+  const __m512 vdiv = _mm512_set1_ps(div), mul = _mm512_set1_ps(e.mul), units = _mm512_set1_ps(e.subnormal_units),
+               two23 = _mm512_set1_ps(0x1p23f);
+  const __m512i sign_mask = _mm512_set1_epi32(e.sign_mask), max_code = _mm512_set1_epi32(e.max_code),
+                exp_offset = _mm512_set1_epi32(e.exp_offset), normal_min = _mm512_set1_epi32(e.normal_min_bits),
+                half = _mm512_set1_epi32((1 << (e.cut - 1)) - 1), one = _mm512_set1_epi32(1), abs = _mm512_set1_epi32(0x7FFFFFFF);
+  const __m128i cut = _mm_cvtsi32_si128(e.cut);
+  const bool divide = div != 1.0f;
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    const __m512i v = _mm512_castps_si512(divide ? _mm512_div_ps(_mm512_loadu_ps(x + i), vdiv) : _mm512_loadu_ps(x + i));
+    const __m512i sign = _mm512_and_si512(_mm512_srai_epi32(v, 31), sign_mask);
+    const __m512i f = _mm512_castps_si512(_mm512_mul_ps(_mm512_castsi512_ps(_mm512_and_si512(v, abs)), mul));
+    const __mmask16 below = _mm512_cmpgt_epi32_mask(normal_min, f);
+    const __m512i rounded = _mm512_add_epi32(_mm512_add_epi32(f, half), _mm512_and_si512(_mm512_srl_epi32(f, cut), one));
+    __m512i mag = _mm512_sub_epi32(_mm512_srl_epi32(rounded, cut), exp_offset);
+    if (below) {  // some lanes below the codec's normals
+      const __m512 sub_in = _mm512_castsi512_ps(_mm512_mask_blend_epi32(below, normal_min, f));
+      const __m512i subnormal = _mm512_cvttps_epi32(_mm512_sub_ps(_mm512_add_ps(_mm512_mul_ps(sub_in, units), two23), two23));
+      mag = _mm512_mask_blend_epi32(below, mag, subnormal);
+    }
+    const __m512i code = _mm512_or_si512(sign, _mm512_min_epi32(mag, max_code));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i), _mm512_cvtepi32_epi8(code));
+  }
+  e.encode(x + i, div, out + i, n - i);
+}
+#endif
+
 template <class Code>
 void VectorEncoder::operator()(const float* x, float div, Code* out, int64_t n) const {
 #if SCALIFY_HAVE_X86_SIMD
   if constexpr (sizeof(Code) == 2)
     if (avx2) return encode_f16c(*this, x, div, out, n);
+  if constexpr (sizeof(Code) == 1)
+    if (avx512) return encode_avx512(*this, x, div, out, n);
   if (avx2) return encode_avx2(*this, x, div, out, n);
 #endif
   encode(x, div, out, n);
@@ -206,7 +240,7 @@ struct VectorDecoder {
   int32_t sign_mask, mag_mask, shift;
   int32_t special_min, inf_mag;  // the first magnitude that is not finite (INT32_MAX: none); the one that is inf (-1: none)
   float mul;
-  bool avx2 = kernels::active_isa() != kernels::Isa::scalar;
+  bool avx2 = kernels::active_isa() != kernels::Isa::scalar, avx512 = kernels::active_isa() == kernels::Isa::avx512;
   explicit VectorDecoder(const FormatInfo& c)
       : sign_mask(int32_t(c.sign_mask())),
         mag_mask(int32_t(c.sign_mask() - 1)),
@@ -278,9 +312,39 @@ template <class Code>
 }
 #endif
 
+#if SCALIFY_HAVE_X86_SIMD
+// decode_avx2's operations on 16 codes at a time with AVX-512, 8-bit codes.
+[[gnu::target("avx512f,avx512bw,avx512vl,avx512dq")]] void decode_avx512(const VectorDecoder& d, const uint8_t* code, float scale,
+                                                                         float* out, int64_t n) {
+  const __m512i mag_mask = _mm512_set1_epi32(d.mag_mask), sign_mask = _mm512_set1_epi32(d.sign_mask),
+                special_below = _mm512_set1_epi32(d.special_min == INT32_MAX ? INT32_MAX : d.special_min - 1),
+                inf_mag = _mm512_set1_epi32(d.inf_mag), inf = _mm512_set1_epi32(0x7F800000), nan = _mm512_set1_epi32(0x7FC00000),
+                sign_bit = _mm512_set1_epi32(int32_t(0x80000000u));
+  const __m128i shift = _mm_cvtsi32_si128(d.shift);
+  const __m512 mul = _mm512_set1_ps(d.mul), vscale = _mm512_set1_ps(scale);
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    const __m512i c = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(code + i)));
+    const __m512i mag = _mm512_and_si512(c, mag_mask);
+    const __m512i sign = _mm512_maskz_mov_epi32(_mm512_test_epi32_mask(c, sign_mask), sign_bit);
+    const __m512i finite = _mm512_castps_si512(_mm512_mul_ps(_mm512_castsi512_ps(_mm512_sll_epi32(mag, shift)), mul));
+    const __mmask16 special = _mm512_cmpgt_epi32_mask(mag, special_below);
+    __m512i bits = _mm512_or_si512(sign, finite);
+    if (special) {  // infinities or NaNs: never written by the encoders
+      const __m512i nonfinite = _mm512_mask_blend_epi32(_mm512_cmpeq_epi32_mask(mag, inf_mag), nan, inf);
+      bits = _mm512_or_si512(sign, _mm512_mask_blend_epi32(special, finite, nonfinite));
+    }
+    _mm512_storeu_ps(out + i, _mm512_mul_ps(_mm512_castsi512_ps(bits), vscale));
+  }
+  d.decode(code + i, scale, out + i, n - i);
+}
+#endif
+
 template <class Code>
 void VectorDecoder::operator()(const Code* code, float scale, float* out, int64_t n) const {
 #if SCALIFY_HAVE_X86_SIMD
+  if constexpr (sizeof(Code) == 1)
+    if (avx512) return decode_avx512(*this, code, scale, out, n);
   if constexpr (sizeof(Code) == 2)
     if (avx2 && shift == 13 && sign_mask == 0x8000) return decode_f16c(*this, code, scale, out, n);  // f16's layout
   if (avx2) return decode_avx2(*this, code, scale, out, n);
