@@ -189,6 +189,8 @@ template <class Code>
 
 #if SCALIFY_HAVE_X86_SIMD
 // encode_avx2's operations on 16 values at a time with AVX-512 (half the instructions), 8-bit codes.
+// (AVX-512F has FMA: the compiler may fuse sub_in * units + 2^23, which changes nothing, the
+// product being exact.)
 [[gnu::target("avx512f,avx512bw,avx512vl,avx512dq")]] void encode_avx512(const VectorEncoder& e, const float* x, float div, uint8_t* out,
                                                                          int64_t n) {
   const __m512 vdiv = _mm512_set1_ps(div), mul = _mm512_set1_ps(e.mul), units = _mm512_set1_ps(e.subnormal_units),
