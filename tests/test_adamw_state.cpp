@@ -135,6 +135,59 @@ TEST(AdamWState, FusedEncodedStepEqualsTheReference) {
   }
 }
 
+// A gradient whose (1 - beta2) g g overflows f32 (|g| > ~6e20 at beta2 0.999) makes v infinite, which no code
+// holds: the encoded step saturates the moments at 2^127 instead of raising
+// (it used to raise after some parameters' codes were rewritten). Every moment and weight stays
+// finite, the huge element's v decodes to at least 1e38, and fused equals the reference.
+TEST(AdamWState, AHugeGradientSaturatesTheMomentsInsteadOfRaising) {
+  using F = StateFormat;
+  const F e4m3_tensor{.storage = Format::e4m3, .scaling = StateScaling::per_tensor};
+  const F f16_tensor_nonneg{.storage = Format::f16, .scaling = StateScaling::per_tensor, .non_negative = true};
+  const F e4m3_group{.storage = Format::e4m3, .scaling = StateScaling::per_group};
+  const F e4m3_group_nonneg{.storage = Format::e4m3, .scaling = StateScaling::per_group, .non_negative = true};
+  const F e4m3_group_expand{.storage = Format::e4m3, .scaling = StateScaling::per_group, .expand = true};
+  const F e4m3_group_expand_nonneg{.storage = Format::e4m3, .scaling = StateScaling::per_group, .non_negative = true, .expand = true};
+  for (const auto& [mf, vf] : {std::pair{e4m3_tensor, f16_tensor_nonneg}, std::pair{e4m3_group, e4m3_group_nonneg},
+                               std::pair{e4m3_group_expand, e4m3_group_expand_nonneg}}) {
+    AdamWConfig c{.lr = 1e-2};
+    c.m_format = mf;
+    c.v_format = vf;
+    AdamWConfig ref_c = c;
+    ref_c.fused = false;
+    const std::vector<Shape> shapes = {{300}, {500}};
+    std::vector<Var> fast_p, ref_p;
+    for (size_t k = 0; k < shapes.size(); ++k) {
+      fast_p.emplace_back(Tensor::randn(shapes[k], 1 + int(k)), true);
+      ref_p.emplace_back(Tensor::randn(shapes[k], 1 + int(k)), true);
+    }
+    AdamW fast(fast_p, c), ref(ref_p, ref_c);
+    for (size_t k = 0; k < shapes.size(); ++k) {
+      std::vector<float> g;
+      for (const double x : Tensor::randn(shapes[k], 7 + int(k)).to_vector()) g.push_back(float(x));
+      if (k == 1) g[130] = 1e25f;
+      fast_p[k].set_grad(ScaledTensor(Tensor::from_vector(g, shapes[k])));
+      ref_p[k].set_grad(ScaledTensor(Tensor::from_vector(g, shapes[k])));
+    }
+    ASSERT_NO_THROW(fast.step());
+    ASSERT_NO_THROW(ref.step());
+    for (size_t k = 0; k < shapes.size(); ++k) {
+      EXPECT_EQ(fast.encoded_first_moment(k).codes, ref.encoded_first_moment(k).codes);
+      EXPECT_EQ(fast.encoded_second_moment(k).codes, ref.encoded_second_moment(k).codes);
+      EXPECT_EQ(fast.encoded_second_moment(k).scales, ref.encoded_second_moment(k).scales);
+      EXPECT_EQ(fast_p[k].value().to_vector(), ref_p[k].value().to_vector());
+      const std::vector<float> m = decoded(fast.encoded_first_moment(k), mf), v = decoded(fast.encoded_second_moment(k), vf);
+      const std::vector<double> w = fast_p[k].value().to_vector();
+      for (size_t i = 0; i < m.size(); ++i) {
+        ASSERT_TRUE(std::isfinite(m[i]) && std::isfinite(v[i]) && std::isfinite(w[i]))
+            << "parameter " << k << " element " << i << ": m " << m[i] << " v " << v[i] << " w " << w[i];
+      }
+      if (k == 1) {
+        EXPECT_GE(v[130], 1e38f);
+      }
+    }
+  }
+}
+
 // The fused step writes the new codes into the state's own buffers: no allocation per step.
 TEST(AdamWState, FusedStepUpdatesTheCodesInPlace) {
   AdamWConfig c{.lr = 1e-2};

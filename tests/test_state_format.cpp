@@ -5,10 +5,12 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <random>
 #include <vector>
 
 #include "scalify/error.hpp"
+#include "scalify/formats/kernels.hpp"
 #include "scalify/optim/state_format.hpp"
 
 namespace scalify::optim {
@@ -158,6 +160,38 @@ TEST(StateFormat, PerGroupMatchesScalarReference) {
   }
 }
 
+// Per-group codes of values whose quotient by the group's scale lies on or within a few f32 ulps
+// of a midpoint between two codes (every midpoint, normal and subnormal codes, both signs): the
+// same codes as the f32 quotient rounded by the reference, so a faster division may not move them.
+TEST(StateFormat, PerGroupCodesNearEveryMidpoint) {
+  for (const Case& c : {Case{{.storage = Format::e4m3, .scaling = StateScaling::per_group, .group_size = 4096}, kE4M3},
+                        Case{{.storage = Format::e4m3, .scaling = StateScaling::per_group, .group_size = 4096, .non_negative = true}, kE4M4},
+                        Case{{.storage = Format::e5m2, .scaling = StateScaling::per_group, .group_size = 4096}, kE5M2}}) {
+    const StateFormat& f = c.format;
+    for (const double ratio : {0.7, 0.3, 1.9}) {  // scales whose reciprocal is inexact
+      const auto hi = float(c.layout.value(c.layout.max_mag) * ratio);
+      std::vector<float> x = {hi};
+      const float scale = float(double(hi) / c.layout.value(c.layout.max_mag));  // the scale the encoder picks, as the other tests
+      for (uint32_t mag = 0; mag < c.layout.max_mag; ++mag) {
+        const auto mid = float((c.layout.value(mag) + c.layout.value(mag + 1)) / 2 * scale);
+        float below = mid, above = mid;
+        x.push_back(mid);
+        for (int step = 0; step < 3; ++step) {
+          below = std::nextafter(below, 0.0f);
+          above = std::nextafter(above, INFINITY);
+          x.push_back(below);
+          x.push_back(above);
+        }
+      }
+      if (!f.non_negative)
+        for (size_t i = 1, n = x.size(); i < n; i += 2) x.push_back(-x[i]);
+      const EncodedState s = encode_state(x, f);
+      ASSERT_EQ(s.scales[0], scale);
+      for (size_t i = 0; i < x.size(); ++i) ASSERT_EQ(code_at(s, 1, i), c.layout.encode(x[i] / scale)) << "element " << i << " " << x[i];
+    }
+  }
+}
+
 // COAT: per group k = floor(log2(max^2 / 2) / log2(hi / lo) * 16) / 16 over the non-zero
 // magnitudes, centre sqrt(hi lo), scale (hi / centre)^k / max, codes encode(sign (|x| / centre)^k / scale).
 TEST(StateFormat, ExpansionMatchesScalarReference) {
@@ -239,6 +273,82 @@ TEST(StateFormat, StochasticRoundingPicksANeighbourAndRepeatsWithTheSeed) {
   }
   EXPECT_GT(inexact, 1000);
   EXPECT_GT(not_nearest, inexact / 10);  // not round-to-nearest
+}
+
+// Every code of every layout decodes (arithmetically, no table) to its value by hand, times the
+// scale; magnitudes past the largest finite one are IEEE infinities and NaNs (e5m2, e5m3, f16,
+// bf16: the first is inf) or NaN (e4m3, e4m4), with the code's sign. Every ISA up to the native one.
+TEST(StateFormat, DecodesEveryCodeOfEveryLayout) {
+  const kernels::Isa native = kernels::active_isa();
+  for (const kernels::Isa isa : {kernels::Isa::scalar, kernels::Isa::avx2, kernels::Isa::avx512}) {
+    if (isa > native) continue;
+    kernels::set_isa(isa);
+    for (const Case& c : {Case{{Format::e4m3, StateScaling::per_tensor}, kE4M3}, Case{{Format::e5m2, StateScaling::per_tensor}, kE5M2},
+                          Case{{Format::f16, StateScaling::per_tensor}, kF16},
+                          Case{{.storage = Format::e4m3, .scaling = StateScaling::per_tensor, .non_negative = true}, kE4M4},
+                          Case{{.storage = Format::e5m2, .scaling = StateScaling::per_tensor, .non_negative = true}, kE5M3},
+                          Case{{Format::bf16, StateScaling::none}, kBF16}}) {
+      const StateFormat& f = c.format;
+      const bool wide = f.storage == Format::f16 || f.storage == Format::bf16, ieee = f.storage != Format::e4m3;
+      const uint32_t codes = wide ? 65536 : 256;
+      for (const float scale : {1.0f, 0.125f}) {
+        EncodedState s;
+        s.numel = codes;
+        s.codes.resize(size_t(codes) * (wide ? 2 : 1));
+        for (uint32_t code = 0; code < codes; ++code) std::memcpy(s.codes.data() + code * (wide ? 2 : 1), &code, wide ? 2 : 1);
+        if (f.scaling == StateScaling::per_tensor) s.scales = {scale};
+        const float applied = f.scaling == StateScaling::per_tensor ? scale : 1.0f;
+        std::vector<float> out(codes);
+        decode_state(s, f, out);
+        for (uint32_t code = 0; code < codes; ++code) {
+          const uint32_t mag = code & ~c.layout.sign_bit;
+          const bool negative = c.layout.sign_bit && (code & c.layout.sign_bit);
+          SCOPED_TRACE("isa " + std::string(kernels::isa_name(isa)) + " " + std::string(format_name(f.storage)) + " code " +
+                       std::to_string(code));
+          if (mag <= c.layout.max_mag) {
+            ASSERT_EQ(out[code], float(c.layout.decode(code) * applied));
+            ASSERT_EQ(std::signbit(out[code]), negative);
+          } else if (ieee && mag == c.layout.max_mag + 1) {
+            ASSERT_EQ(out[code], negative ? -INFINITY : INFINITY);
+          } else {
+            ASSERT_TRUE(std::isnan(out[code]));
+            ASSERT_EQ(std::signbit(out[code]), negative);
+          }
+        }
+      }
+    }
+  }
+  kernels::set_isa(native);
+}
+
+// Groups and tensors of f32 subnormals: amax / max (per group) or 2^-e (per tensor) would
+// underflow to a zero scale, reading every code back as 0; the scale stays at least f32's smallest
+// subnormal, so the values (integer multiples of 2^-149 here) come back to within the format's
+// rounding (half its spacing: 2^-(mantissa bits + 1) relative).
+TEST(StateFormat, TinyValuesKeepANonZeroScale) {
+  const float tiny = std::numeric_limits<float>::denorm_min();
+  std::vector<float> x;
+  for (const int units : {71, -50, 33, 0, -7, 12}) x.push_back(float(units) * tiny);
+  std::vector<float> magnitudes;
+  for (const float v : x) magnitudes.push_back(std::fabs(v));
+  for (const auto& [f, mantissa_bits] :
+       {std::pair{StateFormat{.storage = Format::e4m3, .scaling = StateScaling::per_group}, 3},
+        std::pair{StateFormat{.storage = Format::e4m3, .scaling = StateScaling::per_group, .non_negative = true}, 4},
+        std::pair{StateFormat{.storage = Format::e5m2, .scaling = StateScaling::per_group}, 2},
+        std::pair{StateFormat{.storage = Format::e4m3, .scaling = StateScaling::per_tensor}, 3},
+        std::pair{StateFormat{.storage = Format::f16, .scaling = StateScaling::per_tensor, .non_negative = true}, 10}}) {
+    const std::vector<float>& in = f.non_negative ? magnitudes : x;
+    const EncodedState s = encode_state(in, f);
+    SCOPED_TRACE(std::string(format_name(f.storage)) + (f.scaling == StateScaling::per_group ? " per group" : " per tensor"));
+    ASSERT_GT(s.scales[0], 0.0f);
+    std::vector<float> back(in.size());
+    decode_state(s, f, back);
+    for (size_t i = 0; i < in.size(); ++i) {
+      EXPECT_LE(std::fabs(double(back[i]) - double(in[i])), std::ldexp(std::fabs(double(in[i])), -mantissa_bits - 1))
+          << "element " << i << ": " << back[i];
+      EXPECT_EQ(back[i] == 0, in[i] == 0) << "element " << i;
+    }
+  }
 }
 
 TEST(StateFormat, RejectsBadFormatsAndValues) {

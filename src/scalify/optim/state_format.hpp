@@ -16,13 +16,24 @@
 //  - expansion (per group, FP8 only): with M and m the largest and smallest non-zero |x| of the
 //    group (f32) and c = sqrt(M m) (f32), k = floor(log2(max_code^2 / 2) / log2(M / m) * expand_min)
 //    / expand_min as COAT's kernel, then y = sign(x) (|x| / c)^k, scale = (M / c)^k / max_code and
-//    codes encode(y / scale); read back as sign(q) (|decode(q)| * scale)^(1/k) * c. The powers are
+//    codes encode(y / scale); read back as sign(q) (|decode(q)| * scale)^(1/k) * c. Two deliberate
+//    departures from NVlabs/COAT's kernel, which takes the minimum over every |x| plus 1e-20 and
+//    max_code 448 for both moments: the group's range max / min (the paper's R_X) is taken over the
+//    non-zero magnitudes, since with a zero it is infinite and the kernel's 1e-20 floor then gives a
+//    group holding one zero k of about 1/4 (compressing it instead of expanding it; a zero's code
+//    is 0 whatever k); and max_code is the codec's own largest value, 480 for the unsigned E4M4
+//    that v uses (COAT stores v in signed E4M3, largest 448), so the expanded group fills the codes
+//    it is stored in. The powers are
 //    taken in f64 and rounded to f32, by the active vector math (tensor/vector_math.hpp: libm's
 //    pow, or with AVX2 SLEEF's, within 1 f64 ulp of it: rarely a code moves by one across ISAs). k is clamped to [1/expand_min, 1024]: a
 //    range wider than max_code^2 / 2 would floor k to 0, and M = m (or nearly) would make it infinite (or so large that an f32 read-back no
 //    longer tells the codes apart); within the clamp every code decodes to an f32 that encodes back to it
 //    (StateFormat.ExpansionInverseIsExactOnEveryCode).
-// A zero group (or tensor) has scale 1 (and k = 1, c = 1).
+// A zero group (or tensor) has scale 1 (and k = 1, c = 1). A non-zero one never has scale 0: a
+// per-group scale is at least f32's smallest subnormal (amax / max_code underflows below ~6e-43
+// for E4M3), a per-tensor exponent at most 149 (the codes then saturate at that scale).
+// Decoding is arithmetic (no table): the code's magnitude bits shifted into f32's exponent and
+// mantissa and multiplied by 2^(127 - bias), exact for normal and subnormal codes alike.
 // Stochastic rounding draws its random bits from a hash of (seed, element index): the same seed
 // gives the same codes, so a resumed run repeats them.
 #include <cstddef>
