@@ -33,13 +33,20 @@ struct Run {
   std::vector<Var> params;
   std::vector<Tensor> grads;
   optim::AdamW opt;
-  Run(const std::vector<Shape>& shapes, const optim::AdamWConfig& c) : params(make(shapes)), opt(params, c) {
+  // The parameters in the recipe's master-weight storage (msamp_o2: the blocks' linear weights,
+  // the matrices after the two embeddings, in scaled f16).
+  Run(const std::vector<Shape>& shapes, const quant::Recipe& r, const optim::AdamWConfig& base)
+      : params(make(shapes, r)), opt(params, quant::optimizer_config(r, base)) {
     for (size_t k = 0; k < shapes.size(); ++k) grads.push_back(Tensor::randn(shapes[k], 100 + k));
   }
-  static std::vector<Var> make(const std::vector<Shape>& shapes) {
+  static std::vector<Var> make(const std::vector<Shape>& shapes, const quant::Recipe& r) {
     std::vector<Var> p;
-    for (size_t k = 0; k < shapes.size(); ++k) p.emplace_back(Tensor::randn(shapes[k], k), true);
-    return p;
+    std::vector<bool> linear_weight;
+    for (size_t k = 0; k < shapes.size(); ++k) {
+      p.emplace_back(Tensor::randn(shapes[k], k), true);
+      linear_weight.push_back(k >= 2 && shapes[k].size() == 2);
+    }
+    return quant::prepare_parameters(p, r, linear_weight);
   }
   void step() {
     for (size_t k = 0; k < params.size(); ++k) params[k].set_grad(ScaledTensor(grads[k]));
@@ -50,7 +57,7 @@ struct Run {
 void BM_AdamWStepVsF32State(benchmark::State& st, const char* recipe) {
   const std::vector<Shape> shapes = gpt2_shapes();
   optim::AdamWConfig base{.lr = 1e-4};
-  Run f32(shapes, base), low(shapes, quant::optimizer_config(quant::preset(recipe), base));
+  Run f32(shapes, quant::preset("f32"), base), low(shapes, quant::preset(recipe), base);
   f32.step();  // past the first step's zero moments
   low.step();
   // The fastest step of each too: on a shared machine the least disturbed one is the steadiest figure.

@@ -175,13 +175,27 @@ struct PlainUpdate {
 };
 // The parameters ks of one fused pass: their weights and gradients read as f32, and buffers for
 // the new weights.
+// A parameter's value (Var::value); a scaled f16 / bf16 master (AdamWConfig::scaled_masters) as f32
+// through the bulk decoder, one vectorised parallel pass (the same values as ScaledTensor::value's
+// product, which makes several).
+Tensor master_value(const Var& p) {
+  const ScaledTensor& w = p.scaled();
+  const DType d = w.data.dtype();
+  if (!w.is_scaled() || !w.has_single_scale() || (d != DType::f16 && d != DType::bf16)) return p.value();
+  const Tensor data = w.data.contiguous();
+  Tensor out = Tensor::empty(w.shape(), DType::f32);
+  const auto n = size_t(out.numel());
+  dequantize(std::span<const std::byte>(data.raw_bytes(), n * size_t(dtype_size(d))), *dtype_format(d), w.scalar_scale(),
+             std::span<float>(out.data<float>(), n));
+  return out;
+}
 struct FusedPass {
   std::vector<Tensor> values, gradients, next;
   std::vector<int64_t> sizes;
   std::deque<Dense<float>> weights, grads;
   FusedPass(const std::vector<Var>& params, const std::vector<size_t>& ks) {
     for (size_t k : ks) {
-      values.push_back(params[k].value());
+      values.push_back(master_value(params[k]));
       gradients.push_back(params[k].grad());
       next.push_back(Tensor::empty(params[k].shape(), DType::f32));
       sizes.push_back(next.back().numel());
