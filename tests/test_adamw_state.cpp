@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -139,6 +140,46 @@ TEST(AdamWState, FusedEncodedStepEqualsTheReference) {
 // holds: the encoded step saturates the moments at 2^127 instead of raising
 // (it used to raise after some parameters' codes were rewritten). Every moment and weight stays
 // finite, the huge element's v decodes to at least 1e38, and fused equals the reference.
+// A model past 2^24 elements steps in batches of whole parameters (AdamW::step_batches): every
+// parameter is updated once, exactly as by an optimizer of its own, in f32 and encoded state.
+TEST(AdamWState, BatchedStepsUpdateEveryParameterOnceAsAlone) {
+  const std::vector<int64_t> sizes = {9 << 20, 7, 9 << 20, 5};  // batches {0, 1}, {2, 3}
+  auto values = [](int64_t n, uint64_t seed) {                  // cheap pseudo-random values in [-1, 1)
+    std::vector<float> v(size_t(n), 0.0f);
+    for (size_t i = 0; i < v.size(); ++i) v[i] = float((i * 2654435761u + seed * 40503u) % 2048) / 1024.0f - 1.0f;
+    return Tensor::from_vector(v, {n});
+  };
+  for (const bool encoded : {false, true}) {
+    AdamWConfig c{.lr = 1e-2, .weight_decay = 0.1};
+    if (encoded) {
+      c.m_format = {.storage = Format::e4m3, .scaling = StateScaling::per_group};
+      c.v_format = {.storage = Format::f16, .scaling = StateScaling::per_tensor, .non_negative = true};
+    }
+    std::vector<Var> all, alone;
+    for (size_t k = 0; k < sizes.size(); ++k) {
+      all.emplace_back(values(sizes[k], k), true);
+      alone.emplace_back(values(sizes[k], k), true);
+    }
+    AdamW together(all, c);
+    std::vector<AdamW> each;
+    for (const Var& p : alone) each.emplace_back(std::vector<Var>{p}, c);
+    for (uint64_t step = 0; step < 2; ++step) {
+      for (size_t k = 0; k < sizes.size(); ++k) {
+        all[k].set_grad(ScaledTensor(values(sizes[k], 10 * k + step + 7)));
+        alone[k].set_grad(ScaledTensor(values(sizes[k], 10 * k + step + 7)));
+        each[k].step();
+      }
+      together.step();
+    }
+    for (size_t k = 0; k < sizes.size(); ++k) {
+      const Tensor a = all[k].value(), b = alone[k].value(), start = values(sizes[k], k);
+      EXPECT_EQ(std::memcmp(a.data<float>(), b.data<float>(), size_t(a.numel()) * 4), 0)
+          << "parameter " << k << (encoded ? " encoded" : "");
+      EXPECT_NE(std::memcmp(a.data<float>(), start.data<float>(), size_t(a.numel()) * 4), 0) << "parameter " << k << " was not updated";
+    }
+  }
+}
+
 TEST(AdamWState, AHugeGradientSaturatesTheMomentsInsteadOfRaising) {
   using F = StateFormat;
   const F e4m3_tensor{.storage = Format::e4m3, .scaling = StateScaling::per_tensor};

@@ -135,6 +135,26 @@ void AdamW::set_lr(double lr) {
   c_.lr = lr;
 }
 
+// The fused passes allocate f32 copies of a batch's parameters (the new weights; a scaled master's
+// value): batches of whole parameters of at most kStepBatch elements (a larger one alone) bound
+// that transient memory by a batch, not the whole model (the chunks of a batch still share the
+// threads; every element's update is the same whatever the batch).
+std::vector<std::vector<size_t>> AdamW::step_batches(const std::vector<size_t>& ks) const {
+  constexpr int64_t kStepBatch = int64_t(1) << 24;
+  std::vector<std::vector<size_t>> batches;
+  int64_t in_last = 0;
+  for (size_t k : ks) {
+    const int64_t n = numel_of(params_[k].shape());
+    if (batches.empty() || in_last + n > kStepBatch) {
+      batches.emplace_back();
+      in_last = 0;
+    }
+    batches.back().push_back(k);
+    in_last += n;
+  }
+  return batches;
+}
+
 void AdamW::step(double gradient_multiplier, Gradients gradients) {
   std::vector<size_t> plain, scaled;
   for (size_t k = 0; k < params_.size(); ++k)
@@ -142,10 +162,11 @@ void AdamW::step(double gradient_multiplier, Gradients gradients) {
   if (gradients == Gradients::unchecked) check_finite_gradients();  // before any parameter changes
   ++t_;
   const double bc1 = 1 - std::pow(c_.beta1, double(t_)), bc2 = 1 - std::pow(c_.beta2, double(t_));
-  if (encodes_state())
-    step_encoded(plain, bc1, bc2, gradient_multiplier);
-  else
-    step_plain(plain, bc1, bc2, gradient_multiplier);
+  for (const std::vector<size_t>& batch : step_batches(plain))
+    if (encodes_state())
+      step_encoded(batch, bc1, bc2, gradient_multiplier);
+    else
+      step_plain(batch, bc1, bc2, gradient_multiplier);
   for (size_t k : step_scaled_fused(scaled, bc1, bc2, gradient_multiplier)) step_scaled(k, bc1, bc2, gradient_multiplier);
   for (size_t k : plain) params_[k].zero_grad();
   for (size_t k : scaled) params_[k].zero_grad();

@@ -89,6 +89,7 @@ class AdamW {
   bool scaled_update(size_t k) const { return params_[k].scaled().is_scaled() && !c_.scaled_masters; }
   // New weights (f32) of parameter k into its master storage.
   void store_weights(size_t k, const Tensor& next, const Tensor& old_value);
+  std::vector<std::vector<size_t>> step_batches(const std::vector<size_t>& ks) const;
   void step_plain(const std::vector<size_t>& ks, double bc1, double bc2, double gradient_multiplier);
   void step_encoded(const std::vector<size_t>& ks, double bc1, double bc2, double gradient_multiplier);
   void step_encoded_reference(const std::vector<size_t>& ks, double bc1, double bc2, double gradient_multiplier);
