@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstring>
 #include <string>
@@ -178,6 +179,49 @@ TEST(AdamWState, BatchedStepsUpdateEveryParameterOnceAsAlone) {
       EXPECT_NE(std::memcmp(a.data<float>(), start.data<float>(), size_t(a.numel()) * 4), 0) << "parameter " << k << " was not updated";
     }
   }
+}
+
+// A group larger than every parameter is one piece as long as the parameter: the step's buffers
+// are a chunk's at most (they were sized by the group: 2^30 elements aborted the process), and the
+// codes are the reference's.
+TEST(AdamWState, AGroupLargerThanTheParameterIsOnePiece) {
+  AdamWConfig c{.lr = 1e-2};
+  c.m_format = {.storage = Format::e4m3, .scaling = StateScaling::per_group, .group_size = int64_t(1) << 30};
+  c.v_format = {.storage = Format::e4m3, .scaling = StateScaling::per_group, .group_size = (int64_t(1) << 30) - 3, .non_negative = true};
+  AdamWConfig ref = c;
+  ref.fused = false;
+  Var a(Tensor::randn({3000}, 1), true), b(Tensor::randn({3000}, 1), true);
+  AdamW fused({a}, c), reference({b}, ref);
+  for (uint64_t step = 0; step < 2; ++step) {
+    a.set_grad(ScaledTensor(Tensor::randn({3000}, 5 + step)));
+    b.set_grad(ScaledTensor(Tensor::randn({3000}, 5 + step)));
+    fused.step();
+    reference.step();
+  }
+  EXPECT_EQ(fused.encoded_first_moment(0).codes, reference.encoded_first_moment(0).codes);
+  EXPECT_EQ(fused.encoded_second_moment(0).codes, reference.encoded_second_moment(0).codes);
+  EXPECT_EQ(a.value().to_vector(), b.value().to_vector());
+}
+
+// Scaled masters of small weights and in bf16: the scale stops at 2^127 (the largest an f32 scale
+// holds; 2^-e with e up to 149 overflowed to inf and the store threw), and the value is the
+// weight rounded to the storage (power-of-two scales: exact), computed here by the bits.
+TEST(AdamWState, ScaledMastersOfSmallWeightsAndInBf16) {
+  auto bf16_nearest = [](float x) {
+    const uint32_t b = std::bit_cast<uint32_t>(x);
+    return std::bit_cast<float>((b + 0x7FFFu + ((b >> 16) & 1u)) & 0xFFFF0000u);
+  };
+  for (const float v : {0.1f, 1e-3f}) {
+    const ScaledTensor m = store_scaled_master(Tensor::from_vector(std::vector<float>{v, -v / 3}, {2}), DType::bf16);
+    EXPECT_EQ(m.data.dtype(), DType::bf16);
+    EXPECT_EQ(m.scalar_scale(), 0x1p-127f) << v;
+    const std::vector<double> back = m.value().to_vector();
+    EXPECT_EQ(float(back[0]), bf16_nearest(v)) << v;
+    EXPECT_EQ(float(back[1]), bf16_nearest(-v / 3)) << v;
+  }
+  const ScaledTensor tiny = store_scaled_master(Tensor::from_vector(std::vector<float>{1e-36f}, {1}), DType::f16);
+  EXPECT_EQ(tiny.scalar_scale(), 0x1p-127f);
+  EXPECT_NEAR(tiny.value().to_vector()[0], 1e-36, 1e-36 * 0x1p-10);  // f16 keeps 11 bits of 1e-36 x 2^127
 }
 
 TEST(AdamWState, AHugeGradientSaturatesTheMomentsInsteadOfRaising) {

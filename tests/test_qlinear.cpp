@@ -335,6 +335,21 @@ TEST(QLinear, MxTransposeIsQuantisedFromTheSource) {
 // layer computes exactly what it computes from an f32 weight holding those values, and the weight's
 // gradient comes back as that f32 gradient, unscaled and not rounded into f16 (also when a second
 // backward pass accumulates into it).
+// A scaled master used twice in one graph: its two gradients meet in backward's accumulation of a
+// reused value, which keeps them f32 (as one use does), equal to an f32 weight's of the same values
+// (they were rounded into the master's f16 data with no scale).
+TEST(QLinear, AReusedScaledMasterAccumulatesItsGradientInF32) {
+  const LinearRecipe r = preset("msamp_o2").linear;
+  const Tensor x = Tensor::randn({6, 16}, 1), g = ops::scale_shift(Tensor::randn({6, 8}, 4), 3000.0, 0.0);
+  const ScaledTensor master(ops::scale_shift(Tensor::randn({16, 8}, 2), 1024.0, 0.0).to(DType::f16), 0x1p-15f);
+  Var x1(x, true), w1(master, true), x2(x, true), w2(master.value(), true);
+  const QLinear a(r, 7), b(r, 7);
+  (a(x1, w1, Var()) + a(x1, w1, Var())).backward(g);
+  (b(x2, w2, Var()) + b(x2, w2, Var())).backward(g);
+  EXPECT_EQ(w1.scaled_grad().data.dtype(), DType::f32);
+  EXPECT_EQ(w1.grad().to_vector(), w2.grad().to_vector());
+}
+
 TEST(QLinear, ScaledMasterWeightIsReadAsItsRepresentedValue) {
   const LinearRecipe r = preset("msamp_o2").linear;
   const Tensor x = Tensor::randn({6, 16}, 1), g = Tensor::randn({6, 8}, 4);

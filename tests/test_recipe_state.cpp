@@ -179,6 +179,38 @@ TEST(RecipeState, MemoryEstimateCountsTheMomentsInTheirFormats) {
   EXPECT_DOUBLE_EQ(delayed - train::estimated_memory_bytes(cfg, preset("fp8_adam_no_expansion"), true), (8 - 2 * (1 + 4.0 / 128)) * params);
 }
 
+// Integer storage for weights, moments or activations trained a model of zeros; refused by name.
+TEST(RecipeState, IntegerStorageIsRefused) {
+  for (const std::string field : {"master_weight", "optimizer_state", "data_storage"})
+    for (const DType d : {DType::u8, DType::i32}) {
+      Recipe r = preset("f32");
+      (field == "master_weight" ? r.master_weight : field == "optimizer_state" ? r.optimizer_state : r.data_storage) = d;
+      try {
+        r.validate();
+        ADD_FAILURE() << field << " " << dtype_name(d) << " was accepted";
+      } catch (const Error& e) {
+        EXPECT_NE(std::string(e.what()).find(field + " must be a floating-point dtype, got " + std::string(dtype_name(d))),
+                  std::string::npos)
+            << e.what();
+      }
+    }
+}
+
+// With bf16 masters the scaled f16 linear masters save no data bytes, and their gradients stay f32
+// where bf16 masters' would be bf16: 2 bytes more per linear weight (12 d^2 per block).
+TEST(RecipeState, MemoryEstimateOfScaledF16MastersBesideBf16Masters) {
+  train::TrainConfig cfg;
+  cfg.model.d_model = 128;
+  cfg.model.layers = 5;
+  cfg.model.heads = 4;
+  cfg.model.seq = 64;
+  Recipe bf16 = preset("msamp_o2");
+  bf16.master_weight = DType::bf16;
+  Recipe plain = bf16;
+  plain.linear_master_weight = LinearMaster::master_weight;
+  EXPECT_EQ(train::estimated_memory_bytes(cfg, bf16, true) - train::estimated_memory_bytes(cfg, plain, true), 2.0 * 12 * 128 * 128 * 5);
+}
+
 TEST(RecipeState, FieldsThatWouldBeIgnoredAreRefusedByName) {
   std::string base = preset("f32").to_json();
   base.pop_back();

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <tuple>
 #include <filesystem>
 
 #include <nlohmann/json.hpp>
@@ -223,6 +224,29 @@ TEST(StateCheckpoint, ResumeRefusesOtherStateFormatsAndReadsOldCheckpoints) {
     const optim::EncodedState& v = s->opt->encoded_second_moment(i);
     ASSERT_EQ(v.codes.size(), size_t(codes.numel())) << s->names[i];
     EXPECT_EQ(std::memcmp(v.codes.data(), codes.raw_bytes(), v.codes.size()), 0) << s->names[i];
+  }
+}
+
+// A tampered checkpoint (its checksums rewritten) whose moments' per-group scales are zero or
+// negative, or whose expansion exponents are 0, is refused by name on load: zero scales resumed
+// silently with zeroed moments, negative ones diverged a few steps later.
+TEST(StateCheckpoint, BadEncodedScalesAndExponentsAreRefusedOnLoad) {
+  const fs::path run = scratch("coat_tampered");
+  train::train(tiny_run(text_corpus(), run, "coat"), false);
+  const auto [st, cfg] = train::read_checkpoint(run.string());
+  const train::TrainConfig config = cfg;
+  for (const auto& [part, value, words] : {std::tuple<const char*, float, const char*>{".scales", 0.0f, "is not a finite positive scale"},
+                                           {".scales", -1.0f, "is not a finite positive scale"},
+                                           {".centre", INFINITY, "is not a finite positive scale"},
+                                           {".expand_k", 0.0f, "holds an expansion exponent outside (0, 1024]"}}) {
+    io::SafeTensors tampered = st;
+    for (auto& [name, t] : tampered.tensors)
+      if (name == std::string("optim.m.wte") + part) t = Tensor::full(t.shape(), value);
+    const fs::path file = scratch("tampered.safetensors");
+    io::write_safetensors(file.string(), tampered);
+    const auto [read_back, read_cfg] = train::read_checkpoint(file.string());
+    EXPECT_ERROR(train::load_session(read_back, config, file.string(), train::NonFinite::refuse),
+                 std::string("tensor 'optim.m.wte") + part + "' " + words);
   }
 }
 

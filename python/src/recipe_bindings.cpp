@@ -342,8 +342,10 @@ void set_master_rounding(Recipe& r, const std::string& name) {
 
 void bind_recipe(nb::module_& m) {
   const std::string dtypes = quoted_names(DType::u8, dtype_name);
-  const std::string master_doc = "Storage of the master weights. Allowed: " + dtypes + ".";
-  const std::string state_doc = "Storage of AdamW's m and v. Allowed: " + dtypes + ".";
+  const std::string master_doc =
+      "Storage of the master weights: a floating-point dtype (Recipe.validate() checks; the names read: " + dtypes + ").";
+  const std::string state_doc =
+      "Storage of AdamW's m and v under scaled_state: a floating-point dtype (Recipe.validate() checks; the names read: " + dtypes + ").";
   const std::string data_doc =
       "Storage of every activation and gradient: 'f32', 'f16' or 'bf16' (Recipe.validate() checks; the names "
       "read: " +
@@ -450,10 +452,10 @@ void bind_recipe(nb::module_& m) {
            [](nb::handle self) {
              const std::string text =
                  "Recipe(" +
-                 changed_fields(self, {"name", "linear", "high_precision", "master_weight", "scaled_state", "optimizer_state",
-                                       "weight_gradient", "rescale_every", "rescale_norm_grad", "rescale_gradients", "unit_scaled", "umup",
-                                       "data_storage", "gradient_allreduce", "linear_master_weight", "first_moment", "second_moment",
-                                       "master_rounding"}) +
+                 changed_fields(self,
+                                {"name", "linear", "high_precision", "master_weight", "scaled_state", "optimizer_state", "weight_gradient",
+                                 "rescale_every", "rescale_norm_grad", "rescale_gradients", "unit_scaled", "umup", "data_storage",
+                                 "gradient_allreduce", "linear_master_weight", "first_moment", "second_moment", "master_rounding"}) +
                  ")";
              const Recipe& r = nb::cast<const Recipe&>(self);
              // The field with no keyword here: loss scaling.

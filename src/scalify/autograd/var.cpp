@@ -161,7 +161,7 @@ void Var::backward(const ScaledTensor& grad_output) const {
                     ", input has " + shape_str(in->value.shape()));
       // The gradient's data takes the storage of the value it is the gradient of.
       ScaledTensor gi = in_grads[i];
-      const DType storage = in->value.data.dtype();
+      const DType storage = gradient_storage(in->value, gi);
       if (v->node->promoted && dtype_size(storage) >= 2) gi.data = to_storage(gi.data, storage, v->node->name + " grad");
       auto [slot, fresh] = grads.try_emplace(in, gi);
       if (!fresh) slot->second = accumulate_gradient(slot->second, gi, storage);  // a reused value

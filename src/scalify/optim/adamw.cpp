@@ -65,7 +65,8 @@ ScaledTensor store_scaled_master(const Tensor& w, DType dtype, Rounding rounding
   const std::span<const float> values(f.data<float>(), n);
   const float top = amax(values);
   if (!std::isfinite(top)) throw Error("store_scaled_master: the weights are not finite");
-  const int e = state_tensor_exponent({.storage = *dtype_format(dtype), .scaling = StateScaling::per_tensor}, top);
+  // At most 2^127, the largest power of two an f32 scale holds (bf16's range needs no more).
+  const int e = std::min(state_tensor_exponent({.storage = *dtype_format(dtype), .scaling = StateScaling::per_tensor}, top), 127);
   Tensor data = Tensor::empty(f.shape(), dtype);
   quantize(values, *dtype_format(dtype), float(std::ldexp(1.0, e)), std::span<std::byte>(data.raw_bytes(), n * size_t(dtype_size(dtype))),
            {.rounding = rounding, .seed = seed});
@@ -345,7 +346,9 @@ void AdamW::step_encoded(const std::vector<size_t>& ks, double bc1, double bc2, 
   const std::vector<ParamChunk> chunks = param_chunks(sizes, std::max<int64_t>(1, kParamChunk / whole_groups) * whole_groups);
   // Pieces of about 512 values, whole groups: two f32 buffers of it stay in L1 (measured: 512
   // fastest, 256 the same, 1024 and more 15-25 % slower).
-  const int64_t piece = std::max<int64_t>(1, 512 / whole_groups) * whole_groups;
+  int64_t longest = 1;  // no buffer longer than a chunk (a huge group_size is one piece)
+  for (const ParamChunk& c : chunks) longest = std::max(longest, c.end - c.begin);
+  const int64_t piece = std::min(longest, std::max<int64_t>(1, 512 / whole_groups) * whole_groups);
   const bool avx2 = kernels::active_isa() != kernels::Isa::scalar;
   std::vector<int32_t> m_amax(chunks.size()), v_amax(chunks.size());  // bits of the chunks' largest magnitudes
   auto buffers = [piece] {                                            // grown once per thread, then reused

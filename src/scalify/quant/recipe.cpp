@@ -383,6 +383,10 @@ Recipe from_parsed(const json& j) {
 
 void Recipe::validate() const {
   auto refuse = [&](const std::string& why) { throw Error("recipe '" + name + "': " + why); };
+  for (const auto& [role, d] : {std::pair<const char*, DType>{"master_weight", master_weight},
+                                {"optimizer_state", optimizer_state},
+                                {"data_storage", data_storage}})
+    if (is_integer(d)) refuse(std::string(role) + " must be a floating-point dtype, got " + std::string(dtype_name(d)));
   for (const auto& [role, f] :
        {std::pair<const char*, const optim::StateFormat&>{"first_moment", first_moment}, {"second_moment", second_moment}})
     try {

@@ -110,7 +110,8 @@ std::string gigabytes(double bytes) {
 
 namespace {
 // Bytes the quantised linear layers' scaled f16 master weights (Recipe::linear_master_weight) save
-// against master_weight: 2-byte data instead of master_weight's (their gradients stay f32).
+// against master_weight: 2-byte data instead of master_weight's, their gradients f32 either way
+// (QLinear); negative where master_weight is narrower than f32.
 double scaled_master_saving(const nn::GptConfig& m, const quant::Recipe& r) {
   if (r.linear_master_weight != quant::LinearMaster::scaled_f16) return 0;
   const nn::BlockSpec b = m.block();
@@ -121,7 +122,9 @@ double scaled_master_saving(const nn::GptConfig& m, const quant::Recipe& r) {
   for (int l = 0; l < m.layers; ++l)
     for (const auto& [name, count] : linears)
       if (r.linear_for("h" + std::to_string(l) + "." + name, l, m.layers).quantized) weights += double(count);
-  return weights * (dtype_size(r.master_weight) - 2.0);
+  // Their data is 2 bytes instead of master_weight's, and their gradients stay f32 (QLinear) where
+  // master_weight's would be its size.
+  return weights * (2.0 * dtype_size(r.master_weight) - (2.0 + 4.0));
 }
 }  // namespace
 
@@ -401,11 +404,19 @@ std::vector<std::string> nonfinite_parameters(const Session& s) {
 
 std::unique_ptr<Session> load_session(const io::SafeTensors& st, const TrainConfig& cfg, const std::string& file, NonFinite nonfinite) {
   // Scales must be finite and positive for anything to compute with them, inspection included.
+  // So must encoded moments' per-group scales, expansion exponents (within expansion_for's clamp)
+  // and centres.
   for (const auto& [key, t] : st.tensors) {
-    if (!key.ends_with(".scale") || !(key.starts_with("param.") || key.starts_with("optim."))) continue;
+    if (!(key.starts_with("param.") || key.starts_with("optim."))) continue;
+    const bool scale = key.ends_with(".scale") || (key.starts_with("optim.") && (key.ends_with(".scales") || key.ends_with(".centre")));
+    const bool exponent = key.starts_with("optim.") && key.ends_with(".expand_k");
+    if (!scale && !exponent) continue;
     const std::vector<float> v = t.to_floats();
-    if (!std::all_of(v.begin(), v.end(), [](float x) { return x > 0 && std::isfinite(x); }))
+    if (scale && !std::all_of(v.begin(), v.end(), [](float x) { return x > 0 && std::isfinite(x); }))
       throw Error("checkpoint '" + file + "': tensor '" + key + "' is not a finite positive scale");
+    if (exponent && !std::all_of(v.begin(), v.end(), [](float k) { return k > 0 && k <= float(optim::kMaxExpansion); }))
+      throw Error("checkpoint '" + file + "': tensor '" + key + "' holds an expansion exponent outside (0, " +
+                  std::to_string(int(optim::kMaxExpansion)) + "]");
   }
   std::unique_ptr<Session> s;
   try {
