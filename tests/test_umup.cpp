@@ -272,6 +272,27 @@ std::string validation_error(const train::TrainConfig& c) {  // "" when c is val
   return "";
 }
 
+// u-μP's lr defaults to 2^0 (min_lr 0.1) where not given: f32's 2e-3 barely trains its model.
+TEST(UmupOptimizer, LearningRateDefaultsToOneUnlessGiven) {
+  train::TrainConfig c;
+  c.recipe = "umup";
+  EXPECT_EQ(train::with_recipe_defaults(c).lr, 1.0);
+  EXPECT_EQ(train::with_recipe_defaults(c).min_lr, 0.1);
+  c.set("min_lr", "0.25");
+  EXPECT_EQ(train::with_recipe_defaults(c).lr, 1.0);
+  EXPECT_EQ(train::with_recipe_defaults(c).min_lr, 0.25);
+  c.set("lr", "0.5");
+  EXPECT_EQ(train::with_recipe_defaults(c).lr, 0.5);
+  train::TrainConfig standard;
+  EXPECT_EQ(train::with_recipe_defaults(standard).lr, 2e-3);
+  EXPECT_EQ(train::with_recipe_defaults(standard).min_lr, 2e-4);
+  // A resumed run reads its config.toml (every key given): the lr it trained with stays.
+  train::TrainConfig run;
+  run.recipe = "umup";
+  const train::TrainConfig resumed = train::parse_config(train::with_recipe_defaults(run).to_toml(), "config.toml");
+  EXPECT_EQ(train::with_recipe_defaults(resumed).lr, 1.0);
+}
+
 TEST(UmupOptimizer, WeightDecayIsIndependentAndZeroUnlessGiven) {
   // Under u-μP the decay is independent_weight_decay, per step (unit-scaling's independent weight
   // decay, its default 0); weight_decay keeps its one meaning (AdamW's coupled coefficient, 0.1 by

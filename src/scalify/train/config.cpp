@@ -222,6 +222,13 @@ TrainConfig with_recipe_defaults(const TrainConfig& config) {
                     "'): its transformer is unit-scaling's (RMSNorm, SwiGLU, no biases, an untied head)");
     set_umup_model_keys(c.model);
   }
+  // u-μP's learning rate is O(1) (each tensor's is lr x its factors): f32's default 2e-3 leaves its
+  // model barely trained (val loss 4.97 against f32's 2.58 in the README's comparison). 2^0 is the
+  // transfer study's best at widths 64 and 256 (docs/RESULTS.md); min_lr keeps f32's ratio of 1/10.
+  if (umup && !c.given.count("lr")) {
+    c.lr = 1.0;
+    if (!c.given.count("min_lr")) c.min_lr = 0.1;
+  }
   if (umup && !c.given.count("weight_decay")) c.weight_decay = 0;
   if (umup && !c.given.count("grad_clip")) c.grad_clip = 0;
   return c;
