@@ -60,7 +60,7 @@ struct RecipeOutcome {
   // val_batch_losses: each batch's mean); with several seeds, the losses are NaN unless every
   // seed finished.
   train::TrainResult result;
-  std::string baseline;  // the recipe its delta is taken against: unit_f32 for unit scaling, else f32
+  std::string baseline;  // the recipe its delta is taken against: unit_f32 for unit scaling, umup for u-μP, else f32
   // Validation loss minus the baseline's of the same seed, mean over the seeds; NaN unless the
   // recipe and its baseline finished under every seed.
   double val_delta = NAN;

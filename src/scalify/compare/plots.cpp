@@ -199,7 +199,7 @@ std::string write_comparison_plots(const std::string& dir_name, const std::vecto
       legend += ", NaN with points pt 7 ps 1.3 lc rgb '" + verdict_colour(v) + "' title " + report::gnuplot_quote(v);
     gp << "set terminal pngcairo noenhanced size 1400," << 160 + 26 * shown.size() << " font ',11'\n"
        << "set output " << report::gnuplot_quote((dir / "delta.png").string()) << "\n"
-       << "set title 'Validation loss minus the baseline''s, with its 95 % interval (f32; unit_f32 for unit scaling)'\n"
+       << "set title 'Validation loss minus the baseline''s, with its 95 % interval (f32; unit_f32 for unit scaling, umup for u-μP)'\n"
        << "set xlabel 'delta loss (nats)'\nunset ylabel\nset ytics (" << ytics.str() << ")\nset yrange [" << double(shown.size()) - 0.5
        << ":-0.5]\nset xrange [" << fixed(x_bottom) << ":" << fixed(x_top) << "]\nset key outside right\n"
        << labels.str() << "set arrow 1 from 0, graph 0 to 0, graph 1 nohead lw 2 lc rgb 'black'\n"
