@@ -164,9 +164,10 @@ TEST(StateFormat, PerGroupMatchesScalarReference) {
 // of a midpoint between two codes (every midpoint, normal and subnormal codes, both signs): the
 // same codes as the f32 quotient rounded by the reference, so a faster division may not move them.
 TEST(StateFormat, PerGroupCodesNearEveryMidpoint) {
-  for (const Case& c : {Case{{.storage = Format::e4m3, .scaling = StateScaling::per_group, .group_size = 4096}, kE4M3},
-                        Case{{.storage = Format::e4m3, .scaling = StateScaling::per_group, .group_size = 4096, .non_negative = true}, kE4M4},
-                        Case{{.storage = Format::e5m2, .scaling = StateScaling::per_group, .group_size = 4096}, kE5M2}}) {
+  for (const Case& c :
+       {Case{{.storage = Format::e4m3, .scaling = StateScaling::per_group, .group_size = 4096}, kE4M3},
+        Case{{.storage = Format::e4m3, .scaling = StateScaling::per_group, .group_size = 4096, .non_negative = true}, kE4M4},
+        Case{{.storage = Format::e5m2, .scaling = StateScaling::per_group, .group_size = 4096}, kE5M2}}) {
     const StateFormat& f = c.format;
     for (const double ratio : {0.7, 0.3, 1.9}) {  // scales whose reciprocal is inexact
       const auto hi = float(c.layout.value(c.layout.max_mag) * ratio);
