@@ -12,6 +12,7 @@
 #include "scalify/formats/bulk.hpp"
 #include "scalify/quant/recipe.hpp"
 #include "scalify/compare/compare.hpp"
+#include "scalify/train/session.hpp"
 #include "train_fixtures.hpp"
 
 namespace scalify {
@@ -431,8 +432,9 @@ TEST(Compare, ARecipeJsonFileRunsUnderItsStem) {
 
 // What a recipe declares it stores per parameter: master weights, the weight gradient (in the
 // recipe's cast format, else in the storage of the parameter as used: the narrower of the master
-// weights and the data storage, SPEC §2) and AdamW's two moments.
-double declared_bytes_per_parameter(const quant::Recipe& r) {
+// weights and the data storage, SPEC §2) and AdamW's two moments; scaled-f16 linear masters
+// (msamp_o2) hold 2 bytes of data and an f32 gradient for the blocks' four linear weights.
+double declared_bytes_per_parameter(const quant::Recipe& r, const train::TrainConfig& c) {
   const double gradient = r.weight_gradient == Format::f32 ? double(std::min(dtype_size(r.master_weight), dtype_size(r.data_storage)))
                                                            : double(info(r.weight_gradient).bits) / 8.0;
   // A moment in its own format (issue 48): its codes, plus per group an f32 scale (and COAT's k and
@@ -442,7 +444,14 @@ double declared_bytes_per_parameter(const quant::Recipe& r) {
     const double per_group = f.scaling == optim::StateScaling::per_group ? (f.expand ? 12.0 : 4.0) / double(f.group_size) : 0.0;
     return double(info(f.storage).bits) / 8.0 + per_group;
   };
-  return dtype_size(r.master_weight) + gradient + moment(r.first_moment) + moment(r.second_moment);
+  double linear_masters = 0;  // bytes per parameter the scaled-f16 linear masters change
+  if (r.linear_master_weight == quant::LinearMaster::scaled_f16) {
+    const nn::GptConfig m = train::Session::model_config(c, r);
+    const double d = double(m.d_model), hidden = double(m.block().mlp_hidden);
+    const double linear = double(m.layers) * (d * 3 * d + d * d + 2 * d * hidden);  // qkv, proj, fc, out
+    linear_masters = linear / double(m.parameter_count()) * ((2.0 - double(dtype_size(r.master_weight))) + (4.0 - gradient));
+  }
+  return dtype_size(r.master_weight) + gradient + moment(r.first_moment) + moment(r.second_moment) + linear_masters;
 }
 
 TEST(Compare, StateBytesPerParameterMatchWhatEachRecipeDeclares) {
@@ -452,7 +461,7 @@ TEST(Compare, StateBytesPerParameterMatchWhatEachRecipeDeclares) {
     c.steps = 1;
     c.eval_windows = 1;
     const train::TrainResult r = train::train(c, false);
-    const double declared = declared_bytes_per_parameter(quant::preset(name));
+    const double declared = declared_bytes_per_parameter(quant::preset(name), c);
     // Scaled tensors add one f32 scale per tensor: under 0.05 bytes per parameter here.
     EXPECT_NEAR(r.state_bytes_per_parameter, declared, 0.05) << name;
     if (name == "f32") {

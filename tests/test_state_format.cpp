@@ -72,14 +72,19 @@ struct Case {
   StateFormat format;
   Layout layout;
 };
+// Every per-tensor layout (and bf16, which takes no scale).
+std::vector<Case> per_tensor_cases(bool with_bf16 = true) {
+  std::vector<Case> cases = {Case{{Format::e4m3, StateScaling::per_tensor}, kE4M3}, Case{{Format::e5m2, StateScaling::per_tensor}, kE5M2},
+                             Case{{Format::f16, StateScaling::per_tensor}, kF16},
+                             Case{{.storage = Format::e4m3, .scaling = StateScaling::per_tensor, .non_negative = true}, kE4M4},
+                             Case{{.storage = Format::e5m2, .scaling = StateScaling::per_tensor, .non_negative = true}, kE5M3}};
+  if (with_bf16) cases.push_back(Case{{Format::bf16, StateScaling::none}, kBF16});
+  return cases;
+}
 
 // Per-tensor scale 2^-e, e the largest with amax 2^e <= the code's max; codes encode(x 2^e).
 TEST(StateFormat, PerTensorMatchesScalarReference) {
-  for (const Case& c : {Case{{Format::e4m3, StateScaling::per_tensor}, kE4M3}, Case{{Format::e5m2, StateScaling::per_tensor}, kE5M2},
-                        Case{{Format::f16, StateScaling::per_tensor}, kF16},
-                        Case{{.storage = Format::e4m3, .scaling = StateScaling::per_tensor, .non_negative = true}, kE4M4},
-                        Case{{.storage = Format::e5m2, .scaling = StateScaling::per_tensor, .non_negative = true}, kE5M3},
-                        Case{{Format::bf16, StateScaling::none}, kBF16}}) {
+  for (const Case& c : per_tensor_cases()) {
     const StateFormat& f = c.format;
     SCOPED_TRACE(std::string(format_name(f.storage)) + (f.non_negative ? " non-negative" : ""));
     const std::vector<float> x = moments(1000, f.non_negative, 7);
@@ -110,10 +115,7 @@ TEST(StateFormat, PerTensorMatchesScalarReference) {
 // either side of it, both signs where the code has one; the largest value is in the data, so the
 // per-tensor scale is 1.
 TEST(StateFormat, NearestRoundingOfEveryCodeAndTie) {
-  for (const Case& c : {Case{{Format::e4m3, StateScaling::per_tensor}, kE4M3}, Case{{Format::e5m2, StateScaling::per_tensor}, kE5M2},
-                        Case{{Format::f16, StateScaling::per_tensor}, kF16},
-                        Case{{.storage = Format::e4m3, .scaling = StateScaling::per_tensor, .non_negative = true}, kE4M4},
-                        Case{{.storage = Format::e5m2, .scaling = StateScaling::per_tensor, .non_negative = true}, kE5M3}}) {
+  for (const Case& c : per_tensor_cases(/*with_bf16=*/false)) {
     std::vector<float> x;
     for (uint32_t m = 0; m <= c.layout.max_mag; ++m) {
       x.push_back(float(c.layout.value(m)));
@@ -284,11 +286,7 @@ TEST(StateFormat, DecodesEveryCodeOfEveryLayout) {
   for (const kernels::Isa isa : {kernels::Isa::scalar, kernels::Isa::avx2, kernels::Isa::avx512}) {
     if (isa > native) continue;
     kernels::set_isa(isa);
-    for (const Case& c : {Case{{Format::e4m3, StateScaling::per_tensor}, kE4M3}, Case{{Format::e5m2, StateScaling::per_tensor}, kE5M2},
-                          Case{{Format::f16, StateScaling::per_tensor}, kF16},
-                          Case{{.storage = Format::e4m3, .scaling = StateScaling::per_tensor, .non_negative = true}, kE4M4},
-                          Case{{.storage = Format::e5m2, .scaling = StateScaling::per_tensor, .non_negative = true}, kE5M3},
-                          Case{{Format::bf16, StateScaling::none}, kBF16}}) {
+    for (const Case& c : per_tensor_cases()) {
       const StateFormat& f = c.format;
       const bool wide = f.storage == Format::f16 || f.storage == Format::bf16, ieee = f.storage != Format::e4m3;
       const uint32_t codes = wide ? 65536 : 256;
