@@ -12,7 +12,8 @@
 #                                hostile-input cases — recipe JSON, TOML config, safetensors, GGUF and
 #                                checkpoints, corpus, CLI numbers, empty and mismatched tensors,
 #                                block/MX quantisation, the format kernels' edge carries, the fast
-#                                kernels against their references.
+#                                kernels against their references, the optimizer-state codecs and
+#                                AdamW's encoded step.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 mode="${1:-full}"
@@ -32,7 +33,7 @@ export ASAN_OPTIONS=abort_on_error=1
 train_readers='SafeTensors.*:Checkpoint.*:Config.*:Trainer.BadDataAndConfigAreClearErrorsBeforeAnyRunFolder'
 
 if [[ "$mode" == --quick ]]; then
-  quick_tests=(test_recipe test_run_folder test_tensor test_block test_quantizer test_bulk_kernels test_snr test_autograd test_loss_scaler test_kernels_vs_reference test_ptq test_data_parallel test_tokenize test_tokenize_json test_hub test_gguf test_hostile_json test_implausible_loss)
+  quick_tests=(test_recipe test_run_folder test_tensor test_block test_quantizer test_bulk_kernels test_snr test_autograd test_loss_scaler test_kernels_vs_reference test_ptq test_data_parallel test_tokenize test_tokenize_json test_hub test_gguf test_hostile_json test_implausible_loss test_state_format test_adamw_state test_state_layout test_recipe_state)
   cmake --build build-sanitize -j"$jobs" --target scalify_cli test_train "${quick_tests[@]}"
   for t in "${quick_tests[@]}"; do
     echo "== sanitizers: $t"
