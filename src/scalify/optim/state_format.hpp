@@ -33,7 +33,9 @@
 // per-group scale is at least f32's smallest subnormal (amax / max_code underflows below ~6e-43
 // for E4M3), a per-tensor exponent at most 149 (the codes then saturate at that scale).
 // Decoding is arithmetic (no table): the code's magnitude bits shifted into f32's exponent and
-// mantissa and multiplied by 2^(127 - bias), exact for normal and subnormal codes alike.
+// mantissa and multiplied by 2^(127 - bias), exact for normal and subnormal codes alike (with the
+// CPU's denormals-are-zero flag set, as torch.set_flush_denormal(True) sets it, subnormal codes
+// read as 0, as every f32 subnormal then does).
 // Stochastic rounding draws its random bits from a hash of (seed, element index): the same seed
 // gives the same codes, so a resumed run repeats them.
 #include <cstddef>
