@@ -13,6 +13,16 @@
 namespace scalify::quant {
 namespace {
 
+// The model the memory-estimate tests price: d 128, 5 layers of 4 heads, seq 64.
+train::TrainConfig estimate_config() {
+  train::TrainConfig cfg;
+  cfg.model.d_model = 128;
+  cfg.model.layers = 5;
+  cfg.model.heads = 4;
+  cfg.model.seq = 64;
+  return cfg;
+}
+
 std::string error_of(const std::string& json) {
   try {
     Recipe::from_json(json).validate();
@@ -125,11 +135,7 @@ TEST(RecipeState, ScaledF16LinearMasterWeights) {
 // The memory estimate counts the scaled f16 masters: 2 bytes per quantised linear weight instead of
 // f32's 4 (12 d_model^2 weights per block of the default GELU model with a 4 x MLP).
 TEST(RecipeState, MemoryEstimateCountsScaledF16Masters) {
-  train::TrainConfig cfg;
-  cfg.model.d_model = 128;
-  cfg.model.layers = 5;
-  cfg.model.heads = 4;
-  cfg.model.seq = 64;
+  const train::TrainConfig cfg = estimate_config();
   Recipe f32_masters = preset("msamp_o2");
   f32_masters.linear_master_weight = LinearMaster::master_weight;
   const double saved = train::estimated_memory_bytes(cfg, f32_masters, true) - train::estimated_memory_bytes(cfg, preset("msamp_o2"), true);
@@ -144,11 +150,7 @@ TEST(RecipeState, MemoryEstimateCountsScaledF16Masters) {
 // msamp_o2's 1 (E4M3) + 2 (f16), coat's 2 x (1 + 3 x 4 / 128) (codes, and per group of 128 the
 // scale, k and centre). The other roles of the three presets are delayed's.
 TEST(RecipeState, MemoryEstimateCountsTheMomentsInTheirFormats) {
-  train::TrainConfig cfg;
-  cfg.model.d_model = 128;
-  cfg.model.layers = 5;
-  cfg.model.heads = 4;
-  cfg.model.seq = 64;
+  const train::TrainConfig cfg = estimate_config();
   const double params = double(train::Session::model_config(cfg, preset("delayed")).parameter_count());
   const double delayed = train::estimated_memory_bytes(cfg, preset("delayed"), true);
   Recipe msamp = preset("msamp_o2");
@@ -171,11 +173,7 @@ TEST(RecipeState, IntegerStorageIsRefused) {
 // With bf16 masters the scaled f16 linear masters save no data bytes, and their gradients stay f32
 // where bf16 masters' would be bf16: 2 bytes more per linear weight (12 d^2 per block).
 TEST(RecipeState, MemoryEstimateOfScaledF16MastersBesideBf16Masters) {
-  train::TrainConfig cfg;
-  cfg.model.d_model = 128;
-  cfg.model.layers = 5;
-  cfg.model.heads = 4;
-  cfg.model.seq = 64;
+  const train::TrainConfig cfg = estimate_config();
   Recipe bf16 = preset("msamp_o2");
   bf16.master_weight = DType::bf16;
   Recipe plain = bf16;
