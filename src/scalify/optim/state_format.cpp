@@ -32,14 +32,6 @@ FormatInfo codec(const StateFormat& f) {
   return c;
 }
 
-// Random bits for element i: splitmix64 of (seed, i), so the same seed gives the same codes.
-uint32_t random_bits(uint64_t seed, int64_t i) {
-  uint64_t z = seed * 0x9E3779B97F4A7C15ull + uint64_t(i) + 0x632BE59BD9B4E019ull;
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return uint32_t((z ^ (z >> 31)) >> 32);
-}
-
 void put_code(std::vector<std::byte>& codes, int bytes, int64_t i, uint32_t code) {
   std::memcpy(codes.data() + size_t(i) * size_t(bytes), &code, size_t(bytes));  // little-endian low bytes
 }
@@ -490,9 +482,9 @@ void encode_state_range(const float* x, const StateFormat& f, int64_t begin, int
   auto encode_one = [&](float v, const NearestEncoder& enc, int64_t i) {
     uint32_t b = std::bit_cast<uint32_t>(v);
     if (f.non_negative) b &= 0x7FFFFFFFu;
-    const uint32_t code = f.rounding == Rounding::stochastic
-                              ? detail::encode_bits(c, b, enc.shift, Overflow::saturate, f.rounding, random_bits(seed, i))
-                              : enc(std::bit_cast<float>(b));
+    const uint32_t code = f.rounding == Rounding::stochastic ? detail::encode_bits(c, b, enc.shift, Overflow::saturate, f.rounding,
+                                                                                   kernels::random_bits(seed, uint64_t(i)))
+                                                             : enc(std::bit_cast<float>(b));
     if (bytes == 1)
       s.codes[size_t(i)] = std::byte(code);
     else

@@ -36,8 +36,8 @@
 // mantissa and multiplied by 2^(127 - bias), exact for normal and subnormal codes alike (with the
 // CPU's denormals-are-zero flag set, as torch.set_flush_denormal(True) sets it, subnormal codes
 // read as 0, as every f32 subnormal then does).
-// Stochastic rounding draws its random bits from a hash of (seed, element index): the same seed
-// gives the same codes, so a resumed run repeats them.
+// Stochastic rounding draws its random bits as the format kernels do (kernels::random_bits of seed
+// and element index): the same seed gives the same codes, so a resumed run repeats them.
 #include <cstddef>
 #include <cstdint>
 #include <span>
