@@ -12,7 +12,10 @@
 #include <vector>
 
 #include "scalify/error.hpp"
+#include "scalify/formats/kernels.hpp"
 #include "scalify/optim/adamw.hpp"
+#include "scalify/optim/fused_encoded_step.hpp"
+#include "scalify/quant/recipe.hpp"
 #include "scalify/tensor/ops.hpp"
 
 namespace scalify::optim {
@@ -98,9 +101,18 @@ TEST(AdamWState, FusedEncodedStepEqualsTheReference) {
   const F e4m3_group128_nonneg{.storage = Format::e4m3, .scaling = StateScaling::per_group, .non_negative = true};
   const F bf16_sr{.storage = Format::bf16, .rounding = Rounding::stochastic};
   const F f16_tensor_sr{.storage = Format::f16, .scaling = StateScaling::per_tensor, .rounding = Rounding::stochastic};
+  // Formats the fused AVX-512 pass takes (fused_encoded_step.hpp) where the CPU has AVX-512.
+  const F e4m3_group128{.storage = Format::e4m3, .scaling = StateScaling::per_group};
+  const F e5m2_group32{.storage = Format::e5m2, .scaling = StateScaling::per_group, .group_size = 32};
+  const F f16_group32_nonneg{.storage = Format::f16, .scaling = StateScaling::per_group, .group_size = 32, .non_negative = true};
+  const F e5m2_group48_nonneg{.storage = Format::e5m2, .scaling = StateScaling::per_group, .group_size = 48, .non_negative = true};
+  const F e5m2_tensor{.storage = Format::e5m2, .scaling = StateScaling::per_tensor};
+  const F e4m3_tensor_nonneg{.storage = Format::e4m3, .scaling = StateScaling::per_tensor, .non_negative = true};
   for (const auto& [mf, vf] :
        {std::pair{e4m3_tensor, f16_tensor_nonneg}, std::pair{e4m3_group_expand, e4m3_group_expand_nonneg},
-        std::pair{e5m2_group100_sr, e4m3_group128_nonneg}, std::pair{bf16_sr, F{}}, std::pair{f16_tensor_sr, e4m3_group_expand_nonneg}}) {
+        std::pair{e5m2_group100_sr, e4m3_group128_nonneg}, std::pair{bf16_sr, F{}}, std::pair{f16_tensor_sr, e4m3_group_expand_nonneg},
+        std::pair{e4m3_group128, e4m3_group128_nonneg}, std::pair{e5m2_group32, f16_group32_nonneg},
+        std::pair{e4m3_tensor, e5m2_group48_nonneg}, std::pair{e5m2_tensor, e4m3_tensor_nonneg}}) {
     AdamWConfig c{.lr = 1e-2, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1};
     c.m_format = mf;
     c.v_format = vf;
@@ -116,7 +128,11 @@ TEST(AdamWState, FusedEncodedStepEqualsTheReference) {
     AdamW ref(ref_p, ref_c, {1.0, 0.5, 1.0, 2.0}, {true, false, true, true}, {1.0, 1.0, 0.5, 1.0});
     for (int t = 1; t <= 3; ++t) {
       for (size_t k = 0; k < shapes.size(); ++k) {
-        const Tensor g = ops::scale_shift(Tensor::randn(shapes[k], 10 * t + int(k)), k == 0 ? 1e-3 : 1.0, 0.0);
+        // Parameter 2's moments are so small (f32 subnormals) that a per-tensor scale is past 2^127 (beyond the
+        // fused encoder's reach); parameter 1's first 128 gradients are 0 (zero groups).
+        std::vector<double> gv = ops::scale_shift(Tensor::randn(shapes[k], 10 * t + int(k)), k == 0 ? 1e-3 : k == 2 ? 1e-38 : 1.0, 0.0).to_vector();
+        if (k == 1) std::fill(gv.begin(), gv.begin() + 128, 0.0);
+        const Tensor g = Tensor::from_vector(std::vector<float>(gv.begin(), gv.end()), shapes[k]);
         fast_p[k].set_grad(ScaledTensor(g));
         ref_p[k].set_grad(ScaledTensor(g));
       }
@@ -135,6 +151,27 @@ TEST(AdamWState, FusedEncodedStepEqualsTheReference) {
       }
     }
   }
+}
+
+// The fused AVX-512 pass (checked against the reference above) takes the presets' FP8 and f16
+// moments where the format kernels run AVX-512, and nothing else: not the expansion, stochastic
+// rounding, bf16, unequal or odd group sizes.
+TEST(AdamWState, TheFusedPassTakesTheFormatsItEncodes) {
+  const bool avx512 = kernels::active_isa() == kernels::Isa::avx512;
+  for (const char* name : {"msamp_o2", "fp8_adam_no_expansion"}) {
+    const AdamWConfig c = quant::optimizer_config(quant::preset(name), {});
+    EXPECT_EQ(fused_step_applies(c.m_format, c.v_format), avx512) << name;
+  }
+  const AdamWConfig coat = quant::optimizer_config(quant::preset("coat"), {});
+  EXPECT_FALSE(fused_step_applies(coat.m_format, coat.v_format));
+  using F = StateFormat;
+  const F group128{.storage = Format::e4m3, .scaling = StateScaling::per_group};
+  for (const F& other : {F{.storage = Format::e4m3, .scaling = StateScaling::per_group, .group_size = 64},
+                         F{.storage = Format::e4m3, .scaling = StateScaling::per_group, .group_size = 100},
+                         F{.storage = Format::e4m3, .scaling = StateScaling::per_group, .rounding = Rounding::stochastic},
+                         F{.storage = Format::bf16}})
+    EXPECT_FALSE(fused_step_applies(group128, other)) << format_name(other.storage) << " group " << other.group_size;
+  EXPECT_FALSE(fused_step_applies(F{.storage = Format::e4m3, .scaling = StateScaling::per_group, .group_size = kMaxFusedGroup + 16}, group128));
 }
 
 // A gradient whose (1 - beta2) g g overflows f32 (|g| > ~6e20 at beta2 0.999) makes v infinite, which no code

@@ -11,6 +11,7 @@
 #include "scalify/error.hpp"
 #include "scalify/formats/bulk.hpp"
 #include "scalify/formats/kernels.hpp"
+#include "scalify/optim/fused_encoded_step.hpp"
 #include "scalify/optim/grad_norm.hpp"
 #include "scalify/optim/param_chunks.hpp"
 #include "scalify/scaled/scale_rules.hpp"
@@ -183,18 +184,6 @@ void AdamW::check_finite_gradients() const {
 }
 
 namespace {
-// AdamW's update of one element in f32 arithmetic (as PyTorch's), shared by the plain and the
-// encoded-state passes.
-struct PlainUpdate {
-  float b1, b2, c1, c2, ibc1, ibc2, eps, gm;
-  float moments(float g, float& m, float& v) const {  // returns g times the multiplier
-    const float gi = g * gm;
-    m = b1 * m + c1 * gi;
-    v = b2 * v + c2 * gi * gi;
-    return gi;
-  }
-  float weight(float w, float m, float v, float lr, float wd) const { return w - lr * ((m * ibc1) / (std::sqrt(v * ibc2) + eps) + wd * w); }
-};
 // The parameters ks of one fused pass: their weights and gradients read as f32, and buffers for
 // the new weights.
 // A parameter's value (Var::value); a scaled f16 / bf16 master (AdamWConfig::scaled_masters) as f32
@@ -350,6 +339,16 @@ void AdamW::step_encoded(const std::vector<size_t>& ks, double bc1, double bc2, 
   for (const ParamChunk& c : chunks) longest = std::max(longest, c.end - c.begin);
   const int64_t piece = std::min(longest, std::max<int64_t>(1, 512 / whole_groups) * whole_groups);
   const bool avx2 = kernels::active_isa() != kernels::Isa::scalar;
+#if SCALIFY_HAVE_X86_SIMD
+  const bool fused = fused_step_applies(mf, vf);  // one AVX-512 pass instead of the pieces' four
+#else
+  const bool fused = false;
+#endif
+  FusedMoment fm{&mf, nullptr, {}}, fv{&vf, nullptr, {}};
+  if (fused) {
+    vector_codec(mf, fm.codec);
+    vector_codec(vf, fv.codec);
+  }
   std::vector<int32_t> m_amax(chunks.size()), v_amax(chunks.size());  // bits of the chunks' largest magnitudes
   auto buffers = [piece] {                                            // grown once per thread, then reused
     thread_local std::vector<float> m, v;
@@ -364,6 +363,18 @@ void AdamW::step_encoded(const std::vector<size_t>& ks, double bc1, double bc2, 
     const auto [m, v] = buffers();
     const EncodedUpdate e{up, float(c_.lr * lr_scale_[k]), decay_[k] ? float(c_.weight_decay * decay_scale_[k]) : 0.0f};
     int32_t am = 0, av = 0;
+#if SCALIFY_HAVE_X86_SIMD
+    if (fused) {
+      FusedMoment m_at = fm, v_at = fv;
+      m_at.state = &m_codes_[k];
+      v_at.state = &v_codes_[k];
+      fused_update_pass(up, e.lr, e.wd, grads[c.param].data() + c.begin, weights[c.param].data() + c.begin,
+                        next[c.param].data<float>() + c.begin, m_at, v_at, c.begin, c.end, am, av);
+      m_amax[ci] = am;
+      v_amax[ci] = av;
+      return;
+    }
+#endif
     for (int64_t b = c.begin; b < c.end; b += piece) {
       const int64_t end = std::min(c.end, b + piece);
       decode_state_range(m_codes_[k], mf, b, end, m);
@@ -391,6 +402,18 @@ void AdamW::step_encoded(const std::vector<size_t>& ks, double bc1, double bc2, 
     }
     for_each_chunk(chunks, [&](const ParamChunk& c, size_t) {
       const size_t k = ks[c.param];
+#if SCALIFY_HAVE_X86_SIMD
+      auto in_reach = [](bool tensor, int e) { return !tensor || std::abs(e) <= VectorCodec::kMaxExponent; };
+      if (fused && in_reach(per_tensor(mf), m_exp[c.param]) && in_reach(per_tensor(vf), v_exp[c.param])) {
+        FusedMoment m_at = fm, v_at = fv;
+        m_at.state = &m_codes_[k];
+        v_at.state = &v_codes_[k];
+        m_at.exponent = m_exp[c.param];
+        v_at.exponent = v_exp[c.param];
+        fused_moments_pass(up, grads[c.param].data() + c.begin, m_at, v_at, per_tensor(mf), per_tensor(vf), c.begin, c.end);
+        return;
+      }
+#endif
       const auto [m, v] = buffers();
       const EncodedUpdate e{up, 0.0f, 0.0f};
       for (int64_t b = c.begin; b < c.end; b += piece) {

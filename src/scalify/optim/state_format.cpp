@@ -83,7 +83,9 @@ struct VectorEncoder {
   int32_t sign_mask, max_code, exp_offset, cut;  // sign_mask 0 for non-negative codes (the sign is dropped)
   int32_t normal_min_bits;                       // 2^emin's f32 bits
   float mul, subnormal_units;
-  static bool applies(const FormatInfo& c, int shift) { return shift >= -100 && shift <= 100 && c.man_bits - c.emin() < 125; }
+  static bool applies(const FormatInfo& c, int shift) {
+    return std::abs(shift) <= VectorCodec::kMaxExponent && c.man_bits - c.emin() < 125;
+  }
   VectorEncoder(const FormatInfo& c, int shift, bool non_negative)
       : sign_mask(non_negative ? 0 : int32_t(c.sign_mask())),
         max_code(int32_t(c.max_code())),
@@ -353,6 +355,32 @@ void VectorDecoder::operator()(const Code* code, float scale, float* out, int64_
 #endif
   decode(code, scale, out, n);
 }
+
+}  // namespace
+
+bool vector_codec(const StateFormat& f, VectorCodec& out) {
+  const FormatInfo c = codec(f);
+  if (!(is_fp8(f.storage) || f.storage == Format::f16) || f.rounding != Rounding::nearest_even || f.expand || !VectorEncoder::applies(c, 0))
+    return false;
+  const VectorDecoder d(c);
+  const VectorEncoder e(c, 0, f.non_negative);
+  out = {.f16 = f.storage == Format::f16,
+         .sign_mask = d.sign_mask,
+         .mag_mask = d.mag_mask,
+         .shift = d.shift,
+         .special_below = d.special_min == INT32_MAX ? INT32_MAX : d.special_min - 1,
+         .inf_mag = d.inf_mag,
+         .decode_mul = d.mul,
+         .encode_sign_mask = e.sign_mask,
+         .max_code = e.max_code,
+         .exp_offset = e.exp_offset,
+         .normal_min_bits = e.normal_min_bits,
+         .subnormal_units = e.subnormal_units,
+         .code_max = state_code_max(f)};
+  return true;
+}
+
+namespace {
 
 // The largest and smallest non-zero magnitudes of n values, by their bits (the order of
 // non-negative floats; VectorEncoder says why not by float comparisons); lo is INT32_MAX's float

@@ -120,4 +120,25 @@ void encode_state_range(const float* x, const StateFormat& f, int64_t begin, int
 // The per-tensor scale 2^-e of a tensor with largest magnitude amax: e (0 when amax is 0).
 int state_tensor_exponent(const StateFormat& f, float amax);
 
+// The constants of the vector codecs behind decode_state_range and encode_state_range, for a
+// kernel that decodes and encodes codes itself (optim/fused_step.hpp): codes of 8 bits, or f16
+// (F16C's conversions), rounded to nearest even, without the expansion.
+struct VectorCodec {
+  bool f16 = false;  // f16 codes: the others are 8-bit
+  // Decoding: mag = code & mag_mask; value = (sign | bits(mag << shift) * decode_mul) * scale, with
+  // the sign where code & sign_mask; magnitudes above special_below are inf (inf_mag) or NaN.
+  int32_t sign_mask, mag_mask, shift, special_below, inf_mag;
+  float decode_mul;
+  // Encoding of x / div at 2^exponent (|exponent| <= kMaxExponent): f = bits(|x / div| * 2^exponent);
+  // below normal_min_bits f * subnormal_units rounded to an integer, else f rounded at bit `shift`
+  // less exp_offset; at most max_code, or'ed with encode_sign_mask where x is negative (0 for
+  // non-negative codes, which drop the sign).
+  int32_t encode_sign_mask, max_code, exp_offset, normal_min_bits;
+  float subnormal_units;
+  double code_max;  // state_code_max
+  static constexpr int kMaxExponent = 100;
+};
+// f's vector codec, or false where f's codes are not those (f32, bf16, stochastic rounding, the expansion).
+bool vector_codec(const StateFormat& f, VectorCodec& out);
+
 }  // namespace scalify::optim

@@ -1,0 +1,56 @@
+#pragma once
+// AdamW's encoded step (AdamW::step_encoded) over a chunk of one parameter in one AVX-512 pass:
+// a group's codes decoded, its moments and weights updated, and the group encoded back while its
+// new moments are in L1, instead of a pass each over L1 buffers (decode_state_range, the update,
+// encode_state_range). The same f32 operations in the same order, so the same codes, scales and
+// weights bit for bit (AdamWState.FusedEncodedStepEqualsTheReference); compiled with
+// -ffp-contract=off, so no product and sum are fused into an FMA the reference does not make.
+#include <cmath>
+#include <cstdint>
+
+#include "scalify/optim/state_format.hpp"
+
+namespace scalify::optim {
+
+// AdamW's update of one element in f32 arithmetic (as PyTorch's), the rule every pass follows.
+struct PlainUpdate {
+  float b1, b2, c1, c2, ibc1, ibc2, eps, gm;
+  float moments(float g, float& m, float& v) const {  // returns g times the multiplier
+    const float gi = g * gm;
+    m = b1 * m + c1 * gi;
+    v = b2 * v + c2 * gi * gi;
+    return gi;
+  }
+  float weight(float w, float m, float v, float lr, float wd) const { return w - lr * ((m * ibc1) / (std::sqrt(v * ibc2) + eps) + wd * w); }
+};
+
+// One moment in a fused pass.
+struct FusedMoment {
+  const StateFormat* format;
+  EncodedState* state;
+  VectorCodec codec;
+  int exponent = 0;  // the second pass of a per-tensor format: the new scale is 2^-exponent
+};
+
+// The largest group the fused passes take (their per-group buffers are on the stack).
+inline constexpr int64_t kMaxFusedGroup = 2048;
+
+// Whether the fused passes take moments in m and v: the active format-kernel ISA is AVX-512, both
+// have a vector codec, and per-group ones have the same group_size, a multiple of 16 of at most
+// kMaxFusedGroup.
+bool fused_step_applies(const StateFormat& m, const StateFormat& v);
+
+// The update pass over elements [begin, end) of one parameter (whole groups; g, w and next point at
+// element begin): the moments and the new weights (EncodedUpdate's saturation included);
+// per-group moments are encoded with their new scales, per-tensor ones keep their codes and max
+// the bits of their new largest magnitude into amax_m / amax_v.
+void fused_update_pass(const PlainUpdate& u, float lr, float wd, const float* g, const float* w, float* next, const FusedMoment& m,
+                       const FusedMoment& v, int64_t begin, int64_t end, int32_t& amax_m, int32_t& amax_v);
+
+// The second pass of the per-tensor moments among m and v (m_too, v_too): the same moments
+// recomputed from their codes and g (pointing at element begin) and encoded at 2^exponent
+// (|exponent| <= VectorCodec::kMaxExponent).
+void fused_moments_pass(const PlainUpdate& u, const float* g, const FusedMoment& m, const FusedMoment& v, bool m_too, bool v_too,
+                        int64_t begin, int64_t end);
+
+}  // namespace scalify::optim
