@@ -112,8 +112,9 @@ TEST(AdamWState, FusedEncodedStepEqualsTheReference) {
        {std::pair{e4m3_tensor, f16_tensor_nonneg}, std::pair{e4m3_group_expand, e4m3_group_expand_nonneg},
         std::pair{e5m2_group100_sr, e4m3_group128_nonneg}, std::pair{bf16_sr, F{}}, std::pair{f16_tensor_sr, e4m3_group_expand_nonneg},
         std::pair{e4m3_group128, e4m3_group128_nonneg}, std::pair{e5m2_group32, f16_group32_nonneg},
-        std::pair{e4m3_tensor, e5m2_group48_nonneg}, std::pair{e5m2_tensor, e4m3_tensor_nonneg}}) {
-    AdamWConfig c{.lr = 1e-2, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1};
+        std::pair{e4m3_tensor, e5m2_group48_nonneg}, std::pair{e5m2_tensor, e4m3_tensor_nonneg}})
+  for (const bool scaled_masters : {false, true}) {  // the weights in f32, or MS-AMP's scaled f16 masters (the fused pass reads them itself)
+    AdamWConfig c{.lr = 1e-2, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1, .scaled_masters = scaled_masters};
     c.m_format = mf;
     c.v_format = vf;
     AdamWConfig ref_c = c;
@@ -121,8 +122,9 @@ TEST(AdamWState, FusedEncodedStepEqualsTheReference) {
     const std::vector<Shape> shapes = {{20000}, {300}, {7, 5}, {1}};
     std::vector<Var> fast_p, ref_p;
     for (size_t k = 0; k < shapes.size(); ++k) {
-      fast_p.emplace_back(Tensor::randn(shapes[k], 1 + int(k)), true);
-      ref_p.emplace_back(Tensor::randn(shapes[k], 1 + int(k)), true);
+      const Tensor w = Tensor::randn(shapes[k], 1 + int(k));
+      fast_p.emplace_back(scaled_masters ? store_scaled_master(w, DType::f16) : ScaledTensor(w), true);
+      ref_p.emplace_back(scaled_masters ? store_scaled_master(w, DType::f16) : ScaledTensor(w), true);
     }
     AdamW fast(fast_p, c, {1.0, 0.5, 1.0, 2.0}, {true, false, true, true}, {1.0, 1.0, 0.5, 1.0});
     AdamW ref(ref_p, ref_c, {1.0, 0.5, 1.0, 2.0}, {true, false, true, true}, {1.0, 1.0, 0.5, 1.0});
@@ -139,7 +141,7 @@ TEST(AdamWState, FusedEncodedStepEqualsTheReference) {
       fast.step(t == 2 ? 0.25 : 1.0);
       ref.step(t == 2 ? 0.25 : 1.0);
       for (size_t k = 0; k < shapes.size(); ++k) {
-        const std::string where = "step " + std::to_string(t) + " parameter " + std::to_string(k);
+        const std::string where = "step " + std::to_string(t) + " parameter " + std::to_string(k) + (scaled_masters ? " (scaled masters)" : "");
         for (const auto& [a, b] : {std::pair{&fast.encoded_first_moment(k), &ref.encoded_first_moment(k)},
                                    std::pair{&fast.encoded_second_moment(k), &ref.encoded_second_moment(k)}}) {
           ASSERT_EQ(a->codes, b->codes) << where;

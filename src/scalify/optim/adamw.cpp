@@ -58,13 +58,11 @@ Tensor store_master(const Tensor& w, DType dtype, Rounding rounding, uint64_t se
 }
 }  // namespace
 
-ScaledTensor store_scaled_master(const Tensor& w, DType dtype, Rounding rounding, uint64_t seed) {
-  if (dtype != DType::f16 && dtype != DType::bf16)
-    throw Error("store_scaled_master: dtype must be f16 or bf16, got " + std::string(dtype_name(dtype)));
-  const Tensor f = w.to(DType::f32).contiguous();
+namespace {
+// store_scaled_master of f32 weights whose largest magnitude is top.
+ScaledTensor store_scaled_master_at(const Tensor& f, DType dtype, Rounding rounding, uint64_t seed, float top) {
   const auto n = size_t(f.numel());
   const std::span<const float> values(f.data<float>(), n);
-  const float top = amax(values);
   if (!std::isfinite(top)) throw Error("store_scaled_master: the weights are not finite");
   // At most 2^127, the largest power of two an f32 scale holds (bf16's range needs no more).
   const int e = std::min(state_tensor_exponent({.storage = *dtype_format(dtype), .scaling = StateScaling::per_tensor}, top), 127);
@@ -72,6 +70,14 @@ ScaledTensor store_scaled_master(const Tensor& w, DType dtype, Rounding rounding
   quantize(values, *dtype_format(dtype), float(std::ldexp(1.0, e)), std::span<std::byte>(data.raw_bytes(), n * size_t(dtype_size(dtype))),
            {.rounding = rounding, .seed = seed});
   return ScaledTensor(std::move(data), float(std::ldexp(1.0, -e)));
+}
+}  // namespace
+
+ScaledTensor store_scaled_master(const Tensor& w, DType dtype, Rounding rounding, uint64_t seed) {
+  if (dtype != DType::f16 && dtype != DType::bf16)
+    throw Error("store_scaled_master: dtype must be f16 or bf16, got " + std::string(dtype_name(dtype)));
+  const Tensor f = w.to(DType::f32).contiguous();
+  return store_scaled_master_at(f, dtype, rounding, seed, amax(std::span<const float>(f.data<float>(), size_t(f.numel()))));
 }
 
 namespace {
@@ -123,10 +129,12 @@ AdamW::AdamW(std::vector<Var> params, AdamWConfig config, std::vector<double> lr
   }
 }
 
-void AdamW::store_weights(size_t k, const Tensor& next, const Tensor& old_value) {
+void AdamW::store_weights(size_t k, const Tensor& next, const Tensor& old_value, std::optional<float> next_amax) {
   const uint64_t seed = rounding_seed(t_, k, 2);
   Var& p = params_[k];
-  if (p.scaled().is_scaled())  // a scaled master (scaled_update(k) is false): a new scale from the new weights
+  if (p.scaled().is_scaled() && next_amax)  // next's amax known (the fused pass's)
+    p.set_value(store_scaled_master_at(next, p.scaled().data.dtype(), c_.master_rounding, seed, *next_amax));
+  else if (p.scaled().is_scaled())  // a scaled master (scaled_update(k) is false): a new scale from the new weights
     p.set_value(store_scaled_master(next, p.scaled().data.dtype(), c_.master_rounding, seed));
   else
     p.set_value(store_master(next, old_value.dtype(), c_.master_rounding, seed));
@@ -200,20 +208,31 @@ Tensor master_value(const Var& p) {
              std::span<float>(out.data<float>(), n));
   return out;
 }
+// A scaled f16 master: f16 data with one scale.
+bool scaled_f16_master(const Var& p) {
+  const ScaledTensor& w = p.scaled();
+  return w.is_scaled() && w.has_single_scale() && w.data.dtype() == DType::f16;
+}
 struct FusedPass {
   std::vector<Tensor> values, gradients, next;
   std::vector<int64_t> sizes;
   std::deque<Dense<float>> weights, grads;
-  FusedPass(const std::vector<Var>& params, const std::vector<size_t>& ks) {
+  std::vector<WeightsIn> weights_in;  // what the pass reads as each parameter's weights
+  // f16_in_pass: the pass reads a scaled f16 master's data and scale itself (values holds the
+  // data; weights an empty tensor) instead of an f32 copy.
+  FusedPass(const std::vector<Var>& params, const std::vector<size_t>& ks, bool f16_in_pass = false) {
     for (size_t k : ks) {
-      values.push_back(master_value(params[k]));
+      const bool own = f16_in_pass && scaled_f16_master(params[k]);
+      values.push_back(own ? params[k].scaled().data.contiguous() : master_value(params[k]));
       gradients.push_back(params[k].grad());
       next.push_back(Tensor::empty(params[k].shape(), DType::f32));
       sizes.push_back(next.back().numel());
-    }
-    for (size_t j = 0; j < ks.size(); ++j) {
-      weights.emplace_back(values[j]);
-      grads.emplace_back(gradients[j]);
+      static const Tensor no_weights = Tensor::empty({0});
+      weights.emplace_back(own ? no_weights : values.back());
+      grads.emplace_back(gradients.back());
+      weights_in.push_back(own ? WeightsIn{.f16 = reinterpret_cast<const uint16_t*>(values.back().raw_bytes()),
+                                           .scale = params[k].scaled().scalar_scale()}
+                               : WeightsIn{.f32 = weights.back().data()});
     }
   }
 };
@@ -223,7 +242,7 @@ void AdamW::step_plain(const std::vector<size_t>& ks, double bc1, double bc2, do
   // One parallel, vectorised pass over every plain parameter at once: read the weight, gradient
   // and moments, write the moments in place and the new weight into a fresh (pooled) buffer.
   const FusedPass pass(params_, ks);
-  const auto& [values, gradients, next, sizes, weights, grads] = pass;
+  const auto& [values, gradients, next, sizes, weights, grads, weights_in] = pass;
   const PlainUpdate up{float(c_.beta1), float(c_.beta2), float(1 - c_.beta1), float(1 - c_.beta2),
                        float(1 / bc1),  float(1 / bc2),  float(c_.eps),       float(gradient_multiplier)};
   for_each_chunk(param_chunks(sizes), [&](const ParamChunk& c, size_t) {
@@ -324,11 +343,16 @@ void encoded_moments(bool avx2, const EncodedUpdate& e, const float* g, float* m
 // saturate at 2^127 (EncodedUpdate), so the pass never stops halfway.
 void AdamW::step_encoded(const std::vector<size_t>& ks, double bc1, double bc2, double gradient_multiplier) {
   if (!c_.fused) return step_encoded_reference(ks, bc1, bc2, gradient_multiplier);
-  const FusedPass pass(params_, ks);
-  const auto& [values, gradients, next, sizes, weights, grads] = pass;
+  const StateFormat &mf = c_.m_format, &vf = c_.v_format;
+#if SCALIFY_HAVE_X86_SIMD
+  const bool fused = fused_step_applies(mf, vf);  // one AVX-512 pass instead of the pieces' four
+#else
+  const bool fused = false;
+#endif
+  const FusedPass pass(params_, ks, fused);
+  const auto& [values, gradients, next, sizes, weights, grads, weights_in] = pass;
   const PlainUpdate up{float(c_.beta1), float(c_.beta2), float(1 - c_.beta1), float(1 - c_.beta2),
                        float(1 / bc1),  float(1 / bc2),  float(c_.eps),       float(gradient_multiplier)};
-  const StateFormat &mf = c_.m_format, &vf = c_.v_format;
   int64_t whole_groups = 1;
   for (const StateFormat* f : {&mf, &vf})
     if (f->scaling == StateScaling::per_group) whole_groups = std::lcm(whole_groups, f->group_size);
@@ -339,17 +363,12 @@ void AdamW::step_encoded(const std::vector<size_t>& ks, double bc1, double bc2, 
   for (const ParamChunk& c : chunks) longest = std::max(longest, c.end - c.begin);
   const int64_t piece = std::min(longest, std::max<int64_t>(1, 512 / whole_groups) * whole_groups);
   const bool avx2 = kernels::active_isa() != kernels::Isa::scalar;
-#if SCALIFY_HAVE_X86_SIMD
-  const bool fused = fused_step_applies(mf, vf);  // one AVX-512 pass instead of the pieces' four
-#else
-  const bool fused = false;
-#endif
   FusedMoment fm{&mf, nullptr, {}}, fv{&vf, nullptr, {}};
   if (fused) {
     vector_codec(mf, fm.codec);
     vector_codec(vf, fv.codec);
   }
-  std::vector<int32_t> m_amax(chunks.size()), v_amax(chunks.size());  // bits of the chunks' largest magnitudes
+  std::vector<PassAmax> chunk_amax(chunks.size());  // bits of the chunks' largest magnitudes
   auto buffers = [piece] {                                            // grown once per thread, then reused
     thread_local std::vector<float> m, v;
     if (m.size() < size_t(piece)) {
@@ -362,19 +381,20 @@ void AdamW::step_encoded(const std::vector<size_t>& ks, double bc1, double bc2, 
     const size_t k = ks[c.param];
     const auto [m, v] = buffers();
     const EncodedUpdate e{up, float(c_.lr * lr_scale_[k]), decay_[k] ? float(c_.weight_decay * decay_scale_[k]) : 0.0f};
-    int32_t am = 0, av = 0;
 #if SCALIFY_HAVE_X86_SIMD
     if (fused) {
       FusedMoment m_at = fm, v_at = fv;
       m_at.state = &m_codes_[k];
       v_at.state = &v_codes_[k];
-      fused_update_pass(up, e.lr, e.wd, grads[c.param].data() + c.begin, weights[c.param].data() + c.begin,
-                        next[c.param].data<float>() + c.begin, m_at, v_at, c.begin, c.end, am, av);
-      m_amax[ci] = am;
-      v_amax[ci] = av;
+      WeightsIn w = weights_in[c.param];
+      if (w.f16) w.f16 += c.begin;
+      if (w.f32) w.f32 += c.begin;
+      fused_update_pass(up, e.lr, e.wd, grads[c.param].data() + c.begin, w, next[c.param].data<float>() + c.begin, m_at, v_at, c.begin,
+                        c.end, chunk_amax[ci]);
       return;
     }
 #endif
+    int32_t am = 0, av = 0;
     for (int64_t b = c.begin; b < c.end; b += piece) {
       const int64_t end = std::min(c.end, b + piece);
       decode_state_range(m_codes_[k], mf, b, end, m);
@@ -384,16 +404,15 @@ void AdamW::step_encoded(const std::vector<size_t>& ks, double bc1, double bc2, 
       if (!per_tensor(mf)) encode_state_range(m, mf, b, end, 0, rounding_seed(t_, k, 0), m_codes_[k]);
       if (!per_tensor(vf)) encode_state_range(v, vf, b, end, 0, rounding_seed(t_, k, 1), v_codes_[k]);
     }
-    m_amax[ci] = am;
-    v_amax[ci] = av;
+    chunk_amax[ci] = {.m = am, .v = av};
   });
   if (per_tensor(mf) || per_tensor(vf)) {
     // The largest magnitude over the parameter's chunks gives the new scale.
     std::vector<int32_t> m_tensor_amax(ks.size()), v_tensor_amax(ks.size());
     for (size_t ci = 0; ci < chunks.size(); ++ci) {
       const size_t j = chunks[ci].param;
-      m_tensor_amax[j] = std::max(m_tensor_amax[j], m_amax[ci]);
-      v_tensor_amax[j] = std::max(v_tensor_amax[j], v_amax[ci]);
+      m_tensor_amax[j] = std::max(m_tensor_amax[j], chunk_amax[ci].m);
+      v_tensor_amax[j] = std::max(v_tensor_amax[j], chunk_amax[ci].v);
     }
     std::vector<int> m_exp(ks.size()), v_exp(ks.size());
     for (size_t j = 0; j < ks.size(); ++j) {
@@ -430,7 +449,12 @@ void AdamW::step_encoded(const std::vector<size_t>& ks, double bc1, double bc2, 
       if (per_tensor(vf)) v_codes_[ks[j]].scales[0] = float(std::ldexp(1.0, -v_exp[j]));
     }
   }
-  for (size_t j = 0; j < ks.size(); ++j) store_weights(ks[j], next[j], values[j]);
+  // The fused pass read scaled f16 masters in place and knows the new weights' amax: no f32 copy,
+  // no amax pass.
+  std::vector<int32_t> next_amax(ks.size());
+  for (size_t ci = 0; ci < chunks.size(); ++ci) next_amax[chunks[ci].param] = std::max(next_amax[chunks[ci].param], chunk_amax[ci].next);
+  for (size_t j = 0; j < ks.size(); ++j)
+    store_weights(ks[j], next[j], values[j], weights_in[j].f16 ? std::optional(std::bit_cast<float>(next_amax[j])) : std::nullopt);
 }
 
 // The reference of step_encoded: whole moments decoded, the same f32 update element by element,

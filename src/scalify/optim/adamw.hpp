@@ -9,6 +9,7 @@
 // (dynamic_rescale_l2), the only statistics the scaled update ever gathers.
 #include <cstdint>
 #include <string>
+#include <optional>
 #include <utility>
 #include <vector>
 
@@ -87,8 +88,8 @@ class AdamW {
   void check_finite_gradients() const;  // throws naming the first parameter with one
   // Whether parameter k takes SCALIFY's scaled update (step_scaled*): scaled, and not a scaled master.
   bool scaled_update(size_t k) const { return params_[k].scaled().is_scaled() && !c_.scaled_masters; }
-  // New weights (f32) of parameter k into its master storage.
-  void store_weights(size_t k, const Tensor& next, const Tensor& old_value);
+  // New weights (f32) of parameter k into its master storage (next_amax: their largest magnitude, where known).
+  void store_weights(size_t k, const Tensor& next, const Tensor& old_value, std::optional<float> next_amax = std::nullopt);
   std::vector<std::vector<size_t>> step_batches(const std::vector<size_t>& ks) const;
   void step_plain(const std::vector<size_t>& ks, double bc1, double bc2, double gradient_multiplier);
   void step_encoded(const std::vector<size_t>& ks, double bc1, double bc2, double gradient_multiplier);

@@ -32,6 +32,14 @@ struct FusedMoment {
   int exponent = 0;  // the second pass of a per-tensor format: the new scale is 2^-exponent
 };
 
+// The weights a pass reads: f32, or a scaled f16 master's data and scale (AdamWConfig::
+// scaled_masters), read as the bulk dequantize reads it (f16 value times scale).
+struct WeightsIn {
+  const float* f32 = nullptr;
+  const uint16_t* f16 = nullptr;
+  float scale = 1;
+};
+
 // The largest group the fused passes take (their per-group buffers are on the stack).
 inline constexpr int64_t kMaxFusedGroup = 2048;
 
@@ -40,12 +48,17 @@ inline constexpr int64_t kMaxFusedGroup = 2048;
 // kMaxFusedGroup.
 bool fused_step_applies(const StateFormat& m, const StateFormat& v);
 
+// The largest magnitudes (their bits, the order of non-negative floats) of a pass's new values.
+struct PassAmax {
+  int32_t m = 0, v = 0, next = 0;
+};
+
 // The update pass over elements [begin, end) of one parameter (whole groups; g, w and next point at
 // element begin): the moments and the new weights (EncodedUpdate's saturation included);
-// per-group moments are encoded with their new scales, per-tensor ones keep their codes and max
-// the bits of their new largest magnitude into amax_m / amax_v.
-void fused_update_pass(const PlainUpdate& u, float lr, float wd, const float* g, const float* w, float* next, const FusedMoment& m,
-                       const FusedMoment& v, int64_t begin, int64_t end, int32_t& amax_m, int32_t& amax_v);
+// per-group moments are encoded with their new scales, per-tensor ones keep their codes; the
+// largest magnitudes of the new moments and weights are max'ed into amax.
+void fused_update_pass(const PlainUpdate& u, float lr, float wd, const float* g, const WeightsIn& w, float* next, const FusedMoment& m,
+                       const FusedMoment& v, int64_t begin, int64_t end, PassAmax& amax);
 
 // The second pass of the per-tensor moments among m and v (m_too, v_too): the same moments
 // recomputed from their codes and g (pointing at element begin) and encoded at 2^exponent

@@ -151,8 +151,8 @@ bool fused_step_applies(const StateFormat& m, const StateFormat& v) {
   return group % 16 == 0 && group <= kMaxFusedGroup;
 }
 
-void fused_update_pass(const PlainUpdate& u, float lr, float wd, const float* g, const float* w, float* next, const FusedMoment& m,
-                       const FusedMoment& v, int64_t begin, int64_t end, int32_t& amax_m, int32_t& amax_v) {
+void fused_update_pass(const PlainUpdate& u, float lr, float wd, const float* g, const WeightsIn& w, float* next, const FusedMoment& m,
+                       const FusedMoment& v, int64_t begin, int64_t end, PassAmax& amax) {
   const Codes mc(m), vc(v);
   const __m512 b1 = _mm512_set1_ps(u.b1), b2 = _mm512_set1_ps(u.b2), c1 = _mm512_set1_ps(u.c1), c2 = _mm512_set1_ps(u.c2),
                ibc1 = _mm512_set1_ps(u.ibc1), ibc2 = _mm512_set1_ps(u.ibc2), eps = _mm512_set1_ps(u.eps), gm = _mm512_set1_ps(u.gm),
@@ -160,7 +160,14 @@ void fused_update_pass(const PlainUpdate& u, float lr, float wd, const float* g,
   const bool mg = per_group(m), vg = per_group(v);
   const int64_t group = mg ? m.format->group_size : vg ? v.format->group_size : end - begin;
   alignas(64) float mbuf[kMaxFusedGroup], vbuf[kMaxFusedGroup];  // a group's new moments (per-group formats)
-  __m512i tensor_am = _mm512_setzero_si512(), tensor_av = _mm512_setzero_si512();
+  const __m512 w_scale = _mm512_set1_ps(w.scale);
+  auto weights = [&]<bool Full>(int64_t o, __mmask16 k) {
+    if (!w.f16) return load<Full>(w.f32 + o, k);
+    const __m256i h = Full ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w.f16 + o)) : _mm256_maskz_loadu_epi16(k, w.f16 + o);
+    return _mm512_mul_ps(_mm512_cvtph_ps(h), w_scale);
+  };
+  const __m512i abs = _mm512_set1_epi32(0x7FFFFFFF);
+  __m512i tensor_am = _mm512_setzero_si512(), tensor_av = _mm512_setzero_si512(), an = _mm512_setzero_si512();
   for (int64_t gb = begin; gb < end; gb += group) {
     const int64_t ge = std::min(end, gb + group);
     const __m512 sm = _mm512_set1_ps(m.state->scales[mg ? size_t(gb / group) : 0]);
@@ -176,9 +183,11 @@ void fused_update_pass(const PlainUpdate& u, float lr, float wd, const float* g,
       vv = saturate(vv, va);
       am = _mm512_max_epi32(am, ma);  // a tail's masked-off lanes are 0 (zero loads)
       av = _mm512_max_epi32(av, va);
-      const __m512 wv = load<Full>(w + o, k);
+      const __m512 wv = weights.template operator()<Full>(o, k);
       const __m512 step = _mm512_div_ps(_mm512_mul_ps(mv, ibc1), _mm512_add_ps(_mm512_sqrt_ps(_mm512_mul_ps(vv, ibc2)), eps));
-      store<Full>(next + o, k, _mm512_sub_ps(wv, _mm512_mul_ps(vlr, _mm512_add_ps(step, _mm512_mul_ps(vwd, wv)))));
+      const __m512 nw = _mm512_sub_ps(wv, _mm512_mul_ps(vlr, _mm512_add_ps(step, _mm512_mul_ps(vwd, wv))));
+      an = _mm512_max_epi32(an, _mm512_and_si512(_mm512_castps_si512(nw), abs));  // a tail's masked-off lanes are 0
+      store<Full>(next + o, k, nw);
       if (mg) _mm512_store_ps(mbuf + (i - gb), mv);
       if (vg) _mm512_store_ps(vbuf + (i - gb), vv);
     };
@@ -194,8 +203,9 @@ void fused_update_pass(const PlainUpdate& u, float lr, float wd, const float* g,
     else
       tensor_av = _mm512_max_epi32(tensor_av, av);
   }
-  amax_m = std::max(amax_m, int32_t(_mm512_reduce_max_epi32(tensor_am)));
-  amax_v = std::max(amax_v, int32_t(_mm512_reduce_max_epi32(tensor_av)));
+  amax.m = std::max(amax.m, int32_t(_mm512_reduce_max_epi32(tensor_am)));
+  amax.v = std::max(amax.v, int32_t(_mm512_reduce_max_epi32(tensor_av)));
+  amax.next = std::max(amax.next, int32_t(_mm512_reduce_max_epi32(an)));
 }
 
 void fused_moments_pass(const PlainUpdate& u, const float* g, const FusedMoment& m, const FusedMoment& v, bool m_too, bool v_too,
