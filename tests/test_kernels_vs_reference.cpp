@@ -232,14 +232,16 @@ TEST(KernelsVsReference, VectorMathMatchesF64) {
   };
   std::mt19937 rng(3);
   std::normal_distribution<float> normal(0.0f, 3.0f);
-  for (const vecmath::Table* table : {&vecmath::avx2(), &vecmath::reference()}) {
+  std::vector<const vecmath::Table*> tables = {&vecmath::avx2(), &vecmath::reference()};
+  if (kernels::isa_supported(kernels::Isa::avx512)) tables.push_back(&vecmath::avx512());
+  for (const vecmath::Table* table : tables) {
     for (int64_t n : {1, 7, 8, 9, 31, 1000}) {
       std::vector<float> x(static_cast<size_t>(n)), g(static_cast<size_t>(n)), y(static_cast<size_t>(n));
       for (auto& v : x) v = normal(rng);
       for (auto& v : g) v = normal(rng);
       x[0] = n > 2 ? -40.0f : 0.0f;
       if (n > 2) x[1] = 35.0f;
-      const char* which = table == &vecmath::reference() ? "reference" : "avx2";
+      const char* which = table == &vecmath::reference() ? "reference" : table == &vecmath::avx2() ? "avx2" : "avx512";
       table->gelu_tanh(x.data(), y.data(), n, 0.5f, 2.0f);
       for (size_t i = 0; i < x.size(); ++i) {
         const double v = 0.5 * double(x[i]);

@@ -9,6 +9,7 @@ namespace scalify::vecmath {
 
 #if SCALIFY_HAVE_X86_SIMD
 extern const Table kAvx2;  // vector_math_avx2.cpp
+void pow_f64_avx512(const double* x, double e, double* y, int64_t n);  // vector_math_avx512.cpp
 #endif
 
 namespace {
@@ -65,6 +66,26 @@ const Table& avx2() {
   throw Error("vector math: AVX2 is not supported by this CPU or build");
 }
 
-const Table& active() { return kernels::active_isa() == kernels::Isa::scalar ? reference() : avx2(); }
+const Table& avx512() {
+#if SCALIFY_HAVE_X86_SIMD
+  if (kernels::isa_supported(kernels::Isa::avx512)) {
+    static const Table t = [] {
+      Table with_pow = kAvx2;
+      with_pow.pow_f64 = pow_f64_avx512;
+      return with_pow;
+    }();
+    return t;
+  }
+#endif
+  throw Error("vector math: AVX-512 is not supported by this CPU or build");
+}
+
+const Table& active() {
+  switch (kernels::active_isa()) {
+    case kernels::Isa::avx512: return avx512();
+    case kernels::Isa::avx2: return avx2();
+    default: return reference();
+  }
+}
 
 }  // namespace scalify::vecmath

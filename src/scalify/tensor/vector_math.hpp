@@ -1,10 +1,10 @@
 #pragma once
 // Vectorised f32 kernels for the transcendental-heavy elementwise ops of a training step (GELU,
-// the softmax's exponentials, the powers of COAT's state expansion in f64). Two implementations with one interface: the plain loops over
-// libm
-// (`reference`, used for f64, on CPUs without AVX2 and with SCALIFY_ISA=scalar) and AVX2 + FMA
-// loops over SLEEF's vector functions (`avx2`, within 1 ulp of libm per function). Chosen by the
-// format kernels' ISA (formats/kernels.hpp: the best the CPU has, or SCALIFY_ISA).
+// the softmax's exponentials, the powers of COAT's state expansion in f64), in three tables with
+// one interface: the plain loops over libm (`reference`, used for f64, on CPUs without AVX2 and
+// with SCALIFY_ISA=scalar), AVX2 + FMA loops over SLEEF's vector functions (`avx2`, within 1 ulp
+// of libm per function), and `avx512`, avx2's with SLEEF's 8-wide pow. Chosen by the format
+// kernels' ISA (formats/kernels.hpp: the best the CPU has, or SCALIFY_ISA).
 #include <cstdint>
 
 namespace scalify::vecmath {
@@ -22,6 +22,7 @@ struct Table {
 
 const Table& reference();
 const Table& avx2();    // throws scalify::Error when the build or the CPU lacks AVX2
-const Table& active();  // avx2 when the active format-kernel ISA is avx2 or avx512, else reference
+const Table& avx512();  // avx2's, with the f64 power over SLEEF's 8-wide AVX-512 pow; throws as avx2
+const Table& active();  // the active format-kernel ISA's: avx512, avx2, or reference (scalar)
 
 }  // namespace scalify::vecmath
