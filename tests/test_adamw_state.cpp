@@ -8,6 +8,7 @@
 #include <bit>
 #include <cmath>
 #include <cstring>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -174,6 +175,30 @@ TEST(AdamWState, TheFusedPassTakesTheFormatsItEncodes) {
                          F{.storage = Format::bf16}})
     EXPECT_FALSE(fused_step_applies(group128, other)) << format_name(other.storage) << " group " << other.group_size;
   EXPECT_FALSE(fused_step_applies(F{.storage = Format::e4m3, .scaling = StateScaling::per_group, .group_size = kMaxFusedGroup + 16}, group128));
+}
+
+// The lanes past a parameter's end in the fused pass's last vector count in no amax: with an eps
+// below f32's smallest subnormal (valid, > 0; 0 in the f32 update) their 0 / (sqrt(0) + 0) was a
+// NaN that became the new weights' amax, so the step of a scaled f16 master of 17 elements threw
+// "the weights are not finite" where the reference steps.
+TEST(AdamWState, TheFusedPassTailCountsOnlyTheParametersElements) {
+  const AdamWConfig preset = quant::optimizer_config(quant::preset("msamp_o2"), {});
+  AdamWConfig c{.lr = 1e-2, .eps = 1e-50, .weight_decay = 0.1, .scaled_masters = true};
+  c.m_format = preset.m_format;
+  c.v_format = preset.v_format;
+  AdamWConfig ref_c = c;
+  ref_c.fused = false;
+  const Tensor w = Tensor::randn({17}, 3), g = Tensor::randn({17}, 4);
+  Var a(store_scaled_master(w, DType::f16), true), b(store_scaled_master(w, DType::f16), true);
+  AdamW fused({a}, c), reference({b}, ref_c);
+  a.set_grad(ScaledTensor(g));
+  b.set_grad(ScaledTensor(g));
+  ASSERT_NO_THROW(reference.step());
+  ASSERT_NO_THROW(fused.step());
+  EXPECT_EQ(a.scaled().scalar_scale(), b.scaled().scalar_scale());
+  EXPECT_EQ(a.value().to_vector(), b.value().to_vector());
+  EXPECT_EQ(fused.encoded_first_moment(0).codes, reference.encoded_first_moment(0).codes);
+  EXPECT_EQ(fused.encoded_second_moment(0).codes, reference.encoded_second_moment(0).codes);
 }
 
 // A gradient whose (1 - beta2) g g overflows f32 (|g| > ~6e20 at beta2 0.999) makes v infinite, which no code

@@ -181,12 +181,14 @@ void fused_update_pass(const PlainUpdate& u, float lr, float wd, const float* g,
       __m512i ma, va;
       mv = saturate(mv, ma);
       vv = saturate(vv, va);
-      am = _mm512_max_epi32(am, ma);  // a tail's masked-off lanes are 0 (zero loads)
-      av = _mm512_max_epi32(av, va);
+      // Lanes k only: a tail's masked-off lanes (zero loads) are not always 0 here (0 / (sqrt(0) + eps)
+      // is NaN where eps is below f32's range).
+      am = _mm512_mask_max_epi32(am, k, am, ma);
+      av = _mm512_mask_max_epi32(av, k, av, va);
       const __m512 wv = weights.template operator()<Full>(o, k);
       const __m512 step = _mm512_div_ps(_mm512_mul_ps(mv, ibc1), _mm512_add_ps(_mm512_sqrt_ps(_mm512_mul_ps(vv, ibc2)), eps));
       const __m512 nw = _mm512_sub_ps(wv, _mm512_mul_ps(vlr, _mm512_add_ps(step, _mm512_mul_ps(vwd, wv))));
-      an = _mm512_max_epi32(an, _mm512_and_si512(_mm512_castps_si512(nw), abs));  // a tail's masked-off lanes are 0
+      an = _mm512_mask_max_epi32(an, k, an, _mm512_and_si512(_mm512_castps_si512(nw), abs));
       store<Full>(next + o, k, nw);
       if (mg) _mm512_store_ps(mbuf + (i - gb), mv);
       if (vg) _mm512_store_ps(vbuf + (i - gb), vv);
