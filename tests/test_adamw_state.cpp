@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "expect_error.hpp"
 #include "scalify/error.hpp"
 #include "scalify/formats/kernels.hpp"
 #include "scalify/optim/adamw.hpp"
@@ -199,6 +200,23 @@ TEST(AdamWState, TheFusedPassTailCountsOnlyTheParametersElements) {
   EXPECT_EQ(a.value().to_vector(), b.value().to_vector());
   EXPECT_EQ(fused.encoded_first_moment(0).codes, reference.encoded_first_moment(0).codes);
   EXPECT_EQ(fused.encoded_second_moment(0).codes, reference.encoded_second_moment(0).codes);
+}
+
+// A non-negative f16 second moment's codes carry no sign (the encoders drop it): a loaded state
+// with a negative one is refused, naming the parameter and element. It used to load, and the
+// fused step took the negative v (sqrt: NaN weights, stored) where the reference threw on encoding it.
+TEST(AdamWState, LoadRefusesANegativeCodeInANonNegativeMoment) {
+  AdamWConfig c{.lr = 1e-2};
+  c.m_format = {.storage = Format::e4m3, .scaling = StateScaling::per_tensor};
+  c.v_format = {.storage = Format::f16, .scaling = StateScaling::per_tensor, .non_negative = true};
+  Var a(Tensor::randn({20}, 1), true), b(Tensor::randn({3}, 2), true);
+  AdamW opt({a, b}, c);
+  std::vector<EncodedState> m = {opt.encoded_first_moment(0), opt.encoded_first_moment(1)};
+  std::vector<EncodedState> v = {opt.encoded_second_moment(0), opt.encoded_second_moment(1)};
+  v[1].codes[2 * 2 + 1] = std::byte(0x80);  // element 2: -0, which the decode reads as 0, loads
+  EXPECT_NO_THROW(opt.load_encoded_state(1, m, v));
+  v[1].codes[2 * 2] = std::byte(0x01);  // -2^-24
+  EXPECT_ERROR(opt.load_encoded_state(1, m, v), "parameter 1's second moment holds a negative code at element 2");
 }
 
 // A gradient whose (1 - beta2) g g overflows f32 (|g| > ~6e20 at beta2 0.999) makes v infinite, which no code
