@@ -157,6 +157,92 @@ TEST(AdamWState, FusedEncodedStepEqualsTheReference) {
   }
 }
 
+// The fused step against the reference on random cases of what the fixed ones above do not pin
+// together: the formats the fused pass takes, group sizes 16..2048, parameters of 1 element, odd
+// tails and several chunks, f32 weights beside scaled f16 masters (subnormal ones too), eps below
+// f32's range, per-tensor exponents past the fused encoder's reach, saturated moments, lr_scale 0,
+// no decay, and after the first step any codes (NaN, infinities, subnormals) and power-of-two
+// scales down to 2^-149. Both steps throw the same error or give the same bits.
+TEST(AdamWState, FusedEncodedStepEqualsTheReferenceOnRandomCases) {
+  using F = StateFormat;
+  std::mt19937 rng(48);
+  auto pick = [&]<class T>(std::initializer_list<T> xs) { return xs.begin()[rng() % xs.size()]; };
+  auto bits = [](const auto& x) {  // f32 values' bits: NaNs compare
+    std::vector<uint32_t> b;
+    for (double v : x) b.push_back(std::bit_cast<uint32_t>(float(v)));
+    return b;
+  };
+  for (int n = 0; n < 150; ++n) {
+    const int64_t group = pick({16, 32, 48, 2048});
+    const F mf{.storage = pick({Format::e4m3, Format::e5m2, Format::f16}),
+               .scaling = pick({StateScaling::per_tensor, StateScaling::per_group}),
+               .group_size = group};
+    const F vf{.storage = pick({Format::e4m3, Format::e5m2, Format::f16}),
+               .scaling = pick({StateScaling::per_tensor, StateScaling::per_group}),
+               .group_size = group,
+               .non_negative = pick({true, false})};
+    AdamWConfig c{.lr = 1e-2, .eps = pick({1e-8, 1e-50}), .weight_decay = 0.1, .scaled_masters = true};
+    c.m_format = mf;
+    c.v_format = vf;
+    AdamWConfig ref_c = c;
+    ref_c.fused = false;
+    std::vector<Shape> shapes(rng() % 3 + 1);
+    std::vector<Var> fast_p, ref_p;
+    for (Shape& shape : shapes) {
+      shape = {pick({int64_t(1), int64_t(15), int64_t(17), int64_t(2049), int64_t(8193)})};
+      const Tensor w = ops::scale_shift(Tensor::randn(shape, rng()), pick({1.0, 1e-44}), 0.0);
+      const bool master = pick({true, false});
+      fast_p.emplace_back(master ? store_scaled_master(w, DType::f16) : ScaledTensor(w), true);
+      ref_p.emplace_back(master ? store_scaled_master(w, DType::f16) : ScaledTensor(w), true);
+    }
+    const std::vector<double> lr_scale(shapes.size(), pick({1.0, 0.0}));
+    const std::vector<bool> decay(shapes.size(), pick({true, false}));
+    AdamW fast(fast_p, c, lr_scale, decay), ref(ref_p, ref_c, lr_scale, decay);
+    // An eps of 0 in f32 makes a zero or underflowing v's weight NaN (in both): with it, gradients of 1.
+    const bool tiny_eps = c.eps < 1e-45;
+    const double gradient_scale = tiny_eps ? 1.0 : pick({1.0, 1e-30, 1e-38, 1e34});
+    const bool tamper = pick({true, false});
+    const std::string where = "case " + std::to_string(n);
+    for (int t = 1; t <= 3; ++t) {
+      if (t == 2 && tamper) {  // any codes and scales, as a checkpoint may hold them
+        std::vector<EncodedState> m, v;
+        for (size_t k = 0; k < shapes.size(); ++k) {
+          m.push_back(fast.encoded_first_moment(k));
+          v.push_back(fast.encoded_second_moment(k));
+          for (EncodedState* s : {&m.back(), &v.back()}) {
+            for (std::byte& b : s->codes) b = std::byte(rng());
+            for (float& scale : s->scales) scale = std::ldexp(1.0f, -int(rng() % 150));
+          }
+          if (vf.non_negative && vf.storage == Format::f16)  // load refuses negative ones
+            for (size_t i = 1; i < v.back().codes.size(); i += 2) v.back().codes[i] &= std::byte(0x7F);
+        }
+        fast.load_encoded_state(1, m, v);
+        ref.load_encoded_state(1, m, v);
+      }
+      for (size_t k = 0; k < shapes.size(); ++k) {
+        std::vector<double> gv = ops::scale_shift(Tensor::randn(shapes[k], rng()), gradient_scale, 0.0).to_vector();
+        if (!tiny_eps) std::fill(gv.begin(), gv.begin() + int64_t(gv.size()) / 2, 0.0);  // zero groups
+        const Tensor g = Tensor::from_vector(std::vector<float>(gv.begin(), gv.end()), shapes[k]);
+        fast_p[k].set_grad(ScaledTensor(g));
+        ref_p[k].set_grad(ScaledTensor(g));
+      }
+      const std::string fast_error = testing::error_of([&] { fast.step(); }), ref_error = testing::error_of([&] { ref.step(); });
+      ASSERT_EQ(fast_error, ref_error) << where << " step " << t;
+      if (fast_error != "(no error)") break;  // a tampered state's NaN weights, refused by a scaled master
+      for (size_t k = 0; k < shapes.size(); ++k) {
+        const std::string at = where + " step " + std::to_string(t) + " parameter " + std::to_string(k);
+        for (const auto& [a, b] : {std::pair{&fast.encoded_first_moment(k), &ref.encoded_first_moment(k)},
+                                   std::pair{&fast.encoded_second_moment(k), &ref.encoded_second_moment(k)}}) {
+          ASSERT_EQ(a->codes, b->codes) << at;
+          ASSERT_EQ(bits(a->scales), bits(b->scales)) << at;
+        }
+        ASSERT_EQ(bits(fast_p[k].scaled().data.to_vector()), bits(ref_p[k].scaled().data.to_vector())) << at;
+        ASSERT_EQ(fast_p[k].scaled().scalar_scale(), ref_p[k].scaled().scalar_scale()) << at;
+      }
+    }
+  }
+}
+
 // The fused AVX-512 pass (checked against the reference above) takes the presets' FP8 and f16
 // moments where the format kernels run AVX-512, and nothing else: not the expansion, stochastic
 // rounding, bf16, unequal or odd group sizes.
