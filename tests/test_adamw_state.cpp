@@ -115,46 +115,53 @@ TEST(AdamWState, FusedEncodedStepEqualsTheReference) {
         std::pair{e5m2_group100_sr, e4m3_group128_nonneg}, std::pair{bf16_sr, F{}}, std::pair{f16_tensor_sr, e4m3_group_expand_nonneg},
         std::pair{e4m3_group128, e4m3_group128_nonneg}, std::pair{e5m2_group32, f16_group32_nonneg},
         std::pair{e4m3_tensor, e5m2_group48_nonneg}, std::pair{e5m2_tensor, e4m3_tensor_nonneg}})
-  for (const bool scaled_masters : {false, true}) {  // the weights in f32, or MS-AMP's scaled f16 masters (the fused pass reads them itself)
-    AdamWConfig c{.lr = 1e-2, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1, .scaled_masters = scaled_masters};
-    c.m_format = mf;
-    c.v_format = vf;
-    AdamWConfig ref_c = c;
-    ref_c.fused = false;
-    const std::vector<Shape> shapes = {{20000}, {300}, {7, 5}, {1}};
-    std::vector<Var> fast_p, ref_p;
-    for (size_t k = 0; k < shapes.size(); ++k) {
-      const Tensor w = Tensor::randn(shapes[k], 1 + int(k));
-      fast_p.emplace_back(scaled_masters ? store_scaled_master(w, DType::f16) : ScaledTensor(w), true);
-      ref_p.emplace_back(scaled_masters ? store_scaled_master(w, DType::f16) : ScaledTensor(w), true);
-    }
-    AdamW fast(fast_p, c, {1.0, 0.5, 1.0, 2.0}, {true, false, true, true}, {1.0, 1.0, 0.5, 1.0});
-    AdamW ref(ref_p, ref_c, {1.0, 0.5, 1.0, 2.0}, {true, false, true, true}, {1.0, 1.0, 0.5, 1.0});
-    for (int t = 1; t <= 3; ++t) {
+    for (const bool scaled_masters :
+         {false, true}) {  // the weights in f32, or MS-AMP's scaled f16 masters (the fused pass reads them itself)
+      AdamWConfig c{.lr = 1e-2, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1, .scaled_masters = scaled_masters};
+      c.m_format = mf;
+      c.v_format = vf;
+      AdamWConfig ref_c = c;
+      ref_c.fused = false;
+      const std::vector<Shape> shapes = {{20000}, {300}, {7, 5}, {1}};
+      std::vector<Var> fast_p, ref_p;
       for (size_t k = 0; k < shapes.size(); ++k) {
-        // Parameter 2's moments are so small (f32 subnormals) that a per-tensor scale is past 2^127 (beyond the
-        // fused encoder's reach); parameter 1's first 128 gradients are 0 (zero groups).
-        std::vector<double> gv = ops::scale_shift(Tensor::randn(shapes[k], 10 * t + int(k)), k == 0 ? 1e-3 : k == 2 ? 1e-38 : 1.0, 0.0).to_vector();
-        if (k == 1) std::fill(gv.begin(), gv.begin() + 128, 0.0);
-        const Tensor g = Tensor::from_vector(std::vector<float>(gv.begin(), gv.end()), shapes[k]);
-        fast_p[k].set_grad(ScaledTensor(g));
-        ref_p[k].set_grad(ScaledTensor(g));
+        const Tensor w = Tensor::randn(shapes[k], 1 + int(k));
+        fast_p.emplace_back(scaled_masters ? store_scaled_master(w, DType::f16) : ScaledTensor(w), true);
+        ref_p.emplace_back(scaled_masters ? store_scaled_master(w, DType::f16) : ScaledTensor(w), true);
       }
-      fast.step(t == 2 ? 0.25 : 1.0);
-      ref.step(t == 2 ? 0.25 : 1.0);
-      for (size_t k = 0; k < shapes.size(); ++k) {
-        const std::string where = "step " + std::to_string(t) + " parameter " + std::to_string(k) + (scaled_masters ? " (scaled masters)" : "");
-        for (const auto& [a, b] : {std::pair{&fast.encoded_first_moment(k), &ref.encoded_first_moment(k)},
-                                   std::pair{&fast.encoded_second_moment(k), &ref.encoded_second_moment(k)}}) {
-          ASSERT_EQ(a->codes, b->codes) << where;
-          ASSERT_EQ(a->scales, b->scales) << where;
-          ASSERT_EQ(a->expand_k, b->expand_k) << where;
-          ASSERT_EQ(a->centre, b->centre) << where;
+      AdamW fast(fast_p, c, {1.0, 0.5, 1.0, 2.0}, {true, false, true, true}, {1.0, 1.0, 0.5, 1.0});
+      AdamW ref(ref_p, ref_c, {1.0, 0.5, 1.0, 2.0}, {true, false, true, true}, {1.0, 1.0, 0.5, 1.0});
+      for (int t = 1; t <= 3; ++t) {
+        for (size_t k = 0; k < shapes.size(); ++k) {
+          // Parameter 2's moments are so small (f32 subnormals) that a per-tensor scale is past 2^127 (beyond the
+          // fused encoder's reach); parameter 1's first 128 gradients are 0 (zero groups).
+          std::vector<double> gv = ops::scale_shift(Tensor::randn(shapes[k], 10 * t + int(k)),
+                                                    k == 0   ? 1e-3
+                                                    : k == 2 ? 1e-38
+                                                             : 1.0,
+                                                    0.0)
+                                       .to_vector();
+          if (k == 1) std::fill(gv.begin(), gv.begin() + 128, 0.0);
+          const Tensor g = Tensor::from_vector(std::vector<float>(gv.begin(), gv.end()), shapes[k]);
+          fast_p[k].set_grad(ScaledTensor(g));
+          ref_p[k].set_grad(ScaledTensor(g));
         }
-        ASSERT_EQ(fast_p[k].value().to_vector(), ref_p[k].value().to_vector()) << where;
+        fast.step(t == 2 ? 0.25 : 1.0);
+        ref.step(t == 2 ? 0.25 : 1.0);
+        for (size_t k = 0; k < shapes.size(); ++k) {
+          const std::string where =
+              "step " + std::to_string(t) + " parameter " + std::to_string(k) + (scaled_masters ? " (scaled masters)" : "");
+          for (const auto& [a, b] : {std::pair{&fast.encoded_first_moment(k), &ref.encoded_first_moment(k)},
+                                     std::pair{&fast.encoded_second_moment(k), &ref.encoded_second_moment(k)}}) {
+            ASSERT_EQ(a->codes, b->codes) << where;
+            ASSERT_EQ(a->scales, b->scales) << where;
+            ASSERT_EQ(a->expand_k, b->expand_k) << where;
+            ASSERT_EQ(a->centre, b->centre) << where;
+          }
+          ASSERT_EQ(fast_p[k].value().to_vector(), ref_p[k].value().to_vector()) << where;
+        }
       }
     }
-  }
 }
 
 // The fused step against the reference on random cases of what the fixed ones above do not pin
@@ -256,12 +263,13 @@ TEST(AdamWState, TheFusedPassTakesTheFormatsItEncodes) {
   EXPECT_FALSE(fused_step_applies(coat.m_format, coat.v_format));
   using F = StateFormat;
   const F group128{.storage = Format::e4m3, .scaling = StateScaling::per_group};
-  for (const F& other : {F{.storage = Format::e4m3, .scaling = StateScaling::per_group, .group_size = 64},
-                         F{.storage = Format::e4m3, .scaling = StateScaling::per_group, .group_size = 100},
-                         F{.storage = Format::e4m3, .scaling = StateScaling::per_group, .rounding = Rounding::stochastic},
-                         F{.storage = Format::bf16}})
+  for (const F& other :
+       {F{.storage = Format::e4m3, .scaling = StateScaling::per_group, .group_size = 64},
+        F{.storage = Format::e4m3, .scaling = StateScaling::per_group, .group_size = 100},
+        F{.storage = Format::e4m3, .scaling = StateScaling::per_group, .rounding = Rounding::stochastic}, F{.storage = Format::bf16}})
     EXPECT_FALSE(fused_step_applies(group128, other)) << format_name(other.storage) << " group " << other.group_size;
-  EXPECT_FALSE(fused_step_applies(F{.storage = Format::e4m3, .scaling = StateScaling::per_group, .group_size = kMaxFusedGroup + 16}, group128));
+  EXPECT_FALSE(
+      fused_step_applies(F{.storage = Format::e4m3, .scaling = StateScaling::per_group, .group_size = kMaxFusedGroup + 16}, group128));
 }
 
 // The lanes past a parameter's end in the fused pass's last vector count in no amax: with an eps

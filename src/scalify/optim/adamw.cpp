@@ -231,9 +231,9 @@ struct FusedPass {
       static const Tensor no_weights = Tensor::empty({0});
       weights.emplace_back(own ? no_weights : values.back());
       grads.emplace_back(gradients.back());
-      weights_in.push_back(own ? WeightsIn{.f16 = reinterpret_cast<const uint16_t*>(values.back().raw_bytes()),
-                                           .scale = params[k].scaled().scalar_scale()}
-                               : WeightsIn{.f32 = weights.back().data()});
+      weights_in.push_back(
+          own ? WeightsIn{.f16 = reinterpret_cast<const uint16_t*>(values.back().raw_bytes()), .scale = params[k].scaled().scalar_scale()}
+              : WeightsIn{.f32 = weights.back().data()});
     }
   }
 };
@@ -370,7 +370,7 @@ void AdamW::step_encoded(const std::vector<size_t>& ks, double bc1, double bc2, 
     vector_codec(vf, fv.codec);
   }
   std::vector<PassAmax> chunk_amax(chunks.size());  // bits of the chunks' largest magnitudes
-  auto buffers = [piece] {                                            // grown once per thread, then reused
+  auto buffers = [piece] {                          // grown once per thread, then reused
     thread_local std::vector<float> m, v;
     if (m.size() < size_t(piece)) {
       m.resize(size_t(piece));

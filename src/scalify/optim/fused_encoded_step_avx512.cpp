@@ -62,10 +62,12 @@ struct Codes {
   template <bool Full>
   __m512 decode(int64_t i, __mmask16 k, __m512 scale) const {
     if (c.f16) {
-      const __m256i h = Full ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes + 2 * i)) : _mm256_maskz_loadu_epi16(k, codes + 2 * i);
+      const __m256i h =
+          Full ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes + 2 * i)) : _mm256_maskz_loadu_epi16(k, codes + 2 * i);
       return _mm512_mul_ps(_mm512_cvtph_ps(h), scale);
     }
-    const __m512i code = _mm512_cvtepu8_epi32(Full ? _mm_loadu_si128(reinterpret_cast<const __m128i*>(codes + i)) : _mm_maskz_loadu_epi8(k, codes + i));
+    const __m512i code =
+        _mm512_cvtepu8_epi32(Full ? _mm_loadu_si128(reinterpret_cast<const __m128i*>(codes + i)) : _mm_maskz_loadu_epi8(k, codes + i));
     const __m512i mag = _mm512_and_si512(code, mag_mask);
     const __m512i sign = _mm512_maskz_mov_epi32(_mm512_test_epi32_mask(code, sign_mask), _mm512_set1_epi32(int32_t(0x80000000u)));
     const __m512i finite = _mm512_castps_si512(_mm512_mul_ps(_mm512_castsi512_ps(_mm512_sll_epi32(mag, shift)), decode_mul));
@@ -86,8 +88,7 @@ struct Codes {
     const __m512 scaled = _mm512_mul_ps(_mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(q), _mm512_set1_epi32(0x7FFFFFFF))), mul);
     if (c.f16) {
       const __m256i mag = _mm256_min_epu16(_mm512_cvtps_ph(scaled, _MM_FROUND_TO_NEAREST_INT), _mm256_set1_epi16(int16_t(c.max_code)));
-      const __m256i sign =
-          _mm256_and_si256(_mm512_cvtps_ph(q, _MM_FROUND_TO_NEAREST_INT), _mm256_set1_epi16(int16_t(c.encode_sign_mask)));
+      const __m256i sign = _mm256_and_si256(_mm512_cvtps_ph(q, _MM_FROUND_TO_NEAREST_INT), _mm256_set1_epi16(int16_t(c.encode_sign_mask)));
       if constexpr (Full)
         _mm256_storeu_si256(reinterpret_cast<__m256i*>(codes + 2 * i), _mm256_or_si256(mag, sign));
       else
@@ -226,7 +227,8 @@ void fused_moments_pass(const PlainUpdate& u, const float* g, const FusedMoment&
       mc.encode<Full>(mv, false, one, mul_m, i, k);
     }
     if (v_too) {
-      const __m512 vv = saturate(_mm512_add_ps(_mm512_mul_ps(b2, vc.decode<Full>(i, k, sv)), _mm512_mul_ps(_mm512_mul_ps(c2, gi), gi)), unused);
+      const __m512 vv =
+          saturate(_mm512_add_ps(_mm512_mul_ps(b2, vc.decode<Full>(i, k, sv)), _mm512_mul_ps(_mm512_mul_ps(c2, gi), gi)), unused);
       vc.encode<Full>(vv, false, one, mul_v, i, k);
     }
   };
