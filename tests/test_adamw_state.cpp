@@ -8,9 +8,11 @@
 #include <bit>
 #include <cmath>
 #include <cstring>
+#include <random>
 #include <string>
 #include <vector>
 
+#include "expect_error.hpp"
 #include "scalify/error.hpp"
 #include "scalify/formats/kernels.hpp"
 #include "scalify/optim/adamw.hpp"
@@ -113,43 +115,136 @@ TEST(AdamWState, FusedEncodedStepEqualsTheReference) {
         std::pair{e5m2_group100_sr, e4m3_group128_nonneg}, std::pair{bf16_sr, F{}}, std::pair{f16_tensor_sr, e4m3_group_expand_nonneg},
         std::pair{e4m3_group128, e4m3_group128_nonneg}, std::pair{e5m2_group32, f16_group32_nonneg},
         std::pair{e4m3_tensor, e5m2_group48_nonneg}, std::pair{e5m2_tensor, e4m3_tensor_nonneg}})
-  for (const bool scaled_masters : {false, true}) {  // the weights in f32, or MS-AMP's scaled f16 masters (the fused pass reads them itself)
-    AdamWConfig c{.lr = 1e-2, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1, .scaled_masters = scaled_masters};
+    for (const bool scaled_masters :
+         {false, true}) {  // the weights in f32, or MS-AMP's scaled f16 masters (the fused pass reads them itself)
+      AdamWConfig c{.lr = 1e-2, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1, .scaled_masters = scaled_masters};
+      c.m_format = mf;
+      c.v_format = vf;
+      AdamWConfig ref_c = c;
+      ref_c.fused = false;
+      const std::vector<Shape> shapes = {{20000}, {300}, {7, 5}, {1}};
+      std::vector<Var> fast_p, ref_p;
+      for (size_t k = 0; k < shapes.size(); ++k) {
+        const Tensor w = Tensor::randn(shapes[k], 1 + int(k));
+        fast_p.emplace_back(scaled_masters ? store_scaled_master(w, DType::f16) : ScaledTensor(w), true);
+        ref_p.emplace_back(scaled_masters ? store_scaled_master(w, DType::f16) : ScaledTensor(w), true);
+      }
+      AdamW fast(fast_p, c, {1.0, 0.5, 1.0, 2.0}, {true, false, true, true}, {1.0, 1.0, 0.5, 1.0});
+      AdamW ref(ref_p, ref_c, {1.0, 0.5, 1.0, 2.0}, {true, false, true, true}, {1.0, 1.0, 0.5, 1.0});
+      for (int t = 1; t <= 3; ++t) {
+        for (size_t k = 0; k < shapes.size(); ++k) {
+          // Parameter 2's moments are so small (f32 subnormals) that a per-tensor scale is past 2^127 (beyond the
+          // fused encoder's reach); parameter 1's first 128 gradients are 0 (zero groups).
+          std::vector<double> gv = ops::scale_shift(Tensor::randn(shapes[k], 10 * t + int(k)),
+                                                    k == 0   ? 1e-3
+                                                    : k == 2 ? 1e-38
+                                                             : 1.0,
+                                                    0.0)
+                                       .to_vector();
+          if (k == 1) std::fill(gv.begin(), gv.begin() + 128, 0.0);
+          const Tensor g = Tensor::from_vector(std::vector<float>(gv.begin(), gv.end()), shapes[k]);
+          fast_p[k].set_grad(ScaledTensor(g));
+          ref_p[k].set_grad(ScaledTensor(g));
+        }
+        fast.step(t == 2 ? 0.25 : 1.0);
+        ref.step(t == 2 ? 0.25 : 1.0);
+        for (size_t k = 0; k < shapes.size(); ++k) {
+          const std::string where =
+              "step " + std::to_string(t) + " parameter " + std::to_string(k) + (scaled_masters ? " (scaled masters)" : "");
+          for (const auto& [a, b] : {std::pair{&fast.encoded_first_moment(k), &ref.encoded_first_moment(k)},
+                                     std::pair{&fast.encoded_second_moment(k), &ref.encoded_second_moment(k)}}) {
+            ASSERT_EQ(a->codes, b->codes) << where;
+            ASSERT_EQ(a->scales, b->scales) << where;
+            ASSERT_EQ(a->expand_k, b->expand_k) << where;
+            ASSERT_EQ(a->centre, b->centre) << where;
+          }
+          ASSERT_EQ(fast_p[k].value().to_vector(), ref_p[k].value().to_vector()) << where;
+        }
+      }
+    }
+}
+
+// The fused step against the reference on random cases of what the fixed ones above do not pin
+// together: the formats the fused pass takes, group sizes 16..2048, parameters of 1 element, odd
+// tails and several chunks, f32 weights beside scaled f16 masters (subnormal ones too), eps below
+// f32's range, per-tensor exponents past the fused encoder's reach, saturated moments, lr_scale 0,
+// no decay, and after the first step any codes (NaN, infinities, subnormals) and power-of-two
+// scales down to 2^-149. Both steps throw the same error or give the same bits.
+TEST(AdamWState, FusedEncodedStepEqualsTheReferenceOnRandomCases) {
+  using F = StateFormat;
+  std::mt19937 rng(48);
+  auto pick = [&]<class T>(std::initializer_list<T> xs) { return xs.begin()[rng() % xs.size()]; };
+  auto bits = [](const auto& x) {  // f32 values' bits: NaNs compare
+    std::vector<uint32_t> b;
+    for (double v : x) b.push_back(std::bit_cast<uint32_t>(float(v)));
+    return b;
+  };
+  for (int n = 0; n < 150; ++n) {
+    const int64_t group = pick({16, 32, 48, 2048});
+    const F mf{.storage = pick({Format::e4m3, Format::e5m2, Format::f16}),
+               .scaling = pick({StateScaling::per_tensor, StateScaling::per_group}),
+               .group_size = group};
+    const F vf{.storage = pick({Format::e4m3, Format::e5m2, Format::f16}),
+               .scaling = pick({StateScaling::per_tensor, StateScaling::per_group}),
+               .group_size = group,
+               .non_negative = pick({true, false})};
+    AdamWConfig c{.lr = 1e-2, .eps = pick({1e-8, 1e-50}), .weight_decay = 0.1, .scaled_masters = true};
     c.m_format = mf;
     c.v_format = vf;
     AdamWConfig ref_c = c;
     ref_c.fused = false;
-    const std::vector<Shape> shapes = {{20000}, {300}, {7, 5}, {1}};
+    std::vector<Shape> shapes(rng() % 3 + 1);
     std::vector<Var> fast_p, ref_p;
-    for (size_t k = 0; k < shapes.size(); ++k) {
-      const Tensor w = Tensor::randn(shapes[k], 1 + int(k));
-      fast_p.emplace_back(scaled_masters ? store_scaled_master(w, DType::f16) : ScaledTensor(w), true);
-      ref_p.emplace_back(scaled_masters ? store_scaled_master(w, DType::f16) : ScaledTensor(w), true);
+    for (Shape& shape : shapes) {
+      shape = {pick({int64_t(1), int64_t(15), int64_t(17), int64_t(2049), int64_t(8193)})};
+      const Tensor w = ops::scale_shift(Tensor::randn(shape, rng()), pick({1.0, 1e-44}), 0.0);
+      const bool master = pick({true, false});
+      fast_p.emplace_back(master ? store_scaled_master(w, DType::f16) : ScaledTensor(w), true);
+      ref_p.emplace_back(master ? store_scaled_master(w, DType::f16) : ScaledTensor(w), true);
     }
-    AdamW fast(fast_p, c, {1.0, 0.5, 1.0, 2.0}, {true, false, true, true}, {1.0, 1.0, 0.5, 1.0});
-    AdamW ref(ref_p, ref_c, {1.0, 0.5, 1.0, 2.0}, {true, false, true, true}, {1.0, 1.0, 0.5, 1.0});
+    const std::vector<double> lr_scale(shapes.size(), pick({1.0, 0.0}));
+    const std::vector<bool> decay(shapes.size(), pick({true, false}));
+    AdamW fast(fast_p, c, lr_scale, decay), ref(ref_p, ref_c, lr_scale, decay);
+    // An eps of 0 in f32 makes a zero or underflowing v's weight NaN (in both): with it, gradients of 1.
+    const bool tiny_eps = c.eps < 1e-45;
+    const double gradient_scale = tiny_eps ? 1.0 : pick({1.0, 1e-30, 1e-38, 1e34});
+    const bool tamper = pick({true, false});
+    const std::string where = "case " + std::to_string(n);
     for (int t = 1; t <= 3; ++t) {
+      if (t == 2 && tamper) {  // any codes and scales, as a checkpoint may hold them
+        std::vector<EncodedState> m, v;
+        for (size_t k = 0; k < shapes.size(); ++k) {
+          m.push_back(fast.encoded_first_moment(k));
+          v.push_back(fast.encoded_second_moment(k));
+          for (EncodedState* s : {&m.back(), &v.back()}) {
+            for (std::byte& b : s->codes) b = std::byte(rng());
+            for (float& scale : s->scales) scale = std::ldexp(1.0f, -int(rng() % 150));
+          }
+          if (vf.non_negative && vf.storage == Format::f16)  // load refuses negative ones
+            for (size_t i = 1; i < v.back().codes.size(); i += 2) v.back().codes[i] &= std::byte(0x7F);
+        }
+        fast.load_encoded_state(1, m, v);
+        ref.load_encoded_state(1, m, v);
+      }
       for (size_t k = 0; k < shapes.size(); ++k) {
-        // Parameter 2's moments are so small (f32 subnormals) that a per-tensor scale is past 2^127 (beyond the
-        // fused encoder's reach); parameter 1's first 128 gradients are 0 (zero groups).
-        std::vector<double> gv = ops::scale_shift(Tensor::randn(shapes[k], 10 * t + int(k)), k == 0 ? 1e-3 : k == 2 ? 1e-38 : 1.0, 0.0).to_vector();
-        if (k == 1) std::fill(gv.begin(), gv.begin() + 128, 0.0);
+        std::vector<double> gv = ops::scale_shift(Tensor::randn(shapes[k], rng()), gradient_scale, 0.0).to_vector();
+        if (!tiny_eps) std::fill(gv.begin(), gv.begin() + int64_t(gv.size()) / 2, 0.0);  // zero groups
         const Tensor g = Tensor::from_vector(std::vector<float>(gv.begin(), gv.end()), shapes[k]);
         fast_p[k].set_grad(ScaledTensor(g));
         ref_p[k].set_grad(ScaledTensor(g));
       }
-      fast.step(t == 2 ? 0.25 : 1.0);
-      ref.step(t == 2 ? 0.25 : 1.0);
+      const std::string fast_error = testing::error_of([&] { fast.step(); }), ref_error = testing::error_of([&] { ref.step(); });
+      ASSERT_EQ(fast_error, ref_error) << where << " step " << t;
+      if (fast_error != "(no error)") break;  // a tampered state's NaN weights, refused by a scaled master
       for (size_t k = 0; k < shapes.size(); ++k) {
-        const std::string where = "step " + std::to_string(t) + " parameter " + std::to_string(k) + (scaled_masters ? " (scaled masters)" : "");
+        const std::string at = where + " step " + std::to_string(t) + " parameter " + std::to_string(k);
         for (const auto& [a, b] : {std::pair{&fast.encoded_first_moment(k), &ref.encoded_first_moment(k)},
                                    std::pair{&fast.encoded_second_moment(k), &ref.encoded_second_moment(k)}}) {
-          ASSERT_EQ(a->codes, b->codes) << where;
-          ASSERT_EQ(a->scales, b->scales) << where;
-          ASSERT_EQ(a->expand_k, b->expand_k) << where;
-          ASSERT_EQ(a->centre, b->centre) << where;
+          ASSERT_EQ(a->codes, b->codes) << at;
+          ASSERT_EQ(bits(a->scales), bits(b->scales)) << at;
         }
-        ASSERT_EQ(fast_p[k].value().to_vector(), ref_p[k].value().to_vector()) << where;
+        ASSERT_EQ(bits(fast_p[k].scaled().data.to_vector()), bits(ref_p[k].scaled().data.to_vector())) << at;
+        ASSERT_EQ(fast_p[k].scaled().scalar_scale(), ref_p[k].scaled().scalar_scale()) << at;
       }
     }
   }
@@ -168,12 +263,54 @@ TEST(AdamWState, TheFusedPassTakesTheFormatsItEncodes) {
   EXPECT_FALSE(fused_step_applies(coat.m_format, coat.v_format));
   using F = StateFormat;
   const F group128{.storage = Format::e4m3, .scaling = StateScaling::per_group};
-  for (const F& other : {F{.storage = Format::e4m3, .scaling = StateScaling::per_group, .group_size = 64},
-                         F{.storage = Format::e4m3, .scaling = StateScaling::per_group, .group_size = 100},
-                         F{.storage = Format::e4m3, .scaling = StateScaling::per_group, .rounding = Rounding::stochastic},
-                         F{.storage = Format::bf16}})
+  for (const F& other :
+       {F{.storage = Format::e4m3, .scaling = StateScaling::per_group, .group_size = 64},
+        F{.storage = Format::e4m3, .scaling = StateScaling::per_group, .group_size = 100},
+        F{.storage = Format::e4m3, .scaling = StateScaling::per_group, .rounding = Rounding::stochastic}, F{.storage = Format::bf16}})
     EXPECT_FALSE(fused_step_applies(group128, other)) << format_name(other.storage) << " group " << other.group_size;
-  EXPECT_FALSE(fused_step_applies(F{.storage = Format::e4m3, .scaling = StateScaling::per_group, .group_size = kMaxFusedGroup + 16}, group128));
+  EXPECT_FALSE(
+      fused_step_applies(F{.storage = Format::e4m3, .scaling = StateScaling::per_group, .group_size = kMaxFusedGroup + 16}, group128));
+}
+
+// The lanes past a parameter's end in the fused pass's last vector count in no amax: with an eps
+// below f32's smallest subnormal (valid, > 0; 0 in the f32 update) their 0 / (sqrt(0) + 0) was a
+// NaN that became the new weights' amax, so the step of a scaled f16 master of 17 elements threw
+// "the weights are not finite" where the reference steps.
+TEST(AdamWState, TheFusedPassTailCountsOnlyTheParametersElements) {
+  const AdamWConfig preset = quant::optimizer_config(quant::preset("msamp_o2"), {});
+  AdamWConfig c{.lr = 1e-2, .eps = 1e-50, .weight_decay = 0.1, .scaled_masters = true};
+  c.m_format = preset.m_format;
+  c.v_format = preset.v_format;
+  AdamWConfig ref_c = c;
+  ref_c.fused = false;
+  const Tensor w = Tensor::randn({17}, 3), g = Tensor::randn({17}, 4);
+  Var a(store_scaled_master(w, DType::f16), true), b(store_scaled_master(w, DType::f16), true);
+  AdamW fused({a}, c), reference({b}, ref_c);
+  a.set_grad(ScaledTensor(g));
+  b.set_grad(ScaledTensor(g));
+  ASSERT_NO_THROW(reference.step());
+  ASSERT_NO_THROW(fused.step());
+  EXPECT_EQ(a.scaled().scalar_scale(), b.scaled().scalar_scale());
+  EXPECT_EQ(a.value().to_vector(), b.value().to_vector());
+  EXPECT_EQ(fused.encoded_first_moment(0).codes, reference.encoded_first_moment(0).codes);
+  EXPECT_EQ(fused.encoded_second_moment(0).codes, reference.encoded_second_moment(0).codes);
+}
+
+// A non-negative f16 second moment's codes carry no sign (the encoders drop it): a loaded state
+// with a negative one is refused, naming the parameter and element. It used to load, and the
+// fused step took the negative v (sqrt: NaN weights, stored) where the reference threw on encoding it.
+TEST(AdamWState, LoadRefusesANegativeCodeInANonNegativeMoment) {
+  AdamWConfig c{.lr = 1e-2};
+  c.m_format = {.storage = Format::e4m3, .scaling = StateScaling::per_tensor};
+  c.v_format = {.storage = Format::f16, .scaling = StateScaling::per_tensor, .non_negative = true};
+  Var a(Tensor::randn({20}, 1), true), b(Tensor::randn({3}, 2), true);
+  AdamW opt({a, b}, c);
+  std::vector<EncodedState> m = {opt.encoded_first_moment(0), opt.encoded_first_moment(1)};
+  std::vector<EncodedState> v = {opt.encoded_second_moment(0), opt.encoded_second_moment(1)};
+  v[1].codes[2 * 2 + 1] = std::byte(0x80);  // element 2: -0, which the decode reads as 0, loads
+  EXPECT_NO_THROW(opt.load_encoded_state(1, m, v));
+  v[1].codes[2 * 2] = std::byte(0x01);  // -2^-24
+  EXPECT_ERROR(opt.load_encoded_state(1, m, v), "parameter 1's second moment holds a negative code at element 2");
 }
 
 // A gradient whose (1 - beta2) g g overflows f32 (|g| > ~6e20 at beta2 0.999) makes v infinite, which no code

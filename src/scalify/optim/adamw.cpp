@@ -7,6 +7,7 @@
 #include <numeric>
 #include <span>
 #include <string>
+#include <tuple>
 
 #include "scalify/error.hpp"
 #include "scalify/formats/bulk.hpp"
@@ -234,9 +235,9 @@ struct FusedPass {
       static const Tensor no_weights = Tensor::empty({0});
       weights.emplace_back(own ? no_weights : values.back());
       grads.emplace_back(gradients.back());
-      weights_in.push_back(own ? WeightsIn{.f16 = reinterpret_cast<const uint16_t*>(values.back().raw_bytes()),
-                                           .scale = params[k].scaled().scalar_scale()}
-                               : WeightsIn{.f32 = weights.back().data()});
+      weights_in.push_back(
+          own ? WeightsIn{.f16 = reinterpret_cast<const uint16_t*>(values.back().raw_bytes()), .scale = params[k].scaled().scalar_scale()}
+              : WeightsIn{.f32 = weights.back().data()});
     }
   }
 };
@@ -373,7 +374,7 @@ void AdamW::step_encoded(const std::vector<size_t>& ks, double bc1, double bc2, 
     vector_codec(vf, fv.codec);
   }
   std::vector<PassAmax> chunk_amax(chunks.size());  // bits of the chunks' largest magnitudes
-  auto buffers = [piece] {                                            // grown once per thread, then reused
+  auto buffers = [piece] {                          // grown once per thread, then reused
     thread_local std::vector<float> m, v;
     if (m.size() < size_t(piece)) {
       m.resize(size_t(piece));
@@ -666,6 +667,20 @@ void AdamW::load_encoded_state(int64_t steps, std::vector<EncodedState> m, std::
         v[k].centre.size() != v_codes_[k].centre.size())
       throw Error("AdamW: encoded state of parameter " + std::to_string(k) + " does not match its shape " + shape_str(params_[k].shape()) +
                   " and the state formats");
+  // A non-negative moment's 16-bit codes carry no sign (the encoders drop it; 8-bit ones have no
+  // sign bit): a negative one would reach the fused step, which cannot refuse it as the reference's
+  // encode does, as a negative v (NaN weights). -0 reads as 0.
+  for (const auto& [which, f, states] : {std::tuple{"first", &c_.m_format, &m}, std::tuple{"second", &c_.v_format, &v}})
+    if (f->non_negative && info(f->storage).storage_bytes() == 2)
+      for (size_t k = 0; k < states->size(); ++k) {
+        const std::vector<std::byte>& codes = (*states)[k].codes;
+        for (size_t i = 0; i < codes.size() / 2; ++i) {
+          const auto code = uint16_t(uint16_t(codes[2 * i]) | uint16_t(codes[2 * i + 1]) << 8);  // little-endian
+          if (code > 0x8000)
+            throw Error("AdamW: parameter " + std::to_string(k) + "'s " + which + " moment holds a negative code at element " +
+                        std::to_string(i) + " (a non-negative moment's codes carry no sign)");
+        }
+      }
   t_ = steps;
   m_codes_ = std::move(m);
   v_codes_ = std::move(v);

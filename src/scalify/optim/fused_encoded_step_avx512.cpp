@@ -62,10 +62,12 @@ struct Codes {
   template <bool Full>
   __m512 decode(int64_t i, __mmask16 k, __m512 scale) const {
     if (c.f16) {
-      const __m256i h = Full ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes + 2 * i)) : _mm256_maskz_loadu_epi16(k, codes + 2 * i);
+      const __m256i h =
+          Full ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes + 2 * i)) : _mm256_maskz_loadu_epi16(k, codes + 2 * i);
       return _mm512_mul_ps(_mm512_cvtph_ps(h), scale);
     }
-    const __m512i code = _mm512_cvtepu8_epi32(Full ? _mm_loadu_si128(reinterpret_cast<const __m128i*>(codes + i)) : _mm_maskz_loadu_epi8(k, codes + i));
+    const __m512i code =
+        _mm512_cvtepu8_epi32(Full ? _mm_loadu_si128(reinterpret_cast<const __m128i*>(codes + i)) : _mm_maskz_loadu_epi8(k, codes + i));
     const __m512i mag = _mm512_and_si512(code, mag_mask);
     const __m512i sign = _mm512_maskz_mov_epi32(_mm512_test_epi32_mask(code, sign_mask), _mm512_set1_epi32(int32_t(0x80000000u)));
     const __m512i finite = _mm512_castps_si512(_mm512_mul_ps(_mm512_castsi512_ps(_mm512_sll_epi32(mag, shift)), decode_mul));
@@ -86,8 +88,7 @@ struct Codes {
     const __m512 scaled = _mm512_mul_ps(_mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(q), _mm512_set1_epi32(0x7FFFFFFF))), mul);
     if (c.f16) {
       const __m256i mag = _mm256_min_epu16(_mm512_cvtps_ph(scaled, _MM_FROUND_TO_NEAREST_INT), _mm256_set1_epi16(int16_t(c.max_code)));
-      const __m256i sign =
-          _mm256_and_si256(_mm512_cvtps_ph(q, _MM_FROUND_TO_NEAREST_INT), _mm256_set1_epi16(int16_t(c.encode_sign_mask)));
+      const __m256i sign = _mm256_and_si256(_mm512_cvtps_ph(q, _MM_FROUND_TO_NEAREST_INT), _mm256_set1_epi16(int16_t(c.encode_sign_mask)));
       if constexpr (Full)
         _mm256_storeu_si256(reinterpret_cast<__m256i*>(codes + 2 * i), _mm256_or_si256(mag, sign));
       else
@@ -181,12 +182,14 @@ void fused_update_pass(const PlainUpdate& u, float lr, float wd, const float* g,
       __m512i ma, va;
       mv = saturate(mv, ma);
       vv = saturate(vv, va);
-      am = _mm512_max_epi32(am, ma);  // a tail's masked-off lanes are 0 (zero loads)
-      av = _mm512_max_epi32(av, va);
+      // Lanes k only: a tail's masked-off lanes (zero loads) are not always 0 here (0 / (sqrt(0) + eps)
+      // is NaN where eps is below f32's range).
+      am = _mm512_mask_max_epi32(am, k, am, ma);
+      av = _mm512_mask_max_epi32(av, k, av, va);
       const __m512 wv = weights.template operator()<Full>(o, k);
       const __m512 step = _mm512_div_ps(_mm512_mul_ps(mv, ibc1), _mm512_add_ps(_mm512_sqrt_ps(_mm512_mul_ps(vv, ibc2)), eps));
       const __m512 nw = _mm512_sub_ps(wv, _mm512_mul_ps(vlr, _mm512_add_ps(step, _mm512_mul_ps(vwd, wv))));
-      an = _mm512_max_epi32(an, _mm512_and_si512(_mm512_castps_si512(nw), abs));  // a tail's masked-off lanes are 0
+      an = _mm512_mask_max_epi32(an, k, an, _mm512_and_si512(_mm512_castps_si512(nw), abs));
       store<Full>(next + o, k, nw);
       if (mg) _mm512_store_ps(mbuf + (i - gb), mv);
       if (vg) _mm512_store_ps(vbuf + (i - gb), vv);
@@ -225,7 +228,8 @@ void fused_moments_pass(const PlainUpdate& u, const float* g, const FusedMoment&
       mc.encode<Full>(mv, false, one, mul_m, i, k);
     }
     if (v_too) {
-      const __m512 vv = saturate(_mm512_add_ps(_mm512_mul_ps(b2, vc.decode<Full>(i, k, sv)), _mm512_mul_ps(_mm512_mul_ps(c2, gi), gi)), unused);
+      const __m512 vv =
+          saturate(_mm512_add_ps(_mm512_mul_ps(b2, vc.decode<Full>(i, k, sv)), _mm512_mul_ps(_mm512_mul_ps(c2, gi), gi)), unused);
       vc.encode<Full>(vv, false, one, mul_v, i, k);
     }
     if (w.f16) {

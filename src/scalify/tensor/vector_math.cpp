@@ -8,7 +8,7 @@
 namespace scalify::vecmath {
 
 #if SCALIFY_HAVE_X86_SIMD
-extern const Table kAvx2;  // vector_math_avx2.cpp
+extern const Table kAvx2;                                              // vector_math_avx2.cpp
 void pow_f64_avx512(const double* x, double e, double* y, int64_t n);  // vector_math_avx512.cpp
 #endif
 
