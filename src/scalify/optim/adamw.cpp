@@ -61,16 +61,12 @@ Tensor store_master(const Tensor& w, DType dtype, Rounding rounding, uint64_t se
 
 namespace {
 // store_scaled_master of f32 weights whose largest magnitude is top.
-// The exponent e of a scaled master's scale 2^-e for weights of largest magnitude top: at most
-// 127, the largest power of two an f32 scale holds (bf16's range needs no more).
-int scaled_master_exponent(DType dtype, float top) {
-  return std::min(state_tensor_exponent({.storage = *dtype_format(dtype), .scaling = StateScaling::per_tensor}, top), 127);
-}
 ScaledTensor store_scaled_master_at(const Tensor& f, DType dtype, Rounding rounding, uint64_t seed, float top) {
   const auto n = size_t(f.numel());
   const std::span<const float> values(f.data<float>(), n);
   if (!std::isfinite(top)) throw Error("store_scaled_master: the weights are not finite");
-  const int e = scaled_master_exponent(dtype, top);
+  // At most 2^127, the largest power of two an f32 scale holds (bf16's range needs no more).
+  const int e = std::min(state_tensor_exponent({.storage = *dtype_format(dtype), .scaling = StateScaling::per_tensor}, top), 127);
   Tensor data = Tensor::empty(f.shape(), dtype);
   quantize(values, *dtype_format(dtype), float(std::ldexp(1.0, e)), std::span<std::byte>(data.raw_bytes(), n * size_t(dtype_size(dtype))),
            {.rounding = rounding, .seed = seed});
@@ -411,10 +407,6 @@ void AdamW::step_encoded(const std::vector<size_t>& ks, double bc1, double bc2, 
     }
     chunk_amax[ci] = {.m = am, .v = av};
   });
-  std::vector<int32_t> next_amax(ks.size());  // the new weights' (fused pass)
-  for (size_t ci = 0; ci < chunks.size(); ++ci) next_amax[chunks[ci].param] = std::max(next_amax[chunks[ci].param], chunk_amax[ci].next);
-  std::vector<Tensor> master_data(ks.size());  // scaled f16 masters' new data (at 2^master_exp), written by the fused second pass
-  std::vector<int> master_exp(ks.size());
   if (per_tensor(mf) || per_tensor(vf)) {
     // The largest magnitude over the parameter's chunks gives the new scale.
     std::vector<int32_t> m_tensor_amax(ks.size()), v_tensor_amax(ks.size());
@@ -428,31 +420,17 @@ void AdamW::step_encoded(const std::vector<size_t>& ks, double bc1, double bc2, 
       m_exp[j] = state_tensor_exponent(mf, std::bit_cast<float>(m_tensor_amax[j]));
       v_exp[j] = state_tensor_exponent(vf, std::bit_cast<float>(v_tensor_amax[j]));
     }
-    auto in_reach = [&](size_t j) {
-      auto within = [](bool tensor, int e) { return !tensor || std::abs(e) <= VectorCodec::kMaxExponent; };
-      return fused && within(per_tensor(mf), m_exp[j]) && within(per_tensor(vf), v_exp[j]);
-    };
-    for (size_t j = 0; j < ks.size(); ++j)  // the store's quantize in the same pass, where it rounds to nearest
-      if (in_reach(j) && weights_in[j].f16 && c_.master_rounding == Rounding::nearest_even &&
-          std::isfinite(std::bit_cast<float>(next_amax[j]))) {
-        master_exp[j] = scaled_master_exponent(DType::f16, std::bit_cast<float>(next_amax[j]));
-        master_data[j] = Tensor::empty(next[j].shape(), DType::f16);
-      }
     for_each_chunk(chunks, [&](const ParamChunk& c, size_t) {
       const size_t k = ks[c.param];
 #if SCALIFY_HAVE_X86_SIMD
-      if (in_reach(c.param)) {
+      auto in_reach = [](bool tensor, int e) { return !tensor || std::abs(e) <= VectorCodec::kMaxExponent; };
+      if (fused && in_reach(per_tensor(mf), m_exp[c.param]) && in_reach(per_tensor(vf), v_exp[c.param])) {
         FusedMoment m_at = fm, v_at = fv;
         m_at.state = &m_codes_[k];
         v_at.state = &v_codes_[k];
         m_at.exponent = m_exp[c.param];
         v_at.exponent = v_exp[c.param];
-        WeightsOut w;
-        if (master_data[c.param].defined())
-          w = {.next = next[c.param].data<float>() + c.begin,
-               .f16 = reinterpret_cast<uint16_t*>(master_data[c.param].raw_bytes()) + c.begin,
-               .exponent = master_exp[c.param]};
-        fused_moments_pass(up, grads[c.param].data() + c.begin, m_at, v_at, per_tensor(mf), per_tensor(vf), c.begin, c.end, w);
+        fused_moments_pass(up, grads[c.param].data() + c.begin, m_at, v_at, per_tensor(mf), per_tensor(vf), c.begin, c.end);
         return;
       }
 #endif
@@ -473,12 +451,11 @@ void AdamW::step_encoded(const std::vector<size_t>& ks, double bc1, double bc2, 
     }
   }
   // The fused pass read scaled f16 masters in place and knows the new weights' amax: no f32 copy,
-  // no amax pass (and with a second pass, no quantize pass either).
+  // no amax pass.
+  std::vector<int32_t> next_amax(ks.size());
+  for (size_t ci = 0; ci < chunks.size(); ++ci) next_amax[chunks[ci].param] = std::max(next_amax[chunks[ci].param], chunk_amax[ci].next);
   for (size_t j = 0; j < ks.size(); ++j)
-    if (master_data[j].defined())
-      params_[ks[j]].set_value(ScaledTensor(master_data[j], float(std::ldexp(1.0, -master_exp[j]))));
-    else
-      store_weights(ks[j], next[j], values[j], weights_in[j].f16 ? std::optional(std::bit_cast<float>(next_amax[j])) : std::nullopt);
+    store_weights(ks[j], next[j], values[j], weights_in[j].f16 ? std::optional(std::bit_cast<float>(next_amax[j])) : std::nullopt);
 }
 
 // The reference of step_encoded: whole moments decoded, the same f32 update element by element,

@@ -60,20 +60,10 @@ struct PassAmax {
 void fused_update_pass(const PlainUpdate& u, float lr, float wd, const float* g, const WeightsIn& w, float* next, const FusedMoment& m,
                        const FusedMoment& v, int64_t begin, int64_t end, PassAmax& amax);
 
-// A scaled f16 master's new data, written by the second pass: next x 2^exponent rounded to the
-// nearest f16 (store_scaled_master's quantize, F16C's conversion; |exponent| <= 126 and the
-// products within f16's range, as the exponent from next's amax makes them).
-struct WeightsOut {
-  const float* next = nullptr;
-  uint16_t* f16 = nullptr;
-  int exponent = 0;
-};
-
 // The second pass of the per-tensor moments among m and v (m_too, v_too): the same moments
 // recomputed from their codes and g (pointing at element begin) and encoded at 2^exponent
-// (|exponent| <= VectorCodec::kMaxExponent); with w.f16, also the new weights' f16 data (w's
-// pointers at element begin).
+// (|exponent| <= VectorCodec::kMaxExponent).
 void fused_moments_pass(const PlainUpdate& u, const float* g, const FusedMoment& m, const FusedMoment& v, bool m_too, bool v_too,
-                        int64_t begin, int64_t end, const WeightsOut& w = {});
+                        int64_t begin, int64_t end);
 
 }  // namespace scalify::optim

@@ -212,14 +212,13 @@ void fused_update_pass(const PlainUpdate& u, float lr, float wd, const float* g,
 }
 
 void fused_moments_pass(const PlainUpdate& u, const float* g, const FusedMoment& m, const FusedMoment& v, bool m_too, bool v_too,
-                        int64_t begin, int64_t end, const WeightsOut& w) {
+                        int64_t begin, int64_t end) {
   const Codes mc(m), vc(v);
   const __m512 b1 = _mm512_set1_ps(u.b1), b2 = _mm512_set1_ps(u.b2), c1 = _mm512_set1_ps(u.c1), c2 = _mm512_set1_ps(u.c2),
                gm = _mm512_set1_ps(u.gm), sm = _mm512_set1_ps(m.state->scales[0]), sv = _mm512_set1_ps(v.state->scales[0]),
                one = _mm512_set1_ps(1.0f);
   const __m512 mul_m = _mm512_set1_ps(std::bit_cast<float>(uint32_t(127 + m.exponent) << 23)),
-               mul_v = _mm512_set1_ps(std::bit_cast<float>(uint32_t(127 + v.exponent) << 23)),
-               mul_w = _mm512_set1_ps(std::bit_cast<float>(uint32_t(127 + w.exponent) << 23));
+               mul_v = _mm512_set1_ps(std::bit_cast<float>(uint32_t(127 + v.exponent) << 23));
   auto piece = [&]<bool Full>(int64_t i, __mmask16 k) {
     const __m512 gi = _mm512_mul_ps(load<Full>(g + (i - begin), k), gm);
     __m512i unused;
@@ -231,13 +230,6 @@ void fused_moments_pass(const PlainUpdate& u, const float* g, const FusedMoment&
       const __m512 vv =
           saturate(_mm512_add_ps(_mm512_mul_ps(b2, vc.decode<Full>(i, k, sv)), _mm512_mul_ps(_mm512_mul_ps(c2, gi), gi)), unused);
       vc.encode<Full>(vv, false, one, mul_v, i, k);
-    }
-    if (w.f16) {
-      const __m256i h = _mm512_cvtps_ph(_mm512_mul_ps(load<Full>(w.next + (i - begin), k), mul_w), _MM_FROUND_TO_NEAREST_INT);
-      if constexpr (Full)
-        _mm256_storeu_si256(reinterpret_cast<__m256i*>(w.f16 + (i - begin)), h);
-      else
-        _mm256_mask_storeu_epi16(w.f16 + (i - begin), k, h);
     }
   };
   int64_t i = begin;
