@@ -346,7 +346,7 @@ void AdamW::step_encoded(const std::vector<size_t>& ks, double bc1, double bc2, 
   if (!c_.fused) return step_encoded_reference(ks, bc1, bc2, gradient_multiplier);
   const StateFormat &mf = c_.m_format, &vf = c_.v_format;
 #if SCALIFY_HAVE_X86_SIMD
-  const bool fused = fused_step_applies(mf, vf);  // one AVX-512 pass instead of the pieces' four
+  const bool fused = fused_step_applies(mf, vf);  // one vector pass instead of the pieces' four
 #else
   const bool fused = false;
 #endif

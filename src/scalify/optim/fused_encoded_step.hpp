@@ -1,5 +1,5 @@
 #pragma once
-// AdamW's encoded step (AdamW::step_encoded) over a chunk of one parameter in one AVX-512 pass:
+// AdamW's encoded step (AdamW::step_encoded) over a chunk of one parameter in one AVX-512 or AVX2 pass:
 // a group's codes decoded, its moments and weights updated, and the group encoded back while its
 // new moments are in L1, instead of a pass each over L1 buffers (decode_state_range, the update,
 // encode_state_range). The same f32 operations in the same order, so the same codes, scales and
@@ -43,7 +43,7 @@ struct WeightsIn {
 // The largest group the fused passes take (their per-group buffers are on the stack).
 inline constexpr int64_t kMaxFusedGroup = 2048;
 
-// Whether the fused passes take moments in m and v: the active format-kernel ISA is AVX-512, both
+// Whether the fused passes take moments in m and v: the active format-kernel ISA is AVX2 or AVX-512, both
 // have a vector codec, and per-group ones have the same group_size, a multiple of 16 of at most
 // kMaxFusedGroup.
 bool fused_step_applies(const StateFormat& m, const StateFormat& v);

@@ -8,7 +8,6 @@
 #include <cstring>
 #include <limits>
 
-#include "scalify/formats/kernels.hpp"
 #include "scalify/optim/fused_encoded_step.hpp"
 
 // GCC 12 warns of its own header's _mm512_undefined_epi32 ((maybe-)uninitialized) when an AVX-512
@@ -143,17 +142,8 @@ void encode_group(const Codes& codes, const FusedMoment& m, const float* x, int6
 
 }  // namespace
 
-bool fused_step_applies(const StateFormat& m, const StateFormat& v) {
-  VectorCodec unused;
-  if (kernels::active_isa() != kernels::Isa::avx512 || !vector_codec(m, unused) || !vector_codec(v, unused)) return false;
-  const bool mg = m.scaling == StateScaling::per_group, vg = v.scaling == StateScaling::per_group;
-  if (mg && vg && m.group_size != v.group_size) return false;
-  const int64_t group = mg ? m.group_size : vg ? v.group_size : 16;
-  return group % 16 == 0 && group <= kMaxFusedGroup;
-}
-
-void fused_update_pass(const PlainUpdate& u, float lr, float wd, const float* g, const WeightsIn& w, float* next, const FusedMoment& m,
-                       const FusedMoment& v, int64_t begin, int64_t end, PassAmax& amax) {
+void fused_update_pass_avx512(const PlainUpdate& u, float lr, float wd, const float* g, const WeightsIn& w, float* next,
+                              const FusedMoment& m, const FusedMoment& v, int64_t begin, int64_t end, PassAmax& amax) {
   const Codes mc(m), vc(v);
   const __m512 b1 = _mm512_set1_ps(u.b1), b2 = _mm512_set1_ps(u.b2), c1 = _mm512_set1_ps(u.c1), c2 = _mm512_set1_ps(u.c2),
                ibc1 = _mm512_set1_ps(u.ibc1), ibc2 = _mm512_set1_ps(u.ibc2), eps = _mm512_set1_ps(u.eps), gm = _mm512_set1_ps(u.gm),
@@ -211,8 +201,8 @@ void fused_update_pass(const PlainUpdate& u, float lr, float wd, const float* g,
   amax.next = std::max(amax.next, int32_t(_mm512_reduce_max_epi32(an)));
 }
 
-void fused_moments_pass(const PlainUpdate& u, const float* g, const FusedMoment& m, const FusedMoment& v, bool m_too, bool v_too,
-                        int64_t begin, int64_t end) {
+void fused_moments_pass_avx512(const PlainUpdate& u, const float* g, const FusedMoment& m, const FusedMoment& v, bool m_too, bool v_too,
+                               int64_t begin, int64_t end) {
   const Codes mc(m), vc(v);
   const __m512 b1 = _mm512_set1_ps(u.b1), b2 = _mm512_set1_ps(u.b2), c1 = _mm512_set1_ps(u.c1), c2 = _mm512_set1_ps(u.c2),
                gm = _mm512_set1_ps(u.gm), sm = _mm512_set1_ps(m.state->scales[0]), sv = _mm512_set1_ps(v.state->scales[0]),
