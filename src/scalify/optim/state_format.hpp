@@ -121,7 +121,7 @@ void encode_state_range(const float* x, const StateFormat& f, int64_t begin, int
 int state_tensor_exponent(const StateFormat& f, float amax);
 
 // The constants of the vector codecs behind decode_state_range and encode_state_range, for a
-// kernel that decodes and encodes codes itself (optim/fused_step.hpp): codes of 8 bits, or f16
+// kernel that decodes and encodes codes itself (optim/fused_encoded_step.hpp): codes of 8 bits, or f16
 // (F16C's conversions), rounded to nearest even, without the expansion.
 struct VectorCodec {
   bool f16 = false;  // f16 codes: the others are 8-bit
