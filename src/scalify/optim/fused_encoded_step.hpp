@@ -43,7 +43,8 @@ struct WeightsIn {
 // The largest group the fused passes take (their per-group buffers are on the stack).
 inline constexpr int64_t kMaxFusedGroup = 2048;
 
-// Whether the fused passes take moments in m and v: the active format-kernel ISA is AVX2 or AVX-512, both
+// Whether the fused passes take moments in m and v (never off x86, where the passes are not built):
+// the active format-kernel ISA is AVX2 or AVX-512, both
 // have a vector codec, and per-group ones have the same group_size, a multiple of 16 of at most
 // kMaxFusedGroup.
 bool fused_step_applies(const StateFormat& m, const StateFormat& v);
