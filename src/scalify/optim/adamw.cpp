@@ -265,9 +265,6 @@ void AdamW::step_plain(const std::vector<size_t>& ks, double bc1, double bc2, do
 
 namespace {
 bool per_tensor(const StateFormat& f) { return f.scaling == StateScaling::per_tensor; }
-}  // namespace
-
-namespace {
 // The encoded step's update of a piece of decoded moments m, v (in place) and weights, with the
 // largest magnitudes of the new moments (their bits: the order of non-negative floats; a float
 // max stops the vectoriser under -ftrapping-math). The moments saturate at 2^127 (a gradient above
@@ -276,8 +273,7 @@ namespace {
 struct EncodedUpdate {
   PlainUpdate up;
   float lr, wd;
-  [[gnu::always_inline]] void run(const float* g, const float* w, float* next, float* m, float* v, int64_t n, int32_t& am,
-                                  int32_t& av) const {
+  void run(const float* g, const float* w, float* next, float* m, float* v, int64_t n, int32_t& am, int32_t& av) const {
     const PlainUpdate u = up;  // locals: stores through the pointers could alias the members
     const float lr = this->lr, wd = this->wd;
     int32_t a = am, b = av;
@@ -294,7 +290,7 @@ struct EncodedUpdate {
     av = b;
   }
   // The moments alone (the per-tensor formats' second pass): the same values as run's.
-  [[gnu::always_inline]] void moments(const float* g, float* m, float* v, int64_t n) const {
+  void moments(const float* g, float* m, float* v, int64_t n) const {
     const PlainUpdate u = up;
 #pragma omp simd
     for (int64_t i = 0; i < n; ++i) {
@@ -310,38 +306,16 @@ struct EncodedUpdate {
     return std::bit_cast<float>(uint32_t(std::min(int32_t(b & 0x7FFFFFFFu), 0x7F000000)) | (b & 0x80000000u));
   }
 };
-#if SCALIFY_HAVE_X86_SIMD
-[[gnu::target("avx2")]] void encoded_update_avx2(const EncodedUpdate& e, const float* g, const float* w, float* next, float* m, float* v,
-                                                 int64_t n, int32_t& am, int32_t& av) {
-  e.run(g, w, next, m, v, n, am, av);
-}
-[[gnu::target("avx2")]] void encoded_moments_avx2(const EncodedUpdate& e, const float* g, float* m, float* v, int64_t n) {
-  e.moments(g, m, v, n);
-}
-#endif
-void encoded_update(bool avx2, const EncodedUpdate& e, const float* g, const float* w, float* next, float* m, float* v, int64_t n,
-                    int32_t& am, int32_t& av) {
-#if SCALIFY_HAVE_X86_SIMD
-  if (avx2) return encoded_update_avx2(e, g, w, next, m, v, n, am, av);
-#endif
-  e.run(g, w, next, m, v, n, am, av);
-}
-void encoded_moments(bool avx2, const EncodedUpdate& e, const float* g, float* m, float* v, int64_t n) {
-#if SCALIFY_HAVE_X86_SIMD
-  if (avx2) return encoded_moments_avx2(e, g, m, v, n);
-#endif
-  e.moments(g, m, v, n);
-}
 }  // namespace
 
-// Encoded moments, one fused pass over all parameters: each chunk, a piece at a time (whole
-// groups, the buffers in L1), decoded into per-thread buffers, updated with the weight in
-// step_plain's f32 arithmetic, and encoded back in place (no per-step allocation but the new
-// weights). A per-tensor scale needs the new moment's amax before any code: those moments keep
-// their codes in the first pass, which gathers the chunks' amax, and a second pass reads the
-// codes and the gradient again, recomputes the moments (the same arithmetic, the same values) and
-// encodes them at the new scale. Chunks hold whole groups of per-group formats. The moments
-// saturate at 2^127 (EncodedUpdate), so the pass never stops halfway.
+// Encoded moments, one parallel pass over all parameters, chunk by chunk: where the CPU and the
+// formats allow, each chunk is one vector loop (optim/fused_encoded_step.hpp); else (the
+// expansion, stochastic rounding, no AVX2) a piece at a time (whole groups, the buffers in L1),
+// decoded into per-thread buffers, updated with the weight in step_plain's f32 arithmetic, and
+// encoded back in place (no per-step allocation but the new weights). A per-tensor scale needs the new moment's amax before any code: those
+// moments keep their codes in the first pass, which gathers the chunks' amax, and a second pass reads the codes and the gradient again,
+// recomputes the moments (the same arithmetic, the same values) and encodes them at the new scale. Chunks hold whole groups of per-group
+// formats. The moments saturate at 2^127 (EncodedUpdate), so the pass never stops halfway.
 void AdamW::step_encoded(const std::vector<size_t>& ks, double bc1, double bc2, double gradient_multiplier) {
   if (!c_.fused) return step_encoded_reference(ks, bc1, bc2, gradient_multiplier);
   const StateFormat &mf = c_.m_format, &vf = c_.v_format;
@@ -363,7 +337,6 @@ void AdamW::step_encoded(const std::vector<size_t>& ks, double bc1, double bc2, 
   int64_t longest = 1;  // no buffer longer than a chunk (a huge group_size is one piece)
   for (const ParamChunk& c : chunks) longest = std::max(longest, c.end - c.begin);
   const int64_t piece = std::min(longest, std::max<int64_t>(1, 512 / whole_groups) * whole_groups);
-  const bool avx2 = kernels::active_isa() != kernels::Isa::scalar;
   FusedMoment fm{&mf, nullptr, {}}, fv{&vf, nullptr, {}};
   if (fused) {
     vector_codec(mf, fm.codec);
@@ -380,7 +353,6 @@ void AdamW::step_encoded(const std::vector<size_t>& ks, double bc1, double bc2, 
   };
   for_each_chunk(chunks, [&](const ParamChunk& c, size_t ci) {
     const size_t k = ks[c.param];
-    const auto [m, v] = buffers();
     const EncodedUpdate e{up, float(c_.lr * lr_scale_[k]), decay_[k] ? float(c_.weight_decay * decay_scale_[k]) : 0.0f};
 #if SCALIFY_HAVE_X86_SIMD
     if (fused) {
@@ -395,13 +367,13 @@ void AdamW::step_encoded(const std::vector<size_t>& ks, double bc1, double bc2, 
       return;
     }
 #endif
+    const auto [m, v] = buffers();
     int32_t am = 0, av = 0;
     for (int64_t b = c.begin; b < c.end; b += piece) {
       const int64_t end = std::min(c.end, b + piece);
       decode_state_range(m_codes_[k], mf, b, end, m);
       decode_state_range(v_codes_[k], vf, b, end, v);
-      encoded_update(avx2, e, grads[c.param].data() + b, weights[c.param].data() + b, next[c.param].data<float>() + b, m, v, end - b, am,
-                     av);
+      e.run(grads[c.param].data() + b, weights[c.param].data() + b, next[c.param].data<float>() + b, m, v, end - b, am, av);
       if (!per_tensor(mf)) encode_state_range(m, mf, b, end, 0, rounding_seed(t_, k, 0), m_codes_[k]);
       if (!per_tensor(vf)) encode_state_range(v, vf, b, end, 0, rounding_seed(t_, k, 1), v_codes_[k]);
     }
@@ -440,7 +412,7 @@ void AdamW::step_encoded(const std::vector<size_t>& ks, double bc1, double bc2, 
         const int64_t end = std::min(c.end, b + piece);
         if (per_tensor(mf)) decode_state_range(m_codes_[k], mf, b, end, m);
         if (per_tensor(vf)) decode_state_range(v_codes_[k], vf, b, end, v);
-        encoded_moments(avx2, e, grads[c.param].data() + b, m, v, end - b);  // the one not per-tensor: garbage, unused
+        e.moments(grads[c.param].data() + b, m, v, end - b);  // the one not per-tensor: garbage, unused
         if (per_tensor(mf)) encode_state_range(m, mf, b, end, m_exp[c.param], rounding_seed(t_, k, 0), m_codes_[k]);
         if (per_tensor(vf)) encode_state_range(v, vf, b, end, v_exp[c.param], rounding_seed(t_, k, 1), v_codes_[k]);
       }

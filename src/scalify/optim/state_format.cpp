@@ -12,10 +12,6 @@
 #include "scalify/formats/kernels.hpp"
 #include "scalify/tensor/vector_math.hpp"
 
-#if SCALIFY_HAVE_X86_SIMD
-#include <immintrin.h>
-#endif
-
 namespace scalify::optim {
 
 namespace {
@@ -94,11 +90,7 @@ struct VectorEncoder {
         normal_min_bits(int32_t(uint32_t(127 + c.emin()) << 23)),
         mul(std::bit_cast<float>(uint32_t(127 + shift) << 23)),
         subnormal_units(float(std::ldexp(1.0, c.man_bits - c.emin()))) {}
-  bool avx2 = kernels::active_isa() != kernels::Isa::scalar;  // the loop compiled for AVX2 (the build's target is SSE2)
-  bool avx512 = kernels::active_isa() == kernels::Isa::avx512;
   // out[i] = the code of x[i] / div (div = 1 divides exactly).
-  template <class Code>
-  void operator()(const float* x, float div, Code* out, int64_t n) const;
   template <class Code>
   [[gnu::always_inline]] void encode(const float* x, float div, Code* out, int64_t n) const {
     // Locals: stores through a byte pointer could alias the members, which would be reloaded.
@@ -123,114 +115,6 @@ struct VectorEncoder {
   }
 };
 
-#if SCALIFY_HAVE_X86_SIMD
-// encode in AVX2 intrinsics, 8 values at a time (the compiler vectorises the 8-bit codes' loop
-// with 128-bit vectors only), the same operations; the tail by encode.
-// div == 1 (per-tensor scales) does not divide. (A product by 1 / div with a division only for
-// quotients near a midpoint between two codes gives the same codes but measured slower here: the
-// check costs more instructions than the division saves.)
-template <class Code>
-[[gnu::target("avx2")]] void encode_avx2(const VectorEncoder& e, const float* x, float div, Code* out, int64_t n) {
-  const __m256 vdiv = _mm256_set1_ps(div), mul = _mm256_set1_ps(e.mul), units = _mm256_set1_ps(e.subnormal_units),
-               two23 = _mm256_set1_ps(0x1p23f);
-  const __m256i sign_mask = _mm256_set1_epi32(e.sign_mask), max_code = _mm256_set1_epi32(e.max_code),
-                exp_offset = _mm256_set1_epi32(e.exp_offset), normal_min = _mm256_set1_epi32(e.normal_min_bits),
-                half = _mm256_set1_epi32((1 << (e.cut - 1)) - 1), one = _mm256_set1_epi32(1), abs = _mm256_set1_epi32(0x7FFFFFFF);
-  const __m128i cut = _mm_cvtsi32_si128(e.cut);
-  const bool divide = div != 1.0f;
-  int64_t i = 0;
-  for (; i + 8 <= n; i += 8) {
-    const __m256i v = _mm256_castps_si256(divide ? _mm256_div_ps(_mm256_loadu_ps(x + i), vdiv) : _mm256_loadu_ps(x + i));
-    const __m256i sign = _mm256_and_si256(_mm256_srai_epi32(v, 31), sign_mask);
-    const __m256i f = _mm256_castps_si256(_mm256_mul_ps(_mm256_castsi256_ps(_mm256_and_si256(v, abs)), mul));
-    const __m256i below = _mm256_cmpgt_epi32(normal_min, f);
-    const __m256i rounded = _mm256_add_epi32(_mm256_add_epi32(f, half), _mm256_and_si256(_mm256_srl_epi32(f, cut), one));
-    __m256i mag = _mm256_sub_epi32(_mm256_srl_epi32(rounded, cut), exp_offset);
-    if (!_mm256_testz_si256(below, below)) {  // some lanes below the codec's normals (rare in a group scaled to its amax)
-      const __m256 sub_in = _mm256_castsi256_ps(_mm256_blendv_epi8(normal_min, f, below));
-      const __m256i subnormal = _mm256_cvttps_epi32(_mm256_sub_ps(_mm256_add_ps(_mm256_mul_ps(sub_in, units), two23), two23));
-      mag = _mm256_blendv_epi8(mag, subnormal, below);
-    }
-    const __m256i code = _mm256_or_si256(sign, _mm256_min_epi32(mag, max_code));
-    const __m128i codes16 = _mm_packus_epi32(_mm256_castsi256_si128(code), _mm256_extracti128_si256(code, 1));
-    if constexpr (sizeof(Code) == 1)
-      _mm_storel_epi64(reinterpret_cast<__m128i*>(out + i), _mm_packus_epi16(codes16, codes16));
-    else
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i), codes16);
-  }
-  e.encode(x + i, div, out + i, n - i);
-}
-#endif
-
-#if SCALIFY_HAVE_X86_SIMD
-// f16 codes (the only 16-bit codes VectorEncoder takes: bf16's subnormals are out of its reach)
-// by F16C's conversion, which rounds to nearest even as encode does, subnormals included; only
-// its overflow to infinity is clamped to the largest code, as encode saturates.
-[[gnu::target("avx2,f16c")]] void encode_f16c(const VectorEncoder& e, const float* x, float div, uint16_t* out, int64_t n) {
-  const __m256 vdiv = _mm256_set1_ps(div), mul = _mm256_set1_ps(e.mul), abs = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
-  const __m128i max_code = _mm_set1_epi16(int16_t(e.max_code)), sign_mask = _mm_set1_epi16(int16_t(e.sign_mask));
-  const bool divide = div != 1.0f;
-  int64_t i = 0;
-  for (; i + 8 <= n; i += 8) {
-    const __m256 v = divide ? _mm256_div_ps(_mm256_loadu_ps(x + i), vdiv) : _mm256_loadu_ps(x + i);
-    const __m128i mag = _mm_min_epu16(_mm256_cvtps_ph(_mm256_mul_ps(_mm256_and_ps(v, abs), mul), _MM_FROUND_TO_NEAREST_INT), max_code);
-    const __m128i sign = _mm_and_si128(_mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT), sign_mask);  // the sign survives any rounding
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i), _mm_or_si128(mag, sign));
-  }
-  e.encode(x + i, div, out + i, n - i);
-}
-#endif
-
-#if SCALIFY_HAVE_X86_SIMD
-// GCC 12 warns of its own header's _mm512_undefined_epi32 (maybe-uninitialized) when an
-// AVX-512 shift is inlined into a target("avx512f") function: a false positive.
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-// encode_avx2's operations on 16 values at a time with AVX-512 (half the instructions), 8-bit codes.
-// (AVX-512F has FMA: the compiler may fuse sub_in * units + 2^23, which changes nothing, the
-// product being exact.)
-[[gnu::target("avx512f,avx512bw,avx512vl,avx512dq")]] void encode_avx512(const VectorEncoder& e, const float* x, float div, uint8_t* out,
-                                                                         int64_t n) {
-  const __m512 vdiv = _mm512_set1_ps(div), mul = _mm512_set1_ps(e.mul), units = _mm512_set1_ps(e.subnormal_units),
-               two23 = _mm512_set1_ps(0x1p23f);
-  const __m512i sign_mask = _mm512_set1_epi32(e.sign_mask), max_code = _mm512_set1_epi32(e.max_code),
-                exp_offset = _mm512_set1_epi32(e.exp_offset), normal_min = _mm512_set1_epi32(e.normal_min_bits),
-                half = _mm512_set1_epi32((1 << (e.cut - 1)) - 1), one = _mm512_set1_epi32(1), abs = _mm512_set1_epi32(0x7FFFFFFF);
-  const __m128i cut = _mm_cvtsi32_si128(e.cut);
-  const bool divide = div != 1.0f;
-  int64_t i = 0;
-  for (; i + 16 <= n; i += 16) {
-    const __m512i v = _mm512_castps_si512(divide ? _mm512_div_ps(_mm512_loadu_ps(x + i), vdiv) : _mm512_loadu_ps(x + i));
-    const __m512i sign = _mm512_and_si512(_mm512_srai_epi32(v, 31), sign_mask);
-    const __m512i f = _mm512_castps_si512(_mm512_mul_ps(_mm512_castsi512_ps(_mm512_and_si512(v, abs)), mul));
-    const __mmask16 below = _mm512_cmpgt_epi32_mask(normal_min, f);
-    const __m512i rounded = _mm512_add_epi32(_mm512_add_epi32(f, half), _mm512_and_si512(_mm512_srl_epi32(f, cut), one));
-    __m512i mag = _mm512_sub_epi32(_mm512_srl_epi32(rounded, cut), exp_offset);
-    if (below) {  // some lanes below the codec's normals
-      const __m512 sub_in = _mm512_castsi512_ps(_mm512_mask_blend_epi32(below, normal_min, f));
-      const __m512i subnormal = _mm512_cvttps_epi32(_mm512_sub_ps(_mm512_add_ps(_mm512_mul_ps(sub_in, units), two23), two23));
-      mag = _mm512_mask_blend_epi32(below, mag, subnormal);
-    }
-    const __m512i code = _mm512_or_si512(sign, _mm512_min_epi32(mag, max_code));
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i), _mm512_cvtepi32_epi8(code));
-  }
-  e.encode(x + i, div, out + i, n - i);
-}
-#pragma GCC diagnostic pop
-#endif
-
-template <class Code>
-void VectorEncoder::operator()(const float* x, float div, Code* out, int64_t n) const {
-#if SCALIFY_HAVE_X86_SIMD
-  if constexpr (sizeof(Code) == 2)
-    if (avx2) return encode_f16c(*this, x, div, out, n);
-  if constexpr (sizeof(Code) == 1)
-    if (avx512) return encode_avx512(*this, x, div, out, n);
-  if (avx2) return encode_avx2(*this, x, div, out, n);
-#endif
-  encode(x, div, out, n);
-}
-
 // Decoding by arithmetic, no table: a code's magnitude bits shifted into f32's exponent and
 // mantissa position read as the f32 2^(bias - 127) times the code's value, for normal and
 // subnormal codes alike (an f32 subnormal times 2^(127 - bias) is exact), so the product by
@@ -241,7 +125,6 @@ struct VectorDecoder {
   int32_t sign_mask, mag_mask, shift;
   int32_t special_min, inf_mag;  // the first magnitude that is not finite (INT32_MAX: none); the one that is inf (-1: none)
   float mul;
-  bool avx2 = kernels::active_isa() != kernels::Isa::scalar, avx512 = kernels::active_isa() == kernels::Isa::avx512;
   explicit VectorDecoder(const FormatInfo& c)
       : sign_mask(int32_t(c.sign_mask())),
         mag_mask(int32_t(c.sign_mask() - 1)),
@@ -252,8 +135,6 @@ struct VectorDecoder {
         inf_mag(c.specials == Specials::ieee ? int32_t(c.inf_code()) : -1),
         mul(std::bit_cast<float>(uint32_t(127 + 127 - c.bias) << 23)) {}
   // out[i] = the value of code[i] times scale.
-  template <class Code>
-  void operator()(const Code* code, float scale, float* out, int64_t n) const;
   template <class Code>
   [[gnu::always_inline]] void decode(const Code* code, float scale, float* out, int64_t n) const {
     const int32_t sign_mask = this->sign_mask, mag_mask = this->mag_mask, shift = this->shift, special_min = this->special_min,
@@ -272,89 +153,6 @@ struct VectorDecoder {
     }
   }
 };
-
-#if SCALIFY_HAVE_X86_SIMD
-// decode in AVX2 intrinsics, 8 codes at a time (as encode_avx2), the same operations.
-template <class Code>
-[[gnu::target("avx2")]] void decode_avx2(const VectorDecoder& d, const Code* code, float scale, float* out, int64_t n) {
-  const __m256i mag_mask = _mm256_set1_epi32(d.mag_mask), sign_mask = _mm256_set1_epi32(d.sign_mask),
-                special_below = _mm256_set1_epi32(d.special_min == INT32_MAX ? INT32_MAX : d.special_min - 1),
-                inf_mag = _mm256_set1_epi32(d.inf_mag), inf = _mm256_set1_epi32(0x7F800000), nan = _mm256_set1_epi32(0x7FC00000),
-                zero = _mm256_setzero_si256(), sign_bit = _mm256_set1_epi32(int32_t(0x80000000u));
-  const __m128i shift = _mm_cvtsi32_si128(d.shift);
-  const __m256 mul = _mm256_set1_ps(d.mul), vscale = _mm256_set1_ps(scale);
-  int64_t i = 0;
-  for (; i + 8 <= n; i += 8) {
-    const __m256i c = sizeof(Code) == 1 ? _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(code + i)))
-                                        : _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(code + i)));
-    const __m256i mag = _mm256_and_si256(c, mag_mask);
-    const __m256i sign = _mm256_andnot_si256(_mm256_cmpeq_epi32(_mm256_and_si256(c, sign_mask), zero), sign_bit);
-    const __m256i finite = _mm256_castps_si256(_mm256_mul_ps(_mm256_castsi256_ps(_mm256_sll_epi32(mag, shift)), mul));
-    const __m256i special = _mm256_cmpgt_epi32(mag, special_below);
-    __m256i bits = _mm256_or_si256(sign, finite);
-    if (!_mm256_testz_si256(special, special)) {  // infinities or NaNs: never written by the encoders
-      const __m256i nonfinite = _mm256_blendv_epi8(nan, inf, _mm256_cmpeq_epi32(mag, inf_mag));
-      bits = _mm256_or_si256(sign, _mm256_blendv_epi8(finite, nonfinite, special));
-    }
-    _mm256_storeu_ps(out + i, _mm256_mul_ps(_mm256_castsi256_ps(bits), vscale));
-  }
-  d.decode(code + i, scale, out + i, n - i);
-}
-#endif
-
-#if SCALIFY_HAVE_X86_SIMD
-// f16 codes by F16C's conversion (exact; a NaN keeps its payload, quieted).
-[[gnu::target("avx2,f16c")]] void decode_f16c(const VectorDecoder& d, const uint16_t* code, float scale, float* out, int64_t n) {
-  const __m256 vscale = _mm256_set1_ps(scale);
-  int64_t i = 0;
-  for (; i + 8 <= n; i += 8)
-    _mm256_storeu_ps(out + i, _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(code + i))), vscale));
-  d.decode(code + i, scale, out + i, n - i);
-}
-#endif
-
-#if SCALIFY_HAVE_X86_SIMD
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"  // as encode_avx512
-// decode_avx2's operations on 16 codes at a time with AVX-512, 8-bit codes.
-[[gnu::target("avx512f,avx512bw,avx512vl,avx512dq")]] void decode_avx512(const VectorDecoder& d, const uint8_t* code, float scale,
-                                                                         float* out, int64_t n) {
-  const __m512i mag_mask = _mm512_set1_epi32(d.mag_mask), sign_mask = _mm512_set1_epi32(d.sign_mask),
-                special_below = _mm512_set1_epi32(d.special_min == INT32_MAX ? INT32_MAX : d.special_min - 1),
-                inf_mag = _mm512_set1_epi32(d.inf_mag), inf = _mm512_set1_epi32(0x7F800000), nan = _mm512_set1_epi32(0x7FC00000),
-                sign_bit = _mm512_set1_epi32(int32_t(0x80000000u));
-  const __m128i shift = _mm_cvtsi32_si128(d.shift);
-  const __m512 mul = _mm512_set1_ps(d.mul), vscale = _mm512_set1_ps(scale);
-  int64_t i = 0;
-  for (; i + 16 <= n; i += 16) {
-    const __m512i c = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(code + i)));
-    const __m512i mag = _mm512_and_si512(c, mag_mask);
-    const __m512i sign = _mm512_maskz_mov_epi32(_mm512_test_epi32_mask(c, sign_mask), sign_bit);
-    const __m512i finite = _mm512_castps_si512(_mm512_mul_ps(_mm512_castsi512_ps(_mm512_sll_epi32(mag, shift)), mul));
-    const __mmask16 special = _mm512_cmpgt_epi32_mask(mag, special_below);
-    __m512i bits = _mm512_or_si512(sign, finite);
-    if (special) {  // infinities or NaNs: never written by the encoders
-      const __m512i nonfinite = _mm512_mask_blend_epi32(_mm512_cmpeq_epi32_mask(mag, inf_mag), nan, inf);
-      bits = _mm512_or_si512(sign, _mm512_mask_blend_epi32(special, finite, nonfinite));
-    }
-    _mm512_storeu_ps(out + i, _mm512_mul_ps(_mm512_castsi512_ps(bits), vscale));
-  }
-  d.decode(code + i, scale, out + i, n - i);
-}
-#pragma GCC diagnostic pop
-#endif
-
-template <class Code>
-void VectorDecoder::operator()(const Code* code, float scale, float* out, int64_t n) const {
-#if SCALIFY_HAVE_X86_SIMD
-  if constexpr (sizeof(Code) == 1)
-    if (avx512) return decode_avx512(*this, code, scale, out, n);
-  if constexpr (sizeof(Code) == 2)
-    if (avx2 && shift == 13 && sign_mask == 0x8000) return decode_f16c(*this, code, scale, out, n);  // f16's layout
-  if (avx2) return decode_avx2(*this, code, scale, out, n);
-#endif
-  decode(code, scale, out, n);
-}
 
 }  // namespace
 
@@ -396,12 +194,39 @@ namespace {
   }
   return {std::bit_cast<float>(hi_bits), std::bit_cast<float>(lo_bits)};
 }
+
+// The loops above, compiled for AVX2 too where the CPU has it (the build's target is SSE2): the
+// path of the formats the fused step does not take (the expansion, stochastic rounding) and of
+// whole-tensor encodes and decodes. The same operations, so the same codes.
 #if SCALIFY_HAVE_X86_SIMD
+template <class Code>
+[[gnu::target("avx2")]] void encode_avx2(const VectorEncoder& e, const float* x, float div, Code* out, int64_t n) {
+  e.encode(x, div, out, n);
+}
+template <class Code>
+[[gnu::target("avx2")]] void decode_avx2(const VectorDecoder& d, const Code* code, float scale, float* out, int64_t n) {
+  d.decode(code, scale, out, n);
+}
 [[gnu::target("avx2")]] std::pair<float, float> magnitude_range_avx2(const float* x, int64_t n) { return magnitude_range(x, n); }
 #endif
-std::pair<float, float> group_range(const float* x, int64_t n, bool avx2) {
+bool has_avx2() { return kernels::active_isa() != kernels::Isa::scalar; }
+template <class Code>
+void encode_codes(const VectorEncoder& e, const float* x, float div, Code* out, int64_t n) {
 #if SCALIFY_HAVE_X86_SIMD
-  if (avx2) return magnitude_range_avx2(x, n);
+  if (has_avx2()) return encode_avx2(e, x, div, out, n);
+#endif
+  e.encode(x, div, out, n);
+}
+template <class Code>
+void decode_values(const VectorDecoder& d, const Code* code, float scale, float* out, int64_t n) {
+#if SCALIFY_HAVE_X86_SIMD
+  if (has_avx2()) return decode_avx2(d, code, scale, out, n);
+#endif
+  d.decode(code, scale, out, n);
+}
+std::pair<float, float> group_range(const float* x, int64_t n) {
+#if SCALIFY_HAVE_X86_SIMD
+  if (has_avx2()) return magnitude_range_avx2(x, n);
 #endif
   return magnitude_range(x, n);
 }
@@ -411,9 +236,9 @@ using Code16 [[gnu::may_alias]] = uint16_t;  // 16-bit codes read in place from 
 void decode_codes(const EncodedState& s, const StateFormat& f, int64_t begin, int64_t end, float scale, float* out) {
   const VectorDecoder d(codec(f));
   if (info(f.storage).storage_bytes() == 1)
-    d(reinterpret_cast<const uint8_t*>(s.codes.data()) + begin, scale, out, end - begin);
+    decode_values(d, reinterpret_cast<const uint8_t*>(s.codes.data()) + begin, scale, out, end - begin);
   else
-    d(reinterpret_cast<const Code16*>(s.codes.data()) + begin, scale, out, end - begin);  // little-endian, as put_code
+    decode_values(d, reinterpret_cast<const Code16*>(s.codes.data()) + begin, scale, out, end - begin);  // little-endian, as put_code
 }
 
 // The largest e with amax * 2^e <= max (amax > 0): the per-tensor power-of-two scale is 2^-e.
@@ -525,12 +350,12 @@ void encode_state_range(const float* x, const StateFormat& f, int64_t begin, int
   const VectorEncoder venc(c, shift, f.non_negative);
   auto encode_piece = [&](const float* v, float div, int64_t first, int64_t count) {
     if (vectorised && bytes == 1)
-      venc(v, div, reinterpret_cast<uint8_t*>(s.codes.data()) + first, count);
+      encode_codes(venc, v, div, reinterpret_cast<uint8_t*>(s.codes.data()) + first, count);
     else if (vectorised) {
       uint16_t codes[256];
       for (int64_t j = 0; j < count; j += 256) {
         const int64_t len = std::min<int64_t>(256, count - j);
-        venc(v + j, div, codes, len);
+        encode_codes(venc, v + j, div, codes, len);
         std::memcpy(s.codes.data() + 2 * (first + j), codes, size_t(len) * 2);  // little-endian, as put_code
       }
     } else
@@ -543,7 +368,7 @@ void encode_state_range(const float* x, const StateFormat& f, int64_t begin, int
   for (int64_t gb = begin; gb < end; gb += f.group_size) {
     const int64_t g = gb / f.group_size, ge = std::min(end, gb + f.group_size);
     const float* xg = x + (gb - begin);
-    const auto [hi, lo] = group_range(xg, ge - gb, venc.avx2);  // lo is used only where hi > 0
+    const auto [hi, lo] = group_range(xg, ge - gb);  // lo is used only where hi > 0
     s.scales[size_t(g)] = 1.0f;
     if (f.expand) s.expand_k[size_t(g)] = s.centre[size_t(g)] = 1.0f;
     if (hi == 0) {  // +0's code is 0 in every codec
