@@ -12,6 +12,7 @@
 #include "scalify/error.hpp"
 #include "scalify/formats/kernels.hpp"
 #include "scalify/optim/state_format.hpp"
+#include "scalify/tensor/vector_math.hpp"
 
 namespace scalify::optim {
 namespace {
@@ -253,6 +254,180 @@ TEST(StateFormat, ExpansionInverseIsExactOnEveryCode) {
       }
     }
   }
+}
+
+// The expansion's results as optim/expansion.hpp defines them: the active vector math's pow, one
+// element at a time.
+double active_pow(double base, double e) {
+  double y;
+  vecmath::active().pow_f64(&base, e, &y, 1);
+  return y;
+}
+float forward_by_pow(const Expansion& e, float x) {
+  return std::copysign(float(active_pow(std::fabs(double(x)) / double(e.centre), e.k)) / e.scale, x);
+}
+float inverse_by_pow(const Expansion& e, float y) {
+  return std::copysign(float(active_pow(std::fabs(double(y)) * double(e.scale), 1 / double(e.k)) * double(e.centre)), y);
+}
+
+// Groups from narrow (k at its cap 1024) to wider than the codes (k at its floor 1/16), and random
+// ones with centres over 50 octaves and ranges up to 2^30.
+std::vector<Expansion> test_expansions(double code_max, int random_count) {
+  std::vector<Expansion> out;
+  for (const auto& [hi, lo] : std::vector<std::pair<float, float>>{
+           {1.0f, 1.0f}, {1.0f, 0.999f}, {2.0f, 1.0f}, {3e-3f, 1e-5f}, {1.0f, 1e-4f}, {1e10f, 1e-10f}, {1e30f, 1e-30f}})
+    out.push_back(expansion_for(hi, lo, code_max, 16));
+  std::mt19937 rng(11);
+  std::uniform_real_distribution<double> log_centre(-40, 10), log_range(0, 30);
+  for (int i = 0; i < random_count; ++i) {
+    const double centre = std::exp2(log_centre(rng)), half_range = std::exp2(log_range(rng) / 2);
+    out.push_back(expansion_for(float(centre * half_range), float(centre / half_range), code_max, 16));
+  }
+  return out;
+}
+
+// The inverse's bracket holds the exact value (long double) within 2^-36 of it (1 / k up to 16
+// scales its error), and the inverse equals the pow's result on every code of every 8-bit layout.
+TEST(StateFormat, ExpansionInverseEqualsThePowOnEveryCode) {
+  for (const Layout& layout : {kE4M3, kE4M4, kE5M2, kE5M3}) {
+    std::vector<float> y;
+    for (uint32_t code = 0; code <= (layout.sign_bit | layout.max_mag); ++code)
+      if ((code & ~layout.sign_bit) <= layout.max_mag) y.push_back(float(layout.decode(code)));
+    const auto n = int64_t(y.size());
+    std::vector<float> x(y.size());
+    std::vector<double> lo(y.size()), hi(y.size());
+    int64_t certified = 0, total = 0;
+    for (const Expansion& e : test_expansions(layout.value(layout.max_mag), 2000)) {
+      SCOPED_TRACE("k " + std::to_string(e.k) + " centre " + std::to_string(e.centre) + " scale " + std::to_string(e.scale));
+      e.inverse(y.data(), x.data(), n);
+      e.inverse_bracket(y.data(), lo.data(), hi.data(), n);
+      for (size_t i = 0; i < y.size(); ++i) {
+        ASSERT_EQ(std::bit_cast<uint32_t>(x[i]), std::bit_cast<uint32_t>(inverse_by_pow(e, y[i]))) << "code value " << y[i];
+        const long double exact = std::pow(std::fabs((long double)y[i]) * e.scale, (long double)(1 / double(e.k))) * e.centre;
+        ASSERT_LE(lo[i], exact) << "code value " << y[i];
+        ASSERT_GE(hi[i], exact) << "code value " << y[i];
+        ASSERT_LE(hi[i] - lo[i], 0x1p-36 * exact) << "code value " << y[i];
+        certified += float(lo[i]) == float(hi[i]);
+        ++total;
+      }
+    }
+    EXPECT_GE(certified, total - total / 1000);  // the pow takes at most 1 in 1000 (measured: none here)
+  }
+  // Centres that put some results within the bracket of an f32 rounding boundary, where its ends
+  // round apart and the pow decides.
+  std::vector<float> y(kE4M4.max_mag), x(y.size());
+  std::vector<double> lo(y.size()), hi(y.size());
+  for (uint32_t mag = 1; mag <= kE4M4.max_mag; ++mag) y[mag - 1] = float(kE4M4.value(mag));
+  int straddled = 0;
+  float centre = 1.0f;
+  for (int i = 0; i < 100000; ++i, centre = std::nextafter(centre, 2.0f)) {
+    const Expansion e{.k = 3, .centre = centre, .scale = 1};
+    e.inverse_bracket(y.data(), lo.data(), hi.data(), int64_t(y.size()));
+    e.inverse(y.data(), x.data(), int64_t(y.size()));
+    for (size_t j = 0; j < y.size(); ++j)
+      if (float(lo[j]) != float(hi[j])) {
+        ++straddled;
+        ASSERT_EQ(x[j], inverse_by_pow(e, y[j])) << "centre " << centre << " code value " << y[j];
+      }
+  }
+  EXPECT_GE(straddled, 10);
+  // Out of reach: NaN, infinities, and values with more than 4 mantissa bits take the pow.
+  const Expansion e = expansion_for(3e-3f, 1e-5f, 448, 16);
+  y = {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity(), -0.0f, 1.0f + 0x1p-20f};
+  e.inverse(y.data(), x.data(), int64_t(y.size()));
+  EXPECT_TRUE(std::isnan(x[0]));
+  EXPECT_EQ(x[1], inverse_by_pow(e, y[1]));
+  EXPECT_TRUE(x[2] == 0 && std::signbit(x[2]));
+  EXPECT_EQ(x[3], inverse_by_pow(e, y[3]));
+}
+
+// The forward bracket holds the pow's result and the exact one (long double), within 2^-13 of them
+// (k / 8 times that past k = 8: the base's f32 rounding error is raised to the power k).
+TEST(StateFormat, ExpansionForwardBracketHoldsThePow) {
+  std::mt19937 rng(5);
+  std::uniform_real_distribution<double> where(-0.25, 1.25);  // past the group's own range on both sides
+  for (const Expansion& e : test_expansions(448, 500)) {
+    SCOPED_TRACE("k " + std::to_string(e.k) + " centre " + std::to_string(e.centre) + " scale " + std::to_string(e.scale));
+    const double hi_log = std::log2(double(e.scale) * 448) / e.k;  // log2(hi / centre)
+    std::vector<float> x(300), lo(x.size()), hi(x.size());
+    for (size_t i = 0; i < x.size(); ++i) x[i] = float((i % 2 ? -1 : 1) * e.centre * std::exp2(hi_log * (2 * where(rng) - 1)));
+    e.forward_bracket(x.data(), lo.data(), hi.data(), int64_t(x.size()));
+    for (size_t i = 0; i < x.size(); ++i) {
+      if (!std::isnormal(x[i])) continue;
+      const float y = forward_by_pow(e, x[i]);
+      const auto exact = float(float(std::pow(std::fabs((long double)x[i]) / e.centre, (long double)e.k)) / e.scale);
+      ASSERT_EQ(std::signbit(lo[i]), std::signbit(x[i]));
+      ASSERT_EQ(std::signbit(hi[i]), std::signbit(x[i]));
+      ASSERT_LE(std::fabs(lo[i]), std::fabs(y)) << "x " << x[i];
+      ASSERT_GE(std::fabs(hi[i]), std::fabs(y)) << "x " << x[i];
+      ASSERT_LE(std::fabs(lo[i]), exact) << "x " << x[i];
+      ASSERT_GE(std::fabs(hi[i]), exact) << "x " << x[i];
+      ASSERT_LE(std::fabs(hi[i]) - std::fabs(lo[i]), 0x1p-13f * std::max(1.0f, e.k / 8) * std::fabs(y) + FLT_MIN) << "x " << x[i];
+    }
+  }
+  // Zero is exact; NaN and infinity are out of reach (0 to inf).
+  const Expansion e = expansion_for(3e-3f, 1e-5f, 448, 16);
+  const std::vector<float> x = {-0.0f, 0.0f, std::numeric_limits<float>::quiet_NaN(), -std::numeric_limits<float>::infinity()};
+  std::vector<float> lo(x.size()), hi(x.size());
+  e.forward_bracket(x.data(), lo.data(), hi.data(), int64_t(x.size()));
+  EXPECT_TRUE(lo[0] == 0 && hi[0] == 0 && std::signbit(lo[0]) && std::signbit(hi[0]));
+  EXPECT_TRUE(lo[1] == 0 && hi[1] == 0 && !std::signbit(hi[1]));
+  EXPECT_TRUE(lo[2] == 0 && std::isinf(hi[2]));
+  EXPECT_TRUE(lo[3] == 0 && std::isinf(hi[3]) && std::signbit(hi[3]));
+}
+
+// Moments within a few f32 ulps of every code boundary, where the bracket's ends straddle it: the
+// codes are the pow's (the encode takes it there).
+TEST(StateFormat, ExpansionCodesEqualThePowNearEveryCodeBoundary) {
+  for (const Case& c : {Case{{.storage = Format::e4m3, .scaling = StateScaling::per_group, .expand = true}, kE4M3},
+                        Case{{.storage = Format::e4m3, .scaling = StateScaling::per_group, .non_negative = true, .expand = true}, kE4M4}}) {
+    const Layout& layout = c.layout;
+    const double max = layout.value(layout.max_mag);
+    int64_t straddled = 0, total = 0;
+    for (const auto& [group_hi, group_lo] : std::vector<std::pair<float, float>>{{3e-3f, 1e-5f}, {1.0f, 0.25f}, {2e-8f, 1e-13f}}) {
+      const Expansion e = expansion_for(group_hi, group_lo, max, 16);
+      // x near each midpoint between neighbouring code values, mapped back through the expansion.
+      std::vector<float> candidates;
+      for (uint32_t mag = 0; mag < layout.max_mag; ++mag) {
+        const long double mid = (layout.value(mag) + layout.value(mag + 1)) / 2;
+        const auto x = float(e.centre * std::pow(mid * e.scale, 1 / (long double)e.k));
+        float below = x, above = x;
+        for (int step = 0; step < 3; ++step) {
+          for (float v : {below, above})
+            if (v > group_lo && v < group_hi) candidates.push_back(layout.sign_bit && candidates.size() % 2 ? -v : v);
+          below = std::nextafter(below, 0.0f);
+          above = std::nextafter(above, INFINITY);
+        }
+      }
+      // Groups of 128 holding the group's largest and smallest magnitudes, so each has expansion e.
+      std::vector<float> x;
+      for (size_t i = 0; i < candidates.size(); ++i) {
+        if (x.size() % 128 == 0) x.insert(x.end(), {group_hi, group_lo});
+        x.push_back(candidates[i]);
+      }
+      const EncodedState s = encode_state(x, c.format);
+      std::vector<float> lo(x.size()), hi(x.size());
+      e.forward_bracket(x.data(), lo.data(), hi.data(), int64_t(x.size()));
+      for (size_t i = 0; i < x.size(); ++i) {
+        ASSERT_EQ(s.expand_k[i / 128], e.k);
+        ASSERT_EQ(code_at(s, 1, i), layout.encode(forward_by_pow(e, x[i]))) << "x " << x[i];
+        straddled += layout.encode(lo[i]) != layout.encode(hi[i]);
+        ++total;
+      }
+    }
+    EXPECT_GE(straddled, total / 10);  // most elements are near a boundary: the pow's path is taken
+  }
+}
+
+// Encoding leaves the x87 unit usable: GCC 12 once moved a value of the SSE2 build's group range
+// through an MMX register without EMMS, and every long double operation after it gave NaN (the
+// build now has -mno-mmx). The plain loops run under SCALIFY_ISA=scalar (test_state_format_scalar).
+TEST(StateFormat, EncodingLeavesLongDoubleArithmeticIntact) {
+  const StateFormat f{.storage = Format::e4m3, .scaling = StateScaling::per_group, .expand = true};
+  const EncodedState s = encode_state(moments(1000, false, 3), f);
+  volatile long double one = 1;
+  EXPECT_EQ(one + one, 2.0L);
+  EXPECT_EQ(s.numel, 1000);
 }
 
 TEST(StateFormat, StochasticRoundingPicksANeighbourAndRepeatsWithTheSeed) {

@@ -10,7 +10,6 @@
 
 #include "scalify/error.hpp"
 #include "scalify/formats/kernels.hpp"
-#include "scalify/tensor/vector_math.hpp"
 
 namespace scalify::optim {
 
@@ -272,47 +271,6 @@ float state_code_max(const StateFormat& f) {
   return std::bit_cast<float>(detail::decode_bits(c, c.max_code()));
 }
 
-void Expansion::forward(const float* x, float* y, int64_t n) const {
-  constexpr int64_t kPiece = 256;
-  double base[kPiece], power[kPiece];
-  for (int64_t b = 0; b < n; b += kPiece) {
-    const int64_t len = std::min(kPiece, n - b);
-    for (int64_t i = 0; i < len; ++i) base[i] = double(std::fabs(x[b + i])) / double(centre);
-    vecmath::active().pow_f64(base, double(k), power, len);
-    for (int64_t i = 0; i < len; ++i) y[b + i] = std::copysign(float(power[i]) / scale, x[b + i]);
-  }
-}
-void Expansion::inverse(const float* y, float* x, int64_t n) const {
-  constexpr int64_t kPiece = 256;
-  double base[kPiece], power[kPiece];
-  for (int64_t b = 0; b < n; b += kPiece) {
-    const int64_t len = std::min(kPiece, n - b);
-    for (int64_t i = 0; i < len; ++i) base[i] = double(std::fabs(y[b + i])) * double(scale);
-    vecmath::active().pow_f64(base, 1.0 / double(k), power, len);
-    for (int64_t i = 0; i < len; ++i) x[b + i] = std::copysign(float(power[i] * double(centre)), y[b + i]);
-  }
-}
-float Expansion::forward(float x) const {
-  float y;
-  forward(&x, &y, 1);
-  return y;
-}
-float Expansion::inverse(float y) const {
-  float x;
-  inverse(&y, &x, 1);
-  return x;
-}
-
-Expansion expansion_for(float hi, float lo, double code_max, int expand_min) {
-  const double ratio = double(hi) / double(lo);
-  const double k = ratio == 1 ? kMaxExpansion : std::floor(std::log2(code_max * code_max / 2) / std::log2(ratio) * expand_min) / expand_min;
-  Expansion e;
-  e.k = float(std::clamp(k, 1.0 / expand_min, kMaxExpansion));
-  e.centre = float(std::sqrt(double(hi) * double(lo)));
-  e.scale = float(std::pow(double(hi) / double(e.centre), double(e.k)) / code_max);
-  return e;
-}
-
 int64_t EncodedState::bytes() const {
   return int64_t(codes.size()) + int64_t(sizeof(float) * (scales.size() + expand_k.size() + centre.size()));
 }
@@ -388,10 +346,20 @@ void encode_state_range(const float* x, const StateFormat& f, int64_t begin, int
     s.centre[size_t(g)] = e.centre;
     s.scales[size_t(g)] = e.scale;
     for (int64_t j = gb; j < ge; j += 256) {
-      float y[256];
+      float lo_y[256], hi_y[256];
+      uint8_t hi_codes[256];
       const int64_t len = std::min<int64_t>(256, ge - j);
-      e.forward(xg + (j - gb), y, len);
-      encode_piece(y, 1.0f, j, len);
+      const float* xj = xg + (j - gb);
+      e.forward_bracket(xj, lo_y, hi_y, len);
+      encode_piece(hi_y, 1.0f, j, len);
+      std::memcpy(hi_codes, s.codes.data() + j, size_t(len));  // FP8: one byte a code
+      encode_piece(lo_y, 1.0f, j, len);
+      // Encoding is monotone: where the bracket's ends take one code it is the exact y's; elsewhere the pow decides.
+      for (int64_t i = 0; i < len; ++i)
+        if (std::to_integer<uint8_t>(s.codes[size_t(j + i)]) != hi_codes[i]) {
+          const float y = e.forward(xj[i]);
+          encode_piece(&y, 1.0f, j + i, 1);
+        }
     }
   }
 }

@@ -46,6 +46,7 @@
 
 #include "scalify/formats/format.hpp"
 #include "scalify/formats/scalar.hpp"
+#include "scalify/optim/expansion.hpp"
 
 namespace scalify::optim {
 
@@ -76,18 +77,6 @@ void validate(const StateFormat& f, const std::string& role);
 // The largest finite value of the format's code (480 for non-negative E4M3).
 float state_code_max(const StateFormat& f);
 
-// One group's expansion: y = sign(x) (|x| / centre)^k / scale, and its inverse.
-struct Expansion {
-  float k = 1, centre = 1, scale = 1;
-  float forward(float x) const;  // the value whose code is stored
-  float inverse(float y) const;  // the moment a decoded code stands for
-  // The same over n values, the powers vectorised.
-  void forward(const float* x, float* y, int64_t n) const;
-  void inverse(const float* y, float* x, int64_t n) const;
-};
-// The expansion for a group with largest and smallest non-zero magnitudes hi >= lo > 0.
-Expansion expansion_for(float hi, float lo, double code_max, int expand_min);
-inline constexpr double kMaxExpansion = 1024;
 
 struct EncodedState {
   int64_t numel = 0;
