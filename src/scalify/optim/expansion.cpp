@@ -79,8 +79,8 @@ template <class Out>
 // it is within 2^-24 (4.2 k + 1.4 |t| + 3.3): b within 2^-23 (through 1 / centre, f32 normal),
 // log2 m within 3 2^-24, the roundings of log2 b and t, by ln 2, plus the series and its
 // evaluation. delta is twice that, which also covers the ends' own roundings.
-[[gnu::always_inline]] inline void forward_bracket_loop(const float* __restrict x, float* __restrict lo, float* __restrict hi, int64_t n, float k,
-                                                  float inv_centre, float scale) {
+[[gnu::always_inline]] inline void forward_bracket_loop(const float* __restrict x, float* __restrict lo, float* __restrict hi, int64_t n,
+                                                        float k, float inv_centre, float scale) {
   constexpr float kTwoOverLn2 = 2.8853900817779268f;
   const float delta_base = 0x1p-24f * (8.2f * k + 12);
   for (int64_t i = 0; i < n; ++i) {
@@ -122,22 +122,22 @@ struct Kernels {
   void (*inverse_certified)(const float*, float*, uint8_t*, int64_t, double, double, double);
   void (*forward_bracket)(const float*, float*, float*, int64_t, float, float, float);
 };
-#define SCALIFY_EXPANSION_KERNELS(NAME, ATTRIBUTE)                                                                                          \
-  [[ATTRIBUTE]] void inverse_bracket_##NAME(const float* __restrict y, double* __restrict lo, double* __restrict hi, int64_t n, double q,   \
-                                            double log2_scale, double centre) {                                                             \
-    inverse_bracket_loop(y, n, q, log2_scale, centre, [=](int64_t i, double l, double h) { lo[i] = l, hi[i] = h; });                       \
-  }                                                                                                                                         \
-  [[ATTRIBUTE]] void inverse_certified_##NAME(const float* __restrict y, float* __restrict x, uint8_t* __restrict uncertain, int64_t n,     \
-                                              double q, double log2_scale, double centre) {                                                 \
-    inverse_bracket_loop(y, n, q, log2_scale, centre, [=](int64_t i, double l, double h) {                                                 \
-      x[i] = std::copysign(float(l), y[i]);                                                                                                 \
-      uncertain[i] = float(l) != float(h);                                                                                                  \
-    });                                                                                                                                     \
-  }                                                                                                                                         \
-  [[ATTRIBUTE]] void forward_bracket_##NAME(const float* __restrict x, float* __restrict lo, float* __restrict hi, int64_t n, float k,      \
-                                            float inv_centre, float scale) {                                                                \
-    forward_bracket_loop(x, lo, hi, n, k, inv_centre, scale);                                                                               \
-  }                                                                                                                                         \
+#define SCALIFY_EXPANSION_KERNELS(NAME, ATTRIBUTE)                                                                                        \
+  [[ATTRIBUTE]] void inverse_bracket_##NAME(const float* __restrict y, double* __restrict lo, double* __restrict hi, int64_t n, double q, \
+                                            double log2_scale, double centre) {                                                           \
+    inverse_bracket_loop(y, n, q, log2_scale, centre, [=](int64_t i, double l, double h) { lo[i] = l, hi[i] = h; });                      \
+  }                                                                                                                                       \
+  [[ATTRIBUTE]] void inverse_certified_##NAME(const float* __restrict y, float* __restrict x, uint8_t* __restrict uncertain, int64_t n,   \
+                                              double q, double log2_scale, double centre) {                                               \
+    inverse_bracket_loop(y, n, q, log2_scale, centre, [=](int64_t i, double l, double h) {                                                \
+      x[i] = std::copysign(float(l), y[i]);                                                                                               \
+      uncertain[i] = float(l) != float(h);                                                                                                \
+    });                                                                                                                                   \
+  }                                                                                                                                       \
+  [[ATTRIBUTE]] void forward_bracket_##NAME(const float* __restrict x, float* __restrict lo, float* __restrict hi, int64_t n, float k,    \
+                                            float inv_centre, float scale) {                                                              \
+    forward_bracket_loop(x, lo, hi, n, k, inv_centre, scale);                                                                             \
+  }                                                                                                                                       \
   constexpr Kernels kKernels_##NAME{inverse_bracket_##NAME, inverse_certified_##NAME, forward_bracket_##NAME};
 
 SCALIFY_EXPANSION_KERNELS(plain, )
@@ -200,7 +200,8 @@ void Expansion::inverse(const float* y, float* x, int64_t n) const {
 void Expansion::forward_bracket(const float* x, float* lo, float* hi, int64_t n) const {
   // An inverse centre out of f32's normal range leaves no element in reach.
   const float inv_centre = 1.0f / centre;
-  kernels_for_isa().forward_bracket(x, lo, hi, n, k, std::isnormal(inv_centre) ? inv_centre : std::numeric_limits<float>::quiet_NaN(), scale);
+  kernels_for_isa().forward_bracket(x, lo, hi, n, k, std::isnormal(inv_centre) ? inv_centre : std::numeric_limits<float>::quiet_NaN(),
+                                    scale);
 }
 
 float Expansion::forward(float x) const {

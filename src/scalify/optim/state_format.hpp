@@ -77,7 +77,6 @@ void validate(const StateFormat& f, const std::string& role);
 // The largest finite value of the format's code (480 for non-negative E4M3).
 float state_code_max(const StateFormat& f);
 
-
 struct EncodedState {
   int64_t numel = 0;
   std::vector<std::byte> codes;         // numel codes, 1, 2 or 4 bytes each
