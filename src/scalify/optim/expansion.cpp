@@ -186,6 +186,7 @@ void Expansion::inverse(const float* y, float* x, int64_t n) const {
     std::copy_n(y + b, len, in);  // y may be x
     certified(in, x + b, uncertain, len, q, log2_scale, double(centre));
     // The others by the pow.
+    if (std::none_of(uncertain, uncertain + len, [](uint8_t u) { return u != 0; })) continue;
     int64_t count = 0;
     for (int64_t i = 0; i < len; ++i) {
       index[count] = i;

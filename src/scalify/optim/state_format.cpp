@@ -89,16 +89,24 @@ struct VectorEncoder {
         normal_min_bits(int32_t(uint32_t(127 + c.emin()) << 23)),
         mul(std::bit_cast<float>(uint32_t(127 + shift) << 23)),
         subnormal_units(float(std::ldexp(1.0, c.man_bits - c.emin()))) {}
-  // out[i] = the code of x[i] / div (div = 1 divides exactly).
+  // out[i] = the code of x[i] / div (div = 1 divides exactly, and is not taken: a vector division
+  // costs as much as the rest of the loop).
   template <class Code>
   [[gnu::always_inline]] void encode(const float* x, float div, Code* out, int64_t n) const {
+    if (div == 1)
+      encode_divided<false>(x, div, out, n);
+    else
+      encode_divided<true>(x, div, out, n);
+  }
+  template <bool kDivide, class Code>
+  [[gnu::always_inline]] void encode_divided(const float* x, float div, Code* out, int64_t n) const {
     // Locals: stores through a byte pointer could alias the members, which would be reloaded.
     const int32_t sign_mask = this->sign_mask, max_code = this->max_code, exp_offset = this->exp_offset, cut = this->cut,
                   normal_min_bits = this->normal_min_bits;
     const float mul = this->mul, subnormal_units = this->subnormal_units;
 #pragma omp simd
     for (int64_t i = 0; i < n; ++i) {
-      const float v = x[i] / div;
+      const float v = kDivide ? x[i] / div : x[i];
       const int32_t sign = int32_t(std::bit_cast<uint32_t>(v) >> 31) * sign_mask;
       const float af = std::fabs(v) * mul;
       // Selections by masks of the bits' order (that of non-negative floats): a float comparison
@@ -194,38 +202,46 @@ namespace {
   return {std::bit_cast<float>(hi_bits), std::bit_cast<float>(lo_bits)};
 }
 
-// The loops above, compiled for AVX2 too where the CPU has it (the build's target is SSE2): the
-// path of the formats the fused step does not take (the expansion, stochastic rounding) and of
-// whole-tensor encodes and decodes. The same operations, so the same codes.
+// The loops above, compiled for AVX2 and AVX-512 too where the format kernels run them (the
+// build's target is SSE2): the path of the formats the fused step does not take (the expansion,
+// stochastic rounding) and of whole-tensor encodes and decodes. The same operations, so the same
+// codes (AVX-512 brings FMA: the one product and sum, a subnormal's units, is exact either way).
 #if SCALIFY_HAVE_X86_SIMD
-template <class Code>
-[[gnu::target("avx2")]] void encode_avx2(const VectorEncoder& e, const float* x, float div, Code* out, int64_t n) {
-  e.encode(x, div, out, n);
-}
-template <class Code>
-[[gnu::target("avx2")]] void decode_avx2(const VectorDecoder& d, const Code* code, float scale, float* out, int64_t n) {
-  d.decode(code, scale, out, n);
-}
-[[gnu::target("avx2")]] std::pair<float, float> magnitude_range_avx2(const float* x, int64_t n) { return magnitude_range(x, n); }
+#define SCALIFY_STATE_LOOPS(NAME, ATTRIBUTE)                                                                       \
+  template <class Code>                                                                                            \
+  [[ATTRIBUTE]] void encode_##NAME(const VectorEncoder& e, const float* x, float div, Code* out, int64_t n) {      \
+    e.encode(x, div, out, n);                                                                                      \
+  }                                                                                                                \
+  template <class Code>                                                                                            \
+  [[ATTRIBUTE]] void decode_##NAME(const VectorDecoder& d, const Code* code, float scale, float* out, int64_t n) { \
+    d.decode(code, scale, out, n);                                                                                 \
+  }                                                                                                                \
+  [[ATTRIBUTE]] std::pair<float, float> magnitude_range_##NAME(const float* x, int64_t n) { return magnitude_range(x, n); }
+SCALIFY_STATE_LOOPS(avx2, gnu::target("avx2"))
+SCALIFY_STATE_LOOPS(avx512, gnu::target("avx512f,avx512bw,avx512vl,avx512dq,avx2,prefer-vector-width=512"))
+#undef SCALIFY_STATE_LOOPS
 #endif
-bool has_avx2() { return kernels::active_isa() != kernels::Isa::scalar; }
+kernels::Isa isa() { return kernels::active_isa(); }
 template <class Code>
 void encode_codes(const VectorEncoder& e, const float* x, float div, Code* out, int64_t n) {
 #if SCALIFY_HAVE_X86_SIMD
-  if (has_avx2()) return encode_avx2(e, x, div, out, n);
+  if (isa() == kernels::Isa::avx512) return encode_avx512(e, x, div, out, n);
+  if (isa() == kernels::Isa::avx2) return encode_avx2(e, x, div, out, n);
 #endif
   e.encode(x, div, out, n);
 }
 template <class Code>
 void decode_values(const VectorDecoder& d, const Code* code, float scale, float* out, int64_t n) {
 #if SCALIFY_HAVE_X86_SIMD
-  if (has_avx2()) return decode_avx2(d, code, scale, out, n);
+  if (isa() == kernels::Isa::avx512) return decode_avx512(d, code, scale, out, n);
+  if (isa() == kernels::Isa::avx2) return decode_avx2(d, code, scale, out, n);
 #endif
   d.decode(code, scale, out, n);
 }
 std::pair<float, float> group_range(const float* x, int64_t n) {
 #if SCALIFY_HAVE_X86_SIMD
-  if (has_avx2()) return magnitude_range_avx2(x, n);
+  if (isa() == kernels::Isa::avx512) return magnitude_range_avx512(x, n);
+  if (isa() == kernels::Isa::avx2) return magnitude_range_avx2(x, n);
 #endif
   return magnitude_range(x, n);
 }
@@ -355,6 +371,7 @@ void encode_state_range(const float* x, const StateFormat& f, int64_t begin, int
       std::memcpy(hi_codes, s.codes.data() + j, size_t(len));  // FP8: one byte a code
       encode_piece(lo_y, 1.0f, j, len);
       // Encoding is monotone: where the bracket's ends take one code it is the exact y's; elsewhere the pow decides.
+      if (std::memcmp(hi_codes, s.codes.data() + j, size_t(len)) == 0) continue;
       for (int64_t i = 0; i < len; ++i)
         if (std::to_integer<uint8_t>(s.codes[size_t(j + i)]) != hi_codes[i]) {
           const float y = e.forward(xj[i]);
