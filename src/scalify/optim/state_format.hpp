@@ -25,7 +25,8 @@
 //    that v uses (COAT stores v in signed E4M3, largest 448), so the expanded group fills the codes
 //    it is stored in. The powers are
 //    taken in f64 and rounded to f32, by the active vector math (tensor/vector_math.hpp: libm's
-//    pow, or with AVX2 SLEEF's, within 1 f64 ulp of it: rarely a code moves by one across ISAs). k is clamped to [1/expand_min, 1024]: a
+//    pow, or with AVX2 SLEEF's, within 1 f64 ulp of it: rarely a code moves by one across ISAs);
+//    optim/expansion.hpp gives their results from certified approximations. k is clamped to [1/expand_min, 1024]: a
 //    range wider than max_code^2 / 2 would floor k to 0, and M = m (or nearly) would make it infinite (or so large that an f32 read-back no
 //    longer tells the codes apart); within the clamp every code decodes to an f32 that encodes back to it
 //    (StateFormat.ExpansionInverseIsExactOnEveryCode).
