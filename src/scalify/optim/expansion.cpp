@@ -15,14 +15,24 @@ namespace {
 
 constexpr int64_t kPiece = 256;
 
-// log2(1 + j / 16): an FP8 code's value has at most 4 mantissa bits (E4M4's).
-struct MantissaLog2 {
-  double v[16];
-  MantissaLog2() {
-    for (int j = 0; j < 16; ++j) v[j] = std::log2(1 + j / 16.0);
-  }
-};
-const MantissaLog2 kMantissaLog2;
+// log2(1 + j / 16), correctly rounded (Python's decimal to 60 digits): an FP8 code's value has at
+// most 4 mantissa bits (E4M4's). Literals, so no static initialiser runs before them.
+constexpr double kMantissaLog2[16] = {0x0.0p+0,
+                                      0x1.663f6fac91316p-4,
+                                      0x1.5c01a39fbd688p-3,
+                                      0x1.fbc16b902680ap-3,
+                                      0x1.49a784bcd1b8bp-2,
+                                      0x1.91bba891f1709p-2,
+                                      0x1.d6753e032ea0fp-2,
+                                      0x1.0c10500d63aa6p-1,
+                                      0x1.2b803473f7ad1p-1,
+                                      0x1.49a784bcd1b8bp-1,
+                                      0x1.66a008e4788ccp-1,
+                                      0x1.82809d5be7073p-1,
+                                      0x1.9d5d9fd5010b3p-1,
+                                      0x1.b74948f5532dap-1,
+                                      0x1.d053f6d260896p-1,
+                                      0x1.e88c6b3626a73p-1};
 
 // ln(2)^i / i!, the Taylor series of 2^f.
 constexpr double taylor_exp2(int i) {
@@ -32,8 +42,8 @@ constexpr double taylor_exp2(int i) {
 }
 
 // The inverse's bracket over n values: lo[i] <= the exact |x| in f64 <= hi[i] (the pow within an
-// ulp, times centre); 0 for zero, lo 0 and hi inf out of reach (not normal, more than 4 mantissa
-// bits, 2^n outside f64's normal range). The approximation A = 2^u centre, u = q (e + log2(1 +
+// ulp, times centre); 0 for zero, lo 0 and hi inf out of reach (y not normal or with more than 4
+// mantissa bits, |u| past 1000, the approximation not a normal f64). The approximation A = 2^u centre, u = q (e + log2(1 +
 // j/16) + log2(scale)) for |y| = 2^e (1 + j/16), 2^u = 2^n 2^f (|f| <= 1/2) with 2^f's series to
 // f^12 (remainder below 2^-52), is within 2^-52 (1.1 q (1 + |log2 scale|) + 1.1 |u| + 4) of it:
 // log2 scale within an ulp and the sums' roundings, times q, by ln 2, plus the series, its
@@ -42,7 +52,7 @@ constexpr double taylor_exp2(int i) {
 template <class Out>
 [[gnu::always_inline]] inline void inverse_bracket_loop(const float* __restrict y, int64_t n, double q, double log2_scale, double centre,
                                                         Out out) {
-  const double* mantissa_log2 = kMantissaLog2.v;
+  const double* mantissa_log2 = kMantissaLog2;
   const double delta_base = 0x1p-49 * (q * (std::fabs(log2_scale) + 1) + 8);
   for (int64_t i = 0; i < n; ++i) {
     const uint32_t mag = std::bit_cast<uint32_t>(y[i]) & 0x7FFFFFFFu;
@@ -65,7 +75,8 @@ template <class Out>
     p = p * f + 1;
     const double a = p * std::bit_cast<double>((std::bit_cast<uint64_t>(biased) + 1023) << 52) * centre;
     const double delta = delta_base + 0x1p-48 * std::fabs(u);
-    const bool reach = (exp_field > 0) & (exp_field < 255) & ((mag & 0x7FFFFu) == 0) & (std::fabs(u) <= 1000);
+    const bool reach =
+        (exp_field > 0) & (exp_field < 255) & ((mag & 0x7FFFFu) == 0) & (std::fabs(u) <= 1000) & (a >= DBL_MIN) & (a <= DBL_MAX);
     // Both ends computed unconditionally, then selected: a branch-free loop (AVX2 has no masked arithmetic).
     const double a_lo = a - a * delta, a_hi = a + a * delta;
     const double l = reach ? a_lo : 0.0, h = reach ? a_hi : std::numeric_limits<double>::infinity();
@@ -158,6 +169,24 @@ const Kernels& kernels_for_isa() {
   return kKernels_plain;
 }
 
+// k, centre and scale finite and positive (a group's, as expansion_for gives them from finite
+// moments): otherwise no element is in the approximations' reach, zeros included (a NaN k reads a
+// zero code back as NaN).
+bool certifiable(const Expansion& e) {
+  return std::isfinite(e.k) && std::isfinite(e.centre) && std::isfinite(e.scale) && e.k > 0 && e.centre > 0 && e.scale > 0;
+}
+
+// The inverse by the pow (the definition) for n values: x[i] = sign(y[i]) fl32(pow(|y[i]| scale, 1/k) centre); x may be y.
+void inverse_by_pow(const Expansion& e, const float* y, float* x, int64_t n) {
+  double base[kPiece], power[kPiece];
+  for (int64_t b = 0; b < n; b += kPiece) {
+    const int64_t len = std::min(kPiece, n - b);
+    for (int64_t i = 0; i < len; ++i) base[i] = double(std::fabs(y[b + i])) * double(e.scale);
+    vecmath::active().pow_f64(base, 1.0 / double(e.k), power, len);
+    for (int64_t i = 0; i < len; ++i) x[b + i] = std::copysign(float(power[i] * double(e.centre)), y[b + i]);
+  }
+}
+
 }  // namespace
 
 void Expansion::forward(const float* x, float* y, int64_t n) const {
@@ -171,15 +200,18 @@ void Expansion::forward(const float* x, float* y, int64_t n) const {
 }
 
 void Expansion::inverse_bracket(const float* y, double* lo, double* hi, int64_t n) const {
-  kernels_for_isa().inverse_bracket(y, lo, hi, n, 1.0 / double(k), std::log2(double(scale)), double(centre));
+  if (certifiable(*this))
+    kernels_for_isa().inverse_bracket(y, lo, hi, n, 1.0 / double(k), std::log2(double(scale)), double(centre));
+  else
+    std::fill_n(lo, n, 0.0), std::fill_n(hi, n, std::numeric_limits<double>::infinity());
 }
 
 void Expansion::inverse(const float* y, float* x, int64_t n) const {
+  if (!certifiable(*this)) return inverse_by_pow(*this, y, x, n);
   const auto certified = kernels_for_isa().inverse_certified;
   const double q = 1.0 / double(k), log2_scale = std::log2(double(scale));
-  float in[kPiece];
+  float in[kPiece], pending[kPiece];
   uint8_t uncertain[kPiece];
-  double base[kPiece], power[kPiece];
   int64_t index[kPiece];
   for (int64_t b = 0; b < n; b += kPiece) {
     const int64_t len = std::min(kPiece, n - b);
@@ -192,13 +224,17 @@ void Expansion::inverse(const float* y, float* x, int64_t n) const {
       index[count] = i;
       count += uncertain[i];
     }
-    for (int64_t j = 0; j < count; ++j) base[j] = double(std::fabs(in[index[j]])) * double(scale);
-    if (count > 0) vecmath::active().pow_f64(base, q, power, count);
-    for (int64_t j = 0; j < count; ++j) x[b + index[j]] = std::copysign(float(power[j] * double(centre)), in[index[j]]);
+    for (int64_t j = 0; j < count; ++j) pending[j] = in[index[j]];
+    inverse_by_pow(*this, pending, pending, count);
+    for (int64_t j = 0; j < count; ++j) x[b + index[j]] = pending[j];
   }
 }
 
 void Expansion::forward_bracket(const float* x, float* lo, float* hi, int64_t n) const {
+  if (!certifiable(*this)) {
+    for (int64_t i = 0; i < n; ++i) lo[i] = std::copysign(0.0f, x[i]), hi[i] = std::copysign(std::numeric_limits<float>::infinity(), x[i]);
+    return;
+  }
   // An inverse centre out of f32's normal range leaves no element in reach.
   const float inv_centre = 1.0f / centre;
   kernels_for_isa().forward_bracket(x, lo, hi, n, k, std::isnormal(inv_centre) ? inv_centre : std::numeric_limits<float>::quiet_NaN(),

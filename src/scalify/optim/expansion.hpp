@@ -30,7 +30,8 @@ struct Expansion {
   // The same over n values: forward by the pow, inverse certified (see above).
   void forward(const float* x, float* y, int64_t n) const;
   void inverse(const float* y, float* x, int64_t n) const;  // y and x may be the same array
-  // The brackets (lo 0 and hi inf out of the approximations' reach):
+  // The brackets (lo 0 and hi inf out of the approximations' reach; nothing is in it where k,
+  // centre or scale is not finite and positive):
   //  |lo[i]| <= |y| <= |hi[i]| for y = forward(x[i]), with x[i]'s sign;
   void forward_bracket(const float* x, float* lo, float* hi, int64_t n) const;
   //  lo[i] <= |the exact inverse of y[i] in f64, before its rounding to f32| <= hi[i].
