@@ -509,6 +509,22 @@ TEST(StateFormat, ExpansionOfANonFiniteGroupTakesThePow) {
   }
 }
 
+// A NaN of any payload (encode_state_range takes values unchecked) encodes as the largest code,
+// as inf does: its bits plus the rounding carry pass 2^31, which a signed sum overflowed.
+TEST(StateFormat, EncodeRangeSaturatesEveryNaN) {
+  for (const Case& c : per_tensor_cases(false)) {
+    if (c.format.storage == Format::f16) continue;  // F16C's conversion keeps NaN
+    SCOPED_TRACE(std::string(format_name(c.format.storage)) + (c.format.non_negative ? " non-negative" : ""));
+    const std::vector<float> x = {std::bit_cast<float>(0x7FFFFFFFu), std::bit_cast<float>(0x7FC00000u),
+                                  std::numeric_limits<float>::infinity()};
+    EncodedState s;
+    s.numel = int64_t(x.size());
+    s.codes.resize(x.size());
+    encode_state_range(x.data(), c.format, 0, s.numel, 0, 0, s);
+    for (size_t i = 0; i < x.size(); ++i) EXPECT_EQ(code_at(s, 1, i), c.layout.max_mag) << std::bit_cast<uint32_t>(x[i]);
+  }
+}
+
 // Encoding leaves the x87 unit usable: GCC 12 once moved a value of the SSE2 build's group range
 // through an MMX register without EMMS, and every long double operation after it gave NaN (the
 // build now has -mno-mmx). The plain loops run under SCALIFY_ISA=scalar (test_state_format_scalar).

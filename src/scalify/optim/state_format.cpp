@@ -116,7 +116,9 @@ struct VectorEncoder {
       // Below the codec's normals: af x 2^(m - emin) is exact, rounded to an integer (half to even) by 2^23's spacing.
       const float sub_in = std::bit_cast<float>((f & below_normals) | (normal_min_bits & ~below_normals));
       const auto subnormal = int32_t((sub_in * subnormal_units + 0x1p23f) - 0x1p23f);
-      const int32_t normal = ((f + ((1 << (cut - 1)) - 1) + ((f >> cut) & 1)) >> cut) - exp_offset;
+      // Unsigned: a NaN's bits plus the rounding carry may pass 2^31 (it then saturates, as inf).
+      const auto u = uint32_t(f);
+      const int32_t normal = int32_t((u + uint32_t((1 << (cut - 1)) - 1) + ((u >> cut) & 1u)) >> cut) - exp_offset;
       out[i] = Code(sign | std::min((subnormal & below_normals) | (normal & ~below_normals), max_code));
     }
   }
