@@ -11,11 +11,11 @@
 //  - inverse: 2^(q log2(|y| scale)) in f64 from a table of log2 of the codes' mantissas and a
 //    series for 2^f, within a relative delta of the exact value; where rounding it times (1 - delta)
 //    and (1 + delta) to f32 gives one value, that is the exact result's rounding. The other
-//    elements (about 1 in 2^19) take the pow.
+//    elements take the pow (none of 2.5M codes of moment-like groups; at most about 1 in 2^19).
 //  - forward_bracket: 2^(k log2(|x| / centre)) in f32 within a relative delta of the power: y at
 //    its ends times (1 -/+ delta) brackets the exact y. Encoding is monotone, so where both ends
-//    take one code, that is the exact code; the caller takes forward() where they differ (about 1
-//    element in 2^13).
+//    take one code, that is the exact code; the caller takes forward() where they differ (1 element
+//    in 5,000 of Gaussian first moments, 1 in 15,000 of second moments, measured).
 // The bounds and the agreement are tested against the pow on every code and on random moments
 // (test_state_format).
 #include <cstdint>
