@@ -133,11 +133,10 @@ AdamW::AdamW(std::vector<Var> params, AdamWConfig config, std::vector<double> lr
 void AdamW::store_weights(size_t k, const Tensor& next, const Tensor& old_value, std::optional<float> next_amax) {
   const uint64_t seed = rounding_seed(t_, k, 2);
   Var& p = params_[k];
-  if (p.scaled().is_scaled() && next_amax)  // next's amax known (the fused pass's)
-    p.set_value(store_scaled_master_at(next, p.scaled().data.dtype(), c_.master_rounding, seed, *next_amax));
-  else if (p.scaled().is_scaled())  // a scaled master (scaled_update(k) is false): a new scale from the new weights
-    p.set_value(store_scaled_master(next, p.scaled().data.dtype(), c_.master_rounding, seed));
-  else
+  if (p.scaled().is_scaled()) {  // a scaled master (scaled_update(k) is false): a new scale from the new weights' amax
+    const float top = next_amax ? *next_amax : amax(std::span<const float>(next.data<float>(), size_t(next.numel())));
+    p.set_value(store_scaled_master_at(next, p.scaled().data.dtype(), c_.master_rounding, seed, top));
+  } else
     p.set_value(store_master(next, old_value.dtype(), c_.master_rounding, seed));
 }
 
@@ -319,11 +318,8 @@ struct EncodedUpdate {
 void AdamW::step_encoded(const std::vector<size_t>& ks, double bc1, double bc2, double gradient_multiplier) {
   if (!c_.fused) return step_encoded_reference(ks, bc1, bc2, gradient_multiplier);
   const StateFormat &mf = c_.m_format, &vf = c_.v_format;
-#if SCALIFY_HAVE_X86_SIMD
-  const bool fused = fused_step_applies(mf, vf);  // one vector pass instead of the pieces' four
-#else
-  const bool fused = false;
-#endif
+  FusedMoment fm{&mf, nullptr, {}}, fv{&vf, nullptr, {}};
+  const bool fused = fused_step_applies(mf, vf, &fm.codec, &fv.codec);  // one vector pass instead of the pieces' four (never off x86)
   const FusedPass pass(params_, ks, fused);
   const auto& [values, gradients, next, sizes, weights, grads, weights_in] = pass;
   const PlainUpdate up{float(c_.beta1), float(c_.beta2), float(1 - c_.beta1), float(1 - c_.beta2),
@@ -337,11 +333,6 @@ void AdamW::step_encoded(const std::vector<size_t>& ks, double bc1, double bc2, 
   int64_t longest = 1;  // no buffer longer than a chunk (a huge group_size is one piece)
   for (const ParamChunk& c : chunks) longest = std::max(longest, c.end - c.begin);
   const int64_t piece = std::min(longest, std::max<int64_t>(1, 512 / whole_groups) * whole_groups);
-  FusedMoment fm{&mf, nullptr, {}}, fv{&vf, nullptr, {}};
-  if (fused) {
-    vector_codec(mf, fm.codec);
-    vector_codec(vf, fv.codec);
-  }
   std::vector<PassAmax> chunk_amax(chunks.size());  // bits of the chunks' largest magnitudes
   auto buffers = [piece] {                          // grown once per thread, then reused
     thread_local std::vector<float> m, v;

@@ -189,14 +189,11 @@ void inverse_by_pow(const Expansion& e, const float* y, float* x, int64_t n) {
 
 }  // namespace
 
-void Expansion::forward(const float* x, float* y, int64_t n) const {
-  double base[kPiece], power[kPiece];
-  for (int64_t b = 0; b < n; b += kPiece) {
-    const int64_t len = std::min(kPiece, n - b);
-    for (int64_t i = 0; i < len; ++i) base[i] = double(std::fabs(x[b + i])) / double(centre);
-    vecmath::active().pow_f64(base, double(k), power, len);
-    for (int64_t i = 0; i < len; ++i) y[b + i] = std::copysign(float(power[i]) / scale, x[b + i]);
-  }
+float Expansion::forward(float x) const {
+  const double base = double(std::fabs(x)) / double(centre);
+  double power;
+  vecmath::active().pow_f64(&base, double(k), &power, 1);
+  return std::copysign(float(power) / scale, x);
 }
 
 void Expansion::inverse_bracket(const float* y, double* lo, double* hi, int64_t n) const {
@@ -241,11 +238,6 @@ void Expansion::forward_bracket(const float* x, float* lo, float* hi, int64_t n)
                                     scale);
 }
 
-float Expansion::forward(float x) const {
-  float y;
-  forward(&x, &y, 1);
-  return y;
-}
 float Expansion::inverse(float y) const {
   float x;
   inverse(&y, &x, 1);

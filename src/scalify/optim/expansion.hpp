@@ -25,11 +25,10 @@ namespace scalify::optim {
 // One group's expansion.
 struct Expansion {
   float k = 1, centre = 1, scale = 1;
-  float forward(float x) const;
+  float forward(float x) const;  // by the pow
   float inverse(float y) const;
-  // The same over n values: forward by the pow, inverse certified (see above).
-  void forward(const float* x, float* y, int64_t n) const;
-  void inverse(const float* y, float* x, int64_t n) const;  // y and x may be the same array
+  // The inverse over n values, certified (see above); y and x may be the same array.
+  void inverse(const float* y, float* x, int64_t n) const;
   // The brackets (lo 0 and hi inf out of the approximations' reach; nothing is in it where k,
   // centre or scale is not finite and positive):
   //  |lo[i]| <= |y| <= |hi[i]| for y = forward(x[i]), with x[i]'s sign;

@@ -17,14 +17,16 @@ void fused_moments_pass_avx2(const PlainUpdate& u, const float* g, const FusedMo
                              int64_t begin, int64_t end);
 #endif
 
-bool fused_step_applies(const StateFormat& m, const StateFormat& v) {
-  VectorCodec unused;
-  if (!SCALIFY_HAVE_X86_SIMD || kernels::active_isa() == kernels::Isa::scalar || !vector_codec(m, unused) || !vector_codec(v, unused))
-    return false;
+bool fused_step_applies(const StateFormat& m, const StateFormat& v, VectorCodec* m_codec, VectorCodec* v_codec) {
+  VectorCodec mc, vc;
+  if (!SCALIFY_HAVE_X86_SIMD || kernels::active_isa() == kernels::Isa::scalar || !vector_codec(m, mc) || !vector_codec(v, vc)) return false;
   const bool mg = m.scaling == StateScaling::per_group, vg = v.scaling == StateScaling::per_group;
   if (mg && vg && m.group_size != v.group_size) return false;
   const int64_t group = mg ? m.group_size : vg ? v.group_size : 16;
-  return group % 16 == 0 && group <= kMaxFusedGroup;
+  if (group % 16 != 0 || group > kMaxFusedGroup) return false;
+  if (m_codec) *m_codec = mc;
+  if (v_codec) *v_codec = vc;
+  return true;
 }
 
 #if SCALIFY_HAVE_X86_SIMD

@@ -44,10 +44,10 @@ struct WeightsIn {
 inline constexpr int64_t kMaxFusedGroup = 2048;
 
 // Whether the fused passes take moments in m and v (never off x86, where the passes are not built):
-// the active format-kernel ISA is AVX2 or AVX-512, both
-// have a vector codec, and per-group ones have the same group_size, a multiple of 16 of at most
+// the active format-kernel ISA is AVX2 or AVX-512, both have a vector codec (into m_codec and
+// v_codec where given), and per-group ones have the same group_size, a multiple of 16 of at most
 // kMaxFusedGroup.
-bool fused_step_applies(const StateFormat& m, const StateFormat& v);
+bool fused_step_applies(const StateFormat& m, const StateFormat& v, VectorCodec* m_codec = nullptr, VectorCodec* v_codec = nullptr);
 
 // The largest magnitudes (their bits, the order of non-negative floats) of a pass's new values.
 struct PassAmax {

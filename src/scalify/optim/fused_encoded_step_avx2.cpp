@@ -1,6 +1,6 @@
 // The fused encoded step (fused_encoded_step.hpp) in AVX2 + F16C, 8 elements at a time: the
-// AVX-512 form's operations (fused_encoded_step_avx512.cpp) at half the width, state_format.cpp's
-// decode_avx2 / decode_f16c and encode_avx2 / encode_f16c with the subnormal encode made
+// AVX-512 form's operations (fused_encoded_step_avx512.cpp) at half the width: state_format.cpp's
+// VectorDecoder and VectorEncoder (F16C's conversions for f16 codes), the subnormal encode
 // branch-free. AVX2 has no cheap masks for bytes: a tail of fewer than 8 elements runs the same
 // operations on zero-padded copies, its padding kept out of every amax.
 #include <immintrin.h>

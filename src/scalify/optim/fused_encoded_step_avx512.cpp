@@ -1,6 +1,6 @@
 // The fused encoded step (fused_encoded_step.hpp) in AVX-512, 16 elements at a time, the tail
-// masked: the operations of state_format.cpp's decode_avx512 / decode_f16c, EncodedUpdate, and
-// encode_avx512 / encode_f16c, in the same order.
+// masked: the operations of state_format.cpp's VectorDecoder, AdamW's EncodedUpdate and
+// VectorEncoder (F16C's conversions for f16 codes), in the same order.
 #include <immintrin.h>
 
 #include <algorithm>
@@ -11,7 +11,7 @@
 #include "scalify/optim/fused_encoded_step.hpp"
 
 // GCC 12 warns of its own header's _mm512_undefined_epi32 ((maybe-)uninitialized) when an AVX-512
-// shift or conversion is inlined: a false positive (as in state_format.cpp).
+// shift or conversion is inlined: a false positive.
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #pragma GCC diagnostic ignored "-Wuninitialized"
 
